@@ -1,0 +1,3 @@
+from fstrain.cli.main import main
+
+main()

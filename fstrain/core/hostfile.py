@@ -1,0 +1,373 @@
+"""Host inventory: DeepSpeed hostfiles, plain host lists, Slurm host lists, include/exclude.
+
+Pure: takes text and returns values. Every error names where it came from (``file:line`` or the
+flag) and says how to fix it.
+
+Forms understood:
+
+- DeepSpeed hostfile lines ``worker-1 slots=8`` (tokens after ``slots=N`` are ignored, as
+  DeepSpeed does), ``#`` comments and blank lines;
+- plain lists, one host per line, whose slots come from ``--gpus-per-node`` or a probe;
+- Slurm compressed lists ``node[01-04,07]``, ``rack[1-2]-n[01-02]`` (zero padding kept);
+- ``user@host``, ``host:port`` and ``[v6addr]:port``;
+- DeepSpeed ``--include``/``--exclude`` filters ``host1:0,1@host2`` where a bare host means all of
+  its slots.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from fstrain.errors import InventoryError
+
+_SLOTS_RE = re.compile(r"^slots=(?P<value>.*)$")
+_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$|^[0-9A-Fa-f:.]+$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host of the inventory.
+
+    ``name`` is what the user wrote (an SSH alias, a DNS name or an address); ``slots`` is the
+    number of processes (GPUs) it runs, ``None`` while unknown; ``slot_ids`` the selected local
+    slots after include/exclude, ``None`` meaning all of them; ``where`` says where it was
+    defined, for error messages.
+    """
+
+    name: str
+    user: str | None = None
+    port: int | None = None
+    slots: int | None = None
+    slot_ids: tuple[int, ...] | None = None
+    where: str = ""
+
+    @property
+    def num_selected_slots(self) -> int | None:
+        """How many processes this host runs after filtering (``None`` while slots are unknown)."""
+        if self.slot_ids is not None:
+            return len(self.slot_ids)
+        return self.slots
+
+    def label(self) -> str:
+        """The host as the user wrote it, for messages and output."""
+        text = self.name
+        if self.user:
+            text = f"{self.user}@{text}"
+        if self.port is not None:
+            host_part = f"[{self.name}]" if ":" in self.name else self.name
+            text = f"{self.user + '@' if self.user else ''}{host_part}:{self.port}"
+        return text
+
+
+def parse_host_token(token: str, where: str) -> Host:
+    """Parse ``[user@]host[:port]`` (or ``[user@][v6]:port``) into a :class:`Host`."""
+    user: str | None = None
+    rest = token
+    if "@" in rest:
+        user, rest = rest.rsplit("@", 1)
+        if not user:
+            raise InventoryError(f"empty user name in {token!r}", "write user@host", where)
+    port: int | None = None
+    if rest.startswith("["):
+        close = rest.find("]")
+        if close < 0:
+            raise InventoryError(f"unclosed '[' in {token!r}", "write [address]:port", where)
+        name, tail = rest[1:close], rest[close + 1 :]
+        if tail:
+            if not tail.startswith(":"):
+                raise InventoryError(f"unexpected {tail!r} after ']' in {token!r}", "write [address]:port", where)
+            port = _parse_port(tail[1:], token, where)
+    elif rest.count(":") == 1:
+        name, port_text = rest.split(":")
+        port = _parse_port(port_text, token, where)
+    else:
+        name = rest  # a bare name, or an IPv6 address without a port
+    if not name or not _HOSTNAME_RE.match(name):
+        raise InventoryError(
+            f"{token!r} is not a host name",
+            "use a name, an address, user@host or host:port",
+            where,
+        )
+    return Host(name=name, user=user, port=port, where=where)
+
+
+def _parse_port(text: str, token: str, where: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InventoryError(f"port must be 1-65535 in {token!r}, got {text!r}", "write host:port", where)
+    return int(text)
+
+
+def parse_hostfile(text: str, path: str) -> list[Host]:
+    """Parse a DeepSpeed hostfile or a plain list of hosts (one per line)."""
+    hosts: list[Host] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        where = f"{path}:{number}"
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        tokens = line.split()
+        host = parse_host_token(tokens[0], where)
+        if len(tokens) > 1:
+            host = replace(host, slots=_parse_slots(tokens[1:], where))
+        hosts.append(host)
+    if not hosts:
+        raise InventoryError("no hosts in hostfile", "add lines like 'worker-1 slots=8'", path)
+    check_unique(hosts)
+    return hosts
+
+
+def _parse_slots(tokens: list[str], where: str) -> int:
+    match = _SLOTS_RE.match(tokens[0])
+    if match is None:
+        if tokens[0] == "slots" or tokens[0].startswith("slots"):
+            raise InventoryError(
+                f"malformed slots in {' '.join(tokens)!r}", "write slots=N with no spaces around '='", where
+            )
+        raise InventoryError(
+            f"expected 'slots=N' after the host name, got {tokens[0]!r}", "write 'host slots=N'", where
+        )
+    value = match.group("value")
+    if not value.isdigit():
+        raise InventoryError(f"slots must be a positive integer, got {value!r}", "write slots=8", where)
+    if int(value) == 0:
+        raise InventoryError(
+            "slots must be a positive integer, got 0", "remove the line or give slots=1 or more", where
+        )
+    return int(value)
+
+
+def check_unique(hosts: Iterable[Host]) -> None:
+    """Refuse the same host twice: it would run two copies of every rank."""
+    seen: dict[tuple[str, str | None, int | None], Host] = {}
+    for host in hosts:
+        key = (host.name, host.user, host.port)
+        if key in seen:
+            raise InventoryError(
+                f"duplicate host {host.label()!r} (first at {seen[key].where})",
+                "list each host once and raise its slots instead",
+                host.where,
+            )
+        seen[key] = host
+
+
+def expand_hostlist(expr: str, where: str = "--hosts") -> list[str]:
+    """Expand a Slurm compressed host list: ``node[01-03,07],gpu-a`` -> node01..node03, node07, gpu-a.
+
+    Several bracket groups multiply (``rack[1-2]-n[01-02]`` gives 4 names, rack-major); zero
+    padding is kept as written.
+    """
+    names: list[str] = []
+    for item in _split_top_level(expr, where):
+        names.extend(_expand_item(item, where))
+    return names
+
+
+def _split_top_level(expr: str, where: str) -> list[str]:
+    items: list[str] = []
+    depth = 0
+    current = ""
+    for char in expr:
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise InventoryError(f"nested '[' in host list {expr!r}", "write node[01-04]", where)
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise InventoryError(f"unmatched ']' in host list {expr!r}", "write node[01-04]", where)
+        if char in ", \n\t" and depth == 0:
+            if current:
+                items.append(current)
+            current = ""
+            continue
+        current += char
+    if depth != 0:
+        raise InventoryError(f"unclosed '[' in host list {expr!r}", "write node[01-04]", where)
+    if current:
+        items.append(current)
+    if not items:
+        raise InventoryError("empty host list", "give hosts like node[01-04] or a,b,c", where)
+    return items
+
+
+def _expand_item(item: str, where: str) -> list[str]:
+    start = item.find("[")
+    if start < 0:
+        return [item]
+    end = item.index("]", start)
+    prefix, body, suffix = item[:start], item[start + 1 : end], item[end + 1 :]
+    tails = _expand_item(suffix, where)
+    if ":" in body:  # an IPv6 literal such as [fd00::5]:22, not a range
+        return [f"{prefix}[{body}]{tail}" for tail in tails]
+    return [prefix + middle + tail for middle in _expand_range_body(body, item, where) for tail in tails]
+
+
+def _expand_range_body(body: str, item: str, where: str) -> list[str]:
+    values: list[str] = []
+    for part in body.split(","):
+        part = part.strip()
+        if re.fullmatch(r"\d+", part):
+            values.append(part)
+            continue
+        match = re.fullmatch(r"(\d+)-(\d+)", part)
+        if match is None:
+            raise InventoryError(f"bad range {part!r} in {item!r}", "ranges look like 01-04 or 1,3,5", where)
+        low_text, high_text = match.groups()
+        low, high = int(low_text), int(high_text)
+        if high < low:
+            raise InventoryError(f"range {part!r} in {item!r} runs backwards", f"write {high_text}-{low_text}", where)
+        width = len(low_text) if low_text.startswith("0") else 0
+        values.extend(str(number).zfill(width) for number in range(low, high + 1))
+    return values
+
+
+def parse_host_list(expr: str, where: str = "--hosts") -> list[Host]:
+    """Hosts from ``--hosts`` (or ``SLURM_JOB_NODELIST``): a Slurm list of ``[user@]host[:port]``."""
+    hosts = [parse_host_token(token, where) for token in expand_hostlist(expr, where)]
+    check_unique(hosts)
+    return hosts
+
+
+def hosts_from_environment(environ: Mapping[str, str]) -> list[Host] | None:
+    """Hosts of the current Slurm allocation, if ``SLURM_JOB_NODELIST`` is set."""
+    nodelist = environ.get("SLURM_JOB_NODELIST", "").strip()
+    if not nodelist:
+        return None
+    return parse_host_list(nodelist, "SLURM_JOB_NODELIST")
+
+
+def with_default_slots(hosts: list[Host], slots_per_host: int | None) -> list[Host]:
+    """Fill unknown slots from ``--gpus-per-node`` (hostfile values win)."""
+    if slots_per_host is None:
+        return hosts
+    if slots_per_host < 1:
+        raise InventoryError(f"--gpus-per-node must be 1 or more, got {slots_per_host}", "", "--gpus-per-node")
+    return [h if h.slots is not None else replace(h, slots=slots_per_host) for h in hosts]
+
+
+def parse_filter(expr: str, where: str) -> dict[str, tuple[int, ...] | None]:
+    """Parse ``host1:0,1@host2`` into ``{host: slot ids or None for all}``."""
+    selection: dict[str, tuple[int, ...] | None] = {}
+    if not expr.strip():
+        raise InventoryError("empty filter", "write host1:0,1@host2", where)
+    for part in expr.split("@"):
+        part = part.strip()
+        if not part:
+            raise InventoryError(f"empty entry in {expr!r}", "separate hosts with a single '@'", where)
+        name, sep, slot_text = part.partition(":")
+        ids: tuple[int, ...] | None = None
+        if sep:
+            try:
+                ids = tuple(sorted({int(s) for s in slot_text.split(",")}))
+            except ValueError:
+                raise InventoryError(
+                    f"slot ids must be integers in {part!r}", "write host:0,1,2", where
+                ) from None
+            if any(i < 0 for i in ids):
+                raise InventoryError(f"negative slot id in {part!r}", "slot ids start at 0", where)
+        if name in selection:
+            raise InventoryError(f"host {name!r} named twice in {expr!r}", "name each host once", where)
+        selection[name] = ids
+    return selection
+
+
+def select_hosts(hosts: list[Host], include: str | None = None, exclude: str | None = None) -> list[Host]:
+    """Apply DeepSpeed-style ``--include``/``--exclude`` and return the hosts that keep a slot.
+
+    A bare host name means all of its slots (DeepSpeed itself selects nothing there). Naming an
+    unknown host or slot, or ending with nothing selected, is an error.
+    """
+    if include and exclude:
+        raise InventoryError("--include and --exclude cannot be combined", "use one of them", "--include/--exclude")
+    if not include and not exclude:
+        return hosts
+    flag = "--include" if include else "--exclude"
+    selection = parse_filter(include or exclude or "", flag)
+    by_name = {h.name: h for h in hosts}
+    for name, ids in selection.items():
+        host = by_name.get(name)
+        if host is None:
+            known = ", ".join(sorted(by_name)[:8])
+            raise InventoryError(f"unknown host {name!r}", f"hosts are: {known}", flag)
+        if ids is not None:
+            if host.slots is None:
+                raise InventoryError(
+                    f"slots of {name!r} are unknown, so slot ids cannot be checked",
+                    "give slots=N in the hostfile or --gpus-per-node",
+                    flag,
+                )
+            bad = [i for i in ids if i >= host.slots]
+            if bad:
+                raise InventoryError(
+                    f"{name!r} has slots 0-{host.slots - 1}, not {','.join(map(str, bad))}",
+                    "use slot ids below the host's slots",
+                    flag,
+                )
+    selected = [_filtered(h, selection.get(h.name, ()), name_given=h.name in selection, keep=bool(include))
+                for h in hosts]
+    result = [h for h in selected if h is not None]
+    if not result:
+        raise InventoryError("the filter selects no slot on any host", "check the host names and slot ids", flag)
+    return result
+
+
+def _filtered(host: Host, ids: tuple[int, ...] | None, name_given: bool, keep: bool) -> Host | None:
+    all_ids = tuple(range(host.slots)) if host.slots is not None else None
+    if keep:
+        if not name_given:
+            return None
+        return host if ids is None else replace(host, slot_ids=ids)
+    if not name_given:
+        return host
+    if ids is None:
+        return None
+    assert all_ids is not None  # select_hosts checked that slots are known when ids are named
+    remaining = tuple(i for i in all_ids if i not in ids)
+    return replace(host, slot_ids=remaining) if remaining else None
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """The inverse of :func:`expand_hostlist` for display: node1,node2,node3,gpu-a -> node[1-3],gpu-a.
+
+    Names are grouped by their text before a trailing number; runs of consecutive numbers of the
+    same width become ranges. Order of first appearance is kept.
+    """
+    groups: dict[tuple[str, int], list[int]] = {}
+    plain: list[str] = []
+    order: list[tuple[str, int] | str] = []
+    for name in names:
+        match = re.fullmatch(r"(.*?)(\d+)", name)
+        if match is None:
+            plain.append(name)
+            order.append(name)
+            continue
+        prefix, digits = match.groups()
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        key = (prefix, width)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(int(digits))
+    parts: list[str] = []
+    for item in order:
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        prefix, width = item
+        numbers = sorted(set(groups[item]))
+        if len(numbers) == 1:
+            parts.append(f"{prefix}{str(numbers[0]).zfill(width)}")
+            continue
+        ranges: list[str] = []
+        low = high = numbers[0]
+        for number in [*numbers[1:], None]:
+            if number is not None and number == high + 1:
+                high = number
+                continue
+            ranges.append(str(low).zfill(width) if low == high else f"{str(low).zfill(width)}-{str(high).zfill(width)}")
+            if number is not None:
+                low = high = number
+        parts.append(f"{prefix}[{','.join(ranges)}]")
+    return ",".join(parts)

@@ -1,0 +1,200 @@
+"""The values that cross from the planner to the renderers, the launcher and the trainer.
+
+``plan.yaml`` (written by ``fstrain plan --out``) holds one :class:`PlanFile`: the model
+architecture, the chosen parallel configuration and a summary of the cluster it was planned
+for. Everything is plain data with ``to_dict``/``from_dict`` so the file can be diffed and
+committed, and every field is validated when read back, with the key named in the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from fstrain.errors import InputError
+
+PLAN_FORMAT_VERSION = 1
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
+ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
+OFFLOAD = ("none", "optimizer", "optimizer+params")
+PRECISIONS = ("bf16", "fp16", "fp32")
+OPTIMIZERS = ("adamw", "sgd", "adam8bit")
+ACTIVATIONS = ("gelu", "swiglu")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward: ``num_experts`` experts, ``top_k`` active per token."""
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, as a recipe describes it."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    activation: str  # "gelu" (two matrices) or "swiglu" (three matrices)
+    vocab_size: int
+    seq_len: int
+    tied_embeddings: bool = False
+    moe: MoESpec | None = None
+    norm: str = "rmsnorm"  # "rmsnorm" (weight only) or "layernorm" (weight and bias)
+    linear_bias: bool = False  # biases on the attention and FFN linears (GPT-2: true)
+    position_embedding: str = "rope"  # "rope" (no parameters) or "learned" (seq_len x hidden)
+    dropout: float = 0.0  # > 0 keeps 1-byte dropout masks in the activations
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True)
+class PlanKnobs:
+    """One parallel configuration: every knob the planner chooses and the renderers read.
+
+    ``dp * tp * pp`` is the world size. ``shard_group_size`` is the number of data-parallel
+    ranks a model state is sharded over: ``dp`` for ZeRO-1/2/3 and FSDP full/grad-op, the
+    hybrid group (an NVLink domain or a node) for ``fsdp-hybrid``, 1 for ``ddp``.
+    """
+
+    strategy: str
+    zero_stage: int
+    dp: int
+    tp: int
+    pp: int
+    shard_group_size: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    activation_checkpointing: str = "none"
+    offload: str = "none"
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    seq_len: int = 0
+    flash_attention: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per optimizer step: micro-batch x grad-accum x DP."""
+        return self.micro_batch_size * self.grad_accum_steps * self.dp
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    """What the plan assumed about the cluster."""
+
+    num_nodes: int
+    gpus_per_node: int
+    gpu: str
+    gpu_memory_bytes: int
+    hosts: tuple[str, ...] = ()
+    nvlink_domain_size: int = 0  # GPUs per NVLink domain (0: unknown)
+    inter_node_gbps: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """The content of ``plan.yaml``."""
+
+    model: ModelSpec
+    knobs: PlanKnobs
+    cluster: ClusterSummary
+    predicted: Mapping[str, Any] = field(default_factory=dict)  # memory bytes, step time, ...
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fstrain_plan": PLAN_FORMAT_VERSION,
+            "model": asdict(self.model),
+            "plan": asdict(self.knobs),
+            "cluster": {**asdict(self.cluster), "hosts": list(self.cluster.hosts)},
+            "predicted": dict(self.predicted),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> PlanFile:
+        if not isinstance(data, Mapping) or "fstrain_plan" not in data:
+            raise InputError(
+                "not an fstrain plan (no 'fstrain_plan' key)", "write one with `fstrain plan --out plan.yaml`", where
+            )
+        if data["fstrain_plan"] != PLAN_FORMAT_VERSION:
+            raise InputError(
+                f"plan format {data['fstrain_plan']!r} is not supported (expected {PLAN_FORMAT_VERSION})",
+                "re-create the plan with this fstrain",
+                where,
+            )
+        model_data = dict(_section(data, "model", where))
+        moe = model_data.get("moe")
+        if moe is not None:
+            model_data["moe"] = _build(MoESpec, _as_mapping(moe, f"{where}: model.moe"), f"{where}: model.moe")
+        model = _build(ModelSpec, model_data, f"{where}: model")
+        knobs = _build(PlanKnobs, _section(data, "plan", where), f"{where}: plan")
+        cluster_data = dict(_section(data, "cluster", where))
+        cluster_data["hosts"] = tuple(cluster_data.get("hosts") or ())
+        cluster = _build(ClusterSummary, cluster_data, f"{where}: cluster")
+        predicted = data.get("predicted") or {}
+        plan = cls(model=model, knobs=knobs, cluster=cluster, predicted=_as_mapping(predicted, f"{where}: predicted"))
+        validate_knobs(plan.knobs, where)
+        return plan
+
+
+def validate_knobs(knobs: PlanKnobs, where: str) -> None:
+    """Refuse a configuration no renderer could honour, naming the key."""
+    choices = {
+        "strategy": STRATEGIES,
+        "activation_checkpointing": ACTIVATION_CHECKPOINTING,
+        "offload": OFFLOAD,
+        "precision": PRECISIONS,
+        "optimizer": OPTIMIZERS,
+    }
+    for key, allowed in choices.items():
+        value = getattr(knobs, key)
+        if value not in allowed:
+            raise InputError(f"plan.{key} is {value!r}", f"use one of {', '.join(allowed)}", where)
+    if knobs.zero_stage not in (0, 1, 2, 3):
+        raise InputError(f"plan.zero_stage is {knobs.zero_stage!r}", "DeepSpeed has ZeRO stages 0, 1, 2 and 3", where)
+    for key in ("dp", "tp", "pp", "shard_group_size", "micro_batch_size", "grad_accum_steps"):
+        value = getattr(knobs, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"plan.{key} must be a positive integer, got {value!r}", "", where)
+    if knobs.dp % knobs.shard_group_size != 0:
+        raise InputError(
+            f"plan.shard_group_size({knobs.shard_group_size}) does not divide dp({knobs.dp})",
+            "hybrid shard groups must tile the data-parallel ranks",
+            where,
+        )
+
+
+def _section(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    if key not in data:
+        raise InputError(f"missing section {key!r}", "write the plan with `fstrain plan --out`", where)
+    return _as_mapping(data[key], f"{where}: {key}")
+
+
+def _as_mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InputError(f"expected a mapping, got {type(value).__name__}", "", where)
+    return value
+
+
+def _build(cls: Any, data: Mapping[str, Any], where: str) -> Any:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InputError(f"unknown key(s) {', '.join(unknown)}", f"known keys: {', '.join(sorted(names))}", where)
+    try:
+        return cls(**data)
+    except TypeError as exc:  # a missing required key
+        raise InputError(str(exc).replace("__init__() ", ""), "", where) from None

@@ -1,0 +1,84 @@
+"""Shared pytest fixtures: the repository root and the real network-namespace test cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TESTCLUSTER = REPO / "scripts" / "testcluster.sh"
+CLUSTER_SIZE = 3
+
+
+@dataclass(frozen=True)
+class NamespaceCluster:
+    """The hosts node1..nodeN in namespaces fst-node1..N, reachable over real sshd."""
+
+    state: Path
+    num_hosts: int
+
+    @property
+    def ssh_config(self) -> str:
+        return str(self.state / "ssh_config")
+
+    @property
+    def hostfile(self) -> str:
+        return str(self.state / "hostfile")
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state / "known_hosts"
+
+    @property
+    def names(self) -> list[str]:
+        return [f"node{i}" for i in range(1, self.num_hosts + 1)]
+
+    def address(self, index: int) -> str:
+        return f"198.18.0.{10 + index}"
+
+    def namespace(self, index: int) -> str:
+        return f"fst-node{index}"
+
+    def script(self, *args: str) -> None:
+        """Run scripts/testcluster.sh against this cluster (stop-sshd I, start-sshd I, ...)."""
+        env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(self.state)}
+        subprocess.run([str(TESTCLUSTER), *args], check=True, env=env, timeout=60, capture_output=True)
+
+    def in_namespace(self, index: int, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", "netns", "exec", self.namespace(index), *argv],
+                              capture_output=True, text=True, check=check, timeout=60)
+
+
+def cluster_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "the test cluster needs root (network namespaces)"
+    for tool in ("ip", "unshare", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (see the README's test command)"
+    if not Path("/usr/sbin/sshd").exists():
+        return "openssh-server is not installed (see the README's test command)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
+    """Bring the cluster up once per session and down at the end."""
+    reason = cluster_unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the cluster tests: {reason}")
+        pytest.skip(reason)
+    state = tmp_path_factory.mktemp("testcluster")
+    env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(state)}
+    subprocess.run([str(TESTCLUSTER), "up", str(CLUSTER_SIZE)], check=True, env=env, timeout=120,
+                   capture_output=True)
+    try:
+        yield NamespaceCluster(state=state, num_hosts=CLUSTER_SIZE)
+    finally:
+        subprocess.run([str(TESTCLUSTER), "down"], check=False, env=env, timeout=120, capture_output=True)

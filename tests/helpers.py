@@ -1,0 +1,23 @@
+"""Helpers for tests that run the real `fstrain` command line in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_fstrain(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 120, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m fstrain ARGS`` as a user would, capturing stdout and stderr separately."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("FSTRAIN_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "fstrain", *args],
+        capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO, input=input_text, check=False,
+    )
