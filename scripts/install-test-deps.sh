@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install what the test suite needs on Debian/Ubuntu: sshd and iproute2 for the namespace test
+# cluster, pdsh for the fan-out benchmark, and the Python test extras (torch==2.13.0 CPU,
+# deepspeed, accelerate, pytest, ruff, mypy). Needs root (or sudo) for the Debian packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "install-test-deps: run as root or install sudo" >&2; exit 1; }
+    SUDO=sudo
+fi
+
+missing=()
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
+command -v pdsh >/dev/null 2>&1 || missing+=(pdsh)
+command -v pgrep >/dev/null 2>&1 || missing+=(procps)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-test-deps: apt-get install ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
