@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,3 +47,56 @@ def quote_argv(argv: Sequence[str]) -> str:
         raise ValueError("empty command")
     return shlex.join(argv)
 
+
+
+class RunningCommand(Protocol):
+    """A command started with ``Transport.start``: stdin stays open, output arrives as lines."""
+
+    host: str
+
+    def write(self, data: bytes) -> bool:
+        """Send to the command's stdin; False when the link or the process is gone."""
+        ...
+
+    def close_stdin(self) -> None: ...
+
+    def lines(self) -> Iterator[tuple[str, str]]:
+        """``(stream, line)`` pairs, stream being "stdout" or "stderr", whole lines without the
+        newline, until both streams end. Blocks; call from one thread."""
+        ...
+
+    def wait(self) -> tuple[int | None, str | None]:
+        """``(exit code, None)``, or ``(None, why)`` when no exit status came back."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def merged_lines(readers: dict[str, Callable[[], bytes]]) -> Iterator[tuple[str, str]]:
+    """Read several line streams at once (one thread each) and yield ``(stream, line)``."""
+    import queue
+    import threading
+
+    events: queue.Queue[tuple[str, str | None]] = queue.Queue()
+
+    def pump(name: str, readline: Callable[[], bytes]) -> None:
+        try:
+            while True:
+                raw = readline()
+                if not raw:
+                    break
+                events.put((name, raw.decode("utf-8", "replace").rstrip("\r\n")))
+        except (OSError, EOFError, ValueError):
+            pass
+        finally:
+            events.put((name, None))
+
+    for name, readline in readers.items():
+        threading.Thread(target=pump, args=(name, readline), daemon=True, name=f"fstrain-{name}").start()
+    open_streams = len(readers)
+    while open_streams:
+        name, line = events.get()
+        if line is None:
+            open_streams -= 1
+            continue
+        yield name, line

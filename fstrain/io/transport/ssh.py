@@ -15,13 +15,13 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fstrain.errors import HostKeyError, TransportError
 from fstrain.io.sshconfig import SshConfig, SshTarget
-from fstrain.io.transport.base import CommandResult, quote_argv
+from fstrain.io.transport.base import CommandResult, merged_lines, quote_argv
 
 if TYPE_CHECKING:
     import paramiko
@@ -285,8 +285,73 @@ class SshTransport:
             error,
         )
 
+    def start(self, argv: Sequence[str]) -> SshRunning:
+        """Start ``argv`` on a new channel with stdin kept open (raises TransportError)."""
+        self.connect()
+        try:
+            channel = self._transports[-1].open_session(timeout=self.target.connect_timeout_s)
+            channel.exec_command(remote_command(argv))
+        except Exception as exc:
+            raise TransportError(f"cannot start a command: {exc}", "is the host still up?", self.host) from None
+        return SshRunning(self.host, channel)
+
+    def alive(self, timeout_s: float) -> bool:
+        """Whether the server answers a keep-alive request within ``timeout_s`` (link check)."""
+        if not self._transports or not self._transports[-1].is_active():
+            return False
+        transport = self._transports[-1]
+        answered = threading.Event()
+
+        def ask() -> None:
+            with contextlib.suppress(Exception):
+                transport.global_request("keepalive@openssh.com", wait=True)
+                answered.set()
+
+        threading.Thread(target=ask, daemon=True, name=f"fstrain-alive-{self.host}").start()
+        return answered.wait(timeout_s)
+
     def close(self) -> None:
         for transport in reversed(self._transports):
             with contextlib.suppress(Exception):
                 transport.close()
         self._transports = []
+
+
+class SshRunning:
+    """A command started by :meth:`SshTransport.start` on its own channel."""
+
+    def __init__(self, host: str, channel: paramiko.Channel) -> None:
+        self.host = host
+        self._channel = channel
+        self._write_lock = threading.Lock()
+
+    def write(self, data: bytes) -> bool:
+        with self._write_lock:
+            if self._channel.closed or self._channel.eof_sent:
+                return False
+            try:
+                self._channel.sendall(data)
+            except (OSError, EOFError, Exception):
+                return False
+        return True
+
+    def close_stdin(self) -> None:
+        with self._write_lock, contextlib.suppress(Exception):
+            self._channel.shutdown_write()
+
+    def lines(self) -> Iterator[tuple[str, str]]:
+        stdout = self._channel.makefile("rb")
+        stderr = self._channel.makefile_stderr("rb")
+        return merged_lines({"stdout": stdout.readline, "stderr": stderr.readline})
+
+    def wait(self) -> tuple[int | None, str | None]:
+        if not self._channel.exit_status_ready():
+            # Output ended: the exit status follows at once, unless the connection is gone.
+            self._channel.status_event.wait(5.0)
+        if not self._channel.exit_status_ready():
+            return None, "connection lost before the job finished"
+        return self._channel.recv_exit_status(), None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._channel.close()

@@ -1,0 +1,236 @@
+"""What `fstrain launch` runs where: per-node argv and environment, as values.
+
+Pure: the launcher (fstrain/io/launch.py) probes the hosts, then asks this module for the exact
+command of every node, so `--dry-run` and the real run print the same thing and the arithmetic
+is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fstrain.core.hostfile import Host
+from fstrain.errors import ConfigError, InputError
+
+BACKENDS = ("torchrun", "deepspeed")
+SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+MASK = "****"
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PORT_RANGE = (20000, 40000)  # master ports are drawn from here, by a hash of the run id
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """One node's share of a run: the command its watchdog starts and the environment it adds."""
+
+    host: Host
+    node_rank: int
+    nproc: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def is_secret(name: str) -> bool:
+    """Names that look like credentials are masked everywhere fstrain prints or records."""
+    return bool(SECRET_NAME_RE.search(name))
+
+
+def mask_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {key: (MASK if is_secret(key) else value) for key, value in env.items()}
+
+
+def secret_values(env: Mapping[str, str], min_length: int = 4) -> list[str]:
+    """Values of secret variables, longest first, for redaction of streamed output."""
+    values = {v for k, v in env.items() if is_secret(k) and len(v) >= min_length}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact(text: str, secrets: Sequence[str]) -> str:
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, MASK)
+    return text
+
+
+def parse_env_assignment(text: str, where: str) -> tuple[str, str]:
+    """``K=V`` from ``--env`` or an env file line."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep:
+        raise InputError(f"expected NAME=VALUE, got {text!r}", "write --env NAME=VALUE", where)
+    if not _ENV_NAME_RE.match(name):
+        raise InputError(f"{name!r} is not a valid environment variable name",
+                         "names are letters, digits and '_', not starting with a digit", where)
+    return name, value
+
+
+def parse_env_file(text: str, path: str) -> dict[str, str]:
+    """``NAME=VALUE`` lines (``export`` allowed, ``#`` comments, matching quotes stripped)."""
+    env: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
+        name, value = parse_env_assignment(line, f"{path}:{number}")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[name] = value
+    return env
+
+
+def master_port_candidates(run_id: str, count: int = 16) -> list[int]:
+    """Ports to try for the rendezvous, starting from a stable hash of the run id, so two runs
+    on the same hosts start from different ports; the launcher checks which one is free."""
+    low, high = PORT_RANGE
+    start = int(hashlib.sha256(run_id.encode()).hexdigest(), 16) % (high - low)
+    return [low + (start + i) % (high - low) for i in range(count)]
+
+
+def resolve_nproc(host: Host, requested: int | None, probed_gpus: int | None) -> int:
+    """Processes on ``host``: an explicit ``--nproc-per-node``, else the hostfile's (selected)
+    slots, else the GPUs a probe found."""
+    if requested is not None:
+        if requested < 1:
+            raise InputError(f"--nproc-per-node must be 1 or more, got {requested}", "", "--nproc-per-node")
+        return requested
+    selected = host.num_selected_slots
+    if selected is not None:
+        return selected
+    if probed_gpus:
+        return probed_gpus
+    raise ConfigError(
+        f"cannot tell how many processes to start on {host.label()}: no slots in the inventory and no GPU found",
+        "give --nproc-per-node N, slots=N in the hostfile, or --gpus-per-node",
+        host.where or host.label(),
+    )
+
+
+def torchrun_argv(
+    python: str, *, nnodes: int, node_rank: int, nproc: int, master_addr: str, master_port: int,
+    run_id: str, max_restarts: int, program: Sequence[str],
+) -> tuple[str, ...]:
+    """One ``torchrun`` per node, c10d rendezvous at the master, a fresh rendezvous id per run."""
+    return (
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--node-rank={node_rank}",  # informative under c10d (ranks come from the rendezvous)
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={_host_port(master_addr, master_port)}",
+        f"--rdzv-id={run_id}",
+        f"--max-restarts={max_restarts}",
+        "--tee=3",  # prefix every worker line with its rank, so the stream can be attributed
+        *_program_for_torchrun(python, program),
+    )
+
+
+def _program_for_torchrun(python: str, program: Sequence[str]) -> list[str]:
+    """torchrun runs ``python SCRIPT`` itself: map ``python -m mod`` to ``-m mod`` and other
+    executables to ``--no-python``."""
+    if _is_python(program[0], python):
+        rest = list(program[1:])
+        if rest[:1] == ["-m"] and len(rest) >= 2:
+            return ["-m", *rest[1:]]
+        if rest and not rest[0].startswith("-"):
+            return rest
+        if rest[:1] == ["-c"]:
+            return ["--no-python", *program]
+        raise InputError(f"cannot launch {' '.join(program)!r} per rank",
+                         "give a script (python train.py ...) or a module (python -m pkg ...)", "PROGRAM")
+    if program[0].endswith(".py"):
+        return list(program)
+    return ["--no-python", *program]
+
+
+def deepspeed_argv(
+    python: str, *, world_info: Mapping[str, Sequence[int]], node_rank: int, master_addr: str,
+    master_port: int, program: Sequence[str],
+) -> tuple[str, ...]:
+    """DeepSpeed's per-node launcher, as its multi-node runner starts it, but over our SSH."""
+    encoded = base64.urlsafe_b64encode(json.dumps(dict(world_info)).encode()).decode()
+    head = [
+        python, "-u", "-m", "deepspeed.launcher.launch",
+        f"--world_info={encoded}",
+        f"--node_rank={node_rank}",
+        f"--master_addr={master_addr}",
+        f"--master_port={master_port}",
+        "--no_local_rank",  # LOCAL_RANK is in the environment; programs need no --local_rank flag
+    ]
+    if _is_python(program[0], python):
+        rest = list(program[1:])
+        if rest[:1] == ["-m"] and len(rest) >= 2:
+            return (*head, "--module", *rest[1:])
+        if rest and not rest[0].startswith("-"):
+            return (*head, *rest)
+        if rest[:1] == ["-c"]:
+            return (*head, "--no_python", *program)
+        raise InputError(f"cannot launch {' '.join(program)!r} per rank",
+                         "give a script (python train.py ...) or a module (python -m pkg ...)", "PROGRAM")
+    if program[0].endswith(".py"):
+        return (*head, *program)
+    return (*head, "--no_python", *program)
+
+
+def _is_python(executable: str, python: str) -> bool:
+    name = executable.rsplit("/", 1)[-1]
+    return executable == python or bool(re.fullmatch(r"python(\d+(\.\d+)?)?", name))
+
+
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def world_info(hosts: Sequence[Host], nprocs: Sequence[int]) -> dict[str, list[int]]:
+    """DeepSpeed's world info: host -> local slot ids (the selected ones, where filtered)."""
+    info: dict[str, list[int]] = {}
+    for host, nproc in zip(hosts, nprocs, strict=True):
+        info[host.name] = list(host.slot_ids) if host.slot_ids is not None else list(range(nproc))
+    return info
+
+
+def plan_launches(
+    hosts: Sequence[Host], *, backend: str, nprocs: Sequence[int], program: Sequence[str], python: str,
+    master_addr: str, master_port: int, run_id: str, max_restarts: int,
+    env: Mapping[str, str], per_node_env: Sequence[Mapping[str, str]],
+) -> list[NodeLaunch]:
+    """Every node's command and environment (``env`` for all, ``per_node_env[i]`` for node i,
+    which never overrides what the user set)."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}", "--backend")
+    if not program:
+        raise InputError("no program to launch", "put the program after --: fstrain launch ... -- python train.py",
+                         "PROGRAM")
+    info = world_info(hosts, nprocs)
+    launches = []
+    for rank, (host, nproc) in enumerate(zip(hosts, nprocs, strict=True)):
+        node_env = {**per_node_env[rank], **env} if per_node_env else dict(env)
+        if backend == "torchrun":
+            argv = torchrun_argv(python, nnodes=len(hosts), node_rank=rank, nproc=nproc, master_addr=master_addr,
+                                 master_port=master_port, run_id=run_id, max_restarts=max_restarts, program=program)
+            if host.slot_ids is not None and "CUDA_VISIBLE_DEVICES" not in env:
+                node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slot_ids))
+        else:
+            argv = deepspeed_argv(python, world_info=info, node_rank=rank, master_addr=master_addr,
+                                  master_port=master_port, program=program)
+        launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env))
+    return launches
+
+
+_RANK_PREFIX_RE = re.compile(r"^\[(?:[A-Za-z_]+)?(\d+)\]:(.*)$")
+
+
+def split_rank_prefix(line: str) -> tuple[int | None, str]:
+    """torchrun's ``--tee`` prefix (``[default3]:text``, or ``[rank3]:`` in newer releases) ->
+    (local rank, text); lines without one (the launcher's own) -> (None, line)."""
+    match = _RANK_PREFIX_RE.match(line)
+    if match is None:
+        return None, line
+    return int(match.group(1)), match.group(2)

@@ -1,0 +1,461 @@
+"""`fstrain launch`: start one watchdog-supervised job per node, stream it, tear it all down.
+
+Stages (each a function, each taking what it needs as arguments):
+
+1. ``preflight``: on every host, check the interpreter and the working directory and read the
+   network facts (fstrain/io/remote/netcheck.py), in parallel.
+2. ``choose_rendezvous``: open a listener on the first host on a port derived from the run id,
+   have every host connect to each of the first host's addresses, keep the first address all of
+   them reach, and note per host the interface that routes there (for NCCL/GLOO_SOCKET_IFNAME).
+3. ``plan_launches`` (pure, fstrain/core/launchspec.py): the per-node commands.
+4. ``run_nodes``: start the watchdog (fstrain/io/remote/watchdog.py) on every node with its
+   header on stdin, stream every line, send heartbeats, and on the first failure, a lost host,
+   Ctrl-C or SIGTERM, tell every watchdog to stop (SIGTERM, SIGKILL after the grace period).
+5. ``write_manifest``: what ran where, with the environment masked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from fstrain.core.hostfile import Host
+from fstrain.core.launchspec import (
+    NodeLaunch,
+    mask_env,
+    master_port_candidates,
+    redact,
+    secret_values,
+    split_rank_prefix,
+)
+from fstrain.errors import FstrainError, TransportError
+from fstrain.io.connect import is_local
+from fstrain.io.fanout import HostPool
+from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
+from fstrain.io.remote.watchdog import BOOTSTRAP
+from fstrain.io.transport.base import RunningCommand, Transport
+
+HEARTBEAT_INTERVAL_S = 1.0
+LIVENESS_INTERVAL_S = 2.0
+EXIT_LOST_HOST = 255  # like ssh when the connection is lost
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+REMOTE_RUNS = "~/.fstrain/runs"
+REMOTE_STATE = "~/.fstrain/active"
+
+
+class LaunchError(FstrainError):
+    """The job could not be started (preflight, rendezvous)."""
+
+
+@dataclass
+class HostFacts:
+    """What preflight learned about one host."""
+
+    host: Host
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    master_addr: str
+    master_port: int
+    interfaces: tuple[str, ...]  # per host, the interface that routes to the master
+
+
+# -- 1. preflight -------------------------------------------------------------------------------
+
+
+def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float = 60) -> list[HostFacts]:
+    """Check every host's interpreter and working directory; raise one error naming each bad host."""
+    argv = [python, "-", "info", workdir or ""]
+    results = pool.run_all(argv, stdin=source("netcheck").encode(), timeout_s=timeout_s)
+    problems: list[str] = []
+    facts: list[HostFacts] = []
+    for host, result in zip(pool.hosts, results, strict=True):
+        if result.error:
+            problems.append(f"{host.label()}: {result.error}")
+            continue
+        if result.exit_code == 127:
+            problems.append(f"{host.label()}: interpreter {python!r} not found")
+            continue
+        try:
+            info = json.loads(result.stdout)
+        except json.JSONDecodeError:
+            problems.append(f"{host.label()}: {python} could not run the check: {result.stderr.strip()[-300:]}")
+            continue
+        if not info.get("workdir_exists", True):
+            problems.append(f"{host.label()}: working directory {workdir!r} does not exist")
+            continue
+        facts.append(HostFacts(host, info))
+    if problems:
+        raise LaunchError("preflight failed on " + "; ".join(problems),
+                          "fix the hosts above (--python, --workdir) or leave them out with --exclude", "launch")
+    return facts
+
+
+# -- 2. rendezvous ------------------------------------------------------------------------------
+
+
+def choose_rendezvous(
+    pool: HostPool, connect: Callable[[Host], Transport], facts: Sequence[HostFacts], python: str,
+    run_id: str, master_port: int | None, timeout_s: float = 5,
+) -> Rendezvous:
+    """The first host's address that every host reaches, on a port that is free there."""
+    hosts = [f.host for f in facts]
+    ports = [master_port] if master_port else master_port_candidates(run_id)
+    if all(is_local(h) for h in hosts):
+        candidates = ["127.0.0.1"]
+    else:
+        candidates = [i["address"] for i in facts[0].info["interfaces"]
+                      if not i["address"].startswith("127.") and i["state"] in ("up", "unknown")]
+    if not candidates:
+        raise LaunchError(f"{hosts[0].label()} has no network address other hosts could use",
+                          "check its interfaces with `ip addr`", "rendezvous")
+    listener = _start(connect(hosts[0]), [python, "-u", "-c", LINE_BOOTSTRAP, "listen", *map(str, ports)],
+                      as_line("netcheck"), close_stdin=False)
+    try:
+        output = listener.lines()
+        port = _first_json_line(output, listener).get("port")
+        if port is None:
+            raise LaunchError(f"no free rendezvous port on {hosts[0].label()} (tried {ports})",
+                              "pass --master-port with a free port", "rendezvous")
+        targets = [f"{address}:{port}" for address in candidates]
+        results = pool.run_all([python, "-", "connect", str(timeout_s), *targets],
+                               stdin=source("netcheck").encode(), timeout_s=timeout_s * len(targets) + 30)
+        listener.write(b"done\n")  # free the port before the job needs it, and wait until it is free
+        listener.close_stdin()
+        for _ in output:
+            pass
+        listener.wait()
+    finally:
+        listener.close()
+    reach: list[dict[str, dict[str, Any]]] = []
+    for host, result in zip(hosts, results, strict=True):
+        if not result.ok:
+            raise LaunchError(f"{host.label()} could not run the reachability check: {result.error or result.stderr}",
+                              "", "rendezvous")
+        reach.append({r["target"]: r for r in json.loads(result.stdout)})
+    for target, address in zip(targets, candidates, strict=True):
+        if all(r[target]["ok"] for r in reach):
+            interfaces = tuple(str(r[target].get("interface") or "") for r in reach)
+            return Rendezvous(address, int(port), interfaces)
+    detail = "; ".join(f"{h.label()} cannot reach " + ", ".join(t for t, e in r.items() if not e["ok"])
+                       for h, r in zip(hosts, reach, strict=True) if not all(e["ok"] for e in r.values()))
+    raise LaunchError(f"no address of {hosts[0].label()} is reachable from every host: {detail}",
+                      "check routes and firewalls, or run `fstrain doctor`", "rendezvous")
+
+
+def _start(transport: Transport, argv: Sequence[str], stdin: bytes, close_stdin: bool) -> RunningCommand:
+    start = getattr(transport, "start", None)
+    if start is None:
+        raise TransportError("this transport cannot stream", "", transport.host)
+    running: RunningCommand = start(argv)
+    running.write(stdin)
+    if close_stdin:
+        running.close_stdin()
+    return running
+
+
+def _first_json_line(output: Iterator[tuple[str, str]], running: RunningCommand) -> dict[str, Any]:
+    """The first stdout line a streaming remote helper prints."""
+    for stream, line in output:
+        if stream == "stdout":
+            parsed: dict[str, Any] = json.loads(line)
+            return parsed
+    code, why = running.wait()
+    raise LaunchError(f"rendezvous listener exited ({why or code}) before opening a port", "", running.host)
+
+
+# -- 4. run -------------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeState:
+    launch: NodeLaunch
+    running: RunningCommand | None = None
+    transport: Transport | None = None
+    started: float = 0.0
+    ended: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.ended is not None
+
+
+@dataclass
+class RunOptions:
+    run_id: str
+    run_dir: Path
+    grace_s: float = 15.0
+    heartbeat_timeout_s: float = 30.0
+    workdir: str | None = None
+    files: Mapping[str, str] = field(default_factory=dict)
+    color: bool = False
+    out: TextIO = sys.stdout
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    reason: str  # "ok", "failed", "lost", "interrupted", "terminated"
+    first_failure: int | None  # node rank
+    nodes: list[NodeState]
+    started: float
+    ended: float
+
+
+class _Stop:
+    """Ctrl-C / SIGTERM handling: the first asks for a graceful stop, the second for SIGKILL."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.event = threading.Event()
+
+    def handler(self, signum: int, _frame: object) -> None:
+        self.signals.append(signum)
+        self.event.set()
+
+
+COLORS = ("36", "33", "35", "32", "34", "31", "96", "93")
+
+
+def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transport], python: str,
+              options: RunOptions) -> RunOutcome:
+    """Start every node's watchdog, stream, watch, and tear down. Never leaves a job running."""
+    nodes = [NodeState(launch) for launch in launches]
+    events: queue.Queue[tuple[str, int, Any, Any]] = queue.Queue()
+    logs = _Logs(options.run_dir / "logs")
+    secrets = secret_values({k: v for n in launches for k, v in n.env.items()})
+    stop = _Stop()
+    previous = {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = time.time()
+    try:
+        for node in nodes:
+            _start_node(node, connect, python, options, events)
+        threading.Thread(target=_heartbeats, args=(nodes, events, options), daemon=True).start()
+        outcome = _watch(nodes, events, stop, logs, secrets, options)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for node in nodes:
+            if node.running is not None:
+                node.running.close()
+            if node.transport is not None:
+                node.transport.close()
+        logs.close()
+    return RunOutcome(outcome[0], outcome[1], outcome[2], nodes, started, time.time())
+
+
+def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: str, options: RunOptions,
+                events: queue.Queue[tuple[str, int, Any, Any]]) -> None:
+    launch = node.launch
+    rank = launch.node_rank
+    node.started = time.time()
+    run_dir = str(options.run_dir.resolve()) if is_local(launch.host) else f"{REMOTE_RUNS}/{options.run_id}"
+    header = {
+        "source": source("watchdog"),
+        "argv": list(launch.argv),
+        "env": dict(launch.env),
+        "workdir": options.workdir,
+        "files": dict(options.files),
+        "run_dir": run_dir,
+        "state_dir": REMOTE_STATE,
+        "run_id": options.run_id,
+        "node_rank": rank,
+        "grace_s": options.grace_s,
+        "heartbeat_timeout_s": options.heartbeat_timeout_s,
+    }
+    try:
+        node.transport = connect(launch.host)
+        node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
+                              (json.dumps(header) + "\n").encode(), close_stdin=False)
+    except FstrainError as exc:
+        events.put(("lost", rank, exc.message, None))
+        return
+    threading.Thread(target=_pump, args=(node, events), daemon=True, name=f"fstrain-node{rank}").start()
+
+
+def _pump(node: NodeState, events: queue.Queue[tuple[str, int, Any, Any]]) -> None:
+    assert node.running is not None
+    rank = node.launch.node_rank
+    for stream, line in node.running.lines():
+        events.put(("line", rank, stream, line))
+    code, why = node.running.wait()
+    events.put(("exit", rank, code, why))
+
+
+def _heartbeats(nodes: Sequence[NodeState], events: queue.Queue[tuple[str, int, Any, Any]],
+                options: RunOptions) -> None:
+    """Tell every watchdog the launcher lives; declare a host lost when its server stops answering."""
+    last_liveness = 0.0
+    while not all(n.done for n in nodes):
+        for node in nodes:
+            if node.running is not None and not node.done:
+                node.running.write(b"hb\n")
+        if time.monotonic() - last_liveness > LIVENESS_INTERVAL_S:
+            last_liveness = time.monotonic()
+            for node in nodes:
+                alive = getattr(node.transport, "alive", None)
+                if alive is not None and not node.done:
+                    threading.Thread(target=_check_alive, args=(node, alive, events, options),
+                                     daemon=True).start()
+        time.sleep(HEARTBEAT_INTERVAL_S)
+
+
+def _check_alive(node: NodeState, alive: Callable[[float], bool], events: queue.Queue[tuple[str, int, Any, Any]],
+                 options: RunOptions) -> None:
+    if not alive(options.heartbeat_timeout_s) and not node.done:
+        events.put(("lost", node.launch.node_rank,
+                    f"no answer from the host for {options.heartbeat_timeout_s:g} s", None))
+
+
+def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]], stop: _Stop, logs: _Logs,
+           secrets: Sequence[str], options: RunOptions) -> tuple[int, str, int | None]:
+    exit_code, reason, first_failure = 0, "ok", None
+    stopping_since: float | None = None
+    kill_sent = False
+    handled_signals = 0
+    while not all(n.done for n in nodes):
+        if len(stop.signals) > handled_signals:
+            handled_signals = len(stop.signals)
+            if stopping_since is None:
+                exit_code = EXIT_SIGINT if stop.signals[0] == signal.SIGINT else EXIT_SIGTERM
+                reason = "interrupted" if stop.signals[0] == signal.SIGINT else "terminated"
+                stopping_since = _stop_all(nodes, "term")
+            elif not kill_sent:  # a second Ctrl-C: skip the grace period
+                _stop_all(nodes, "kill")
+                kill_sent = True
+        try:
+            kind, rank, a, b = events.get(timeout=0.2)
+        except queue.Empty:
+            kind, rank, a, b = "", -1, None, None
+        node = nodes[rank] if kind else None
+        if kind == "line" and node is not None:
+            _emit(node, a, redact(b, secrets), logs, options)
+        elif kind in ("exit", "lost") and node is not None and not node.done:
+            node.ended = time.time()
+            if kind == "exit":
+                node.exit_code, node.error = a, b
+            else:
+                node.error = a
+                if node.running is not None:
+                    node.running.close()
+            failed = node.exit_code != 0
+            if failed and first_failure is None and stopping_since is None:
+                first_failure = rank
+                exit_code = node.exit_code if node.exit_code is not None else EXIT_LOST_HOST
+                reason = "failed" if node.exit_code is not None else "lost"
+                stopping_since = _stop_all(nodes, "term")
+        if stopping_since is not None and time.monotonic() - stopping_since > options.grace_s + 10:
+            for straggler in nodes:  # no answer after the grace period: its watchdog cleans up alone
+                if not straggler.done:
+                    straggler.ended = time.time()
+                    straggler.error = straggler.error or "did not stop in time; its watchdog ends it"
+    return exit_code, reason, first_failure
+
+
+def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
+    for node in nodes:
+        if node.running is not None and not node.done:
+            node.running.write(f"{how}\n".encode())
+    return time.monotonic()
+
+
+def _emit(node: NodeState, stream: str, line: str, logs: _Logs, options: RunOptions) -> None:
+    host = node.launch.host.name
+    local_rank, text = split_rank_prefix(line)
+    tag = f"{host} r{local_rank}" if local_rank is not None else host
+    prefix = f"[{tag}]"
+    if options.color:
+        prefix = f"\x1b[{COLORS[node.launch.node_rank % len(COLORS)]}m{prefix}\x1b[0m"
+    options.out.write(f"{prefix} {text}\n")
+    options.out.flush()
+    logs.write(host, local_rank, f"[{tag}] {text}")
+    node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
+
+
+class _Logs:
+    """RUN_DIR/logs/<host>.log, and <host>.r<local rank>.log where the rank is known."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.files: dict[str, TextIO] = {}
+
+    def write(self, host: str, local_rank: int | None, line: str) -> None:
+        names = [f"{host}.log"] + ([f"{host}.r{local_rank}.log"] if local_rank is not None else [])
+        for name in names:
+            handle = self.files.get(name)
+            if handle is None:
+                handle = self.files[name] = (self.folder / name).open("a")
+            handle.write(line + "\n")
+            handle.flush()
+
+    def close(self) -> None:
+        for handle in self.files.values():
+            handle.close()
+
+
+# -- 5. manifest --------------------------------------------------------------------------------
+
+
+def write_manifest(path: Path, *, run_id: str, backend: str, rendezvous: Rendezvous | None,
+                   launches: Sequence[NodeLaunch], outcome: RunOutcome | None, facts: Sequence[HostFacts],
+                   env: Mapping[str, str], plan: Mapping[str, Any] | None) -> dict[str, Any]:
+    """RUN_DIR/manifest.json: exact commands, hosts, masked environment, versions, times, codes."""
+    states = {n.launch.node_rank: n for n in outcome.nodes} if outcome else {}
+    versions = {f.host.label(): {k: f.info.get(k) for k in ("hostname", "python", "torch", "deepspeed")}
+                for f in facts}
+    document = {
+        "run_id": run_id,
+        "backend": backend,
+        "master_addr": rendezvous.master_addr if rendezvous else None,
+        "master_port": rendezvous.master_port if rendezvous else None,
+        "env": mask_env(env),
+        "plan": plan,
+        "versions": versions,
+        "started": outcome.started if outcome else None,
+        "ended": outcome.ended if outcome else None,
+        "exit_code": outcome.exit_code if outcome else None,
+        "reason": outcome.reason if outcome else "dry-run",
+        "first_failure_node_rank": outcome.first_failure if outcome else None,
+        "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    os.replace(tmp, path)
+    return document
+
+
+def node_summary(launch: NodeLaunch, state: NodeState | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "host": launch.host.label(),
+        "node_rank": launch.node_rank,
+        "nproc": launch.nproc,
+        "argv": list(launch.argv),
+        "env": mask_env(launch.env),
+    }
+    if state is not None:
+        entry.update(
+            exit_code=state.exit_code,
+            error=state.error,
+            started=state.started,
+            ended=state.ended,
+            seconds=round((state.ended or time.time()) - state.started, 3),
+            last_lines=state.tail[-10:],
+        )
+    return entry

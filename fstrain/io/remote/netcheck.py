@@ -1,0 +1,168 @@
+"""Network facts and reachability checks, run on a host over SSH (stdlib only).
+
+Usage (as sent: ``python3 - MODE ARGS`` with this file on stdin):
+
+- ``info WORKDIR``: JSON with hostname, IPv4 interfaces, python and package versions, whether
+  WORKDIR exists;
+- ``listen PORT [PORT...]``: bind the first free port on all addresses, print
+  ``{"port": P}`` (or ``{"port": null, "busy": [...]}``), accept and close connections until
+  a line or the end of stdin, then close the port and exit;
+- ``connect TIMEOUT ADDR:PORT [ADDR:PORT...]``: try each, print for each whether it connected
+  and which local address and interface the connection used (the interface that routes there).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+from typing import Any
+
+SIOCGIFADDR = 0x8915
+
+
+def interfaces() -> list[dict[str, Any]]:
+    """IPv4 interfaces: name, address, state, MTU (from the kernel; no `ip` binary needed)."""
+    found: list[dict[str, Any]] = []
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # no IPv4 address
+            found.append({
+                "name": name,
+                "address": socket.inet_ntoa(packed[20:24]),
+                "state": read(f"/sys/class/net/{name}/operstate"),
+                "mtu": int(read(f"/sys/class/net/{name}/mtu") or 0),
+            })
+    finally:
+        probe.close()
+    return found
+
+
+def read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def package_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:
+        return None
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def info(workdir: str) -> dict[str, Any]:
+    hostname = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(hostname)
+    except OSError:
+        resolved = None
+    return {
+        "hostname": hostname,
+        "hostname_resolves_to": resolved,
+        "interfaces": interfaces(),
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "torch": package_version("torch"),
+        "deepspeed": package_version("deepspeed"),
+        "workdir": workdir,
+        "workdir_exists": os.path.isdir(os.path.expanduser(workdir)) if workdir else True,
+        "fstrain_importable": package_version("fstrain") is not None,
+    }
+
+
+def listen(ports: list[int]) -> None:
+    server = None
+    busy = []
+    for port in ports:
+        candidate = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            candidate.bind(("0.0.0.0", port))
+        except OSError:
+            candidate.close()
+            busy.append(port)
+            continue
+        server = candidate
+        break
+    if server is None:
+        print(json.dumps({"port": None, "busy": busy}), flush=True)
+        return
+    server.listen(128)
+    print(json.dumps({"port": server.getsockname()[1], "busy": busy}), flush=True)
+
+    def drain(conn: socket.socket) -> None:
+        # Let the client close first: the TIME_WAIT then sits on its side, and the job can
+        # bind this port the moment the listener is gone.
+        conn.settimeout(10)
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        conn.close()
+
+    def accept_forever() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=drain, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept_forever, daemon=True).start()
+    sys.stdin.readline()  # until the caller says it is done, or closes the channel
+    server.close()
+
+
+def interface_of(address: str) -> str | None:
+    for entry in interfaces():
+        if entry["address"] == address:
+            return str(entry["name"])
+    return None
+
+
+def connect(timeout_s: float, targets: list[str]) -> list[dict[str, Any]]:
+    results = []
+    for target in targets:
+        address, _, port = target.rpartition(":")
+        entry: dict[str, Any] = {"target": target, "ok": False}
+        try:
+            with socket.create_connection((address, int(port)), timeout=timeout_s) as conn:
+                local = conn.getsockname()[0]
+            entry.update(ok=True, local_address=local, interface=interface_of(local))
+        except OSError as exc:
+            entry["error"] = exc.strerror or str(exc)
+        results.append(entry)
+    return results
+
+
+def main(argv: list[str]) -> int:
+    mode = argv[0] if argv else ""
+    if mode == "info":
+        print(json.dumps(info(argv[1] if len(argv) > 1 else "")))
+    elif mode == "listen":
+        listen([int(p) for p in argv[1:]])
+    elif mode == "connect":
+        print(json.dumps(connect(float(argv[1]), argv[2:])))
+    else:
+        print(f"netcheck: unknown mode {mode!r}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,244 @@
+"""The remote watchdog: runs one node's job in its own session and never leaves a process behind.
+
+Sent as source over SSH (stdlib only, Python >= 3.8) and started by ``BOOTSTRAP``, which reads
+one JSON header line from stdin: ``argv``, ``env``, ``workdir``, ``files`` (written into
+``run_dir`` with mode 0600), ``grace_s``, ``heartbeat_timeout_s``, ``run_id``, ``node_rank``,
+``state_dir``. Values travel on stdin, never on the command line.
+
+After the header, stdin is the control line from the launcher:
+
+- ``hb``: the launcher is alive;
+- ``term``: SIGTERM the job, SIGKILL whatever is left after ``grace_s``;
+- ``kill``: SIGKILL the job now;
+- end of file (the SSH channel closed: launcher killed, network cut) or no ``hb`` for
+  ``heartbeat_timeout_s``: as ``term``.
+
+The watchdog makes itself a child subreaper, so processes that the job's own children
+orphan (torchrun starts its workers in new sessions) are re-parented to it and still found:
+teardown walks /proc for every descendant and signals them by pid. Nothing is killed by name.
+The watchdog exits with the job's exit code (128+signal for a signal death).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+PR_SET_CHILD_SUBREAPER = 36
+POLL_S = 0.1
+
+BOOTSTRAP = (
+    "import sys,json;h=json.loads(sys.stdin.readline());"
+    "exec(compile(h.pop('source'),'fstrain-watchdog','exec'),{'__name__':'__fstrain_watchdog__','HEADER':h})"
+)
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"fstrain-watchdog: {message}\n")
+    sys.stderr.flush()
+
+
+def become_subreaper() -> bool:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """Every live descendant of ``root``, from /proc (children before grandchildren)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop(0)
+        for child in children.get(pid, []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def reap() -> None:
+    """Collect exit statuses of re-parented orphans so they do not linger as zombies."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class Watchdog:
+    def __init__(self, header: dict[str, Any]) -> None:
+        self.header = header
+        self.grace_s = float(header.get("grace_s", 15))
+        self.heartbeat_timeout_s = float(header.get("heartbeat_timeout_s", 30))
+        self.last_heartbeat = time.monotonic()
+        self.stop_requested: str | None = None  # "term" or "kill"
+        self.lock = threading.Lock()
+        self.child: subprocess.Popen[bytes] | None = None
+        self.state_file = ""
+
+    def prepare(self) -> dict[str, str]:
+        header = self.header
+        run_dir = os.path.expanduser(header.get("run_dir") or "")
+        if run_dir:
+            os.makedirs(run_dir, mode=0o700, exist_ok=True)
+            for name, content in sorted((header.get("files") or {}).items()):
+                path = os.path.join(run_dir, name)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as handle:
+                    handle.write(content)
+        env = dict(os.environ)
+        env.update(header.get("env") or {})
+        env["FSTRAIN_RUN_ID"] = str(header.get("run_id", ""))
+        env["FSTRAIN_NODE_RANK"] = str(header.get("node_rank", 0))
+        if run_dir:
+            env["FSTRAIN_RUN_DIR"] = run_dir
+        return env
+
+    def write_state(self) -> None:
+        """Record this run's pids so `fstrain doctor --orphans` can find them by id, not by name."""
+        state_dir = os.path.expanduser(self.header.get("state_dir") or "")
+        if not state_dir or self.child is None:
+            return
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        name = f"{self.header.get('run_id')}.node{self.header.get('node_rank')}.json"
+        self.state_file = os.path.join(state_dir, name)
+        with open(self.state_file, "w") as handle:
+            json.dump({"run_id": self.header.get("run_id"), "node_rank": self.header.get("node_rank"),
+                       "watchdog_pid": os.getpid(), "job_pid": self.child.pid, "started": time.time(),
+                       "argv": self.header.get("argv")}, handle)
+
+    def control_loop(self) -> None:
+        """Read the launcher's control lines; end of file means the launcher is gone."""
+        for raw in sys.stdin:
+            word = raw.strip()
+            if word == "hb":
+                self.last_heartbeat = time.monotonic()
+            elif word in ("term", "kill"):
+                self.request(word)
+        self.request("term")
+
+    def request(self, how: str) -> None:
+        with self.lock:
+            if self.stop_requested != "kill":
+                self.stop_requested = how
+
+    def run(self) -> int:
+        if not become_subreaper():
+            log("could not become a child subreaper; orphans of the job are found through /proc only")
+        env = self.prepare()
+        workdir = self.header.get("workdir")
+        if workdir:
+            try:
+                os.chdir(os.path.expanduser(workdir))
+            except OSError as exc:
+                log(f"working directory {workdir!r}: {exc.strerror}")
+                return 2
+        try:
+            self.child = subprocess.Popen(self.header["argv"], env=env, stdin=subprocess.DEVNULL,
+                                          start_new_session=True)
+        except OSError as exc:
+            log(f"cannot start {self.header['argv'][0]!r}: {exc.strerror}")
+            return 127
+        self.write_state()
+        threading.Thread(target=self.control_loop, daemon=True).start()
+        try:
+            return self.supervise()
+        finally:
+            if self.state_file:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.state_file)
+
+    def supervise(self) -> int:
+        assert self.child is not None
+        while True:
+            code = self.child.poll()
+            if code is not None:
+                self.sweep()  # the job is done: nothing it started may outlive it
+                return code if code >= 0 else 128 - code
+            if time.monotonic() - self.last_heartbeat > self.heartbeat_timeout_s:
+                log(f"no heartbeat from the launcher for {self.heartbeat_timeout_s:g} s: stopping the job")
+                self.request("term")
+            with self.lock:
+                how = self.stop_requested
+            if how is not None:
+                return self.teardown(how)
+            time.sleep(POLL_S)
+
+    def teardown(self, how: str) -> int:
+        assert self.child is not None
+        if how == "term":
+            self.signal_job(signal.SIGTERM)
+            deadline = time.monotonic() + self.grace_s
+            while time.monotonic() < deadline and self.child.poll() is None:
+                with self.lock:
+                    if self.stop_requested == "kill":
+                        break
+                time.sleep(POLL_S)
+        self.sweep()
+        code = self.child.wait()
+        return code if code >= 0 else 128 - code
+
+    def signal_job(self, sig: int) -> None:
+        assert self.child is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.child.pid, sig)
+        signal_all(descendants(os.getpid()), sig)
+
+    def sweep(self) -> None:
+        """SIGKILL every descendant until none is left."""
+        for _ in range(100):
+            pids = descendants(os.getpid())
+            if not pids:
+                break
+            signal_all(pids, signal.SIGKILL)
+            time.sleep(0.05)
+            reap()
+        reap()
+
+
+def main(header: dict[str, Any]) -> None:
+    watchdog = Watchdog(header)
+    # A signal to the watchdog itself (sshd's SIGHUP on a lost channel, a kill by hand) tears
+    # the job down like a lost launcher; it never leaves the job running without a watchdog.
+    signal.signal(signal.SIGTERM, lambda *_: watchdog.request("term"))
+    signal.signal(signal.SIGHUP, lambda *_: watchdog.request("term"))
+    signal.signal(signal.SIGINT, lambda *_: watchdog.request("term"))
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    code = watchdog.run()
+    sys.stdout.flush()
+    os._exit(code)
+
+
+if __name__ == "__fstrain_watchdog__":
+    main(HEADER)  # type: ignore[name-defined]  # noqa: F821
