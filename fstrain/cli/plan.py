@@ -1,0 +1,342 @@
+"""``fstrain plan``: a dry run from a model and a cluster to ranked, explained sharding plans.
+
+Exit codes: 0 a plan fits; 1 nothing fits (the closest configurations and what would fit are
+shown); 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from fstrain.core.assumptions import Assumptions
+    from fstrain.core.plancluster import NodeGpus, PlanCluster
+    from fstrain.core.planner import Pins, PlanModel, PlanResult, TrainingSpec
+    from fstrain.core.recipe import Recipe
+
+DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024  # Llama 2 / GPT-3 scale: 4M tokens per optimizer step
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan", help="Plan sharding, memory and throughput for a model on a cluster (a dry run).")(plan_command)
+
+
+def plan_command(
+    model: str | None = typer.Option(None, "--model", "-m", help="A shipped recipe: tiny, llama3.1-8b, ..."),
+    recipe: str | None = typer.Option(None, "--recipe", help="Your own recipe YAML file."),
+    model_params: str | None = typer.Option(
+        None, "--model-params", help="Only a parameter count (7e9, 70B): model states, no activations or speed."
+    ),
+    num_nodes: int | None = typer.Option(None, "--num-nodes", min=1, help="Nodes (default 1)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node (default 8)."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type: h100-sxm, a100-80gb, ... or an NVML name."),
+    node: list[str] | None = typer.Option(
+        None, "--node", help="A kind of node, GPU:COUNT[xNODES], repeatable: --node a100-40gb:8x2 --node h100-sxm:8x2."
+    ),
+    nvlink_domain_size: int | None = typer.Option(
+        None, "--nvlink-domain-size", min=1, help="GPUs per NVLink domain (default from the GPU table)."
+    ),
+    inter_node_gbps: float | None = typer.Option(
+        None, "--inter-node-gbps", min=0.001, help="Scale-out bandwidth per node, Gb/s, all NICs together."
+    ),
+    global_batch: int | None = typer.Option(None, "--global-batch", min=1, help="Sequences per optimizer step."),
+    global_batch_tokens: int | None = typer.Option(None, "--global-batch-tokens", min=1, help="Tokens per step."),
+    micro_batch: int | None = typer.Option(None, "--micro-batch", min=1, help="Pin the micro-batch size."),
+    grad_accum: int | None = typer.Option(None, "--grad-accum", min=1, help="Pin gradient-accumulation steps."),
+    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="Sequence length (default: the recipe's)."),
+    precision: str | None = typer.Option(None, "--precision", help="bf16, fp16 (loss scaling) or fp32."),
+    optimizer: str | None = typer.Option(None, "--optimizer", help="adamw, sgd (momentum) or adam8bit."),
+    ac: str | None = typer.Option(None, "--ac", help="Pin activation checkpointing: none, selective, full."),
+    flash_attention: bool | None = typer.Option(
+        None, "--flash-attention/--no-flash-attention", help="FlashAttention (default on, off for fp32)."
+    ),
+    strategy: str | None = typer.Option(
+        None, "--strategy", help="Pin: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-hybrid (no-shard = ddp)."
+    ),
+    zero_stage: int | None = typer.Option(None, "--zero-stage", min=0, max=3, help="Shorthand: N means zeroN, 0 ddp."),
+    tp: int | None = typer.Option(None, "--tp", min=1, help="Pin the tensor-parallel degree."),
+    pp: int | None = typer.Option(None, "--pp", min=1, help="Pin the pipeline-parallel degree."),
+    shard_group_size: int | None = typer.Option(None, "--shard-group-size", min=1, help="Pin the fsdp-hybrid group."),
+    offload: str | None = typer.Option(None, "--offload", help="Pin CPU offload: none, optimizer, optimizer+params."),
+    train_tokens: str | None = typer.Option(None, "--train-tokens", help="Token budget for time to train (2e12, 15T)."),
+    mfu: float | None = typer.Option(None, "--mfu", min=0.01, max=1.0, help="Achievable MFU (default per GPU type)."),
+    assume: list[str] | None = typer.Option(None, "--assume", help="Override an assumption: KEY=VALUE, repeatable."),
+    top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    out: str | None = typer.Option(None, "--out", help="Save the best plan as YAML for render and launch."),
+) -> None:
+    """Rank the configurations that fit by predicted throughput and explain the ones that do not."""
+    from fstrain.core.assumptions import Assumptions, with_overrides
+    from fstrain.core.planner import plan
+
+    plan_model, recipe_value = resolve_model(model, recipe, model_params)
+    if out and plan_model.spec is None:
+        from fstrain.errors import InputError
+
+        raise InputError("a plan file needs the model architecture", "use --model or --recipe with --out", "--out")
+    training, batch_note = resolve_training(
+        plan_model,
+        recipe_value,
+        seq_len,
+        global_batch,
+        global_batch_tokens,
+        micro_batch,
+        grad_accum,
+        precision,
+        optimizer,
+        flash_attention,
+        train_tokens,
+    )
+    pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload)
+    cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps)
+    assumptions = with_overrides(Assumptions(), list(assume or []))
+    if mfu is not None:
+        assumptions = with_overrides(assumptions, [f"mfu={mfu}"], "--mfu")
+    result = plan(plan_model, training, cluster, pins, assumptions)
+    if out:
+        write_plan_file(out, result, plan_model, cluster, training.train_tokens)
+    if json_output:
+        from fstrain.cli.output import print_json
+
+        print_json(plan_document(result, plan_model, training, cluster, assumptions, top, batch_note))
+    else:
+        from fstrain.cli.plan_output import print_plans
+
+        print_plans(result, plan_model, training, cluster, assumptions, top, batch_note, out)
+    raise typer.Exit(0 if result.plans else 1)
+
+
+def resolve_model(model: str | None, recipe: str | None, model_params: str | None) -> tuple[PlanModel, Recipe | None]:
+    """Exactly one of --model, --recipe, --model-params."""
+    from fstrain.core.planner import PlanModel
+    from fstrain.core.recipe import parse_count
+    from fstrain.errors import InputError
+
+    given = [
+        flag for flag, value in (("--model", model), ("--recipe", recipe), ("--model-params", model_params)) if value
+    ]
+    if len(given) != 1:
+        raise InputError(
+            "give exactly one of --model, --recipe and --model-params"
+            + (f" (got {', '.join(given)})" if given else ""),
+            "e.g. --model llama3.1-8b",
+            "fstrain plan",
+        )
+    if model_params:
+        return PlanModel(parse_count(model_params, "--model-params")), None
+    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+
+    loaded = load_shipped_recipe(model) if model else load_recipe_file(str(recipe))
+    return PlanModel.from_spec(loaded.model), loaded
+
+
+def resolve_training(
+    plan_model: PlanModel,
+    recipe: Recipe | None,
+    seq_len: int | None,
+    global_batch: int | None,
+    global_batch_tokens: int | None,
+    micro_batch: int | None,
+    grad_accum: int | None,
+    precision: str | None,
+    optimizer: str | None,
+    flash_attention: bool | None,
+    train_tokens: str | None,
+) -> tuple[TrainingSpec, str]:
+    """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
+    from fstrain.core.planfile import OPTIMIZERS, PRECISIONS
+    from fstrain.core.planner import TrainingSpec
+    from fstrain.core.recipe import TrainingDefaults, parse_count
+    from fstrain.errors import InputError
+
+    defaults = recipe.training if recipe else TrainingDefaults()
+    seq = seq_len or (plan_model.spec.seq_len if plan_model.spec else 0)
+    chosen_precision = _choice(precision or defaults.precision or "bf16", PRECISIONS, "--precision")
+    chosen_optimizer = _choice(optimizer or defaults.optimizer or "adamw", OPTIMIZERS, "--optimizer")
+    flash = flash_attention
+    if flash is None:  # FlashAttention has no fp32 kernels: fp32 turns the recipe's default off
+        recipe_flash = defaults.flash_attention if defaults.flash_attention is not None else True
+        flash = recipe_flash and chosen_precision != "fp32"
+    if global_batch and global_batch_tokens:
+        raise InputError("--global-batch and --global-batch-tokens both given", "give the batch once", "--global-batch")
+    batch: int | None
+    if global_batch or global_batch_tokens:
+        batch, note = global_batch, "--global-batch"
+        if global_batch_tokens:
+            batch, note = _sequences(global_batch_tokens, seq, "--global-batch-tokens"), "--global-batch-tokens"
+    elif defaults.global_batch_size or defaults.global_batch_tokens:
+        batch = defaults.global_batch_size or _sequences(defaults.global_batch_tokens or 0, seq, "recipe")
+        note = "the recipe"
+    elif micro_batch and grad_accum:
+        batch, note = None, "--micro-batch x --grad-accum x dp"
+    else:
+        batch = max(1, DEFAULT_BATCH_TOKENS // seq) if seq else 1
+        note = "fstrain's default of 4M tokens (set --global-batch)"
+    budget = parse_count(train_tokens, "--train-tokens") if train_tokens else defaults.train_tokens
+    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget)
+    return spec, note
+
+
+def _sequences(tokens: int, seq: int, where: str) -> int:
+    from fstrain.errors import InputError
+
+    if seq <= 0 or tokens % seq or tokens < seq:
+        raise InputError(
+            f"{tokens} tokens is not a whole number of {seq}-token sequences",
+            "give a multiple of the sequence length, or --global-batch in sequences",
+            where,
+        )
+    return tokens // seq
+
+
+def resolve_pins(
+    strategy: str | None,
+    zero_stage: int | None,
+    tp: int | None,
+    pp: int | None,
+    shard_group_size: int | None,
+    micro_batch: int | None,
+    grad_accum: int | None,
+    ac: str | None,
+    offload: str | None,
+) -> Pins:
+    from fstrain.core.planfile import ACTIVATION_CHECKPOINTING, OFFLOAD, STRATEGIES
+    from fstrain.core.planner import Pins
+    from fstrain.errors import InputError
+
+    aliases = {"no-shard": "ddp", "fsdp-no-shard": "ddp", "zero0": "ddp"}
+    chosen = aliases.get(strategy, strategy) if strategy else None
+    if chosen is not None:
+        chosen = _choice(chosen, STRATEGIES, "--strategy")
+    if zero_stage is not None:
+        from_stage = "ddp" if zero_stage == 0 else f"zero{zero_stage}"
+        if chosen is not None and chosen != from_stage:
+            raise InputError(
+                f"--zero-stage {zero_stage} means {from_stage}, but --strategy is {strategy}",
+                "give one of them",
+                "--zero-stage",
+            )
+        chosen = from_stage
+    return Pins(
+        strategy=chosen,
+        tp=tp,
+        pp=pp,
+        shard_group_size=shard_group_size,
+        micro_batch_size=micro_batch,
+        grad_accum_steps=grad_accum,
+        activation_checkpointing=_choice(ac, ACTIVATION_CHECKPOINTING, "--ac") if ac else None,
+        offload=_choice(offload, OFFLOAD, "--offload") if offload else None,
+    )
+
+
+def resolve_cluster(
+    num_nodes: int | None,
+    gpus_per_node: int | None,
+    gpu: str | None,
+    node_specs: list[str] | None,
+    nvlink_domain_size: int | None,
+    inter_node_gbps: float | None,
+    probed: list[NodeGpus] | None = None,
+) -> PlanCluster:
+    """The cluster from probed nodes (``probed``), ``--node`` kinds, or --num-nodes x --gpus-per-node x --gpu."""
+    from fstrain.core.plancluster import NodeGpus, build_cluster
+    from fstrain.errors import InputError
+
+    if probed is not None:
+        return build_cluster(probed, inter_node_gbps, "probe")
+    if node_specs:
+        if gpu or num_nodes or gpus_per_node:
+            raise InputError("--node cannot be combined with --gpu, --num-nodes or --gpus-per-node", "", "--node")
+        nodes = [n for spec in node_specs for n in _parse_node(spec, nvlink_domain_size)]
+        return build_cluster(nodes, inter_node_gbps, "--node")
+    if not gpu:
+        from fstrain.core.gpus import known_gpu_names
+
+        raise InputError("which GPU? give --gpu", f"one of {', '.join(known_gpu_names())}", "--gpu")
+    node = NodeGpus(gpu, gpus_per_node or 8, nvlink_domain_size=nvlink_domain_size)
+    return build_cluster([node] * (num_nodes or 1), inter_node_gbps, "--gpu")
+
+
+def _parse_node(spec: str, nvlink_domain_size: int | None) -> list[NodeGpus]:
+    """'h100-sxm:8x4' -> four nodes of 8 H100-SXM; 'a100-40gb:8' -> one node."""
+    from fstrain.core.plancluster import NodeGpus
+    from fstrain.errors import InputError
+
+    name, _, counts = spec.rpartition(":")
+    gpus_text, _, nodes_text = counts.partition("x")
+    if not name or not gpus_text.isdigit() or (nodes_text and not nodes_text.isdigit()):
+        raise InputError(f"expected GPU:COUNT[xNODES], got {spec!r}", "e.g. --node h100-sxm:8x4", "--node")
+    gpus, copies = int(gpus_text), int(nodes_text or 1)
+    if gpus < 1 or copies < 1:
+        raise InputError(f"counts must be positive, got {spec!r}", "e.g. --node h100-sxm:8x4", "--node")
+    return [NodeGpus(name, gpus, nvlink_domain_size=nvlink_domain_size)] * copies
+
+
+def _choice(value: str, allowed: tuple[str, ...], flag: str) -> str:
+    from fstrain.errors import InputError
+
+    if value not in allowed:
+        raise InputError(f"{value!r} is not one of {', '.join(allowed)}", "", flag)
+    return value
+
+
+def plan_document(
+    result: PlanResult,
+    plan_model: PlanModel,
+    training: TrainingSpec,
+    cluster: PlanCluster,
+    assumptions: Assumptions,
+    top: int,
+    batch_note: str,
+) -> dict[str, Any]:
+    """The --json document: the top fitting plans, then the closest that do not fit."""
+    from dataclasses import asdict
+
+    shown = [*result.plans[:top], *result.rejected[:top]]
+    return {
+        "model": {
+            "name": plan_model.name,
+            "num_params": plan_model.num_params,
+            "architecture": asdict(plan_model.spec) if plan_model.spec else None,
+        },
+        "cluster": {
+            **asdict(cluster.summary()),
+            "hosts": list(cluster.summary().hosts),
+            "world_size": cluster.world_size,
+            "nodes": [
+                {"gpu": n.gpu.name, "num_gpus": n.num_gpus, "memory_bytes": n.memory_bytes, "host": n.host}
+                for n in cluster.nodes
+            ]
+            if not cluster.uniform
+            else None,
+            "bounded_by": result.bounded_by or None,
+        },
+        "training": {**asdict(training), "global_batch_from": batch_note},
+        "assumptions": asdict(assumptions),
+        "considered": result.considered,
+        "fitting_total": len(result.plans),
+        "rejected_total": len(result.rejected),
+        "plans": [p.to_dict(training.train_tokens) for p in shown],
+        "suggestions": list(result.suggestions),
+    }
+
+
+def write_plan_file(
+    path: str, result: PlanResult, plan_model: PlanModel, cluster: PlanCluster, train_tokens: int | None
+) -> None:
+    import yaml
+
+    from fstrain.core.planner import plan_file
+    from fstrain.errors import InputError
+
+    document = plan_file(result, plan_model, cluster, train_tokens).to_dict()
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("# Written by `fstrain plan`; read by `fstrain render` and `fstrain launch`.\n")
+            yaml.safe_dump(document, handle, sort_keys=False)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write the plan: {exc.strerror}", "check the directory exists and is writable", path
+        ) from None

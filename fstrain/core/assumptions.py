@@ -1,0 +1,172 @@
+"""Every number the planner assumes rather than derives, in one place, each overridable.
+
+The memory and time models are exact arithmetic on top of these. The defaults are the values
+the references support (../shared/references/planner.md sections 1.3, 1.4 and 4); ``fstrain plan
+--assume KEY=VALUE`` replaces any of them, and the plan output lists them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from fstrain.errors import InputError
+
+_MIB = 1 << 20
+
+
+def _stated(default: Any, doc: str) -> Any:
+    """A dataclass field whose default is an assumption, explained by ``doc``."""
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Stated assumptions of the memory and time models (all per GPU unless named otherwise)."""
+
+    cuda_context_bytes: int = _stated(
+        512 * _MIB,
+        "CUDA context and kernel images, outside PyTorch's allocator: 0.3-0.5 GiB with lazy "
+        "module loading (CUDA >= 11.7), about 1.3 GiB before (pytorch #86509, HF 'model training "
+        "anatomy').",
+    )
+
+    nccl_bytes_per_communicator: int = _stated(
+        600 * _MIB,
+        "NCCL buffers per process group a rank belongs to (544-688 MB measured per group on "
+        "4xA100 NVLink, nccl #964; up to 1.6 GB with many channels, nccl #864).",
+    )
+
+    fragmentation_fraction: float = _stated(
+        0.10,
+        "Allocator reserve above the live tensors (reserved/allocated 1.05-1.15 with the default "
+        "caching allocator; ZeRO section 3.2 saw more in extreme cases).",
+    )
+
+    deepspeed_fp32_grad_partition: bool = _stated(
+        True,
+        "DeepSpeed ZeRO keeps an fp32 copy of each rank's gradient partition, as its estimators "
+        "count it: ZeRO-2 2 + 18/N bytes/param (16-bit and fp32 gradients), ZeRO-3 18/N (fp32 "
+        "only). False gives the ZeRO paper's 2 + 2 + K with K = 12.",
+    )
+
+    reduce_bucket_elements: int = _stated(
+        500_000_000,
+        "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype).",
+    )
+
+    allgather_bucket_elements: int = _stated(
+        500_000_000,
+        "DeepSpeed ``allgather_bucket_size`` for ZeRO-1/2 (elements of the parameter dtype).",
+    )
+
+    zero3_prefetch_bucket_elements: int = _stated(
+        50_000_000,
+        "DeepSpeed ``stage3_prefetch_bucket_size``: parameters gathered ahead of use.",
+    )
+
+    zero3_max_live_parameters: int = _stated(
+        1_000_000_000,
+        "DeepSpeed ``stage3_max_live_parameters``: cap on gathered parameters (gathered layer + prefetch).",
+    )
+
+    fsdp_prefetch_units: int = _stated(
+        1,
+        "FSDP units gathered ahead of the current one (forward/backward prefetch).",
+    )
+
+    fsdp_reduce_bytes_per_element: int = _stated(
+        4,
+        "Bytes per element of FSDP's gradient reduce-scatter (MixedPrecision reduce_dtype=float32).",
+    )
+
+    ddp_bucket_bytes: int = _stated(
+        25 * _MIB,
+        "DDP ``bucket_cap_mb``; two buckets in flight (gradient_as_bucket_view assumed).",
+    )
+
+    logits_bytes_per_element: int = _stated(
+        10,
+        "Loss spike per logit: bf16 logits (2) + fp32 upcast (4) + fp32 softmax gradient (4).",
+    )
+
+    sequence_parallel: bool = _stated(
+        True,
+        "With TP > 1, norms and dropout activations are split too (Megatron/torchtitan default).",
+    )
+
+    cpu_buffer_factor: float = _stated(
+        1.5,
+        "DeepSpeed's ``additional_buffer_factor`` on host memory for offloaded state.",
+    )
+
+    sharded_init: bool = _stated(
+        True,
+        "ZeRO-3 builds the model under ``zero.Init`` and FSDP on the meta device, so host memory "
+        "at start-up is one layer per process, not the whole model (DeepSpeed's ``zero_init``).",
+    )
+
+    host_memory_bytes: int = _stated(
+        1 << 40,
+        "RAM per node that CPU offload may use, when the probe does not say (DGX A100: 1-2 TB, "
+        "DGX H100: 2 TB, AWS p4d 1.1 TB); 0 skips the check.",
+    )
+
+    collective_efficiency: float = _stated(
+        0.8,
+        "Fraction of link bandwidth NCCL collectives reach (bus bandwidth / link bandwidth).",
+    )
+
+    dp_overlap: float = _stated(
+        0.8,
+        "Fraction of the compute it can overlap with that data-parallel communication hides behind.",
+    )
+
+    tp_overlap: float = _stated(
+        0.0,
+        "Fraction of tensor-parallel all-reduce time hidden (0: Megatron without comm overlap).",
+    )
+
+    cpu_adam_params_per_s_per_node: float = _stated(
+        2e9,
+        "Parameters per second a node's CPUs update with DeepSpeed CPU-Adam (offloaded optimizer).",
+    )
+
+    mfu: float = _stated(
+        0.0,
+        "Achievable MFU; 0 uses the GPU table's value for the GPU type.",
+    )
+
+
+def assumption_docs() -> dict[str, str]:
+    """Each assumption's explanation, for the CLI listing and docs."""
+    return {f.name: f.metadata["doc"] for f in fields(Assumptions)}
+
+
+def with_overrides(base: Assumptions, pairs: list[str], where: str = "--assume") -> Assumptions:
+    """Apply ``KEY=VALUE`` overrides, converting VALUE to the field's type."""
+    types = {f.name: f.type for f in fields(Assumptions)}
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise InputError(
+                f"expected KEY=VALUE with a known key, got {pair!r}", f"known keys: {', '.join(types)}", where
+            )
+        changes[key] = _convert(text.strip(), str(types[key]), f"{where} {key}")
+    return replace(base, **changes)
+
+
+def _convert(text: str, type_name: str, where: str) -> Any:
+    try:
+        if type_name == "bool":
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "yes")
+        value = float(text)
+        if value < 0:
+            raise ValueError(text)
+        return int(value) if type_name == "int" else value
+    except ValueError:
+        raise InputError(f"cannot read {text!r} as a non-negative {type_name}", "", where) from None

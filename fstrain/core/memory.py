@@ -1,0 +1,468 @@
+"""Per-GPU memory of one parallel configuration, broken down by what holds it.
+
+Four parts, each a function that can be tested alone:
+
+- model states (:func:`model_states`): parameters, gradients and optimizer states for DDP,
+  ZeRO-1/2/3 and FSDP full-shard / grad-op / hybrid, with CPU offload. With
+  ``deepspeed_fp32_grad_partition=False`` this is the ZeRO paper's Table 1 (2 + 2 + K bytes with
+  K = 12); with the default it is DeepSpeed's own estimators (2 + 18/N for ZeRO-2, 18/N + the
+  gathered largest layer for ZeRO-3; DeepSpeed counts an fp32 gradient partition besides the
+  16-bit one for ZeRO-2, and only the fp32 one for ZeRO-3).
+- activations (:func:`layer_activation_bytes`, :func:`stage_activation_bytes`): Korthikanti et
+  al. 2022 per layer, generalised to GQA, SwiGLU, MoE and no dropout; FlashAttention removes the
+  s^2 terms; selective recompute drops the attention core, full recompute keeps each layer's
+  input; tensor (+ sequence) parallel divides; 1F1B keeps ``min(pp, micro-batches)`` in flight on
+  the first stage; the last stage adds the logits/loss spike.
+- transient buffers (:func:`buffer_items`): DDP buckets, DeepSpeed reduce/all-gather buckets,
+  ZeRO-3 gathered layer + prefetch, FSDP unsharded units + prefetch, pipeline send/recv.
+- overhead: CUDA context, NCCL communicators, allocator fragmentation.
+
+Every number that is not arithmetic comes from :class:`~fstrain.core.assumptions.Assumptions`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fstrain.core.assumptions import Assumptions
+from fstrain.core.modelsize import ParamCount
+from fstrain.core.planfile import ModelSpec, PlanKnobs
+
+GIB = 1 << 30
+
+STRATEGY_LABELS = {
+    "ddp": "DDP",
+    "zero1": "ZeRO-1",
+    "zero2": "ZeRO-2",
+    "zero3": "ZeRO-3",
+    "fsdp-full": "FSDP full-shard",
+    "fsdp-grad-op": "FSDP grad-op",
+    "fsdp-hybrid": "FSDP hybrid",
+}
+# The ZeRO stage each strategy corresponds to (what `zero_stage` in a plan means for FSDP).
+ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
+# DeepSpeed offloads the optimizer for ZeRO-1/2/3 and parameters only for ZeRO-3; FSDP's
+# CPUOffload moves parameters, gradients and the optimizer step together.
+OFFLOAD_ALLOWED = {
+    "ddp": ("none",),
+    "zero1": ("none", "optimizer"),
+    "zero2": ("none", "optimizer"),
+    "zero3": ("none", "optimizer", "optimizer+params"),
+    "fsdp-full": ("none", "optimizer+params"),
+    "fsdp-grad-op": ("none", "optimizer+params"),
+    "fsdp-hybrid": ("none", "optimizer+params"),
+}
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4, "adam8bit": 2}  # m + v fp32; momentum; 8-bit m + v
+
+
+def weight_bytes(precision: str) -> int:
+    """Bytes of a compute-dtype element: 2 for bf16/fp16, 4 for fp32."""
+    return 4 if precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model-state bytes on one GPU, and what was moved to the host per rank."""
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    host_bytes: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_states
+
+
+def model_states(
+    num_params: int,
+    strategy: str,
+    shard: int,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    offload: str = "none",
+    assumptions: Assumptions = Assumptions(),
+) -> ModelStates:
+    """Model states of ``num_params`` parameters (one rank's TP/PP share) sharded ``shard`` ways.
+
+    Mixed precision keeps 2-byte weights and gradients for compute and an fp32 master copy (4)
+    plus the optimizer's state (Adam 8) for the update: the ZeRO paper's 2 + 2 + K, K = 12.
+    FSDP's sharded flat parameter *is* the fp32 master, and its gradient is fp32 too.
+    """
+    mixed = precision != "fp32"
+    w = weight_bytes(precision)
+    master = 4 if mixed else 0
+    states = OPTIMIZER_STATE_BYTES[optimizer]
+    n = 1 if strategy == "ddp" else shard
+
+    def sharded(bytes_per_param: int) -> int:
+        return bytes_per_param * num_params // n
+
+    if strategy.startswith("fsdp"):
+        full_params = w * num_params if strategy == "fsdp-grad-op" else 0  # gathered forward -> backward
+        shard_states = ModelStates(sharded(4), sharded(4), sharded(states))
+        if offload == "optimizer+params":
+            return ModelStates(full_params, 0, 0, shard_states.total)
+        return ModelStates(shard_states.parameters + full_params, shard_states.gradients, shard_states.optimizer_states)
+
+    stage = ZERO_STAGE[strategy]
+    fp32_grad = 4 if mixed and stage >= 1 and assumptions.deepspeed_fp32_grad_partition else 0
+    parameters = sharded(w) if stage == 3 else w * num_params
+    if stage == 3 and fp32_grad:
+        # DeepSpeed counts ZeRO-3 gradients once, as the fp32 partition the 16-bit gradients are
+        # reduced into (stage3.py: 18 = 2 + 4 + 4 + 8), but ZeRO-2's twice (2 + 18/N).
+        gradients = sharded(fp32_grad)
+    elif stage >= 2:
+        gradients = sharded(w + fp32_grad)
+    else:
+        gradients = w * num_params + sharded(fp32_grad)
+    optimizer_states = sharded(master + states)
+    if offload == "none":
+        return ModelStates(parameters, gradients, optimizer_states)
+    # Offloaded: the update runs on the host, on fp32 gradient partitions there. ZeRO-2/3 stream
+    # each reduced gradient to the host; ZeRO-1 still accumulates full gradients on the GPU.
+    host = optimizer_states + sharded(4)
+    device_gradients = w * num_params if stage == 1 else 0
+    if offload == "optimizer+params":
+        return ModelStates(0, 0, 0, host + parameters)
+    return ModelStates(parameters, device_gradients, 0, host)
+
+
+def zero3_gathered_layer_bytes(largest_layer_params: int, precision: str = "bf16") -> int:
+    """ZeRO-3's gathered largest layer: its full parameters and gradients in the compute dtype."""
+    return 2 * weight_bytes(precision) * largest_layer_params
+
+
+def host_bytes_per_node(
+    states: ModelStates,
+    strategy: str,
+    rank_params: int,
+    largest_layer_params: int,
+    gpus_per_node: int,
+    assumptions: Assumptions = Assumptions(),
+) -> int:
+    """Host memory a node needs: start-up (each process builds its fp32 model, or one layer of it
+    under zero.Init / meta-device init) or the offloaded state, whichever is larger, times
+    DeepSpeed's additional buffer factor."""
+    sharded_init = assumptions.sharded_init and strategy in ("zero3", "fsdp-full", "fsdp-hybrid", "fsdp-grad-op")
+    init = 4 * (largest_layer_params if sharded_init else rank_params) * gpus_per_node
+    steady = states.host_bytes * gpus_per_node
+    return int(max(init, steady) * assumptions.cpu_buffer_factor)
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What one rank of a pipeline stage holds: its share of the model after TP and PP."""
+
+    params: int  # parameters on this rank (the model-state count)
+    layers: int  # transformer blocks on this stage
+    largest_layer: int  # biggest single module on this rank (DeepSpeed's "largest layer")
+    fsdp_unit: int  # biggest FSDP unit on this rank (a block, or the embedding / head)
+    has_head: bool  # the stage computes the logits and the loss
+    in_flight: int  # micro-batches whose activations it holds at once (1F1B)
+
+
+def stage_shapes(params: ParamCount, tp: int, pp: int, micro_batches: int, tied: bool) -> list[StageShape]:
+    """The first and (when pp > 1) last pipeline stage; the middle ones are never heavier.
+
+    Layers split as evenly as they can (the heaviest stage gets ceil(L/pp)). Linears, the
+    embedding and the head are split over TP (vocab-parallel); norms are replicated.
+    """
+    layers = math.ceil(params.num_layers / pp)
+    block_sharded = params.per_layer - params.norms_per_layer
+    block_rank = block_sharded // tp + params.norms_per_layer
+    embedding = (params.embedding + params.position_embedding) // tp
+    # A tied head on its own stage keeps a copy of the embedding (Megatron syncs their grads).
+    head = (params.head if not tied or pp == 1 else params.embedding) // tp
+    largest = params.largest_module // tp
+    first_params = layers * block_rank + embedding
+    if pp == 1:
+        total = first_params + head + params.final_norm
+        return [StageShape(total, layers, largest, max(block_rank, embedding, head), True, 1)]
+    first = StageShape(first_params, layers, largest, max(block_rank, embedding), False, min(pp, micro_batches))
+    last_params = layers * block_rank + head + params.final_norm
+    last = StageShape(last_params, layers, largest, max(block_rank, head), True, 1)
+    return [first, last]
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int = 1,
+    ac: str = "none",
+    flash_attention: bool = True,
+    precision: str = "bf16",
+    sequence_parallel: bool = True,
+) -> int:
+    """Activations one transformer block saves for backward, per GPU.
+
+    Korthikanti et al. 2022 section 4.1 with 16-bit activations, generalised: Q/K/V widths follow
+    GQA; GeLU saves 2 ffn-wide tensors, SwiGLU 4 (gate input, gate output, up output, product);
+    dropout masks (1 byte) only when dropout > 0. For GPT (MHA, GeLU 4h, dropout) this is
+    ``sbh(34 + 5as/h)``, and ``sbh(10 + 24/t + 5as/(ht))`` with TP but no SP.
+    """
+    a = weight_bytes(precision)
+    s, b, h = seq_len, micro_batch, model.hidden_size
+    sbh = s * b * h
+    mask = 1 if model.dropout > 0 else 0
+    q_width = model.num_heads * model.head_dim
+    kv_width = model.num_kv_heads * model.head_dim
+    ffn_width = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
+    tokens_per_expert_slot = 1 if model.moe is None else model.moe.top_k
+    ffn_saved = (4 if model.activation == "swiglu" else 2) * s * b * ffn_width * tokens_per_expert_slot * a
+    # Kept whole under TP without SP: both norm inputs, the QKV and FFN inputs, dropout masks.
+    replicated = 4 * sbh * a + 2 * mask * sbh
+    sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved
+    if model.moe is not None:  # routed copies of the token and fp32 router probabilities
+        sharded += (model.moe.top_k - 1) * sbh * a + 4 * s * b * model.moe.num_experts
+    # FlashAttention keeps only the fp32 log-sum-exp, no s x s matrices; eager attention keeps the
+    # softmax output (and, with dropout, its mask and the dropped-out output).
+    flash_core = 4 * model.num_heads * s * b
+    core = flash_core if flash_attention else model.num_heads * s * s * b * (a + mask * (1 + a))
+    split_replicated = tp if (sequence_parallel and tp > 1) else 1
+    if ac == "full":
+        return sbh * a // split_replicated  # only the block's input is kept
+    if ac == "none":
+        sharded += core
+    return replicated // split_replicated + sharded // tp
+
+
+def stage_activation_bytes(
+    model: ModelSpec,
+    stage: StageShape,
+    knobs: PlanKnobs,
+    assumptions: Assumptions = Assumptions(),
+) -> list[tuple[str, int]]:
+    """Activation items of one pipeline stage: stored layers, recompute working set, logits."""
+    per_layer = layer_activation_bytes(
+        model,
+        knobs.micro_batch_size,
+        knobs.seq_len,
+        knobs.tp,
+        knobs.activation_checkpointing,
+        knobs.flash_attention,
+        knobs.precision,
+        assumptions.sequence_parallel,
+    )
+    stored = per_layer * stage.layers * stage.in_flight
+    label = f"{stage.layers} layers x {stage.in_flight} micro-batch" + ("es" if stage.in_flight > 1 else "")
+    items = [(f"activations ({label}, AC {knobs.activation_checkpointing})", stored)]
+    if knobs.activation_checkpointing == "full":
+        working = layer_activation_bytes(
+            model,
+            knobs.micro_batch_size,
+            knobs.seq_len,
+            knobs.tp,
+            "none",
+            knobs.flash_attention,
+            knobs.precision,
+            assumptions.sequence_parallel,
+        )
+        items.append(("recompute working set (one layer)", working))
+    if stage.has_head:
+        logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
+        items.append(("logits and loss", logits * assumptions.logits_bytes_per_element))
+    return items
+
+
+def buffer_items(
+    strategy: str,
+    stage: StageShape,
+    knobs: PlanKnobs,
+    hidden_size: int,
+    assumptions: Assumptions = Assumptions(),
+) -> list[tuple[str, int]]:
+    """Transient buffers the framework allocates on top of the model states."""
+    w = weight_bytes(knobs.precision)
+    items: list[tuple[str, int]] = []
+    if strategy == "ddp":
+        items.append(("DDP gradient buckets", min(2 * assumptions.ddp_bucket_bytes, w * stage.params)))
+    elif strategy in ("zero1", "zero2"):
+        items.append(("DeepSpeed reduce bucket", w * min(assumptions.reduce_bucket_elements, stage.params)))
+        items.append(("DeepSpeed all-gather bucket", w * min(assumptions.allgather_bucket_elements, stage.params)))
+    elif strategy == "zero3":
+        items.append(
+            ("ZeRO-3 gathered layer (param + grad)", zero3_gathered_layer_bytes(stage.largest_layer, knobs.precision))
+        )
+        room = max(0, assumptions.zero3_max_live_parameters - stage.largest_layer)
+        prefetch = min(assumptions.zero3_prefetch_bucket_elements, room, stage.params)
+        items.append(("ZeRO-3 prefetch", w * prefetch))
+        items.append(("DeepSpeed reduce bucket", w * min(assumptions.reduce_bucket_elements, stage.params)))
+    elif strategy == "fsdp-grad-op":
+        items.append(
+            ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)
+        )
+    else:  # fsdp-full, fsdp-hybrid
+        gathered = stage.fsdp_unit * w * (1 + assumptions.fsdp_prefetch_units)
+        items.append((f"FSDP gathered units (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered))
+        items.append(
+            ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)
+        )
+    if knobs.pp > 1:
+        p2p = 2 * knobs.micro_batch_size * knobs.seq_len * hidden_size * w // knobs.tp
+        items.append(("pipeline send/recv", p2p))
+    return items
+
+
+def communicator_count(knobs: PlanKnobs) -> int:
+    """Process groups with more than one rank that a rank belongs to (each has NCCL buffers)."""
+    if knobs.world_size == 1:
+        return 0
+    groups = 1  # the default (world) group
+    for size in (knobs.tp, knobs.pp, knobs.dp):
+        groups += 1 if 1 < size < knobs.world_size else 0
+    if knobs.strategy == "fsdp-hybrid" and 1 < knobs.shard_group_size < knobs.dp:
+        groups += 2  # shard group and replicate group
+    return groups
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on the most loaded GPU, by component; ``details`` names each item."""
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    buffers: int
+    overhead: int
+    host_bytes_per_node: int
+    details: tuple[tuple[str, int], ...]
+
+    @property
+    def model_states(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_states
+
+    @property
+    def peak(self) -> int:
+        return self.model_states + self.activations + self.buffers + self.overhead
+
+    def largest_item(self) -> tuple[str, int]:
+        return max(self.details, key=lambda item: item[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer_states": self.optimizer_states,
+            "model_states": self.model_states,
+            "activations": self.activations,
+            "buffers": self.buffers,
+            "overhead": self.overhead,
+            "peak": self.peak,
+            "host_bytes_per_node": self.host_bytes_per_node,
+            "details": {name: value for name, value in self.details},
+        }
+
+
+def memory_breakdown(
+    model: ModelSpec | None,
+    params: ParamCount | None,
+    num_params: int,
+    knobs: PlanKnobs,
+    gpus_per_node: int,
+    assumptions: Assumptions = Assumptions(),
+    cache: dict[Any, Any] | None = None,
+) -> MemoryBreakdown:
+    """The per-GPU breakdown of ``knobs`` on the heaviest pipeline stage.
+
+    Without an architecture (``model`` None: ``--model-params``) only model states, buffers and
+    overhead are counted; activations are not modelled. ``cache`` (a dict the caller keeps for
+    one model and assumption set) reuses the parts that many configurations share.
+    """
+    memo: dict[Any, Any] = {} if cache is None else cache
+    if model is not None and params is not None:
+        in_flight = min(knobs.pp, knobs.grad_accum_steps)
+        stages = _memo(
+            memo,
+            ("stages", knobs.tp, knobs.pp, in_flight),
+            lambda: stage_shapes(params, knobs.tp, knobs.pp, knobs.grad_accum_steps, model.tied_embeddings),
+        )
+    else:
+        stages = [StageShape(num_params // (knobs.tp * knobs.pp), 0, 0, 0, False, 1)]
+    best: MemoryBreakdown | None = None
+    for stage in stages:
+        candidate = _stage_breakdown(model, stage, knobs, gpus_per_node, assumptions, memo)
+        if best is None or candidate.peak > best.peak:
+            best = candidate
+    assert best is not None
+    return best
+
+
+def _memo(cache: dict[Any, Any], key: tuple[Any, ...], compute: Any) -> Any:
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
+def _stage_breakdown(
+    model: ModelSpec | None,
+    stage: StageShape,
+    knobs: PlanKnobs,
+    gpus_per_node: int,
+    assumptions: Assumptions,
+    memo: dict[Any, Any],
+) -> MemoryBreakdown:
+    k = knobs
+    states: ModelStates = _memo(
+        memo,
+        ("states", stage.params, k.strategy, k.shard_group_size, k.precision, k.optimizer, k.offload),
+        lambda: model_states(
+            stage.params, k.strategy, k.shard_group_size, k.precision, k.optimizer, k.offload, assumptions
+        ),
+    )
+    activation_items: list[tuple[str, int]] = []
+    if model is not None:
+        activation_items = _memo(
+            memo,
+            (
+                "activations",
+                stage,
+                k.micro_batch_size,
+                k.seq_len,
+                k.tp,
+                k.activation_checkpointing,
+                k.flash_attention,
+                k.precision,
+            ),
+            lambda: stage_activation_bytes(model, stage, k, assumptions),
+        )
+    buffers: list[tuple[str, int]] = _memo(
+        memo,
+        ("buffers", k.strategy, stage, k.precision, k.micro_batch_size, k.seq_len, k.tp, k.pp),
+        lambda: buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions),
+    )
+    activations = sum(v for _, v in activation_items)
+    buffer_total = sum(v for _, v in buffers)
+    live = states.total + activations + buffer_total
+    communicators = communicator_count(k)
+    fragmentation = int(live * assumptions.fragmentation_fraction)
+    overhead = (
+        ("CUDA context", assumptions.cuda_context_bytes),
+        ("NCCL communicators", communicators * assumptions.nccl_bytes_per_communicator),
+        ("allocator fragmentation", fragmentation),
+    )
+    details = (
+        ("parameters", states.parameters),
+        ("gradients", states.gradients),
+        ("optimizer states", states.optimizer_states),
+        *activation_items,
+        *buffers,
+        *overhead,
+    )
+    host = host_bytes_per_node(states, k.strategy, stage.params, stage.largest_layer, gpus_per_node, assumptions)
+    return MemoryBreakdown(
+        parameters=states.parameters,
+        gradients=states.gradients,
+        optimizer_states=states.optimizer_states,
+        activations=activations,
+        buffers=buffer_total,
+        overhead=assumptions.cuda_context_bytes
+        + communicators * assumptions.nccl_bytes_per_communicator
+        + fragmentation,
+        host_bytes_per_node=host,
+        details=details,
+    )

@@ -1,0 +1,525 @@
+"""The search: from a model, a training setup and a cluster to ranked, explained plans.
+
+Enumerates strategy x (dp, tp, pp) x hybrid shard group x micro-batch (which fixes gradient
+accumulation for a given global batch) x activation checkpointing x offload. Tensor parallelism
+stays inside an NVLink domain; ``dp * tp * pp`` is the world size. Every configuration gets a
+memory breakdown; those that fit get a step time and are ranked by throughput, the rest carry
+the reason. Any knob can be pinned (:class:`Pins`); with all of them pinned exactly one
+configuration is evaluated. Pure and deterministic: same input, same output, no globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from fstrain.core.assumptions import Assumptions
+from fstrain.core.memory import (
+    GIB,
+    OFFLOAD_ALLOWED,
+    STRATEGY_LABELS,
+    ZERO_STAGE,
+    MemoryBreakdown,
+    memory_breakdown,
+    stage_shapes,
+)
+from fstrain.core.modelsize import ParamCount, count_parameters
+from fstrain.core.plancluster import PlanCluster
+from fstrain.core.planfile import ACTIVATION_CHECKPOINTING, OFFLOAD, STRATEGIES, ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.timemodel import StepTime, step_time
+from fstrain.errors import ConfigError
+
+MAX_MICRO_BATCH = 64
+_NO_PIPELINE = ("zero2", "zero3")  # DeepSpeed's pipeline engine supports ZeRO-1 only
+_ORDER = {name: index for index, name in enumerate((*STRATEGIES, *ACTIVATION_CHECKPOINTING, *OFFLOAD))}
+
+
+@dataclass(frozen=True)
+class PlanModel:
+    """What is planned: an architecture, or only a parameter count (model states only)."""
+
+    num_params: int
+    spec: ModelSpec | None = None
+    params: ParamCount | None = None
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> PlanModel:
+        params = count_parameters(spec)
+        return cls(params.total, spec, params)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name if self.spec else f"{self.num_params / 1e9:.3g}B parameters"
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """Training settings that are inputs, not searched."""
+
+    seq_len: int
+    global_batch_size: int | None  # sequences; None: micro-batch x grad-accum x dp (both pinned)
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    flash_attention: bool = True
+    train_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Knobs fixed by the user; ``None`` lets the planner choose."""
+
+    strategy: str | None = None
+    tp: int | None = None
+    pp: int | None = None
+    shard_group_size: int | None = None
+    micro_batch_size: int | None = None
+    grad_accum_steps: int | None = None
+    activation_checkpointing: str | None = None
+    offload: str | None = None
+
+    def pinned(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One evaluated configuration."""
+
+    knobs: PlanKnobs
+    memory: MemoryBreakdown
+    usable_bytes: int
+    time: StepTime | None
+    rejected_because: str = ""
+    overshoot: float = 0.0  # need / have for the tightest limit (GPU or host memory)
+
+    @property
+    def fits(self) -> bool:
+        return not self.rejected_because
+
+    def describe(self) -> str:
+        return describe_knobs(self.knobs)
+
+    def to_dict(self, train_tokens: int | None = None) -> dict[str, Any]:
+        k = self.knobs
+        data: dict[str, Any] = {
+            "strategy": k.strategy,
+            "zero_stage": k.zero_stage,
+            "dp": k.dp,
+            "tp": k.tp,
+            "pp": k.pp,
+            "shard_group_size": k.shard_group_size,
+            "micro_batch_size": k.micro_batch_size,
+            "grad_accum_steps": k.grad_accum_steps,
+            "global_batch_size": k.global_batch_size,
+            "activation_checkpointing": k.activation_checkpointing,
+            "offload": k.offload,
+            "memory": self.memory.to_dict(),
+            "usable_bytes": self.usable_bytes,
+            "fits": self.fits,
+            "step_time_s": self.time.step_time_s if self.time else None,
+            "tokens_per_s": self.time.tokens_per_s if self.time else None,
+            "mfu": self.time.mfu if self.time else None,
+            "time_breakdown": self.time.to_dict() if self.time else None,
+            "time_to_train_s": self.time.seconds_for(train_tokens) if self.time and train_tokens else None,
+            "rejected_because": self.rejected_because or None,
+        }
+        return data
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plans: tuple[Plan, ...]  # fitting plans, fastest first
+    rejected: tuple[Plan, ...]  # non-fitting plans, closest to fitting first
+    suggestions: tuple[str, ...]  # what would fit, when nothing does
+    bounded_by: str
+    considered: int
+
+    @property
+    def best(self) -> Plan | None:
+        return self.plans[0] if self.plans else None
+
+
+def describe_knobs(k: PlanKnobs) -> str:
+    """'ZeRO-2, tp=1, pp=1, dp=64, mbs=4, gas=2, AC none' (+ offload, hybrid group)."""
+    text = f"{STRATEGY_LABELS[k.strategy]}, tp={k.tp}, pp={k.pp}, dp={k.dp}"
+    if k.strategy == "fsdp-hybrid":
+        text += f", group={k.shard_group_size}"
+    text += f", mbs={k.micro_batch_size}, gas={k.grad_accum_steps}, AC {k.activation_checkpointing}"
+    if k.offload != "none":
+        text += f", offload {k.offload}"
+    return text
+
+
+def plan(
+    model: PlanModel,
+    training: TrainingSpec,
+    cluster: PlanCluster,
+    pins: Pins = Pins(),
+    assumptions: Assumptions = Assumptions(),
+    *,
+    suggest: bool = True,
+) -> PlanResult:
+    """Search every configuration the pins allow; rank those that fit by throughput."""
+    _check_inputs(model, training, cluster, pins)
+    plans, rejected, considered = _search(model, training, cluster, pins, assumptions, first_fit=False)
+    plans.sort(key=_rank_key)
+    rejected.sort(key=lambda p: (round(p.overshoot, 2), p.memory.peak, *_tie_key(p)))
+    suggestions: tuple[str, ...] = ()
+    if not plans and suggest:
+        suggestions = tuple(_suggest(model, training, cluster, pins, assumptions))
+    bounded = cluster.bounded_by(training.precision, assumptions.mfu)
+    return PlanResult(tuple(plans), tuple(rejected), suggestions, bounded, considered)
+
+
+def plan_file(result: PlanResult, model: PlanModel, cluster: PlanCluster, train_tokens: int | None = None) -> PlanFile:
+    """The chosen plan as the ``plan.yaml`` content that render and launch read."""
+    best = result.best
+    if best is None:
+        raise ConfigError("no plan fits, so there is nothing to save", "see the suggestions above", "--out")
+    if model.spec is None:
+        raise ConfigError(
+            "a plan file needs the model architecture",
+            "use --model NAME or --recipe PATH instead of --model-params",
+            "--out",
+        )
+    predicted = {**best.to_dict(train_tokens), "bounded_by": result.bounded_by, "num_params": model.num_params}
+    return PlanFile(model=model.spec, knobs=best.knobs, cluster=cluster.summary(), predicted=predicted)
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster, pins: Pins) -> None:
+    """Refuse, with the reason, what no configuration could satisfy."""
+    gpu = cluster.speed_node(training.precision).gpu
+    for node in cluster.nodes:
+        if node.gpu.peak_flops(training.precision) <= 0:
+            raise ConfigError(
+                f"{node.gpu.label} has no {training.precision} support", "use --precision fp16 (or fp32)", "--precision"
+            )
+    if training.flash_attention and training.precision == "fp32":
+        raise ConfigError(
+            "FlashAttention needs fp16 or bf16", "use --no-flash-attention with fp32", "--flash-attention"
+        )
+    world, domain = cluster.world_size, cluster.nvlink_domain_size
+    if pins.tp is not None:
+        if world % pins.tp:
+            raise ConfigError(f"tp={pins.tp} does not divide the world size {world}", "pick a divisor", "--tp")
+        if domain % pins.tp:
+            raise ConfigError(
+                f"tp={pins.tp} would cross an NVLink domain ({domain} GPU(s) per domain on {gpu.label})",
+                f"tensor parallelism stays inside a domain: use a divisor of {domain}",
+                "--tp",
+            )
+        if model.spec and (model.spec.num_heads % pins.tp or model.spec.num_kv_heads % pins.tp):
+            raise ConfigError(
+                f"tp={pins.tp} does not divide the heads ({model.spec.num_heads} query, {model.spec.num_kv_heads} KV)",
+                "each TP rank needs whole attention heads",
+                "--tp",
+            )
+    if pins.pp is not None:
+        if world % (pins.pp * (pins.tp or 1)):
+            raise ConfigError(f"pp={pins.pp} (x tp={pins.tp or 1}) does not divide the world size {world}", "", "--pp")
+        if model.spec and pins.pp > model.spec.num_layers:
+            raise ConfigError(f"pp={pins.pp} is more than the {model.spec.num_layers} layers", "", "--pp")
+    if pins.strategy in _NO_PIPELINE and pins.pp is not None and pins.pp > 1:
+        raise ConfigError(
+            f"{STRATEGY_LABELS[pins.strategy]} cannot run with pipeline parallelism (pp={pins.pp})",
+            "DeepSpeed's pipeline engine supports ZeRO-1 only: use --strategy zero1 or fsdp-*, or --pp 1",
+            "--pp",
+        )
+    if pins.shard_group_size is not None and pins.strategy not in (None, "fsdp-hybrid"):
+        raise ConfigError(
+            f"--shard-group-size applies to fsdp-hybrid, not {pins.strategy}",
+            "drop it, or use --strategy fsdp-hybrid",
+            "--shard-group-size",
+        )
+    if pins.strategy and pins.offload and pins.offload not in OFFLOAD_ALLOWED[pins.strategy]:
+        raise ConfigError(
+            f"{STRATEGY_LABELS[pins.strategy]} cannot offload {pins.offload!r}",
+            f"it supports: {', '.join(OFFLOAD_ALLOWED[pins.strategy])}",
+            "--offload",
+        )
+
+
+def _layouts(model: PlanModel, cluster: PlanCluster, pins: Pins) -> Iterator[tuple[int, int, int]]:
+    """(tp, pp, dp) with tp inside an NVLink domain and tp * pp * dp = world size."""
+    world, domain = cluster.world_size, cluster.nvlink_domain_size
+    spec = model.spec
+    for tp in [pins.tp] if pins.tp else divisors(domain):
+        if world % tp or (spec and (spec.num_heads % tp or spec.num_kv_heads % tp)):
+            continue
+        if spec is None and pins.tp is None and tp > 1:
+            continue  # without an architecture, TP/PP only when asked for
+        for pp in [pins.pp] if pins.pp else divisors(world // tp):
+            if (world // tp) % pp or (spec and pp > spec.num_layers) or (spec is None and pins.pp is None and pp > 1):
+                continue
+            yield tp, pp, world // (tp * pp)
+
+
+def _batches(training: TrainingSpec, dp: int, pins: Pins) -> list[tuple[int, int]]:
+    """(micro-batch, grad-accum) pairs that make the global batch on ``dp`` replicas."""
+    mbs, gas = pins.micro_batch_size, pins.grad_accum_steps
+    if training.global_batch_size is None:
+        return [(mbs, gas)] if mbs and gas else []
+    if training.global_batch_size % dp:
+        return []
+    local = training.global_batch_size // dp
+    if mbs and gas:
+        return [(mbs, gas)] if mbs * gas == local else []
+    if mbs:
+        return [(mbs, local // mbs)] if local % mbs == 0 else []
+    if gas:
+        return [(local // gas, gas)] if local % gas == 0 else []
+    return [(d, local // d) for d in divisors(local) if d <= MAX_MICRO_BATCH]
+
+
+def _strategies(pins: Pins, pp: int) -> Iterator[str]:
+    # A pinned shard group only means something for hybrid sharding.
+    chosen = pins.strategy or ("fsdp-hybrid" if pins.shard_group_size else None)
+    for strategy in [chosen] if chosen else STRATEGIES:
+        if pp > 1 and strategy in _NO_PIPELINE:
+            continue
+        yield strategy
+
+
+def _shard_groups(strategy: str, dp: int, tp: int, cluster: PlanCluster, pins: Pins) -> list[int]:
+    if strategy == "ddp":
+        return [1]
+    if strategy != "fsdp-hybrid":
+        return [dp]
+    if pins.shard_group_size:
+        return [pins.shard_group_size] if dp % pins.shard_group_size == 0 else []
+    # Align the shard group with an NVLink domain or with whole nodes.
+    aligned = {cluster.nvlink_domain_size} | {cluster.gpus_per_node * k for k in divisors(cluster.num_nodes)}
+    return [g for g in divisors(dp) if 1 < g < dp and g * tp in aligned]
+
+
+class _Evaluator:
+    """Evaluates one configuration; holds what every evaluation of a search shares."""
+
+    def __init__(
+        self, model: PlanModel, training: TrainingSpec, cluster: PlanCluster, assumptions: Assumptions
+    ) -> None:
+        self.model, self.training, self.cluster, self.assumptions = model, training, cluster, assumptions
+        self.usable = cluster.usable_memory_bytes
+        self.gpu_label = cluster.memory_node.gpu.label
+        limits = [n.host_memory_bytes or assumptions.host_memory_bytes for n in cluster.nodes]
+        self.host_limit = min(limits) if all(limits) else None
+        self.effective = cluster.effective_flops(training.precision, assumptions.mfu)
+        self.cluster_peak = cluster.peak_flops(training.precision)
+        self.links = cluster.links()
+        self.cache: dict[Any, Any] = {}
+        self.considered = 0
+
+    def __call__(
+        self, strategy: str, dp: int, tp: int, pp: int, group: int, mbs: int, gas: int, ac: str, offload: str
+    ) -> Plan:
+        t = self.training
+        knobs = PlanKnobs(
+            strategy,
+            ZERO_STAGE[strategy],
+            dp,
+            tp,
+            pp,
+            group,
+            mbs,
+            gas,
+            ac,
+            offload,
+            t.precision,
+            t.optimizer,
+            t.seq_len,
+            t.flash_attention,
+        )
+        self.considered += 1
+        m = self.model
+        memory = memory_breakdown(
+            m.spec, m.params, m.num_params, knobs, self.cluster.gpus_per_node, self.assumptions, self.cache
+        )
+        reason = _rejection(knobs, memory, self.usable, self.gpu_label, self.host_limit)
+        overshoot = memory.peak / self.usable
+        if self.host_limit:
+            overshoot = max(overshoot, memory.host_bytes_per_node / self.host_limit)
+        if reason or m.spec is None:
+            return Plan(knobs, memory, self.usable, None, reason, overshoot)
+        timing = step_time(
+            m.spec, rank_params(m, knobs), knobs, self.effective, self.cluster_peak, self.links, self.assumptions
+        )
+        return Plan(knobs, memory, self.usable, timing, "", overshoot)
+
+
+def _search(
+    model: PlanModel,
+    training: TrainingSpec,
+    cluster: PlanCluster,
+    pins: Pins,
+    assumptions: Assumptions,
+    first_fit: bool,
+) -> tuple[list[Plan], list[Plan], int]:
+    """Evaluate the configurations the pins allow, skipping the ones that cannot matter.
+
+    Two prunings keep this fast without changing the answer: memory grows with the micro-batch,
+    so once a (checkpointing, offload) pair fails at some micro-batch the larger ones are only
+    recorded through that first failure; and a configuration that fits makes its slower
+    variants (more recompute, more offload, same everything else) dominated, so they are not
+    evaluated.
+    """
+    plans: list[Plan] = []
+    rejected: list[Plan] = []
+    evaluate = _Evaluator(model, training, cluster, assumptions)
+    acs = [pins.activation_checkpointing] if pins.activation_checkpointing else list(ACTIVATION_CHECKPOINTING)
+    if model.spec is None:
+        acs = acs[:1]  # activations are not modelled without an architecture
+    elif training.flash_attention and not pins.activation_checkpointing:
+        # FlashAttention already drops what selective recompute would (Megatron #464, #1225).
+        acs.remove("selective")
+    for tp, pp, dp in _layouts(model, cluster, pins):
+        batches = (
+            _batches(training, dp, pins) if model.spec else [(pins.micro_batch_size or 1, pins.grad_accum_steps or 1)]
+        )
+        for strategy in _strategies(pins, pp):
+            # With dp = 1 sharding is DDP, unless it is there to offload.
+            offloads = [
+                o
+                for o in ([pins.offload] if pins.offload else OFFLOAD_ALLOWED[strategy])
+                if o in OFFLOAD_ALLOWED[strategy]
+            ]
+            if dp == 1 and strategy != "ddp" and not pins.strategy:
+                offloads = [o for o in offloads if o != "none"]
+            for group in _shard_groups(strategy, dp, tp, cluster, pins):
+                failed: set[tuple[str, str]] = set()
+                for mbs, gas in batches:
+                    for ac in acs:
+                        for offload in offloads:
+                            if (ac, offload) in failed:
+                                continue
+                            result = evaluate(strategy, dp, tp, pp, group, mbs, gas, ac, offload)
+                            if not result.fits:
+                                failed.add((ac, offload))
+                                rejected.append(result)
+                                continue
+                            plans.append(result)
+                            if first_fit:
+                                return plans, rejected, evaluate.considered
+                            break  # more offload at this AC would only be slower
+                        else:
+                            continue
+                        if offload == offloads[0]:
+                            break  # fits without offload: more recompute would only be slower
+    if evaluate.considered == 0:
+        raise ConfigError(_nothing_matches(model, training, cluster, pins), "relax a pinned knob", "fstrain plan")
+    return plans, rejected, evaluate.considered
+
+
+def rank_params(model: PlanModel, knobs: PlanKnobs) -> int:
+    """Parameters on the rank with the most (what data-parallel traffic moves)."""
+    if model.params is None or model.spec is None:
+        return model.num_params // (knobs.tp * knobs.pp)
+    shapes = stage_shapes(model.params, knobs.tp, knobs.pp, knobs.grad_accum_steps, model.spec.tied_embeddings)
+    return max(shape.params for shape in shapes)
+
+
+def _rejection(knobs: PlanKnobs, memory: MemoryBreakdown, usable: int, gpu_label: str, host_limit: int | None) -> str:
+    if memory.peak > usable:
+        name, value = memory.largest_item()
+        return (
+            f"{describe_knobs(knobs)}: needs {memory.peak / GIB:.1f} GiB of {usable / GIB:.1f} GiB usable on "
+            f"{gpu_label}: {name} {value / GIB:.1f} GiB"
+        )
+    if host_limit is not None and memory.host_bytes_per_node > host_limit:
+        return (
+            f"{describe_knobs(knobs)}: needs {memory.host_bytes_per_node / GIB:.1f} GiB of host memory per node, "
+            f"a node has {host_limit / GIB:.1f} GiB"
+        )
+    return ""
+
+
+def _nothing_matches(model: PlanModel, training: TrainingSpec, cluster: PlanCluster, pins: Pins) -> str:
+    pinned = ", ".join(f"{k}={v}" for k, v in pins.pinned().items()) or "no pins"
+    world = cluster.world_size
+    if training.global_batch_size is not None:
+        return (
+            f"no configuration of {world} GPUs makes a global batch of {training.global_batch_size} sequences "
+            f"with {pinned} (dp x micro-batch x grad-accum must equal the global batch)"
+        )
+    fix = "give --global-batch, or both --micro-batch and --grad-accum"
+    return f"no configuration of {world} GPUs matches {pinned}: {fix}"
+
+
+def _rank_key(p: Plan) -> tuple[Any, ...]:
+    speed = p.time.tokens_per_s if p.time else 0.0
+    # Four significant digits: near-equal throughput falls to the simpler, smaller plan.
+    return (-float(f"{speed:.4g}"), *_tie_key(p))
+
+
+def _tie_key(p: Plan) -> tuple[Any, ...]:
+    k = p.knobs
+    return (
+        _ORDER[k.strategy],
+        k.tp,
+        k.pp,
+        _ORDER[k.activation_checkpointing],
+        _ORDER[k.offload],
+        p.memory.peak,
+        k.micro_batch_size,
+        k.shard_group_size,
+    )
+
+
+def _suggest(
+    model: PlanModel, training: TrainingSpec, cluster: PlanCluster, pins: Pins, assumptions: Assumptions
+) -> Iterator[str]:
+    """What would fit: more nodes, a pin released, a shorter sequence, a smaller optimizer."""
+
+    def first_fit(t: TrainingSpec, c: PlanCluster, p: Pins) -> Plan | None:
+        try:
+            found, _, _ = _search(model, t, c, p, assumptions, first_fit=True)
+        except ConfigError:
+            return None
+        return found[0] if found else None
+
+    for factor in (2, 4, 8, 16, 32, 64):
+        bigger = cluster.scaled(factor)
+        hit = first_fit(training, bigger, pins)
+        if hit:
+            yield f"on {bigger.num_nodes} nodes ({bigger.world_size} GPUs), e.g. {hit.describe()}"
+            break
+    flags = {
+        "strategy": "--strategy",
+        "tp": "--tp",
+        "pp": "--pp",
+        "shard_group_size": "--shard-group-size",
+        "micro_batch_size": "--micro-batch",
+        "grad_accum_steps": "--grad-accum",
+        "activation_checkpointing": "--ac",
+        "offload": "--offload",
+    }
+    released = False
+    for key, value in pins.pinned().items():
+        hit = first_fit(training, cluster, dataclasses.replace(pins, **{key: None}))
+        if hit:
+            released = True
+            yield f"without {flags[key]} {value}, e.g. {hit.describe()}"
+    if pins.pinned() and not released:
+        hit = first_fit(training, cluster, Pins())
+        if hit:
+            yield f"without any pin, e.g. {hit.describe()}"
+    if model.spec is not None:
+        seq = training.seq_len // 2
+        while seq >= 128:
+            shorter = dataclasses.replace(training, seq_len=seq)
+            hit = first_fit(shorter, cluster, pins)
+            if hit:
+                yield f"with --seq-len {seq}, e.g. {hit.describe()}"
+                break
+            seq //= 2
+    if training.optimizer != "adam8bit":
+        hit = first_fit(dataclasses.replace(training, optimizer="adam8bit"), cluster, pins)
+        if hit:
+            yield f"with --optimizer adam8bit, e.g. {hit.describe()}"

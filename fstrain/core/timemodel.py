@@ -1,0 +1,258 @@
+"""Step time of one parallel configuration: compute, pipeline bubble and communication.
+
+- FLOPs: matmul FLOPs from the architecture (2 per multiply-add), attention scores ``4 s q``
+  per token and layer (QK^T and AV, full s x s like Megatron and torchtitan), logits ``2 V h``;
+  training = 3 x forward (Kaplan's 6N plus attention). Hardware FLOPs add recompute: full
+  activation checkpointing repeats every layer's forward (Narayanan eq. 3's 96 instead of 72),
+  selective repeats the attention core, FlashAttention's backward recomputes QK^T.
+- Compute time: hardware FLOPs / (peak x achievable MFU) on the slowest GPU of the cluster.
+- Tensor parallel: 4 all-reduces of ``b s h`` per layer and micro-batch (2 forward, 2 backward;
+  +2 with full recompute) over NVLink. Pipeline: 1F1B, ``(m + p - 1)`` micro-batch slots, so the
+  bubble is ``(p - 1)/m``; activations sent point-to-point at each stage boundary.
+- Data parallel: DDP all-reduce (2 Psi) once a step; ZeRO-1 reduce-scatter + all-gather once a
+  step; ZeRO-2 reduce-scatter every micro-batch, all-gather once; ZeRO-3 and FSDP full-shard
+  all-gather (forward, backward) and reduce-scatter every micro-batch (3 Psi); grad-op gathers
+  once per micro-batch; hybrid shards inside a group and all-reduces across groups. Ring
+  collectives move ``(n-1)/n`` of the buffer per step of the ring; bandwidth is NVLink inside a
+  domain, PCIe inside a node without it, the node's NICs shared by its GPUs across nodes.
+  What can overlap with compute hides behind it (assumption ``dp_overlap``).
+- CPU offload: PCIe transfers and the CPU optimizer step, not overlapped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fstrain.core.assumptions import Assumptions
+from fstrain.core.memory import weight_bytes
+from fstrain.core.planfile import ModelSpec, PlanKnobs
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    """Forward FLOPs per token, by part (training is 3x, recompute adds to it)."""
+
+    layer_matmuls: float  # one layer's linears (active experts only for MoE)
+    attention_core: float  # one layer's QK^T and AV
+    head: float  # logits
+    num_layers: int
+
+    @property
+    def layer(self) -> float:
+        return self.layer_matmuls + self.attention_core
+
+    @property
+    def forward(self) -> float:
+        return self.num_layers * self.layer + self.head
+
+    @property
+    def training(self) -> float:
+        """Model FLOPs per token for forward + backward, no recompute (what MFU counts)."""
+        return 3 * self.forward
+
+
+def flops_per_token(model: ModelSpec, seq_len: int) -> FlopsPerToken:
+    """Forward FLOPs per token of ``model`` at ``seq_len`` (biases and norms are negligible)."""
+    h = model.hidden_size
+    q_width = model.num_heads * model.head_dim
+    kv_width = model.num_kv_heads * model.head_dim
+    matrices = 3 if model.activation == "swiglu" else 2
+    if model.moe is None:
+        ffn = matrices * h * model.ffn_hidden_size
+    else:
+        ffn = model.moe.top_k * matrices * h * model.moe.expert_ffn_hidden_size + h * model.moe.num_experts
+    linears = 2 * h * q_width + 2 * h * kv_width + ffn
+    return FlopsPerToken(
+        layer_matmuls=2.0 * linears,
+        attention_core=4.0 * seq_len * q_width,
+        head=2.0 * model.vocab_size * h,
+        num_layers=model.num_layers,
+    )
+
+
+def layer_hardware_flops(flops: FlopsPerToken, ac: str, flash_attention: bool) -> float:
+    """FLOPs one layer executes per token for forward + backward, recompute included."""
+    total = 3 * flops.layer
+    if flash_attention:
+        total += 0.5 * flops.attention_core  # FA's backward recomputes QK^T
+    if ac == "full":
+        total += flops.layer  # the whole forward again
+    elif ac == "selective" and not flash_attention:
+        total += flops.attention_core
+    return total
+
+
+@dataclass(frozen=True)
+class Links:
+    """Per-GPU, per-direction bandwidths in bytes/s, and where the boundaries are."""
+
+    nvlink_bytes_per_s: float
+    pcie_bytes_per_s: float
+    inter_node_bytes_per_s: float  # this GPU's share of its node's NICs
+    host_link_bytes_per_s: float  # GPU <-> host, for offload
+    nvlink_domain_size: int
+    gpus_per_node: int
+    num_nodes: int
+
+
+def group_bandwidth(size: int, stride: int, links: Links) -> float:
+    """Bandwidth a ring over ``size`` ranks spaced ``stride`` apart gets (ranks numbered node by node)."""
+    span = size * stride
+    if span <= links.nvlink_domain_size and links.nvlink_bytes_per_s > 0:
+        return links.nvlink_bytes_per_s
+    if span <= links.gpus_per_node:
+        return links.pcie_bytes_per_s
+    return links.inter_node_bytes_per_s
+
+
+def _ring(size: int) -> float:
+    return (size - 1) / size if size > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted time of one optimizer step and what it is made of (seconds)."""
+
+    step_time_s: float
+    compute_s: float
+    bubble_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    dp_exposed_s: float
+    offload_s: float
+    tokens_per_step: int
+    model_flops_per_step: float
+    mfu: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_time_s
+
+    def seconds_for(self, tokens: int) -> float:
+        return tokens / self.tokens_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_time_s": self.step_time_s,
+            "compute_s": self.compute_s,
+            "bubble_s": self.bubble_s,
+            "tp_comm_s": self.tp_comm_s,
+            "pp_comm_s": self.pp_comm_s,
+            "dp_comm_s": self.dp_comm_s,
+            "dp_exposed_s": self.dp_exposed_s,
+            "offload_s": self.offload_s,
+        }
+
+
+def step_time(
+    model: ModelSpec,
+    stage_params: int,
+    knobs: PlanKnobs,
+    effective_flops_per_gpu: float,
+    cluster_peak_flops: float,
+    links: Links,
+    assumptions: Assumptions = Assumptions(),
+) -> StepTime:
+    """Step time of ``knobs`` for ``model``; ``stage_params`` is the heaviest rank's parameter share.
+
+    ``effective_flops_per_gpu`` is the slowest GPU's peak x achievable MFU; MFU is reported
+    against ``cluster_peak_flops``, the sum of every GPU's peak.
+    """
+    s, b, m, t, p, d = (knobs.seq_len, knobs.micro_batch_size, knobs.grad_accum_steps, knobs.tp, knobs.pp, knobs.dp)
+    w = weight_bytes(knobs.precision)
+    eff = assumptions.collective_efficiency
+    flops = flops_per_token(model, s)
+    layers = math.ceil(model.num_layers / p)
+    per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
+    per_token += 3 * flops.head  # the last stage (or the only one) also computes the logits
+    compute_mb = b * s * per_token / t / effective_flops_per_gpu
+
+    tp_mb = 0.0
+    if t > 1:
+        collectives = 6 if knobs.activation_checkpointing == "full" else 4
+        all_reduce = 2 * _ring(t) * b * s * model.hidden_size * w / (links.nvlink_bytes_per_s * eff)
+        tp_mb = layers * collectives * all_reduce * (1 - assumptions.tp_overlap)
+    pp_mb = 0.0
+    if p > 1:
+        boundary = group_bandwidth(p, t * d, links)
+        pp_mb = 2 * b * s * model.hidden_size * w / t / (boundary * eff)
+    slot = compute_mb + tp_mb + pp_mb
+    pipeline = (m + p - 1) * slot
+
+    dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions)
+    offload = _offload_time(knobs, stage_params, links, assumptions)
+    total = pipeline + dp_exposed + offload
+    tokens = knobs.global_batch_size * s
+    model_flops = flops.training * tokens
+    return StepTime(
+        step_time_s=total,
+        compute_s=m * compute_mb,
+        bubble_s=(p - 1) * slot,
+        tp_comm_s=m * tp_mb,
+        pp_comm_s=m * pp_mb,
+        dp_comm_s=dp_total,
+        dp_exposed_s=dp_exposed,
+        offload_s=offload,
+        tokens_per_step=tokens,
+        model_flops_per_step=model_flops,
+        mfu=model_flops / (total * cluster_peak_flops),
+    )
+
+
+def _data_parallel_time(
+    knobs: PlanKnobs, params: int, compute_mb: float, links: Links, assumptions: Assumptions
+) -> tuple[float, float]:
+    """(total, exposed) seconds of data-parallel communication in one step."""
+    d, m, w, t = knobs.dp, knobs.grad_accum_steps, weight_bytes(knobs.precision), knobs.tp
+    if d == 1:
+        return 0.0, 0.0
+    eff = assumptions.collective_efficiency
+    red = assumptions.fsdp_reduce_bytes_per_element
+    group = knobs.shard_group_size if knobs.strategy == "fsdp-hybrid" else d
+    bandwidth = group_bandwidth(group, t, links) * eff
+
+    def move(bytes_per_param: float, size: int = group, bw: float = bandwidth, count: int = 1) -> float:
+        return count * _ring(size) * bytes_per_param * params / bw
+
+    backward_last = 2 / 3 * compute_mb  # what a once-per-step collective can hide behind
+    all_compute = m * compute_mb
+    strategy = knobs.strategy
+    exposed_only = 0.0
+    if strategy == "ddp":
+        hidden, window = move(2 * w), backward_last
+    elif strategy == "zero1":
+        hidden, window, exposed_only = move(w), backward_last, move(w)
+    elif strategy == "zero2":
+        hidden, window, exposed_only = move(w, count=m), 2 / 3 * all_compute, move(w)
+    elif strategy == "zero3":
+        hidden, window = move(3 * w, count=m), all_compute
+    elif strategy == "fsdp-grad-op":
+        hidden, window = move(w + red, count=m), all_compute
+    else:  # fsdp-full, fsdp-hybrid
+        hidden, window = move(2 * w + red, count=m), all_compute
+        if strategy == "fsdp-hybrid":
+            replicas = d // group
+            across = group_bandwidth(replicas, t * group, links) * eff
+            hidden += move(2 * red / group, size=replicas, bw=across, count=m)
+    exposed = exposed_only + max(0.0, hidden - assumptions.dp_overlap * window)
+    return hidden + exposed_only, exposed
+
+
+def _offload_time(knobs: PlanKnobs, params: int, links: Links, assumptions: Assumptions) -> float:
+    """PCIe traffic and the CPU optimizer step of an offloaded configuration (not overlapped)."""
+    if knobs.offload == "none":
+        return 0.0
+    w = weight_bytes(knobs.precision)
+    shard = params / knobs.shard_group_size
+    pcie = links.host_link_bytes_per_s / 2  # one direction
+    cpu_step = shard * links.gpus_per_node / assumptions.cpu_adam_params_per_s_per_node
+    if knobs.strategy.startswith("fsdp"):
+        # fp32 shards up for forward and backward, fp32 gradients down, every micro-batch
+        return knobs.grad_accum_steps * 3 * 4 * shard / pcie + cpu_step
+    transfers = 2 * w * shard  # gradients down, updated parameters up, once a step
+    if knobs.offload == "optimizer+params":
+        transfers += knobs.grad_accum_steps * 2 * w * shard  # parameters up for forward and backward
+    return transfers / pcie + cpu_step

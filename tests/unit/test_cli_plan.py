@@ -1,0 +1,170 @@
+"""`fstrain plan` as a user runs it: JSON on stdout, tables on stderr, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fstrain.core.planfile import PlanFile
+from tests.helpers import run_fstrain
+
+H100_64 = ("--num-nodes", "8", "--gpus-per-node", "8", "--gpu", "h100-sxm")
+
+
+def test_json_document_has_the_issue_fields(tmp_path: Path) -> None:
+    out = tmp_path / "plan.yaml"
+    result = run_fstrain("plan", "--model", "llama3.1-70b", *H100_64, "--json", "--top", "3", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # --json: nothing for humans
+    document = json.loads(result.stdout)
+    plans = document["plans"]
+    assert len(plans) == 6 and [p["fits"] for p in plans] == [True] * 3 + [False] * 3
+    best = plans[0]
+    for key in (
+        "strategy",
+        "zero_stage",
+        "dp",
+        "tp",
+        "pp",
+        "micro_batch_size",
+        "grad_accum_steps",
+        "activation_checkpointing",
+        "offload",
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "rejected_because",
+    ):
+        assert key in best
+    memory = best["memory"]
+    assert memory["peak"] == sum(memory[k] for k in ("model_states", "activations", "buffers", "overhead"))
+    assert memory["model_states"] == memory["parameters"] + memory["gradients"] + memory["optimizer_states"]
+    assert memory["peak"] <= best["usable_bytes"] == 81559 * 2**20
+    assert best["dp"] * best["tp"] * best["pp"] == 64 and best["rejected_because"] is None
+    assert best["time_to_train_s"] == pytest.approx(15e12 / best["tokens_per_s"])  # the recipe's 15T tokens
+    assert " GiB usable on H100-SXM: " in plans[3]["rejected_because"] and plans[3]["step_time_s"] is None
+    assert document["training"]["global_batch_size"] == 512  # 4M tokens of 8192 from the recipe
+    # --out saved the same best plan for render and launch.
+    saved = PlanFile.from_dict(yaml.safe_load(out.read_text()), str(out))
+    assert (saved.knobs.strategy, saved.knobs.tp, saved.knobs.dp) == (best["strategy"], best["tp"], best["dp"])
+    assert saved.model.name == "llama3.1-70b" and saved.cluster.num_nodes == 8
+
+
+def test_plan_imports_no_torch_deepspeed_or_rich_for_json() -> None:
+    code = (
+        "import sys, io, contextlib\n"
+        "from fstrain.cli.main import app\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        app(['plan', '--model', 'llama3.1-8b', '--gpu', 'h100-sxm', '--json'], prog_name='fstrain')\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'deepspeed', 'rich', 'numpy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_human_output_shows_plans_memory_bar_and_assumptions() -> None:
+    result = run_fstrain("plan", "--model", "llama3.1-8b", "--gpu", "h100-sxm", "--train-tokens", "1T")
+    assert result.returncode == 0 and result.stdout == ""
+    err = result.stderr
+    for text in (
+        "model llama3.1-8b: 8.03B parameters",
+        "searched ",
+        "tokens/s",
+        "chosen:",
+        "█",
+        "peak",
+        "assumptions",
+        "cuda_context_bytes",
+        "step ",
+    ):
+        assert text in err, text
+
+
+def test_nothing_fits_exits_1_and_says_what_would() -> None:
+    result = run_fstrain("plan", "--model", "llama3.1-405b", "--gpu", "a100-40gb", "--json")
+    assert result.returncode == 1
+    document = json.loads(result.stdout)
+    assert document["fitting_total"] == 0 and all(not p["fits"] for p in document["plans"])
+    assert any("nodes (" in s for s in document["suggestions"])
+    human = run_fstrain("plan", "--model", "llama3.1-405b", "--gpu", "a100-40gb")
+    assert human.returncode == 1 and "nothing fits" in human.stderr and "would fit on " in human.stderr
+
+
+def test_heterogeneous_nodes_name_the_bound() -> None:
+    result = run_fstrain("plan", "--model", "llama2-7b", "--node", "h100-sxm:8", "--node", "a100-40gb:8x2", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["cluster"]["world_size"] == 24
+    assert "memory bounded by 8x A100-SXM4-40GB" in document["cluster"]["bounded_by"]
+
+
+def test_model_params_only() -> None:
+    result = run_fstrain(
+        "plan",
+        "--model-params",
+        "7.5B",
+        "--gpu",
+        "v100-32gb",
+        "--num-nodes",
+        "8",
+        "--precision",
+        "fp16",
+        "--strategy",
+        "zero3",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    best = json.loads(result.stdout)["plans"][0]
+    assert best["memory"]["activations"] == 0 and best["step_time_s"] is None
+    assert best["memory"]["model_states"] == 18 * 7_500_000_000 // 64  # DeepSpeed's ZeRO-3 accounting
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("--model", "llama5", "--gpu", "h100-sxm"), "error: --model: unknown model 'llama5' (hint: known models: "),
+        (("--model", "tiny", "--gpu", "h200x"), "error: --gpu: unknown GPU 'h200x' (hint: known GPUs: "),
+        (("--model", "tiny"), "error: --gpu: which GPU? give --gpu"),
+        (
+            ("--model", "llama3.1-8b", "--gpu", "h100-sxm", "--tp", "3"),
+            "error: --tp: tp=3 does not divide the world size 8",
+        ),
+        (
+            ("--model", "llama3.1-8b", "--gpu", "h100-sxm", "--zero-stage", "2", "--strategy", "zero3"),
+            "error: --zero-stage: --zero-stage 2 means zero2, but --strategy is zero3",
+        ),
+        (
+            ("--model", "llama3.1-8b", "--gpu", "h100-sxm", "--offload", "disk"),
+            "error: --offload: 'disk' is not one of none, optimizer, optimizer+params",
+        ),
+        (("--model", "tiny", "--recipe", "x.yaml", "--gpu", "l4"), "error: fstrain plan: give exactly one of --model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], line: str) -> None:
+    result = run_fstrain("plan", *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(line), result.stderr
+
+
+def test_bad_recipe_key_names_file_and_key(tmp_path: Path) -> None:
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text(
+        "model:\n  num_layers: 2\n  hidden_size: 64\n  num_heads: 2\n  ffn_hidden_size: 256\n"
+        "  activation: gelu\n  vocab_size: 256\n  seq_len: 64\n  hiden_size: 64\n"
+    )
+    result = run_fstrain("plan", "--recipe", str(recipe), "--gpu", "l4")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: {recipe}: model.hiden_size: unknown key 'hiden_size' (hint: known keys here: num_layers, "
+        "hidden_size, num_heads, num_kv_heads, ffn_hidden_size, activation, vocab_size, seq_len, tied_embeddings, "
+        "norm, linear_bias, position_embedding, dropout, moe, params)\n"
+    )

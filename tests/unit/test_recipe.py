@@ -1,0 +1,209 @@
+"""Recipes: the shipped ones against published parameter counts, and precise schema errors."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fstrain.core.recipe import PARAMS_TOLERANCE, parse_count, parse_recipe
+from fstrain.errors import InputError
+from fstrain.io.recipes import load_recipe_file, load_shipped_recipe, shipped_recipe_names
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Published totals: Hugging Face model cards / safetensors metadata (exact where the card gives
+# the exact count), Mixtral paper (46.7B total, 12.9B active), GPT-2 XL (1,557,611,200).
+PUBLISHED = {
+    "tiny": (875_264, None),
+    "gpt2-1.5b": (1_557_611_200, None),
+    "llama2-7b": (6_738_415_616, "6.74B"),
+    "llama2-13b": (13_015_864_320, "13.0B"),
+    "llama2-70b": (68_976_648_192, "68.98B"),
+    "llama3.1-8b": (8_030_261_248, "8.03B"),
+    "llama3.1-70b": (70_553_706_496, "70.6B"),
+    "llama3.1-405b": (405_853_388_800, "405.9B"),
+    "mixtral-8x7b": (46_702_792_704, "46.7B"),
+}
+
+LLAMA2_7B: dict[str, Any] = {
+    "name": "llama2-7b",
+    "model": {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "num_heads": 32,
+        "ffn_hidden_size": 11008,
+        "activation": "swiglu",
+        "vocab_size": 32000,
+        "seq_len": 4096,
+    },
+}
+
+
+def test_every_recipe_is_shipped_and_mirrored() -> None:
+    assert shipped_recipe_names() == sorted(PUBLISHED)
+    # recipes/ at the top is a view of the packaged copies: same names, same bytes.
+    top = sorted(p.name for p in (REPO / "recipes").glob("*.yaml"))
+    assert top == sorted(f"{name}.yaml" for name in PUBLISHED)
+    for name in top:
+        assert (REPO / "recipes" / name).read_bytes() == (REPO / "fstrain" / "recipes" / name).read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_shipped_recipe_parameter_counts(name: str) -> None:
+    recipe = load_shipped_recipe(name)
+    exact, rounded = PUBLISHED[name]
+    assert recipe.params.total == exact
+    assert recipe.stated_params == exact
+    assert recipe.model.name == name
+    if rounded is not None:  # the rounded figure papers and model cards quote
+        digits = rounded.rstrip("B").split(".")[1]
+        assert f"{exact / 1e9:.{len(digits)}f}B" == rounded
+
+
+def test_mixtral_active_parameters_match_the_paper() -> None:
+    recipe = load_shipped_recipe("mixtral-8x7b")
+    assert round(recipe.params.active_per_token / 1e9, 1) == 12.9
+
+
+def test_gqa_and_tied_embeddings_change_the_count() -> None:
+    mha = parse_recipe(LLAMA2_7B, "x.yaml")
+    gqa_data = copy.deepcopy(LLAMA2_7B)
+    gqa_data["model"]["num_kv_heads"] = 8
+    gqa = parse_recipe(gqa_data, "x.yaml")
+    # k and v projections shrink from 4096 to 1024 columns in each of 32 layers.
+    assert mha.params.total - gqa.params.total == 32 * 2 * 4096 * (4096 - 1024)
+    tied_data = copy.deepcopy(LLAMA2_7B)
+    tied_data["model"]["tied_embeddings"] = True
+    assert mha.params.total - parse_recipe(tied_data, "x.yaml").params.total == 32000 * 4096
+
+
+def test_training_defaults_are_read() -> None:
+    recipe = load_shipped_recipe("llama3.1-405b")
+    assert recipe.training.global_batch_tokens == 16 * 1024 * 1024
+    assert recipe.training.train_tokens == 15_600_000_000_000
+    assert recipe.training.precision == "bf16"
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "message"),
+    [
+        ({"model": {"hidden_sise": 1}}, "x.yaml: model.hidden_sise", "unknown key 'hidden_sise'"),
+        ({"modle": {}}, "x.yaml: modle", "unknown key 'modle'"),
+        ({"model": {"num_layers": None}}, "x.yaml: model.num_layers", "expected a positive integer, got None"),
+        ({"model": {"num_layers": "32"}}, "x.yaml: model.num_layers", "expected a positive integer, got '32'"),
+        ({"model": {"num_layers": True}}, "x.yaml: model.num_layers", "expected a positive integer, got True"),
+        ({"model": {"activation": "relu"}}, "x.yaml: model.activation", "expected one of gelu, swiglu, got 'relu'"),
+        ({"model": {"num_kv_heads": 5}}, "x.yaml: model.num_kv_heads", "num_kv_heads (5) must divide num_heads (32)"),
+        (
+            {"model": {"num_heads": 3}},
+            "x.yaml: model.num_heads",
+            "hidden_size (4096) is not a multiple of num_heads (3)",
+        ),
+        ({"model": {"dropout": 1.5}}, "x.yaml: model.dropout", "expected a probability"),
+        ({"model": {"tied_embeddings": "yes"}}, "x.yaml: model.tied_embeddings", "expected true or false"),
+        (
+            {"model": {"moe": {"num_experts": 2, "top_k": 3, "expert_ffn_hidden_size": 8}}},
+            "x.yaml: model.moe.top_k",
+            "top_k (3) is larger than num_experts (2)",
+        ),
+        ({"model": {"moe": {"num_experts": 2}}}, "x.yaml: model.moe.top_k", "missing key 'top_k'"),
+        ({"training": {"precision": "fp8"}}, "x.yaml: training.precision", "expected one of bf16, fp16, fp32"),
+        (
+            {"training": {"global_batch_size": 8, "global_batch_tokens": 8}},
+            "x.yaml: training.global_batch_tokens",
+            "both set",
+        ),
+        ({"model": {"params": "seven"}}, "x.yaml: model.params", "expected a positive count, got 'seven'"),
+        (
+            {"model": {"params": 7_000_000_000}},
+            "x.yaml: model.params",
+            "the architecture gives 6,738,415,616 parameters but params states 7,000,000,000 (-3.74%",
+        ),
+    ],
+)
+def test_schema_errors_name_file_key_and_expectation(change: dict[str, Any], where: str, message: str) -> None:
+    data = copy.deepcopy(LLAMA2_7B)
+    for section, values in change.items():
+        if section in data and isinstance(data[section], dict):
+            data[section].update(values)
+        else:
+            data[section] = values
+    with pytest.raises(InputError) as caught:
+        parse_recipe(data, "x.yaml")
+    assert caught.value.where == where
+    assert message in caught.value.message
+
+
+def test_missing_required_key() -> None:
+    data = copy.deepcopy(LLAMA2_7B)
+    del data["model"]["vocab_size"]
+    with pytest.raises(InputError, match="missing key 'vocab_size'") as caught:
+        parse_recipe(data, "x.yaml")
+    assert caught.value.where == "x.yaml: model.vocab_size"
+
+
+def test_stated_params_within_tolerance_pass() -> None:
+    data = copy.deepcopy(LLAMA2_7B)
+    data["model"]["params"] = "6.74B"  # the rounded published figure
+    assert parse_recipe(data, "x.yaml").stated_params == 6_740_000_000
+    data["model"]["params"] = int(6_738_415_616 * (1 + 2 * PARAMS_TOLERANCE))
+    with pytest.raises(InputError):
+        parse_recipe(data, "x.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        (6738415616, 6738415616),
+        (6.74e9, 6_740_000_000),
+        ("6.74e9", 6_740_000_000),
+        ("6.74B", 6_740_000_000),
+        ("15T", 15_000_000_000_000),
+        ("70b", 70_000_000_000),
+        ("125M", 125_000_000),
+        ("1_000", 1000),
+    ],
+)
+def test_parse_count(text: object, value: int) -> None:
+    assert parse_count(text, "--model-params") == value
+
+
+@pytest.mark.parametrize("text", ["", "B", "-5", "0", "nan", "inf", True, None])
+def test_parse_count_rejects(text: object) -> None:
+    with pytest.raises(InputError, match="expected a positive count"):
+        parse_count(text, "--model-params")
+
+
+def test_user_recipe_file_errors(tmp_path: Path) -> None:
+    broken = tmp_path / "mine.yaml"
+    broken.write_text("model:\n  num_layers: 2\n  hidden_size: [\n")
+    with pytest.raises(InputError, match="not valid YAML") as caught:
+        load_recipe_file(str(broken))
+    assert caught.value.where.startswith(f"{broken}:")  # with the line of the problem
+    with pytest.raises(InputError, match="recipe file not found"):
+        load_recipe_file(str(tmp_path / "absent.yaml"))
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    with pytest.raises(InputError, match="expected a mapping, got list"):
+        load_recipe_file(str(listed))
+
+
+def test_user_recipe_takes_its_name_from_the_file(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "my-model.yaml"
+    data = copy.deepcopy(LLAMA2_7B)
+    del data["name"]
+    path.write_text(yaml.safe_dump(data))
+    recipe = load_recipe_file(str(path))
+    assert recipe.model.name == "my-model"
+    assert recipe.params.total == 6_738_415_616
+
+
+def test_unknown_shipped_model_lists_the_known_ones() -> None:
+    with pytest.raises(InputError, match="unknown model 'llama5'") as caught:
+        load_shipped_recipe("llama5")
+    assert "llama3.1-8b" in caught.value.hint and caught.value.where == "--model"

@@ -1,0 +1,172 @@
+"""FLOPs against Narayanan/Megatron/torchtitan, and the structure of the step-time model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fstrain.core.assumptions import Assumptions
+from fstrain.core.modelsize import count_parameters
+from fstrain.core.planfile import ModelSpec, MoESpec, PlanKnobs
+from fstrain.core.timemodel import Links, StepTime, flops_per_token, group_bandwidth, layer_hardware_flops, step_time
+
+from .test_modelsize import NARAYANAN_TABLE_1, megatron_gpt
+
+
+@pytest.mark.parametrize(("heads", "hidden", "layers", "published"), NARAYANAN_TABLE_1)
+def test_narayanan_equation_3_with_full_recompute(heads: int, hidden: int, layers: int, published: str) -> None:
+    spec = megatron_gpt(heads, hidden, layers)
+    batch, s, v, h, nl = 1536, 2048, 51200, hidden, layers
+    f = flops_per_token(spec, s)
+    executed = batch * s * (nl * layer_hardware_flops(f, "full", flash_attention=False) + 3 * f.head)
+    assert executed == pytest.approx(96 * batch * s * nl * h * h * (1 + s / (6 * h) + v / (16 * nl * h)), rel=1e-12)
+    # Megatron's logged "model" FLOPs: the same without the recompute pass.
+    assert batch * s * f.training == pytest.approx(
+        72 * batch * s * nl * h * h * (1 + s / (6 * h) + v / (12 * nl * h)), rel=1e-12
+    )
+
+
+def test_megatron_flops_with_grouped_query_attention() -> None:
+    # megatron/training.py: 60 B s L h^2 (1 + g/(5a) + s/(5h) + V/(10 L h)) for a GeLU-4h model with g KV groups.
+    spec = dataclasses.replace(megatron_gpt(64, 8192, 80), num_kv_heads=8)
+    s, h, nl, a, g, v = 4096, 8192, 80, 64, 8, 51200
+    expected = 60 * s * nl * h * h * (1 + g / (5 * a) + s / (5 * h) + v / (10 * nl * h))
+    assert s * flops_per_token(spec, s).training == pytest.approx(expected, rel=1e-12)
+
+
+def test_torchtitan_flops_per_token_for_llama() -> None:
+    # torchtitan get_num_flop_per_token: 6 N + 12 l h q t with N the parameters less the token embedding.
+    spec = ModelSpec("llama3.1-8b", 32, 4096, 32, 8, 14336, "swiglu", 128256, 8192)
+    count = count_parameters(spec)
+    titan = 6 * (count.total - count.embedding) + 12 * 32 * 32 * 128 * 8192
+    norms = count.norms_per_layer * 32 + count.final_norm  # counted by torchtitan, not matmuls here
+    assert flops_per_token(spec, 8192).training == pytest.approx(titan - 6 * norms, rel=1e-12)
+
+
+def test_moe_counts_only_the_routed_experts() -> None:
+    mixtral = ModelSpec("m", 32, 4096, 32, 8, 14336, "swiglu", 32000, 4096, moe=MoESpec(8, 2, 14336))
+    active = count_parameters(mixtral).active_per_token
+    f = flops_per_token(mixtral, 4096)
+    attention_scores = 32 * 4 * 4096 * 4096
+    assert f.forward - attention_scores == pytest.approx(2 * (active - 32000 * 4096), rel=1e-4)
+
+
+def test_narayanan_equation_4_training_time() -> None:
+    """GPT-3 175B, 300B tokens, 1024 A100 at 140 TFLOP/s: about 34 days (8 T P / (n X))."""
+    gpt3 = megatron_gpt(96, 12288, 96)
+    f = flops_per_token(gpt3, 2048)
+    executed_per_token = 96 * layer_hardware_flops(f, "full", flash_attention=False) + 3 * f.head
+    days = 300e9 * executed_per_token / (1024 * 140e12) / 86400
+    # Equation 4 drops the attention and logit terms (1 + s/6h + V/16lh = 1.031 here).
+    assert days == pytest.approx(34, rel=0.04)
+    assert days == pytest.approx(8 * 300e9 * 174.6e9 / (1024 * 140e12) / 86400 * 1.031, rel=0.005)
+
+
+def test_recompute_costs() -> None:
+    spec = ModelSpec("l", 32, 4096, 32, 8, 14336, "swiglu", 128256, 8192)
+    f = flops_per_token(spec, 8192)
+    assert layer_hardware_flops(f, "none", False) == 3 * f.layer
+    assert layer_hardware_flops(f, "selective", False) == 3 * f.layer + f.attention_core
+    assert layer_hardware_flops(f, "full", False) == 4 * f.layer
+    assert layer_hardware_flops(f, "none", True) == 3 * f.layer + 0.5 * f.attention_core
+
+
+LINKS = Links(
+    nvlink_bytes_per_s=450e9,
+    pcie_bytes_per_s=64e9,
+    inter_node_bytes_per_s=50e9,
+    host_link_bytes_per_s=128e9,
+    nvlink_domain_size=8,
+    gpus_per_node=8,
+    num_nodes=16,
+)
+LLAMA = ModelSpec("l", 32, 4096, 32, 8, 14336, "swiglu", 128256, 8192)
+NO_OVERLAP = Assumptions(dp_overlap=0.0, collective_efficiency=1.0)
+
+
+def knobs(**changes: object) -> PlanKnobs:
+    base = {
+        "strategy": "ddp",
+        "zero_stage": 0,
+        "dp": 128,
+        "tp": 1,
+        "pp": 1,
+        "shard_group_size": 1,
+        "micro_batch_size": 1,
+        "grad_accum_steps": 1,
+        "seq_len": 8192,
+    }
+    return PlanKnobs(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def run(k: PlanKnobs, assumptions: Assumptions = NO_OVERLAP, params: int = 8_000_000_000) -> StepTime:
+    return step_time(LLAMA, params, k, 400e12, 128 * 989e12, LINKS, assumptions)
+
+
+def test_group_bandwidth_follows_the_boundaries() -> None:
+    assert group_bandwidth(8, 1, LINKS) == 450e9  # one NVLink domain
+    assert group_bandwidth(4, 2, LINKS) == 450e9  # tp=2 x dp=4 still inside it
+    assert group_bandwidth(16, 1, LINKS) == 50e9  # crosses nodes: the NIC share
+    pcie_node = dataclasses.replace(LINKS, nvlink_domain_size=1, nvlink_bytes_per_s=0.0)
+    assert group_bandwidth(8, 1, pcie_node) == 64e9
+
+
+def test_data_parallel_volume_per_strategy() -> None:
+    """ZeRO section 7: DDP and ZeRO-1/2 move 2 Psi, ZeRO-3 3 Psi (1.5x)."""
+    ddp = run(knobs()).dp_comm_s
+    ring = 127 / 128
+    assert ddp == pytest.approx(2 * ring * 2 * 8e9 / 50e9)
+    zero2 = run(knobs(strategy="zero2", zero_stage=2, shard_group_size=128)).dp_comm_s
+    zero3 = run(knobs(strategy="zero3", zero_stage=3, shard_group_size=128)).dp_comm_s
+    assert zero2 == pytest.approx(ddp)
+    assert zero3 == pytest.approx(1.5 * ddp)
+    # ZeRO-3 gathers and reduces every micro-batch; DDP syncs once a step.
+    zero3_accum = run(knobs(strategy="zero3", zero_stage=3, shard_group_size=128, dp=32, grad_accum_steps=4))
+    ddp_accum = run(knobs(dp=32, grad_accum_steps=4))
+    assert zero3_accum.dp_comm_s / ddp_accum.dp_comm_s == pytest.approx(1.5 * 4)
+
+
+def test_overlap_hides_data_parallel_time_behind_compute() -> None:
+    k = knobs(strategy="zero3", zero_stage=3, shard_group_size=128)
+    hidden = run(k, Assumptions(dp_overlap=1.0, collective_efficiency=1.0))
+    exposed = run(k)
+    assert exposed.dp_exposed_s == pytest.approx(exposed.dp_comm_s)
+    assert hidden.dp_exposed_s == pytest.approx(max(0.0, hidden.dp_comm_s - hidden.compute_s))
+    assert hidden.step_time_s < exposed.step_time_s
+
+
+def test_pipeline_bubble_is_p_minus_1_over_m() -> None:
+    for pp, m in ((4, 4), (4, 16), (8, 64)):
+        t = run(
+            knobs(strategy="zero1", zero_stage=1, pp=pp, dp=128 // pp, shard_group_size=128 // pp, grad_accum_steps=m)
+        )
+        per_slot = (t.compute_s + t.tp_comm_s + t.pp_comm_s) / m
+        assert t.bubble_s / (m * per_slot) == pytest.approx((pp - 1) / m)
+
+
+def test_tensor_parallel_all_reduces_over_nvlink() -> None:
+    t = run(knobs(tp=8, dp=16))
+    volume = 2 * (7 / 8) * 1 * 8192 * 4096 * 2  # ring all-reduce of b s h bf16
+    assert t.tp_comm_s == pytest.approx(32 * 4 * volume / 450e9)
+    full = run(knobs(tp=8, dp=16, activation_checkpointing="full"))
+    assert full.tp_comm_s == pytest.approx(1.5 * t.tp_comm_s)
+
+
+def test_throughput_and_mfu_definitions() -> None:
+    k = knobs(grad_accum_steps=2, micro_batch_size=2)
+    t = run(k)
+    tokens = k.global_batch_size * 8192
+    assert t.tokens_per_s == pytest.approx(tokens / t.step_time_s)
+    model_flops = flops_per_token(LLAMA, 8192).training * tokens
+    assert t.mfu == pytest.approx(model_flops / (t.step_time_s * 128 * 989e12))
+    assert t.seconds_for(10**12) == pytest.approx(10**12 / t.tokens_per_s)
+
+
+def test_offload_adds_host_time() -> None:
+    base = knobs(strategy="zero2", zero_stage=2, shard_group_size=128)
+    with_offload = dataclasses.replace(base, offload="optimizer")
+    shard = 8e9 / 128
+    expected = 2 * 2 * shard / 64e9 + shard * 8 / 2e9  # gradients down + params up, then CPU Adam
+    assert run(with_offload).offload_s == pytest.approx(expected)
+    assert run(base).offload_s == 0
