@@ -22,6 +22,9 @@ SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 MASK = "****"
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PORT_RANGE = (20000, 40000)  # master ports are drawn from here, by a hash of the run id
+# Set on every node unless the user sets them: without it, Python ranks (and torchrun's --tee
+# relay) block-buffer their output into the pipe, and lines arrive only when the job ends.
+DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,7 @@ def plan_launches(
     info = world_info(hosts, nprocs)
     launches = []
     for rank, (host, nproc) in enumerate(zip(hosts, nprocs, strict=True)):
-        node_env = {**per_node_env[rank], **env} if per_node_env else dict(env)
+        node_env = {**DEFAULT_ENV, **(per_node_env[rank] if per_node_env else {}), **env}
         if backend == "torchrun":
             argv = torchrun_argv(python, nnodes=len(hosts), node_rank=rank, nproc=nproc, master_addr=master_addr,
                                  master_port=master_port, run_id=run_id, max_restarts=max_restarts, program=program)

@@ -348,9 +348,11 @@ class SshRunning:
         if not self._channel.exit_status_ready():
             # Output ended: the exit status follows at once, unless the connection is gone.
             self._channel.status_event.wait(5.0)
-        if not self._channel.exit_status_ready():
+        # paramiko also sets the status event when the channel closes without one (-1).
+        code = self._channel.recv_exit_status() if self._channel.exit_status_ready() else -1
+        if code == -1:
             return None, "connection lost before the job finished"
-        return self._channel.recv_exit_status(), None
+        return code, None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

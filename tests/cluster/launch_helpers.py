@@ -1,0 +1,111 @@
+"""Running `fstrain launch` against the namespace cluster and checking nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.conftest import NamespaceCluster
+from tests.helpers import REPO
+
+WORKER = str(REPO / "tests" / "cluster" / "programs" / "worker.py")
+
+
+@dataclass
+class LaunchProcess:
+    """A running `fstrain launch` whose stdout/stderr are collected by threads."""
+
+    proc: subprocess.Popen[str]
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    def wait_for(self, fragment: str, count: int = 1, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sum(fragment in line for line in list(self.stdout)) >= count:
+                return
+            if self.proc.poll() is not None:
+                time.sleep(0.5)  # let the readers catch up before failing
+                if sum(fragment in line for line in list(self.stdout)) >= count:
+                    return
+                raise AssertionError(f"launch exited {self.proc.returncode} before {count}x {fragment!r}:\n"
+                                     + "".join(self.stdout[-30:]) + "".join(self.stderr[-30:]))
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {count}x {fragment!r}:\n" + "".join(self.stdout[-30:]))
+
+    def finish(self, timeout: float = 120) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        finally:
+            for reader in self.readers:
+                reader.join(timeout=10)
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
+        return code
+
+    @property
+    def out(self) -> str:
+        return "".join(self.stdout)
+
+    @property
+    def err(self) -> str:
+        return "".join(self.stderr)
+
+
+def start_launch(cluster: NamespaceCluster, *args: str, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> LaunchProcess:
+    argv = [sys.executable, "-m", "fstrain", "launch", "--ssh-config", cluster.ssh_config, *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                            cwd=cwd or REPO)
+    launch = LaunchProcess(proc)
+    assert proc.stdout is not None and proc.stderr is not None
+    for stream, sink in ((proc.stdout, launch.stdout), (proc.stderr, launch.stderr)):
+        reader = threading.Thread(target=lambda s=stream, k=sink: k.extend(iter(s.readline, "")), daemon=True)
+        reader.start()
+        launch.readers.append(reader)
+    return launch
+
+
+def job_processes(cluster: NamespaceCluster) -> dict[str, list[str]]:
+    """Processes in each namespace other than sshd itself (its daemon and session processes)."""
+    found: dict[str, list[str]] = {}
+    for index in range(1, cluster.num_hosts + 1):
+        pids = subprocess.run(["ip", "netns", "pids", cluster.namespace(index)], capture_output=True,
+                              text=True, check=False).stdout.split()
+        rest = []
+        for pid in pids:
+            try:
+                exe = os.readlink(f"/proc/{pid}/exe")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+            except OSError:
+                continue
+            if exe != "/usr/sbin/sshd":
+                rest.append(f"{pid} {cmdline}")
+        if rest:
+            found[cluster.namespace(index)] = rest
+    return found
+
+
+def assert_no_job_processes(cluster: NamespaceCluster, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    left = job_processes(cluster)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = job_processes(cluster)
+    assert not left, f"processes left after {within_s} s: {left}"
+
+
+def send(launch: LaunchProcess, sig: signal.Signals) -> None:
+    launch.proc.send_signal(sig)

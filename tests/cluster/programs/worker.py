@@ -1,0 +1,32 @@
+"""A rank for the launch tests: says it is ready, then does what FSTRAIN_TEST_FAULT asks.
+
+Environment: FSTRAIN_TEST_FAULT = "" (sleep FSTRAIN_TEST_SECONDS, exit 0) | "exit3" | "sigkill"
+(applied on global rank FSTRAIN_TEST_FAULT_RANK, after every rank said ready), and
+FSTRAIN_TEST_ECHO=1 to print argv and selected environment values as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+rank = int(os.environ.get("RANK", "0"))
+print(f"ready rank={rank} host={socket.gethostname()} pid={os.getpid()} world={os.environ.get('WORLD_SIZE')}",
+      flush=True)
+if os.environ.get("FSTRAIN_TEST_ECHO"):
+    names = os.environ.get("FSTRAIN_TEST_ECHO_NAMES", "").split(",")
+    print(json.dumps({"argv": sys.argv[1:], "env": {n: os.environ.get(n) for n in names if n}}), flush=True)
+fault = os.environ.get("FSTRAIN_TEST_FAULT", "")
+if fault and rank == int(os.environ.get("FSTRAIN_TEST_FAULT_RANK", "1")):
+    time.sleep(float(os.environ.get("FSTRAIN_TEST_FAULT_AFTER", "2")))
+    if fault == "exit3":
+        print(f"rank {rank} exits 3 on purpose", flush=True)
+        sys.exit(3)
+    if fault == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(float(os.environ.get("FSTRAIN_TEST_SECONDS", "600")))
+print(f"done rank={rank}", flush=True)

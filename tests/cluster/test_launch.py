@@ -1,0 +1,209 @@
+"""`fstrain launch` on the namespace cluster: streaming, faults, teardown, secrets, concurrency.
+
+Each fault test asserts the exit code, the summary, and that no job process is left in any
+namespace within the grace period plus a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes, start_launch
+from tests.conftest import NamespaceCluster
+from tests.helpers import run_fstrain
+
+GRACE_S = 3
+TWO_NODES = ("--hosts", "node[1-2]", "--nproc-per-node", "2", "--grace", str(GRACE_S))
+
+
+def worker_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [*TWO_NODES, "--run-dir", str(tmp_path / "run"), *extra, "--", "python3", WORKER]
+
+
+@pytest.fixture(autouse=True)
+def _clean_cluster(cluster: NamespaceCluster) -> None:
+    assert not job_processes(cluster), "a previous test left processes behind"
+
+
+def test_clean_run_streams_every_rank_and_writes_logs(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    launch = start_launch(cluster, *worker_args(tmp_path, "--env", "FSTRAIN_TEST_SECONDS=1"))
+    assert launch.finish() == 0, launch.err
+    for host, local in (("node1", 0), ("node1", 1), ("node2", 0), ("node2", 1)):
+        assert any(line.startswith(f"[{host} r{local}] ready rank=") for line in launch.stdout), launch.out
+        assert (tmp_path / "run" / "logs" / f"{host}.r{local}.log").read_text().count("ready rank=") == 1
+    ranks = sorted(int(line.split("rank=")[1].split()[0]) for line in launch.stdout if "] ready rank=" in line)
+    assert ranks == [0, 1, 2, 3]
+    assert all("world=4" in line for line in launch.stdout if "] ready rank=" in line)
+    assert "all nodes finished ok; exit code 0" in launch.err
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["exit_code"] == 0 and manifest["master_addr"] == "198.18.0.11"
+    assert [n["exit_code"] for n in manifest["nodes"]] == [0, 0]
+    assert manifest["nodes"][1]["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert manifest["versions"]["node2"]["hostname"] == "node2"
+    assert_no_job_processes(cluster, 5)
+
+
+def test_one_rank_exits_3_stops_everything(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    launch = start_launch(cluster, *worker_args(tmp_path, "--env", "FSTRAIN_TEST_FAULT=exit3",
+                                                "--env", "FSTRAIN_TEST_FAULT_RANK=1"))
+    start = time.monotonic()
+    code = launch.finish()
+    assert code == 1, launch.err  # torchrun reports a failed worker group as exit 1
+    assert "rank 1 exits 3 on purpose" in launch.out
+    assert "first failure: node" in launch.err
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    failed = manifest["nodes"][manifest["first_failure_node_rank"]]
+    assert failed["exit_code"] == 1
+    assert any("exits 3 on purpose" in line for line in failed["last_lines"]) or manifest["reason"] == "failed"
+    assert time.monotonic() - start < 60
+    assert_no_job_processes(cluster, GRACE_S + 5)
+
+
+def test_one_rank_sigkilled(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    launch = start_launch(cluster, *worker_args(tmp_path, "--env", "FSTRAIN_TEST_FAULT=sigkill",
+                                                "--env", "FSTRAIN_TEST_FAULT_RANK=2"))
+    code = launch.finish()
+    assert code != 0
+    assert "failed; exit code" in launch.err
+    assert_no_job_processes(cluster, GRACE_S + 5)
+
+
+@pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_fstrain_tears_down(cluster: NamespaceCluster, tmp_path: Path, sig: signal.Signals,
+                                      expected: int) -> None:
+    launch = start_launch(cluster, *worker_args(tmp_path))
+    launch.wait_for("] ready rank=", count=4)
+    launch.proc.send_signal(sig)
+    assert launch.finish(timeout=GRACE_S + 30) == expected
+    assert ("interrupted (Ctrl-C)" if sig == signal.SIGINT else "terminated (SIGTERM)") in launch.err
+    assert_no_job_processes(cluster, GRACE_S + 5)
+
+
+def test_sigkill_to_fstrain_watchdogs_clean_up(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    launch = start_launch(cluster, *worker_args(tmp_path))
+    launch.wait_for("] ready rank=", count=4)
+    assert job_processes(cluster)
+    launch.proc.kill()
+    launch.finish()
+    assert_no_job_processes(cluster, GRACE_S + 8)
+
+
+def test_node_sshd_and_processes_killed_mid_run(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    launch = start_launch(cluster, *worker_args(tmp_path, "--heartbeat-timeout", "4"))
+    launch.wait_for("] ready rank=", count=4)
+    cluster.script("stop-sshd", "2")
+    try:
+        code = launch.finish(timeout=60)
+        assert code != 0
+        manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+        assert manifest["nodes"][1]["exit_code"] is None
+        assert manifest["nodes"][1]["error"]
+        assert "failed; exit code 255" in launch.err
+        assert_no_job_processes(cluster, GRACE_S + 5)
+    finally:
+        cluster.script("start-sshd", "2")
+
+
+def test_node_link_down_mid_run(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    launch = start_launch(cluster, *worker_args(tmp_path, "--heartbeat-timeout", "4"))
+    launch.wait_for("] ready rank=", count=4)
+    subprocess.run(["ip", "link", "set", "fstveth2", "down"], check=True)
+    try:
+        start = time.monotonic()
+        code = launch.finish(timeout=60)
+        assert code == 255, launch.err
+        assert "no answer from the host for 4 s" in launch.err
+        assert time.monotonic() - start < 4 + 2 * 2 + GRACE_S + 15
+        # node2 is cut off: its own watchdog misses the heartbeats and ends the job there.
+        assert_no_job_processes(cluster, 4 + GRACE_S + 8)
+    finally:
+        subprocess.run(["ip", "link", "set", "fstveth2", "up"], check=True)
+
+
+HOSTILE = ["a b", "'single'", '"double"', "$(touch /tmp/fstrain-launch-pwned)", "`id`", "x; echo injected",
+           "new\nline", "*", "$HOME", ""]
+
+
+def test_hostile_arguments_and_env_values_arrive_literally_and_secrets_never_show(
+    cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    secret = "s3cr3t-Value-42"
+    odd = "it's $(id) `x` ; \"q\""
+    launch = start_launch(cluster, *TWO_NODES, "--run-dir", str(tmp_path / "run"),
+                          "--env", "FSTRAIN_TEST_SECONDS=0", "--env", "FSTRAIN_TEST_ECHO=1",
+                          "--env", "FSTRAIN_TEST_ECHO_NAMES=ODD_VALUE,API_TOKEN",
+                          "--env", f"ODD_VALUE={odd}", "--env", f"API_TOKEN={secret}",
+                          "--", "python3", WORKER, *HOSTILE)
+    assert launch.finish() == 0, launch.err
+    echoes = [json.loads(line.split("] ", 1)[1]) for line in launch.stdout if '] {"argv"' in line]
+    assert len(echoes) == 4
+    for echo in echoes:
+        assert echo["argv"] == HOSTILE
+        assert echo["env"]["ODD_VALUE"] == odd
+        assert echo["env"]["API_TOKEN"] == "****"  # the program printed it; fstrain redacted it
+    assert not Path("/tmp/fstrain-launch-pwned").exists()
+    everything = launch.out + launch.err + "".join(
+        p.read_text() for p in (tmp_path / "run").rglob("*") if p.is_file())
+    assert secret not in everything
+    dry = run_fstrain("launch", "--dry-run", "--hosts", "node[1-2]", "--nproc-per-node", "1",
+                      "--env", f"API_TOKEN={secret}", "--", "python3", WORKER)
+    assert dry.returncode == 0 and secret not in dry.stdout + dry.stderr and "API_TOKEN='****'" in dry.stdout
+
+
+def test_secret_never_on_a_remote_command_line(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    secret = "cmdline-secret-9876"
+    launch = start_launch(cluster, *worker_args(tmp_path, "--env", f"DB_PASSWORD={secret}"))
+    try:
+        launch.wait_for("] ready rank=", count=4)
+        for index in (1, 2):
+            for pid in subprocess.run(["ip", "netns", "pids", cluster.namespace(index)], capture_output=True,
+                                      text=True, check=True).stdout.split():
+                try:
+                    assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+                except FileNotFoundError:
+                    pass
+    finally:
+        launch.proc.send_signal(signal.SIGINT)
+        launch.finish()
+    assert_no_job_processes(cluster, GRACE_S + 5)
+
+
+def test_two_concurrent_runs_do_not_collide(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    first = start_launch(cluster, *TWO_NODES, "--run-dir", str(tmp_path / "a"), "--", "python3", WORKER)
+    second = start_launch(cluster, *TWO_NODES, "--run-dir", str(tmp_path / "b"),
+                          "--env", "FSTRAIN_TEST_SECONDS=12", "--", "python3", WORKER)
+    first.wait_for("] ready rank=", count=4)
+    second.wait_for("] ready rank=", count=4)
+    first.proc.send_signal(signal.SIGINT)
+    assert first.finish() == 130
+    assert second.proc.poll() is None, "stopping one run stopped the other"
+    assert second.finish() == 0, second.err
+    ports = {json.loads((tmp_path / d / "manifest.json").read_text())["master_port"] for d in ("a", "b")}
+    assert len(ports) == 2
+    assert_no_job_processes(cluster, GRACE_S + 5)
+
+
+def test_dry_run_opens_no_connection(tmp_path: Path) -> None:
+    result = run_fstrain("launch", "--dry-run", "--hosts", "nosuchhost[1-2].invalid", "--nproc-per-node", "2",
+                         "--backend", "deepspeed", "--", "python3", "train.py", "--lr", "0.1")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "# node 0: nosuchhost1.invalid (2 processes)"
+    assert lines[1] == "PYTHONUNBUFFERED=1"
+    assert "-m deepspeed.launcher.launch" in lines[2] and "--node_rank=0" in lines[2]
+    assert lines[2].endswith("train.py --lr 0.1")
+    assert lines[5].startswith("python3 -u -m deepspeed.launcher.launch") and "--node_rank=1" in lines[5]
+
+
+def test_preflight_names_the_host_with_a_missing_workdir(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    result = run_fstrain("launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]", "--nproc-per-node",
+                         "1", "--workdir", "/nonexistent/dir", "--", "python3", WORKER)
+    assert result.returncode == 2
+    assert "node1: working directory '/nonexistent/dir' does not exist" in result.stderr
+    assert result.stderr.count("\n") == 1
