@@ -12,15 +12,19 @@
 #   scripts/testcluster.sh status          what is up
 #
 # State (keys, known_hosts, ssh_config, hostfile, logs) goes to $FSTRAIN_TESTCLUSTER_DIR
-# (default /tmp/fstrain-testcluster). Nothing outside it is touched but the namespaces, links,
+# (default /tmp/fstrain-testcluster, or /tmp/fstrain-testcluster-K with FSTRAIN_TESTCLUSTER_ID=K). Nothing outside it is touched but the namespaces, links,
 # /etc/netns/fst-* and /run/sshd. Traffic only flows between 198.18.0.0/24 and loopback.
 # Needs root, iproute2, util-linux (unshare) and openssh-server.
 set -euo pipefail
 
-STATE=${FSTRAIN_TESTCLUSTER_DIR:-/tmp/fstrain-testcluster}
-PREFIX=fst
+# FSTRAIN_TESTCLUSTER_ID=K (1..250) runs a separate cluster beside the default one: names
+# fstK-nodeI / fstKvethI / fstKbr0 and subnet 198.18.K.0/24, so two test sessions never collide.
+ID=${FSTRAIN_TESTCLUSTER_ID:-}
+[[ -z "$ID" || "$ID" =~ ^[0-9]+$ && "$ID" -ge 1 && "$ID" -le 250 ]] || { echo "testcluster: FSTRAIN_TESTCLUSTER_ID must be 1..250" >&2; exit 1; }
+STATE=${FSTRAIN_TESTCLUSTER_DIR:-/tmp/fstrain-testcluster${ID:+-$ID}}
+PREFIX=fst$ID
 BRIDGE=${PREFIX}br0
-SUBNET=198.18.0
+SUBNET=198.18.${ID:-0}
 BRIDGE_ADDR=$SUBNET.1
 LOOP_NS=${PREFIX}-loop
 SSHD=${SSHD:-/usr/sbin/sshd}

@@ -22,6 +22,19 @@ class NamespaceCluster:
 
     state: Path
     num_hosts: int
+    cluster_id: str = ""  # FSTRAIN_TESTCLUSTER_ID: "" for the default cluster
+
+    @property
+    def subnet(self) -> str:
+        return f"198.18.{self.cluster_id or 0}"
+
+    @property
+    def bridge_address(self) -> str:
+        return f"{self.subnet}.1"
+
+    def veth(self, index: int) -> str:
+        """The root-side end of host ``index``'s link (take it down to cut the host off)."""
+        return f"fst{self.cluster_id}veth{index}"
 
     @property
     def ssh_config(self) -> str:
@@ -40,14 +53,14 @@ class NamespaceCluster:
         return [f"node{i}" for i in range(1, self.num_hosts + 1)]
 
     def address(self, index: int) -> str:
-        return f"198.18.0.{10 + index}"
+        return f"{self.subnet}.{10 + index}"
 
     def namespace(self, index: int) -> str:
-        return f"fst-node{index}"
+        return f"fst{self.cluster_id}-node{index}"
 
     def script(self, *args: str) -> None:
         """Run scripts/testcluster.sh against this cluster (stop-sshd I, start-sshd I, ...)."""
-        env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(self.state)}
+        env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(self.state), "FSTRAIN_TESTCLUSTER_ID": self.cluster_id}
         subprocess.run([str(TESTCLUSTER), *args], check=True, env=env, timeout=60, capture_output=True)
 
     def in_namespace(self, index: int, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -75,10 +88,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceClust
             pytest.fail(f"CI must run the cluster tests: {reason}")
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("testcluster")
-    env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(state)}
+    cluster_id = os.environ.get("FSTRAIN_TESTCLUSTER_ID", "")
+    env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(state), "FSTRAIN_TESTCLUSTER_ID": cluster_id}
     subprocess.run([str(TESTCLUSTER), "up", str(CLUSTER_SIZE)], check=True, env=env, timeout=120,
                    capture_output=True)
     try:
-        yield NamespaceCluster(state=state, num_hosts=CLUSTER_SIZE)
+        yield NamespaceCluster(state=state, num_hosts=CLUSTER_SIZE, cluster_id=cluster_id)
     finally:
         subprocess.run([str(TESTCLUSTER), "down"], check=False, env=env, timeout=120, capture_output=True)

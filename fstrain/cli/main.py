@@ -42,9 +42,13 @@ def _root(
 
 def _register() -> None:
     # Each command module adds itself to `app`; keep this list sorted by command name.
-    from fstrain.cli import exec_cmd
+    from fstrain.cli import exec_cmd, launch, plan, render, topo
 
     exec_cmd.register(app)
+    launch.register(app)
+    plan.register(app)
+    render.register(app)
+    topo.register(app)
 
 
 _register()

@@ -6,6 +6,7 @@ namespace within the grace period plus a few seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -42,7 +43,7 @@ def test_clean_run_streams_every_rank_and_writes_logs(cluster: NamespaceCluster,
     assert all("world=4" in line for line in launch.stdout if "] ready rank=" in line)
     assert "all nodes finished ok; exit code 0" in launch.err
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["exit_code"] == 0 and manifest["master_addr"] == "198.18.0.11"
+    assert manifest["exit_code"] == 0 and manifest["master_addr"] == cluster.address(1)
     assert [n["exit_code"] for n in manifest["nodes"]] == [0, 0]
     assert manifest["nodes"][1]["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
     assert manifest["versions"]["node2"]["hostname"] == "node2"
@@ -113,7 +114,7 @@ def test_node_sshd_and_processes_killed_mid_run(cluster: NamespaceCluster, tmp_p
 def test_node_link_down_mid_run(cluster: NamespaceCluster, tmp_path: Path) -> None:
     launch = start_launch(cluster, *worker_args(tmp_path, "--heartbeat-timeout", "4"))
     launch.wait_for("] ready rank=", count=4)
-    subprocess.run(["ip", "link", "set", "fstveth2", "down"], check=True)
+    subprocess.run(["ip", "link", "set", cluster.veth(2), "down"], check=True)
     try:
         start = time.monotonic()
         code = launch.finish(timeout=60)
@@ -123,7 +124,7 @@ def test_node_link_down_mid_run(cluster: NamespaceCluster, tmp_path: Path) -> No
         # node2 is cut off: its own watchdog misses the heartbeats and ends the job there.
         assert_no_job_processes(cluster, 4 + GRACE_S + 8)
     finally:
-        subprocess.run(["ip", "link", "set", "fstveth2", "up"], check=True)
+        subprocess.run(["ip", "link", "set", cluster.veth(2), "up"], check=True)
 
 
 HOSTILE = ["a b", "'single'", '"double"', "$(touch /tmp/fstrain-launch-pwned)", "`id`", "x; echo injected",
@@ -164,10 +165,8 @@ def test_secret_never_on_a_remote_command_line(cluster: NamespaceCluster, tmp_pa
         for index in (1, 2):
             for pid in subprocess.run(["ip", "netns", "pids", cluster.namespace(index)], capture_output=True,
                                       text=True, check=True).stdout.split():
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
-                except FileNotFoundError:
-                    pass
     finally:
         launch.proc.send_signal(signal.SIGINT)
         launch.finish()

@@ -78,7 +78,7 @@ def test_exit_codes_and_signals_per_host(cluster: NamespaceCluster) -> None:
 
 def test_host_down_and_unreachable_are_reported_and_others_go_on(cluster: NamespaceCluster, tmp_path: Path) -> None:
     config = write_config(cluster, tmp_path / "cfg", extra=(
-        "Host ghost\n    HostName 198.18.0.99\n    User root\n"
+        f"Host ghost\n    HostName {cluster.subnet}.99\n    User root\n"
         f"    IdentityFile {cluster.state}/id_ed25519\n    ConnectTimeout 1\n"
     ))
     cluster.script("stop-sshd", "3")
@@ -91,7 +91,7 @@ def test_host_down_and_unreachable_are_reported_and_others_go_on(cluster: Namesp
     assert code == 1
     assert hosts["node1"]["exit_code"] == 0 and hosts["node2"]["exit_code"] == 0
     assert hosts["node3"]["exit_code"] is None
-    assert "cannot connect to 198.18.0.13:22: Connection refused" in str(hosts["node3"]["error"])
+    assert f"cannot connect to {cluster.address(3)}:22: Connection refused" in str(hosts["node3"]["error"])
     assert "timed out after 1 s" in str(hosts["ghost"]["error"])
     assert elapsed < 20
     assert stderr == ""
@@ -104,7 +104,7 @@ def test_wrong_key_is_refused_by_name(cluster: NamespaceCluster, tmp_path: Path)
                                env={"SSH_AUTH_SOCK": ""})
     assert code == 1
     for host in hosts.values():
-        assert str(host["error"]).startswith("authentication failed for root@198.18.0.1")
+        assert str(host["error"]).startswith(f"authentication failed for root@{cluster.subnet}.1")
         assert "rejected" in str(host["error"])
 
 
@@ -113,12 +113,12 @@ def test_unknown_host_key_refused_then_accepted_with_flag(cluster: NamespaceClus
     config = write_config(cluster, tmp_path / "cfg", UserKnownHostsFile=str(known))
     code, hosts, _ = exec_json(cluster, "--hosts", "node1", "--", "true", ssh_config=config)
     assert code == 1
-    assert "unknown host key for 198.18.0.11" in str(hosts["node1"]["error"])
+    assert f"unknown host key for {cluster.address(1)}" in str(hosts["node1"]["error"])
     assert "--accept-new-hosts" in str(hosts["node1"]["error"])
     assert not known.exists()
     code, hosts, _ = exec_json(cluster, "--hosts", "node1", "--accept-new-hosts", "--", "true", ssh_config=config)
     assert code == 0
-    assert known.read_text().startswith("198.18.0.11 ssh-ed25519 ")
+    assert known.read_text().startswith(f"{cluster.address(1)} ssh-ed25519 ")
     code, _, _ = exec_json(cluster, "--hosts", "node1", "--", "true", ssh_config=config)
     assert code == 0
 
@@ -127,18 +127,18 @@ def test_changed_host_key_is_always_refused(cluster: NamespaceCluster, tmp_path:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
     fake_key = (tmp_path / "impostor.pub").read_text().split()[:2]
     known = tmp_path / "known_hosts"
-    known.write_text(f"198.18.0.11 {fake_key[0]} {fake_key[1]}\n")
+    known.write_text(f"{cluster.address(1)} {fake_key[0]} {fake_key[1]}\n")
     config = write_config(cluster, tmp_path / "cfg", UserKnownHostsFile=str(known))
     code, hosts, _ = exec_json(cluster, "--hosts", "node1", "--accept-new-hosts", "--", "true", ssh_config=config)
     assert code == 1
-    assert "HOST KEY CHANGED for 198.18.0.11" in str(hosts["node1"]["error"])
-    assert "ssh-keygen -R 198.18.0.11" in str(hosts["node1"]["error"])
+    assert f"HOST KEY CHANGED for {cluster.address(1)}" in str(hosts["node1"]["error"])
+    assert f"ssh-keygen -R {cluster.address(1)}" in str(hosts["node1"]["error"])
     assert known.read_text().count("\n") == 1
 
 
 def test_proxy_jump_goes_through_the_jump_host(cluster: NamespaceCluster, tmp_path: Path) -> None:
     config = write_config(cluster, tmp_path / "cfg", extra=(
-        "Host behind2\n    HostName 198.18.0.12\n    ProxyJump node1\n    User root\n"
+        f"Host behind2\n    HostName {cluster.address(2)}\n    ProxyJump node1\n    User root\n"
         f"    IdentityFile {cluster.state}/id_ed25519\n    UserKnownHostsFile {cluster.known_hosts}\n"
     ))
     script = 'hostname; echo "$SSH_CONNECTION"'
@@ -147,8 +147,8 @@ def test_proxy_jump_goes_through_the_jump_host(cluster: NamespaceCluster, tmp_pa
     jumped = str(hosts["behind2"]["stdout"]).splitlines()
     direct = str(hosts["node2"]["stdout"]).splitlines()
     assert jumped[0] == direct[0] == "node2"
-    assert jumped[1].split()[0] == "198.18.0.11"  # the connection came from node1
-    assert direct[1].split()[0] == "198.18.0.1"  # the bridge address of this machine
+    assert jumped[1].split()[0] == cluster.address(1)  # the connection came from node1
+    assert direct[1].split()[0] == cluster.bridge_address  # the bridge address of this machine
 
 
 def test_default_user_config_and_ssh_agent(cluster: NamespaceCluster, tmp_path: Path) -> None:
@@ -173,12 +173,13 @@ def test_default_user_config_and_ssh_agent(cluster: NamespaceCluster, tmp_path: 
 def test_user_and_port_in_the_inventory_win(cluster: NamespaceCluster, tmp_path: Path) -> None:
     config = tmp_path / "cfg"
     config.write_text(
-        "Host 198.18.0.*\n    User nobody-here\n    Port 2200\n"
+        f"Host {cluster.subnet}.*\n    User nobody-here\n    Port 2200\n"
         f"    IdentityFile {cluster.state}/id_ed25519\n    UserKnownHostsFile {cluster.known_hosts}\n"
     )
-    code, hosts, _ = exec_json(cluster, "--hosts", "root@198.18.0.12:22", "--", "hostname", ssh_config=str(config))
+    target = f"root@{cluster.address(2)}:22"
+    code, hosts, _ = exec_json(cluster, "--hosts", target, "--", "hostname", ssh_config=str(config))
     assert code == 0
-    assert hosts["root@198.18.0.12:22"]["stdout"] == "node2\n"
+    assert hosts[f"root@{cluster.address(2)}:22"]["stdout"] == "node2\n"
 
 
 def test_fanout_runs_hosts_in_parallel_on_one_connection(cluster: NamespaceCluster) -> None:

@@ -1,0 +1,73 @@
+"""``fstrain render``: a plan -> ds_config.json, fsdp.yaml, accelerate.yaml, fstrain.env, README."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from fstrain.cli.output import console, print_json
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "render", help="Render the files a training job reads from a plan: fstrain render --plan plan.yaml -o DIR"
+    )(render_command)
+
+
+def render_command(
+    plan: Path = typer.Option(..., "--plan", help="plan.yaml written by `fstrain plan --out`.", show_default=False),
+    out: Path = typer.Option(..., "-o", "--out", help="Directory to write (created; must be new or empty).",
+                             show_default=False),
+    force: bool = typer.Option(False, "--force", help="Replace the rendered files in an existing, non-empty DIR."),
+    ifname: str | None = typer.Option(
+        None, "--ifname", help="Interface that reaches the master: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME."
+    ),
+    rdma_devices: list[str] = typer.Option(
+        [], "--rdma-device", help="RDMA device for NCCL_IB_HCA (repeat: --rdma-device mlx5_0 --rdma-device mlx5_1)."
+    ),
+    nccl_topo: list[Path] = typer.Option(
+        [], "--nccl-topo", help="NCCL topology XML to copy into DIR; one file also sets NCCL_TOPO_FILE."
+    ),
+    debug_env: bool = typer.Option(
+        False, "--debug-env", help="Debug run: NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, DeepSpeed timers."
+    ),
+    lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate."),
+    warmup_steps: int = typer.Option(100, "--warmup-steps", min=0, help="Linear warm-up steps."),
+    train_steps: int = typer.Option(
+        0, "--train-steps", min=0, help="Total optimizer steps: cosine decay to the end (0: constant after warm-up)."
+    ),
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    """Render the DeepSpeed, FSDP and Accelerate configs and the environment for a plan."""
+    from fstrain.core.render.options import TrainingOptions
+    from fstrain.io.render_files import read_plan_file, render_and_write
+
+    plan_file = read_plan_file(plan)
+    options = TrainingOptions(lr=lr, warmup_steps=warmup_steps, total_steps=train_steps)
+    bundle, paths = render_and_write(
+        plan_file,
+        out,
+        force=force,
+        ifname=ifname,
+        rdma_devices=rdma_devices,
+        nccl_topo_files=nccl_topo,
+        debug=debug_env,
+        options=options,
+    )
+    if json_output:
+        print_json(
+            {
+                "out_dir": str(paths[0].parent),
+                "files": [path.name for path in paths],
+                "notes": {name: list(notes) for name, notes in sorted(bundle.notes.items())},
+            }
+        )
+        return
+    out_console = console()
+    out_console.print(f"rendered {len(paths)} files into [bold]{paths[0].parent}[/bold]", soft_wrap=True)
+    for path in paths:
+        out_console.print(f"  {path.name}", soft_wrap=True)
+    for name, notes in sorted(bundle.notes.items()):
+        for note in notes:
+            out_console.print(f"[dim]{name}: {note}[/dim]", soft_wrap=True)

@@ -1,0 +1,134 @@
+"""Everything ``fstrain render`` writes, as values: the three configs, the env and the README.
+
+The writer (``fstrain.io.render_files``) only serializes and writes what this returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fstrain.core.planfile import PlanFile
+from fstrain.core.render.deepspeed import render_deepspeed
+from fstrain.core.render.env import EnvVar, render_env
+from fstrain.core.render.fsdp import render_accelerate, render_fsdp
+from fstrain.core.render.options import TrainingOptions
+from fstrain.errors import ConfigError
+
+DS_CONFIG = "ds_config.json"
+FSDP_CONFIG = "fsdp.yaml"
+ACCELERATE_CONFIG = "accelerate.yaml"
+ENV_FILE = "fstrain.env"
+README = "README"
+PLAN_FILE = "plan.yaml"
+RENDERED_FILES = (ACCELERATE_CONFIG, DS_CONFIG, ENV_FILE, FSDP_CONFIG, PLAN_FILE, README)
+
+
+@dataclass(frozen=True)
+class RenderBundle:
+    deepspeed: dict[str, object]
+    fsdp: dict[str, object]
+    accelerate: dict[str, object]
+    env: tuple[EnvVar, ...]
+    readme: str
+    plan: dict[str, object]
+    notes: dict[str, tuple[str, ...]]  # rendered file name -> what a human should know
+    topo_files: tuple[str, ...]  # file names of the NCCL XML copies in the output directory
+
+
+def render_bundle(
+    plan: PlanFile,
+    *,
+    out_dir: str,
+    options: TrainingOptions | None = None,
+    ifname: str | None = None,
+    rdma_devices: Sequence[str] = (),
+    topo_files: Sequence[str] = (),
+    debug: bool = False,
+) -> RenderBundle:
+    """Render every file for ``plan``; ``out_dir`` is the absolute directory they will live in."""
+    names = set(topo_files)
+    clashes = names & set(RENDERED_FILES)
+    if len(names) != len(topo_files) or clashes:
+        raise ConfigError(
+            f"NCCL topology file names must be distinct and not clash with the rendered files, got {list(topo_files)}",
+            "rename the XML files",
+            "topology",
+        )
+    ds = render_deepspeed(plan, options, debug=debug)
+    fsdp = render_fsdp(plan, options)
+    accelerate = render_accelerate(plan)
+    # One XML means one machine shape: every node can point NCCL at it. With several, each
+    # node needs its own, which the launcher sets per host.
+    topo_path = f"{out_dir.rstrip('/')}/{topo_files[0]}" if len(topo_files) == 1 else None
+    env = render_env(ifname=ifname, rdma_devices=rdma_devices, nccl_topo_file=topo_path, debug=debug)
+    notes = {DS_CONFIG: ds.notes, FSDP_CONFIG: fsdp.notes, ACCELERATE_CONFIG: accelerate.notes}
+    readme = render_readme(
+        plan,
+        notes=notes,
+        env=env,
+        topo_files=tuple(topo_files),
+    )
+    return RenderBundle(
+        deepspeed=ds.config,
+        fsdp=fsdp.config,
+        accelerate=accelerate.config,
+        env=env,
+        readme=readme,
+        plan=plan.to_dict(),
+        notes=notes,
+        topo_files=tuple(topo_files),
+    )
+
+
+def render_readme(
+    plan: PlanFile,
+    *,
+    notes: dict[str, tuple[str, ...]],
+    env: Sequence[EnvVar],
+    topo_files: tuple[str, ...],
+) -> str:
+    knobs = plan.knobs
+    model = plan.model
+    primary = "fsdp.yaml" if knobs.strategy.startswith("fsdp") or knobs.strategy == "ddp" else "ds_config.json"
+    nproc = max(1, plan.cluster.gpus_per_node)
+    lines = [
+        "Rendered by `fstrain render`: the files a training job reads for this plan.",
+        "",
+        f"Plan: {model.name} ({model.num_layers} layers, hidden {model.hidden_size}, seq {model.seq_len}), "
+        f"strategy {knobs.strategy}, ZeRO stage {knobs.zero_stage}, dp={knobs.dp} tp={knobs.tp} pp={knobs.pp}, "
+        f"shard group {knobs.shard_group_size}",
+        f"Batch: micro-batch {knobs.micro_batch_size} x grad-accum {knobs.grad_accum_steps} x dp {knobs.dp} "
+        f"= {knobs.global_batch_size} sequences per step; precision {knobs.precision}; "
+        f"activation checkpointing {knobs.activation_checkpointing}; offload {knobs.offload}",
+        f"Cluster: {plan.cluster.num_nodes} node(s) x {plan.cluster.gpus_per_node} {plan.cluster.gpu}",
+        f"The plan's strategy is {knobs.strategy}: {primary} is the primary file; the other backend's file "
+        "holds the closest equivalent.",
+        "",
+        "Files",
+        "-----",
+        "ds_config.json   DeepSpeed config: deepspeed.initialize(model=..., config='ds_config.json')",
+        "fsdp.yaml        FSDP2 layout for the bundled trainer (fully_shard mesh, reshard, mixed precision, offload)",
+        "accelerate.yaml  Accelerate config (FSDP version 2): accelerate launch --config_file accelerate.yaml",
+        "fstrain.env      Environment variables, one reason per variable",
+        "plan.yaml        The plan these files were rendered from (the trainer reads the model from it)",
+    ]
+    for name in topo_files:
+        lines.append(f"{name:<16} NCCL topology XML (NCCL_TOPO_FILE)")
+    lines += [
+        "",
+        "Run the bundled trainer (one node shown; `fstrain launch --plan plan.yaml` starts every node)",
+        "--------------------------------------------------------------------------------------------",
+        "set -a; . ./fstrain.env; set +a",
+        f"torchrun --nproc-per-node {nproc} -m fstrain.train --backend fsdp --fsdp-config fsdp.yaml --plan plan.yaml",
+        f"deepspeed --num_gpus {nproc} --module fstrain.train --backend deepspeed --deepspeed-config ds_config.json "
+        "--plan plan.yaml",
+        "",
+        f"fstrain.env sets {', '.join(var.name for var in env)}.",
+    ]
+    if len(topo_files) > 1:
+        lines.append("NCCL_TOPO_FILE is not set here: each node shape has its own XML; point each node at its file.")
+    lines += ["", "Notes", "-----"]
+    for file_name in sorted(notes):
+        lines += [f"{file_name}: {note}" for note in notes[file_name]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,198 @@
+"""PlanFile -> DeepSpeed configuration (the content of ``ds_config.json``).
+
+Every key written here is one DeepSpeed 0.19 reads: the pydantic sections (``zero_optimization``,
+``bf16``, ``fp16``, ``comms_logger``) forbid unknown keys, and the tests load every variant with
+``deepspeed.runtime.config.DeepSpeedConfig`` and record which top-level and
+``activation_checkpointing`` keys it looked up. Bucket sizes follow the model's hidden size the
+way the Hugging Face integration resolves DeepSpeed's ``"auto"`` values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fstrain.core.planfile import PlanFile
+from fstrain.core.render.common import Rendered, check_plan
+from fstrain.core.render.options import TrainingOptions
+
+# fp16 dynamic loss scaling: DeepSpeed's documented defaults, written out so the file says what
+# it does. loss_scale 0 selects dynamic scaling; the scale starts at 2**initial_scale_power.
+FP16_LOSS_SCALING = {
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
+# ZeRO-3 caps on gathered parameters: DeepSpeed's defaults (1e9 elements, 2 GB in bf16). They
+# bound memory, not communication granularity, so they do not scale with the model.
+STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
+STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+STEPS_PER_PRINT = 100  # the bundled trainer logs every step itself
+
+
+def bucket_sizes(hidden_size: int) -> dict[str, int]:
+    """Communication buckets in elements, scaled by hidden^2 (one weight matrix's worth).
+
+    These are the values transformers' DeepSpeed integration substitutes for ``"auto"``:
+    a bucket of about one hidden x hidden matrix keeps reduce/all-gather calls large enough to
+    reach bandwidth without holding gigabytes of staging memory on small models.
+    """
+    square = hidden_size * hidden_size
+    return {
+        "reduce_bucket_size": square,
+        "allgather_bucket_size": square,
+        "stage3_prefetch_bucket_size": int(0.9 * square),
+        # Parameters smaller than this (norm weights, biases) stay unpartitioned: gathering
+        # them costs more latency than the memory they would save.
+        "stage3_param_persistence_threshold": 10 * hidden_size,
+    }
+
+
+def _zero_section(plan: PlanFile) -> dict[str, Any]:
+    knobs = plan.knobs
+    stage = knobs.zero_stage
+    if stage == 0:
+        return {"stage": 0}
+    buckets = bucket_sizes(plan.model.hidden_size)
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": True,  # overlap gradient reduction with the backward pass
+        "contiguous_gradients": True,  # copy gradients into one buffer: less fragmentation
+        "reduce_bucket_size": buckets["reduce_bucket_size"],
+    }
+    if stage in (1, 2):
+        # Stage 3 gathers parameters with its own prefetcher and ignores this key.
+        zero["allgather_bucket_size"] = buckets["allgather_bucket_size"]
+    else:
+        zero["stage3_prefetch_bucket_size"] = buckets["stage3_prefetch_bucket_size"]
+        zero["stage3_param_persistence_threshold"] = buckets["stage3_param_persistence_threshold"]
+        zero["stage3_max_live_parameters"] = STAGE3_MAX_LIVE_PARAMETERS
+        zero["stage3_max_reuse_distance"] = STAGE3_MAX_REUSE_DISTANCE
+    if knobs.offload in ("optimizer", "optimizer+params"):
+        # pin_memory: page-locked host buffers make the GPU<->CPU copies asynchronous.
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if knobs.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return zero
+
+
+def _precision(precision: str) -> tuple[dict[str, Any], str]:
+    if precision == "bf16":
+        return (
+            {"bf16": {"enabled": True}},
+            "bf16: no loss scaling section, because bf16 has fp32's exponent range and gradients do not underflow",
+        )
+    if precision == "fp16":
+        return (
+            {"fp16": {"enabled": True, **FP16_LOSS_SCALING}},
+            "fp16: dynamic loss scaling (loss_scale 0) starting at 2^16, halved on overflow",
+        )
+    return {}, "fp32: no mixed precision; parameters, gradients and optimizer states are fp32"
+
+
+def _optimizer(plan: PlanFile, options: TrainingOptions) -> tuple[dict[str, Any], list[str]]:
+    knobs = plan.knobs
+    if knobs.optimizer == "adamw":
+        params: dict[str, Any] = {
+            "lr": options.lr,
+            "betas": list(options.betas),
+            "eps": options.eps,
+            "weight_decay": options.weight_decay,
+        }
+        if knobs.offload == "none":
+            # torch.optim.AdamW (foreach) instead of DeepSpeed's FusedAdam: same math, no JIT
+            # build of a CUDA extension on every node.
+            params["torch_adam"] = True
+            return {"optimizer": {"type": "AdamW", "params": params}}, []
+        return {"optimizer": {"type": "AdamW", "params": params}}, [
+            "offload: AdamW runs as DeepSpeedCPUAdam, which DeepSpeed JIT-compiles on first use (needs a C++ compiler)"
+        ]
+    if knobs.optimizer == "sgd":
+        params = {"lr": options.lr, "momentum": options.momentum, "weight_decay": options.weight_decay}
+        # torch.optim.SGD is outside DeepSpeed's list of ZeRO-tested optimizers.
+        extra: dict[str, Any] = {"zero_allow_untested_optimizer": True} if knobs.zero_stage > 0 else {}
+        return {"optimizer": {"type": "SGD", "params": params}, **extra}, []
+    # adam8bit: DeepSpeed has no 8-bit Adam; the training script must pass one in.
+    extra = {"zero_allow_untested_optimizer": True} if knobs.zero_stage > 0 else {}
+    return extra, [
+        "adam8bit: no optimizer block; pass bitsandbytes.optim.AdamW8bit to deepspeed.initialize(optimizer=...)"
+    ]
+
+
+def _scheduler(options: TrainingOptions) -> dict[str, Any]:
+    if not options.has_schedule:
+        return {}
+    warmup = max(1, options.warmup_steps)
+    if options.total_steps:
+        params: dict[str, Any] = {
+            "total_num_steps": options.total_steps,
+            "warmup_min_ratio": 1.0 / warmup,  # the first step already moves (DeepSpeed starts at the min)
+            "warmup_num_steps": warmup,
+            "cos_min_ratio": options.min_lr_ratio,
+            "warmup_type": "linear",
+        }
+        return {"scheduler": {"type": "WarmupCosineLR", "params": params}}
+    params = {
+        "warmup_min_lr": options.lr / warmup,
+        "warmup_max_lr": options.lr,
+        "warmup_num_steps": warmup,
+        "warmup_type": "linear",  # DeepSpeed's default is 'log'
+    }
+    return {"scheduler": {"type": "WarmupLR", "params": params}}
+
+
+def _activation_checkpointing(plan: PlanFile) -> dict[str, Any]:
+    if plan.knobs.activation_checkpointing == "none":
+        return {}
+    return {
+        "activation_checkpointing": {
+            # Partitioning splits checkpoints across tensor-parallel ranks; without TP there
+            # is nothing to split.
+            "partition_activations": plan.knobs.tp > 1,
+            "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+            "number_checkpoints": plan.model.num_layers,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    }
+
+
+def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, debug: bool = False) -> Rendered:
+    """The DeepSpeed config for ``plan``; ``debug`` turns on timers and the comms logger."""
+    options = options or TrainingOptions()
+    check_plan(plan)
+    options.validate()
+    knobs = plan.knobs
+    precision, precision_note = _precision(knobs.precision)
+    optimizer, optimizer_notes = _optimizer(plan, options)
+    config: dict[str, Any] = {
+        # DeepSpeed asserts train_batch_size == micro x accumulation x data-parallel size.
+        "train_batch_size": knobs.global_batch_size,
+        "train_micro_batch_size_per_gpu": knobs.micro_batch_size,
+        "gradient_accumulation_steps": knobs.grad_accum_steps,
+        "steps_per_print": STEPS_PER_PRINT,
+        "zero_optimization": _zero_section(plan),
+        "gradient_clipping": options.gradient_clipping,
+        "wall_clock_breakdown": debug,
+        "comms_logger": {"enabled": debug, "verbose": False, "prof_all": True, "debug": False},
+        **precision,
+        **optimizer,
+        **_scheduler(options),
+        **_activation_checkpointing(plan),
+    }
+    notes = [precision_note, *optimizer_notes]
+    if knobs.tp > 1 or knobs.pp > 1:
+        notes.append(
+            f"tp={knobs.tp} pp={knobs.pp}: train_batch_size counts data-parallel ranks only; the training "
+            "script must pass its model-parallel groups (mpu) to deepspeed.initialize"
+        )
+    if knobs.strategy == "fsdp-hybrid":
+        notes.append(
+            f"the plan's strategy is fsdp-hybrid; this file is its ZeRO-{knobs.zero_stage} equivalent, sharded over "
+            f"all {knobs.dp} data-parallel ranks (fsdp.yaml shards within groups of {knobs.shard_group_size})"
+        )
+    elif knobs.strategy.startswith("fsdp"):
+        notes.append(f"the plan's strategy is {knobs.strategy}; this file is its ZeRO-{knobs.zero_stage} equivalent")
+    return Rendered(config=config, notes=tuple(notes))

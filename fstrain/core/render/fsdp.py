@@ -1,0 +1,164 @@
+"""PlanFile -> the FSDP2 file the bundled trainer reads (``fsdp.yaml``) and an Accelerate config.
+
+``fsdp.yaml`` maps one to one onto ``torch.distributed.fsdp.fully_shard`` arguments:
+
+- ``mesh``: ``init_device_mesh`` shape and dimension names. One ``shard`` dimension for full
+  sharding; ``(replicate, shard)`` for hybrid sharding, where the shard dimension is the plan's
+  ``shard_group_size`` (an NVLink domain or a node) so all-gathers stay on the fast links.
+- ``reshard_after_forward``: ``True`` frees gathered parameters after forward (ZeRO-3 /
+  FULL_SHARD); ``False`` keeps them until backward (ZeRO-2 / SHARD_GRAD_OP).
+- ``mixed_precision``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``.
+- ``cpu_offload``: ``CPUOffloadPolicy(pin_memory)``.
+- ``wrap``: the module classes each given their own ``fully_shard`` call, then the root.
+
+``accelerate.yaml`` is the same layout in Accelerate's FSDP version 2 keys (the names
+``accelerate config`` writes and ``accelerate launch`` maps to ``FSDP_*`` variables).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fstrain.core.planfile import PlanFile
+from fstrain.core.render.common import Rendered, check_plan
+from fstrain.core.render.options import TrainingOptions
+
+FSDP_FILE_VERSION = 1
+# The block class of fstrain.train.model; a user's own model names its own block class here.
+WRAP_MODULE_CLASSES = ("TransformerBlock",)
+
+# How each plan strategy lays out on FSDP2: (hybrid mesh?, reshard_after_forward).
+_LAYOUT = {
+    "fsdp-full": (False, True),
+    "zero3": (False, True),
+    "fsdp-grad-op": (False, False),
+    "zero2": (False, False),
+    "zero1": (False, False),
+    "fsdp-hybrid": (True, True),
+    "ddp": (True, False),  # replicate over every rank, shard over a group of 1
+}
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+
+
+def fsdp_mesh(plan: PlanFile) -> dict[str, Any]:
+    """The data-parallel device mesh: ``{"dim_names": [...], "shape": [...]}``."""
+    knobs = plan.knobs
+    hybrid, _ = _LAYOUT[knobs.strategy]
+    shard = 1 if knobs.strategy == "ddp" else knobs.shard_group_size if hybrid else knobs.dp
+    replicate = knobs.dp // shard
+    if hybrid and replicate > 1:
+        return {"dim_names": ["replicate", "shard"], "shape": [replicate, shard]}
+    return {"dim_names": ["shard"], "shape": [knobs.dp]}
+
+
+def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rendered:
+    """The content of ``fsdp.yaml`` for ``plan``."""
+    options = options or TrainingOptions()
+    check_plan(plan)
+    options.validate()
+    knobs = plan.knobs
+    _, reshard = _LAYOUT[knobs.strategy]
+    notes: list[str] = []
+    mesh = fsdp_mesh(plan)
+    if knobs.strategy == "ddp":
+        notes.append("ddp: every rank holds a full replica (FSDP2 hybrid mesh with a shard group of 1)")
+    elif knobs.strategy == "zero1":
+        notes.append("zero1: FSDP2 has no optimizer-only sharding; this is the SHARD_GRAD_OP (ZeRO-2) layout")
+    if knobs.offload == "optimizer":
+        notes.append("FSDP2's CPUOffloadPolicy offloads parameters and gradients with the optimizer states")
+    if knobs.tp > 1 or knobs.pp > 1:
+        notes.append(
+            f"tp={knobs.tp} pp={knobs.pp}: this file describes the data-parallel mesh only; "
+            "the bundled trainer runs tp=1 pp=1 plans"
+        )
+    config: dict[str, Any] = {
+        "fstrain_fsdp": FSDP_FILE_VERSION,
+        "strategy": knobs.strategy,
+        "world_size": knobs.world_size,
+        "mesh": mesh,
+        "reshard_after_forward": reshard,
+        "mixed_precision": {
+            "param_dtype": _DTYPES[knobs.precision],
+            # Reduce gradients in fp32: bf16/fp16 sums over many ranks lose precision.
+            "reduce_dtype": "float32",
+        },
+        # fp16's narrow exponent needs a gradient scaler; bf16 and fp32 do not.
+        "loss_scaling": "dynamic" if knobs.precision == "fp16" else "none",
+        "cpu_offload": {"enabled": knobs.offload != "none", "pin_memory": True},
+        "wrap": {"module_classes": list(WRAP_MODULE_CLASSES), "root": True},
+        "activation_checkpointing": knobs.activation_checkpointing,
+        "batch": {
+            "micro_batch_size": knobs.micro_batch_size,
+            "grad_accum_steps": knobs.grad_accum_steps,
+            "global_batch_size": knobs.global_batch_size,
+        },
+        "optimizer": _optimizer(knobs.optimizer, options),
+        "scheduler": {
+            "warmup_steps": options.warmup_steps,
+            "total_steps": options.total_steps,
+            "min_lr_ratio": options.min_lr_ratio,
+        },
+        "gradient_clipping": options.gradient_clipping,
+        "seed": options.seed,
+    }
+    return Rendered(config=config, notes=tuple(notes))
+
+
+def _optimizer(name: str, options: TrainingOptions) -> dict[str, Any]:
+    if name == "sgd":
+        return {"name": "sgd", "lr": options.lr, "momentum": options.momentum, "weight_decay": options.weight_decay}
+    return {
+        "name": name,
+        "lr": options.lr,
+        "betas": list(options.betas),
+        "eps": options.eps,
+        "weight_decay": options.weight_decay,
+    }
+
+
+def render_accelerate(plan: PlanFile) -> Rendered:
+    """An ``accelerate launch --config_file`` YAML (FSDP version 2) for ``plan``."""
+    check_plan(plan)
+    knobs = plan.knobs
+    _, reshard = _LAYOUT[knobs.strategy]
+    mesh = fsdp_mesh(plan)
+    num_machines = max(1, plan.cluster.num_nodes)
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP",
+        "mixed_precision": _ACCELERATE_PRECISION[knobs.precision],
+        "num_machines": num_machines,
+        "num_processes": knobs.world_size,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+        "fsdp_config": {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": reshard,
+            "fsdp_offload_params": knobs.offload != "none",
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": ",".join(WRAP_MODULE_CLASSES),
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_activation_checkpointing": knobs.activation_checkpointing != "none",
+        },
+    }
+    notes = [
+        "accelerate.yaml names fstrain's TransformerBlock as the wrap unit; set "
+        "fsdp_transformer_layer_cls_to_wrap to your model's block class",
+    ]
+    if num_machines > 1:
+        notes.append("multi-node: pass --machine_rank, --main_process_ip and --main_process_port on each node")
+        if plan.cluster.hosts:
+            config["main_process_ip"] = plan.cluster.hosts[0]
+    if len(mesh["shape"]) == 2:
+        # Hybrid sharding is expressed through Accelerate's ParallelismConfig.
+        config["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": mesh["shape"][0],
+            "parallelism_config_dp_shard_size": mesh["shape"][1],
+        }
+    if knobs.activation_checkpointing == "selective":
+        notes.append("Accelerate checkpoints whole blocks: selective checkpointing becomes full")
+    return Rendered(config=config, notes=tuple(notes))

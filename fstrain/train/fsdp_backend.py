@@ -1,0 +1,175 @@
+"""FSDP2 (``fully_shard``) from the rendered ``fsdp.yaml``; checkpoints with torch.distributed.checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+from fstrain.core.render.options import lr_multiplier
+from fstrain.train.model import GPT
+from fstrain.train.runtime import Runtime
+from fstrain.train.settings import TrainSettings, fsdp_precision, fsdp_training_options
+from fstrain.train.steps import adamw8bit, lm_loss, read_latest, step_tag, write_latest
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class FSDPEngine:
+    def __init__(self, settings: TrainSettings, runtime: Runtime) -> None:
+        assert settings.fsdp is not None
+        cfg = settings.fsdp
+        self.runtime = runtime
+        self.options = fsdp_training_options(cfg)
+        self.grad_accum_steps = settings.grad_accum_steps
+        torch.manual_seed(settings.seed)  # the same initial weights on every rank
+        model = GPT(settings.plan.model, settings.activation_checkpointing)
+        mesh_cfg = cfg["mesh"]
+        self.mesh = init_device_mesh(
+            runtime.device.type, tuple(int(n) for n in mesh_cfg["shape"]), mesh_dim_names=tuple(mesh_cfg["dim_names"])
+        )
+        mp = cfg["mixed_precision"]
+        self.mp_policy = MixedPrecisionPolicy(
+            param_dtype=_DTYPES[mp["param_dtype"]], reduce_dtype=_DTYPES[mp["reduce_dtype"]]
+        )
+        offload = cfg.get("cpu_offload", {})
+        # Pinned memory needs a CUDA driver; on a CPU-only host the policy still runs, unpinned.
+        pin = bool(offload.get("pin_memory", True)) and runtime.device.type == "cuda"
+        self.offload_policy: OffloadPolicy = (
+            CPUOffloadPolicy(pin_memory=pin) if offload.get("enabled", False) else OffloadPolicy()
+        )
+        wrap_classes = set(cfg.get("wrap", {}).get("module_classes", ["TransformerBlock"]))
+        reshard = bool(cfg["reshard_after_forward"])
+
+        def shard(module: torch.nn.Module) -> FSDPModule:
+            return fully_shard(
+                module, mesh=self.mesh, reshard_after_forward=reshard, mp_policy=self.mp_policy,
+                offload_policy=self.offload_policy,
+            )
+
+        # Each block is its own all-gather unit; the root (embeddings, final norm, head) goes
+        # last and owns what the blocks do not. fully_shard moves parameters and buffers to
+        # the mesh's device (and sharded parameters back to the host under CPU offload).
+        for module in list(model.modules()):
+            if type(module).__name__ in wrap_classes:
+                shard(module)
+        self.sharded = shard(model)
+        self.model = model
+        self.optimizer = _optimizer(model, cfg.get("optimizer", {}), self.options.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_multiplier(step, self.options)
+        )
+        if cfg.get("loss_scaling") == "dynamic":
+            # ShardedGradScaler's found-inf flag is a one-element tensor meeting DTensor
+            # gradients; torch warns about the implicit replication, which is what we want.
+            warnings.filterwarnings(
+                "ignore", message="Found a non-scalar tensor with numel=1 and ndim!=0", category=UserWarning
+            )
+        self.scaler = (
+            ShardedGradScaler(device=runtime.device.type) if cfg.get("loss_scaling") == "dynamic" else None
+        )
+        self.precision = fsdp_precision(cfg)
+
+    def train_step(self, micro_batches: Sequence[torch.Tensor]) -> tuple[float, float]:
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        total = 0.0
+        last = len(micro_batches) - 1
+        for index, tokens in enumerate(micro_batches):
+            # Reduce-scatter once per step, on the last micro-batch; earlier ones accumulate.
+            self.sharded.set_requires_gradient_sync(index == last)
+            loss = lm_loss(self.model(tokens.to(self.runtime.device)), tokens.to(self.runtime.device))
+            scaled = loss / self.grad_accum_steps
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            total += float(loss.detach())
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.options.gradient_clipping > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.gradient_clipping)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return total / len(micro_batches), lr
+
+    def save(self, directory: Path, step: int) -> None:
+        """Save into ``step_N.tmp`` and rename it into place: a crash never leaves a torn checkpoint.
+
+        Every rank writes its own shard files, so for several nodes ``directory`` must be shared
+        storage (as torch.distributed.checkpoint's file system writer requires).
+        """
+        tag = step_tag(step)
+        staging = directory / f"{tag}.tmp"
+        if self.runtime.is_main and staging.exists():
+            shutil.rmtree(staging)
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(staging))
+        if self.runtime.is_main:
+            state: dict[str, Any] = {"step": step, "scheduler": self.scheduler.state_dict()}
+            if self.scaler is not None:
+                state["scaler"] = self.scaler.state_dict()
+            (staging / "trainer_state.json").write_text(json.dumps(state, sort_keys=True) + "\n")
+        dist.barrier()  # every shard is written
+        if self.runtime.is_main:
+            final = directory / tag
+            if final.exists():  # the same step saved again by a resumed run
+                shutil.rmtree(final)
+            os.rename(staging, final)
+            write_latest(directory, tag)
+        dist.barrier()
+
+    def load(self, directory: Path) -> int | None:
+        tag = read_latest(directory)
+        if tag is None:
+            return None
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(directory / tag))
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        trainer = json.loads((directory / tag / "trainer_state.json").read_text())
+        self.scheduler.load_state_dict(trainer["scheduler"])
+        if self.scaler is not None and "scaler" in trainer:
+            self.scaler.load_state_dict(trainer["scaler"])
+        return int(trainer["step"])
+
+
+def _optimizer(model: torch.nn.Module, cfg: Mapping[str, Any], lr: float) -> torch.optim.Optimizer:
+    name = cfg.get("name", "adamw")
+    params = list(model.parameters())
+    if name == "sgd":
+        return torch.optim.SGD(
+            params, lr=lr, momentum=float(cfg.get("momentum", 0.9)), weight_decay=float(cfg.get("weight_decay", 0.0))
+        )
+    if name == "adam8bit":
+        return adamw8bit(params, lr)
+    betas = cfg.get("betas", (0.9, 0.95))
+    return torch.optim.AdamW(
+        params,
+        lr=lr,
+        betas=(float(betas[0]), float(betas[1])),
+        eps=float(cfg.get("eps", 1e-8)),
+        weight_decay=float(cfg.get("weight_decay", 0.0)),
+    )

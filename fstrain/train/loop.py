@@ -1,0 +1,104 @@
+"""The training loop both backends share: data, timing, logging, checkpoints, the summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from fstrain.train.data import SyntheticData
+from fstrain.train.runtime import Runtime, all_reduce_max, all_reduce_mean, peak_memory, reset_peak_memory
+from fstrain.train.settings import TrainSettings
+
+
+class Engine(Protocol):
+    def train_step(self, micro_batches: list[torch.Tensor]) -> tuple[float, float]: ...
+    def save(self, directory: Path, step: int) -> None: ...
+    def load(self, directory: Path) -> int | None: ...
+
+
+def build_engine(settings: TrainSettings, runtime: Runtime) -> Engine:
+    if settings.backend == "deepspeed":
+        from fstrain.train.deepspeed_backend import DeepSpeedEngine
+
+        return DeepSpeedEngine(settings, runtime)
+    from fstrain.train.fsdp_backend import FSDPEngine
+
+    return FSDPEngine(settings, runtime)
+
+
+def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
+    spec = settings.plan.model
+    engine = build_engine(settings, runtime)
+    start_step = 0
+    if settings.resume and settings.checkpoint_dir is not None:
+        start_step = engine.load(settings.checkpoint_dir) or 0
+        _log(runtime, f"resumed from step {start_step}" if start_step else "no checkpoint yet: starting at step 0")
+    data = SyntheticData(spec.vocab_size, spec.seq_len, settings.seed)
+    mbs, accum, world = settings.micro_batch_size, settings.grad_accum_steps, runtime.world_size
+    tokens_per_step = mbs * accum * world * spec.seq_len
+    losses: list[float] = []
+    step_seconds: list[float] = []
+    reset_peak_memory(runtime.device)
+    for step in range(start_step, settings.steps):
+        batches = [data.batch(step, m, runtime.rank, world, mbs) for m in range(accum)]
+        started = time.perf_counter()
+        local_loss, lr = engine.train_step(batches)
+        loss = all_reduce_mean(local_loss, runtime.device)  # also a barrier: the step is done everywhere
+        seconds = time.perf_counter() - started
+        losses.append(loss)
+        step_seconds.append(seconds)
+        if runtime.is_main and ((step + 1) % settings.log_every == 0 or step + 1 == settings.steps):
+            memory = " ".join(f"{k}={v / 2**20:.1f}MiB" for k, v in peak_memory(runtime.device).items())
+            _log(
+                runtime,
+                f"step {step + 1}/{settings.steps} loss {loss:.4f} lr {lr:.3e} "
+                f"tokens/s {tokens_per_step / seconds:,.0f} {memory}",
+            )
+        saved_step = step + 1
+        if settings.checkpoint_dir is not None and (
+            saved_step == settings.steps
+            or (settings.checkpoint_interval and saved_step % settings.checkpoint_interval == 0)
+        ):
+            if runtime.is_main:
+                settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            dist.barrier()
+            engine.save(settings.checkpoint_dir, saved_step)
+            _log(runtime, f"checkpoint saved: step {saved_step} in {settings.checkpoint_dir}")
+    memory_max = all_reduce_max(peak_memory(runtime.device), runtime.device)
+    # The first step includes one-time work (allocation, DeepSpeed buffers): leave it out of the rate.
+    timed = step_seconds[1:] if len(step_seconds) > 1 else step_seconds
+    summary: dict[str, Any] = {
+        "backend": settings.backend,
+        "world_size": world,
+        "device": runtime.device.type,
+        "model": spec.name,
+        "strategy": settings.plan.knobs.strategy,
+        "micro_batch_size": mbs,
+        "grad_accum_steps": accum,
+        "start_step": start_step,
+        "steps": settings.steps,
+        "losses": losses,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": (tokens_per_step * len(timed) / sum(timed)) if timed else None,
+        "peak_memory_rank0": peak_memory(runtime.device),
+        "peak_memory_max_over_ranks": memory_max,
+    }
+    if runtime.is_main and settings.summary_json is not None:
+        settings.summary_json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = settings.summary_json.with_name(settings.summary_json.name + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, settings.summary_json)
+    return summary
+
+
+def _log(runtime: Runtime, message: str) -> None:
+    if runtime.is_main:
+        print(f"[fstrain.train] {message}", flush=True)

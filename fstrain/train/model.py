@@ -1,0 +1,200 @@
+"""A small GPT-style decoder built from a :class:`~fstrain.core.planfile.ModelSpec`.
+
+The spec's fields pick the parts: ``norm`` (RMSNorm or LayerNorm), ``position_embedding``
+(rotary, or learned absolute positions), ``activation`` (GeLU MLP with two matrices, SwiGLU
+with three), ``linear_bias``, ``dropout`` and ``tied_embeddings``; attention is grouped-query
+attention whenever ``num_kv_heads < num_heads``. GPT-2 and Llama layouts both come out of it,
+with the parameter count :func:`fstrain.core.modelsize.count_parameters` predicts. The
+transformer block class is :class:`TransformerBlock`; the rendered FSDP file names it as the
+unit to shard.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from fstrain.core.planfile import ModelSpec
+from fstrain.train.settings import check_supported
+
+CheckpointFn = Callable[..., Any]
+
+
+def torch_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
+    """torch's non-reentrant activation checkpointing (what the FSDP backend uses)."""
+    return checkpoint(function, *args, use_reentrant=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 so bf16 compute keeps the statistics exact enough.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (batch, heads, seq, head_dim); rotate the two halves of each head.
+    x1, x2 = x.float().chunk(2, dim=-1)
+    cos = cos[: x.shape[-2]]
+    sin = sin[: x.shape[-2]]
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, selective_checkpoint: bool, checkpoint_fn: CheckpointFn) -> None:
+        super().__init__()
+        self.checkpoint_fn = checkpoint_fn
+        self.num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        self.rotary = spec.position_embedding == "rope"
+        self.selective_checkpoint = selective_checkpoint
+        self.dropout = spec.dropout
+        bias = spec.linear_bias
+        self.q_proj = nn.Linear(spec.hidden_size, spec.num_heads * self.head_dim, bias=bias)
+        self.kv_proj = nn.Linear(spec.hidden_size, 2 * spec.num_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(spec.num_heads * self.head_dim, spec.hidden_size, bias=bias)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.num_kv_heads != self.num_heads:  # GQA: each kv head serves a group of query heads
+            repeat = self.num_heads // self.num_kv_heads
+            k = k.repeat_interleave(repeat, dim=1)
+            v = v.repeat_interleave(repeat, dim=1)
+        dropout = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+        kv = self.kv_proj(x).view(batch, seq, 2, self.num_kv_heads, self.head_dim)
+        k, v = kv.unbind(dim=2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if self.rotary:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.selective_checkpoint and self.training:
+            # Selective recomputation: keep the projections, recompute the attention core
+            # (the part whose activations grow with seq^2 without flash attention).
+            out = self.checkpoint_fn(self._core, q, k, v)
+        else:
+            out = self._core(q, k, v)
+        return self.out_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.swiglu = spec.activation == "swiglu"
+        bias = spec.linear_bias
+        width = spec.ffn_hidden_size
+        self.up_proj = nn.Linear(spec.hidden_size, (2 if self.swiglu else 1) * width, bias=bias)
+        self.down_proj = nn.Linear(width, spec.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.up_proj(x)
+        if self.swiglu:
+            gate, value = up.chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * value)
+        return self.down_proj(F.gelu(up, approximate="tanh"))
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    return RMSNorm(spec.hidden_size) if spec.norm == "rmsnorm" else nn.LayerNorm(spec.hidden_size)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm attention + MLP: the unit FSDP shards and activation checkpointing wraps."""
+
+    def __init__(
+        self, spec: ModelSpec, activation_checkpointing: str = "none", checkpoint_fn: CheckpointFn = torch_checkpoint
+    ) -> None:
+        super().__init__()
+        self.full_checkpoint = activation_checkpointing == "full"
+        self.checkpoint_fn = checkpoint_fn
+        self.attn_norm = _norm(spec)
+        self.attn = Attention(spec, activation_checkpointing == "selective", checkpoint_fn)
+        self.mlp_norm = _norm(spec)
+        self.mlp = MLP(spec)
+        self.dropout = nn.Dropout(spec.dropout)
+
+    def _block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin))
+        return x + self.dropout(self.mlp(self.mlp_norm(x)))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.full_checkpoint and self.training:
+            out: torch.Tensor = self.checkpoint_fn(self._block, x, cos, sin)
+            return out
+        return self._block(x, cos, sin)
+
+
+class GPT(nn.Module):
+    def __init__(
+        self, spec: ModelSpec, activation_checkpointing: str = "none", checkpoint_fn: CheckpointFn = torch_checkpoint
+    ) -> None:
+        super().__init__()
+        check_supported(spec)
+        self.spec = spec
+        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        # GPT-2 learns absolute positions; Llama uses rotary tables (no parameters).
+        learned = spec.position_embedding == "learned"
+        self.pos_embeddings = nn.Embedding(spec.seq_len, spec.hidden_size) if learned else None
+        self.embed_dropout = nn.Dropout(spec.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(spec, activation_checkpointing, checkpoint_fn) for _ in range(spec.num_layers)
+        )
+        self.final_norm = _norm(spec)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tied_embeddings:
+            self.lm_head.weight = self.tok_embeddings.weight
+        cos, sin = rotary_tables(spec.seq_len, spec.head_dim)
+        # Not persistent: recomputed on build, so checkpoints hold only trained state.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # GPT-2 initialisation: N(0, 0.02), output projections scaled by 1/sqrt(2 * layers).
+        std = 0.02
+        for name, param in self.named_parameters():
+            if param.dim() < 2:
+                continue
+            residual = name.endswith(("out_proj.weight", "down_proj.weight"))
+            scale = 1.0 / math.sqrt(2 * self.spec.num_layers) if residual else 1.0
+            nn.init.normal_(param, mean=0.0, std=std * scale)
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(tokens)
+        if self.pos_embeddings is not None:
+            x = x + self.pos_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
+        x = self.embed_dropout(x)
+        for block in self.blocks:
+            x = block(x, self.rope_cos, self.rope_sin)
+        logits: torch.Tensor = self.lm_head(self.final_norm(x))
+        return logits
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Distinct parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

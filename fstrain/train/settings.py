@@ -1,0 +1,288 @@
+"""What the trainer runs: read from the command line and the rendered files, validated first.
+
+Everything here is torch-free, so a bad argument or file fails in milliseconds, before any
+process group exists, with the one-line error every fstrain command prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.render.deepspeed import render_deepspeed
+from fstrain.core.render.fsdp import FSDP_FILE_VERSION, render_fsdp
+from fstrain.core.render.options import TrainingOptions
+from fstrain.errors import ConfigError, InputError
+
+BACKENDS = ("fsdp", "deepspeed")
+_PRECISION_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """One training run: the plan (model + knobs), the backend's file, and the run's options."""
+
+    plan: PlanFile
+    backend: str
+    fsdp: Mapping[str, Any] | None  # the fsdp.yaml content (backend fsdp)
+    deepspeed: dict[str, Any] | None  # the ds_config.json content (backend deepspeed)
+    steps: int
+    seed: int
+    checkpoint_dir: Path | None
+    checkpoint_interval: int
+    resume: bool
+    summary_json: Path | None
+    log_every: int
+
+    @property
+    def micro_batch_size(self) -> int:
+        if self.deepspeed is not None:
+            return int(self.deepspeed["train_micro_batch_size_per_gpu"])
+        assert self.fsdp is not None
+        return int(self.fsdp["batch"]["micro_batch_size"])
+
+    @property
+    def grad_accum_steps(self) -> int:
+        if self.deepspeed is not None:
+            return int(self.deepspeed["gradient_accumulation_steps"])
+        assert self.fsdp is not None
+        return int(self.fsdp["batch"]["grad_accum_steps"])
+
+    @property
+    def activation_checkpointing(self) -> str:
+        if self.fsdp is not None:
+            return str(self.fsdp.get("activation_checkpointing", "none"))
+        knob = self.plan.knobs.activation_checkpointing
+        if knob == "none" and self.deepspeed is not None and "activation_checkpointing" in self.deepspeed:
+            return "full"  # the DeepSpeed file asks for it; checkpoint whole blocks
+        return knob
+
+
+def check_supported(spec: ModelSpec) -> None:
+    """Refuse what this reference model does not build, before any process group exists."""
+    if spec.moe is not None:
+        raise ConfigError(
+            f"model {spec.name!r} is a mixture of experts",
+            "the reference trainer builds dense models only; use a dense recipe",
+            "model.moe",
+        )
+    if spec.hidden_size % spec.num_heads != 0:
+        raise ConfigError(
+            f"hidden_size({spec.hidden_size}) is not divisible by num_heads({spec.num_heads})", "", "model"
+        )
+    if spec.num_heads % spec.num_kv_heads != 0:
+        raise ConfigError(
+            f"num_heads({spec.num_heads}) is not divisible by num_kv_heads({spec.num_kv_heads})", "", "model"
+        )
+    if spec.activation not in ("gelu", "swiglu"):
+        raise ConfigError(f"activation {spec.activation!r}", "use gelu or swiglu", "model.activation")
+    if spec.norm not in ("rmsnorm", "layernorm"):
+        raise ConfigError(f"norm {spec.norm!r}", "use rmsnorm or layernorm", "model.norm")
+    if spec.position_embedding not in ("rope", "learned"):
+        raise ConfigError(f"position_embedding {spec.position_embedding!r}", "use rope or learned", "model")
+    if spec.position_embedding == "rope" and spec.head_dim % 2 != 0:
+        raise ConfigError(f"head_dim({spec.head_dim}) must be even for rotary positions", "", "model")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fstrain.train",
+        description="fstrain's reference trainer: a small GPT on synthetic data, with a rendered FSDP2 "
+        "or DeepSpeed config. Launch it with torchrun or the deepspeed launcher.",
+    )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--plan", type=Path, help="plan.yaml: the model and the parallel knobs")
+    source.add_argument("--model", help="a shipped recipe name (default: tiny)")
+    source.add_argument("--recipe", type=Path, help="a recipe file (--model-config is an alias)")
+    source.add_argument("--model-config", dest="recipe", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--backend", choices=BACKENDS, default="fsdp")
+    p.add_argument("--fsdp-config", type=Path, help="fsdp.yaml from `fstrain render` (backend fsdp)")
+    p.add_argument("--deepspeed-config", type=Path, help="ds_config.json from `fstrain render` (backend deepspeed)")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps in total (a resumed run stops here too)")
+    p.add_argument("--seed", type=int, default=None, help="model init and data seed (default: the file's, or 1234)")
+    p.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (one folder per saved step)")
+    p.add_argument("--checkpoint-interval", type=int, default=0, help="save every N steps (0: only at the end)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir, if any"
+    )
+    p.add_argument("--summary-json", type=Path, help="write the final summary here (rank 0)")
+    p.add_argument("--log-every", type=int, default=1, help="log every N steps from rank 0")
+    # The deepspeed launcher appends --local_rank; LOCAL_RANK in the environment is what we use.
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def load_settings(argv: list[str] | None, world_size: int) -> TrainSettings:
+    args = parser().parse_args(argv)
+    if args.steps < 1:
+        raise InputError(f"--steps must be at least 1, got {args.steps}", "", "--steps")
+    if args.checkpoint_interval < 0 or args.log_every < 1:
+        raise InputError("--checkpoint-interval must be >= 0 and --log-every >= 1", "", "arguments")
+    if args.resume and args.checkpoint_dir is None:
+        raise InputError("--resume needs --checkpoint-dir", "pass the directory the first run saved to", "--resume")
+    plan = _plan(args, world_size)
+    check_supported(plan.model)
+    # Without rendered files, render them here with a schedule that fits --steps.
+    options = TrainingOptions(warmup_steps=max(1, args.steps // 10), total_steps=args.steps)
+    fsdp: Mapping[str, Any] | None = None
+    ds: dict[str, Any] | None = None
+    if args.backend == "fsdp":
+        if args.deepspeed_config is not None:
+            raise InputError("--deepspeed-config is for --backend deepspeed", "", "--deepspeed-config")
+        fsdp = _read_fsdp(args.fsdp_config) if args.fsdp_config else render_fsdp(plan, options).config
+        _check_fsdp(fsdp, world_size, str(args.fsdp_config or "rendered fsdp config"))
+    else:
+        if args.fsdp_config is not None:
+            raise InputError("--fsdp-config is for --backend fsdp", "", "--fsdp-config")
+        ds = _read_json(args.deepspeed_config) if args.deepspeed_config else render_deepspeed(plan, options).config
+        _check_deepspeed(ds, world_size, str(args.deepspeed_config or "rendered deepspeed config"))
+    seed = args.seed
+    if seed is None:
+        seed = int(fsdp.get("seed", TrainingOptions.seed)) if fsdp is not None else TrainingOptions.seed
+    return TrainSettings(
+        plan=plan,
+        backend=args.backend,
+        fsdp=fsdp,
+        deepspeed=ds,
+        steps=args.steps,
+        seed=seed,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_interval=args.checkpoint_interval,
+        resume=args.resume,
+        summary_json=args.summary_json,
+        log_every=args.log_every,
+    )
+
+
+def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:
+    if args.plan is not None:
+        from fstrain.io.render_files import read_plan_file
+
+        plan = read_plan_file(args.plan)
+        if plan.knobs.tp > 1 or plan.knobs.pp > 1:
+            raise ConfigError(
+                f"the plan uses tp={plan.knobs.tp} pp={plan.knobs.pp}",
+                "the reference trainer is data-parallel only; plan with --tp 1 --pp 1",
+                str(args.plan),
+            )
+        return plan
+    # No plan: the recipe's model and training defaults, data-parallel over this world.
+    from fstrain.core.planfile import ClusterSummary
+    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+
+    recipe = load_recipe_file(str(args.recipe)) if args.recipe else load_shipped_recipe(args.model or "tiny")
+    training = recipe.training
+    strategy = "zero3" if args.backend == "deepspeed" else "fsdp-full"
+    knobs = PlanKnobs(
+        strategy=strategy,
+        zero_stage=3,
+        dp=world_size,
+        tp=1,
+        pp=1,
+        shard_group_size=world_size,
+        micro_batch_size=training.micro_batch_size or 1,
+        grad_accum_steps=1,
+        precision=training.precision or "fp32",
+        optimizer=training.optimizer or "adamw",
+        activation_checkpointing=training.activation_checkpointing or "none",
+    )
+    cluster = ClusterSummary(num_nodes=1, gpus_per_node=world_size, gpu="unknown", gpu_memory_bytes=0)
+    return PlanFile(model=recipe.model, knobs=knobs, cluster=cluster)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("file not found", "render one with `fstrain render`", str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc.msg}", "", f"{path}:{exc.lineno}") from None
+    if not isinstance(data, dict):
+        raise InputError("expected a JSON object", "", str(path))
+    return data
+
+
+def _read_fsdp(path: Path) -> Mapping[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("file not found", "render one with `fstrain render`", str(path)) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", "", str(path)) from None
+    if not isinstance(data, Mapping) or data.get("fstrain_fsdp") != FSDP_FILE_VERSION:
+        raise InputError(
+            f"not an fstrain FSDP file (expected 'fstrain_fsdp: {FSDP_FILE_VERSION}')",
+            "render one with `fstrain render`",
+            str(path),
+        )
+    return data
+
+
+def _check_fsdp(fsdp: Mapping[str, Any], world_size: int, where: str) -> None:
+    try:
+        shape = [int(n) for n in fsdp["mesh"]["shape"]]
+        names = list(fsdp["mesh"]["dim_names"])
+        batch = fsdp["batch"]
+        int(batch["micro_batch_size"]), int(batch["grad_accum_steps"])
+        param_dtype = fsdp["mixed_precision"]["param_dtype"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"missing or malformed key {exc}", "re-render the file with `fstrain render`", where) from None
+    if names not in (["shard"], ["replicate", "shard"]) or len(shape) != len(names):
+        raise InputError(f"mesh {names} {shape}", "expected dim_names [shard] or [replicate, shard]", where)
+    product = 1
+    for n in shape:
+        product *= n
+    if product != world_size:
+        raise ConfigError(
+            f"mesh {' x '.join(map(str, shape))} = {product} ranks, but WORLD_SIZE is {world_size}",
+            "launch as many processes as the plan's dp, or re-plan for this world size",
+            where,
+        )
+    if param_dtype not in _PRECISION_OF_DTYPE:
+        raise InputError(f"mixed_precision.param_dtype {param_dtype!r}", "use bfloat16, float16 or float32", where)
+
+
+def _check_deepspeed(ds: Mapping[str, Any], world_size: int, where: str) -> None:
+    try:
+        total = int(ds["train_batch_size"])
+        micro = int(ds["train_micro_batch_size_per_gpu"])
+        accum = int(ds["gradient_accumulation_steps"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"missing or malformed key {exc}", "re-render the file with `fstrain render`", where) from None
+    if total != micro * accum * world_size:
+        raise ConfigError(
+            f"train_batch_size({total}) != micro({micro}) x accumulation({accum}) x world({world_size})",
+            "launch as many processes as the plan's dp, or re-render for this world size",
+            where,
+        )
+
+
+def fsdp_precision(fsdp: Mapping[str, Any]) -> str:
+    return _PRECISION_OF_DTYPE[str(fsdp["mixed_precision"]["param_dtype"])]
+
+
+def fsdp_training_options(fsdp: Mapping[str, Any]) -> TrainingOptions:
+    """The optimizer and schedule settings the FSDP file carries."""
+    opt = fsdp.get("optimizer", {})
+    sched = fsdp.get("scheduler", {})
+    defaults = TrainingOptions()
+    betas = opt.get("betas", defaults.betas)
+    return TrainingOptions(
+        lr=float(opt.get("lr", defaults.lr)),
+        weight_decay=float(opt.get("weight_decay", defaults.weight_decay)),
+        betas=(float(betas[0]), float(betas[1])),
+        eps=float(opt.get("eps", defaults.eps)),
+        momentum=float(opt.get("momentum", defaults.momentum)),
+        warmup_steps=int(sched.get("warmup_steps", defaults.warmup_steps)),
+        total_steps=int(sched.get("total_steps", defaults.total_steps)),
+        min_lr_ratio=float(sched.get("min_lr_ratio", defaults.min_lr_ratio)),
+        gradient_clipping=float(fsdp.get("gradient_clipping", defaults.gradient_clipping)),
+        seed=int(fsdp.get("seed", defaults.seed)),
+    )

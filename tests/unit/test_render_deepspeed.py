@@ -1,0 +1,299 @@
+"""The DeepSpeed renderer: values, errors, and every variant read by DeepSpeed's own config class.
+
+DeepSpeed's pydantic sections (zero_optimization, bf16, fp16, comms_logger) forbid unknown keys;
+the others are plain dict lookups that silently ignore a typo. So every rendered config is
+loaded through ``deepspeed.runtime.config.DeepSpeedConfig`` with a dict that records which keys
+DeepSpeed looked up, and a key it never read fails the test.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from typing import Any
+
+import pytest
+
+from fstrain.core.render import TrainingOptions, render_deepspeed
+from fstrain.core.render.deepspeed import bucket_sizes
+from fstrain.errors import ConfigError, InputError
+from tests.plans import make_plan, with_model
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+
+
+def variants() -> list[tuple[str, str, str, str, str]]:
+    """(strategy, precision, offload, activation checkpointing, optimizer) combinations DeepSpeed accepts."""
+    out = []
+    for strategy, precision, offload, ac, optimizer in itertools.product(
+        STRATEGIES, ("bf16", "fp16", "fp32"), ("none", "optimizer", "optimizer+params"),
+        ("none", "selective", "full"), ("adamw", "sgd", "adam8bit"),
+    ):
+        if offload != "none" and strategy == "ddp":
+            continue
+        if offload == "optimizer+params" and strategy != "zero3":
+            continue
+        out.append((strategy, precision, offload, ac, optimizer))
+    return out
+
+
+VARIANTS = variants()
+
+
+class Recording(dict):  # type: ignore[type-arg]
+    """A dict that logs every key DeepSpeed reads, under its dotted path."""
+
+    def __init__(self, data: dict[str, Any], log: set[str], prefix: str = "") -> None:
+        super().__init__(
+            {k: Recording(v, log, f"{prefix}{k}.") if isinstance(v, dict) else v for k, v in data.items()}
+        )
+        self.log = log
+        self.prefix = prefix
+
+    def __getitem__(self, key: str) -> Any:
+        self.log.add(self.prefix + key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.log.add(self.prefix + key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.log.add(self.prefix + str(key))
+        return super().__contains__(key)
+
+
+class DataParallelOnly:
+    """The ``mpu`` argument DeepSpeed takes the data-parallel world size from."""
+
+    def __init__(self, dp: int) -> None:
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+# Sections DeepSpeed validates with pydantic models that forbid extra keys: their inner keys
+# are checked by construction, so only their names must be read.
+STRICT_SECTIONS = ("zero_optimization", "bf16", "fp16", "comms_logger")
+# Passed as keyword arguments to the optimizer / scheduler class at deepspeed.initialize time.
+CALL_SECTIONS = ("optimizer.params", "scheduler.params")
+
+
+def unread_keys(config: dict[str, Any], log: set[str], prefix: str = "") -> list[str]:
+    missing = []
+    for key, value in config.items():
+        path = prefix + key
+        if path not in log:
+            missing.append(path)
+        if isinstance(value, dict) and path not in STRICT_SECTIONS and path not in CALL_SECTIONS:
+            missing += unread_keys(value, log, path + ".")
+    return missing
+
+
+@pytest.fixture(scope="module")
+def ds() -> Any:
+    import deepspeed.comm
+    import deepspeed.runtime.config
+    import deepspeed.runtime.lr_schedules
+
+    return deepspeed
+
+
+def load_with_deepspeed(
+    ds: Any, config: dict[str, Any], dp: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, set[str]]:
+    # DeepSpeedConfig asks deepspeed.comm for the rank before it consults mpu; with no process
+    # group that call fails and it assumes a world of 1. Rank 0 is the truth for a config check.
+    monkeypatch.setattr(ds.comm, "get_rank", lambda group=None: 0)
+    log: set[str] = set()
+    loaded = ds.runtime.config.DeepSpeedConfig(Recording(config, log), mpu=DataParallelOnly(dp))
+    return loaded, log
+
+
+def call_parameters(target: Any) -> set[str]:
+    return {name for name in inspect.signature(target).parameters if name not in ("self", "params", "optimizer")}
+
+
+@pytest.mark.parametrize(("strategy", "precision", "offload", "ac", "optimizer"), VARIANTS)
+def test_deepspeed_reads_every_rendered_key(
+    ds: Any, monkeypatch: pytest.MonkeyPatch, strategy: str, precision: str, offload: str, ac: str, optimizer: str
+) -> None:
+    import torch
+
+    plan = make_plan(strategy, dp=8, precision=precision, offload=offload, activation_checkpointing=ac,
+                     optimizer=optimizer, micro_batch_size=3, grad_accum_steps=5)
+    config = render_deepspeed(plan, TrainingOptions(total_steps=1000 if ac == "full" else 0)).config
+    loaded, log = load_with_deepspeed(ds, config, dp=8, monkeypatch=monkeypatch)
+    assert unread_keys(config, log) == []
+    # DeepSpeed's own batch arithmetic agrees: 3 x 5 x 8.
+    assert (loaded.train_batch_size, loaded.train_micro_batch_size_per_gpu, loaded.gradient_accumulation_steps) == (
+        120, 3, 5)
+    assert loaded.zero_optimization_stage == plan.knobs.zero_stage
+    assert loaded.bfloat16_config.enabled == (precision == "bf16")
+    assert loaded.float16_config.enabled == (precision == "fp16")
+    zero = loaded.zero_config
+    if offload != "none":
+        assert zero.offload_optimizer.device == "cpu" and zero.offload_optimizer.pin_memory
+    assert (zero.offload_param is not None) == (offload == "optimizer+params")
+    if strategy != "ddp":
+        assert zero.reduce_bucket_size == 64 * 64 and zero.overlap_comm
+    if strategy == "zero3":
+        assert (zero.prefetch_bucket_size, zero.param_persistence_threshold) == (3686, 640)
+    assert loaded.activation_checkpointing_config.number_checkpoints == (None if ac == "none" else 2)
+    # The optimizer and scheduler blocks become keyword arguments: they must name real parameters.
+    if optimizer == "adam8bit":
+        assert loaded.optimizer_name is None
+    else:
+        params = dict(loaded.optimizer_params)
+        params.pop("torch_adam", None)  # consumed by DeepSpeed before it builds the optimizer
+        cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[optimizer]
+        if optimizer == "adamw" and offload != "none":
+            from deepspeed.ops.adam import DeepSpeedCPUAdam as cls  # what DeepSpeed builds for offload
+        assert set(params) <= call_parameters(cls)
+    scheduler = getattr(ds.runtime.lr_schedules, loaded.scheduler_name)
+    assert set(loaded.scheduler_params) <= call_parameters(scheduler)
+
+
+def test_the_key_check_catches_a_typo(ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = render_deepspeed(make_plan("zero2")).config
+    config["gradient_clippng"] = 1.0  # DeepSpeed ignores this silently
+    _, log = load_with_deepspeed(ds, config, dp=2, monkeypatch=monkeypatch)
+    assert unread_keys(config, log) == ["gradient_clippng"]
+
+
+def test_deepspeed_rejects_unknown_keys_in_strict_sections(ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Why the inner keys of the STRICT_SECTIONS need no recording.
+    config = render_deepspeed(make_plan("zero3")).config
+    config["zero_optimization"]["stage3_prefetch_bucket"] = 1
+    with pytest.raises(Exception, match="stage3_prefetch_bucket"):
+        load_with_deepspeed(ds, config, dp=2, monkeypatch=monkeypatch)
+
+
+def test_deepspeed_agrees_the_batch_is_inconsistent_for_another_world(ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = render_deepspeed(make_plan("zero1", dp=4)).config
+    with pytest.raises(AssertionError, match="train_batch_size"):
+        load_with_deepspeed(ds, config, dp=2, monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize(("dp", "micro", "accum"), [(1, 1, 1), (2, 4, 2), (64, 2, 16), (1024, 1, 3)])
+def test_train_batch_size_is_micro_times_accum_times_dp(dp: int, micro: int, accum: int) -> None:
+    config = render_deepspeed(make_plan("zero2", dp=dp, micro_batch_size=micro, grad_accum_steps=accum)).config
+    assert config["train_batch_size"] == micro * accum * dp
+    assert config["train_micro_batch_size_per_gpu"] == micro
+    assert config["gradient_accumulation_steps"] == accum
+
+
+@pytest.mark.parametrize(
+    ("hidden", "expected"),
+    [
+        (64, (4096, 4096, 3686, 640)),
+        (4096, (16_777_216, 16_777_216, 15_099_494, 40_960)),  # Llama 2 7B
+        (8192, (67_108_864, 67_108_864, 60_397_977, 81_920)),  # Llama 2 70B
+    ],
+)
+def test_bucket_sizes_follow_hidden_squared(hidden: int, expected: tuple[int, int, int, int]) -> None:
+    sizes = bucket_sizes(hidden)
+    assert (sizes["reduce_bucket_size"], sizes["allgather_bucket_size"], sizes["stage3_prefetch_bucket_size"],
+            sizes["stage3_param_persistence_threshold"]) == expected
+    zero3 = render_deepspeed(with_model(make_plan("zero3"), hidden_size=hidden, num_heads=hidden // 64,
+                                        num_kv_heads=hidden // 64)).config["zero_optimization"]
+    assert zero3["reduce_bucket_size"] == expected[0]
+    assert zero3["stage3_prefetch_bucket_size"] == expected[2]
+    assert "allgather_bucket_size" not in zero3  # stage 3 gathers with its prefetcher
+
+
+def test_zero_sections_per_stage() -> None:
+    assert render_deepspeed(make_plan("ddp")).config["zero_optimization"] == {"stage": 0}
+    zero1 = render_deepspeed(make_plan("zero1")).config["zero_optimization"]
+    assert zero1 == {"stage": 1, "overlap_comm": True, "contiguous_gradients": True,
+                     "reduce_bucket_size": 4096, "allgather_bucket_size": 4096}
+    zero3 = render_deepspeed(make_plan("zero3", offload="optimizer+params")).config["zero_optimization"]
+    assert zero3["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert zero3["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert zero3["stage3_max_live_parameters"] == 1_000_000_000
+
+
+def test_precision_sections_and_notes() -> None:
+    bf16 = render_deepspeed(make_plan("zero2", precision="bf16"))
+    assert bf16.config["bf16"] == {"enabled": True} and "fp16" not in bf16.config
+    assert any("no loss scaling" in note for note in bf16.notes)
+    fp16 = render_deepspeed(make_plan("zero2", precision="fp16"))
+    assert fp16.config["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+                                   "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+    assert "bf16" not in fp16.config
+    fp32 = render_deepspeed(make_plan("zero2", precision="fp32"))
+    assert "bf16" not in fp32.config and "fp16" not in fp32.config
+
+
+def test_optimizer_and_scheduler_blocks() -> None:
+    options = TrainingOptions(lr=1e-3, warmup_steps=10, total_steps=0)
+    config = render_deepspeed(make_plan("zero1"), options).config
+    assert config["optimizer"] == {"type": "AdamW", "params": {
+        "lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "torch_adam": True}}
+    assert config["scheduler"] == {"type": "WarmupLR", "params": {
+        "warmup_min_lr": 1e-4, "warmup_max_lr": 1e-3, "warmup_num_steps": 10, "warmup_type": "linear"}}
+    cosine = render_deepspeed(make_plan("zero1"), TrainingOptions(warmup_steps=4, total_steps=100)).config
+    assert cosine["scheduler"] == {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": 100, "warmup_min_ratio": 0.25, "warmup_num_steps": 4, "cos_min_ratio": 0.1,
+        "warmup_type": "linear"}}
+    constant = render_deepspeed(make_plan("zero1"), TrainingOptions(warmup_steps=0)).config
+    assert "scheduler" not in constant
+    offload = render_deepspeed(make_plan("zero2", offload="optimizer")).config
+    assert "torch_adam" not in offload["optimizer"]["params"]  # DeepSpeedCPUAdam does the offloaded step
+    sgd = render_deepspeed(make_plan("zero2", optimizer="sgd")).config
+    assert sgd["optimizer"]["type"] == "SGD" and sgd["zero_allow_untested_optimizer"] is True
+    adam8bit = render_deepspeed(make_plan("zero2", optimizer="adam8bit"))
+    assert "optimizer" not in adam8bit.config
+    assert any("bitsandbytes" in note for note in adam8bit.notes)
+
+
+def test_debug_turns_on_timers_and_comms_logger() -> None:
+    plain = render_deepspeed(make_plan("zero3")).config
+    debug = render_deepspeed(make_plan("zero3"), debug=True).config
+    assert (plain["wall_clock_breakdown"], plain["comms_logger"]["enabled"]) == (False, False)
+    assert (debug["wall_clock_breakdown"], debug["comms_logger"]["enabled"]) == (True, True)
+
+
+def test_activation_checkpointing_section_only_when_asked() -> None:
+    assert "activation_checkpointing" not in render_deepspeed(make_plan("zero3")).config
+    section = render_deepspeed(make_plan("zero3", activation_checkpointing="full")).config["activation_checkpointing"]
+    assert section == {"partition_activations": False, "cpu_checkpointing": False,
+                       "contiguous_memory_optimization": False, "number_checkpoints": 2,
+                       "synchronize_checkpoint_boundary": False, "profile": False}
+    tp = render_deepspeed(make_plan("zero1", dp=2, tp=4, activation_checkpointing="selective"))
+    assert tp.config["activation_checkpointing"]["partition_activations"] is True
+    assert any("mpu" in note for note in tp.notes)
+
+
+def test_a_stage_deepspeed_does_not_have_is_refused() -> None:
+    with pytest.raises(InputError, match=r"zero_stage is 4 .*stages 0, 1, 2 and 3"):
+        render_deepspeed(make_plan("zero3", zero_stage=4))
+
+
+@pytest.mark.parametrize(
+    ("strategy", "offload", "message"),
+    [("zero2", "optimizer+params", "stage 3 only"), ("ddp", "optimizer", "stage 1 or more")],
+)
+def test_offload_the_stage_cannot_do_is_refused(strategy: str, offload: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        render_deepspeed(make_plan(strategy, offload=offload))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (TrainingOptions(lr=0), "lr must be positive"),
+        (TrainingOptions(warmup_steps=0, total_steps=10), "warmup_steps >= 1"),
+        (TrainingOptions(warmup_steps=50, total_steps=10), "shorter than warmup_steps"),
+        (TrainingOptions(gradient_clipping=-1), "gradient_clipping"),
+    ],
+)
+def test_bad_options_are_refused(options: TrainingOptions, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        render_deepspeed(make_plan("zero1"), options)
+
+
+def test_render_is_deterministic() -> None:
+    plan = make_plan("zero3", offload="optimizer", activation_checkpointing="full")
+    assert render_deepspeed(plan) == render_deepspeed(plan)

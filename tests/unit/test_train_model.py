@@ -1,0 +1,89 @@
+"""The reference model against the planner's parameter count, and the trainer's synthetic data."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fstrain.core.modelsize import count_parameters
+from fstrain.core.planfile import ModelSpec, MoESpec
+from fstrain.core.render.options import TrainingOptions, lr_multiplier
+from fstrain.errors import ConfigError
+from fstrain.train.data import SyntheticData
+from fstrain.train.model import GPT, TransformerBlock, num_parameters
+from fstrain.train.steps import lm_loss
+from tests.plans import TINY_MODEL
+
+LLAMA_LIKE = replace(TINY_MODEL, activation="swiglu", norm="rmsnorm", position_embedding="rope", linear_bias=False,
+                     tied_embeddings=False, ffn_hidden_size=172)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        TINY_MODEL,
+        LLAMA_LIKE,
+        replace(LLAMA_LIKE, num_kv_heads=1),  # multi-query attention
+        replace(LLAMA_LIKE, num_kv_heads=4, tied_embeddings=True),
+        replace(TINY_MODEL, tied_embeddings=False, linear_bias=False, norm="rmsnorm"),
+    ],
+    ids=["gpt2-like-gqa", "llama-like-gqa", "mqa", "mha-tied", "gelu-rmsnorm"],
+)
+def test_parameter_count_matches_the_planner(spec: ModelSpec) -> None:
+    model = GPT(spec)
+    assert num_parameters(model) == count_parameters(spec).total
+    tokens = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
+    assert model(tokens).shape == (2, spec.seq_len, spec.vocab_size)
+
+
+def test_gqa_shapes_and_tied_head() -> None:
+    model = GPT(TINY_MODEL)
+    attn = model.blocks[0].attn
+    assert attn.q_proj.out_features == 64 and attn.kv_proj.out_features == 2 * 2 * 16  # 2 kv heads of 16
+    assert model.lm_head.weight is model.tok_embeddings.weight
+    assert sum(isinstance(m, TransformerBlock) for m in model.modules()) == 2
+
+
+@pytest.mark.parametrize("ac", ["selective", "full"])
+def test_activation_checkpointing_gives_the_same_gradients(ac: str) -> None:
+    tokens = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for mode in ("none", ac):
+        torch.manual_seed(0)
+        model = GPT(LLAMA_LIKE, activation_checkpointing=mode)
+        lm_loss(model(tokens), tokens).backward()
+        grads.append(model.blocks[0].mlp.up_proj.weight.grad.clone())  # type: ignore[union-attr]
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_unsupported_models_are_refused() -> None:
+    with pytest.raises(ConfigError, match="mixture of experts"):
+        GPT(replace(TINY_MODEL, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=128)))
+    with pytest.raises(ConfigError, match="num_kv_heads"):
+        GPT(replace(TINY_MODEL, num_kv_heads=3))
+
+
+def test_synthetic_batches_are_a_pure_function_of_step_and_rank() -> None:
+    data = SyntheticData(vocab_size=256, seq_len=64, seed=5)
+    again = SyntheticData(vocab_size=256, seq_len=64, seed=5)
+    a = data.batch(step=3, micro_step=1, dp_rank=1, dp_size=2, micro_batch_size=4)
+    assert a.shape == (4, 64)
+    assert torch.equal(a, again.batch(3, 1, 1, 2, 4))
+    assert not torch.equal(a, data.batch(3, 1, 0, 2, 4))  # ranks see different samples
+    assert not torch.equal(a, data.batch(4, 1, 1, 2, 4))
+    # Every sample comes from the fixed pool: that is what makes the loss fall quickly.
+    pool = {tuple(row.tolist()) for row in data.pool}
+    assert all(tuple(row.tolist()) in pool for row in a)
+
+
+def test_lr_multiplier() -> None:
+    constant = TrainingOptions(warmup_steps=4)
+    assert [lr_multiplier(s, constant) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cosine = TrainingOptions(warmup_steps=2, total_steps=12, min_lr_ratio=0.1)
+    values = [lr_multiplier(s, cosine) for s in range(14)]
+    assert values[:3] == [0.5, 1.0, 1.0]
+    assert values[7] == pytest.approx(0.55)  # halfway through the decay
+    assert values[12] == values[13] == pytest.approx(0.1)
+    assert lr_multiplier(0, TrainingOptions(warmup_steps=0)) == 1.0

@@ -1,0 +1,77 @@
+"""The trainer's arguments and files are checked before torch starts: one-line errors, exit 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fstrain.errors import ConfigError, InputError
+from fstrain.io.render_files import render_plan_to_dir
+from fstrain.train.settings import load_settings
+from tests.plans import make_plan
+
+
+@pytest.fixture
+def rendered(tmp_path: Path) -> Path:
+    plan = make_plan("fsdp-hybrid", dp=4, shard_group_size=2, activation_checkpointing="selective")
+    render_plan_to_dir(plan, tmp_path / "r", force=False)
+    return tmp_path / "r"
+
+
+def test_settings_from_rendered_files(rendered: Path) -> None:
+    fsdp = load_settings(["--plan", str(rendered / "plan.yaml"), "--fsdp-config", str(rendered / "fsdp.yaml")], 4)
+    assert (fsdp.backend, fsdp.micro_batch_size, fsdp.grad_accum_steps) == ("fsdp", 4, 2)
+    assert fsdp.activation_checkpointing == "selective" and fsdp.seed == 1234
+    ds = load_settings(["--plan", str(rendered / "plan.yaml"), "--backend", "deepspeed",
+                        "--deepspeed-config", str(rendered / "ds_config.json")], 4)
+    assert ds.deepspeed is not None and ds.deepspeed["train_batch_size"] == 32
+    assert ds.activation_checkpointing == "selective"
+
+
+def test_without_files_the_tiny_recipe_is_rendered_for_this_world() -> None:
+    settings = load_settings(["--steps", "30"], 3)
+    assert settings.plan.model.name == "tiny"
+    assert settings.fsdp is not None and settings.fsdp["mesh"]["shape"] == [3]
+    assert settings.fsdp["scheduler"] == {"warmup_steps": 3, "total_steps": 30, "min_lr_ratio": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("args", "world", "error", "message"),
+    [
+        (["--fsdp-config", "{r}/fsdp.yaml"], 3, ConfigError, r"mesh 2 x 2 = 4 ranks, but WORLD_SIZE is 3"),
+        (["--backend", "deepspeed", "--deepspeed-config", "{r}/ds_config.json"], 2, ConfigError,
+         r"train_batch_size\(32\) != micro\(4\) x accumulation\(2\) x world\(2\)"),
+        (["--deepspeed-config", "{r}/ds_config.json"], 4, InputError, "is for --backend deepspeed"),
+        (["--backend", "deepspeed", "--fsdp-config", "{r}/fsdp.yaml"], 4, InputError, "is for --backend fsdp"),
+        (["--fsdp-config", "{r}/plan.yaml"], 4, InputError, "not an fstrain FSDP file"),
+        (["--backend", "deepspeed", "--deepspeed-config", "{r}/fsdp.yaml"], 4, InputError, "not valid JSON"),
+        (["--plan", "{r}/fsdp.yaml"], 4, InputError, "not an fstrain plan"),
+        (["--resume"], 1, InputError, "--resume needs --checkpoint-dir"),
+        (["--steps", "0"], 1, InputError, "--steps must be at least 1"),
+    ],
+)
+def test_bad_inputs(rendered: Path, args: list[str], world: int, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        load_settings([a.format(r=rendered) for a in args], world)
+
+
+def test_a_tensor_parallel_plan_is_refused(tmp_path: Path) -> None:
+    render_plan_to_dir(make_plan("zero1", dp=2, tp=2), tmp_path / "r", force=False)
+    with pytest.raises(ConfigError, match="tp=2 pp=1"):
+        load_settings(["--plan", str(tmp_path / "r" / "plan.yaml")], 4)
+
+
+def test_the_command_prints_one_line_and_exits_2(rendered: Path) -> None:
+    env = {**os.environ, "WORLD_SIZE": "3"}
+    env.pop("FSTRAIN_DEBUG", None)
+    result = subprocess.run([sys.executable, "-m", "fstrain.train", "--fsdp-config", str(rendered / "fsdp.yaml")],
+                            capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: [rank 0] {rendered / 'fsdp.yaml'}: mesh 2 x 2 = 4 ranks, but WORLD_SIZE is 3 "
+        "(hint: launch as many processes as the plan's dp, or re-plan for this world size)"
+    ]
