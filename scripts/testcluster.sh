@@ -89,8 +89,12 @@ client_key() {
 }
 
 start_sshd() {  # namespace hostname dir
+    # Each host gets its own hostname (UTS), System V IPC and /dev/shm, as separate machines
+    # have: NCCL, Gloo and DeepSpeed's shared-memory ops key segments by local rank, and ranks
+    # of two "hosts" sharing one /dev/shm would collide.
     local ns=$1 name=$2 dir=$3
-    ip netns exec "$ns" unshare --uts sh -c 'hostname "$1" && exec "$2" -f "$3/sshd_config" -E "$3/sshd.log"' \
+    ip netns exec "$ns" unshare --uts --ipc --mount sh -c \
+        'hostname "$1" && mount -t tmpfs -o size=2g,mode=1777 "shm-$1" /dev/shm && exec "$2" -f "$3/sshd_config" -E "$3/sshd.log"' \
         sh "$name" "$SSHD" "$dir"
 }
 

@@ -6,6 +6,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
     from fstrain.core.launchspec import NodeLaunch
+    from fstrain.core.planfile import PlanFile
     from fstrain.io.launch import RunOutcome
 
 ENV_FILES = (".deepspeed_env", ".fstrain_env")  # read from ~ then the current directory; later wins
@@ -52,6 +54,15 @@ def launch_command(
     heartbeat_timeout: float = typer.Option(
         30.0, "--heartbeat-timeout", min=1, help="Seconds without an answer before a host counts as lost."
     ),
+    plan_path: str | None = typer.Option(None, "--plan", help="plan.yaml from `fstrain plan --out`: render it and "
+                                         "train with it (the bundled trainer when no PROGRAM is given)."),
+    model: str | None = typer.Option(None, "--model", help="A shipped recipe (e.g. tiny): train it data-parallel."),
+    recipe: str | None = typer.Option(None, "--recipe", help="A recipe file: train it data-parallel."),
+    strategy: str | None = typer.Option(None, "--strategy", help="With --model/--recipe: ddp, zero1-3, fsdp-full, "
+                                        "fsdp-grad-op, fsdp-hybrid (default fsdp-full; zero3 for deepspeed)."),
+    micro_batch: int = typer.Option(4, "--micro-batch", min=1, help="With --model/--recipe: sequences per rank."),
+    precision: str = typer.Option("bf16", "--precision", help="With --model/--recipe: bf16, fp16 or fp32."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps for the bundled trainer."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-node commands; connect to nothing."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON document on stdout."),
 ) -> None:
@@ -61,22 +72,82 @@ def launch_command(
 
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}", "--backend")
-    if not program:
-        raise InputError("no program to launch", "put it after --: fstrain launch --hosts h1,h2 -- python train.py",
-                         "PROGRAM")
     selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+    requested = parse_nproc(nproc_per_node)
+    nprocs = resolve_nprocs(selection.hosts, requested)
+    job = resolve_job(selection.hosts, nprocs, backend, list(program or []), python, plan_path, model, recipe,
+                      strategy, micro_batch, precision, steps)
     user_env = collect_env(env, env_file)
     run_id = new_run_id()
     folder = Path(run_dir) if run_dir else Path("runs") / run_id
-    requested = parse_nproc(nproc_per_node)
     if dry_run:
-        dry_run_output(selection.hosts, requested, backend, list(program), python, master_port, max_restarts,
+        dry_run_output(selection.hosts, nprocs, backend, job, python, master_port, max_restarts,
                        run_id, user_env, json_output)
         return
-    outcome = execute(selection.hosts, requested, backend, list(program), python, master_port, max_restarts,
+    outcome = execute(selection.hosts, nprocs, backend, job, python, master_port, max_restarts,
                       run_id, folder, user_env, workdir, grace, heartbeat_timeout, ssh_config, accept_new_hosts,
                       fanout, json_output)
     raise typer.Exit(outcome.exit_code)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What runs on every rank: the program, and the plan it trains with (if any)."""
+
+    program: list[str]
+    plan: PlanFile | None
+    bundled_trainer: bool
+    steps: int = 0
+
+
+def resolve_nprocs(hosts: list[Any], requested: int | None) -> list[int]:
+    from fstrain.core.launchspec import resolve_nproc
+
+    return [resolve_nproc(h, requested, None) for h in hosts]
+
+
+def resolve_job(hosts: list[Any], nprocs: list[int], backend: str, program: list[str], python: str,
+                plan_path: str | None, model: str | None, recipe: str | None, strategy: str | None,
+                micro_batch: int, precision: str, steps: int) -> Job:
+    """The program and plan: --plan, or --model/--recipe (a data-parallel plan), or a bare PROGRAM."""
+    from fstrain.core.launchplan import (
+        DEFAULT_STRATEGY,
+        check_plan_fits_launch,
+        check_strategy,
+        data_parallel_plan,
+        trainer_program,
+    )
+    from fstrain.errors import InputError
+
+    given = [flag for flag, value in (("--plan", plan_path), ("--model", model), ("--recipe", recipe)) if value]
+    if len(given) > 1:
+        raise InputError(f"{' and '.join(given)} cannot be combined", "give one of them", "/".join(given))
+    if not given:
+        if not program:
+            raise InputError("no program to launch",
+                             "put it after --: fstrain launch --hosts h1,h2 -- python train.py, "
+                             "or train the bundled model: fstrain launch --model tiny", "PROGRAM")
+        return Job(program, None, False)
+    if len(set(nprocs)) != 1:
+        raise InputError(f"hosts run different numbers of processes ({nprocs})",
+                         "the bundled trainer's plans need the same --nproc-per-node everywhere", "--nproc-per-node")
+    if plan_path:
+        from fstrain.io.render_files import read_plan_file
+
+        plan = read_plan_file(Path(plan_path))
+    else:
+        from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+
+        loaded = load_shipped_recipe(str(model)) if model else load_recipe_file(str(recipe))
+        chosen = strategy or DEFAULT_STRATEGY[backend]
+        check_strategy(chosen)
+        plan = data_parallel_plan(loaded.model, num_nodes=len(hosts), procs_per_node=nprocs[0], strategy=chosen,
+                                  micro_batch_size=micro_batch, precision=precision,
+                                  hosts=tuple(h.name for h in hosts))
+    check_plan_fits_launch(plan, sum(nprocs), given[0])
+    if program:
+        return Job(program, plan, False, steps)
+    return Job(trainer_program(python, plan, steps=steps), plan, True, steps)
 
 
 def parse_nproc(value: str) -> int | None:
@@ -116,28 +187,40 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()
 
 
-def dry_run_output(hosts: list[Any], requested: int | None, backend: str, program: list[str], python: str,
+def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, python: str,
                    master_port: int | None, max_restarts: int, run_id: str, user_env: dict[str, str],
                    json_output: bool) -> None:
     """The exact per-node commands and (masked) environment; no connection is opened."""
-    from fstrain.core.launchspec import master_port_candidates, plan_launches, resolve_nproc
+    from fstrain.core.launchspec import master_port_candidates, plan_launches
     from fstrain.io.connect import is_local
     from fstrain.io.launch import node_summary
 
-    nprocs = [resolve_nproc(h, requested, None) for h in hosts]
     master = "127.0.0.1" if all(is_local(h) for h in hosts) else hosts[0].name
     port = master_port or master_port_candidates(run_id)[0]
-    launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=program, python=python,
+    launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
                              master_addr=master, master_port=port, run_id=run_id, max_restarts=max_restarts,
                              env=user_env, per_node_env=[])
     note = ("dry run: nothing was contacted; the master address and port are checked, and "
             "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME chosen per node, at launch")
     if json_output:
         print_json({"run_id": run_id, "dry_run": True, "note": note, "master_addr": master, "master_port": port,
+                    "plan": job.plan.to_dict() if job.plan else None,
                     "nodes": [node_summary(launch, None) for launch in launches]})
         return
+    if job.plan is not None:
+        print_plan(job.plan)
     print_launches(launches)
     console().print(f"[dim]{note}[/dim]")
+
+
+def print_plan(plan: PlanFile) -> None:
+    from fstrain.core.launchplan import trainer_backend
+    from fstrain.core.planner import describe_knobs
+
+    k = plan.knobs
+    console().print(f"plan: {plan.model.name}: {describe_knobs(k)}, {k.precision}, "
+                    f"global batch {k.global_batch_size} x {k.seq_len} tokens; trainer backend "
+                    f"{trainer_backend(plan)}; configs rendered into the run directory ({{run_dir}})")
 
 
 def print_launches(launches: list[NodeLaunch]) -> None:
@@ -151,38 +234,93 @@ def print_launches(launches: list[NodeLaunch]) -> None:
     sys.stdout.flush()
 
 
-def execute(hosts: list[Any], requested: int | None, backend: str, program: list[str], python: str,
+def execute(hosts: list[Any], nprocs: list[int], backend: str, job: Job, python: str,
             master_port: int | None, max_restarts: int, run_id: str, folder: Path, user_env: dict[str, str],
             workdir: str | None, grace: float, heartbeat_timeout: float, ssh_config: str | None,
             accept_new_hosts: bool, fanout: int, json_output: bool) -> RunOutcome:
-    from fstrain.core.launchspec import plan_launches, resolve_nproc
+    from fstrain.core.launchspec import plan_launches
     from fstrain.io.connect import make_connector
     from fstrain.io.fanout import HostPool
-    from fstrain.io.launch import RunOptions, choose_rendezvous, preflight, run_nodes, write_manifest
+    from fstrain.io.launch import (
+        RunOptions,
+        choose_rendezvous,
+        preflight,
+        remote_run_dir,
+        run_nodes,
+        write_manifest,
+    )
 
     out = console()
     connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     with HostPool(hosts, connect, fanout=fanout) as pool:
         facts = preflight(pool, python, workdir)
         rendezvous = choose_rendezvous(pool, connect, facts, python, run_id, master_port)
-    nprocs = [resolve_nproc(h, requested, None) for h in hosts]
     per_node = [interface_env(ifname, user_env) for ifname in rendezvous.interfaces]
-    launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=program, python=python,
+    launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
                              master_addr=rendezvous.master_addr, master_port=rendezvous.master_port, run_id=run_id,
                              max_restarts=max_restarts, env=user_env, per_node_env=per_node)
+    run_dirs = [remote_run_dir(h, f, run_id, folder) for h, f in zip(hosts, facts, strict=True)]
+    node_files = [rendered_files(job.plan, d, job.steps) for d in run_dirs] if job.plan else []
+    if job.plan is not None:
+        print_plan(job.plan)
     out.print(f"run {run_id}: {len(hosts)} nodes x {nprocs[0] if len(set(nprocs)) == 1 else nprocs} processes, "
               f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; logs in {folder}/logs")
     options = RunOptions(run_id=run_id, run_dir=folder, grace_s=grace, heartbeat_timeout_s=heartbeat_timeout,
-                         workdir=workdir, color=sys.stdout.isatty() and not json_output,
+                         workdir=workdir, node_run_dirs=run_dirs, node_files=node_files,
+                         color=sys.stdout.isatty() and not json_output,
                          out=sys.stderr if json_output else sys.stdout)
     outcome = run_nodes(launches, connect, python, options)
+    summary = fetch_training_summary(hosts[0], run_dirs[0], connect, folder) if job.bundled_trainer \
+        and outcome.exit_code == 0 else None
     document = write_manifest(folder / "manifest.json", run_id=run_id, backend=backend, rendezvous=rendezvous,
-                              launches=launches, outcome=outcome, facts=facts, env=user_env, plan=None)
+                              launches=launches, outcome=outcome, facts=facts, env=user_env,
+                              plan=job.plan.to_dict() if job.plan else None)
+    if summary is not None:
+        document["training_summary"] = summary
     if json_output:
         print_json(document)
     else:
         print_summary(outcome)
+        if summary is not None:
+            print_training_summary(summary)
     return outcome
+
+
+def rendered_files(plan: PlanFile, run_dir: str, steps: int) -> dict[str, str]:
+    """The configs the bundled trainer reads, rendered for the node's run directory, with the
+    learning-rate schedule fitted to the run: 10 % warm-up, cosine decay to the last step."""
+    from fstrain.core.render.bundle import render_bundle
+    from fstrain.core.render.options import TrainingOptions
+    from fstrain.io.render_files import bundle_files
+
+    options = TrainingOptions(warmup_steps=max(1, steps // 10), total_steps=steps)
+    bundle = render_bundle(plan, out_dir=run_dir, options=options)
+    return {name: content.decode() for name, content in bundle_files(bundle).items()}
+
+
+def fetch_training_summary(host: Any, run_dir: str, connect: Any, folder: Path) -> dict[str, Any] | None:
+    """Rank 0's summary.json (node 0), copied into the local run directory."""
+    import json
+
+    transport = connect(host)
+    try:
+        result = transport.run(["cat", f"{run_dir}/summary.json"], timeout_s=30)
+    finally:
+        transport.close()
+    if not result.ok:
+        console().print(f"[yellow]no training summary on {host.label()}: {result.error or result.stderr.strip()}")
+        return None
+    summary: dict[str, Any] = json.loads(result.stdout)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def print_training_summary(summary: dict[str, Any]) -> None:
+    import json
+
+    console().print("training summary (rank 0):")
+    sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    sys.stdout.flush()
 
 
 def interface_env(ifname: str, user_env: dict[str, str]) -> dict[str, str]:

@@ -202,7 +202,8 @@ class RunOptions:
     grace_s: float = 15.0
     heartbeat_timeout_s: float = 30.0
     workdir: str | None = None
-    files: Mapping[str, str] = field(default_factory=dict)
+    node_run_dirs: Sequence[str] = ()  # per node: where its watchdog writes files ({run_dir})
+    node_files: Sequence[Mapping[str, str]] = ()  # per node: rendered configs to write there
     color: bool = False
     out: TextIO = sys.stdout
 
@@ -264,13 +265,13 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
     launch = node.launch
     rank = launch.node_rank
     node.started = time.time()
-    run_dir = str(options.run_dir.resolve()) if is_local(launch.host) else f"{REMOTE_RUNS}/{options.run_id}"
+    run_dir = node_run_dir(launch.host, rank, options)
     header = {
         "source": source("watchdog"),
         "argv": list(launch.argv),
         "env": dict(launch.env),
         "workdir": options.workdir,
-        "files": dict(options.files),
+        "files": dict(options.node_files[rank]) if options.node_files else {},
         "run_dir": run_dir,
         "state_dir": REMOTE_STATE,
         "run_id": options.run_id,
@@ -286,6 +287,20 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
         events.put(("lost", rank, exc.message, None))
         return
     threading.Thread(target=_pump, args=(node, events), daemon=True, name=f"fstrain-node{rank}").start()
+
+
+def node_run_dir(host: Host, node_rank: int, options: RunOptions) -> str:
+    """The run directory on a node: the local run dir for localhost, else under the remote home."""
+    if options.node_run_dirs:
+        return options.node_run_dirs[node_rank]
+    return str(options.run_dir.resolve()) if is_local(host) else f"{REMOTE_RUNS}/{options.run_id}"
+
+
+def remote_run_dir(host: Host, facts: HostFacts, run_id: str, local_run_dir: Path) -> str:
+    """Absolute: rendered configs name their own paths, so ``~`` is resolved with the probed home."""
+    if is_local(host):
+        return str(local_run_dir.resolve())
+    return f"{facts.info.get('home') or '~'}/.fstrain/runs/{run_id}"
 
 
 def _pump(node: NodeState, events: queue.Queue[tuple[str, int, Any, Any]]) -> None:

@@ -22,9 +22,11 @@ def main(argv: list[str] | None = None) -> None:
     if summary is not None:
         first, last = summary["first_loss"], summary["last_loss"]
         if first is not None:
-            print(f"[fstrain.train] done: loss {first:.4f} -> {last:.4f} over {len(summary['losses'])} steps")
+            sys.stdout.write(f"[fstrain.train] done: loss {first:.4f} -> {last:.4f} over "
+                             f"{len(summary['losses'])} steps\n")
         else:
-            print(f"[fstrain.train] done: nothing to do, the checkpoint is at step {summary['start_step']}")
+            sys.stdout.write("[fstrain.train] done: nothing to do, the checkpoint is at step "
+                             f"{summary['start_step']}\n")
 
 
 def run(argv: list[str] | None) -> dict[str, Any] | None:

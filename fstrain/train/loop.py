@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +36,9 @@ def build_engine(settings: TrainSettings, runtime: Runtime) -> Engine:
 
 def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
     spec = settings.plan.model
+    # Every rank says who it is once, so a launcher's log shows all ranks joined the same world.
+    _write_line(f"[fstrain.train] rank {runtime.rank}/{runtime.world_size} local {runtime.local_rank} on "
+                f"{socket.gethostname()} ({runtime.device.type}, backend {settings.backend})")
     engine = build_engine(settings, runtime)
     start_step = 0
     if settings.resume and settings.checkpoint_dir is not None:
@@ -101,4 +106,11 @@ def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
 
 def _log(runtime: Runtime, message: str) -> None:
     if runtime.is_main:
-        print(f"[fstrain.train] {message}", flush=True)
+        _write_line(f"[fstrain.train] {message}")
+
+
+def _write_line(text: str) -> None:
+    """One write per line: ranks sharing a pipe (the DeepSpeed launcher's) never split each
+    other's lines, which print(), writing the text and the newline separately, would."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()

@@ -73,6 +73,7 @@ def info(workdir: str) -> dict[str, Any]:
         resolved = None
     return {
         "hostname": hostname,
+        "home": os.path.expanduser("~"),
         "hostname_resolves_to": resolved,
         "interfaces": interfaces(),
         "python": sys.version.split()[0],

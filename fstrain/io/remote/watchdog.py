@@ -1,9 +1,10 @@
 """The remote watchdog: runs one node's job in its own session and never leaves a process behind.
 
 Sent as source over SSH (stdlib only, Python >= 3.8) and started by ``BOOTSTRAP``, which reads
-one JSON header line from stdin: ``argv``, ``env``, ``workdir``, ``files`` (written into
-``run_dir`` with mode 0600), ``grace_s``, ``heartbeat_timeout_s``, ``run_id``, ``node_rank``,
-``state_dir``. Values travel on stdin, never on the command line.
+one JSON header line from stdin: ``argv`` (``{run_dir}`` in an argument becomes the run
+directory), ``env``, ``workdir``, ``files`` (written into ``run_dir`` with mode 0600),
+``grace_s``, ``heartbeat_timeout_s``, ``run_id``, ``node_rank``, ``state_dir``. Values travel
+on stdin, never on the command line.
 
 After the header, stdin is the control line from the launcher:
 
@@ -113,10 +114,14 @@ class Watchdog:
         if run_dir:
             os.makedirs(run_dir, mode=0o700, exist_ok=True)
             for name, content in sorted((header.get("files") or {}).items()):
+                # Write then rename: on a shared file system another node's rank may be
+                # reading the same file while this node writes it.
                 path = os.path.join(run_dir, name)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                partial = f"{path}.{os.getpid()}.partial"
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w") as handle:
                     handle.write(content)
+                os.replace(partial, path)
         env = dict(os.environ)
         env.update(header.get("env") or {})
         env["FSTRAIN_RUN_ID"] = str(header.get("run_id", ""))
@@ -164,8 +169,10 @@ class Watchdog:
             except OSError as exc:
                 log(f"working directory {workdir!r}: {exc.strerror}")
                 return 2
+        run_dir = env.get("FSTRAIN_RUN_DIR", "")
+        argv = [arg.replace("{run_dir}", run_dir) for arg in self.header["argv"]]
         try:
-            self.child = subprocess.Popen(self.header["argv"], env=env, stdin=subprocess.DEVNULL,
+            self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                           start_new_session=True)
         except OSError as exc:
             log(f"cannot start {self.header['argv'][0]!r}: {exc.strerror}")

@@ -1,0 +1,69 @@
+"""The plan a launch trains with, and the bundled trainer's command line for it.
+
+``fstrain launch --plan plan.yaml`` takes a plan from ``fstrain plan --out``; ``--model NAME`` or
+``--recipe FILE`` builds a data-parallel plan pinned from the flags (strategy, micro-batch,
+precision) for the hosts actually launched on: what a CPU run or a quick test needs. For a
+searched, GPU-aware plan, run ``fstrain plan --out`` first.
+"""
+
+from __future__ import annotations
+
+from fstrain.core.planfile import ClusterSummary, ModelSpec, PlanFile, PlanKnobs, validate_knobs
+from fstrain.errors import ConfigError
+
+ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3,
+              "fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
+DEFAULT_STRATEGY = {"torchrun": "fsdp-full", "deepspeed": "zero3"}
+
+
+def data_parallel_plan(
+    model: ModelSpec, *, num_nodes: int, procs_per_node: int, strategy: str, micro_batch_size: int,
+    grad_accum_steps: int = 1, precision: str = "bf16", seq_len: int | None = None, gpu: str = "cpu",
+    gpu_memory_bytes: int = 0, hosts: tuple[str, ...] = (),
+) -> PlanFile:
+    """Every process a data-parallel rank (tp = pp = 1); hybrid shards within a node."""
+    world = num_nodes * procs_per_node
+    group = procs_per_node if strategy == "fsdp-hybrid" else (1 if strategy == "ddp" else world)
+    knobs = PlanKnobs(
+        strategy=strategy, zero_stage=ZERO_STAGE.get(strategy, -1), dp=world, tp=1, pp=1,
+        shard_group_size=group, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
+        precision=precision, seq_len=seq_len or model.seq_len,
+    )
+    validate_knobs(knobs, "--strategy/--micro-batch")
+    cluster = ClusterSummary(num_nodes=num_nodes, gpus_per_node=procs_per_node, gpu=gpu,
+                             gpu_memory_bytes=gpu_memory_bytes, hosts=hosts)
+    return PlanFile(model=model, knobs=knobs, cluster=cluster)
+
+
+def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
+    """A plan made for another world size would train with the wrong sharding: refuse it."""
+    if plan.knobs.world_size != world_size:
+        k = plan.knobs
+        raise ConfigError(
+            f"the plan is for dp({k.dp}) * tp({k.tp}) * pp({k.pp}) = {k.world_size} processes, "
+            f"but this launch starts {world_size}",
+            "re-plan for these hosts (fstrain plan --out), or change --nproc-per-node or the hosts",
+            where,
+        )
+    if plan.knobs.tp != 1 or plan.knobs.pp != 1:
+        raise ConfigError(f"the bundled trainer runs tp=1, pp=1 only; the plan has tp={plan.knobs.tp}, "
+                          f"pp={plan.knobs.pp}", "plan with --tp 1 --pp 1", where)
+
+
+def trainer_backend(plan: PlanFile) -> str:
+    """The bundled trainer's backend for a plan: FSDP2 for fsdp-*, DeepSpeed for ddp/ZeRO."""
+    return "fsdp" if plan.knobs.strategy.startswith("fsdp") else "deepspeed"
+
+
+def trainer_program(python: str, plan: PlanFile, *, steps: int) -> list[str]:
+    """``python -m fstrain.train`` reading the files rendered into the run directory."""
+    backend = trainer_backend(plan)
+    config = ["--fsdp-config", "{run_dir}/fsdp.yaml"] if backend == "fsdp" else \
+        ["--deepspeed-config", "{run_dir}/ds_config.json"]
+    return [python, "-m", "fstrain.train", "--plan", "{run_dir}/plan.yaml", "--backend", backend, *config,
+            "--steps", str(steps), "--summary-json", "{run_dir}/summary.json"]
+
+
+def check_strategy(strategy: str) -> None:
+    if strategy not in ZERO_STAGE:
+        raise ConfigError(f"unknown strategy {strategy!r}", f"use one of {', '.join(ZERO_STAGE)}", "--strategy")
