@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from fstrain.cli import hostopts
 from fstrain.cli.output import console, print_json
 from fstrain.errors import ConfigError, InputError
 
@@ -68,17 +69,51 @@ def parse_command(
 @topo_app.command("show")
 def show_command(
     json_output: bool = JSON_OPTION,
-    python: str | None = typer.Option(None, "--python", help="Interpreter that runs the probe (default: this one)."),
+    python: str | None = typer.Option(None, "--python", help="Interpreter that runs the probe "
+                                      "(default: this one locally, python3 on remote hosts)."),
+    hostfile: str | None = hostopts.HOSTFILE,
+    hosts: str | None = hostopts.HOSTS,
+    include: str | None = hostopts.INCLUDE,
+    exclude: str | None = hostopts.EXCLUDE,
+    ssh_config: str | None = hostopts.SSH_CONFIG,
+    accept_new_hosts: bool = hostopts.ACCEPT_NEW,
+    fanout: int = hostopts.FANOUT,
 ) -> None:
-    """Probe this node and draw its topology (a node without GPUs says so)."""
+    """Probe this node, or every selected host, and draw the topology (nodes without GPUs say so)."""
     from fstrain.cli.topo_view import render_reports
-    from fstrain.io.probe import probe_local
 
-    reports = [probe_local(python=python)]
+    reports, failures = probe_selected(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts, fanout,
+                                       python)
     if json_output:
-        print_json(reports_document(reports))
-        return
-    render_reports(reports, console())
+        print_json({**reports_document(reports), "unreachable": failures})
+    elif reports:
+        render_reports(reports, console())
+    for failure in failures:
+        console().print(f"[red]error: {failure['error']}[/red]", markup=True)
+    if failures:
+        raise typer.Exit(1)
+
+
+def probe_selected(hostfile: str | None, hosts: str | None, include: str | None, exclude: str | None,
+                   ssh_config: str | None, accept_new_hosts: bool, fanout: int,
+                   python: str | None) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Probe reports of the selected hosts (this machine when none is selected), and the hosts
+    that could not be probed with why."""
+    from fstrain.errors import FstrainError
+    from fstrain.io.connect import is_local, make_connector
+    from fstrain.io.fanout import HostPool
+    from fstrain.io.probe import probe_hosts, probe_local
+
+    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
+    if len(selection.hosts) == 1 and is_local(selection.hosts[0]):
+        return [probe_local(python=python)], []
+    with HostPool(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
+                  fanout=fanout) as pool:
+        results = probe_hosts(pool, python=python or "python3")
+    reports = [r for r in results if not isinstance(r, FstrainError)]
+    failures = [{"host": h.label(), "error": r.one_line()} for h, r in zip(selection.hosts, results, strict=True)
+                if isinstance(r, FstrainError)]
+    return reports, failures
 
 
 def reports_document(reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,6 +157,14 @@ def _shape_path(output: Path, shape: str, many: bool) -> Path:
 def xml_command(
     source: Path | None = typer.Option(None, "--from", help="A saved probe report (JSON) or `nvidia-smi topo -m`."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Where to write the XML (default: stdout)."),
+    hostfile: str | None = hostopts.HOSTFILE,
+    hosts: str | None = hostopts.HOSTS,
+    include: str | None = hostopts.INCLUDE,
+    exclude: str | None = hostopts.EXCLUDE,
+    ssh_config: str | None = hostopts.SSH_CONFIG,
+    accept_new_hosts: bool = hostopts.ACCEPT_NEW,
+    fanout: int = hostopts.FANOUT,
+    python: str | None = typer.Option(None, "--python", help="Interpreter that runs the probe."),
 ) -> None:
     """Write the NCCL topology file (NCCL_TOPO_FILE), one per distinct node shape."""
     import sys
@@ -138,9 +181,12 @@ def xml_command(
         if source is not None:
             reports = load_reports(_read_text(source), str(source))
         else:
-            from fstrain.io.probe import probe_local
-
-            reports = [probe_local()]
+            reports, failures = probe_selected(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts,
+                                               fanout, python)
+            if failures:
+                raise ConfigError("could not probe " + "; ".join(f"{f['host']}: {f['error']}" for f in failures),
+                                  hint="fix or --exclude those hosts, or pass --from with saved reports",
+                                  where="topo xml")
         for shape, group in distinct_shapes(reports):
             # GUIDs are per node: leave them out of a file that several nodes share.
             generated = xml_from_report(group[0], node_specific=len(group) == 1)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fstrain.core.hostfile import Host
 from fstrain.errors import FstrainError
@@ -20,6 +21,7 @@ from fstrain.io.transport.base import CommandResult, Transport
 DEFAULT_FANOUT = 64
 
 Connector = Callable[[Host], Transport]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,11 @@ class HostPool:
             self._transports[key] = transport
         return transport
 
+    def connect_error(self, host: Host) -> str | None:
+        """Why ``host`` cannot be reached (connecting now if not yet tried), or None when it can."""
+        transport = self._transport(host)
+        return transport if isinstance(transport, str) else None
+
     def run_one(
         self, host: Host, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float | None = None
     ) -> HostResult:
@@ -127,9 +134,17 @@ class HostPool:
                 on_result(result)
             return result
 
+        return self.map(one)
+
+    def map(self, work: Callable[[Host], T]) -> list[T]:
+        """``work(host)`` for every host, at most ``fanout`` at a time; results in inventory order."""
         workers = min(self.fanout, max(1, len(self.hosts)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fstrain-fanout") as pool:
-            return list(pool.map(one, self.hosts))
+            return list(pool.map(work, self.hosts))
+
+    def transport(self, host: Host) -> PooledTransport:
+        """A Transport view of ``host`` whose commands reuse the pool's connection."""
+        return PooledTransport(self, host)
 
     def close(self) -> None:
         with self._lock:
@@ -137,3 +152,20 @@ class HostPool:
             self._transports.clear()
         for transport in transports:
             transport.close()
+
+
+class PooledTransport:
+    """One host of a :class:`HostPool` as a Transport (for code written against one transport,
+    such as the probe). Closing it is a no-op: the pool owns the connection."""
+
+    def __init__(self, pool: HostPool, host: Host) -> None:
+        self.host = host.label()
+        self._pool = pool
+        self._inventory_host = host
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
+        result = self._pool.run_one(self._inventory_host, argv, stdin=stdin, timeout_s=timeout_s)
+        return CommandResult(result.exit_code, result.stdout, result.stderr, result.seconds, result.error)
+
+    def close(self) -> None:
+        """The pool closes its connections itself."""

@@ -12,8 +12,10 @@ import sys
 from functools import cache
 from pathlib import Path
 
+from fstrain.core.hostfile import Host
 from fstrain.core.probe_report import Report, validate_report
-from fstrain.errors import ParseError, TransportError
+from fstrain.errors import FstrainError, ParseError, TransportError
+from fstrain.io.fanout import HostPool
 from fstrain.io.transport import LocalTransport, Transport
 
 DEFAULT_TIMEOUT_S = 180.0  # the probe's own deadlines add up to about 2 minutes in the worst case
@@ -64,3 +66,19 @@ def probe_host(transport: Transport, python: str = "python3", timeout_s: float =
 def probe_local(python: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Report:
     """Probe this machine with the same script the nodes run."""
     return probe_host(LocalTransport("localhost"), python=python or sys.executable, timeout_s=timeout_s)
+
+
+def probe_hosts(pool: HostPool, python: str = "python3",
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Report | FstrainError]:
+    """Probe every host of ``pool`` in parallel: a report, or the error that host gave."""
+
+    def one(host: Host) -> Report | FstrainError:
+        unreachable = pool.connect_error(host)
+        if unreachable is not None:
+            return TransportError(unreachable, where=host.label())
+        try:
+            return probe_host(pool.transport(host), python=python, timeout_s=timeout_s)
+        except FstrainError as exc:
+            return exc
+
+    return pool.map(one)

@@ -10,6 +10,7 @@ the previous hop, each hop verified the same way.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import socket
@@ -27,6 +28,12 @@ if TYPE_CHECKING:
     import paramiko
 
 KEEPALIVE_INTERVAL_S = 15
+
+# paramiko logs failed handshakes with a traceback from its own thread; fstrain reports every
+# failure as one line per host instead (FSTRAIN_DEBUG=1 lets paramiko speak).
+if not os.environ.get("FSTRAIN_DEBUG"):
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    logging.getLogger("paramiko").propagate = False
 _known_hosts_lock = threading.Lock()
 
 
