@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from fstrain.cli import hostopts
+
 if TYPE_CHECKING:
     from fstrain.core.assumptions import Assumptions
     from fstrain.core.plancluster import NodeGpus, PlanCluster
@@ -66,16 +68,34 @@ def plan_command(
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     out: str | None = typer.Option(None, "--out", help="Save the best plan as YAML for render and launch."),
+    render_dir: str | None = typer.Option(None, "--render", help="Also render the best plan's configs into DIR."),
+    force: bool = typer.Option(False, "--force", help="With --render: replace rendered files in a non-empty DIR."),
+    hostfile: str | None = hostopts.HOSTFILE,
+    hosts: str | None = hostopts.HOSTS,
+    include: str | None = hostopts.INCLUDE,
+    exclude: str | None = hostopts.EXCLUDE,
+    ssh_config: str | None = hostopts.SSH_CONFIG,
+    accept_new_hosts: bool = hostopts.ACCEPT_NEW,
+    fanout: int = hostopts.FANOUT,
+    python: str = typer.Option("python3", "--python", help="With --hostfile/--hosts: the probe's interpreter."),
 ) -> None:
     """Rank the configurations that fit by predicted throughput and explain the ones that do not."""
     from fstrain.core.assumptions import Assumptions, with_overrides
     from fstrain.core.planner import plan
 
     plan_model, recipe_value = resolve_model(model, recipe, model_params)
-    if out and plan_model.spec is None:
+    if (out or render_dir) and plan_model.spec is None:
         from fstrain.errors import InputError
 
-        raise InputError("a plan file needs the model architecture", "use --model or --recipe with --out", "--out")
+        flag = "--out" if out else "--render"
+        raise InputError("a plan file needs the model architecture", f"use --model or --recipe with {flag}", flag)
+    if render_dir:
+        from pathlib import Path
+
+        from fstrain.io.render_files import check_out_dir
+
+        check_out_dir(Path(render_dir), force=force)  # before any work: nothing is half-written
+    probed = probe_cluster(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts, fanout, python)
     training, batch_note = resolve_training(
         plan_model,
         recipe_value,
@@ -90,13 +110,23 @@ def plan_command(
         train_tokens,
     )
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload)
-    cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps)
+    cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed)
     assumptions = with_overrides(Assumptions(), list(assume or []))
     if mfu is not None:
         assumptions = with_overrides(assumptions, [f"mfu={mfu}"], "--mfu")
     result = plan(plan_model, training, cluster, pins, assumptions)
     if out:
         write_plan_file(out, result, plan_model, cluster, training.train_tokens)
+    if render_dir and result.plans:
+        from fstrain.core.planner import plan_file
+        from fstrain.io.render_files import render_plan_to_dir
+
+        written = render_plan_to_dir(plan_file(result, plan_model, cluster, training.train_tokens), render_dir,
+                                     force=force)
+        if not json_output:
+            from fstrain.cli.output import console
+
+            console().print(f"rendered {len(written)} files into {render_dir}")
     if json_output:
         from fstrain.cli.output import print_json
 
@@ -106,6 +136,29 @@ def plan_command(
 
         print_plans(result, plan_model, training, cluster, assumptions, top, batch_note, out)
     raise typer.Exit(0 if result.plans else 1)
+
+
+def probe_cluster(hostfile: str | None, hosts: str | None, include: str | None, exclude: str | None,
+                  ssh_config: str | None, accept_new_hosts: bool, fanout: int, python: str) -> list[NodeGpus] | None:
+    """With --hostfile/--hosts: probe every host and describe its GPUs; otherwise None."""
+    if not hostfile and not hosts:
+        return None
+    from fstrain.core.plancluster import node_gpus_from_report
+    from fstrain.errors import FstrainError, TransportError
+    from fstrain.io.connect import make_connector
+    from fstrain.io.fanout import HostPool
+    from fstrain.io.probe import probe_hosts
+
+    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
+    with HostPool(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
+                  fanout=fanout) as pool:
+        results = probe_hosts(pool, python=python)
+    failed = [r.one_line() for r in results if isinstance(r, FstrainError)]
+    if failed:
+        raise TransportError("could not probe " + "; ".join(failed),
+                             "fix or --exclude those hosts, or describe the cluster with --gpu", "fstrain plan")
+    return [node_gpus_from_report(r, h.label()) for h, r in zip(selection.hosts, results, strict=True)
+            if not isinstance(r, FstrainError)]
 
 
 def resolve_model(model: str | None, recipe: str | None, model_params: str | None) -> tuple[PlanModel, Recipe | None]:

@@ -10,9 +10,10 @@ bounds what fits and the slowest GPU bounds the step time; the plan names both.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from fstrain.core.gpus import GpuSpec, lookup_gpu
 from fstrain.core.planfile import ClusterSummary
@@ -190,3 +191,29 @@ def uniform_cluster(
         raise InputError(f"expected a positive number of nodes, got {num_nodes}", "", "--num-nodes")
     node = NodeGpus(gpu, gpus_per_node, nvlink_domain_size=nvlink_domain_size)
     return build_cluster([node] * num_nodes, inter_node_gbps, "--gpu")
+
+
+def node_gpus_from_report(report: Mapping[str, Any], host: str) -> NodeGpus:
+    """What the planner needs of a probed node: GPU type and count, memory, NVLink domain, RAM."""
+    from fstrain.core.probe_report import node_from_report
+    from fstrain.core.topology import nvlink_domains
+    from fstrain.errors import ConfigError
+
+    gpus = report.get("gpus") or []
+    if not gpus:
+        reason = report.get("gpu_source_reason") or "no GPU found"
+        raise ConfigError(f"no GPU to plan for ({reason})",
+                          "probe GPU nodes, or describe the cluster with --gpu/--num-nodes/--gpus-per-node", host)
+    names = sorted({str(g.get("name")) for g in gpus})
+    if len(names) > 1:
+        raise ConfigError(f"{host} mixes GPU types ({', '.join(names)})", "plan such a node by hand with --node", host)
+    memories = [int(g["memory_total_bytes"]) for g in gpus if g.get("memory_total_bytes")]
+    domains = nvlink_domains(node_from_report(dict(report), where=host))
+    return NodeGpus(
+        gpu=names[0],
+        num_gpus=len(gpus),
+        memory_bytes=min(memories) if memories else None,
+        nvlink_domain_size=max((len(d.gpu_indices) for d in domains), default=1),
+        host=host,
+        host_memory_bytes=report.get("memory_total_bytes"),
+    )

@@ -42,3 +42,10 @@ def test_topo_xml_refuses_gpu_less_hosts_with_one_line(cluster: NamespaceCluster
     assert result.returncode == 2
     assert result.stderr.startswith("error: node1: no GPU") and result.stderr.count("\n") == 1
     assert not out.exists()
+
+
+def test_plan_probes_the_hosts_and_says_they_have_no_gpu(cluster: NamespaceCluster) -> None:
+    result = run_fstrain("plan", "--model", "tiny", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: node1: no GPU to plan for (no NVIDIA GPU on the PCI bus)")
+    assert result.stderr.count("\n") == 1
