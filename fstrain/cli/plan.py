@@ -119,10 +119,10 @@ def plan_command(
         write_plan_file(out, result, plan_model, cluster, training.train_tokens)
     if render_dir and result.plans:
         from fstrain.core.planner import plan_file
-        from fstrain.io.render_files import render_plan_to_dir
+        from fstrain.io.render_files import render_and_write
 
-        written = render_plan_to_dir(plan_file(result, plan_model, cluster, training.train_tokens), render_dir,
-                                     force=force)
+        _, written = render_and_write(plan_file(result, plan_model, cluster, training.train_tokens), render_dir,
+                                      force=force)
         if not json_output:
             from fstrain.cli.output import console
 

@@ -156,27 +156,3 @@ def render_and_write(
     files.update(topo_contents)
     return bundle, write_render(out_path, files, force=force)
 
-
-def render_plan_to_dir(
-    plan: PlanFile,
-    out_dir: Path | str,
-    *,
-    force: bool,
-    ifname: str | None = None,
-    rdma_devices: Sequence[str] = (),
-    nccl_topo_files: Sequence[Path | str] = (),
-    debug: bool = False,
-    options: TrainingOptions | None = None,
-) -> list[Path]:
-    """Render ``plan`` into ``out_dir`` (the hook ``fstrain plan --render DIR`` calls)."""
-    _, paths = render_and_write(
-        plan,
-        out_dir,
-        force=force,
-        ifname=ifname,
-        rdma_devices=rdma_devices,
-        nccl_topo_files=nccl_topo_files,
-        debug=debug,
-        options=options,
-    )
-    return paths

@@ -20,7 +20,7 @@ import pytest
 
 from fstrain.core.planfile import PlanFile
 from fstrain.core.render.options import TrainingOptions
-from fstrain.io.render_files import render_plan_to_dir
+from fstrain.io.render_files import render_and_write
 
 REPO = Path(__file__).resolve().parents[2]
 # A rate the 2-layer test model learns visibly in a handful of steps.
@@ -35,7 +35,7 @@ class Run:
 
 
 def render(plan: PlanFile, out: Path, options: TrainingOptions = FAST) -> Path:
-    render_plan_to_dir(plan, out, force=False, options=options)
+    render_and_write(plan, out, force=False, options=options)
     return out
 
 

@@ -11,7 +11,7 @@ import yaml
 from fstrain.core.render import TrainingOptions, render_accelerate, render_deepspeed, render_fsdp
 from fstrain.errors import ConfigError, InputError
 from fstrain.io import render_files
-from fstrain.io.render_files import read_plan_file, render_and_write, render_plan_to_dir
+from fstrain.io.render_files import read_plan_file, render_and_write
 from tests.plans import make_plan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl-xml"
@@ -24,8 +24,8 @@ def test_writes_every_file_with_the_rendered_content(tmp_path: Path) -> None:
     plan = make_plan("fsdp-hybrid", dp=4, shard_group_size=2, activation_checkpointing="full")
     options = TrainingOptions(lr=1e-3, warmup_steps=3)
     out = tmp_path / "render"
-    paths = render_plan_to_dir(plan, out, force=False, ifname="eth0", rdma_devices=["mlx5_0"],
-                               nccl_topo_files=[TOPO], options=options)
+    _, paths = render_and_write(plan, out, force=False, ifname="eth0", rdma_devices=["mlx5_0"],
+                                nccl_topo_files=[TOPO], options=options)
     assert [p.name for p in paths] == sorted([*RENDERED, TOPO.name])
     assert sorted(p.name for p in out.iterdir()) == sorted([*RENDERED, TOPO.name])
     assert json.loads((out / "ds_config.json").read_text()) == render_deepspeed(plan, options).config
@@ -48,8 +48,8 @@ def test_writes_every_file_with_the_rendered_content(tmp_path: Path) -> None:
 
 def test_output_is_byte_identical_and_sorted(tmp_path: Path) -> None:
     plan = make_plan("zero3", offload="optimizer")
-    render_plan_to_dir(plan, tmp_path / "a", force=False)
-    render_plan_to_dir(plan, tmp_path / "b", force=False)
+    render_and_write(plan, tmp_path / "a", force=False)
+    render_and_write(plan, tmp_path / "b", force=False)
     for name in RENDERED:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     ds_text = (tmp_path / "a" / "ds_config.json").read_text()
@@ -64,7 +64,7 @@ def test_a_non_empty_directory_is_refused_and_left_alone(tmp_path: Path) -> None
     out.mkdir()
     (out / "notes.txt").write_text("mine\n")
     with pytest.raises(InputError, match=r"not empty \(notes.txt\).*--force"):
-        render_plan_to_dir(make_plan(), out, force=False)
+        render_and_write(make_plan(), out, force=False)
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory left
 
@@ -72,15 +72,15 @@ def test_a_non_empty_directory_is_refused_and_left_alone(tmp_path: Path) -> None
 def test_an_empty_directory_is_used(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    render_plan_to_dir(make_plan(), out, force=False)
+    render_and_write(make_plan(), out, force=False)
     assert sorted(p.name for p in out.iterdir()) == RENDERED
 
 
 def test_force_replaces_rendered_files_and_keeps_others(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    render_plan_to_dir(make_plan("zero1"), out, force=False)
+    render_and_write(make_plan("zero1"), out, force=False)
     (out / "notes.txt").write_text("mine\n")
-    render_plan_to_dir(make_plan("zero3"), out, force=True)
+    render_and_write(make_plan("zero3"), out, force=True)
     assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
     assert (out / "notes.txt").read_text() == "mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -89,7 +89,7 @@ def test_force_replaces_rendered_files_and_keeps_others(tmp_path: Path) -> None:
 def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:
     (tmp_path / "out").write_text("x")
     with pytest.raises(InputError, match="not a directory"):
-        render_plan_to_dir(make_plan(), tmp_path / "out", force=True)
+        render_and_write(make_plan(), tmp_path / "out", force=True)
 
 
 def test_a_failed_write_leaves_nothing_half_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,17 +104,17 @@ def test_a_failed_write_leaves_nothing_half_written(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(render_files, "_write_synced", failing_write)
     with pytest.raises(OSError, match="No space"):
-        render_plan_to_dir(make_plan(), tmp_path / "new", force=False)
+        render_and_write(make_plan(), tmp_path / "new", force=False)
     assert list(tmp_path.iterdir()) == []  # neither the directory nor a staging copy
 
     existing = tmp_path / "existing"
     monkeypatch.setattr(render_files, "_write_synced", real_write)
-    render_plan_to_dir(make_plan("zero1"), existing, force=False)
+    render_and_write(make_plan("zero1"), existing, force=False)
     before = {p.name: p.read_bytes() for p in existing.iterdir()}
     calls.clear()
     monkeypatch.setattr(render_files, "_write_synced", failing_write)
     with pytest.raises(OSError):
-        render_plan_to_dir(make_plan("zero3"), existing, force=True)
+        render_and_write(make_plan("zero3"), existing, force=True)
     assert {p.name: p.read_bytes() for p in existing.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]
 
@@ -128,11 +128,11 @@ def test_two_topology_files_are_copied_without_a_global_topo_variable(tmp_path: 
 
 def test_bad_topology_files(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot read NCCL topology file"):
-        render_plan_to_dir(make_plan(), tmp_path / "a", force=False, nccl_topo_files=[tmp_path / "missing.xml"])
+        render_and_write(make_plan(), tmp_path / "a", force=False, nccl_topo_files=[tmp_path / "missing.xml"])
     clash = tmp_path / "README"
     clash.write_text("<system/>")
     with pytest.raises(ConfigError, match="clash"):
-        render_plan_to_dir(make_plan(), tmp_path / "b", force=False, nccl_topo_files=[clash])
+        render_and_write(make_plan(), tmp_path / "b", force=False, nccl_topo_files=[clash])
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
@@ -153,7 +153,7 @@ def test_read_plan_file_errors(tmp_path: Path, content: str, message: str) -> No
 
 def test_read_plan_file_refuses_a_stage_deepspeed_does_not_have(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    render_plan_to_dir(make_plan("zero3"), out, force=False)
+    render_and_write(make_plan("zero3"), out, force=False)
     bad = tmp_path / "bad.yaml"
     bad.write_text((out / "plan.yaml").read_text().replace("zero_stage: 3", "zero_stage: 5"))
     with pytest.raises(InputError, match="zero_stage is 5"):

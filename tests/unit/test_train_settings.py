@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.errors import ConfigError, InputError
-from fstrain.io.render_files import render_plan_to_dir
+from fstrain.io.render_files import render_and_write
 from fstrain.train.settings import load_settings
 from tests.plans import make_plan
 
@@ -18,7 +18,7 @@ from tests.plans import make_plan
 @pytest.fixture
 def rendered(tmp_path: Path) -> Path:
     plan = make_plan("fsdp-hybrid", dp=4, shard_group_size=2, activation_checkpointing="selective")
-    render_plan_to_dir(plan, tmp_path / "r", force=False)
+    render_and_write(plan, tmp_path / "r", force=False)
     return tmp_path / "r"
 
 
@@ -60,7 +60,7 @@ def test_bad_inputs(rendered: Path, args: list[str], world: int, error: type[Exc
 
 
 def test_a_tensor_parallel_plan_is_refused(tmp_path: Path) -> None:
-    render_plan_to_dir(make_plan("zero1", dp=2, tp=2), tmp_path / "r", force=False)
+    render_and_write(make_plan("zero1", dp=2, tp=2), tmp_path / "r", force=False)
     with pytest.raises(ConfigError, match="tp=2 pp=1"):
         load_settings(["--plan", str(tmp_path / "r" / "plan.yaml")], 4)
 
