@@ -1,0 +1,587 @@
+#!/usr/bin/env python3
+"""The GPU memory check for render + trainer (issue 5): measured peak memory against the plan's.
+
+Run from the repository root on the lent GPU machine (installs nothing, needs no network, imports
+no fstrain module itself: every fstrain step is `python3 -m fstrain ...` with PYTHONPATH=<repo>):
+
+    python3 scripts/gpu_train_check.py OUT_DIR [--steps 8] [--model gpt2-1.5b] [--dry-run]
+
+With the device tool: run(command='PYTHONUNBUFFERED=1 timeout 470 python3 scripts/gpu_train_check.py "$OUT"',
+timeout_s=500). Without a GPU: `--dry-run` stops after planning and rendering (exit 0), and
+`--rehearse-on-cpu` also runs the trainer on the CPU with gloo (tiny recipe by default) to rehearse
+every step; its numbers are RSS, not a memory check.
+
+1. Records the machine: python, nvidia-smi, torch (version, CUDA, the GPU and its memory), deepspeed.
+2. For each case (fsdp-full, zero2, zero3, fsdp-grad-op), `fstrain plan` pinned to 1 node x 1 GPU
+   (`--gpu h200`), bf16, AdamW, no checkpointing, no offload, micro-batch 4 x grad-accum 2: once with
+   `--json` (the predicted peak and its breakdown), then with `--out plan.yaml`. If the model does
+   not fit, or its largest predicted peak is over 80 % of the GPU's memory, the next smaller shipped
+   recipe is used (gpt2-1.5b, then tiny) and the reason is recorded.
+   Why gpt2-1.5b: the largest shipped dense recipe whose four layouts all fit one H200 with room to
+   spare (predicted 39.8-47.5 GiB of 140), so a plan that under-predicts by 2x still trains; model
+   states (~25-31 GB) and activations (~12 GB at micro-batch 4 x 1024 tokens) are both large enough
+   to test their formulas. llama2-7b needs 108 GB of model states alone under fsdp-full on one GPU.
+3. `fstrain render` for each plan (lr 3e-4, short warm-up, cosine over --steps).
+4. Each case runs `python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m fstrain.train`
+   with its rendered fsdp.yaml or ds_config.json and the variables of its fstrain.env, for --steps
+   steps; the trainer's summary JSON gives CUDA max allocated / max reserved (peaks from the first
+   training step on: model construction is before the reset), and nvidia-smi is polled meanwhile
+   for the whole process (CUDA context and start-up included). DeepSpeed cases are skipped, with the
+   reason, when deepspeed is not importable; a case is skipped when too little time is left.
+5. Compares: max reserved / (predicted peak - CUDA context - NCCL), max allocated / (that - the
+   fragmentation margin), nvidia-smi peak above the idle baseline / predicted peak. A ratio above 1
+   means the plan under-predicts.
+
+Every subprocess has a timeout and runs in its own process group, killed as a whole on timeout or
+when this script gets SIGTERM (`timeout 470`); the script keeps its own budget (--budget-s 420),
+and skips the cases it has no time left for. A PYTHONPATH set by the caller (carried wheels, e.g.
+deepspeed) is kept, after the repository.
+Files in OUT_DIR (4, top level, so the device tool brings all back): summary.json (written after
+every stage), summary.md (the comparison table), logs.txt (every command and its whole output,
+appended as each ends), artifacts.tar.gz (per case: plan.json, plan.yaml, the rendered directory,
+the trainer's summary and log). Exit status: 0 every case that could run passed; 1 a plan, render
+or run failed (or the script crashed); 2 not run: no CUDA GPU or no torch (after planning and
+rendering, which are recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 2**30
+FALLBACK_MODELS = ("gpt2-1.5b", "tiny")  # shipped recipes, largest first
+HEADROOM_FRACTION = 0.8  # a plan must leave 20 % of the GPU free: the check measures, it must not OOM
+CLI_TIMEOUT_S = 60
+PROBE_TIMEOUT_S = 120
+RUN_TIMEOUT_S = 180  # one training run; gpt2-1.5b is expected to take 30-90 s (start-up, CPU init)
+MIN_RUN_S = 60  # do not start a run with less time left than this
+RESERVE_S = 15  # kept for writing the files at the end
+
+
+@dataclass(frozen=True)
+class Case:
+    strategy: str
+    backend: str  # the trainer's --backend
+    config_file: str  # the rendered file that backend reads
+
+
+CASES = (
+    Case("fsdp-full", "fsdp", "fsdp.yaml"),
+    Case("zero2", "deepspeed", "ds_config.json"),
+    Case("zero3", "deepspeed", "ds_config.json"),
+    Case("fsdp-grad-op", "fsdp", "fsdp.yaml"),  # last: the second FSDP layout, run if time is left
+)
+
+TORCH_PROBE = r"""
+import json, torch
+info = {"version": torch.__version__, "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+if info["cuda_available"]:
+    props = torch.cuda.get_device_properties(0)
+    info.update(device_count=torch.cuda.device_count(), name=props.name, total_memory_bytes=props.total_memory,
+                capability=f"{props.major}.{props.minor}", bf16=torch.cuda.is_bf16_supported())
+print("TORCH_PROBE", json.dumps(info))
+"""
+
+
+class Terminated(BaseException):
+    """SIGTERM (the device tool's `timeout`): unwind, kill the running child, write the summary."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+class Check:
+    """The run's state: budget, directories, the summary written after every stage."""
+
+    def __init__(self, out: Path, work: Path, budget_s: float) -> None:
+        self.out, self.work = out, work
+        self.deadline = time.monotonic() + budget_s
+        self.summary: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv}
+        self.env = dict(os.environ)
+        # The repository first, anything the caller put on PYTHONPATH (carried wheels) after it.
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        self.env["PYTHONUNBUFFERED"] = "1"
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        text = json.dumps(self.summary, indent=2, sort_keys=True, default=str) + "\n"
+        tmp = self.out / ".summary.json.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.out / "summary.json")
+
+    def run(self, argv: list[str], log: Path, timeout_s: float, *, stdout: Path | None = None,
+            env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Run argv in its own process group; output to `log` (stdout to `stdout` if given)."""
+        try:
+            return run_logged(argv, log, min(timeout_s, max(1.0, self.left_s())), env or self.env, stdout)
+        finally:  # an interrupted run's output is kept too
+            with (self.out / "logs.txt").open("a", encoding="utf-8", errors="replace") as logs:
+                logs.write(f"\n===== {log.relative_to(self.work)} =====\n")
+                logs.write(log.read_text(errors="replace") if log.exists() else "(no log)\n")
+                if stdout is not None:
+                    logs.write(f"[stdout: {stdout.stat().st_size if stdout.exists() else 0} bytes, kept as "
+                               f"{stdout.relative_to(self.work)} in artifacts.tar.gz]\n")
+
+
+def run_logged(argv: list[str], log: Path, timeout_s: float, env: dict[str, str],
+               stdout: Path | None) -> dict[str, Any]:
+    start = time.monotonic()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as log_file:
+        log_file.write(f"$ {shlex.join(argv)}\n".encode())
+        log_file.flush()
+        out_file = stdout.open("wb") if stdout is not None else log_file
+        try:
+            # A new session: on timeout the whole group goes (torchrun and its worker), never an orphan on the GPU.
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_file, stderr=log_file, env=env,
+                                    cwd=REPO, start_new_session=True)
+        except OSError as exc:
+            log_file.write(f"cannot start: {exc}\n".encode())
+            return {"exit_code": None, "timed_out": False, "seconds": 0.0, "error": str(exc)}
+        finally:
+            if stdout is not None:
+                out_file.close()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except BaseException:
+            log_file.write(b"[interrupted: the process group was killed]\n")
+            raise
+        finally:
+            if proc.poll() is None:
+                kill_group(proc)
+        seconds = round(time.monotonic() - start, 1)
+        status = f"timed out after {timeout_s:.0f} s, killed" if timed_out else f"exit {proc.returncode}"
+        log_file.write(f"[{status}; {seconds} s]\n".encode())
+    return {"exit_code": None if timed_out else proc.returncode, "timed_out": timed_out, "seconds": seconds}
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class GpuMemoryPoller:
+    """nvidia-smi's memory.used for GPU 0, sampled while a run goes: the whole process, context included."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.samples_mib: list[int] = []
+        self.baseline_mib = self._sample()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @staticmethod
+    def _sample() -> int | None:
+        argv = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+            return int(proc.stdout.strip().splitlines()[0]) if proc.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            value = self._sample()
+            if value is not None:
+                self.samples_mib.append(value)
+
+    def __enter__(self) -> GpuMemoryPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def result(self) -> dict[str, Any]:
+        peak = max(self.samples_mib) if self.samples_mib else None
+        base = self.baseline_mib
+        return {
+            "samples": len(self.samples_mib),
+            "baseline_used_bytes": base * 2**20 if base is not None else None,
+            "max_used_bytes": peak * 2**20 if peak is not None else None,
+            "max_used_above_baseline_bytes": (peak - base) * 2**20 if peak is not None and base is not None else None,
+        }
+
+
+def record_machine(check: Check) -> dict[str, Any]:
+    """What the machine has; the torch probe's JSON decides whether there is a GPU to run on."""
+    probes = check.work / "probes"
+    machine: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable,
+                               "cpu_count": os.cpu_count()}
+    smi_query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+    smi = check.run(smi_query, probes / "nvidia-smi.log", 30, stdout=probes / "nvidia-smi.txt")
+    machine["nvidia_smi"] = (probes / "nvidia-smi.txt").read_text().strip() if smi["exit_code"] == 0 else None
+    torch_run = check.run([sys.executable, "-c", TORCH_PROBE], probes / "torch.log", PROBE_TIMEOUT_S,
+                          stdout=probes / "torch.json")
+    torch_line = marked_line(probes / "torch.json", "TORCH_PROBE ") if torch_run["exit_code"] == 0 else None
+    machine["torch"] = json.loads(torch_line) if torch_line else None
+    # DeepSpeed logs its accelerator choice on stdout at import: take only the marked line.
+    ds_probe = "import deepspeed; print('DEEPSPEED_VERSION', deepspeed.__version__)"
+    ds_run = check.run([sys.executable, "-c", ds_probe], probes / "deepspeed.log", PROBE_TIMEOUT_S,
+                       stdout=probes / "deepspeed.txt")
+    ds_line = marked_line(probes / "deepspeed.txt", "DEEPSPEED_VERSION ") if ds_run["exit_code"] == 0 else None
+    machine["deepspeed"] = ds_line
+    git = run_logged(["git", "rev-parse", "HEAD"], probes / "git.log", 10, check.env, probes / "git.txt")
+    machine["git_commit"] = (probes / "git.txt").read_text().strip() if git["exit_code"] == 0 else None
+    return machine
+
+
+def marked_line(path: Path, marker: str) -> str | None:
+    """The rest of the last stdout line that starts with marker (libraries may print before it)."""
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.startswith(marker)]
+    return lines[-1][len(marker):].strip() if lines else None
+
+
+def prediction(plan_json: dict[str, Any]) -> dict[str, Any]:
+    """The pinned configuration's predicted memory, split into what each measurement can see."""
+    best = plan_json["plans"][0]
+    memory = best["memory"]
+    details = memory["details"]
+    peak = int(memory["peak"])
+    outside_allocator = int(details.get("CUDA context", 0)) + int(details.get("NCCL communicators", 0))
+    allocator = peak - outside_allocator  # what torch's caching allocator would reserve
+    return {
+        "fits": bool(best["fits"]),
+        "usable_bytes": int(best["usable_bytes"]),
+        "peak_bytes": peak,
+        "allocator_bytes": allocator,
+        "tensor_bytes": allocator - int(details.get("allocator fragmentation", 0)),  # live tensors
+        "details_bytes": details,
+        "tokens_per_s": best.get("tokens_per_s"),
+        "step_time_s": best.get("step_time_s"),
+    }
+
+
+def plan_and_render(check: Check, model: str, case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    """`fstrain plan` pinned to one GPU, then `fstrain render`; returns the case's record."""
+    folder = check.work / model / case.strategy
+    folder.mkdir(parents=True, exist_ok=True)
+    fstrain = [sys.executable, "-m", "fstrain"]
+    batch = args.micro_batch * args.grad_accum
+    plan_argv = [
+        *fstrain,
+        "plan", "--model", model, "--num-nodes", "1", "--gpus-per-node", "1", "--gpu", args.gpu,
+        "--global-batch", str(batch), "--micro-batch", str(args.micro_batch), "--grad-accum", str(args.grad_accum),
+        "--precision", "bf16", "--optimizer", "adamw", "--strategy", case.strategy, "--tp", "1", "--pp", "1",
+        "--ac", "none", "--offload", "none", "--json",
+    ]  # fmt: skip
+    record: dict[str, Any] = {"strategy": case.strategy, "backend": case.backend, "model": model}
+    # Without --out first: with --out, a plan that does not fit exits 2 and prints no JSON, which
+    # would look like bad input; exit 1 (nothing fits) is a reason to fall back to a smaller model.
+    plan_run = check.run(plan_argv, folder / "plan.log", CLI_TIMEOUT_S, stdout=folder / "plan.json")
+    record["plan"] = plan_run
+    if plan_run["exit_code"] not in (0, 1):
+        record["status"] = "plan failed"
+        return record
+    plan_json = json.loads((folder / "plan.json").read_text())
+    record["predicted"] = prediction(plan_json)
+    record["assumptions"] = plan_json.get("assumptions", {})
+    if plan_run["exit_code"] == 1:
+        record["status"] = "does not fit"
+        return record
+    save_argv = [*plan_argv, "--out", str(folder / "plan.yaml")]
+    record["plan_out"] = check.run(save_argv, folder / "plan-out.log", CLI_TIMEOUT_S, stdout=folder / "plan-out.json")
+    if record["plan_out"]["exit_code"] != 0:
+        record["status"] = "plan --out failed"
+        return record
+    render_argv = [
+        *fstrain,
+        "render", "--plan", str(folder / "plan.yaml"), "-o", str(folder / "render"), "--lr", "3e-4",
+        "--warmup-steps", str(max(1, args.steps // 4)), "--train-steps", str(args.steps), "--json",
+    ]  # fmt: skip
+    render_run = check.run(render_argv, folder / "render.log", CLI_TIMEOUT_S, stdout=folder / "render.json")
+    record["render"] = render_run
+    if render_run["exit_code"] != 0:
+        record["status"] = "render failed"
+        return record
+    record["notes"] = render_notes(folder / "render", case, record["assumptions"], record["predicted"])
+    record["status"] = "rendered"
+    return record
+
+
+def render_notes(render: Path, case: Case, assumptions: dict[str, Any], predicted: dict[str, Any]) -> list[str]:
+    """Where the plan's assumptions and the rendered file the job reads disagree (informational)."""
+    notes: list[str] = []
+    if case.backend != "deepspeed":
+        return notes
+    zero = json.loads((render / "ds_config.json").read_text()).get("zero_optimization", {})
+    for key, assumed_key in (("reduce_bucket_size", "reduce_bucket_elements"),
+                             ("allgather_bucket_size", "allgather_bucket_elements"),
+                             ("stage3_prefetch_bucket_size", "zero3_prefetch_bucket_elements")):
+        if key in zero and assumed_key in assumptions and int(zero[key]) != int(assumptions[assumed_key]):
+            notes.append(f"{case.strategy}: ds_config.json {key} = {int(zero[key]):,} elements, but the plan assumed "
+                         f"{assumed_key} = {int(assumptions[assumed_key]):,}")
+    if notes:
+        buckets = sum(v for k, v in predicted["details_bytes"].items() if "bucket" in k or "prefetch" in k)
+        notes.append(f"{case.strategy}: so the prediction's bucket terms ({buckets / GIB:.3f} GiB) are sized for "
+                     "DeepSpeed's defaults, not for the rendered file")
+    return notes
+
+
+def choose_model(check: Check, args: argparse.Namespace, gpu_bytes: int | None) -> tuple[str, list[dict[str, Any]]]:
+    """Plan and render every case for the first model that fits one GPU with headroom."""
+    candidates = [args.model] + [m for m in FALLBACK_MODELS if m != args.model]
+    fallbacks: list[str] = []
+    check.summary["model_fallbacks"] = fallbacks
+    records: list[dict[str, Any]] = []
+    for model in candidates:
+        records = [plan_and_render(check, model, case, args) for case in CASES]
+        check.summary["cases"] = records
+        check.save()
+        broken = [r for r in records if r["status"] not in ("rendered", "does not fit")]
+        if broken:
+            return model, records  # a real failure: stop here, the summary says which step
+        limit = HEADROOM_FRACTION * (gpu_bytes or min(r["predicted"]["usable_bytes"] for r in records))
+        too_big = [r for r in records if r["status"] == "does not fit" or r["predicted"]["peak_bytes"] > limit]
+        if not too_big:
+            return model, records
+        worst = max(too_big, key=lambda r: r["predicted"]["peak_bytes"])
+        verdict = "does not fit" if worst["status"] == "does not fit" else "fits, but leaves too little headroom"
+        fallbacks.append(f"{model}: {worst['strategy']} predicted {worst['predicted']['peak_bytes'] / GIB:.1f} GiB "
+                         f"({verdict}; the limit is {limit / GIB:.1f} GiB, {HEADROOM_FRACTION:.0%} of the GPU)")
+    return candidates[-1], records
+
+
+def env_file_vars(path: Path) -> dict[str, str]:
+    """The KEY=VALUE lines of the rendered fstrain.env (comments skipped)."""
+    found: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            found[key.strip()] = value
+    return found
+
+
+def train_case(check: Check, record: dict[str, Any], args: argparse.Namespace, on_gpu: bool) -> None:
+    """One trainer run under torchrun on one GPU (or the CPU in a rehearsal), compared with the plan."""
+    case = next(c for c in CASES if c.strategy == record["strategy"])
+    folder = check.work / record["model"] / case.strategy
+    render = folder / "render"
+    env = {**check.env, **env_file_vars(render / "fstrain.env"), "FSTRAIN_DEBUG": "1"}
+    env.setdefault("OMP_NUM_THREADS", str(min(16, os.cpu_count() or 1)))  # the model is built on the CPU
+    if not on_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the rehearsal trains on the CPU even where a GPU exists
+    config_flag = "--fsdp-config" if case.backend == "fsdp" else "--deepspeed-config"
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+        "-m", "fstrain.train", "--plan", str(render / "plan.yaml"), "--backend", case.backend,
+        config_flag, str(render / case.config_file), "--steps", str(args.steps),
+        "--summary-json", str(folder / "train-summary.json"), "--log-every", "1",
+    ]  # fmt: skip
+    record["status"] = "running"  # what the summary says if this script is interrupted now
+    with GpuMemoryPoller() as poller:
+        record["train"] = check.run(argv, folder / "train.log", min(RUN_TIMEOUT_S, check.left_s() - RESERVE_S), env=env)
+    record["nvidia_smi_memory"] = poller.result() if on_gpu else None
+    summary_path = folder / "train-summary.json"
+    if record["train"]["exit_code"] != 0 or not summary_path.exists():
+        log = (folder / "train.log").read_text(errors="replace")
+        oom = "CUDA out of memory" in log or "OutOfMemoryError" in log  # a result too: the plan said it fits
+        failure = "failed: CUDA out of memory" if oom else "failed"
+        record["status"] = "timed out" if record["train"]["timed_out"] else failure
+        return
+    trained = json.loads(summary_path.read_text())
+    record["measured"] = {k: trained.get(k) for k in ("device", "peak_memory_rank0", "first_loss", "last_loss",
+                                                      "tokens_per_s", "steps", "world_size")}
+    expected = "cuda" if on_gpu else "cpu"
+    record["status"] = "ok" if trained.get("device") == expected else f"failed: trained on {trained.get('device')}"
+    record["comparison"] = compare(record["predicted"], trained.get("peak_memory_rank0", {}),
+                                   record["nvidia_smi_memory"])
+
+
+def compare(predicted: dict[str, Any], peak: dict[str, Any], smi: dict[str, Any] | None) -> dict[str, Any]:
+    """measured / predicted for each measurement against the part of the prediction it can see."""
+
+    def ratio(measured: Any, expected: int) -> float | None:
+        return round(measured / expected, 3) if isinstance(measured, int) and expected > 0 else None
+
+    used = smi.get("max_used_above_baseline_bytes") if smi else None
+    return {
+        "reserved_over_predicted_allocator": ratio(peak.get("max_reserved_bytes"), predicted["allocator_bytes"]),
+        "allocated_over_predicted_tensors": ratio(peak.get("max_allocated_bytes"), predicted["tensor_bytes"]),
+        "nvidia_smi_over_predicted_peak": ratio(used, predicted["peak_bytes"]),
+    }
+
+
+def gib(value: Any) -> str:
+    return f"{value / GIB:.2f}" if isinstance(value, (int, float)) else "-"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    machine = summary.get("machine", {})
+    torch_info = machine.get("torch") or {}
+    lines = [
+        "# GPU memory check: the plan's predicted peak against the trainer's measured peak", "",
+        f"- status: {summary.get('status')}; started {summary.get('started')}; command `{shlex.join(summary['argv'])}`",
+        f"- machine: {machine.get('nvidia_smi') or 'no nvidia-smi'}; torch {torch_info.get('version', 'missing')} "
+        f"(CUDA {torch_info.get('cuda_build')}); deepspeed {machine.get('deepspeed') or 'not installed'}; "
+        f"python {machine.get('python')}; {machine.get('cpu_count')} CPUs; commit {machine.get('git_commit')}",
+        f"- model {summary.get('model')}; {summary.get('settings')}",
+    ]  # fmt: skip
+    lines += [f"- fallback: {reason}" for reason in summary.get("model_fallbacks", [])]
+    lines += [
+        "", "Predicted (GiB): the plan's peak; 'alloc' = peak - CUDA context - NCCL (what the caching allocator "
+        "reserves); 'tensors' = alloc - fragmentation margin. Measured (GiB): the trainer's CUDA max reserved / "
+        "max allocated (from the first step on), nvidia-smi's peak above the idle baseline (whole process). "
+        "Ratios are measured / predicted.", "",
+        "| case | backend | predicted peak | alloc | tensors | max reserved | reserved/alloc | max allocated "
+        "| allocated/tensors | nvidia-smi | smi/peak | tokens/s (plan) | loss | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for record in summary.get("cases", []):
+        pred = record.get("predicted") or {}
+        meas = record.get("measured") or {}
+        peak = meas.get("peak_memory_rank0") or {}
+        comp = record.get("comparison") or {}
+        smi = record.get("nvidia_smi_memory") or {}
+        rate = meas.get("tokens_per_s")
+        loss = f"{meas['first_loss']:.3f} -> {meas['last_loss']:.3f}" if meas.get("first_loss") is not None else "-"
+        plan_rate = pred.get("tokens_per_s")
+        lines.append(
+            f"| {record['strategy']} | {record['backend']} | {gib(pred.get('peak_bytes'))} "
+            f"| {gib(pred.get('allocator_bytes'))} | {gib(pred.get('tensor_bytes'))} "
+            f"| {gib(peak.get('max_reserved_bytes'))} | {comp.get('reserved_over_predicted_allocator') or '-'} "
+            f"| {gib(peak.get('max_allocated_bytes'))} | {comp.get('allocated_over_predicted_tensors') or '-'} "
+            f"| {gib(smi.get('max_used_above_baseline_bytes'))} | {comp.get('nvidia_smi_over_predicted_peak') or '-'} "
+            f"| {f'{rate:,.0f}' if rate else '-'} ({f'{plan_rate:,.0f}' if plan_rate else '-'}) | {loss} "
+            f"| {record.get('status')}{': ' + record['skipped'] if record.get('skipped') else ''} |"
+        )
+    notes = [note for record in summary.get("cases", []) for note in record.get("notes", [])]
+    if notes:
+        lines += ["", "Plan vs rendered file:"] + [f"- {note}" for note in notes]
+    lines += ["", *(str(summary[key]) for key in ("note", "message") if summary.get(key))]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python3 scripts/gpu_train_check.py",
+        description="The GPU memory check: the plan's predicted peak against the trainer's measured peak.",
+    )
+    p.add_argument("out_dir", type=Path, help="where summary.json, summary.md, logs.txt, artifacts.tar.gz go")
+    p.add_argument("--steps", type=int, default=8, help="optimizer steps per run (default 8)")
+    p.add_argument("--model", default=None, help="shipped recipe (default gpt2-1.5b; tiny with --rehearse-on-cpu)")
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--grad-accum", type=int, default=2)
+    p.add_argument("--gpu", default="h200", help="the GPU type the plans are pinned to (default h200)")
+    p.add_argument("--budget-s", type=float, default=420.0, help="stop starting work after this (default 420)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="plan and render only; no trainer run, no GPU needed")
+    mode.add_argument("--rehearse-on-cpu", action="store_true", help="run the trainer on the CPU (gloo): no GPU check")
+    args = p.parse_args(argv)
+    if args.steps < 2 or args.micro_batch < 1 or args.grad_accum < 1:
+        p.error("--steps must be at least 2, --micro-batch and --grad-accum at least 1")
+    args.model = args.model or ("tiny" if args.rehearse_on_cpu else "gpt2-1.5b")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    out = args.out_dir.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("summary.json", "summary.md", "logs.txt", "artifacts.tar.gz"):
+        (out / name).unlink(missing_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fstrain-gpu-train-check-"))
+    check = Check(out, work, args.budget_s)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    code = 1
+    try:
+        code = steps(check, args)
+    except (Exception, KeyboardInterrupt, Terminated) as exc:  # a blind run must still leave its summary
+        check.summary["crashed"] = traceback.format_exc()
+        check.summary["message"] = f"crashed or interrupted: {exc!r} (see crashed in summary.json)"
+        code = 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the files below must be written whole
+        check.summary["exit_code"] = code
+        check.summary.setdefault("status", "FAILED" if code == 1 else "NOT RUN" if code == 2 else "OK")
+        check.save()
+        (out / "summary.md").write_text(markdown(check.summary))
+        with tarfile.open(out / "artifacts.tar.gz", "w:gz") as tar:
+            tar.add(work, arcname="gpu-train-check")
+        shutil.rmtree(work, ignore_errors=True)
+    print((out / "summary.md").read_text())
+    print(f"gpu_train_check: {check.summary['status']} (exit {code}): {check.summary.get('message', '')} "
+          f"files in {out}", file=sys.stderr)
+    return code
+
+
+def steps(check: Check, args: argparse.Namespace) -> int:
+    summary = check.summary
+    summary["settings"] = (f"1 x {args.gpu}, bf16, adamw, AC none, offload none, micro-batch {args.micro_batch} "
+                           f"x grad-accum {args.grad_accum}, {args.steps} steps")
+    summary["mode"] = "dry-run" if args.dry_run else "rehearse-on-cpu" if args.rehearse_on_cpu else "gpu"
+    machine = summary["machine"] = record_machine(check)
+    check.save()
+    torch_info = machine.get("torch") or {}
+    gpu_bytes = torch_info.get("total_memory_bytes") if torch_info.get("cuda_available") else None
+    model, records = choose_model(check, args, gpu_bytes)
+    summary["model"] = model
+    failed = [r for r in records if r["status"] != "rendered"]
+    if failed:
+        failures = "; ".join(f"{r['model']} {r['strategy']}: {r['status']}" for r in failed)
+        summary["message"] = f"{failures} (see logs.txt)"
+        return 1
+    if args.dry_run:
+        summary["status"] = "DRY RUN"
+        summary["message"] = f"planned and rendered {len(records)} cases for {model}; no trainer run"
+        return 0
+    if not torch_info:
+        summary["message"] = "not run: torch is not importable here (see probes/torch.log in logs.txt)"
+        return 2
+    on_gpu = not args.rehearse_on_cpu
+    if on_gpu and not torch_info.get("cuda_available"):
+        summary["message"] = (f"not run: no CUDA GPU (torch {torch_info.get('version')} sees none; nvidia-smi: "
+                              f"{machine.get('nvidia_smi') or 'none'}); plans and configs were rendered; "
+                              "--dry-run stops there, --rehearse-on-cpu trains on the CPU")
+        return 2
+    for record in records:
+        if record["backend"] == "deepspeed" and not machine.get("deepspeed"):
+            record["status"], record["skipped"] = "skipped", "deepspeed is not importable here"
+        elif check.left_s() - RESERVE_S < MIN_RUN_S:
+            record["status"], record["skipped"] = "skipped", f"out of time ({check.left_s():.0f} s left)"
+        else:
+            train_case(check, record, args, on_gpu)
+        check.save()
+    bad = [r for r in records if r["status"] not in ("ok", "skipped")]
+    ran = [r for r in records if r["status"] == "ok"]
+    if args.rehearse_on_cpu:
+        summary["status"] = "REHEARSAL (CPU)" if not bad and ran else "FAILED"
+        summary["note"] = "CPU rehearsal: the trainer measured peak RSS (measured in summary.json), not GPU memory"
+    summary["message"] = (f"{len(ran)} run(s) ok, {len(bad)} failed, {len(records) - len(ran) - len(bad)} skipped"
+                          + (": " + ", ".join(f"{r['strategy']} {r['status']}" for r in bad) if bad else ""))
+    return 1 if bad or not ran else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
