@@ -115,7 +115,7 @@ def plan_command(
     if mfu is not None:
         assumptions = with_overrides(assumptions, [f"mfu={mfu}"], "--mfu")
     result = plan(plan_model, training, cluster, pins, assumptions)
-    if out:
+    if out and result.plans:  # nothing fits: the output says what would, and no file is written
         write_plan_file(out, result, plan_model, cluster, training.train_tokens)
     if render_dir and result.plans:
         from fstrain.core.planner import plan_file

@@ -71,6 +71,8 @@ def print_plans(
     emit(_assumption_lines(assumptions, cluster))
     if out and result.plans:
         emit(f"saved the chosen plan to {out}")
+    elif out:
+        emit(f"nothing fits, so {out} was not written")
 
 
 def header_lines(

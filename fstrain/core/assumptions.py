@@ -51,18 +51,21 @@ class Assumptions:
     )
 
     reduce_bucket_elements: int = _stated(
-        500_000_000,
-        "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype).",
+        0,
+        "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype); 0: hidden^2, the value "
+        "`fstrain render` writes (fstrain/core/buckets.py). DeepSpeed's own default is 5e8.",
     )
 
     allgather_bucket_elements: int = _stated(
-        500_000_000,
-        "DeepSpeed ``allgather_bucket_size`` for ZeRO-1/2 (elements of the parameter dtype).",
+        0,
+        "DeepSpeed ``allgather_bucket_size`` for ZeRO-1/2 (elements of the parameter dtype); 0: hidden^2, "
+        "as rendered. DeepSpeed's own default is 5e8.",
     )
 
     zero3_prefetch_bucket_elements: int = _stated(
-        50_000_000,
-        "DeepSpeed ``stage3_prefetch_bucket_size``: parameters gathered ahead of use.",
+        0,
+        "DeepSpeed ``stage3_prefetch_bucket_size``: parameters gathered ahead of use; 0: 0.9 hidden^2, "
+        "as rendered. DeepSpeed's own default is 5e7.",
     )
 
     zero3_max_live_parameters: int = _stated(

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fstrain.core.assumptions import Assumptions
+from fstrain.core.buckets import bucket_sizes
 from fstrain.core.modelsize import ParamCount
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
@@ -277,20 +278,24 @@ def buffer_items(
 ) -> list[tuple[str, int]]:
     """Transient buffers the framework allocates on top of the model states."""
     w = weight_bytes(knobs.precision)
+    rendered = bucket_sizes(hidden_size)
+    reduce_bucket = assumptions.reduce_bucket_elements or rendered["reduce_bucket_size"]
+    allgather_bucket = assumptions.allgather_bucket_elements or rendered["allgather_bucket_size"]
+    prefetch_bucket = assumptions.zero3_prefetch_bucket_elements or rendered["stage3_prefetch_bucket_size"]
     items: list[tuple[str, int]] = []
     if strategy == "ddp":
         items.append(("DDP gradient buckets", min(2 * assumptions.ddp_bucket_bytes, w * stage.params)))
     elif strategy in ("zero1", "zero2"):
-        items.append(("DeepSpeed reduce bucket", w * min(assumptions.reduce_bucket_elements, stage.params)))
-        items.append(("DeepSpeed all-gather bucket", w * min(assumptions.allgather_bucket_elements, stage.params)))
+        items.append(("DeepSpeed reduce bucket", w * min(reduce_bucket, stage.params)))
+        items.append(("DeepSpeed all-gather bucket", w * min(allgather_bucket, stage.params)))
     elif strategy == "zero3":
         items.append(
             ("ZeRO-3 gathered layer (param + grad)", zero3_gathered_layer_bytes(stage.largest_layer, knobs.precision))
         )
         room = max(0, assumptions.zero3_max_live_parameters - stage.largest_layer)
-        prefetch = min(assumptions.zero3_prefetch_bucket_elements, room, stage.params)
+        prefetch = min(prefetch_bucket, room, stage.params)
         items.append(("ZeRO-3 prefetch", w * prefetch))
-        items.append(("DeepSpeed reduce bucket", w * min(assumptions.reduce_bucket_elements, stage.params)))
+        items.append(("DeepSpeed reduce bucket", w * min(reduce_bucket, stage.params)))
     elif strategy == "fsdp-grad-op":
         items.append(
             ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)

@@ -69,3 +69,15 @@ def test_plan_render_writes_configs_and_refuses_to_overwrite(tmp_path: Path) -> 
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     forced = run_fstrain(*args, "--force")
     assert forced.returncode == 0 and {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_nothing_fits_with_out_prints_the_document_and_writes_no_file(tmp_path: Path) -> None:
+    out = tmp_path / "plan.yaml"
+    result = run_fstrain("plan", "--model", "llama3.1-405b", "--gpu", "l4", "--gpus-per-node", "1", "--json",
+                         "--out", str(out))
+    assert result.returncode == 1
+    document = json.loads(result.stdout)
+    assert document["fitting_total"] == 0 and all(not p["fits"] for p in document["plans"])
+    assert not out.exists()
+    human = run_fstrain("plan", "--model", "llama3.1-405b", "--gpu", "l4", "--gpus-per-node", "1", "--out", str(out))
+    assert human.returncode == 1 and f"nothing fits, so {out} was not written" in human.stderr

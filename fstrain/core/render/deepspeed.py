@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fstrain.core.buckets import bucket_sizes
 from fstrain.core.planfile import PlanFile
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.options import TrainingOptions
@@ -29,24 +30,6 @@ FP16_LOSS_SCALING = {
 STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
 STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
 STEPS_PER_PRINT = 100  # the bundled trainer logs every step itself
-
-
-def bucket_sizes(hidden_size: int) -> dict[str, int]:
-    """Communication buckets in elements, scaled by hidden^2 (one weight matrix's worth).
-
-    These are the values transformers' DeepSpeed integration substitutes for ``"auto"``:
-    a bucket of about one hidden x hidden matrix keeps reduce/all-gather calls large enough to
-    reach bandwidth without holding gigabytes of staging memory on small models.
-    """
-    square = hidden_size * hidden_size
-    return {
-        "reduce_bucket_size": square,
-        "allgather_bucket_size": square,
-        "stage3_prefetch_bucket_size": int(0.9 * square),
-        # Parameters smaller than this (norm weights, biases) stay unpartitioned: gathering
-        # them costs more latency than the memory they would save.
-        "stage3_param_persistence_threshold": 10 * hidden_size,
-    }
 
 
 def _zero_section(plan: PlanFile) -> dict[str, Any]:
