@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from fstrain.cli.output import console, print_json
 
+if TYPE_CHECKING:
+    from fstrain.core.planfile import PlanFile
+
 
 def register(app: typer.Typer) -> None:
     app.command(
-        "render", help="Render the files a training job reads from a plan: fstrain render --plan plan.yaml -o DIR"
+        "render",
+        help="Render the files a training job reads from a plan: fstrain render --plan plan.yaml -o DIR, or "
+        "from plan options: fstrain render -o DIR --model llama3.1-8b --gpu h100-sxm --num-nodes 2",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(render_command)
 
 
 def render_command(
-    plan: Path = typer.Option(..., "--plan", help="plan.yaml written by `fstrain plan --out`.", show_default=False),
+    ctx: typer.Context,
+    plan: Path | None = typer.Option(None, "--plan", help="plan.yaml written by `fstrain plan --out`; without it, "
+                                     "the other options are `fstrain plan`'s and its best plan is rendered.",
+                                     show_default=False),
     out: Path = typer.Option(..., "-o", "--out", help="Directory to write (created; must be new or empty).",
                              show_default=False),
     force: bool = typer.Option(False, "--force", help="Replace the rendered files in an existing, non-empty DIR."),
@@ -43,7 +53,7 @@ def render_command(
     from fstrain.core.render.options import TrainingOptions
     from fstrain.io.render_files import read_plan_file, render_and_write
 
-    plan_file = read_plan_file(plan)
+    plan_file = read_plan_file(plan) if plan is not None else plan_from_options(list(ctx.args))
     options = TrainingOptions(lr=lr, warmup_steps=warmup_steps, total_steps=train_steps)
     bundle, paths = render_and_write(
         plan_file,
@@ -71,3 +81,23 @@ def render_command(
     for name, notes in sorted(bundle.notes.items()):
         for note in notes:
             out_console.print(f"[dim]{name}: {note}[/dim]", soft_wrap=True)
+
+
+def plan_from_options(args: list[str]) -> PlanFile:
+    """Run `fstrain plan ARGS --out TMP` (its tables go to stderr) and read the best plan back."""
+    import tempfile
+
+    from fstrain.cli.main import app
+    from fstrain.errors import ConfigError, InputError
+    from fstrain.io.render_files import read_plan_file
+
+    if not args:
+        raise InputError("no plan to render", "give --plan plan.yaml, or plan options such as --model tiny "
+                         "--gpu h100-sxm", "fstrain render")
+    with tempfile.TemporaryDirectory(prefix="fstrain-render-") as folder:
+        path = Path(folder) / "plan.yaml"
+        code = app(["plan", *args, "--out", str(path)], prog_name="fstrain", standalone_mode=False)
+        if not path.exists():
+            raise ConfigError(f"`fstrain plan` found no plan to render (exit {code})",
+                              "see its output above: pin fewer knobs or add GPUs", "fstrain render")
+        return read_plan_file(path)

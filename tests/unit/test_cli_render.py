@@ -82,3 +82,18 @@ def test_render_imports_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "HEAVY="
     assert (tmp_path / "out" / "ds_config.json").is_file()
+
+
+def test_render_from_plan_options_matches_plan_render(tmp_path: Path) -> None:
+    from tests.helpers import run_fstrain
+
+    options = ["--model", "tiny", "--gpu", "h100-sxm", "--gpus-per-node", "2", "--strategy", "zero2"]
+    direct = run_fstrain("render", "-o", str(tmp_path / "a"), *options)
+    assert direct.returncode == 0, direct.stderr
+    via_plan = run_fstrain("plan", *options, "--render", str(tmp_path / "b"))
+    assert via_plan.returncode == 0, via_plan.stderr
+    for name in ("ds_config.json", "fsdp.yaml", "accelerate.yaml", "plan.yaml"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text().replace(
+            str(tmp_path / "b"), str(tmp_path / "a"))
+    nothing = run_fstrain("render", "-o", str(tmp_path / "c"))
+    assert nothing.returncode == 2 and "no plan to render" in nothing.stderr
