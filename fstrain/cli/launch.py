@@ -17,7 +17,7 @@ from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
     from fstrain.core.launchspec import NodeLaunch
-    from fstrain.core.planfile import PlanFile
+    from fstrain.core.planfile import ModelSpec, PlanFile
     from fstrain.io.launch import RunOutcome
 
 ENV_FILES = (".deepspeed_env", ".fstrain_env")  # read from ~ then the current directory; later wins
@@ -74,20 +74,33 @@ def launch_command(
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}", "--backend")
     selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
     requested = parse_nproc(nproc_per_node)
-    nprocs = resolve_nprocs(selection.hosts, requested)
-    job = resolve_job(selection.hosts, nprocs, backend, list(program or []), python, plan_path, model, recipe,
-                      strategy, micro_batch, precision, steps)
+    spec = job_spec(backend, list(program or []), plan_path, model, recipe, strategy, micro_batch, precision, steps)
     user_env = collect_env(env, env_file)
     run_id = new_run_id()
     folder = Path(run_dir) if run_dir else Path("runs") / run_id
     if dry_run:
-        dry_run_output(selection.hosts, nprocs, backend, job, python, master_port, max_restarts,
-                       run_id, user_env, json_output)
+        nprocs = resolve_nprocs(selection.hosts, requested, None)
+        dry_run_output(selection.hosts, nprocs, backend, build_job(spec, selection.hosts, nprocs, python), python,
+                       master_port, max_restarts, run_id, user_env, json_output)
         return
-    outcome = execute(selection.hosts, nprocs, backend, job, python, master_port, max_restarts,
+    outcome = execute(selection.hosts, requested, backend, spec, python, master_port, max_restarts,
                       run_id, folder, user_env, workdir, grace, heartbeat_timeout, ssh_config, accept_new_hosts,
                       fanout, json_output)
     raise typer.Exit(outcome.exit_code)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked to run, checked before any host is contacted."""
+
+    program: list[str]
+    plan: PlanFile | None = None  # from --plan
+    model: ModelSpec | None = None  # from --model/--recipe: planned data-parallel once nprocs are known
+    flag: str = ""  # --plan, --model or --recipe
+    strategy: str = ""
+    micro_batch: int = 1
+    precision: str = "bf16"
+    steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,23 +113,18 @@ class Job:
     steps: int = 0
 
 
-def resolve_nprocs(hosts: list[Any], requested: int | None) -> list[int]:
+def resolve_nprocs(hosts: list[Any], requested: int | None, gpu_counts: list[int] | None) -> list[int]:
+    """Processes per host: --nproc-per-node, else slots, else the GPUs preflight found."""
     from fstrain.core.launchspec import resolve_nproc
 
-    return [resolve_nproc(h, requested, None) for h in hosts]
+    counts: list[int | None] = list(gpu_counts) if gpu_counts is not None else [None] * len(hosts)
+    return [resolve_nproc(h, requested, count) for h, count in zip(hosts, counts, strict=True)]
 
 
-def resolve_job(hosts: list[Any], nprocs: list[int], backend: str, program: list[str], python: str,
-                plan_path: str | None, model: str | None, recipe: str | None, strategy: str | None,
-                micro_batch: int, precision: str, steps: int) -> Job:
-    """The program and plan: --plan, or --model/--recipe (a data-parallel plan), or a bare PROGRAM."""
-    from fstrain.core.launchplan import (
-        DEFAULT_STRATEGY,
-        check_plan_fits_launch,
-        check_strategy,
-        data_parallel_plan,
-        trainer_program,
-    )
+def job_spec(backend: str, program: list[str], plan_path: str | None, model: str | None, recipe: str | None,
+             strategy: str | None, micro_batch: int, precision: str, steps: int) -> JobSpec:
+    """--plan, or --model/--recipe (a data-parallel plan), or a bare PROGRAM; files read now."""
+    from fstrain.core.launchplan import DEFAULT_STRATEGY, check_strategy
     from fstrain.errors import InputError
 
     given = [flag for flag, value in (("--plan", plan_path), ("--model", model), ("--recipe", recipe)) if value]
@@ -127,27 +135,40 @@ def resolve_job(hosts: list[Any], nprocs: list[int], backend: str, program: list
             raise InputError("no program to launch",
                              "put it after --: fstrain launch --hosts h1,h2 -- python train.py, "
                              "or train the bundled model: fstrain launch --model tiny", "PROGRAM")
-        return Job(program, None, False)
-    if len(set(nprocs)) != 1:
-        raise InputError(f"hosts run different numbers of processes ({nprocs})",
-                         "the bundled trainer's plans need the same --nproc-per-node everywhere", "--nproc-per-node")
+        return JobSpec(program)
     if plan_path:
         from fstrain.io.render_files import read_plan_file
 
-        plan = read_plan_file(Path(plan_path))
-    else:
-        from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+        return JobSpec(program, plan=read_plan_file(Path(plan_path)), flag="--plan", steps=steps)
+    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
 
-        loaded = load_shipped_recipe(str(model)) if model else load_recipe_file(str(recipe))
-        chosen = strategy or DEFAULT_STRATEGY[backend]
-        check_strategy(chosen)
-        plan = data_parallel_plan(loaded.model, num_nodes=len(hosts), procs_per_node=nprocs[0], strategy=chosen,
-                                  micro_batch_size=micro_batch, precision=precision,
-                                  hosts=tuple(h.name for h in hosts))
-    check_plan_fits_launch(plan, sum(nprocs), given[0])
-    if program:
-        return Job(program, plan, False, steps)
-    return Job(trainer_program(python, plan, steps=steps), plan, True, steps)
+    loaded = load_shipped_recipe(str(model)) if model else load_recipe_file(str(recipe))
+    chosen = strategy or DEFAULT_STRATEGY[backend]
+    check_strategy(chosen)
+    return JobSpec(program, model=loaded.model, flag=given[0], strategy=chosen, micro_batch=micro_batch,
+                   precision=precision, steps=steps)
+
+
+def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str) -> Job:
+    """The job for these hosts and process counts (the plan must match the world size)."""
+    from fstrain.core.launchplan import check_plan_fits_launch, data_parallel_plan, trainer_program
+    from fstrain.errors import InputError
+
+    if spec.plan is None and spec.model is None:
+        return Job(spec.program, None, False)
+    if len(set(nprocs)) != 1:
+        raise InputError(f"hosts run different numbers of processes ({nprocs})",
+                         "the bundled trainer's plans need the same --nproc-per-node everywhere", "--nproc-per-node")
+    plan = spec.plan
+    if plan is None:
+        assert spec.model is not None
+        plan = data_parallel_plan(spec.model, num_nodes=len(hosts), procs_per_node=nprocs[0],
+                                  strategy=spec.strategy, micro_batch_size=spec.micro_batch,
+                                  precision=spec.precision, hosts=tuple(h.name for h in hosts))
+    check_plan_fits_launch(plan, sum(nprocs), spec.flag)
+    if spec.program:
+        return Job(spec.program, plan, False, spec.steps)
+    return Job(trainer_program(python, plan, steps=spec.steps), plan, True, spec.steps)
 
 
 def parse_nproc(value: str) -> int | None:
@@ -234,7 +255,7 @@ def print_launches(launches: list[NodeLaunch]) -> None:
     sys.stdout.flush()
 
 
-def execute(hosts: list[Any], nprocs: list[int], backend: str, job: Job, python: str,
+def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec, python: str,
             master_port: int | None, max_restarts: int, run_id: str, folder: Path, user_env: dict[str, str],
             workdir: str | None, grace: float, heartbeat_timeout: float, ssh_config: str | None,
             accept_new_hosts: bool, fanout: int, json_output: bool) -> RunOutcome:
@@ -255,6 +276,8 @@ def execute(hosts: list[Any], nprocs: list[int], backend: str, job: Job, python:
     with HostPool(hosts, connect, fanout=fanout) as pool:
         facts = preflight(pool, python, workdir)
         rendezvous = choose_rendezvous(pool, connect, facts, python, run_id, master_port)
+    nprocs = resolve_nprocs(hosts, requested, [int(f.info.get("nvidia_gpus") or 0) for f in facts])
+    job = build_job(spec, hosts, nprocs, python)
     per_node = [interface_env(ifname, user_env) for ifname in rendezvous.interfaces]
     launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
                              master_addr=rendezvous.master_addr, master_port=rendezvous.master_port, run_id=run_id,

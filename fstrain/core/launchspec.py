@@ -110,8 +110,10 @@ def resolve_nproc(host: Host, requested: int | None, probed_gpus: int | None) ->
     if probed_gpus:
         return probed_gpus
     raise ConfigError(
-        f"cannot tell how many processes to start on {host.label()}: no slots in the inventory and no GPU found",
-        "give --nproc-per-node N, slots=N in the hostfile, or --gpus-per-node",
+        f"cannot tell how many processes to start on {host.label()}: no slots in the inventory"
+        + (" and no GPU found" if probed_gpus is not None else ""),
+        "give --nproc-per-node N, slots=N in the hostfile, or --gpus-per-node"
+        + ("" if probed_gpus is not None else " (a real launch counts the host's GPUs)"),
         host.where or host.label(),
     )
 

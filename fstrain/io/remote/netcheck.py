@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 SIOCGIFADDR = 0x8915
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one entry per GPU the driver sees (no nvidia-smi needed)
 
 
 def interfaces() -> list[dict[str, Any]]:
@@ -80,6 +81,7 @@ def info(workdir: str) -> dict[str, Any]:
         "python_executable": sys.executable,
         "torch": package_version("torch"),
         "deepspeed": package_version("deepspeed"),
+        "nvidia_gpus": len(os.listdir(NVIDIA_GPUS)) if os.path.isdir(NVIDIA_GPUS) else 0,
         "workdir": workdir,
         "workdir_exists": os.path.isdir(os.path.expanduser(workdir)) if workdir else True,
         "fstrain_importable": package_version("fstrain") is not None,

@@ -1,0 +1,136 @@
+"""The pure half of `fstrain launch`: per-node commands, environment, masking, plans."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from fstrain.core.hostfile import Host, parse_hostfile, select_hosts
+from fstrain.core.launchplan import check_plan_fits_launch, data_parallel_plan, trainer_program
+from fstrain.core.launchspec import (
+    DEFAULT_ENV,
+    PORT_RANGE,
+    deepspeed_argv,
+    mask_env,
+    master_port_candidates,
+    parse_env_file,
+    plan_launches,
+    redact,
+    resolve_nproc,
+    secret_values,
+    split_rank_prefix,
+    torchrun_argv,
+)
+from fstrain.errors import ConfigError, InputError
+from tests.plans import make_plan
+
+
+def test_secret_names_are_masked_and_values_redacted() -> None:
+    env = {"HF_TOKEN": "hf_abcdef", "aws_secret_access_key": "AKIAxyz", "DB_PASSWORD": "pw12", "A": "1",
+           "MY_KEY": "k"}
+    assert mask_env(env) == {"HF_TOKEN": "****", "aws_secret_access_key": "****", "DB_PASSWORD": "****",
+                             "A": "1", "MY_KEY": "****"}
+    secrets = secret_values(env)
+    assert secrets == ["hf_abcdef", "AKIAxyz", "pw12"]  # longest first; too short to redact: "k"
+    assert redact("token=hf_abcdef pw=pw12 a=1", secrets) == "token=**** pw=**** a=1"
+
+
+def test_env_file_forms_and_errors() -> None:
+    text = "# comment\n\nexport A=1\nB='two words'\nC=\"x=y\"\nD=\n"
+    assert parse_env_file(text, "f") == {"A": "1", "B": "two words", "C": "x=y", "D": ""}
+    with pytest.raises(InputError, match="f:2: expected NAME=VALUE, got 'NOVALUE'"):
+        parse_env_file("A=1\nNOVALUE\n", "f")
+    with pytest.raises(InputError, match="f:1: '1BAD' is not a valid environment variable name"):
+        parse_env_file("1BAD=x\n", "f")
+
+
+def test_master_port_is_stable_per_run_and_differs_between_runs() -> None:
+    first = master_port_candidates("20261129-120000-aaaaaa")
+    assert first == master_port_candidates("20261129-120000-aaaaaa")
+    assert first[0] != master_port_candidates("20261129-120000-bbbbbb")[0]
+    assert all(PORT_RANGE[0] <= p < PORT_RANGE[1] for p in first) and len(set(first)) == 16
+
+
+def test_nproc_from_flag_slots_or_gpus() -> None:
+    assert resolve_nproc(Host("a", slots=8), 2, None) == 2
+    assert resolve_nproc(Host("a", slots=8, slot_ids=(0, 3)), None, None) == 2
+    assert resolve_nproc(Host("a"), None, 4) == 4
+    with pytest.raises(ConfigError, match="no slots in the inventory and no GPU found"):
+        resolve_nproc(Host("a"), None, 0)
+    with pytest.raises(InputError, match="must be 1 or more"):
+        resolve_nproc(Host("a"), 0, None)
+
+
+def test_torchrun_argv_maps_programs() -> None:
+    common = {"nnodes": 2, "node_rank": 1, "nproc": 4, "master_addr": "10.0.0.1", "master_port": 29500,
+              "run_id": "r1", "max_restarts": 2}
+    argv = torchrun_argv("python3", program=["python3", "train.py", "--lr", "1"], **common)
+    assert argv[:3] == ("python3", "-m", "torch.distributed.run")
+    assert "--rdzv-endpoint=10.0.0.1:29500" in argv and "--rdzv-id=r1" in argv and "--max-restarts=2" in argv
+    assert argv[-3:] == ("train.py", "--lr", "1")
+    assert torchrun_argv("python3", program=["python", "-m", "pkg.mod", "x"], **common)[-3:] == ("-m", "pkg.mod", "x")
+    assert torchrun_argv("python3", program=["./run.sh", "a"], **common)[-3:] == ("--no-python", "./run.sh", "a")
+    assert torchrun_argv("python3", program=["python3", "-c", "pass"], **common)[-4:] == (
+        "--no-python", "python3", "-c", "pass")
+    v6 = torchrun_argv("python3", program=["t.py"], **{**common, "master_addr": "fd00::1"})
+    assert "--rdzv-endpoint=[fd00::1]:29500" in v6
+
+
+def test_deepspeed_argv_carries_world_info() -> None:
+    argv = deepspeed_argv("python3", world_info={"a": [0, 1], "b": [2]}, node_rank=1, master_addr="a",
+                          master_port=1234, program=["python3", "-m", "fstrain.train", "--steps", "2"])
+    encoded = next(a for a in argv if a.startswith("--world_info=")).split("=", 1)[1]
+    assert json.loads(base64.urlsafe_b64decode(encoded)) == {"a": [0, 1], "b": [2]}
+    assert "--node_rank=1" in argv and "--no_local_rank" in argv
+    assert argv[-4:] == ("--module", "fstrain.train", "--steps", "2")
+    assert deepspeed_argv("python3", world_info={}, node_rank=0, master_addr="a", master_port=1,
+                          program=["./run.sh"])[-2:] == ("--no_python", "./run.sh")
+
+
+def test_plan_launches_env_precedence_and_selected_slots() -> None:
+    hosts = select_hosts(parse_hostfile("a slots=4\nb slots=4\n", "hf"), include="a:1,3@b")
+    launches = plan_launches(hosts, backend="torchrun", nprocs=[2, 4], program=["python3", "t.py"],
+                             python="python3", master_addr="a", master_port=1, run_id="r", max_restarts=0,
+                             env={"NCCL_SOCKET_IFNAME": "ib0", "PYTHONUNBUFFERED": "0"},
+                             per_node_env=[{"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"},
+                                           {"GLOO_SOCKET_IFNAME": "eth1"}])
+    assert launches[0].env == {"PYTHONUNBUFFERED": "0", "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "eth0",
+                               "CUDA_VISIBLE_DEVICES": "1,3"}
+    assert launches[1].env == {"PYTHONUNBUFFERED": "0", "GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "ib0"}
+    defaults = plan_launches(hosts, backend="torchrun", nprocs=[2, 4], program=["t.py"], python="p",
+                             master_addr="a", master_port=1, run_id="r", max_restarts=0, env={}, per_node_env=[])
+    assert defaults[1].env == DEFAULT_ENV
+    assert [launch.nproc for launch in launches] == [2, 4]
+    ds = plan_launches(hosts, backend="deepspeed", nprocs=[2, 4], program=["t.py"], python="python3",
+                       master_addr="a", master_port=1, run_id="r", max_restarts=0, env={}, per_node_env=[])
+    encoded = next(a for a in ds[0].argv if a.startswith("--world_info=")).split("=", 1)[1]
+    assert json.loads(base64.urlsafe_b64decode(encoded)) == {"a": [1, 3], "b": [0, 1, 2, 3]}
+    with pytest.raises(InputError, match="unknown backend"):
+        plan_launches(hosts, backend="mpirun", nprocs=[2, 4], program=["t.py"], python="p", master_addr="a",
+                      master_port=1, run_id="r", max_restarts=0, env={}, per_node_env=[])
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [("[default3]:hello", (3, "hello")), ("[rank12]:x: y", (12, "x: y")),
+     ("plain [1]: text", (None, "plain [1]: text")),
+     ("[W1129 20:31:59 socket.cpp:207] warn", (None, "[W1129 20:31:59 socket.cpp:207] warn"))],
+)
+def test_rank_prefix(line: str, expected: tuple[int | None, str]) -> None:
+    assert split_rank_prefix(line) == expected
+
+
+def test_data_parallel_plan_and_world_size_check() -> None:
+    spec = make_plan().model
+    plan = data_parallel_plan(spec, num_nodes=2, procs_per_node=2, strategy="fsdp-hybrid", micro_batch_size=3)
+    assert (plan.knobs.dp, plan.knobs.shard_group_size, plan.knobs.zero_stage) == (4, 2, 3)
+    assert plan.knobs.global_batch_size == 12
+    check_plan_fits_launch(plan, 4, "--model")
+    with pytest.raises(ConfigError, match=r"dp\(4\) \* tp\(1\) \* pp\(1\) = 4 processes, but this launch starts 6"):
+        check_plan_fits_launch(plan, 6, "--plan")
+    argv = trainer_program("python3", plan, steps=5)
+    assert argv[:3] == ["python3", "-m", "fstrain.train"] and "{run_dir}/fsdp.yaml" in argv
+    zero = data_parallel_plan(spec, num_nodes=1, procs_per_node=2, strategy="zero3", micro_batch_size=1)
+    assert "{run_dir}/ds_config.json" in trainer_program("python3", zero, steps=5)
