@@ -8,6 +8,11 @@
 #                                          `ip netns exec fst-loop ...`)
 #   scripts/testcluster.sh stop-sshd I     kill host I's sshd and every process in its namespace
 #   scripts/testcluster.sh start-sshd I    start host I's sshd again (same host key)
+#   scripts/testcluster.sh set-env I NAME=VALUE   host I's sessions get NAME=VALUE (sshd SetEnv; sshd
+#                                          restarts, every process in its namespace ends)
+#   scripts/testcluster.sh unset-env I NAME       undo set-env (PATH stays as `up` set it unless set-env changed it)
+#   scripts/testcluster.sh set-hosts-entry I "ADDRESS NAME..."   make host I resolve NAME to ADDRESS
+#                                          (its /etc/hosts, edited in place: `ip netns exec` bind-mounts it)
 #   scripts/testcluster.sh down            remove everything either made (idempotent)
 #   scripts/testcluster.sh status          what is up
 #
@@ -237,6 +242,50 @@ start_sshd_again() {  # index
     wait_listening "$PREFIX-node$1" "$(host_addr "$1")" 22
 }
 
+restart_sshd() {  # index
+    stop_sshd "$1"
+    start_sshd_again "$1"
+}
+
+set_env() {  # index NAME=VALUE (VALUE empty: remove NAME)
+    local i=$1 assignment=$2 name=${2%%=*}
+    local conf=$STATE/node$i/sshd_config
+    [ -f "$conf" ] || die "no host node$i (is the cluster up?)"
+    [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "not a variable name: '$name'"
+    [[ "$assignment" != *[[:space:]\"\']* ]] || die "values with spaces or quotes are not supported: '$assignment'"
+    # sshd uses the first SetEnv line only, so every variable lives on that one line (a variable
+    # already there is replaced in place, a new one appended, NAME= removes it).
+    awk -v name="$name" -v add="$assignment" '
+        /^SetEnv / { out = "SetEnv"; done = 0
+                     for (k = 2; k <= NF; k++) {
+                         if (index($k, name "=") != 1) { out = out " " $k; continue }
+                         if (add != name "=") out = out " " add
+                         done = 1
+                     }
+                     if (!done && add != name "=") out = out " " add
+                     print out; next }
+        { print }' "$conf" > "$conf.new"
+    "$SSHD" -t -f "$conf.new" || die "sshd rejects the new $conf"
+    mv "$conf.new" "$conf"
+    restart_sshd "$i"
+}
+
+set_hosts_entry() {  # index "ADDRESS NAME..."
+    local file=/etc/netns/$PREFIX-node$1/hosts line=$2
+    [ -f "$file" ] || die "no host node$1 (is the cluster up?)"
+    [[ "$line" =~ ^[0-9a-fA-F.:]+([[:space:]]+[A-Za-z0-9._-]+)+$ ]] || die "expected 'ADDRESS NAME...', got '$line'"
+    local content
+    # Lines naming any of NAME are replaced by LINE (at the first one's place), the rest kept.
+    content=$(awk -v line="$line" '
+        BEGIN { n = split(line, want, /[[:space:]]+/) }
+        { hit = 0; for (k = 2; k <= NF; k++) for (j = 2; j <= n; j++) if ($k == want[j]) hit = 1
+          if (hit) { if (!done) print line; done = 1; next } print }
+        END { if (!done) print line }' "$file")
+    # Rewrite the same inode: `ip netns exec` bind-mounted this very file over /etc/hosts, and
+    # processes already running in the namespace (sshd and its sessions) keep seeing that inode.
+    printf '%s\n' "$content" > "$file"
+}
+
 status() {
     ip netns list 2>/dev/null | grep -E "^$PREFIX-" || echo "no test cluster namespaces"
     [ -f "$STATE/ssh_config" ] && echo "state: $STATE" || true
@@ -247,7 +296,10 @@ case "${1:-}" in
     up-loopback) up_loopback "${2:-}" ;;
     stop-sshd) stop_sshd "${2:?usage: $0 stop-sshd I}" ;;
     start-sshd) start_sshd_again "${2:?usage: $0 start-sshd I}" ;;
+    set-env) set_env "${2:?usage: $0 set-env I NAME=VALUE}" "${3:?usage: $0 set-env I NAME=VALUE}" ;;
+    unset-env) set_env "${2:?usage: $0 unset-env I NAME}" "${3:?usage: $0 unset-env I NAME}=" ;;
+    set-hosts-entry) set_hosts_entry "${2:?usage: $0 set-hosts-entry I 'ADDRESS NAME'}" "${3:?usage: $0 set-hosts-entry I 'ADDRESS NAME'}" ;;
     down) down ;;
     status) status ;;
-    *) die "usage: $0 up N | up-loopback N | stop-sshd I | start-sshd I | down | status" ;;
+    *) die "usage: $0 up N | up-loopback N | stop-sshd I | start-sshd I | set-env I NAME=VALUE | unset-env I NAME | set-hosts-entry I 'ADDRESS NAME' | down | status" ;;
 esac

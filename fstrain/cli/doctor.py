@@ -1,0 +1,251 @@
+"""``fstrain doctor``: preflight checks across every selected host, each with a verdict and a fix.
+
+Exit status: 0 every check ok (or skipped), 1 warnings only, 2 any failure (bad input is 2 as
+well, with one ``error:`` line), 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from fstrain.cli import hostopts
+from fstrain.cli.output import console, print_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from fstrain.core.doctor import Check, CheckResult, DoctorFacts
+    from fstrain.core.doctor.facts import PlanNeeds
+
+VERDICT_STYLE = {"ok": "green", "skipped": "dim", "warn": "yellow", "fail": "bold red"}
+LIVE_MAX_ROWS = 20  # above this many hosts the live view shows counts and the latest changes
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor", help="Preflight checks on every selected host: verdicts and fixes. "
+                "Exit 0 all ok, 1 warnings, 2 failures.")(doctor_command)
+
+
+def doctor_command(
+    hostfile: str | None = hostopts.HOSTFILE,
+    hosts: str | None = hostopts.HOSTS,
+    include: str | None = hostopts.INCLUDE,
+    exclude: str | None = hostopts.EXCLUDE,
+    gpus_per_node: int | None = hostopts.GPUS_PER_NODE,
+    ssh_config: str | None = hostopts.SSH_CONFIG,
+    accept_new_hosts: bool = hostopts.ACCEPT_NEW,
+    fanout: int = hostopts.FANOUT,
+    plan: str | None = typer.Option(None, "--plan", help="plan.yaml: check GPU memory and disk against it."),
+    checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Check space, speed and sharing."),
+    master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port to test."),
+    python: str = typer.Option("python3", "--python", help="The program's interpreter on the hosts."),
+    workdir: str | None = typer.Option(None, "--workdir", help="Working directory that must exist on every host."),
+    only: str | None = typer.Option(None, "--only", help="Run only these checks or families: gpu,net.mtu."),
+    skip: str | None = typer.Option(None, "--skip", help="Leave out these checks or families."),
+    orphans: bool = typer.Option(False, "--orphans", help="List processes left by earlier fstrain runs."),
+    kill_orphans: bool = typer.Option(False, "--kill-orphans", help="End them (by the runs' recorded ids only)."),
+    write_test_mib: int = typer.Option(256, "--write-test-mib", min=0, help="MiB written to time --checkpoint-dir."),
+    list_checks: bool = typer.Option(False, "--list", help="List the checks and exit (connects to nothing)."),
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    """Probe every selected host and run the check catalogue over what was found."""
+    from fstrain.core.doctor import select
+
+    if list_checks:
+        print_catalogue(json_output)
+        return
+    if (orphans or kill_orphans) and not only:
+        only = "proc.orphans"  # the orphan listing alone, fast
+    elif (orphans or kill_orphans) and only and "proc" not in only.split(","):
+        only = f"{only},proc.orphans"
+    checks = select(only, skip)
+    from fstrain.io.doctor import load_plan
+
+    needs = load_plan(plan) if plan else None  # bad input fails before anything is contacted
+    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+    if not json_output and selection.source.startswith("localhost"):
+        console().print(f"[dim]hosts: {selection.source}[/dim]")
+    try:
+        facts = gather(selection.hosts, checks, ssh_config, accept_new_hosts, fanout, needs, checkpoint_dir,
+                       master_port, python, workdir, kill_orphans, write_test_mib, json_output)
+    except KeyboardInterrupt:
+        console().print("[red]interrupted[/red]")
+        raise typer.Exit(130) from None
+    raise typer.Exit(report(facts, checks, orphans or kill_orphans, json_output))
+
+
+def gather(hosts: list[Any], checks: tuple[Check, ...], ssh_config: str | None, accept_new_hosts: bool, fanout: int,
+           plan: PlanNeeds | None, checkpoint_dir: str | None, master_port: int | None, python: str,
+           workdir: str | None, kill_orphans: bool, write_test_mib: int, json_output: bool) -> DoctorFacts:
+    from fstrain.core.doctor import stages
+    from fstrain.io.connect import make_connector
+    from fstrain.io.doctor import DoctorOptions, collect
+
+    options = DoctorOptions(stages=stages(checks), python=python, workdir=workdir, checkpoint_dir=checkpoint_dir,
+                            master_port=master_port, plan=plan,
+                            kill_orphans=kill_orphans, write_test_bytes=write_test_mib << 20)
+    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    out = console()
+    if json_output or not out.is_terminal:
+        return collect(hosts, connect, options, fanout=fanout)
+    view = LiveHosts([h.label() for h in hosts], out)
+    with view:
+        return collect(hosts, connect, options, fanout=fanout, progress=view.update)
+
+
+class LiveHosts:
+    """A live line per host on a terminal (counts and the latest changes for many hosts)."""
+
+    def __init__(self, hosts: list[str], out: Console) -> None:
+        from rich.live import Live
+
+        self.state = dict.fromkeys(hosts, "waiting")
+        self.recent: list[str] = []
+        self.live = Live(self.render(), console=out, transient=True, refresh_per_second=8)
+
+    def __enter__(self) -> LiveHosts:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(None, None, None)
+
+    def update(self, host: str, what: str) -> None:
+        self.state[host] = what
+        self.recent = [*[h for h in self.recent if h != host][-(LIVE_MAX_ROWS // 2 - 1):], host]
+        self.live.update(self.render())
+
+    def render(self) -> Any:
+        from rich.table import Table
+
+        table = Table.grid(padding=(0, 2))
+        if len(self.state) <= LIVE_MAX_ROWS:
+            for host, what in self.state.items():
+                table.add_row(host, f"[dim]{what}[/dim]")
+            return table
+        counts: dict[str, int] = {}
+        for what in self.state.values():
+            counts[what] = counts.get(what, 0) + 1
+        table.add_row(f"{len(self.state)} hosts", ", ".join(f"{n} {w}" for w, n in counts.items()))
+        for host in self.recent:
+            table.add_row(host, f"[dim]{self.state[host]}[/dim]")
+        return table
+
+
+def report(facts: DoctorFacts, checks: tuple[Check, ...], list_orphans: bool, json_output: bool) -> int:
+    from fstrain.core.doctor import exit_code, run_checks, summary
+
+    results = run_checks(facts, checks)
+    totals = summary(results)
+    if json_output:
+        document: dict[str, Any] = {"checks": [r.to_dict() for r in results],
+                                    "summary": {**totals, "hosts": [h.name for h in facts.hosts]}}
+        if list_orphans:
+            document["orphans"] = orphan_rows(facts)
+        print_json(document)
+    else:
+        print_table(results, [h.name for h in facts.hosts])
+        if list_orphans:
+            print_orphans(facts)
+        print_summary(totals)
+    return exit_code(results)
+
+
+def hosts_cell(hosts: tuple[str, ...], everyone: list[str]) -> str:
+    from fstrain.core.hostfile import compress_hostlist
+
+    if not hosts:
+        return "-"
+    if len(everyone) > 1 and set(hosts) == set(everyone):
+        return f"all {len(everyone)}"
+    return compress_hostlist(hosts)
+
+
+def table_rows(results: list[CheckResult]) -> list[tuple[str, str, tuple[str, ...], str, str]]:
+    """(check, verdict, hosts, message, fix) per row: a check's id on its first row only, and
+    neighbouring checks skipped for the same reason on the same hosts merged into one row."""
+    rows: list[tuple[str, str, tuple[str, ...], str, str]] = []
+    previous = None
+    for result in results:
+        label = result.id if result.id != previous else ""
+        last = rows[-1] if rows else None
+        if (last is not None and result.verdict == "skipped" and label and last[1] == "skipped"
+                and (last[2], last[3]) == (result.hosts, result.message)):
+            rows[-1] = (f"{last[0]}, {result.id}", *last[1:])
+        else:
+            rows.append((label, result.verdict, result.hosts, result.message, result.fix))
+        previous = result.id
+    return rows
+
+
+def print_table(results: list[CheckResult], everyone: list[str]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(show_edge=False, pad_edge=False, expand=False)
+    table.add_column("check", overflow="fold", max_width=24)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("hosts", overflow="fold", max_width=24)
+    table.add_column("what", overflow="fold")
+    table.add_column("fix", overflow="fold")
+    for check, verdict, hosts, message, fix in table_rows(results):
+        style = VERDICT_STYLE[verdict]
+        table.add_row(check, f"[{style}]{verdict}[/{style}]", hosts_cell(hosts, everyone), escape(message),
+                      escape(fix))
+    console().print(table)
+
+
+def print_summary(totals: dict[str, Any]) -> None:
+    style = VERDICT_STYLE[str(totals["verdict"])]
+    console().print(f"{totals['checks']} checks: {totals['ok']} ok, {totals['skipped']} skipped, "
+                    f"{totals['warn']} warn, {totals['fail']} fail; verdict [{style}]{totals['verdict']}[/{style}] "
+                    f"(exit {totals['exit_code']})")
+
+
+def orphan_rows(facts: DoctorFacts) -> list[dict[str, Any]]:
+    rows = []
+    for host in facts.hosts:
+        for run in host.runs or ():
+            if run.state != "stale" or run.removed:
+                rows.append({"host": host.name, "run_id": run.run_id, "node_rank": run.node_rank, "state": run.state,
+                             "watchdog_pid": run.watchdog_pid, "job_pid": run.job_pid, "pids": list(run.pids),
+                             "started": run.started, "argv": list(run.argv), "killed": list(run.killed),
+                             "survivors": list(run.survivors), "record": run.record, "removed": run.removed,
+                             "note": run.note})
+    return rows
+
+
+def print_orphans(facts: DoctorFacts) -> None:
+    import shlex
+    import time
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    rows = orphan_rows(facts)
+    if not rows:
+        console().print("no run records left by earlier fstrain runs")
+        return
+    table = Table(title="run records", show_edge=False, pad_edge=False)
+    for column in ("host", "run", "node", "state", "pids", "started", "command", "ended"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"])) if row["started"] else "?"
+        table.add_row(row["host"], row["run_id"], str(row["node_rank"]), row["state"],
+                      ",".join(map(str, row["pids"])) or "-", started, escape(shlex.join(row["argv"])),
+                      ",".join(map(str, row["killed"])) or "-")
+    console().print(table)
+
+
+def print_catalogue(json_output: bool) -> None:
+    from fstrain.core.doctor import CHECKS
+
+    if json_output:
+        print_json({"checks": [{"id": c.id, "title": c.title, "needs": list(c.needs)} for c in CHECKS]})
+        return
+    width = max(len(c.id) for c in CHECKS)
+    for check in CHECKS:
+        sys.stdout.write(f"{check.id:<{width}}  {check.title}\n")

@@ -1,0 +1,32 @@
+"""What a plan asks of the cluster: GPU memory per GPU, checkpoint size, world size."""
+
+from __future__ import annotations
+
+from fstrain.core.doctor.facts import PlanNeeds
+from fstrain.core.memory import OPTIMIZER_STATE_BYTES, weight_bytes
+from fstrain.core.planfile import PlanFile
+
+
+def checkpoint_bytes(num_params: int, precision: str, optimizer: str) -> int:
+    """A full training checkpoint: the weights in the compute dtype, the fp32 master copy under mixed
+    precision, and the optimizer states (Adam: m and v in fp32), summed over all ranks."""
+    master = 4 if precision != "fp32" else 0
+    return num_params * (weight_bytes(precision) + master + OPTIMIZER_STATE_BYTES.get(optimizer, 8))
+
+
+def plan_needs(plan: PlanFile, source: str) -> PlanNeeds:
+    predicted = plan.predicted
+    memory = predicted.get("memory")
+    peak = memory.get("peak") if isinstance(memory, dict) else None
+    params = predicted.get("num_params")
+    knobs = plan.knobs
+    return PlanNeeds(
+        source=source,
+        gpu_memory_bytes=int(peak) if isinstance(peak, (int, float)) and peak > 0 else None,
+        checkpoint_bytes=checkpoint_bytes(int(params), knobs.precision, knobs.optimizer)
+        if isinstance(params, (int, float)) and params > 0 else None,
+        world_size=knobs.world_size,
+        num_nodes=plan.cluster.num_nodes,
+        gpus_per_node=plan.cluster.gpus_per_node,
+        gpu=plan.cluster.gpu,
+    )
