@@ -25,6 +25,8 @@ PORT_RANGE = (20000, 40000)  # master ports are drawn from here, by a hash of th
 # Set on every node unless the user sets them: without it, Python ranks (and torchrun's --tee
 # relay) block-buffer their output into the pipe, and lines arrive only when the job ends.
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
+# Where DeepSpeed's launcher writes each rank's output; the watchdog relays it line by line.
+RANK_LOG_DIR = "{run_dir}/ranklogs"
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class NodeLaunch:
     nproc: int
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
+    rank_log_dir: str = ""  # per-rank log files the watchdog relays (DeepSpeed's launcher)
 
 
 def is_secret(name: str) -> bool:
@@ -168,6 +171,8 @@ def deepspeed_argv(
         f"--master_addr={master_addr}",
         f"--master_port={master_port}",
         "--no_local_rank",  # LOCAL_RANK is in the environment; programs need no --local_rank flag
+        # One file per rank, relayed by the watchdog as whole tagged lines (see RANK_LOG_DIR).
+        f"--enable_each_rank_log={RANK_LOG_DIR}",
     ]
     if _is_python(program[0], python):
         rest = list(program[1:])
@@ -225,16 +230,20 @@ def plan_launches(
         else:
             argv = deepspeed_argv(python, world_info=info, node_rank=rank, master_addr=master_addr,
                                   master_port=master_port, program=program)
-        launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env))
+        launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env,
+                                   rank_log_dir=RANK_LOG_DIR if backend == "deepspeed" else ""))
     return launches
 
 
-_RANK_PREFIX_RE = re.compile(r"^\[(?:[A-Za-z_]+)?(\d+)\]:(.*)$")
+# A word before the number is required: torchrun's failure report prints "[0]:" headers that
+# are not rank tags.
+_RANK_PREFIX_RE = re.compile(r"^\[(?:default|rank|local)(\d+)\]:(.*)$")
 
 
 def split_rank_prefix(line: str) -> tuple[int | None, str]:
-    """torchrun's ``--tee`` prefix (``[default3]:text``, or ``[rank3]:`` in newer releases) ->
-    (local rank, text); lines without one (the launcher's own) -> (None, line)."""
+    """The local-rank tag of a line -> (local rank, text): torchrun's ``--tee`` prefix
+    (``[default3]:``, ``[rank3]:`` in newer releases) or the watchdog's relay of DeepSpeed's
+    per-rank logs (``[local3]:``); lines without one (the launchers' own) -> (None, line)."""
     match = _RANK_PREFIX_RE.match(line)
     if match is None:
         return None, line

@@ -276,6 +276,8 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
         "state_dir": REMOTE_STATE,
         "run_id": options.run_id,
         "node_rank": rank,
+        "nproc": launch.nproc,
+        "rank_log_dir": launch.rank_log_dir,
         "grace_s": options.grace_s,
         "heartbeat_timeout_s": options.heartbeat_timeout_s,
     }

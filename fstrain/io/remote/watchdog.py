@@ -179,9 +179,15 @@ class Watchdog:
             return 127
         self.write_state()
         threading.Thread(target=self.control_loop, daemon=True).start()
+        tail_dir = str(self.header.get("rank_log_dir") or "").replace("{run_dir}", run_dir)
+        tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1)) if tail_dir else None
+        if tailer is not None:
+            threading.Thread(target=tailer.follow, daemon=True).start()
         try:
             return self.supervise()
         finally:
+            if tailer is not None:
+                tailer.finish()
             if self.state_file:
                 with contextlib.suppress(OSError):
                     os.unlink(self.state_file)
@@ -217,10 +223,19 @@ class Watchdog:
         return code if code >= 0 else 128 - code
 
     def signal_job(self, sig: int) -> None:
+        """``sig`` once to every process of the job: its process group, then each descendant
+        outside that group (a second SIGTERM reads as "force quit" to some launchers)."""
         assert self.child is not None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.child.pid, sig)
-        signal_all(descendants(os.getpid()), sig)
+        outside = []
+        for pid in descendants(os.getpid()):
+            try:
+                if os.getpgid(pid) != self.child.pid:
+                    outside.append(pid)
+            except (ProcessLookupError, PermissionError):
+                continue
+        signal_all(outside, sig)
 
     def sweep(self) -> None:
         """SIGKILL every descendant until none is left."""
@@ -232,6 +247,60 @@ class Watchdog:
             time.sleep(0.05)
             reap()
         reap()
+
+
+class RankLogTailer:
+    """Relays per-rank log files (DeepSpeed's ``--enable_each_rank_log``) to stdout as whole
+    lines tagged ``[local<L>]:``, one write each: ranks that share one pipe would otherwise split
+    each other's lines, and the launcher could not tell them apart."""
+
+    def __init__(self, folder: str, nproc: int) -> None:
+        self.folder = folder
+        self.nproc = max(1, nproc)
+        self.offsets: dict[str, int] = {}
+        self.partial: dict[str, bytes] = {}
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+    def follow(self) -> None:
+        while not self.done.is_set():
+            self.poll(final=False)
+            time.sleep(POLL_S)
+
+    def finish(self) -> None:
+        self.done.set()
+        self.poll(final=True)
+
+    def poll(self, final: bool) -> None:
+        with self.lock:
+            try:
+                names = sorted(n for n in os.listdir(self.folder) if n.endswith(".log") and "_rank" in n)
+            except OSError:
+                return
+            for name in names:
+                self.relay(name, final)
+
+    def relay(self, name: str, final: bool) -> None:
+        try:
+            with open(os.path.join(self.folder, name), "rb") as handle:
+                handle.seek(self.offsets.get(name, 0))
+                data = handle.read()
+        except OSError:
+            return
+        self.offsets[name] = self.offsets.get(name, 0) + len(data)
+        text = self.partial.pop(name, b"") + data
+        lines = text.split(b"\n")
+        rest = lines.pop()
+        if rest and not final:
+            self.partial[name] = rest
+        elif rest:
+            lines.append(rest)
+        try:
+            local = int(name.rsplit("_rank", 1)[1][:-4]) % self.nproc
+        except ValueError:
+            local = 0
+        for line in lines:
+            os.write(1, b"[local%d]:" % local + line + b"\n")
 
 
 def main(header: dict[str, Any]) -> None:
