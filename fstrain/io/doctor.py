@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,12 +43,12 @@ from fstrain.core.doctor.facts import (
 from fstrain.core.doctor.network import is_loopback, sample_targets
 from fstrain.core.hostfile import Host
 from fstrain.core.launchspec import master_port_candidates
-from fstrain.errors import FstrainError, InputError
+from fstrain.errors import FstrainError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import Connector, HostPool
 from fstrain.io.probe import probe_host
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
-from fstrain.io.transport.base import CommandResult, RunningCommand
+from fstrain.io.transport.base import RunningCommand
 
 REMOTE_STATE = "~/.fstrain/active"  # where the launcher's watchdog records active runs
 CONNECT_TIMEOUT_S = 2.0  # per TCP connection of the matrix
@@ -68,25 +68,6 @@ class DoctorOptions:
     grace_s: float = 5.0
     write_test_bytes: int = 256 << 20
     probe_timeout_s: float = 180.0
-
-
-@dataclass
-class _OnPool:
-    """A Transport view of one host of a HostPool, so probe_host reuses the pool's connection."""
-
-    pool: HostPool
-    target: Host
-    host: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.host = self.target.label()
-
-    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
-        r = self.pool.run_one(self.target, argv, stdin=stdin, timeout_s=timeout_s)
-        return CommandResult(r.exit_code, r.stdout, r.stderr, r.seconds, r.error)
-
-    def close(self) -> None:
-        """The pool closes its connections."""
 
 
 def _parallel(items: Sequence[T], work: Callable[[T], Any], fanout: int) -> list[Any]:
@@ -113,18 +94,10 @@ def timed_connector(connect: Connector, seconds: dict[str, float]) -> Connector:
 
 def load_plan(path: str) -> PlanNeeds:
     """``--plan plan.yaml`` -> what it needs; every failure is one InputError naming the file."""
-    import yaml
-
     from fstrain.core.doctor.plan import plan_needs
-    from fstrain.core.planfile import PlanFile
+    from fstrain.io.render_files import read_plan_file
 
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("plan file not found", "write one with `fstrain plan ... --out plan.yaml`", path) from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"cannot read the plan: {exc.__class__.__name__}", "", path) from None
-    return plan_needs(PlanFile.from_dict(data, path), path)
+    return plan_needs(read_plan_file(Path(path)), path)
 
 
 # --- per host ----------------------------------------------------------------------------------
@@ -160,7 +133,7 @@ def _probe(pool: HostPool, host: Host, options: DoctorOptions) -> dict[str, Any]
     out: dict[str, Any] = {"python_error": None, "probe_error": None, "report": None, "probe_python": None}
     for python in dict.fromkeys([options.python, "python3"]):
         try:
-            out["report"] = dict(probe_host(_OnPool(pool, host), python=python, timeout_s=options.probe_timeout_s))
+            out["report"] = dict(probe_host(pool.transport(host), python=python, timeout_s=options.probe_timeout_s))
             out["probe_python"] = python
             return out
         except FstrainError as exc:

@@ -62,7 +62,7 @@ def read_plan_file(path: Path) -> PlanFile:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError("file not found", "write a plan with `fstrain plan --out plan.yaml`", where) from None
+        raise InputError("plan file not found", "write a plan with `fstrain plan --out plan.yaml`", where) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read the plan: {exc.__class__.__name__}", "", where) from None
     try:
