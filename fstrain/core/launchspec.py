@@ -25,8 +25,9 @@ PORT_RANGE = (20000, 40000)  # master ports are drawn from here, by a hash of th
 # Set on every node unless the user sets them: without it, Python ranks (and torchrun's --tee
 # relay) block-buffer their output into the pipe, and lines arrive only when the job ends.
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
-# Where DeepSpeed's launcher writes each rank's output; the watchdog relays it line by line.
-RANK_LOG_DIR = "{run_dir}/ranklogs"
+# Where DeepSpeed's launcher writes each rank's output, the watchdog relaying it line by line:
+# one folder per node, since the run directory may be on a file system all nodes share.
+RANK_LOG_DIR = "{run_dir}/ranklogs/node%d"
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def deepspeed_argv(
         f"--master_port={master_port}",
         "--no_local_rank",  # LOCAL_RANK is in the environment; programs need no --local_rank flag
         # One file per rank, relayed by the watchdog as whole tagged lines (see RANK_LOG_DIR).
-        f"--enable_each_rank_log={RANK_LOG_DIR}",
+        f"--enable_each_rank_log={RANK_LOG_DIR % node_rank}",
     ]
     if _is_python(program[0], python):
         rest = list(program[1:])
@@ -231,7 +232,7 @@ def plan_launches(
             argv = deepspeed_argv(python, world_info=info, node_rank=rank, master_addr=master_addr,
                                   master_port=master_port, program=program)
         launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env,
-                                   rank_log_dir=RANK_LOG_DIR if backend == "deepspeed" else ""))
+                                   rank_log_dir=RANK_LOG_DIR % rank if backend == "deepspeed" else ""))
     return launches
 
 

@@ -134,3 +134,12 @@ def test_data_parallel_plan_and_world_size_check() -> None:
     assert argv[:3] == ["python3", "-m", "fstrain.train"] and "{run_dir}/fsdp.yaml" in argv
     zero = data_parallel_plan(spec, num_nodes=1, procs_per_node=2, strategy="zero3", micro_batch_size=1)
     assert "{run_dir}/ds_config.json" in trainer_program("python3", zero, steps=5)
+
+
+def test_deepspeed_rank_logs_go_to_a_folder_per_node() -> None:
+    hosts = [Host("a", slots=2), Host("b", slots=2)]
+    launches = plan_launches(hosts, backend="deepspeed", nprocs=[2, 2], program=["t.py"], python="p",
+                             master_addr="a", master_port=1, run_id="r", max_restarts=0, env={}, per_node_env=[])
+    assert [n.rank_log_dir for n in launches] == ["{run_dir}/ranklogs/node0", "{run_dir}/ranklogs/node1"]
+    for launch in launches:
+        assert f"--enable_each_rank_log={launch.rank_log_dir}" in launch.argv
