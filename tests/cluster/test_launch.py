@@ -86,6 +86,20 @@ def test_signal_to_fstrain_tears_down(cluster: NamespaceCluster, tmp_path: Path,
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 
+def test_second_ctrl_c_skips_the_grace_period(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    launch = start_launch(cluster, *TWO_NODES[:-1], "60", "--run-dir", str(tmp_path / "run"),
+                          "--env", "FSTRAIN_TEST_IGNORE_TERM=1", "--", "python3", WORKER)
+    launch.wait_for("] ready rank=", count=4)
+    start = time.monotonic()
+    launch.proc.send_signal(signal.SIGINT)
+    time.sleep(1)
+    launch.proc.send_signal(signal.SIGINT)
+    assert launch.finish(timeout=50) == 130
+    # One Ctrl-C takes 31 s here (torchrun waits 30 s for ranks that ignore SIGTERM); two take ~2 s.
+    assert time.monotonic() - start < 15
+    assert_no_job_processes(cluster, 5)
+
+
 def test_sigkill_to_fstrain_watchdogs_clean_up(cluster: NamespaceCluster, tmp_path: Path) -> None:
     launch = start_launch(cluster, *worker_args(tmp_path))
     launch.wait_for("] ready rank=", count=4)

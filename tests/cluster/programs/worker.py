@@ -1,8 +1,9 @@
 """A rank for the launch tests: says it is ready, then does what FSTRAIN_TEST_FAULT asks.
 
 Environment: FSTRAIN_TEST_FAULT = "" (sleep FSTRAIN_TEST_SECONDS, exit 0) | "exit3" | "sigkill"
-(applied on global rank FSTRAIN_TEST_FAULT_RANK, after every rank said ready), and
-FSTRAIN_TEST_ECHO=1 to print argv and selected environment values as JSON.
+(applied on global rank FSTRAIN_TEST_FAULT_RANK, after every rank said ready),
+FSTRAIN_TEST_ECHO=1 to print argv and selected environment values as JSON, and
+FSTRAIN_TEST_IGNORE_TERM=1 to ignore SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 import time
 
 rank = int(os.environ.get("RANK", "0"))
+if os.environ.get("FSTRAIN_TEST_IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a rank that will not stop politely
 print(f"ready rank={rank} host={socket.gethostname()} pid={os.getpid()} world={os.environ.get('WORLD_SIZE')}",
       flush=True)
 if os.environ.get("FSTRAIN_TEST_ECHO"):
