@@ -149,7 +149,7 @@ def job_spec(backend: str, program: list[str], plan_path: str | None, model: str
                    precision=precision, steps=steps)
 
 
-def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str) -> Job:
+def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str, device: str = "cpu") -> Job:
     """The job for these hosts and process counts (the plan must match the world size)."""
     from fstrain.core.launchplan import check_plan_fits_launch, data_parallel_plan, trainer_program
     from fstrain.errors import InputError
@@ -164,7 +164,7 @@ def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str) -
         assert spec.model is not None
         plan = data_parallel_plan(spec.model, num_nodes=len(hosts), procs_per_node=nprocs[0],
                                   strategy=spec.strategy, micro_batch_size=spec.micro_batch,
-                                  precision=spec.precision, hosts=tuple(h.name for h in hosts))
+                                  precision=spec.precision, hosts=tuple(h.name for h in hosts), gpu=device)
     check_plan_fits_launch(plan, sum(nprocs), spec.flag)
     if spec.program:
         return Job(spec.program, plan, False, spec.steps)
@@ -277,7 +277,8 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
         facts = preflight(pool, python, workdir)
         rendezvous = choose_rendezvous(pool, connect, facts, python, run_id, master_port)
     nprocs = resolve_nprocs(hosts, requested, [int(f.info.get("nvidia_gpus") or 0) for f in facts])
-    job = build_job(spec, hosts, nprocs, python)
+    gpus_found = any(f.info.get("nvidia_gpus") for f in facts)
+    job = build_job(spec, hosts, nprocs, python, "gpu (not planned: see fstrain plan)" if gpus_found else "cpu")
     per_node = [interface_env(ifname, user_env) for ifname in rendezvous.interfaces]
     launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
                              master_addr=rendezvous.master_addr, master_port=rendezvous.master_port, run_id=run_id,
