@@ -283,7 +283,7 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
                              master_addr=rendezvous.master_addr, master_port=rendezvous.master_port, run_id=run_id,
                              max_restarts=max_restarts, env=user_env, per_node_env=per_node)
-    run_dirs = [remote_run_dir(h, f, run_id, folder) for h, f in zip(hosts, facts, strict=True)]
+    run_dirs = [remote_run_dir(h, f.info.get("home"), run_id, folder) for h, f in zip(hosts, facts, strict=True)]
     node_files = [rendered_files(job.plan, d, job.steps) for d in run_dirs] if job.plan else []
     if job.plan is not None:
         print_plan(job.plan)

@@ -144,21 +144,17 @@ def probe_cluster(hostfile: str | None, hosts: str | None, include: str | None, 
     if not hostfile and not hosts:
         return None
     from fstrain.core.plancluster import node_gpus_from_report
-    from fstrain.errors import FstrainError, TransportError
+    from fstrain.errors import TransportError
     from fstrain.io.connect import make_connector
-    from fstrain.io.fanout import HostPool
-    from fstrain.io.probe import probe_hosts
+    from fstrain.io.probe import probe_inventory
 
     selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
-    with HostPool(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
-                  fanout=fanout) as pool:
-        results = probe_hosts(pool, python=python)
-    failed = [r.one_line() for r in results if isinstance(r, FstrainError)]
+    reports, failed = probe_inventory(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
+                                      python=python, fanout=fanout)
     if failed:
-        raise TransportError("could not probe " + "; ".join(failed),
+        raise TransportError("could not probe " + "; ".join(error.one_line() for _, error in failed),
                              "fix or --exclude those hosts, or describe the cluster with --gpu", "fstrain plan")
-    return [node_gpus_from_report(r, h.label()) for h, r in zip(selection.hosts, results, strict=True)
-            if not isinstance(r, FstrainError)]
+    return [node_gpus_from_report(r, h.label()) for h, r in zip(selection.hosts, reports, strict=True)]
 
 
 def resolve_model(model: str | None, recipe: str | None, model_params: str | None) -> tuple[PlanModel, Recipe | None]:

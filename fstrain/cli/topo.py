@@ -99,21 +99,15 @@ def probe_selected(hostfile: str | None, hosts: str | None, include: str | None,
                    python: str | None) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """Probe reports of the selected hosts (this machine when none is selected), and the hosts
     that could not be probed with why."""
-    from fstrain.errors import FstrainError
     from fstrain.io.connect import is_local, make_connector
-    from fstrain.io.fanout import HostPool
-    from fstrain.io.probe import probe_hosts, probe_local
+    from fstrain.io.probe import probe_inventory, probe_local
 
     selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
     if len(selection.hosts) == 1 and is_local(selection.hosts[0]):
         return [probe_local(python=python)], []
-    with HostPool(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
-                  fanout=fanout) as pool:
-        results = probe_hosts(pool, python=python or "python3")
-    reports = [r for r in results if not isinstance(r, FstrainError)]
-    failures = [{"host": h.label(), "error": r.one_line()} for h, r in zip(selection.hosts, results, strict=True)
-                if isinstance(r, FstrainError)]
-    return reports, failures
+    reports, failed = probe_inventory(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
+                                      python=python or "python3", fanout=fanout)
+    return reports, [{"host": host.label(), "error": error.one_line()} for host, error in failed]
 
 
 def reports_document(reports: list[dict[str, Any]]) -> dict[str, Any]:

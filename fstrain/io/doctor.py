@@ -46,11 +46,11 @@ from fstrain.core.launchspec import master_port_candidates
 from fstrain.errors import FstrainError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import Connector, HostPool
+from fstrain.io.launch import REMOTE_STATE
 from fstrain.io.probe import probe_host
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 from fstrain.io.transport.base import RunningCommand
 
-REMOTE_STATE = "~/.fstrain/active"  # where the launcher's watchdog records active runs
 CONNECT_TIMEOUT_S = 2.0  # per TCP connection of the matrix
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
 T = TypeVar("T")

@@ -49,8 +49,8 @@ LIVENESS_INTERVAL_S = 2.0
 EXIT_LOST_HOST = 255  # like ssh when the connection is lost
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
-REMOTE_RUNS = "~/.fstrain/runs"
-REMOTE_STATE = "~/.fstrain/active"
+REMOTE_RUNS = ".fstrain/runs"  # under the remote home
+REMOTE_STATE = "~/.fstrain/active"  # where watchdogs record active runs (for doctor --orphans)
 
 
 class LaunchError(FstrainError):
@@ -295,14 +295,15 @@ def node_run_dir(host: Host, node_rank: int, options: RunOptions) -> str:
     """The run directory on a node: the local run dir for localhost, else under the remote home."""
     if options.node_run_dirs:
         return options.node_run_dirs[node_rank]
-    return str(options.run_dir.resolve()) if is_local(host) else f"{REMOTE_RUNS}/{options.run_id}"
+    return remote_run_dir(host, None, options.run_id, options.run_dir)
 
 
-def remote_run_dir(host: Host, facts: HostFacts, run_id: str, local_run_dir: Path) -> str:
-    """Absolute: rendered configs name their own paths, so ``~`` is resolved with the probed home."""
+def remote_run_dir(host: Host, home: str | None, run_id: str, local_run_dir: Path) -> str:
+    """Absolute where the home is known: rendered configs name their own paths, so ``~`` is
+    resolved with the probed home."""
     if is_local(host):
         return str(local_run_dir.resolve())
-    return f"{facts.info.get('home') or '~'}/.fstrain/runs/{run_id}"
+    return f"{home or '~'}/{REMOTE_RUNS}/{run_id}"
 
 
 def _pump(node: NodeState, events: queue.Queue[tuple[str, int, Any, Any]]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from fstrain.core.hostfile import Host
 from fstrain.core.probe_report import Report, validate_report
 from fstrain.errors import FstrainError, ParseError, TransportError
-from fstrain.io.fanout import HostPool
+from fstrain.io.fanout import Connector, HostPool
 from fstrain.io.transport import LocalTransport, Transport
 
 DEFAULT_TIMEOUT_S = 180.0  # the probe's own deadlines add up to about 2 minutes in the worst case
@@ -82,3 +82,13 @@ def probe_hosts(pool: HostPool, python: str = "python3",
             return exc
 
     return pool.map(one)
+
+
+def probe_inventory(hosts: list[Host], connect: Connector, *, python: str = "python3",
+                    fanout: int = 64) -> tuple[list[Report], list[tuple[Host, FstrainError]]]:
+    """Open a pool on ``hosts`` and probe them all: the reports, and each failed host with its error."""
+    with HostPool(hosts, connect, fanout=fanout) as pool:
+        results = probe_hosts(pool, python=python)
+    reports = [r for r in results if not isinstance(r, FstrainError)]
+    failures = [(h, r) for h, r in zip(hosts, results, strict=True) if isinstance(r, FstrainError)]
+    return reports, failures
