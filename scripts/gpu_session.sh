@@ -14,7 +14,8 @@
 # installed into /tmp/site first. Each stage has its own time limit, so a stage that hangs costs
 # only its own share; the stages' files are packed at the end into at most 8 files in OUT_DIR
 # (the device tool brings back 8): probe-report.json, check-summary.json, train-summary.json,
-# train-summary.md, session.log, gpu-session.tar.gz (everything, logs included).
+# train-summary.md, bench-compute.json, bench-collectives.json, session.log, gpu-session.tar.gz
+# (everything, logs included).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-${OUT:-gpu-session-out}}")
@@ -42,13 +43,15 @@ stage() {  # name seconds argv...
 }
 
 stage check 120 python3 scripts/gpu_check.py "$work/check"
+# FSTRAIN_GPU_CASES=name,name runs only those calibration cases (names as gpu_train_check.py's table prints them).
 stage train "${FSTRAIN_GPU_TRAIN_S:-270}" python3 scripts/gpu_train_check.py "$work/train" --matrix calibration \
-    --steps 4 --budget-s "$(( ${FSTRAIN_GPU_TRAIN_S:-270} - 25 ))"
+    --steps 4 --budget-s "$(( ${FSTRAIN_GPU_TRAIN_S:-270} - 25 ))" ${FSTRAIN_GPU_CASES:+--only "$FSTRAIN_GPU_CASES"}
 
 cp "$work/check/probe-report.json" "$out/probe-report.json" 2>/dev/null
 cp "$work/check/summary.json" "$out/check-summary.json" 2>/dev/null
 cp "$work/train/summary.json" "$out/train-summary.json" 2>/dev/null
 cp "$work/train/summary.md" "$out/train-summary.md" 2>/dev/null
+cp "$work/check/bench-compute.json" "$work/check/bench-collectives.json" "$out/" 2>/dev/null
 tar -czf "$out/gpu-session.tar.gz" -C "$work" . 2>>"$log"
 say "done: $(ls "$out" | tr '\n' ' ')"
 rm -rf "$work"

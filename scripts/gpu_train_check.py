@@ -553,6 +553,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--matrix", choices=("default", "calibration"), default="default",
                    help="default: four layouts of one model (with fallbacks); calibration: the planner's "
                         "calibration points (several models, AC policies, micro-batches), each planned on its own")
+    p.add_argument("--only", default="", help="comma list of case names (as in the table) to run, in that order")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="plan and render only; no trainer run, no GPU needed")
     mode.add_argument("--rehearse-on-cpu", action="store_true", help="run the trainer on the CPU (gloo): no GPU check")
@@ -561,6 +562,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--steps must be at least 2, --micro-batch and --grad-accum at least 1")
     args.model = args.model or ("tiny" if args.rehearse_on_cpu else "gpt2-1.5b")
     args.cases = CALIBRATION_CASES if args.matrix == "calibration" else CASES
+    if args.only:
+        by_name = {case.name: case for case in args.cases}
+        unknown = [name for name in args.only.split(",") if name not in by_name]
+        if unknown:
+            p.error(f"--only: no case {', '.join(unknown)} in the {args.matrix} matrix; cases: {', '.join(by_name)}")
+        args.cases = tuple(by_name[name] for name in args.only.split(","))
     return args
 
 
