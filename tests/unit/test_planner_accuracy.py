@@ -196,11 +196,15 @@ def evaluate(case: Case) -> Outcome:
     try:
         model = plan_model(case)
         training, _ = resolve_training(
-            model, None, flags["seq_len"], None, None, flags["micro_batch"], flags["grad_accum"],
-            flags["precision"], flags["optimizer"], flags["flash_attention"], None,
+            plan_model=model, recipe=None, seq_len=flags["seq_len"], global_batch=None, global_batch_tokens=None,
+            micro_batch=flags["micro_batch"], grad_accum=flags["grad_accum"], precision=flags["precision"],
+            optimizer=flags["optimizer"], flash_attention=flags["flash_attention"], train_tokens=None,
         )
-        pins = resolve_pins(flags["strategy"], None, flags["tp"], flags["pp"], flags.get("shard_group_size"),
-                            flags["micro_batch"], flags["grad_accum"], flags["ac"], flags["offload"])
+        pins = resolve_pins(
+            strategy=flags["strategy"], zero_stage=None, tp=flags["tp"], pp=flags["pp"],
+            shard_group_size=flags.get("shard_group_size"), micro_batch=flags["micro_batch"],
+            grad_accum=flags["grad_accum"], ac=flags["ac"], offload=flags["offload"],
+        )
         training, pins = _with_extra_knobs(case, training, pins)
         memory = flags.get("gpu_memory_gib")
         node = NodeGpus(flags["gpu"], flags["gpus_per_node"], memory_bytes=int(memory * GIB) if memory else None)
