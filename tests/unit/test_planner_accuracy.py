@@ -306,7 +306,7 @@ def test_calibration_set_is_well_formed() -> None:
         if measured.get("memory") is not None:
             assert measured.get("memory_unit") in UNITS and measured.get("memory_kind") in MEMORY_KINDS, case.id
         has_number = measured.get("memory") is not None or measured.get("tokens_per_s_per_gpu") is not None
-        assert has_number or measured["fits"] is False, f"{case.id}: nothing measured"
+        assert has_number or case.expressible, f"{case.id}: a verdict alone is only useful when it can be planned"
         if case.expressible:
             missing = [key for key in REQUIRED_PLAN_KEYS if key not in case.flags]
             assert not missing, f"{case.id}: fstrain flags missing {missing}"
@@ -383,7 +383,7 @@ def test_median_throughput_error(outcomes: list[Outcome]) -> None:
     assert median_abs(errors) <= THROUGHPUT_TARGET_PCT, markdown_table(outcomes)
 
 
-@pytest.mark.xfail(strict=True, reason="not met yet (2026-11-30): right on 34 of 41 (6 not plannable, 1 false OOM)")
+@pytest.mark.xfail(strict=True, reason="not met yet (2026-11-30): right on 36 of 44 (6 not plannable, 1 false OOM, 1 false fit)")
 def test_fit_verdict_agrees_on_every_expressible_case(outcomes: list[Outcome]) -> None:
     wrong = [f"{o.case.id}: {o.error or _fit(o.predicted_fits)}" for o in outcomes if not o.fit_agrees]
     assert not wrong, "\n".join(wrong)
