@@ -383,7 +383,9 @@ def test_median_throughput_error(outcomes: list[Outcome]) -> None:
     assert median_abs(errors) <= THROUGHPUT_TARGET_PCT, markdown_table(outcomes)
 
 
-@pytest.mark.xfail(strict=True, reason="not met yet (2026-11-30): right on 36 of 44 (6 not plannable, 1 false OOM, 1 false fit)")
+@pytest.mark.xfail(
+    strict=True, reason="not met yet (2026-11-30): right on 36 of 44 (6 not plannable, 1 false OOM, 1 false fit)"
+)
 def test_fit_verdict_agrees_on_every_expressible_case(outcomes: list[Outcome]) -> None:
     wrong = [f"{o.case.id}: {o.error or _fit(o.predicted_fits)}" for o in outcomes if not o.fit_agrees]
     assert not wrong, "\n".join(wrong)
