@@ -52,6 +52,16 @@ EXTRA_KNOBS: dict[str, Any] = {
     "pp_schedule": "1f1b",
     "optimizer_in_backward": False,
     "activation_offload": False,
+    "lora": False,
+}
+# What `fstrain plan` could express when the calibration set was collected. A run needing more
+# (a newer AC policy, a precision mode, a knob above) is planned as soon as the planner accepts
+# it; until then it is listed as waiting for that feature, and only for that feature: a refusal
+# of anything else is an error.
+BASE_VALUES = {
+    "ac": ("none", "full", "selective"),
+    "precision": ("bf16", "fp16", "fp32"),
+    "optimizer": ("adamw", "sgd", "adam8bit"),
 }
 REQUIRED_PLAN_KEYS = ("gpu", "num_nodes", "gpus_per_node", "strategy", "tp", "pp", "micro_batch", "grad_accum",
                       "seq_len", "ac", "precision", "optimizer", "flash_attention", "offload")
@@ -97,6 +107,7 @@ class Outcome:
     case: Case
     plan: Plan | None = None
     error: str = ""
+    unsupported: tuple[str, ...] = ()  # planner features the run needs and this planner lacks
     predicted_memory_bytes: float | None = None
     predicted_tokens_per_s_per_gpu: float | None = None
 
@@ -171,18 +182,46 @@ def plan_model(case: Case) -> PlanModel:
     return PlanModel.from_spec(parse_recipe({"name": flags["model_shape"], "model": shape}, case.file).model)
 
 
+def _knob_label(key: str, value: Any) -> str:
+    return key if isinstance(EXTRA_KNOBS.get(key), bool) or key == "cp" else f"{key}={value}"
+
+
+def needs(case: Case) -> list[str]:
+    """What the run needs beyond the planner the calibration set was collected against."""
+    flags = case.flags
+    wanted = [f"{key}={flags[key]}" for key, base in BASE_VALUES.items() if key in flags and flags[key] not in base]
+    wanted += [_knob_label(k, flags[k]) for k, neutral in EXTRA_KNOBS.items() if flags.get(k, neutral) != neutral]
+    return wanted
+
+
+def planner_gaps(case: Case) -> list[str]:
+    """What the run needs that this planner does not accept (checked flag by flag)."""
+    from fstrain.core import planfile  # read at call time: the vocabulary grows
+    from fstrain.core.planner import Pins, TrainingSpec
+
+    flags, gaps = case.flags, []
+    try:
+        resolve_pins(strategy=None, zero_stage=None, tp=None, pp=None, shard_group_size=None, micro_batch=None,
+                     grad_accum=None, ac=flags["ac"], offload=None)
+    except FstrainError:
+        gaps.append(f"ac={flags['ac']}")
+    for key, allowed in (("precision", planfile.PRECISIONS), ("optimizer", planfile.OPTIMIZERS)):
+        if flags[key] not in allowed:
+            gaps.append(f"{key}={flags[key]}")
+    known = {f.name for f in dataclasses.fields(TrainingSpec)} | {f.name for f in dataclasses.fields(Pins)}
+    gaps += [_knob_label(k, flags[k]) for k, neutral in EXTRA_KNOBS.items()
+             if flags.get(k, neutral) != neutral and k not in known]
+    return gaps
+
+
 def _with_extra_knobs(case: Case, training: TrainingSpec, pins: Pins) -> tuple[TrainingSpec, Pins]:
-    """Pass knobs the planner knows by name; refuse (ValueError) those it does not know yet."""
+    """Pass the knobs the planner knows by name (the neutral value too, so defaults cannot drift)."""
     for key, neutral in EXTRA_KNOBS.items():
         value = case.flags.get(key, neutral)
-        if value == neutral and not _has_field(training, key) and not _has_field(pins, key):
-            continue
         if _has_field(training, key):
             training = dataclasses.replace(training, **{key: value})
         elif _has_field(pins, key):
             pins = dataclasses.replace(pins, **{key: value})
-        else:
-            raise ValueError(f"the planner has no {key!r} knob (the run needs {key}={value})")
     return training, pins
 
 
@@ -193,6 +232,9 @@ def _has_field(obj: Any, name: str) -> bool:
 def evaluate(case: Case) -> Outcome:
     """Plan ``case`` with every knob pinned, as ``fstrain plan ... --json`` would."""
     flags = case.flags
+    gaps = planner_gaps(case)
+    if gaps:
+        return Outcome(case, unsupported=tuple(gaps))
     try:
         model = plan_model(case)
         training, _ = resolve_training(
@@ -211,7 +253,7 @@ def evaluate(case: Case) -> Outcome:
         cluster = build_cluster([node] * flags["num_nodes"], flags.get("inter_node_gbps"), "--gpu")
         assumptions = with_overrides(Assumptions(), [f"{k}={v}" for k, v in (flags.get("assume") or {}).items()])
         result = plan(model, training, cluster, pins, assumptions, suggest=False)
-    except (FstrainError, ValueError) as exc:
+    except FstrainError as exc:
         return Outcome(case, error=" ".join(str(exc).split()))
     evaluated = [*result.plans, *result.rejected]
     if len(evaluated) != 1:
@@ -219,7 +261,8 @@ def evaluate(case: Case) -> Outcome:
     chosen = evaluated[0]
     kind = case.measured.get("memory_kind", "max_reserved")
     tokens = chosen.time.tokens_per_s / cluster.world_size if chosen.time else None
-    return Outcome(case, chosen, "", predicted_memory_bytes(chosen.memory, kind), tokens)
+    return Outcome(case, chosen, predicted_memory_bytes=predicted_memory_bytes(chosen.memory, kind),
+                   predicted_tokens_per_s_per_gpu=tokens)
 
 
 def evaluate_all(cases: Iterable[Case] | None = None) -> list[Outcome]:
@@ -232,14 +275,19 @@ def median_abs(errors: Iterable[float | None]) -> float:
     return statistics.median(values) if values else math.nan
 
 
+def scored(outcomes: Iterable[Outcome]) -> list[Outcome]:
+    """The outcomes the targets hold on: every expressible run the planner can express."""
+    return [o for o in outcomes if not o.unsupported]
+
+
 def memory_errors(outcomes: Iterable[Outcome]) -> list[float | None]:
-    return [o.memory_error_pct for o in outcomes if o.case.measured_memory_bytes() is not None]
+    return [o.memory_error_pct for o in scored(outcomes) if o.case.measured_memory_bytes() is not None]
 
 
 def throughput_errors(outcomes: Iterable[Outcome]) -> list[float | None]:
     return [
         o.throughput_error_pct
-        for o in outcomes
+        for o in scored(outcomes)
         if o.case.measured_tokens_per_s_per_gpu() is not None and o.case.measured.get("fits")
     ]
 
@@ -269,7 +317,9 @@ def markdown_table(outcomes: list[Outcome]) -> str:
         predicted_mem = o.predicted_memory_bytes
         fit = f"{_fit(bool(o.case.measured.get('fits')))} / {_fit(o.predicted_fits)}"
         if o.error:
-            fit += f" (not planned: {o.error})"
+            fit += f" (planner error: {o.error})"
+        if o.unsupported:
+            fit += f" (waits for {', '.join(o.unsupported)})"
         rows.append(
             f"| {o.case.id} | {f['num_nodes'] * f['gpus_per_node']}x {f['gpu']} | {config} | "
             f"{_num(None if measured_mem is None else measured_mem / GIB)} | "
@@ -277,12 +327,14 @@ def markdown_table(outcomes: list[Outcome]) -> str:
             f"{_num(o.memory_error_pct, 0, ' %')} | {_num(o.case.measured_tokens_per_s_per_gpu(), 0)} | "
             f"{_num(o.predicted_tokens_per_s_per_gpu, 0)} | {_num(o.throughput_error_pct, 0, ' %')} | {fit} |"
         )
-    mem, tput = memory_errors(outcomes), throughput_errors(outcomes)
-    agree = sum(o.fit_agrees for o in outcomes)
+    mem, tput, counted = memory_errors(outcomes), throughput_errors(outcomes), scored(outcomes)
+    agree = sum(o.fit_agrees for o in counted)
+    waiting = len(outcomes) - len(counted)
     rows.append("")
     rows.append(
         f"Median |memory error| {_num(median_abs(mem))} % over {len(mem)} cases; median |throughput error| "
-        f"{_num(median_abs(tput))} % over {len(tput)} cases; fit verdict right on {agree} of {len(outcomes)}."
+        f"{_num(median_abs(tput))} % over {len(tput)} cases; fit verdict right on {agree} of {len(counted)}; "
+        f"{waiting} of {len(outcomes)} expressible runs wait for a planner feature."
     )
     return "\n".join(rows)
 
@@ -362,20 +414,29 @@ def test_error_table_has_every_expressible_case(outcomes: list[Outcome]) -> None
     table = markdown_table(outcomes)
     assert all(f"| {case_id} |" in table for case_id in expressible)
     for o in outcomes:
+        # The planner may only refuse what the run is recorded to need beyond the base planner.
+        assert set(o.unsupported) <= set(needs(o.case)), f"{o.case.id}: refused {o.unsupported}"
         measured, predicted = o.case.measured_memory_bytes(), o.predicted_memory_bytes
         if measured is not None and predicted is not None:
             assert o.memory_error_pct == pytest.approx(100 * (predicted - measured) / measured)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="not met yet (2026-11-30): 7.6 % over 6 memory cases, all DeepSpeed 3D runs of one source; "
+    "the other 36 memory runs wait for selective-op, compile, fp8, cp, amp/pure-bf16 precision, loss variants",
+)
 def test_median_memory_error(outcomes: list[Outcome]) -> None:
     errors = memory_errors(outcomes)
-    assert len(errors) >= 8
+    sources = {o.case.file for o in scored(outcomes) if o.case.measured_memory_bytes() is not None}
+    # A median is only a statement about the planner when it spans frameworks.
+    assert len(errors) >= 8 and len(sources) >= 3, f"{len(errors)} memory cases from {len(sources)} sources"
     assert median_abs(errors) <= MEMORY_TARGET_PCT, markdown_table(outcomes)
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not met yet (2026-11-30): median |throughput error| 22.0 % over 40 cases (5 not plannable)",
+    reason="not met yet (2026-11-30): median |throughput error| 20.8 % over 35 cases",
 )
 def test_median_throughput_error(outcomes: list[Outcome]) -> None:
     errors = throughput_errors(outcomes)
@@ -384,8 +445,8 @@ def test_median_throughput_error(outcomes: list[Outcome]) -> None:
 
 
 @pytest.mark.xfail(
-    strict=True, reason="not met yet (2026-11-30): right on 36 of 44 (6 not plannable, 1 false OOM, 1 false fit)"
+    strict=True, reason="not met yet (2026-11-30): right on 36 of 38 (a false OOM and a false fit)"
 )
 def test_fit_verdict_agrees_on_every_expressible_case(outcomes: list[Outcome]) -> None:
-    wrong = [f"{o.case.id}: {o.error or _fit(o.predicted_fits)}" for o in outcomes if not o.fit_agrees]
+    wrong = [f"{o.case.id}: {o.error or _fit(o.predicted_fits)}" for o in scored(outcomes) if not o.fit_agrees]
     assert not wrong, "\n".join(wrong)
