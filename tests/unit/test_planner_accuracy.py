@@ -398,6 +398,23 @@ def test_helpers_on_values() -> None:
     assert median_abs([-30.0, 10.0, 20.0]) == 20.0
 
 
+def test_needs_and_gaps_on_values() -> None:
+    base = next(c for c in CASES if c.file == "deepspeed_zero_tutorial.yaml")
+    assert needs(base) == [] and planner_gaps(base) == []
+    wanting = dataclasses.replace(
+        base, run=deep_merge(base.run, {"fstrain": {"precision": "amp-bf16", "compile": True, "cp": 2, "loss": "none"}})
+    )
+    assert needs(wanting) == ["precision=amp-bf16", "loss=none", "compile", "cp"]
+    assert set(planner_gaps(wanting)) <= set(needs(wanting))
+    assert "precision=amp-bf16" in planner_gaps(wanting) or "amp-bf16" in _planfile_precisions()
+
+
+def _planfile_precisions() -> tuple[str, ...]:
+    from fstrain.core import planfile
+
+    return tuple(planfile.PRECISIONS)
+
+
 # --- the planner against the data ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
