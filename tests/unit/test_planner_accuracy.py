@@ -13,6 +13,7 @@ on every expressible case.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import math
@@ -336,6 +337,9 @@ def markdown_table(outcomes: list[Outcome]) -> str:
         f"{_num(median_abs(tput))} % over {len(tput)} cases; fit verdict right on {agree} of {len(counted)}; "
         f"{waiting} of {len(outcomes)} expressible runs wait for a planner feature."
     )
+    if waiting:
+        counts = collections.Counter(gap for o in outcomes for gap in o.unsupported)
+        rows.append("Runs waiting, by feature: " + ", ".join(f"{gap} {n}" for gap, n in counts.most_common()) + ".")
     return "\n".join(rows)
 
 
