@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping
@@ -37,6 +38,7 @@ from fstrain.core.planner import Pins, Plan, PlanModel, TrainingSpec, plan
 from fstrain.core.recipe import parse_recipe
 from fstrain.errors import FstrainError
 from fstrain.io.recipes import load_shipped_recipe
+from tests.helpers import run_fstrain
 
 MEASURED_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "planner" / "measured"
 GIB = 1 << 30
@@ -269,6 +271,26 @@ def evaluate(case: Case) -> Outcome:
                    predicted_tokens_per_s_per_gpu=tokens)
 
 
+def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
+    """The ``fstrain plan`` command line that states ``case`` (``recipe_path``: its shape as a file)."""
+    f = case.flags
+    model = ["--model", f["model"]] if "model" in f else ["--recipe", str(recipe_path)]
+    argv = ["plan", *model, "--num-nodes", str(f["num_nodes"]), "--gpus-per-node", str(f["gpus_per_node"]),
+            "--gpu", f["gpu"], "--strategy", f["strategy"], "--tp", str(f["tp"]), "--pp", str(f["pp"]),
+            "--micro-batch", str(f["micro_batch"]), "--grad-accum", str(f["grad_accum"]), "--seq-len",
+            str(f["seq_len"]), "--ac", f["ac"], "--precision", f["precision"], "--optimizer", f["optimizer"],
+            "--flash-attention" if f["flash_attention"] else "--no-flash-attention", "--offload", f["offload"]]
+    dp = f["num_nodes"] * f["gpus_per_node"] // (f["tp"] * f["pp"] * f.get("cp", 1))
+    argv += ["--global-batch", str(dp * f["micro_batch"] * f["grad_accum"])]  # not the recipe's default
+    if f.get("inter_node_gbps"):
+        argv += ["--inter-node-gbps", str(f["inter_node_gbps"])]
+    if f.get("shard_group_size"):
+        argv += ["--shard-group-size", str(f["shard_group_size"])]
+    for key, value in (f.get("assume") or {}).items():
+        argv += ["--assume", f"{key}={value}"]
+    return [*argv, "--json"]
+
+
 def evaluate_all(cases: Iterable[Case] | None = None) -> list[Outcome]:
     return [evaluate(case) for case in (load_cases() if cases is None else cases) if case.expressible]
 
@@ -451,6 +473,24 @@ def test_median_memory_error(outcomes: list[Outcome]) -> None:
     # A median is only a statement about the planner when it spans frameworks.
     assert len(errors) >= 8 and len(sources) >= 3, f"{len(errors)} memory cases from {len(sources)} sources"
     assert median_abs(errors) <= MEMORY_TARGET_PCT, markdown_table(outcomes)
+
+
+@pytest.mark.parametrize("case_id", ["tt24-l2-70b-fsdp64-full", "atorch-l2-7b-ds3d-tp2-pp2-dp2"])
+def test_the_harness_plans_what_the_command_line_plans(case_id: str, tmp_path: Path) -> None:
+    """The harness's plan is the one ``fstrain plan ... --json`` prints for the same flags."""
+    case = next(c for c in CASES if c.id == case_id)
+    outcome = evaluate(case)
+    assert outcome.plan is not None, outcome.error or outcome.unsupported
+    recipe = tmp_path / "shape.yaml"
+    if "model_shape" in case.flags:
+        shape = {**case.shapes[case.flags["model_shape"]], "seq_len": case.flags["seq_len"]}
+        recipe.write_text(yaml.safe_dump({"name": case.flags["model_shape"], "model": shape}))
+    result = run_fstrain(*cli_argv(case, str(recipe)))
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)["plans"][0]
+    assert printed["memory"]["peak"] == outcome.plan.memory.peak
+    assert outcome.plan.time is not None
+    assert printed["tokens_per_s"] == pytest.approx(outcome.plan.time.tokens_per_s)
 
 
 @pytest.mark.xfail(
