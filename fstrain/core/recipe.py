@@ -154,6 +154,12 @@ def parse_recipe(data: Any, where: str, default_name: str = "") -> Recipe:
     )
 
 
+def parse_model_section(section: Any, where: str, name: str) -> ModelSpec:
+    """A ``model:`` mapping (a recipe's, or a plan's), checked exactly as a recipe is."""
+    model, _ = _parse_model(_mapping(section, where, "model"), where, name)
+    return model
+
+
 def _parse_model(section: Mapping[str, Any], where: str, name: str) -> tuple[ModelSpec, int | None]:
     _no_unknown(section, _MODEL_KEYS, where, "model.")
     moe = None
@@ -291,7 +297,8 @@ def _positive_int(section: Mapping[str, Any], key: str, where: str, prefix: str,
         )
     value = section[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"expected a positive integer, got {value!r}", "", _at(where, prefix + key))
+        raise InputError(f"expected a positive integer, got {value!r}", "write a whole number, 1 or more",
+                         _at(where, prefix + key))
     return value
 
 
@@ -309,7 +316,8 @@ def _choice(
         raise InputError(f"missing key {key!r}", f"use one of {', '.join(allowed)}", _at(where, prefix + key))
     value = section[key]
     if value not in allowed:
-        raise InputError(f"expected one of {', '.join(allowed)}, got {value!r}", "", _at(where, prefix + key))
+        raise InputError(f"expected one of {', '.join(allowed)}, got {value!r}", "use one of the values listed",
+                         _at(where, prefix + key))
     return str(value)
 
 
@@ -318,14 +326,15 @@ def _bool(section: Mapping[str, Any], key: str, where: str, prefix: str, default
         return default
     value = section[key]
     if not isinstance(value, bool):
-        raise InputError(f"expected true or false, got {value!r}", "", _at(where, prefix + key))
+        raise InputError(f"expected true or false, got {value!r}", "write true or false", _at(where, prefix + key))
     return value
 
 
 def _dropout(section: Mapping[str, Any], where: str) -> float:
     value = section.get("dropout", 0.0)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
-        raise InputError(f"expected a probability 0 <= p < 1, got {value!r}", "", _at(where, "model.dropout"))
+        raise InputError(f"expected a probability 0 <= p < 1, got {value!r}", "write e.g. 0.1, or 0 for none",
+                         _at(where, "model.dropout"))
     return float(value)
 
 

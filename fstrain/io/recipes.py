@@ -1,7 +1,7 @@
 """Reading recipes from disk: the shipped ones (``fstrain/recipes/*.yaml``) and the user's own.
 
 The validation is pure (:func:`fstrain.core.recipe.parse_recipe`); this module only finds the
-file, reads it and parses YAML with ``yaml.safe_load``, turning every failure into one
+file, reads it (bounded) and parses YAML with :func:`fstrain.io.userfiles.load_yaml`, turning every failure into one
 :class:`~fstrain.errors.InputError` that names the file (and the line, for YAML syntax).
 """
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fstrain.core.recipe import Recipe, parse_recipe
 from fstrain.errors import InputError
+from fstrain.io.userfiles import load_yaml, read_text_bounded
 
 
 def shipped_recipe_names() -> list[str]:
@@ -38,22 +39,10 @@ def load_recipe_file(path: str) -> Recipe:
     file = Path(path)
     if not file.is_file():
         raise InputError("recipe file not found", "check the path given to --recipe", path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the recipe: {exc}", "", path) from None
+    text = read_text_bounded(file, "recipe", hint="check the path given to --recipe")
     stem = file.name[: -len(".yaml")] if file.name.endswith(".yaml") else file.stem
     return _parse_text(text, path, stem)
 
 
 def _parse_text(text: str, where: str, default_name: str) -> Recipe:
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        location = f"{where}:{mark.line + 1}" if mark is not None else where
-        problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise InputError(f"not valid YAML: {problem}", "fix the YAML syntax", location) from None
-    return parse_recipe(data, where, default_name)
+    return parse_recipe(load_yaml(text, where), where, default_name)
