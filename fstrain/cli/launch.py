@@ -263,7 +263,7 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
             workdir: str | None, grace: float, heartbeat_timeout: float, ssh_config: str | None,
             accept_new_hosts: bool, fanout: int, json_output: bool, *, no_local_rank: bool = False) -> RunOutcome:
     from fstrain.core.launchspec import plan_launches
-    from fstrain.io.connect import make_connector
+    from fstrain.io.connect import check_distinct_endpoints, make_connector
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import (
         RunOptions,
@@ -275,6 +275,7 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     )
 
     out = console()
+    check_distinct_endpoints(hosts, ssh_config)
     connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     with HostPool(hosts, connect, fanout=fanout) as pool:
         facts = preflight(pool, python, workdir)

@@ -59,3 +59,15 @@ def test_keys_fstrain_cannot_honour_are_named_once(tmp_path: Path, capsys: pytes
     config.resolve(Host("b"))
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "hostkeyalias (shared) for a is not honoured" in err
+
+
+def test_an_alias_and_its_hostname_are_one_host(tmp_path: Path) -> None:
+    from fstrain.core.hostfile import parse_host_list
+    from fstrain.errors import InventoryError
+    from fstrain.io.connect import check_distinct_endpoints
+
+    path = tmp_path / "config"
+    path.write_text("Host gpu-a\n    HostName 10.9.8.1\nHost gpu-b\n    HostName 10.9.8.2\n")
+    check_distinct_endpoints(parse_host_list("gpu-a,gpu-b,10.9.8.1:2222"), str(path))
+    with pytest.raises(InventoryError, match=r"'root@10.9.8.1' and 'gpu-a' are the same host \(10.9.8.1:22 after"):
+        check_distinct_endpoints(parse_host_list("gpu-a,gpu-b,root@10.9.8.1"), str(path))
