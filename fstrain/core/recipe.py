@@ -10,6 +10,7 @@ Schema (every key is checked; unknown keys are errors, so a typo never passes si
     name: llama2-7b                 # optional, defaults to the file stem
     description: ...                # optional, free text
     source: ...                     # optional, where the numbers come from
+    hf_ids: [meta-llama/Llama-2-7b-hf]   # optional: Hugging Face ids --model also accepts
     model:
       num_layers: 32
       hidden_size: 4096
@@ -64,7 +65,7 @@ NORMS = ("rmsnorm", "layernorm")
 POSITION_EMBEDDINGS = ("rope", "learned")
 _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
-_TOP_KEYS = ("name", "description", "source", "model", "training")
+_TOP_KEYS = ("name", "description", "source", "hf_ids", "model", "training")
 _MODEL_KEYS = (
     "num_layers",
     "hidden_size",
@@ -120,6 +121,7 @@ class Recipe:
     description: str = ""
     source: str = ""
     where: str = ""
+    hf_ids: tuple[str, ...] = ()  # Hugging Face model ids of this architecture (--model accepts them)
 
 
 def parse_recipe(data: Any, where: str, default_name: str = "") -> Recipe:
@@ -151,6 +153,7 @@ def parse_recipe(data: Any, where: str, default_name: str = "") -> Recipe:
         description=_text(top, "description", where),
         source=_text(top, "source", where),
         where=where,
+        hf_ids=_text_list(top, "hf_ids", where),
     )
 
 
@@ -336,6 +339,13 @@ def _dropout(section: Mapping[str, Any], where: str) -> float:
         raise InputError(f"expected a probability 0 <= p < 1, got {value!r}", "write e.g. 0.1, or 0 for none",
                          _at(where, "model.dropout"))
     return float(value)
+
+
+def _text_list(section: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = section.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise InputError(f"expected a list of names, got {value!r}", "write [org/name, ...]", _at(where, key))
+    return tuple(value)
 
 
 def _text(section: Mapping[str, Any], key: str, where: str) -> str:

@@ -1,7 +1,8 @@
 """Reading user files that may be hostile: bounded size, bounded YAML.
 
 Every YAML document fstrain reads (recipes, plans, rendered ``fsdp.yaml``) goes through
-:func:`load_yaml`, and every small text file (hostfiles, env files, recipes) through
+:func:`load_yaml` (JSON ones, such as a Hugging Face ``config.json``, through :func:`load_json`),
+and every small text file (hostfiles, env files, recipes) through
 :func:`read_text_bounded`. The limits are far above any real file and far below what hurts:
 
 - a file is read at most :data:`MAX_FILE_BYTES` (a bigger one is refused before it is parsed);
@@ -73,6 +74,17 @@ def load_yaml(text: str, where: str) -> Any:
         raise InputError("YAML nested too deeply", f"nest at most {MAX_YAML_DEPTH} levels", where) from None
     finally:
         loader.dispose()
+
+
+def load_json(text: str, where: str) -> Any:
+    """``json.loads`` with bounded nesting; errors name ``where`` and the line."""
+    import json
+
+    _check_flow_depth(text, where)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc.msg}", "fix the JSON syntax", f"{where}:{exc.lineno}") from None
 
 
 def _check_flow_depth(text: str, where: str) -> None:
