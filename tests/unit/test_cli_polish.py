@@ -34,3 +34,18 @@ def test_shell_completion_is_available(shell: str) -> None:
     result = run_fstrain("--show-completion", shell)
     assert result.returncode == 0, result.stderr
     assert "complete" in result.stdout.lower()
+
+
+def test_tables_do_not_wrap_at_80_columns_in_logs() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FSTRAIN_DEBUG")}
+    result = subprocess.run([sys.executable, "-m", "fstrain", "doctor", "--only", "sw.python"], capture_output=True,
+                            text=True, env=env, cwd=REPO, timeout=120, check=False)
+    rows = [line for line in result.stderr.splitlines() if line.startswith(("sw.python", " "))]
+    assert rows and rows[0].startswith("sw.python") and "on every host" in rows[0], result.stderr  # not folded
+    assert not any(line.startswith(" ") and line.strip(" │") for line in rows[1:]), result.stderr
