@@ -75,6 +75,8 @@ def launch_command(
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}", "--backend")
     selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+    if selection.source.startswith("localhost"):
+        console().print(f"[dim]hosts: {selection.source}[/dim]")  # stderr: --json's stdout stays one document
     requested = parse_nproc(nproc_per_node)
     spec = job_spec(backend, list(program or []), plan_path, model, recipe, strategy, micro_batch, precision, steps)
     user_env = collect_env(env, env_file)

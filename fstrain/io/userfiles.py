@@ -80,14 +80,19 @@ def load_json(text: str, where: str) -> Any:
     """``json.loads`` with bounded nesting; errors name ``where`` and the line."""
     import json
 
-    _check_flow_depth(text, where)
+    check_json_depth(text, where)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg}", "fix the JSON syntax", f"{where}:{exc.lineno}") from None
 
 
-def _check_flow_depth(text: str, where: str) -> None:
+def check_json_depth(text: str, where: str) -> None:
+    """Refuse JSON nested deeper than MAX_YAML_DEPTH (``json.loads`` recurses: RecursionError)."""
+    _check_flow_depth(text, where, "JSON")
+
+
+def _check_flow_depth(text: str, where: str, kind: str = "YAML") -> None:
     """Refuse deep ``[[[[`` / ``{{{{`` before PyYAML sees them: its scanner looks ahead over
     every open flow collection for a possible key, which is quadratic in the depth."""
     depth = 0
@@ -96,7 +101,7 @@ def _check_flow_depth(text: str, where: str) -> None:
             if char in "[{":
                 depth += 1
                 if depth > MAX_YAML_DEPTH:
-                    raise InputError(f"YAML nested deeper than {MAX_YAML_DEPTH} levels",
+                    raise InputError(f"{kind} nested deeper than {MAX_YAML_DEPTH} levels",
                                      "flatten the document", f"{where}:{number}")
             elif char in "]}":
                 depth = max(0, depth - 1)

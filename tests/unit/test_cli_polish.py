@@ -49,3 +49,10 @@ def test_tables_do_not_wrap_at_80_columns_in_logs() -> None:
     rows = [line for line in result.stderr.splitlines() if line.startswith(("sw.python", " "))]
     assert rows and rows[0].startswith("sw.python") and "on every host" in rows[0], result.stderr  # not folded
     assert not any(line.startswith(" ") and line.strip(" │") for line in rows[1:]), result.stderr
+
+
+def test_launch_says_it_fell_back_to_localhost() -> None:
+    result = run_fstrain("launch", "--dry-run", "--json", "--nproc-per-node", "1", "--", "true")
+    assert result.returncode == 0, result.stderr
+    assert "hosts: localhost (no --hostfile or --hosts given)" in result.stderr
+    assert result.stdout.lstrip().startswith("{")
