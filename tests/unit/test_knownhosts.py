@@ -100,3 +100,10 @@ def test_user_certificate_is_not_a_host_certificate(tmp_path: Path) -> None:
     cert = parse_certificate(base64.b64decode((tmp_path / "user-cert.pub").read_text().split()[1]))
     (ca,), _ = parse_known_hosts("@cert-authority * " + (tmp_path / "ca.pub").read_text(), "kh")
     assert certificate_problem(cert, ca, ["node1"]) == "a user certificate, not a host certificate"
+
+
+def test_a_binary_line_is_skipped_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_bytes(b"\xff\xfe\x00garbage\n" + f"node1 ssh-ed25519 {KEY}\n".encode())
+    assert [e.patterns for e in load_known_hosts([str(known)])] == ["node1"]
+    assert f"{known}:1:" in capsys.readouterr().err

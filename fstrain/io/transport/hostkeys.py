@@ -10,6 +10,7 @@ window checked here; paramiko only proves the server holds the certified key).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -18,33 +19,52 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fstrain.core.knownhosts import KnownHost, parse_known_hosts
-from fstrain.errors import InputError
 
 if TYPE_CHECKING:
     import paramiko
 
 CERT_SUFFIX = "-cert-v01@openssh.com"
+MAX_KNOWN_HOSTS_BYTES = 256 * 1024 * 1024  # read at most this much of one file (a site-wide list is big)
 SSH_CERT_TYPE_HOST = 2
 _warned: set[str] = set()
+_parsed: dict[str, tuple[tuple[str, int, int], tuple[list[KnownHost], list[str]]]] = {}
+_cache_lock = threading.Lock()
 _warned_lock = threading.Lock()
 
 
 def load_known_hosts(paths: Sequence[str]) -> list[KnownHost]:
     """Every usable line of ``paths`` (missing or unreadable files count as empty). Lines that
     cannot be read are skipped with one warning per file on stderr, the first time only."""
-    from fstrain.io.userfiles import read_text_bounded
-
     entries: list[KnownHost] = []
     for path in paths:
-        try:
-            text = read_text_bounded(path, "known_hosts file")
-        except InputError:
+        parsed = _parsed_file(path)
+        if parsed is None:
             continue  # like a missing file, as OpenSSH treats an unreadable one
-        found, problems = parse_known_hosts(text, path)
+        found, problems = parsed
         entries.extend(found)
         if problems:
             _warn_once(path, problems)
     return entries
+
+
+def _parsed_file(path: str) -> tuple[list[KnownHost], list[str]] | None:
+    """One file's lines, parsed once per version of the file (every host of a fan-out reads it)."""
+    try:
+        stat = os.stat(path)
+        key = (path, stat.st_mtime_ns, stat.st_size)
+        with _cache_lock:
+            cached = _parsed.get(path)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+        with open(path, "rb") as handle:
+            # Undecodable bytes become U+FFFD: their line fails to parse and is skipped alone.
+            text = handle.read(MAX_KNOWN_HOSTS_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+    result = parse_known_hosts(text, path)
+    with _cache_lock:
+        _parsed[path] = (key, result)  # the latest version of each file only
+    return result
 
 
 def _warn_once(path: str, problems: list[str]) -> None:
