@@ -212,3 +212,18 @@ def test_proxy_command_is_honoured(cluster: NamespaceCluster, tmp_path: Path) ->
     assert code == 0, hosts
     name, connection = str(hosts["via-proxy"]["stdout"]).splitlines()
     assert name == "node3" and connection.split()[0] == cluster.address(1)
+
+
+def test_frozen_sshd_stops_launch_at_preflight(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    listener = int((cluster.state / "node2" / "sshd.pid").read_text())
+    config = write_config(cluster, tmp_path / "cfg", ConnectTimeout="2")
+    with frozen([listener]):
+        start = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "fstrain", "launch", "--ssh-config", config, "--hosts",
+                                 "node[1-3]", "--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"), "--",
+                                 "true"], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+        elapsed = time.monotonic() - start
+    assert result.returncode == 2, result.stderr
+    assert "preflight failed on node2" in result.stderr and "within 2 s" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert elapsed < 40
