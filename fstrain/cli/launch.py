@@ -43,6 +43,8 @@ def launch_command(
     fanout: int = hostopts.FANOUT,
     nproc_per_node: str = typer.Option("auto", "--nproc-per-node", help="Processes per node, or 'auto' (slots)."),
     backend: str = typer.Option("torchrun", "--backend", help="torchrun or deepspeed."),
+    no_local_rank: bool = typer.Option(False, "--no-local-rank", help="deepspeed backend: do not append "
+                                       "--local_rank=N to the program's arguments (as deepspeed --no_local_rank)."),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE for every rank (repeatable)."),
     env_file: str | None = typer.Option(None, "--env-file", help="File of NAME=VALUE lines."),
     workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host (checked first)."),
@@ -73,6 +75,8 @@ def launch_command(
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}", "--backend")
     selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+    if selection.source.startswith("localhost"):
+        console().print(f"[dim]hosts: {selection.source}[/dim]")  # stderr: --json's stdout stays one document
     requested = parse_nproc(nproc_per_node)
     spec = job_spec(backend, list(program or []), plan_path, model, recipe, strategy, micro_batch, precision, steps)
     user_env = collect_env(env, env_file)
@@ -81,11 +85,11 @@ def launch_command(
     if dry_run:
         nprocs = resolve_nprocs(selection.hosts, requested, None)
         dry_run_output(selection.hosts, nprocs, backend, build_job(spec, selection.hosts, nprocs, python), python,
-                       master_port, max_restarts, run_id, user_env, json_output)
+                       master_port, max_restarts, run_id, user_env, json_output, no_local_rank=no_local_rank)
         return
     outcome = execute(selection.hosts, requested, backend, spec, python, master_port, max_restarts,
                       run_id, folder, user_env, workdir, grace, heartbeat_timeout, ssh_config, accept_new_hosts,
-                      fanout, json_output)
+                      fanout, json_output, no_local_rank=no_local_rank)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -176,9 +180,9 @@ def parse_nproc(value: str) -> int | None:
 
     if value == "auto":
         return None
-    if not value.isdigit() or int(value) < 1:
-        raise InputError(f"--nproc-per-node must be a positive integer or 'auto', got {value!r}", "",
-                         "--nproc-per-node")
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 1024:
+        raise InputError(f"--nproc-per-node must be an integer 1-1024 or 'auto', got {value[:20]!r}",
+                         "give the number of processes (GPUs) per node, e.g. --nproc-per-node 8", "--nproc-per-node")
     return int(value)
 
 
@@ -186,18 +190,19 @@ def collect_env(assignments: list[str], env_file: str | None) -> dict[str, str]:
     """.deepspeed_env and .fstrain_env (home, then here), then --env-file, then --env: later wins."""
     from fstrain.core.launchspec import parse_env_assignment, parse_env_file
     from fstrain.errors import InputError
+    from fstrain.io.userfiles import read_text_bounded
 
     merged: dict[str, str] = {}
     for folder in (Path.home(), Path.cwd()):
         for name in ENV_FILES:
             path = folder / name
             if path.is_file():
-                merged.update(parse_env_file(path.read_text(), str(path)))
+                merged.update(parse_env_file(read_text_bounded(path, "env file"), str(path)))
     if env_file:
         path = Path(env_file)
         if not path.is_file():
             raise InputError("env file not found", "check the path given to --env-file", env_file)
-        merged.update(parse_env_file(path.read_text(), env_file))
+        merged.update(parse_env_file(read_text_bounded(path, "env file"), env_file))
     for assignment in assignments:
         name, value = parse_env_assignment(assignment, "--env")
         merged[name] = value
@@ -210,7 +215,7 @@ def new_run_id() -> str:
 
 def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, python: str,
                    master_port: int | None, max_restarts: int, run_id: str, user_env: dict[str, str],
-                   json_output: bool) -> None:
+                   json_output: bool, *, no_local_rank: bool = False) -> None:
     """The exact per-node commands and (masked) environment; no connection is opened."""
     from fstrain.core.launchspec import master_port_candidates, plan_launches
     from fstrain.io.connect import is_local
@@ -220,7 +225,7 @@ def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, 
     port = master_port or master_port_candidates(run_id)[0]
     launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
                              master_addr=master, master_port=port, run_id=run_id, max_restarts=max_restarts,
-                             env=user_env, per_node_env=[])
+                             env=user_env, per_node_env=[], no_local_rank=no_local_rank)
     note = ("dry run: nothing was contacted; the master address and port are checked, and "
             "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME chosen per node, at launch")
     if json_output:
@@ -258,9 +263,9 @@ def print_launches(launches: list[NodeLaunch]) -> None:
 def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec, python: str,
             master_port: int | None, max_restarts: int, run_id: str, folder: Path, user_env: dict[str, str],
             workdir: str | None, grace: float, heartbeat_timeout: float, ssh_config: str | None,
-            accept_new_hosts: bool, fanout: int, json_output: bool) -> RunOutcome:
+            accept_new_hosts: bool, fanout: int, json_output: bool, *, no_local_rank: bool = False) -> RunOutcome:
     from fstrain.core.launchspec import plan_launches
-    from fstrain.io.connect import make_connector
+    from fstrain.io.connect import check_distinct_endpoints, make_connector
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import (
         RunOptions,
@@ -272,6 +277,7 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     )
 
     out = console()
+    check_distinct_endpoints(hosts, ssh_config)
     connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     with HostPool(hosts, connect, fanout=fanout) as pool:
         facts = preflight(pool, python, workdir)
@@ -282,7 +288,8 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     per_node = [interface_env(ifname, user_env) for ifname in rendezvous.interfaces]
     launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
                              master_addr=rendezvous.master_addr, master_port=rendezvous.master_port, run_id=run_id,
-                             max_restarts=max_restarts, env=user_env, per_node_env=per_node)
+                             max_restarts=max_restarts, env=user_env, per_node_env=per_node,
+                             no_local_rank=no_local_rank)
     run_dirs = [remote_run_dir(h, f.info.get("home"), run_id, folder) for h, f in zip(hosts, facts, strict=True)]
     node_files = [rendered_files(job.plan, d, job.steps) for d in run_dirs] if job.plan else []
     if job.plan is not None:

@@ -18,7 +18,7 @@ app = typer.Typer(
     name="fstrain",
     help="Launch and orchestrate multi-node GPU training: doctor, plan, render, launch.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain help: importing rich for --help costs ~0.15 s of start-up
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -51,6 +51,10 @@ def _register() -> None:
     plan.register(app)
     render.register(app)
     topo.register(app)
+
+    from fstrain.cli.metavars import name_placeholders
+
+    name_placeholders(app)
 
 
 _register()

@@ -27,7 +27,11 @@ def register(app: typer.Typer) -> None:
 
 
 def _read_text(path: Path) -> str:
+    from fstrain.io.userfiles import MAX_FILE_BYTES
+
     try:
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            raise InputError(f"larger than {MAX_FILE_BYTES // 2**20} MiB", "is this really a topology file?", str(path))
         return path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         raise InputError("file not found", hint="check the path", where=str(path)) from None
@@ -131,7 +135,9 @@ def load_reports(text: str, source: str) -> list[dict[str, Any]]:
     """Probe reports from a saved file: one report, a list of them, or `topo show --json` output."""
     from fstrain.core.probe_report import validate_report
     from fstrain.errors import ParseError
+    from fstrain.io.userfiles import check_json_depth
 
+    check_json_depth(text, source)  # a hostile file must not end in RecursionError
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
