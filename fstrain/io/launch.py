@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from fstrain.core.hostfile import Host
 from fstrain.core.launchspec import (
+    TORCHRUN_LOG_DIR,
     NodeLaunch,
     mask_env,
     master_port_candidates,
@@ -311,6 +312,7 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
         "node_rank": rank,
         "nproc": launch.nproc,
         "rank_log_dir": launch.rank_log_dir,
+        "cleanup": [d for d in (launch.rank_log_dir, TORCHRUN_LOG_DIR) if d],
         "grace_s": options.grace_s,
         "heartbeat_timeout_s": options.heartbeat_timeout_s,
     }

@@ -97,8 +97,9 @@ def test_run_dir_on_a_full_disk_does_not_stop_the_job(cluster: NamespaceCluster,
     # Remote hosts: the job writes on the nodes, only fstrain's local copy runs out of room.
     run_dir = tmp_path / "run"
     args = launch_argv("--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]", "--nproc-per-node", "1",
-                       "--grace", "3", "--run-dir", str(run_dir), "--", "python3", FLOOD)
-    env = {**os.environ, "FSTRAIN_TEST_LINES": "5000"}
+                       "--grace", "3", "--run-dir", str(run_dir), "--env", "FSTRAIN_TEST_LINES=5000", "--",
+                       "python3", FLOOD)
+    env = dict(os.environ)
     if full == "tiny-tmpfs":
         if shutil.which("unshare") is None:
             pytest.skip("unshare is not installed")
