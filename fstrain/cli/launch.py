@@ -411,6 +411,8 @@ def describe_exit(code: int | None, error: str | None) -> str:
 def print_summary(outcome: RunOutcome) -> None:
     from rich.table import Table
 
+    from fstrain.io.launch import last_lines
+
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "node", "exit", "seconds", "error"):
         table.add_column(column)
@@ -426,7 +428,7 @@ def print_summary(outcome: RunOutcome) -> None:
         failed = outcome.nodes[outcome.first_failure]
         out.print(f"[red]first failure: node {failed.launch.node_rank} ({failed.launch.host.label()}), "
                   f"exit {describe_exit(failed.exit_code, failed.error)}[/red]; its last lines:")
-        for line in failed.tail[-10:]:
+        for line in last_lines(failed):
             out.print(f"  {line}", markup=False)
     verdict = {"ok": "[green]all nodes finished ok[/green]", "interrupted": "[yellow]interrupted (Ctrl-C)[/yellow]",
                "terminated": "[yellow]terminated (SIGTERM)[/yellow]"}.get(outcome.reason, "[red]failed[/red]")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.core.hostfile import Host
+from fstrain.core.launchnoise import NodeNoise
 from fstrain.core.launchspec import (
     TORCHRUN_LOG_DIR,
     NodeLaunch,
@@ -223,6 +224,8 @@ class NodeState:
     exit_code: int | None = None
     error: str | None = None
     tail: list[str] = field(default_factory=list)
+    rank_tails: dict[int, list[str]] = field(default_factory=dict)  # per local rank, its own last lines
+    noise: NodeNoise = field(default_factory=NodeNoise)  # the launcher's boilerplate, folded on the terminal
 
     @property
     def done(self) -> bool:
@@ -399,6 +402,7 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
         if kind == "line" and node is not None:
             _emit(node, a, redact(b, secrets), logs, options)
         elif kind in ("exit", "lost") and node is not None and not node.done:
+            _show(node, node.launch.host.name, node.noise.flush(), options)
             node.ended = time.time()
             if kind == "exit":
                 node.exit_code, node.error = a, b
@@ -422,6 +426,7 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
 
 def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
     for node in nodes:
+        node.noise.stopping = True  # from now on, the launchers' teardown tracebacks are folded
         if node.running is not None and not node.done:
             node.running.write(f"{how}\n".encode())
     return time.monotonic()
@@ -431,13 +436,32 @@ def _emit(node: NodeState, stream: str, line: str, logs: _Logs, options: RunOpti
     host = node.launch.host.name
     local_rank, text = split_rank_prefix(line)
     tag = f"{host} r{local_rank}" if local_rank is not None else host
+    _show(node, tag, node.noise.feed(local_rank, text), options)
+    logs.write(host, local_rank, f"[{tag}] {text}")
+    node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
+    if local_rank is not None:
+        node.rank_tails[local_rank] = [*node.rank_tails.get(local_rank, [])[-19:], f"[{tag}] {text}"]
+
+
+def _show(node: NodeState, tag: str, texts: Sequence[str], options: RunOptions) -> None:
+    """Lines on the terminal (stdout), prefixed with their node (and rank)."""
+    if not texts:
+        return
     prefix = f"[{tag}]"
     if options.color:
         prefix = f"\x1b[{COLORS[node.launch.node_rank % len(COLORS)]}m{prefix}\x1b[0m"
-    options.out.write(f"{prefix} {text}\n")
+    options.out.write("".join(f"{prefix} {text}\n" for text in texts))
     options.out.flush()
-    logs.write(host, local_rank, f"[{tag}] {text}")
-    node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
+
+
+def last_lines(node: NodeState, count: int = 10) -> list[str]:
+    """A failed node's most telling lines: the first failed rank's own (torchrun names it),
+    else the node's last lines."""
+    rank = node.noise.failed_local_rank
+    for key in (rank, node.noise.failed_rank):
+        if key is not None and node.rank_tails.get(key):
+            return node.rank_tails[key][-count:]
+    return node.tail[-count:]
 
 
 class _Logs:
@@ -533,6 +557,6 @@ def node_summary(launch: NodeLaunch, state: NodeState | None) -> dict[str, Any]:
             started=state.started,
             ended=state.ended,
             seconds=round((state.ended or time.time()) - state.started, 3),
-            last_lines=state.tail[-10:],
+            last_lines=last_lines(state),
         )
     return entry

@@ -63,7 +63,15 @@ def test_one_rank_exits_3_stops_everything(cluster: NamespaceCluster, tmp_path: 
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     failed = manifest["nodes"][manifest["first_failure_node_rank"]]
     assert failed["exit_code"] == 1
-    assert any("exits 3 on purpose" in line for line in failed["last_lines"]) or manifest["reason"] == "failed"
+    # The failed rank's own lines, not torchrun's report; the terminal shows the cause, folded.
+    assert failed["last_lines"][-1].endswith("] rank 1 exits 3 on purpose"), failed["last_lines"]
+    assert not any("ChildFailedError" in line for line in failed["last_lines"])
+    summary = launch.err[launch.err.index("first failure: node"):]
+    assert "rank 1 exits 3 on purpose" in summary and "ChildFailedError" not in summary
+    assert "local rank 1 (rank 1) failed first, exit code 3" in launch.out
+    for noise in ("ChildFailedError", "SignalException", "node_rank is only used", "Traceback (most recent",
+                  "frame #"):
+        assert noise not in launch.out, noise
     assert time.monotonic() - start < 60
     assert_no_job_processes(cluster, GRACE_S + 5)
 
@@ -85,6 +93,7 @@ def test_signal_to_fstrain_tears_down(cluster: NamespaceCluster, tmp_path: Path,
     launch.proc.send_signal(sig)
     assert launch.finish(timeout=GRACE_S + 30) == expected
     assert ("interrupted (Ctrl-C)" if sig == signal.SIGINT else "terminated (SIGTERM)") in launch.err
+    assert "SignalException" not in launch.out and "node_rank is only used" not in launch.out
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 
