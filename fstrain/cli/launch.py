@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import typer
 
@@ -45,7 +45,8 @@ def launch_command(
     backend: str = typer.Option("torchrun", "--backend", help="torchrun or deepspeed."),
     no_local_rank: bool = typer.Option(False, "--no-local-rank", help="deepspeed backend: do not append "
                                        "--local_rank=N to the program's arguments (as deepspeed --no_local_rank)."),
-    env: list[str] = typer.Option([], "--env", help="NAME=VALUE for every rank (repeatable)."),
+    env: list[str] = typer.Option([], "--env", help="NAME=VALUE, or NAME to pass this environment's value, for "
+                                  "every rank (repeatable)."),
     env_file: str | None = typer.Option(None, "--env-file", help="File of NAME=VALUE lines."),
     workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host (checked first)."),
     python: str = typer.Option("python3", "--python", help="Interpreter on the hosts."),
@@ -134,6 +135,8 @@ def job_spec(backend: str, program: list[str], plan_path: str | None, model: str
     given = [flag for flag, value in (("--plan", plan_path), ("--model", model), ("--recipe", recipe)) if value]
     if len(given) > 1:
         raise InputError(f"{' and '.join(given)} cannot be combined", "give one of them", "/".join(given))
+    if program:
+        refuse_nested_launcher(program)
     if not given:
         if not program:
             raise InputError("no program to launch",
@@ -151,6 +154,16 @@ def job_spec(backend: str, program: list[str], plan_path: str | None, model: str
     check_strategy(chosen)
     return JobSpec(program, model=loaded.model, flag=given[0], strategy=chosen, micro_batch=micro_batch,
                    precision=precision, steps=steps)
+
+
+def refuse_nested_launcher(program: list[str]) -> None:
+    from fstrain.core.nested import nested_launcher, nested_launcher_hint
+    from fstrain.errors import InputError
+
+    launcher = nested_launcher(program)
+    if launcher is not None:
+        raise InputError(f"the program is itself a launcher ({launcher}): it would start its own ranks inside "
+                         "each of the ranks fstrain starts", nested_launcher_hint(launcher), "PROGRAM")
 
 
 def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str, device: str = "cpu") -> Job:
@@ -204,6 +217,14 @@ def collect_env(assignments: list[str], env_file: str | None) -> dict[str, str]:
             raise InputError("env file not found", "check the path given to --env-file", env_file)
         merged.update(parse_env_file(read_text_bounded(path, "env file"), env_file))
     for assignment in assignments:
+        if "=" not in assignment:  # --env NAME: the value comes from here, never on a command line
+            name = assignment.strip()
+            if name not in os.environ:
+                raise InputError(f"{name!r} is not set in this environment",
+                                 f"export {name}=... first, or give --env {name}=VALUE", "--env")
+            parse_env_assignment(f"{name}=", "--env")  # the name's own checks
+            merged[name] = os.environ[name]
+            continue
         name, value = parse_env_assignment(assignment, "--env")
         merged[name] = value
     return merged
@@ -239,21 +260,26 @@ def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, 
     console().print(f"[dim]{note}[/dim]")
 
 
-def print_plan(plan: PlanFile) -> None:
+def print_plan(plan: PlanFile, where: str = "each node's run directory at launch") -> None:
     from fstrain.core.launchplan import trainer_backend
     from fstrain.core.planner import describe_knobs
 
     k = plan.knobs
     console().print(f"plan: {plan.model.name}: {describe_knobs(k)}, {k.precision}, "
                     f"global batch {k.global_batch_size} x {k.seq_len} tokens; trainer backend "
-                    f"{trainer_backend(plan)}; configs rendered into the run directory ({{run_dir}})")
+                    f"{trainer_backend(plan)}; configs rendered into {where}", markup=False)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def print_launches(launches: list[NodeLaunch]) -> None:
     from fstrain.core.launchspec import mask_env
 
     for launch in launches:
-        sys.stdout.write(f"# node {launch.node_rank}: {launch.host.label()} ({launch.nproc} processes)\n")
+        processes = "process" if launch.nproc == 1 else "processes"
+        sys.stdout.write(f"# node {launch.node_rank}: {launch.host.label()} ({launch.nproc} {processes})\n")
         for name, value in mask_env(launch.env).items():
             sys.stdout.write(f"{name}={shlex.quote(value)}\n")
         sys.stdout.write(shlex.join(launch.argv) + "\n")
@@ -275,12 +301,17 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
         run_nodes,
         write_manifest,
     )
+    from fstrain.io.localout import GuardedStream, stdout_may_fail
 
     out = console()
     check_distinct_endpoints(hosts, ssh_config)
     connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    workdir_is_default = workdir is None
+    if workdir is None:  # like DeepSpeed's launcher: the same directory as here, checked on every host
+        workdir = os.getcwd()
+    packages = ("torch", "deepspeed") if backend == "deepspeed" else ("torch",)
     with HostPool(hosts, connect, fanout=fanout) as pool:
-        facts = preflight(pool, python, workdir)
+        facts = preflight(pool, python, workdir, packages=packages, workdir_is_default=workdir_is_default)
         rendezvous = choose_rendezvous(pool, connect, facts, python, run_id, master_port)
     nprocs = resolve_nprocs(hosts, requested, [int(f.info.get("nvidia_gpus") or 0) for f in facts])
     gpus_found = any(f.info.get("nvidia_gpus") for f in facts)
@@ -293,13 +324,16 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     run_dirs = [remote_run_dir(h, f.info.get("home"), run_id, folder) for h, f in zip(hosts, facts, strict=True)]
     node_files = [rendered_files(job.plan, d, job.steps) for d in run_dirs] if job.plan else []
     if job.plan is not None:
-        print_plan(job.plan)
-    out.print(f"run {run_id}: {len(hosts)} nodes x {nprocs[0] if len(set(nprocs)) == 1 else nprocs} processes, "
+        print_plan(job.plan, f"each node's run directory ({hosts[0].name}: {run_dirs[0]})")
+    procs = nprocs[0] if len(set(nprocs)) == 1 else nprocs
+    out.print(f"run {run_id}: {plural(len(hosts), 'node')} x {procs} {'process' if procs == 1 else 'processes'}, "
               f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; logs in {folder}/logs")
     options = RunOptions(run_id=run_id, run_dir=folder, grace_s=grace, heartbeat_timeout_s=heartbeat_timeout,
                          workdir=workdir, node_run_dirs=run_dirs, node_files=node_files,
                          color=sys.stdout.isatty() and not json_output,
-                         out=sys.stderr if json_output else sys.stdout)
+                         # GuardedStream writes and flushes like the stream it guards.
+                         out=cast(TextIO, GuardedStream(*((sys.stderr, "stderr") if json_output
+                                                          else (sys.stdout, "stdout")))))
     outcome = run_nodes(launches, connect, python, options)
     summary = fetch_training_summary(hosts[0], run_dirs[0], connect, folder) if job.bundled_trainer \
         and outcome.exit_code == 0 else None
@@ -309,11 +343,13 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     if summary is not None:
         document["training_summary"] = summary
     if json_output:
-        print_json(document)
+        with stdout_may_fail():
+            print_json(document)
     else:
         print_summary(outcome)
         if summary is not None:
-            print_training_summary(summary)
+            with stdout_may_fail():
+                print_training_summary(summary)
     return outcome
 
 
@@ -342,7 +378,12 @@ def fetch_training_summary(host: Any, run_dir: str, connect: Any, folder: Path) 
         console().print(f"[yellow]no training summary on {host.label()}: {result.error or result.stderr.strip()}")
         return None
     summary: dict[str, Any] = json.loads(result.stdout)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    except OSError as exc:
+        from fstrain.io.localout import describe, warn
+
+        warn(f"cannot write {folder / 'summary.json'} ({describe(exc)})")
     return summary
 
 
@@ -375,6 +416,8 @@ def describe_exit(code: int | None, error: str | None) -> str:
 def print_summary(outcome: RunOutcome) -> None:
     from rich.table import Table
 
+    from fstrain.io.launch import last_lines
+
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "node", "exit", "seconds", "error"):
         table.add_column(column)
@@ -390,7 +433,7 @@ def print_summary(outcome: RunOutcome) -> None:
         failed = outcome.nodes[outcome.first_failure]
         out.print(f"[red]first failure: node {failed.launch.node_rank} ({failed.launch.host.label()}), "
                   f"exit {describe_exit(failed.exit_code, failed.error)}[/red]; its last lines:")
-        for line in failed.tail[-10:]:
+        for line in last_lines(failed):
             out.print(f"  {line}", markup=False)
     verdict = {"ok": "[green]all nodes finished ok[/green]", "interrupted": "[yellow]interrupted (Ctrl-C)[/yellow]",
                "terminated": "[yellow]terminated (SIGTERM)[/yellow]"}.get(outcome.reason, "[red]failed[/red]")

@@ -28,6 +28,10 @@ DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 # Where DeepSpeed's launcher writes each rank's output, the watchdog relaying it line by line:
 # one folder per node, since the run directory may be on a file system all nodes share.
 RANK_LOG_DIR = "{run_dir}/ranklogs/node%d"
+# torchrun's own copies of every rank's output (--tee), in the run directory rather than a
+# /tmp/torchelastic_* folder nobody removes: they hold whatever the program printed (secrets
+# included), so the watchdog removes them, and the rank logs, once it has relayed them.
+TORCHRUN_LOG_DIR = "{run_dir}/torchrun"
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ def torchrun_argv(
         f"--rdzv-id={run_id}",
         f"--max-restarts={max_restarts}",
         "--tee=3",  # prefix every worker line with its rank, so the stream can be attributed
+        f"--log-dir={TORCHRUN_LOG_DIR}",
         *_program_for_torchrun(python, program),
     )
 
