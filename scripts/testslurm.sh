@@ -100,12 +100,14 @@ start_munged() {
 
 start_slurmd() {  # index
     # nsenter, not `ip netns exec`: that remounts /sys, and slurmd then fails on cgroups. Each node
-    # gets its own hostname, IPC and /dev/shm, as separate machines have.
+    # gets its own hostname, IPC and /dev/shm, as separate machines have, and the namespace's
+    # /etc/hosts (which `ip netns exec` would bind-mount), so that node names resolve.
     local i=$1
     mkdir -p "$STATE/spool/node$i"
     setsid nsenter --net="/run/netns/$PREFIX-node$i" unshare --uts --ipc --mount sh -c \
-        'hostname "$1" && mount -t tmpfs -o size=2g,mode=1777 "shm-$1" /dev/shm && exec slurmd -D -N "$1" -f "$2"' \
-        sh "node$i" "$CONF" </dev/null >>"$STATE/log/slurmd-node$i.out" 2>&1 &
+        'hostname "$1" && mount -t tmpfs -o size=2g,mode=1777 "shm-$1" /dev/shm &&
+         mount --bind "$3" /etc/hosts && exec slurmd -D -N "$1" -f "$2"' \
+        sh "node$i" "$CONF" "/etc/netns/$PREFIX-node$i/hosts" </dev/null >>"$STATE/log/slurmd-node$i.out" 2>&1 &
 }
 
 wait_idle() {  # N
