@@ -99,6 +99,7 @@ def launch_command(
         selection = hostopts.HostSelection(slurmopts.allocation_hosts(allocation, hostfile, hosts, include, exclude,
                                                                       gpus_per_node), "Slurm job")
     elif not (slurm or slurm_render_only):
+        slurmopts.check_container_flags(container_image, container_mounts)
         selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
     requested = parse_nproc(nproc_per_node)
     spec = job_spec(backend, list(program or []), plan_path, model, recipe, strategy, micro_batch, precision, steps)

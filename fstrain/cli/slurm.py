@@ -74,6 +74,16 @@ def check_no_submit_flags(given: Mapping[str, object]) -> None:
             raise InputError(f"{flag} is an sbatch option", f"add --slurm to submit a batch job, or drop {flag}", flag)
 
 
+def check_container_flags(container_image: str | None, container_mounts: str | None) -> None:
+    """Pyxis containers are srun's: without Slurm there is nothing to run them."""
+    from fstrain.errors import InputError
+
+    if container_image or container_mounts:
+        flag = "--container-image" if container_image else "--container-mounts"
+        raise InputError(f"{flag} runs the nodes' steps in a Pyxis container, and this launch uses SSH",
+                         "run inside a Slurm allocation (--launcher srun) or submit with --slurm", flag)
+
+
 def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
                       environ: Mapping[str, str] | None = None) -> Allocation | None:
     """The allocation whose nodes run the job through srun, or ``None`` for SSH."""
@@ -214,7 +224,7 @@ def _report_rendered(path: Path, folder: Path, json_output: bool) -> int:
     if json_output:
         print_json({"script": str(path), "run_dir": str(folder)})
     else:
-        console().print(f"wrote {path}; submit it with: sbatch {path}")
+        console().print(f"wrote {path}; submit it with: sbatch {path}", soft_wrap=True)
     return 0
 
 
@@ -266,3 +276,16 @@ def _report_job(job_id: str, status: JobStatus | None, folder: Path, json_output
             document["training_summary"] = json.loads(summary.read_text())
         print_json(document)
     return code
+
+
+def render_batch_script(out: Path, plan: Path | None, args: list[str], json_output: bool) -> int:
+    """`fstrain render --slurm -o DIR [launch options] [-- PROGRAM]`: launch --slurm's script
+    (and run directory) in DIR, not submitted."""
+    from fstrain.cli.main import app
+
+    program = list(sys.argv[sys.argv.index("--") + 1:]) if "--" in sys.argv else []
+    options = args[: len(args) - len(program)] if program and args[len(args) - len(program):] == program else args
+    argv = ["launch", "--slurm-render-only", "--run-dir", str(out), *(["--plan", str(plan)] if plan else []),
+            *options, *(["--json"] if json_output else [])]
+    code = app([*argv, *(["--", *program] if program else [])], prog_name="fstrain", standalone_mode=False)
+    return int(code or 0)

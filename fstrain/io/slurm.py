@@ -57,6 +57,18 @@ class SrunTransport:
         self.host = node
         self.prefix = list(prefix)
         self._local = LocalTransport(node)
+        self._reached = False
+
+    def connect(self) -> None:
+        """A first step (``true``) on the node: it fails here, with Slurm's reason, when the node
+        cannot run steps; later calls do nothing (as on an open SSH connection)."""
+        if self._reached:
+            return
+        result = self.run(["true"], timeout_s=120)
+        if not result.ok:
+            raise TransportError(f"srun on {self.host} failed: {result.error or result.stderr.strip()[-300:]}",
+                                 "check the node with `scontrol show node` and the job with `squeue`", self.host)
+        self._reached = True
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
         return self._local.run([*self.prefix, *argv], stdin=stdin, timeout_s=timeout_s)
