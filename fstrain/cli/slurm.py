@@ -135,6 +135,37 @@ def doctor_connector(source: str) -> Callable[[Host], Transport] | None:
     return srun_connector()
 
 
+def plan_allocation(num_nodes: int | None, gpus_per_node: int | None, gpu: str | None, node_specs: list[str] | None,
+                    python: str, fanout: int) -> tuple[int | None, int | None, list[Any] | None]:
+    """`fstrain plan`/`render` inside an allocation, without --hostfile/--hosts: the allocation is
+    the cluster. With --gpu, its node count and GPUs per node fill in what the flags leave out;
+    without --gpu or --node, its nodes are probed through srun. Outside one: unchanged."""
+    from fstrain.core.slurm import allocation_from_env, plan_shape
+
+    allocation = allocation_from_env(os.environ)
+    if allocation is None or node_specs:
+        return num_nodes, gpus_per_node, None
+    if gpu:
+        nodes, gpus = plan_shape(allocation, num_nodes, gpus_per_node)
+        console().print(f"[dim]cluster: Slurm job {allocation.job_id}, {nodes} nodes x "
+                        f"{gpus if gpus is not None else 'default'} GPUs[/dim]")
+        return nodes, gpus, None
+    from fstrain.core.plancluster import node_gpus_from_report
+    from fstrain.errors import TransportError
+    from fstrain.io.probe import probe_inventory
+    from fstrain.io.slurm import srun_connector
+
+    console().print(f"[dim]cluster: Slurm job {allocation.job_id}, probing its {allocation.num_nodes} nodes "
+                    "through srun[/dim]")
+    hosts = allocation_hosts(allocation, None, None, None, None, None)
+    reports, failed = probe_inventory(hosts, srun_connector(), python=python, fanout=fanout)
+    if failed:
+        raise TransportError("could not probe " + "; ".join(error.one_line() for _, error in failed),
+                             "check the nodes with `srun hostname`, or describe the cluster with --gpu",
+                             "fstrain plan")
+    return num_nodes, gpus_per_node, [node_gpus_from_report(r, h.label()) for h, r in zip(hosts, reports, strict=True)]
+
+
 def inner_launch_args(ctx: typer.Context) -> list[str]:
     """The options given to this `fstrain launch`, as the batch job's `fstrain launch` takes them."""
     args: list[str] = []

@@ -74,6 +74,12 @@ def gpus_from_env(environ: Mapping[str, str]) -> int | None:
     return None
 
 
+def plan_shape(allocation: Allocation, num_nodes: int | None, gpus_per_node: int | None) -> tuple[int, int | None]:
+    """``fstrain plan --gpu G`` inside an allocation: the nodes and GPUs per node it holds, where
+    --num-nodes/--gpus-per-node do not say otherwise."""
+    return (num_nodes or allocation.num_nodes, gpus_per_node or allocation.gpus_per_node)
+
+
 def check_hostnames(ours: Sequence[str], scontrol: Sequence[str]) -> str | None:
     """Compare our expansion of the node list with ``scontrol show hostnames``: ``None`` when
     they agree, else what differs (the launcher then trusts scontrol)."""

@@ -221,3 +221,11 @@ def test_repository_is_what_the_nodes_import(slurm: SlurmCluster, tmp_path: Path
                             capture_output=True, text=True, env=slurm.env(tmp_path), timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith(str(REPO))
+
+
+def test_plan_inside_an_allocation_probes_its_nodes_through_srun(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result = fstrain(slurm, tmp_path, "plan", "--model", "tiny", prefix=("salloc", "-N2"))
+    # The test nodes have no GPU: the probe ran on them (through srun) and says so, naming the node.
+    assert result.returncode == 2, result.stderr
+    assert "probing its 2 nodes through srun" in result.stderr
+    assert "error: node1: no GPU to plan for" in result.stderr

@@ -179,3 +179,12 @@ def test_sbatch_bad_input(changes: dict[str, object], message: str) -> None:
 @pytest.mark.parametrize("value", ["30", "2:00:00", "1-12", "1-12:30", "1-12:30:00", "10:00", "UNLIMITED"])
 def test_sbatch_time_forms(value: str) -> None:
     assert "--time=" + value in render(options(time=value))
+
+
+def test_plan_shape_fills_in_what_the_flags_leave_out() -> None:
+    from fstrain.core.slurm import plan_shape
+
+    allocation = Allocation("1", ("a", "b", "c"), 8)
+    assert plan_shape(allocation, None, None) == (3, 8)
+    assert plan_shape(allocation, 2, None) == (2, 8)
+    assert plan_shape(Allocation("1", ("a",), None), None, 4) == (1, 4)

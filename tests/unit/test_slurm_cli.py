@@ -96,3 +96,23 @@ def test_hosts_given_inside_an_allocation_mean_ssh_unless_srun_is_asked(tmp_path
                          "python3", "train.py", env=allocation_env())
     assert result.returncode == 0, result.stderr
     assert [n["host"] for n in json.loads(result.stdout)["nodes"]] == ["other1", "other2", "other3"]
+
+
+def test_plan_inside_an_allocation_takes_its_nodes_and_gpus() -> None:
+    result = run_fstrain("plan", "--model", "llama3.1-8b", "--gpu", "h100-sxm", "--json",
+                         env=allocation_env(SLURM_GPUS_PER_NODE="4"))
+    assert result.returncode == 0, result.stderr
+    cluster = json.loads(result.stdout)["cluster"]
+    assert (cluster["num_nodes"], cluster["gpus_per_node"], cluster["world_size"]) == (2, 4, 8)
+    assert "cluster: Slurm job 77, 2 nodes x 4 GPUs" in result.stderr
+    pinned = run_fstrain("plan", "--model", "llama3.1-8b", "--gpu", "h100-sxm", "--num-nodes", "1", "--json",
+                         env=allocation_env(SLURM_GPUS_PER_NODE="4"))
+    assert json.loads(pinned.stdout)["cluster"]["num_nodes"] == 1  # the flags win
+
+
+def test_render_inside_an_allocation_plans_for_it(tmp_path: Path) -> None:
+    result = run_fstrain("render", "-o", str(tmp_path / "out"), "--model", "tiny", "--gpu", "h100-sxm",
+                         env=allocation_env(SLURM_GPUS_PER_NODE="2"))
+    assert result.returncode == 0, result.stderr
+    plan = (tmp_path / "out" / "plan.yaml").read_text()
+    assert "num_nodes: 2" in plan and "gpus_per_node: 2" in plan
