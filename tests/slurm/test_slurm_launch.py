@@ -4,7 +4,9 @@ rank, scancel, and the doctor through srun."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -203,16 +205,15 @@ def test_scancel_mid_run_stops_every_node_within_the_grace_period(slurm: SlurmCl
         if follower.poll() is None:
             follower.kill()
     status = wait_for_job(slurm, tmp_path, job_id, timeout=60)
-    assert status.state == "CANCELLED"
     manifest_path = run_dir / "manifest.json"
     for _ in range(40):  # the batch step writes its manifest as it stops
         if manifest_path.is_file():
             break
         time.sleep(0.25)
     manifest = json.loads(manifest_path.read_text())
-    # Slurm cancelled it with SIGTERM; fstrain's summary says the same.
+    # Slurm cancelled it with SIGTERM; fstrain's summary says the same, and its code is the job's.
     assert manifest["reason"] == "terminated" and manifest["exit_code"] == 143
-    assert status.signal == signal.SIGTERM or status.shell_exit_code == 143, status
+    assert (status.state, status.shell_exit_code) == ("CANCELLED", 143), status
 
 
 def test_repository_is_what_the_nodes_import(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -229,3 +230,50 @@ def test_plan_inside_an_allocation_probes_its_nodes_through_srun(slurm: SlurmClu
     assert result.returncode == 2, result.stderr
     assert "probing its 2 nodes through srun" in result.stderr
     assert "error: node1: no GPU to plan for" in result.stderr
+
+
+def test_ctrl_c_on_a_terminal_asks_and_cancels_the_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+    import pty
+    import select
+
+    run_dir = tmp_path / "run"
+    env = slurm.env(tmp_path)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: fstrain following its job on a terminal
+        try:
+            os.chdir(tmp_path)
+            os.execve(sys.executable, [sys.executable, "-m", "fstrain", "launch", "--slurm", "--nodes", "2",
+                                       "--nproc-per-node", "2", "--grace", "5", "--run-dir", str(run_dir), "--",
+                                       "python3", "-c", RANK_PROGRAM], env)
+        finally:
+            os._exit(127)
+    seen = bytearray()
+
+    def read_until(token: bytes, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    seen.extend(os.read(fd, 65536))
+                except OSError:
+                    return token in seen
+            if token in seen:
+                return True
+        return False
+
+    try:
+        assert read_until(b"ready rank=3 world=4", 300), seen.decode(errors="replace")[-2000:]
+        os.write(fd, b"\x03")  # Ctrl-C at the terminal
+        assert read_until(b"[y/N]", 30), seen.decode(errors="replace")[-2000:]
+        os.write(fd, b"y\n")
+        assert read_until(b"CANCELLED, exit code 143", 120), seen.decode(errors="replace")[-2000:]
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 143
+    finally:
+        os.close(fd)
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    job_id = (run_dir / "slurm_job_id").read_text().strip()
+    assert f"cancelled job {job_id}" in seen.decode(errors="replace")
+    assert_nodes_idle(slurm, 10)
