@@ -276,7 +276,7 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
                 return 130
             cancel(job_id)
             console().print(f"cancelled job {job_id}; waiting for its nodes to stop")
-    return _report_job(job_id, status, folder, json_output)
+    return report_job(job_id, status, folder, json_output)
 
 
 def _ask_cancel(job_id: str) -> bool:
@@ -288,7 +288,7 @@ def _ask_cancel(job_id: str) -> bool:
         return False
 
 
-def _report_job(job_id: str, status: JobStatus | None, folder: Path, json_output: bool) -> int:
+def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output: bool) -> int:
     manifest_path = folder / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
     if status is None:
