@@ -267,7 +267,7 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
     out = sys.stderr if json_output else sys.stdout
     while True:
         try:
-            status = follow(job_id, output, out)
+            status = follow(job_id, output, out, on_state=_say_state)
             break
         except KeyboardInterrupt:
             if not _ask_cancel(job_id):
@@ -277,6 +277,13 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
             cancel(job_id)
             console().print(f"cancelled job {job_id}; waiting for its nodes to stop")
     return report_job(job_id, status, folder, json_output)
+
+
+def _say_state(status: JobStatus) -> None:
+    if status.state == "PENDING":
+        console().print(f"[dim]Slurm job {status.job_id}: pending ({status.reason})[/dim]")
+    elif status.state == "RUNNING":
+        console().print(f"[dim]Slurm job {status.job_id}: running on {status.nodes}[/dim]")
 
 
 def _ask_cancel(job_id: str) -> bool:

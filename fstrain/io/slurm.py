@@ -172,12 +172,18 @@ class OutputFollower:
 
 
 def follow(job_id: str, output: Path, out: TextIO = sys.stdout, poll_s: float = POLL_S,
-           status: Callable[[str], JobStatus | None] = job_status) -> JobStatus | None:
+           status: Callable[[str], JobStatus | None] = job_status,
+           on_state: Callable[[JobStatus], None] | None = None) -> JobStatus | None:
     """Print the job's output until the job has ended; its final status (``None``: Slurm no
-    longer knows the job). KeyboardInterrupt propagates: the caller decides about cancelling."""
+    longer knows the job). ``on_state`` hears of every change of state (PENDING, RUNNING...).
+    KeyboardInterrupt propagates: the caller decides about cancelling."""
     follower = OutputFollower(output, out)
     current = status(job_id)
+    seen = None
     while current is not None and not current.final:
+        if on_state is not None and (current.state, current.reason) != seen:
+            seen = (current.state, current.reason)
+            on_state(current)
         follower.poll()
         time.sleep(poll_s)
         current = status(job_id)

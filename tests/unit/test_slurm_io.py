@@ -43,9 +43,11 @@ def test_follow_polls_until_a_final_state(tmp_path: Path) -> None:
         return JobStatus(job_id, state, 7 if state == "FAILED" else 0, 0)
 
     out = io.StringIO()
-    final = follow("9", path, out, poll_s=0, status=status)
+    changes: list[str] = []
+    final = follow("9", path, out, poll_s=0, status=status, on_state=lambda s: changes.append(s.state))
     assert final is not None and (final.state, final.shell_exit_code) == ("FAILED", 7)
     assert out.getvalue() == "line while RUNNING\nline while RUNNING\n"
+    assert changes == ["PENDING", "RUNNING"]  # each change once
 
 
 def fake_scontrol(folder: Path, answer: str) -> dict[str, str]:
@@ -82,3 +84,15 @@ def test_job_report_takes_the_jobs_code_and_joins_the_manifest(tmp_path: Path,
     # Slurm has forgotten the job: the manifest's code is the answer.
     assert report_job("12", None, tmp_path, json_output=False) == 7
     assert report_job("12", JobStatus("12", "CANCELLED", 0, 15), tmp_path / "none", json_output=False) == 143
+
+
+def test_no_sbatch_is_one_line_and_the_script_stays(tmp_path: Path) -> None:
+    """On a machine without Slurm: the script is written (to submit elsewhere), the error says why."""
+    import sys
+
+    env = {"PATH": str(Path(sys.executable).parent), "SLURM_JOB_ID": "", "SLURM_JOB_NODELIST": ""}
+    result = run_fstrain("launch", "--slurm", "--run-dir", str(tmp_path / "run"), "--", "true", env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("error: --slurm: sbatch not found on PATH (hint: run this on "
+                                                      "a Slurm login or compute node, or load the Slurm module)")
+    assert (tmp_path / "run" / "sbatch.sh").is_file()
