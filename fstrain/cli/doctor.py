@@ -69,11 +69,11 @@ def doctor_command(
     if not json_output and selection.source.startswith("localhost"):
         console().print(f"[dim]hosts: {selection.source}[/dim]")
     try:
-        from fstrain.cli.slurm import doctor_connector
+        from fstrain.cli.slurm import allocation_connector
 
         facts = gather(selection.hosts, checks, ssh_config, accept_new_hosts, fanout, needs, checkpoint_dir,
                        master_port, python, workdir, kill_orphans, write_test_mib, json_output,
-                       doctor_connector(selection.source))
+                       allocation_connector(selection.source))
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None

@@ -125,13 +125,14 @@ def srun_connect(container_image: str | None, container_mounts: str | None) -> C
     return srun_connector(pyxis_args(container_image, container_mounts))
 
 
-def doctor_connector(source: str) -> Callable[[Host], Transport] | None:
-    """Inside an allocation whose nodes the doctor checks (hosts from SLURM_JOB_NODELIST): srun."""
+def allocation_connector(source: str) -> Callable[[Host], Transport] | None:
+    """srun for `doctor`, `exec` and `topo` when their hosts are the allocation's (they came
+    from SLURM_JOB_NODELIST, inside the job); ``None``: the usual SSH connector."""
     if source != "SLURM_JOB_NODELIST" or not os.environ.get("SLURM_JOB_ID"):
         return None
     from fstrain.io.slurm import srun_connector
 
-    console().print(f"[dim]Slurm job {os.environ['SLURM_JOB_ID']}: checking its nodes through srun[/dim]")
+    console().print(f"[dim]Slurm job {os.environ['SLURM_JOB_ID']}: reaching its nodes through srun[/dim]")
     return srun_connector()
 
 

@@ -124,7 +124,7 @@ def test_launch_inside_an_allocation_trains_through_srun_without_sshd(slurm: Slu
 
 def test_doctor_inside_an_allocation_checks_the_nodes_through_srun(slurm: SlurmCluster, tmp_path: Path) -> None:
     result = fstrain(slurm, tmp_path, "doctor", "--json", prefix=("salloc", "-N2"))
-    assert "checking its nodes through srun" in result.stderr
+    assert "reaching its nodes through srun" in result.stderr
     document = json.loads(result.stdout)
     assert document["summary"]["hosts"] == ["node1", "node2"] and document["summary"]["fail"] == 0
     verdicts = {c["id"]: c["verdict"] for c in document["checks"]}
@@ -299,3 +299,16 @@ def test_time_limit_warning_stops_the_job_cleanly_before_the_limit(slurm: SlurmC
     assert [n["host"] for n in manifest["nodes"]] == ["node1", "node2"]
     assert all(n["started"] and n["exit_code"] is not None for n in manifest["nodes"])
     assert_nodes_idle(slurm, 10)
+
+
+def test_exec_and_topo_inside_an_allocation_go_through_srun(slurm: SlurmCluster, tmp_path: Path) -> None:
+    for index in range(1, slurm.num_nodes + 1):  # no SSH server anywhere (the first test may not have run)
+        if sshd_running(slurm, index):
+            slurm.script("stop-sshd", str(index))
+    result = fstrain(slurm, tmp_path, "exec", "--json", "--", "hostname", prefix=("salloc", "-N2"))
+    assert result.returncode == 0, result.stderr
+    assert [(h["host"], h["stdout"].strip()) for h in json.loads(result.stdout)["hosts"]] == [
+        ("node1", "node1"), ("node2", "node2")]
+    topo = fstrain(slurm, tmp_path, "topo", "show", "--json", prefix=("salloc", "-N2"))
+    assert topo.returncode == 0, topo.stderr
+    assert "reaching its nodes through srun" in topo.stderr
