@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import typer
 
 from fstrain.cli import hostopts
+from fstrain.cli import slurm as slurmopts
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ def register(app: typer.Typer) -> None:
 
 
 def launch_command(
+    ctx: typer.Context,
     program: list[str] = typer.Argument(None, help="The program and its arguments (after --).", show_default=False),
     hostfile: str | None = hostopts.HOSTFILE,
     hosts: str | None = hostopts.HOSTS,
@@ -68,6 +70,20 @@ def launch_command(
     steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps for the bundled trainer."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-node commands; connect to nothing."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON document on stdout."),
+    launcher: str = slurmopts.LAUNCHER,
+    slurm: bool = slurmopts.SLURM,
+    nodes: int | None = slurmopts.NODES,
+    partition: str | None = slurmopts.PARTITION,
+    time_limit: str | None = slurmopts.TIME,
+    account: str | None = slurmopts.ACCOUNT,
+    qos: str | None = slurmopts.QOS,
+    constraint: str | None = slurmopts.CONSTRAINT,
+    exclusive: bool = slurmopts.EXCLUSIVE,
+    sbatch_args: list[str] = slurmopts.SBATCH_ARG,
+    container_image: str | None = slurmopts.CONTAINER_IMAGE,
+    container_mounts: str | None = slurmopts.CONTAINER_MOUNTS,
+    detach: bool = slurmopts.DETACH,
+    slurm_render_only: bool = slurmopts.RENDER_ONLY,
 ) -> None:
     """Launch PROGRAM on every selected host (one torchrun or DeepSpeed launcher per node)."""
     from fstrain.core.launchspec import BACKENDS
@@ -75,22 +91,44 @@ def launch_command(
 
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}", "--backend")
-    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
-    if selection.source.startswith("localhost"):
-        console().print(f"[dim]hosts: {selection.source}[/dim]")  # stderr: --json's stdout stays one document
+    if slurm or slurm_render_only:
+        slurmopts.check_submit_flags(hostfile, hosts, launcher, dry_run)
+    else:
+        slurmopts.check_no_submit_flags({"--nodes": nodes, "--partition": partition, "--time": time_limit,
+                                         "--account": account, "--qos": qos, "--constraint": constraint,
+                                         "--exclusive": exclusive, "--sbatch-arg": sbatch_args, "--detach": detach})
+    allocation = None if slurm or slurm_render_only else slurmopts.choose_allocation(launcher, hostfile, hosts)
+    if allocation is not None:
+        selection = hostopts.HostSelection(slurmopts.allocation_hosts(allocation, hostfile, hosts, include, exclude,
+                                                                      gpus_per_node), "Slurm job")
+    elif not (slurm or slurm_render_only):
+        slurmopts.check_container_flags(container_image, container_mounts)
+        selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+        if selection.source.startswith("localhost"):
+            console().print(f"[dim]hosts: {selection.source}[/dim]")  # stderr: --json's stdout stays one document
     requested = parse_nproc(nproc_per_node)
     spec = job_spec(backend, list(program or []), plan_path, model, recipe, strategy, micro_batch, precision, steps)
     user_env = collect_env(env, env_file)
     run_id = new_run_id()
+    if slurm or slurm_render_only:
+        raise typer.Exit(slurmopts.submit_launch(
+            ctx, program=list(program or []), user_env=user_env, run_id=run_id,
+            run_dir=run_dir, python_exe=sys.executable, render_only=slurm_render_only, detach=detach,
+            json_output=json_output, nodes=nodes, gpus_per_node=gpus_per_node, partition=partition,
+            time_limit=time_limit, account=account, qos=qos, constraint=constraint, exclusive=exclusive,
+            sbatch_args=sbatch_args, container_image=container_image, container_mounts=container_mounts))
     folder = Path(run_dir) if run_dir else Path("runs") / run_id
     if dry_run:
         nprocs = resolve_nprocs(selection.hosts, requested, None)
         dry_run_output(selection.hosts, nprocs, backend, build_job(spec, selection.hosts, nprocs, python), python,
                        master_port, max_restarts, run_id, user_env, json_output, no_local_rank=no_local_rank)
         return
+    connect = slurmopts.srun_connect(container_image, container_mounts) if allocation is not None else None
+    if allocation is not None and not json_output:
+        console().print(f"[dim]Slurm job {allocation.job_id}: every node runs its part as an srun step[/dim]")
     outcome = execute(selection.hosts, requested, backend, spec, python, master_port, max_restarts,
                       run_id, folder, user_env, workdir, grace, heartbeat_timeout, ssh_config, accept_new_hosts,
-                      fanout, json_output, no_local_rank=no_local_rank)
+                      fanout, json_output, connect, no_local_rank=no_local_rank)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -289,7 +327,8 @@ def print_launches(launches: list[NodeLaunch]) -> None:
 def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec, python: str,
             master_port: int | None, max_restarts: int, run_id: str, folder: Path, user_env: dict[str, str],
             workdir: str | None, grace: float, heartbeat_timeout: float, ssh_config: str | None,
-            accept_new_hosts: bool, fanout: int, json_output: bool, *, no_local_rank: bool = False) -> RunOutcome:
+            accept_new_hosts: bool, fanout: int, json_output: bool, connector: Any = None, *,
+            no_local_rank: bool = False) -> RunOutcome:
     from fstrain.core.launchspec import plan_launches
     from fstrain.io.connect import check_distinct_endpoints, make_connector
     from fstrain.io.fanout import HostPool
@@ -304,8 +343,9 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     from fstrain.io.localout import GuardedStream, stdout_may_fail
 
     out = console()
-    check_distinct_endpoints(hosts, ssh_config)
-    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    if connector is None:  # over SSH; srun steps (a Slurm allocation) name each node once already
+        check_distinct_endpoints(hosts, ssh_config)
+    connect = connector or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     workdir_is_default = workdir is None
     if workdir is None:  # like DeepSpeed's launcher: the same directory as here, checked on every host
         workdir = os.getcwd()
