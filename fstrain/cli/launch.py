@@ -381,8 +381,12 @@ def print_summary(outcome: RunOutcome) -> None:
     out.print(table)
     if outcome.first_failure is not None:
         failed = outcome.nodes[outcome.first_failure]
-        out.print(f"[red]first failure: node {failed.launch.node_rank} ({failed.launch.host.label()}), "
-                  f"exit {describe_exit(failed.exit_code, failed.error)}[/red]; its last lines:")
+        where = f"node {failed.launch.node_rank} ({failed.launch.host.label()})"
+        if failed.failure is not None:  # the rank's own code (torchrun itself exits 1)
+            what = f"{failed.failure.describe()} on {where}"
+        else:
+            what = f"{where}, exit {describe_exit(failed.exit_code, failed.error)}"
+        out.print(f"[red]first failure: {what}[/red]; its last lines:")
         for line in failed.tail[-10:]:
             out.print(f"  {line}", markup=False)
     verdict = {"ok": "[green]all nodes finished ok[/green]", "interrupted": "[yellow]interrupted (Ctrl-C)[/yellow]",

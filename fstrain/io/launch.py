@@ -37,6 +37,7 @@ from fstrain.core.launchspec import (
     secret_values,
     split_rank_prefix,
 )
+from fstrain.core.rankexit import FailureReportReader, RankFailure, node_failure
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool
@@ -189,6 +190,8 @@ class NodeState:
     exit_code: int | None = None
     error: str | None = None
     tail: list[str] = field(default_factory=list)
+    reader: FailureReportReader = field(default_factory=FailureReportReader)  # torchrun's root cause
+    failure: RankFailure | None = None  # the failed rank behind a non-zero exit, where known
 
     @property
     def done(self) -> bool:
@@ -362,11 +365,13 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             kind, rank, a, b = "", -1, None, None
         node = nodes[rank] if kind else None
         if kind == "line" and node is not None:
+            node.reader.feed(b)
             _emit(node, a, redact(b, secrets), logs, options)
         elif kind in ("exit", "lost") and node is not None and not node.done:
             node.ended = time.time()
             if kind == "exit":
                 node.exit_code, node.error = a, b
+                node.failure = node_failure(node.launch.backend, a, node.reader.root_cause, node.launch.rank_offset)
             else:
                 node.error = a
                 if node.running is not None:
@@ -375,6 +380,8 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             if failed and first_failure is None and stopping_since is None:
                 first_failure = rank
                 exit_code = node.exit_code if node.exit_code is not None else EXIT_LOST_HOST
+                if node.failure is not None:  # the rank's own code, not its launcher's
+                    exit_code = node.failure.exit_code
                 reason = "failed" if node.exit_code is not None else "lost"
                 stopping_since = _stop_all(nodes, "term")
         if stopping_since is not None and time.monotonic() - stopping_since > options.grace_s + 10:
@@ -395,18 +402,20 @@ def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
 def _emit(node: NodeState, stream: str, line: str, logs: _Logs, options: RunOptions) -> None:
     host = node.launch.host.name
     local_rank, text = split_rank_prefix(line)
-    tag = f"{host} r{local_rank}" if local_rank is not None else host
+    rank = local_rank if local_rank is None or node.launch.rank_offset is None else node.launch.rank_offset + local_rank
+    tag = f"{host} r{rank}" if rank is not None else host
     prefix = f"[{tag}]"
     if options.color:
         prefix = f"\x1b[{COLORS[node.launch.node_rank % len(COLORS)]}m{prefix}\x1b[0m"
     options.out.write(f"{prefix} {text}\n")
     options.out.flush()
-    logs.write(host, local_rank, f"[{tag}] {text}")
+    logs.write(host, rank, f"[{tag}] {text}")
     node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
 
 
 class _Logs:
-    """RUN_DIR/logs/<host>.log, and <host>.r<local rank>.log where the rank is known."""
+    """RUN_DIR/logs/<host>.log, and <host>.r<rank>.log where the rank is known (the global
+    rank where ranks are fixed before the start, else the local rank)."""
 
     def __init__(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -450,6 +459,8 @@ def write_manifest(path: Path, *, run_id: str, backend: str, rendezvous: Rendezv
         "exit_code": outcome.exit_code if outcome else None,
         "reason": outcome.reason if outcome else "dry-run",
         "first_failure_node_rank": outcome.first_failure if outcome else None,
+        "first_failure": failure_summary(outcome.nodes[outcome.first_failure].failure)
+        if outcome and outcome.first_failure is not None else None,
         "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -475,5 +486,14 @@ def node_summary(launch: NodeLaunch, state: NodeState | None) -> dict[str, Any]:
             ended=state.ended,
             seconds=round((state.ended or time.time()) - state.started, 3),
             last_lines=state.tail[-10:],
+            failed_rank=failure_summary(state.failure),
         )
     return entry
+
+
+def failure_summary(failure: RankFailure | None) -> dict[str, Any] | None:
+    """The failed rank as the manifest records it."""
+    if failure is None:
+        return None
+    return {"rank": failure.rank, "local_rank": failure.local_rank, "exit_code": failure.exit_code,
+            "signal": failure.signal_name or None}
