@@ -63,6 +63,12 @@ def launch_command(
     micro_batch: int = typer.Option(4, "--micro-batch", min=1, help="With --model/--recipe: sequences per rank."),
     precision: str = typer.Option("bf16", "--precision", help="With --model/--recipe: bf16, fp16 or fp32."),
     steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps for the bundled trainer."),
+    stall_timeout: str | None = typer.Option(None, "--stall-timeout", metavar="DURATION",
+                                             help="No rank output for this long (e.g. 20m): collect every rank's "
+                                             "stacks, name the odd ranks, stop the job (exit 124)."),
+    finish_timeout: str | None = typer.Option(None, "--finish-timeout", metavar="DURATION",
+                                              help="Some nodes finished with exit 0 and others still run after "
+                                              "this long: the same as --stall-timeout."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-node commands; connect to nothing."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON document on stdout."),
 ) -> None:
@@ -76,6 +82,7 @@ def launch_command(
     requested = parse_nproc(nproc_per_node)
     spec = job_spec(backend, list(program or []), plan_path, model, recipe, strategy, micro_batch, precision, steps)
     user_env = collect_env(env, env_file)
+    timeouts = stall_timeouts(stall_timeout, finish_timeout)
     run_id = new_run_id()
     folder = Path(run_dir) if run_dir else Path("runs") / run_id
     if dry_run:
@@ -85,8 +92,15 @@ def launch_command(
         return
     outcome = execute(selection.hosts, requested, backend, spec, python, master_port, max_restarts,
                       run_id, folder, user_env, workdir, grace, heartbeat_timeout, ssh_config, accept_new_hosts,
-                      fanout, json_output)
+                      fanout, json_output, *timeouts)
     raise typer.Exit(outcome.exit_code)
+
+
+def stall_timeouts(stall_timeout: str | None, finish_timeout: str | None) -> tuple[float | None, float | None]:
+    from fstrain.core.duration import parse_duration_s
+
+    return (parse_duration_s(stall_timeout, "--stall-timeout") if stall_timeout else None,
+            parse_duration_s(finish_timeout, "--finish-timeout") if finish_timeout else None)
 
 
 @dataclass(frozen=True)
@@ -258,7 +272,8 @@ def print_launches(launches: list[NodeLaunch]) -> None:
 def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec, python: str,
             master_port: int | None, max_restarts: int, run_id: str, folder: Path, user_env: dict[str, str],
             workdir: str | None, grace: float, heartbeat_timeout: float, ssh_config: str | None,
-            accept_new_hosts: bool, fanout: int, json_output: bool) -> RunOutcome:
+            accept_new_hosts: bool, fanout: int, json_output: bool, stall_timeout_s: float | None = None,
+            finish_timeout_s: float | None = None) -> RunOutcome:
     from fstrain.core.launchspec import plan_launches
     from fstrain.io.connect import make_connector
     from fstrain.io.fanout import HostPool
@@ -292,7 +307,8 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     options = RunOptions(run_id=run_id, run_dir=folder, grace_s=grace, heartbeat_timeout_s=heartbeat_timeout,
                          workdir=workdir, node_run_dirs=run_dirs, node_files=node_files,
                          color=sys.stdout.isatty() and not json_output,
-                         out=sys.stderr if json_output else sys.stdout)
+                         out=sys.stderr if json_output else sys.stdout,
+                         stall_timeout_s=stall_timeout_s, finish_timeout_s=finish_timeout_s)
     outcome = run_nodes(launches, connect, python, options)
     summary = fetch_training_summary(hosts[0], run_dirs[0], connect, folder) if job.bundled_trainer \
         and outcome.exit_code == 0 else None
@@ -389,6 +405,24 @@ def print_summary(outcome: RunOutcome) -> None:
         out.print(f"[red]first failure: {what}[/red]; its last lines:")
         for line in failed.tail[-10:]:
             out.print(f"  {line}", markup=False)
+    if outcome.stall is not None:
+        print_stall(outcome.stall)
     verdict = {"ok": "[green]all nodes finished ok[/green]", "interrupted": "[yellow]interrupted (Ctrl-C)[/yellow]",
+               "stalled": "[red]stalled[/red]",
                "terminated": "[yellow]terminated (SIGTERM)[/yellow]"}.get(outcome.reason, "[red]failed[/red]")
     out.print(f"{verdict}; exit code {outcome.exit_code}")
+
+
+def print_stall(report: dict[str, Any]) -> None:
+    """Why the job counts as stalled, where each group of ranks was, and the odd ranks."""
+    out = console()
+    odd = report.get("odd_ranks") or []
+    named = f"; odd {'rank' if len(odd) == 1 else 'ranks'}: {', '.join(map(str, odd))}" if odd else ""
+    out.print(f"[red]stalled: {report['reason']}{named}[/red]")
+    for line in report.get("summary", []):
+        out.print(f"  {line}", markup=False)
+    for trace in report.get("nccl_traces", []):
+        out.print(f"  NCCL flight recorder dump: {trace}", markup=False)
+    out.print(f"  stacks: {report['folder']}", markup=False)
+    if report.get("unanswered_nodes"):
+        out.print(f"  no stacks from node(s) {', '.join(map(str, report['unanswered_nodes']))}")

@@ -42,7 +42,8 @@ from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
-from fstrain.io.remote.watchdog import BOOTSTRAP
+from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
+from fstrain.io.stall import EXIT_STALLED, StallWatch
 from fstrain.io.transport.base import RunningCommand, Transport
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -209,6 +210,8 @@ class RunOptions:
     node_files: Sequence[Mapping[str, str]] = ()  # per node: rendered configs to write there
     color: bool = False
     out: TextIO = sys.stdout
+    stall_timeout_s: float | None = None  # no rank output for this long: stalled
+    finish_timeout_s: float | None = None  # some nodes done with 0, others still running: stalled
 
 
 @dataclass
@@ -219,6 +222,7 @@ class RunOutcome:
     nodes: list[NodeState]
     started: float
     ended: float
+    stall: dict[str, Any] | None = None  # the hang report (fstrain/io/stall.py), when stalled
 
 
 class _Stop:
@@ -250,7 +254,9 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
         for node in nodes:
             _start_node(node, connect, python, options, events)
         threading.Thread(target=_heartbeats, args=(nodes, events, options), daemon=True).start()
-        outcome = _watch(nodes, events, stop, logs, secrets, options)
+        stall = StallWatch(options.stall_timeout_s, options.finish_timeout_s, options.run_dir) \
+            if options.stall_timeout_s or options.finish_timeout_s else None
+        outcome = _watch(nodes, events, stop, logs, secrets, options, stall)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -260,7 +266,8 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
             if node.transport is not None:
                 node.transport.close()
         logs.close()
-    return RunOutcome(outcome[0], outcome[1], outcome[2], nodes, started, time.time())
+    return RunOutcome(outcome[0], outcome[1], outcome[2], nodes, started, time.time(),
+                      stall.document if stall is not None and outcome[1] == "stalled" else None)
 
 
 def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: str, options: RunOptions,
@@ -284,6 +291,8 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
         "grace_s": options.grace_s,
         "heartbeat_timeout_s": options.heartbeat_timeout_s,
     }
+    if options.stall_timeout_s or options.finish_timeout_s:  # ranks answer SIGUSR1 with their stacks
+        header.update(stacks=True, modules={"stacks": source("stacks")})
     try:
         node.transport = connect(launch.host)
         node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
@@ -344,7 +353,7 @@ def _check_alive(node: NodeState, alive: Callable[[float], bool], events: queue.
 
 
 def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]], stop: _Stop, logs: _Logs,
-           secrets: Sequence[str], options: RunOptions) -> tuple[int, str, int | None]:
+           secrets: Sequence[str], options: RunOptions, stall: StallWatch | None = None) -> tuple[int, str, int | None]:
     exit_code, reason, first_failure = 0, "ok", None
     stopping_since: float | None = None
     kill_sent = False
@@ -365,7 +374,13 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             kind, rank, a, b = "", -1, None, None
         node = nodes[rank] if kind else None
         if kind == "line" and node is not None:
+            if b.startswith(EVENT_PREFIX):  # the watchdog's report, not the job's output
+                if stall is not None:
+                    stall.event(rank, json.loads(b[len(EVENT_PREFIX):]))
+                continue
             node.reader.feed(b)
+            if stall is not None and split_rank_prefix(b)[0] is not None:
+                stall.progress()
             _emit(node, a, redact(b, secrets), logs, options)
         elif kind in ("exit", "lost") and node is not None and not node.done:
             node.ended = time.time()
@@ -376,6 +391,9 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                 node.error = a
                 if node.running is not None:
                     node.running.close()
+            if stall is not None:
+                stall.node_exited(node.exit_code)
+                stall.node_gone(rank)
             failed = node.exit_code != 0
             if failed and first_failure is None and stopping_since is None:
                 first_failure = rank
@@ -384,12 +402,29 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                     exit_code = node.failure.exit_code
                 reason = "failed" if node.exit_code is not None else "lost"
                 stopping_since = _stop_all(nodes, "term")
+        if stall is not None and stopping_since is None and _stalled(nodes, stall, options):
+            exit_code, reason = EXIT_STALLED, "stalled"
+            stopping_since = _stop_all(nodes, "term")
         if stopping_since is not None and time.monotonic() - stopping_since > options.grace_s + 10:
             for straggler in nodes:  # no answer after the grace period: its watchdog cleans up alone
                 if not straggler.done:
                     straggler.ended = time.time()
                     straggler.error = straggler.error or "did not stop in time; its watchdog ends it"
     return exit_code, reason, first_failure
+
+
+def _stalled(nodes: Sequence[NodeState], stall: StallWatch, options: RunOptions) -> bool:
+    """Ask for stacks once a timeout has passed; True once they are in (and written)."""
+    reason = stall.due(nodes)
+    if reason:
+        options.out.write(f"fstrain: {reason}: collecting every live rank's stacks\n")
+        options.out.flush()
+        stall.requested([n.launch.node_rank for n in nodes if not n.done])
+        _stop_all(nodes, "stacks")
+    if stall.document is None and stall.collected():
+        stall.write()
+        return True
+    return False
 
 
 def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
@@ -458,6 +493,7 @@ def write_manifest(path: Path, *, run_id: str, backend: str, rendezvous: Rendezv
         "ended": outcome.ended if outcome else None,
         "exit_code": outcome.exit_code if outcome else None,
         "reason": outcome.reason if outcome else "dry-run",
+        "stall": outcome.stall if outcome else None,
         "first_failure_node_rank": outcome.first_failure if outcome else None,
         "first_failure": failure_summary(outcome.nodes[outcome.first_failure].failure)
         if outcome and outcome.first_failure is not None else None,
