@@ -69,6 +69,8 @@ def launch_command(
     finish_timeout: str | None = typer.Option(None, "--finish-timeout", metavar="DURATION",
                                               help="Some nodes finished with exit 0 and others still run after "
                                               "this long: the same as --stall-timeout."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Return the run id once every node started; the "
+                                "nodes supervise the job themselves (see fstrain runs/status/logs/stop)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-node commands; connect to nothing."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON document on stdout."),
 ) -> None:
@@ -92,7 +94,7 @@ def launch_command(
         return
     outcome = execute(selection.hosts, requested, backend, spec, python, master_port, max_restarts,
                       run_id, folder, user_env, workdir, grace, heartbeat_timeout, ssh_config, accept_new_hosts,
-                      fanout, json_output, *timeouts)
+                      fanout, json_output, *timeouts, detach=detach)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -273,7 +275,7 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
             master_port: int | None, max_restarts: int, run_id: str, folder: Path, user_env: dict[str, str],
             workdir: str | None, grace: float, heartbeat_timeout: float, ssh_config: str | None,
             accept_new_hosts: bool, fanout: int, json_output: bool, stall_timeout_s: float | None = None,
-            finish_timeout_s: float | None = None) -> RunOutcome:
+            finish_timeout_s: float | None = None, detach: bool = False) -> RunOutcome:
     from fstrain.core.launchspec import plan_launches
     from fstrain.io.connect import make_connector
     from fstrain.io.fanout import HostPool
@@ -309,6 +311,14 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
                          color=sys.stdout.isatty() and not json_output,
                          out=sys.stderr if json_output else sys.stdout,
                          stall_timeout_s=stall_timeout_s, finish_timeout_s=finish_timeout_s)
+    if detach:
+        from fstrain.cli.runs import start_detached_run
+
+        return start_detached_run(hosts, launches, connect, python, options, rendezvous, run_dirs, backend,
+                                  ssh_config, facts, user_env, job.plan, json_output)
+    from fstrain.io.runs import register
+
+    register(run_id, folder, detached=False)
     outcome = run_nodes(launches, connect, python, options)
     summary = fetch_training_summary(hosts[0], run_dirs[0], connect, folder) if job.bundled_trainer \
         and outcome.exit_code == 0 else None

@@ -273,10 +273,23 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
 def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: str, options: RunOptions,
                 events: queue.Queue[tuple[str, int, Any, Any]]) -> None:
     launch = node.launch
-    rank = launch.node_rank
     node.started = time.time()
+    header = watchdog_header(launch, options)
+    try:
+        node.transport = connect(launch.host)
+        node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
+                              (json.dumps(header) + "\n").encode(), close_stdin=False)
+    except FstrainError as exc:
+        events.put(("lost", launch.node_rank, exc.message, None))
+        return
+    threading.Thread(target=_pump, args=(node, events), daemon=True, name=f"fstrain-node{launch.node_rank}").start()
+
+
+def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
+    """What a node's watchdog reads from its stdin: its job, files and limits."""
+    rank = launch.node_rank
     run_dir = node_run_dir(launch.host, rank, options)
-    header = {
+    header: dict[str, Any] = {
         "source": source("watchdog"),
         "argv": list(launch.argv),
         "env": dict(launch.env),
@@ -290,17 +303,12 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
         "rank_log_dir": launch.rank_log_dir,
         "grace_s": options.grace_s,
         "heartbeat_timeout_s": options.heartbeat_timeout_s,
+        "backend": launch.backend,
+        "rank_offset": launch.rank_offset,
     }
     if options.stall_timeout_s or options.finish_timeout_s:  # ranks answer SIGUSR1 with their stacks
         header.update(stacks=True, modules={"stacks": source("stacks")})
-    try:
-        node.transport = connect(launch.host)
-        node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
-                              (json.dumps(header) + "\n").encode(), close_stdin=False)
-    except FstrainError as exc:
-        events.put(("lost", rank, exc.message, None))
-        return
-    threading.Thread(target=_pump, args=(node, events), daemon=True, name=f"fstrain-node{rank}").start()
+    return header
 
 
 def node_run_dir(host: Host, node_rank: int, options: RunOptions) -> str:

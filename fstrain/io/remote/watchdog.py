@@ -138,9 +138,11 @@ class Watchdog:
     def module(self, name: str) -> Any:
         """A helper module sent in the header (``modules``), loaded once."""
         if name not in self.modules:
-            namespace: dict[str, Any] = {"__name__": f"__fstrain_{name}__"}
-            exec(compile(self.header["modules"][name], f"fstrain-{name}", "exec"), namespace)
-            self.modules[name] = types.SimpleNamespace(**namespace)
+            # Registered, so that dataclasses in it can resolve their own module.
+            module = types.ModuleType(f"fstrain_remote_{name}")
+            sys.modules[module.__name__] = module
+            exec(compile(self.header["modules"][name], f"fstrain-{name}", "exec"), module.__dict__)
+            self.modules[name] = module
         return self.modules[name]
 
     def report_stacks(self) -> None:
@@ -342,6 +344,8 @@ class RankLogTailer:
 
 
 def main(header: dict[str, Any]) -> None:
+    if header.get("detach"):  # a detached run: the watchdogs supervise each other (coordinator.py)
+        Watchdog(header).module("coordinator").main(header, Watchdog)
     watchdog = Watchdog(header)
     # A signal to the watchdog itself (sshd's SIGHUP on a lost channel, a kill by hand) tears
     # the job down like a lost launcher; it never leaves the job running without a watchdog.
