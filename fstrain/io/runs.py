@@ -308,5 +308,11 @@ def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python:
             answer = json.loads(result.stdout) if result.ok else {"removed": False, "why": result.error or ""}
         except ValueError:
             answer = {"removed": False, "why": result.stdout[-200:]}
-        out.append((host.label(), "removed" if answer.get("removed") else f"kept: {answer.get('why')}"))
+        if answer.get("removed"):
+            verdict = "removed"
+        elif answer.get("why") == "not there":  # another node removed it (a shared home) or it never existed
+            verdict = "already gone"
+        else:
+            verdict = f"kept: {answer.get('why')}"
+        out.append((host.label(), verdict))
     return out
