@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fstrain.core.hostfile import Host
-from fstrain.core.launchspec import NodeLaunch
+from fstrain.core.launchspec import NodeLaunch, secret_values
 from fstrain.core.runstate import RunState, from_manifest, from_nodes
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.connect import is_local
@@ -58,7 +58,8 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     def header(launch: NodeLaunch, detach: dict[str, Any]) -> bytes:
         document = watchdog_header(launch, options)
         document["modules"] = {**document.get("modules", {}), **modules}
-        document["detach"] = {"secret": secret, "nnodes": len(launches), **detach}
+        document["detach"] = {"secret": secret, "nnodes": len(launches), "redact": secret_values(launch.env),
+                              **detach}
         return (json.dumps(document) + "\n").encode()
 
     first = _start_one(launches[0], connect, python,

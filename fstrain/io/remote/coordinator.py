@@ -96,9 +96,10 @@ class Output:
     line, and remembers per local rank the time and text of its last line and of its last
     progress line (one with ``step``)."""
 
-    def __init__(self, read_fd: int, path: str) -> None:
+    def __init__(self, read_fd: int, path: str, secrets: list[str]) -> None:
         self.read_fd = read_fd
         self.path = path
+        self.secrets = [s.encode() for s in secrets]  # values written as **** (the launcher's rule)
         self.last_at: float | None = None
         self.ranks: dict[str, dict[str, Any]] = {}
         self.tail: list[str] = []
@@ -110,6 +111,8 @@ class Output:
         with os.fdopen(self.read_fd, "rb") as source, os.fdopen(fd, "ab", buffering=0) as sink:
             for raw in source:
                 now = time.time()
+                for secret in self.secrets:
+                    raw = raw.replace(secret, b"****")
                 line = raw.rstrip(b"\n").decode(errors="replace")
                 sink.write(b"%.3f " % now + raw if raw.endswith(b"\n") else b"%.3f " % now + raw + b"\n")
                 self.note(now, line)
@@ -440,7 +443,8 @@ def _detach(node: Node) -> int:
     os.close(out_w)
     os.close(devnull)
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
-    node.output = Output(out_r, os.path.join(node.run_dir, f"node{node.node_rank}.out"))
+    node.output = Output(out_r, os.path.join(node.run_dir, f"node{node.node_rank}.out"),
+                         list(node.detach.get("redact") or []))
     threading.Thread(target=node.output.copy, daemon=True).start()
     return ready_w
 
