@@ -367,6 +367,10 @@ def _print_end(record: RunRecord, state: RunState, connect: Any, python: str) ->
     views = node_views(record, connect, python)
     final = next(((v or {}).get("node", {}).get("final") for v in views if (v or {}).get("node", {}).get("final")),
                  None) or {}
+    if final.get("stall"):
+        from fstrain.cli.launch import print_stall
+
+        print_stall(final["stall"])
     failure = final.get("first_failure")
     if failure:
         described = RankFailure(failure.get("rank"), failure.get("local_rank"), failure["exit_code"]).describe()

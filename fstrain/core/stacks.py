@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # faulthandler: 'Thread 0x00007f... (most recent call first):' then '  File "x.py", line 3 in f'
 _FH_THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
@@ -132,3 +133,48 @@ def analyse(dumps: Mapping[int, str], after_finish: bool = False) -> HangReport:
     else:
         odd = tuple(rank for rank, frame in found.items() if frame != common or frame is None)
     return HangReport(found, odd, common)
+
+
+FINISHED_REASON = "some ranks finished"  # how a --finish-timeout reason starts
+
+
+def stall_reason(now_s: float, last_progress_s: float, first_finish_s: float | None, stall_timeout_s: float | None,
+                 finish_timeout_s: float | None) -> str:
+    """Why the run counts as hung at ``now_s``, or "": some ranks finished ``finish_timeout_s``
+    ago while others run on, or no rank printed for ``stall_timeout_s`` (one clock for all)."""
+    if finish_timeout_s is not None and first_finish_s is not None and now_s - first_finish_s >= finish_timeout_s:
+        return f"{FINISHED_REASON} {finish_timeout_s:g} s ago and others are still running"
+    if stall_timeout_s is not None and now_s - last_progress_s >= stall_timeout_s:
+        return f"no rank printed anything for {stall_timeout_s:g} s"
+    return ""
+
+
+def hang_report(reports: Mapping[int, Mapping[str, Any]], reason: str,
+                unanswered: Sequence[int]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The hang report and its stack files from every node's stacks report (node rank ->
+    ``{"ranks": {rank: {"faulthandler", "py_spy"}}, "nccl_traces": [...]}``, as the watchdog's
+    fstrain/io/remote/stacks.py collects them): (report document, file name -> text)."""
+    dumps: dict[int, str] = {}
+    nodes_of: dict[int, int] = {}
+    traces: list[str] = []
+    files: dict[str, str] = {}
+    for node_rank, payload in sorted(reports.items()):
+        traces += [f"node {node_rank}: {path}" for path in payload.get("nccl_traces", [])]
+        for rank_text, entry in payload.get("ranks", {}).items():
+            rank = int(rank_text)
+            dumps[rank], nodes_of[rank] = entry.get("faulthandler") or entry.get("py_spy") or "", node_rank
+            for kind in ("faulthandler", "py_spy"):
+                if entry.get(kind):
+                    files[f"rank{rank}.{kind.replace('_', '-')}.txt"] = entry[kind]
+    hang = analyse(dumps, after_finish=reason.startswith(FINISHED_REASON))
+    document = {
+        "reason": reason,
+        "odd_ranks": list(hang.odd_ranks),
+        "where": {str(r): (f.short() if f else None) for r, f in hang.where.items()},
+        "node_of_rank": {str(r): n for r, n in nodes_of.items()},
+        "common": hang.common.short() if hang.common else None,
+        "summary": hang.lines(),
+        "nccl_traces": traces,
+        "unanswered_nodes": list(unanswered),
+    }
+    return document, files

@@ -307,7 +307,8 @@ def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
         "rank_offset": launch.rank_offset,
     }
     if options.stall_timeout_s or options.finish_timeout_s:  # ranks answer SIGUSR1 with their stacks
-        header.update(stacks=True, modules={"stacks": source("stacks")})
+        header.update(stacks=True, modules={"stacks": source("stacks")}, stall_timeout_s=options.stall_timeout_s,
+                      finish_timeout_s=options.finish_timeout_s)
     return header
 
 

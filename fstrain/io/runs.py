@@ -52,8 +52,9 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     """Start node 0's watchdog as the coordinator, then every other node's as a member; return
     each node's answer (pids, the coordinator's port) once all of them started."""
     secret = secrets.token_hex(16)
-    modules = {"coordinator": source("coordinator"),
-               "rankexit": (Path(__file__).resolve().parent.parent / "core" / "rankexit.py").read_text()}
+    core = Path(__file__).resolve().parent.parent / "core"  # pure, stdlib-only modules the nodes run too
+    modules = {"coordinator": source("coordinator"), "rankexit": (core / "rankexit.py").read_text(),
+               "analysis": (core / "stacks.py").read_text()}
 
     def header(launch: NodeLaunch, detach: dict[str, Any]) -> bytes:
         document = watchdog_header(launch, options)

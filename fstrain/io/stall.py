@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fstrain.core.stacks import analyse
+from fstrain.core.stacks import hang_report, stall_reason
 
 EXIT_STALLED = 124  # as timeout(1)
 COLLECT_TIMEOUT_S = 30.0  # for every live node's stacks report
@@ -63,12 +63,8 @@ class StallWatch:
         live = [n for n in nodes if not n.done]
         if not live:
             return ""
-        if self.finish_timeout_s is not None and self.first_finish is not None \
-                and now - self.first_finish >= self.finish_timeout_s:
-            self.reason = (f"some ranks finished {self.finish_timeout_s:g} s ago "
-                           "and others are still running")
-        elif self.stall_timeout_s is not None and now - self.last_progress >= self.stall_timeout_s:
-            self.reason = f"no rank printed anything for {self.stall_timeout_s:g} s"
+        self.reason = stall_reason(now, self.last_progress, self.first_finish, self.stall_timeout_s,
+                                   self.finish_timeout_s)
         return self.reason
 
     def requested(self, live_nodes: Sequence[int]) -> None:
@@ -93,33 +89,13 @@ class StallWatch:
         return not self.waiting_for or self.clock() - self.requested_at > COLLECT_TIMEOUT_S
 
     def write(self) -> dict[str, Any]:
-        """RUN_DIR/stacks/rank<R>.txt per rank, report.json; returns the report."""
+        """RUN_DIR/stacks/rank<R>.<tool>.txt per rank and report.json; returns the report."""
         folder = self.run_dir / "stacks"
         folder.mkdir(parents=True, exist_ok=True)
-        dumps: dict[int, str] = {}
-        nodes_of: dict[int, int] = {}
-        traces: list[str] = []
-        for node_rank, payload in sorted(self.reports.items()):
-            traces += [f"node {node_rank}: {path}" for path in payload.get("nccl_traces", [])]
-            for rank_text, entry in payload.get("ranks", {}).items():
-                rank = int(rank_text)
-                text = entry.get("faulthandler") or entry.get("py_spy") or ""
-                dumps[rank], nodes_of[rank] = text, node_rank
-                for kind in ("faulthandler", "py_spy"):
-                    if entry.get(kind):
-                        (folder / f"rank{rank}.{kind.replace('_', '-')}.txt").write_text(entry[kind])
-        hang = analyse(dumps, after_finish=self.reason.startswith("some ranks finished"))
-        document = {
-            "reason": self.reason,
-            "odd_ranks": list(hang.odd_ranks),
-            "where": {str(r): (f.short() if f else None) for r, f in hang.where.items()},
-            "node_of_rank": {str(r): n for r, n in nodes_of.items()},
-            "common": hang.common.short() if hang.common else None,
-            "summary": hang.lines(),
-            "nccl_traces": traces,
-            "unanswered_nodes": sorted(self.waiting_for),
-            "folder": str(folder),
-        }
+        document, files = hang_report(self.reports, self.reason, sorted(self.waiting_for))
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        document["folder"] = str(folder)
         (folder / "report.json").write_text(json.dumps(document, indent=2) + "\n")
         self.document = document
         return document

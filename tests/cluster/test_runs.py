@@ -155,3 +155,25 @@ def test_gc_removes_finished_runs_on_the_hosts(cluster: NamespaceCluster, tmp_pa
     assert "1 run(s) removed" in removed.stderr
     assert cluster.in_namespace(1, "test", "-d", folders[0], check=False).returncode != 0
     assert json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"] == []
+
+
+def test_a_detached_run_with_a_blocked_rank_ends_stalled(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    hang = str(REPO / "tests" / "cluster" / "programs" / "hang.py")
+    run_id = detach(cluster, home, run_dir, "--stall-timeout", "20s", "--env", "FSTRAIN_TEST_HANG_RANK=3",
+                    "--", "python3", hang)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if all(f.get("final") for f in node_files(cluster, run_dir)):
+            break
+        time.sleep(2)
+    final = node_files(cluster, run_dir)[1]["final"]
+    assert (final["state"], final["exit_code"]) == ("stalled", 124)
+    assert final["stall"]["odd_ranks"] == [3] and final["stall"]["common"].startswith("all_reduce ")
+    folder = final["stall"]["folder"]
+    stack = cluster.in_namespace(1, "cat", f"{folder}/rank3.faulthandler.txt").stdout
+    assert f'File "{hang}", line' in stack
+    assert_no_job_processes(cluster, GRACE_S + 5)
+    attach = fstrain(home, "attach", run_id)
+    assert attach.returncode == 124
+    assert "odd rank: 3" in attach.stderr and "rank 3 is in <module> (hang.py:" in attach.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.duration import parse_duration_s
-from fstrain.core.stacks import Frame, analyse, in_collective, parse_stacks, where
+from fstrain.core.stacks import Frame, analyse, hang_report, in_collective, parse_stacks, stall_reason, where
 from fstrain.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "stacks"
@@ -62,3 +62,28 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(InputError, match="--x"):
         parse_duration_s(text, "--x")
+
+
+def test_stall_reasons() -> None:
+    assert stall_reason(100, 90, None, 20, None) == ""
+    assert stall_reason(100, 80, None, 20, None) == "no rank printed anything for 20 s"
+    assert stall_reason(100, 99, 70, 20, 30).startswith("some ranks finished 30 s ago")
+    assert stall_reason(100, 99, 75, None, 30) == ""
+    assert stall_reason(100, 0, None, None, None) == ""
+
+
+def test_hang_report_from_node_reports() -> None:
+    reports = {0: {"ranks": {"0": {"faulthandler": dump(0)}, "1": {"faulthandler": dump(1)}},
+                   "nccl_traces": ["/r/nccl_trace_rank_0"]},
+               1: {"ranks": {"2": {"faulthandler": dump(2), "py_spy": "Thread 1 (idle)"}}}}
+    document, files = hang_report(reports, "no rank printed anything for 20 s", [])
+    assert document["odd_ranks"] == [1] and document["node_of_rank"] == {"0": 0, "1": 0, "2": 1}
+    assert document["nccl_traces"] == ["node 0: /r/nccl_trace_rank_0"]
+    assert sorted(files) == ["rank0.faulthandler.txt", "rank1.faulthandler.txt", "rank2.faulthandler.txt",
+                             "rank2.py-spy.txt"]
+
+
+def test_the_coordinator_reads_the_watchdogs_event_lines() -> None:
+    from fstrain.io.remote import coordinator, watchdog
+
+    assert coordinator.EVENT_PREFIX == watchdog.EVENT_PREFIX

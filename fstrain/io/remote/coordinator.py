@@ -38,6 +38,9 @@ import threading
 import time
 from typing import Any
 
+EVENT_PREFIX = "fstrain-watchdog-event: "  # the watchdog's reports (as in watchdog.py), not job output
+STACKS_WAIT_S = 30.0  # for every live node's stacks report, after a stall
+EXIT_STALLED = 124  # as the attached launcher's (fstrain/io/stall.py)
 HEARTBEAT_S = 1.0
 STATE_EVERY_S = 2.0
 JOIN_TIMEOUT_S = 120.0  # a member that has not connected by then is lost
@@ -97,6 +100,7 @@ class Output:
     progress line (one with ``step``)."""
 
     def __init__(self, read_fd: int, path: str, secrets: list[str]) -> None:
+        self.on_event: Any = None  # called with the watchdog's own reports (stacks, ranks gone)
         self.read_fd = read_fd
         self.path = path
         self.secrets = [s.encode() for s in secrets]  # values written as **** (the launcher's rule)
@@ -110,6 +114,11 @@ class Output:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(self.read_fd, "rb") as source, os.fdopen(fd, "ab", buffering=0) as sink:
             for raw in source:
+                if raw.startswith(EVENT_PREFIX.encode()):
+                    with contextlib.suppress(ValueError):
+                        if self.on_event is not None:
+                            self.on_event(json.loads(raw[len(EVENT_PREFIX):]))
+                    continue
                 now = time.time()
                 for secret in self.secrets:
                     raw = raw.replace(secret, b"****")
@@ -263,6 +272,63 @@ class Coordinator:
         self.started = time.time()
         self.listener: socket.socket | None = None
         self.finished = False
+        header = node.header
+        self.stall_timeout_s = header.get("stall_timeout_s")
+        self.finish_timeout_s = header.get("finish_timeout_s")
+        self.first_finish: float | None = None
+        self.stall_reason = ""
+        self.stall_requested_at = 0.0
+        self.stall_waiting: set[int] = set()
+        self.stall_reports: dict[int, Any] = {}
+        self.stall: dict[str, Any] | None = None
+
+    def event(self, rank: int, payload: dict[str, Any]) -> None:
+        """A node's watchdog report: its ranks' stacks, or ranks whose process ended."""
+        with self.lock:
+            if "stacks" in payload:
+                self.stall_reports[rank] = payload["stacks"]
+                self.stall_waiting.discard(rank)
+            if payload.get("ranks_gone") and self.first_finish is None:
+                self.first_finish = time.time()
+
+    def check_stall(self) -> None:
+        """--stall-timeout / --finish-timeout: ask every live node for its stacks, then stop the
+        run as stalled once they are in (fstrain/core/stacks.py names the odd ranks)."""
+        if not (self.stall_timeout_s or self.finish_timeout_s) or self.stopping:
+            return
+        hangs = self.node.watchdog.module("analysis")
+        if not self.stall_reason:
+            outputs = [self.started] + [n["output_at"] or 0 for n in self.nodes.values()]
+            if self.node.output is not None and self.node.output.last_at:
+                outputs.append(self.node.output.last_at)
+            self.stall_reason = hangs.stall_reason(time.time(), max(outputs), self.first_finish,
+                                                   self.stall_timeout_s, self.finish_timeout_s)
+            if not self.stall_reason:
+                return
+            with self.lock:
+                self.stall_requested_at = time.monotonic()
+                self.stall_waiting = {r for r, n in self.nodes.items() if n["ended"] is None}
+                links = dict(self.links)
+            threading.Thread(target=self.node.watchdog.report_stacks, daemon=True).start()
+            for link in links.values():
+                link.send({"stacks": True})
+            return
+        if self.stall_waiting and time.monotonic() - self.stall_requested_at < STACKS_WAIT_S:
+            return
+        document, files = hangs.hang_report(self.stall_reports, self.stall_reason, sorted(self.stall_waiting))
+        folder = os.path.join(self.node.run_dir, "stacks")
+        with contextlib.suppress(OSError):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            for name, text in files.items():
+                with open(os.path.join(folder, name), "w") as handle:
+                    handle.write(text)
+            document["folder"] = folder
+            write_json(os.path.join(folder, "report.json"), document)
+        with self.lock:
+            if not self.stopping:
+                self.stall = document
+                self.state, self.reason, self.exit_code = "stalled", self.stall_reason, EXIT_STALLED
+                self.stop_all("term")
 
     def listen(self, address: str) -> int:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -309,6 +375,8 @@ class Coordinator:
                 self.nodes[rank]["last_seen"] = time.monotonic()
                 if "output_at" in message:
                     self.nodes[rank]["output_at"] = message["output_at"]
+            if "event" in message:
+                self.event(rank, message["event"])
             if "exit" in message:
                 self.node_exit(rank, message.get("exit"), message.get("failure"))
         if self.nodes[rank]["ended"] is None:
@@ -320,6 +388,8 @@ class Coordinator:
             if entry["ended"] is not None:
                 return
             entry.update(ended=time.time(), exit_code=code, failure=failure)
+            if code == 0 and self.first_finish is None:
+                self.first_finish = time.time()
             if code != 0 and self.first_failure is None and not self.stopping:
                 self.first_failure = rank
                 self.exit_code = int(failure["exit_code"]) if failure else int(code if code is not None else 255)
@@ -365,6 +435,7 @@ class Coordinator:
                     self.state = "running"
             for link in links.values():
                 link.send({"hb": time.time()})
+            self.check_stall()
             with self.lock:
                 if not self.finished:  # for `fstrain status` and `fstrain runs` while the run lasts
                     with contextlib.suppress(OSError):
@@ -390,6 +461,7 @@ class Coordinator:
                 "first_failure": self.nodes[self.first_failure]["failure"] if self.first_failure is not None else None,
                 "started": self.started, "ended": None if not self.all_ended() else time.time(),
                 "nodes": {str(i): {k: v for k, v in n.items() if k != "last_seen"} for i, n in self.nodes.items()},
+                "stall": self.stall,
             }
 
     def finish(self) -> dict[str, Any]:
@@ -466,6 +538,8 @@ def main(header: dict[str, Any], watchdog_class: Any) -> None:
         with contextlib.suppress(OSError):
             write_json(os.path.join(node.run_dir, "coordinator.json"),
                        {"address": detach["bind"], "port": port, "secret": coordinator.secret, "pid": os.getpid()})
+        if node.output is not None:
+            node.output.on_event = lambda payload: coordinator.event(0, payload)
         job = node.start_job(ready_w, {"port": port})
         threading.Thread(target=coordinator.tick, daemon=True).start()
         node.job_ended(job)
@@ -493,6 +567,8 @@ def main(header: dict[str, Any], watchdog_class: Any) -> None:
                     if message.get("grace_s") is not None:
                         node.watchdog.grace_s = float(message["grace_s"])
                     node.watchdog.request("kill" if message["stop"] == "kill" else "term")
+                if "stacks" in message:
+                    threading.Thread(target=node.watchdog.report_stacks, daemon=True).start()
                 if "end" in message:
                     node.final = message["end"]
                     ended.set()
@@ -507,6 +583,8 @@ def main(header: dict[str, Any], watchdog_class: Any) -> None:
                 link.send({"hb": time.time(), "output_at": output_at})
                 time.sleep(HEARTBEAT_S)
 
+        if node.output is not None:
+            node.output.on_event = lambda payload: link.send({"event": payload})
         threading.Thread(target=listen, daemon=True).start()
         threading.Thread(target=beat, daemon=True).start()
         job = node.start_job(ready_w, {})
