@@ -177,3 +177,24 @@ def test_a_detached_run_with_a_blocked_rank_ends_stalled(cluster: NamespaceClust
     attach = fstrain(home, "attach", run_id)
     assert attach.returncode == 124
     assert "odd rank: 3" in attach.stderr and "rank 3 is in <module> (hang.py:" in attach.stderr
+
+
+def test_a_node_cut_off_tears_the_detached_run_down(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    run_id = detach(cluster, home, run_dir, "--heartbeat-timeout", "4", "--", "python3", WORKER)
+    deadline = time.monotonic() + 120
+    status = wait_state(home, run_id, {"running"}, 120)
+    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
+        time.sleep(2)
+        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    subprocess.run(["ip", "link", "set", cluster.veth(2), "down"], check=True)
+    try:
+        # The coordinator misses node2's heartbeats and stops node1; node2's watchdog misses the
+        # coordinator's and ends its own job.
+        assert_no_job_processes(cluster, 4 + 2 * GRACE_S + 15)
+    finally:
+        subprocess.run(["ip", "link", "set", cluster.veth(2), "up"], check=True)
+    node1 = node_files(cluster, run_dir)[0]
+    assert (node1["final"]["state"], node1["final"]["exit_code"]) == ("lost", 255)
+    assert "node 1 was lost: no heartbeat for 4 s" in node1["final"]["reason"]
+    assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "lost"
