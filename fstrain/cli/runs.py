@@ -102,6 +102,8 @@ def _describe(state: RunState) -> str:
 
 def runs_command(
     all_runs: bool = typer.Option(False, "--all", help="Also finished runs (default: only live ones)."),
+    hostfile: str | None = hostopts.HOSTFILE,
+    hosts: str | None = hostopts.HOSTS,
     ssh_config: str | None = hostopts.SSH_CONFIG,
     accept_new_hosts: bool = hostopts.ACCEPT_NEW,
     python: str = PYTHON,
@@ -128,6 +130,10 @@ def runs_command(
                      "reason": state.reason, "detached": bool(record.detached), "started": record.started,
                      "seconds": round((ended or time.time()) - record.started, 1) if record.started else None,
                      "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir)})
+    if hostfile or hosts:  # and the detached runs found on those hosts
+        known = {row["run_id"] for row in rows}
+        rows += [row for row in _runs_on_hosts(hostfile, hosts, ssh_config, accept_new_hosts, python)
+                 if row["run_id"] not in known and (all_runs or row["state"] not in FINAL)]
     if json_output:
         print_json({"runs": rows})
         return
@@ -138,8 +144,47 @@ def runs_command(
         table.add_row(row["run_id"], row["state"], "" if row["exit_code"] is None else str(row["exit_code"]),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"])) if row["started"] else "",
                       _duration(row["seconds"] or 0), ",".join(row["nodes"]),
-                      "detached" if row["detached"] else "attached")
+                      row.get("mode") or ("detached" if row["detached"] else "attached"))
     console().print(table if rows else "no runs" + ("" if all_runs else " running (--all lists finished ones)"))
+
+
+def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | None, accept_new_hosts: bool,
+                   python: str) -> list[dict[str, Any]]:
+    """Detached runs whose node records are in the hosts' ``~/.fstrain/runs``, merged per run."""
+    from fstrain.core.runstate import from_host_records
+    from fstrain.io.connect import make_connector
+    from fstrain.io.fanout import HostPool
+    from fstrain.io.launch import REMOTE_RUNS
+    from fstrain.io.remote import LINE_BOOTSTRAP, as_line
+
+    selection = hostopts.resolve_hosts(hostfile, hosts, None, None, None)
+    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    with HostPool(selection.hosts, connect) as pool:
+        results = pool.run_all([python, "-u", "-c", LINE_BOOTSTRAP, "list", f"~/{REMOTE_RUNS}"],
+                               stdin=as_line("runctl"), timeout_s=60)
+    merged: dict[str, dict[str, Any]] = {}
+    for host, result in zip(selection.hosts, results, strict=True):
+        try:
+            found = json.loads(result.stdout)["runs"] if result.ok else []
+        except (ValueError, KeyError):
+            found = []
+        for run in found:
+            entry = merged.setdefault(run["run_id"], {"run": None, "nodes": {}, "hosts": []})
+            entry["run"] = entry["run"] or run.get("run")
+            entry["hosts"].append(host.label())
+            for node in run["nodes"]:  # hosts that share a home see every node's record
+                entry["nodes"][node.get("node_rank")] = node
+    rows = []
+    for run_id, entry in sorted(merged.items()):
+        nodes = [entry["nodes"][k] for k in sorted(entry["nodes"], key=lambda k: (k is None, k))]
+        state = from_host_records(entry["run"], nodes)
+        started = min((n.get("started") or 0 for n in nodes), default=0)
+        rows.append({"run_id": run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
+                     "detached": True, "started": started,
+                     "seconds": round((state.ended or time.time()) - started, 1) if started else None,
+                     "nodes": sorted({str(n.get("hostname")) for n in nodes}), "run_dir": None,
+                     "mode": "found on hosts"})
+    return rows
 
 
 # -- fstrain status -----------------------------------------------------------------------------

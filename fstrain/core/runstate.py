@@ -78,3 +78,16 @@ def rank_of(tag_rank: int | None, rank_offset: int | None) -> int | None:
     if tag_rank is None:
         return None
     return tag_rank if rank_offset is None else rank_offset + tag_rank
+
+
+def from_host_records(run: Mapping[str, Any] | None, nodes: Sequence[Mapping[str, Any]]) -> RunState:
+    """A run found on the hosts (not started from here), from the node records found there
+    (each with ``watchdog_alive``) and node 0's run record where it was among them."""
+    for node in nodes:
+        if node.get("final"):
+            final = node["final"]
+            return RunState(final["state"], final.get("exit_code"), final.get("reason", ""), final.get("ended"))
+    if any(node.get("watchdog_alive") for node in nodes):
+        state = str((run or {}).get("state") or "running")
+        return RunState(state if state in STATES else "running", (run or {}).get("exit_code"))
+    return RunState("lost", None, "no watchdog of the run is alive and none left a record")

@@ -113,6 +113,11 @@ def test_stop_leaves_no_process_on_any_host_within_the_grace_period(cluster: Nam
     assert f"run {run_id} stopped" in stop.stderr
     assert_no_job_processes(cluster, GRACE_S + 5)
     assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "stopped"
+    # Another machine (another HOME, no index entry) finds the run on the hosts.
+    found = fstrain(tmp_path / "elsewhere", "runs", "--all", "--hosts", "node[1-2]", "--ssh-config",
+                    cluster.ssh_config, "--json")
+    rows = [r for r in json.loads(found.stdout)["runs"] if r["run_id"] == run_id]
+    assert [(r["state"], r["nodes"], r["mode"]) for r in rows] == [("stopped", ["node1", "node2"], "found on hosts")]
 
 
 def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(

@@ -4,6 +4,7 @@
     python3 -c LINE_BOOTSTRAP state RUN_DIR NODE_RANK RUN_ID   -> one JSON document
     python3 -c LINE_BOOTSTRAP stop RUN_DIR term|kill           -> the coordinator's answer
     python3 -c LINE_BOOTSTRAP gc RUN_DIR                       -> {"removed": bool, "why": ...}
+    python3 -c LINE_BOOTSTRAP list RUNS_DIR                    -> the detached runs found there
 
 Never raises: what cannot be read is reported as missing.
 """
@@ -120,10 +121,32 @@ def gc(run_dir: str) -> dict[str, Any]:
     return {"removed": not os.path.exists(run_dir), "why": ""}
 
 
+def list_runs(runs_dir: str) -> dict[str, Any]:
+    """Every detached run with a node record under ``runs_dir`` (``~/.fstrain/runs``)."""
+    found = []
+    try:
+        names = sorted(os.listdir(runs_dir))
+    except OSError:
+        names = []
+    for name in names:
+        folder = os.path.join(runs_dir, name)
+        try:
+            files = sorted(f for f in os.listdir(folder) if f.startswith("node") and f.endswith(".json"))
+        except OSError:
+            continue
+        nodes = [n for n in (_read_json(os.path.join(folder, f)) for f in files) if isinstance(n, dict)]
+        if nodes:
+            found.append({"run_id": name, "run_dir": folder, "run": _read_json(os.path.join(folder, "run.json")),
+                          "nodes": [{**n, "watchdog_alive": watchdog_alive(n.get("watchdog_pid"))} for n in nodes]})
+    return {"runs": found}
+
+
 def main(argv: list[str]) -> None:
     command, run_dir = argv[0], os.path.expanduser(argv[1])
     if command == "state":
         result = state(run_dir, argv[2], argv[3])
+    elif command == "list":
+        result = list_runs(run_dir)
     elif command == "stop":
         result = stop(run_dir, argv[2], argv[3] if len(argv) > 3 else None)
     else:
