@@ -9,15 +9,16 @@ committed, and every field is validated when read back, with the key named in th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from fstrain.core.acpolicy import AC_NAMES, parse_ac
 from fstrain.errors import InputError
 
 PLAN_FORMAT_VERSION = 1
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
-ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
+ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N takes a number)
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
@@ -141,6 +142,9 @@ class PlanFile:
             model_data["moe"] = _build(MoESpec, _as_mapping(moe, f"{where}: model.moe"), f"{where}: model.moe")
         model = _build(ModelSpec, model_data, f"{where}: model")
         knobs = _build(PlanKnobs, _section(data, "plan", where), f"{where}: plan")
+        # Plans written before the policies had their own names say `selective` (Megatron's).
+        ac = parse_ac(knobs.activation_checkpointing, f"{where}: plan.activation_checkpointing")
+        knobs = replace(knobs, activation_checkpointing=ac)
         cluster_data = dict(_section(data, "cluster", where))
         cluster_data["hosts"] = tuple(cluster_data.get("hosts") or ())
         cluster = _build(ClusterSummary, cluster_data, f"{where}: cluster")
@@ -154,7 +158,6 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
     """Refuse a configuration no renderer could honour, naming the key."""
     choices = {
         "strategy": STRATEGIES,
-        "activation_checkpointing": ACTIVATION_CHECKPOINTING,
         "offload": OFFLOAD,
         "precision": PRECISIONS,
         "optimizer": OPTIMIZERS,
@@ -163,6 +166,12 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         value = getattr(knobs, key)
         if value not in allowed:
             raise InputError(f"plan.{key} is {value!r}", f"use one of {', '.join(allowed)}", where)
+    if parse_ac(knobs.activation_checkpointing, where) != knobs.activation_checkpointing:
+        raise InputError(
+            f"plan.activation_checkpointing is {knobs.activation_checkpointing!r}",
+            f"write it as {parse_ac(knobs.activation_checkpointing, where)!r}",
+            where,
+        )
     if knobs.zero_stage not in (0, 1, 2, 3):
         raise InputError(f"plan.zero_stage is {knobs.zero_stage!r}", "DeepSpeed has ZeRO stages 0, 1, 2 and 3", where)
     for key in ("dp", "tp", "pp", "shard_group_size", "micro_batch_size", "grad_accum_steps"):
