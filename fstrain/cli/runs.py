@@ -195,8 +195,12 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
     from fstrain.io.runs import run_state
 
     state = run_state(record, views)
-    nodes = []
-    for index, host in enumerate(record.hosts):
+    nodes: list[dict[str, Any]] = []
+    if record.detached is None:  # an attached run: what its manifest recorded
+        nodes = [{"host": n.get("host"), "node_rank": n.get("node_rank"), "exit_code": n.get("exit_code"),
+                  "error": n.get("error"), "last_lines": n.get("last_lines") or [], "ranks": []}
+                 for n in (record.manifest or {}).get("nodes", [])]
+    for index, host in enumerate(record.hosts if record.detached else []):
         view = views[index] if views else None
         node = (view or {}).get("node") or {}
         detached_node = (record.detached or {}).get("nodes", [{}] * (index + 1))[index]
@@ -243,6 +247,11 @@ def status_command(
     for column in ("host", "rank", "alive", "last output", "step", "loss", "tokens/s", "gpus"):
         table.add_column(column)
     now = time.time()
+    if not record.detached:
+        for node in document["nodes"]:
+            out.print(f"  node {node['node_rank']} {node['host']}: exit {node['exit_code']}"
+                      + (f" ({node['error']})" if node["error"] else ""), markup=False)
+        return
     for node in document["nodes"]:
         gpus = " ".join(f"{g['index']}:{g['memory_used_mib']:.0f}MiB/{g['utilization_percent']:.0f}%"
                         for g in node["gpus"])
@@ -315,9 +324,9 @@ def _follow(record: RunRecord, connect: Any, python: str, *, hosts: list[str], r
                 return final
             if time.monotonic() - last_check > 3:
                 last_check = time.monotonic()
-                state = run_state(record, node_views(record, connect, python))
-                if state.state in FINAL and all(not (v or {}).get("watchdog_alive") for v in
-                                                node_views(record, connect, python)):
+                views = node_views(record, connect, python)
+                state = run_state(record, views)
+                if state.state in FINAL and not any((v or {}).get("watchdog_alive") for v in views):
                     final = state  # one more read for the last lines
                     continue
             time.sleep(FOLLOW_POLL_S)

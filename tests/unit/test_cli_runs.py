@@ -59,3 +59,11 @@ def test_bad_durations_are_one_line(tmp_path: Path) -> None:
     assert gc.returncode == 2 and gc.stderr.startswith("error: --older-than: not a duration: 'soon'")
     launch = run_fstrain("launch", "--stall-timeout", "0s", "--", "python3", "x.py", env=env)
     assert launch.returncode == 2 and "--stall-timeout: the duration must be above 0" in launch.stderr
+
+
+def test_status_of_an_attached_run_is_its_manifest(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "failed", 7)
+    document = json.loads(run_fstrain("status", "20261130-120000-aaaaaa", "--json", env={"HOME": str(home)}).stdout)
+    assert (document["state"], document["exit_code"], document["detached"]) == ("failed", 7, False)
+    assert document["nodes"][0]["host"] == "localhost"
