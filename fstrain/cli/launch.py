@@ -68,6 +68,15 @@ def launch_command(
     micro_batch: int = typer.Option(4, "--micro-batch", min=1, help="With --model/--recipe: sequences per rank."),
     precision: str = typer.Option("bf16", "--precision", help="With --model/--recipe: bf16, fp16 or fp32."),
     steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps for the bundled trainer."),
+    stall_timeout: str | None = typer.Option(None, "--stall-timeout", metavar="DURATION",
+                                             help="No rank output for this long (e.g. 20m): collect every rank's "
+                                             "stacks, name the odd ranks, stop the job (exit 124)."),
+    finish_timeout: str | None = typer.Option(None, "--finish-timeout", metavar="DURATION",
+                                              help="Some nodes finished with exit 0 and others still run after "
+                                              "this long: the same as --stall-timeout."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Return the run id once every node started; the "
+                                "nodes supervise the job themselves (see fstrain runs/status/logs/stop). "
+                                "With --slurm: print the job id and return at once."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-node commands; connect to nothing."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON document on stdout."),
     launcher: str = slurmopts.LAUNCHER,
@@ -82,7 +91,6 @@ def launch_command(
     sbatch_args: list[str] = slurmopts.SBATCH_ARG,
     container_image: str | None = slurmopts.CONTAINER_IMAGE,
     container_mounts: str | None = slurmopts.CONTAINER_MOUNTS,
-    detach: bool = slurmopts.DETACH,
     slurm_render_only: bool = slurmopts.RENDER_ONLY,
 ) -> None:
     """Launch PROGRAM on every selected host (one torchrun or DeepSpeed launcher per node)."""
@@ -96,8 +104,13 @@ def launch_command(
     else:
         slurmopts.check_no_submit_flags({"--nodes": nodes, "--partition": partition, "--time": time_limit,
                                          "--account": account, "--qos": qos, "--constraint": constraint,
-                                         "--exclusive": exclusive, "--sbatch-arg": sbatch_args, "--detach": detach})
+                                         "--exclusive": exclusive, "--sbatch-arg": sbatch_args})
     allocation = None if slurm or slurm_render_only else slurmopts.choose_allocation(launcher, hostfile, hosts)
+    if allocation is not None and detach:
+        # srun steps end with the srun that started them: a detached run would die with this terminal.
+        raise InputError("--detach cannot outlive the terminal inside a Slurm allocation (its srun steps end "
+                         "with this command)", "submit the job with --slurm --detach instead, or run without "
+                         "--detach", "--detach")
     if allocation is not None:
         selection = hostopts.HostSelection(slurmopts.allocation_hosts(allocation, hostfile, hosts, include, exclude,
                                                                       gpus_per_node), "Slurm job")
@@ -109,6 +122,7 @@ def launch_command(
     requested = parse_nproc(nproc_per_node)
     spec = job_spec(backend, list(program or []), plan_path, model, recipe, strategy, micro_batch, precision, steps)
     user_env = collect_env(env, env_file)
+    timeouts = stall_timeouts(stall_timeout, finish_timeout)
     run_id = new_run_id()
     if slurm or slurm_render_only:
         raise typer.Exit(slurmopts.submit_launch(
@@ -128,8 +142,15 @@ def launch_command(
         console().print(f"[dim]Slurm job {allocation.job_id}: every node runs its part as an srun step[/dim]")
     outcome = execute(selection.hosts, requested, backend, spec, python, master_port, max_restarts,
                       run_id, folder, user_env, workdir, grace, heartbeat_timeout, ssh_config, accept_new_hosts,
-                      fanout, json_output, connect, no_local_rank=no_local_rank)
+                      fanout, json_output, connect, *timeouts, no_local_rank=no_local_rank, detach=detach)
     raise typer.Exit(outcome.exit_code)
+
+
+def stall_timeouts(stall_timeout: str | None, finish_timeout: str | None) -> tuple[float | None, float | None]:
+    from fstrain.core.duration import parse_duration_s
+
+    return (parse_duration_s(stall_timeout, "--stall-timeout") if stall_timeout else None,
+            parse_duration_s(finish_timeout, "--finish-timeout") if finish_timeout else None)
 
 
 @dataclass(frozen=True)
@@ -327,8 +348,9 @@ def print_launches(launches: list[NodeLaunch]) -> None:
 def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec, python: str,
             master_port: int | None, max_restarts: int, run_id: str, folder: Path, user_env: dict[str, str],
             workdir: str | None, grace: float, heartbeat_timeout: float, ssh_config: str | None,
-            accept_new_hosts: bool, fanout: int, json_output: bool, connector: Any = None, *,
-            no_local_rank: bool = False) -> RunOutcome:
+            accept_new_hosts: bool, fanout: int, json_output: bool, connector: Any = None,
+            stall_timeout_s: float | None = None, finish_timeout_s: float | None = None, *,
+            no_local_rank: bool = False, detach: bool = False) -> RunOutcome:
     from fstrain.core.launchspec import plan_launches
     from fstrain.io.connect import check_distinct_endpoints, make_connector
     from fstrain.io.fanout import HostPool
@@ -373,7 +395,16 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
                          color=sys.stdout.isatty() and not json_output,
                          # GuardedStream writes and flushes like the stream it guards.
                          out=cast(TextIO, GuardedStream(*((sys.stderr, "stderr") if json_output
-                                                          else (sys.stdout, "stdout")))))
+                                                          else (sys.stdout, "stdout")))),
+                         stall_timeout_s=stall_timeout_s, finish_timeout_s=finish_timeout_s)
+    if detach:
+        from fstrain.cli.runs import start_detached_run
+
+        return start_detached_run(hosts, launches, connect, python, options, rendezvous, run_dirs, backend,
+                                  ssh_config, facts, user_env, job.plan, json_output)
+    from fstrain.io.runs import register
+
+    register(run_id, folder, detached=False)
     outcome = run_nodes(launches, connect, python, options)
     summary = fetch_training_summary(hosts[0], run_dirs[0], connect, folder) if job.bundled_trainer \
         and outcome.exit_code == 0 else None
@@ -471,10 +502,32 @@ def print_summary(outcome: RunOutcome) -> None:
     out.print(table)
     if outcome.first_failure is not None:
         failed = outcome.nodes[outcome.first_failure]
-        out.print(f"[red]first failure: node {failed.launch.node_rank} ({failed.launch.host.label()}), "
-                  f"exit {describe_exit(failed.exit_code, failed.error)}[/red]; its last lines:")
+        where = f"node {failed.launch.node_rank} ({failed.launch.host.label()})"
+        if failed.failure is not None:  # the rank's own code (torchrun itself exits 1)
+            what = f"{failed.failure.describe()} on {where}"
+        else:
+            what = f"{where}, exit {describe_exit(failed.exit_code, failed.error)}"
+        out.print(f"[red]first failure: {what}[/red]; its last lines:")
         for line in last_lines(failed):
             out.print(f"  {line}", markup=False)
+    if outcome.stall is not None:
+        print_stall(outcome.stall)
     verdict = {"ok": "[green]all nodes finished ok[/green]", "interrupted": "[yellow]interrupted (Ctrl-C)[/yellow]",
+               "stalled": "[red]stalled[/red]",
                "terminated": "[yellow]terminated (SIGTERM)[/yellow]"}.get(outcome.reason, "[red]failed[/red]")
     out.print(f"{verdict}; exit code {outcome.exit_code}")
+
+
+def print_stall(report: dict[str, Any]) -> None:
+    """Why the job counts as stalled, where each group of ranks was, and the odd ranks."""
+    out = console()
+    odd = report.get("odd_ranks") or []
+    named = f"; odd {'rank' if len(odd) == 1 else 'ranks'}: {', '.join(map(str, odd))}" if odd else ""
+    out.print(f"[red]stalled: {report['reason']}{named}[/red]")
+    for line in report.get("summary", []):
+        out.print(f"  {line}", markup=False)
+    for trace in report.get("nccl_traces", []):
+        out.print(f"  NCCL flight recorder dump: {trace}", markup=False)
+    out.print(f"  stacks: {report['folder']}", markup=False)
+    if report.get("unanswered_nodes"):
+        out.print(f"  no stacks from node(s) {', '.join(map(str, report['unanswered_nodes']))}")
