@@ -396,6 +396,15 @@ def test_calibration_set_is_well_formed() -> None:
             assert run.get("not_expressible_because"), f"{case.id}: say why it is not expressible"
 
 
+def test_readme_lists_every_source_file() -> None:
+    readme = (MEASURED_DIR / "README.md").read_text(encoding="utf-8")
+    counts = collections.Counter(case.file for case in CASES)
+    for name, runs in counts.items():
+        row = next((line for line in readme.splitlines() if line.startswith(f"| `{name}` |")), "")
+        assert row, f"README.md: no row for {name}"
+        assert f"| {runs} " in row + " ", f"README.md: {name} holds {runs} runs"
+
+
 def test_shapes_reproduce_the_published_parameter_counts() -> None:
     checked = 0
     for case in CASES:
