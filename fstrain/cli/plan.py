@@ -72,6 +72,9 @@ def plan_command(
     assume: list[str] | None = typer.Option(None, "--assume", help="Override an assumption: KEY=VALUE, repeatable."),
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    trace: bool = typer.Option(
+        False, "--trace", help="Also trace the chosen plan's memory with PyTorch on fake tensors (needs torch; CPU)."
+    ),
     out: str | None = typer.Option(None, "--out", help="Save the best plan as YAML for render and launch."),
     render_dir: str | None = typer.Option(None, "--render", help="Also render the best plan's configs into DIR."),
     force: bool = typer.Option(False, "--force", help="With --render: replace rendered files in a non-empty DIR."),
@@ -136,14 +139,24 @@ def plan_command(
             from fstrain.cli.output import console
 
             console().print(f"rendered {len(written)} files into {render_dir}")
+    traced: dict[str, Any] | None = None
+    if trace:
+        from fstrain.cli.plan_trace import run_trace
+
+        traced = run_trace(result, plan_model, cluster)
     if json_output:
         from fstrain.cli.output import print_json
 
-        print_json(plan_document(result, plan_model, training, cluster, assumptions, top, batch_note))
+        document = plan_document(result, plan_model, training, cluster, assumptions, top, batch_note)
+        print_json({**document, "trace": traced} if trace else document)
     else:
         from fstrain.cli.plan_output import print_plans
 
         print_plans(result, plan_model, training, cluster, assumptions, top, batch_note, out)
+        if traced is not None:
+            from fstrain.cli.plan_trace import print_trace
+
+            print_trace(traced)
     raise typer.Exit(0 if result.plans else 1)
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -24,6 +24,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+from fstrain.core.planfile import ModelSpec
 from fstrain.core.render.options import lr_multiplier
 from fstrain.train.model import GPT
 from fstrain.train.runtime import Runtime
@@ -41,39 +42,16 @@ class FSDPEngine:
         self.options = fsdp_training_options(cfg)
         self.grad_accum_steps = settings.grad_accum_steps
         torch.manual_seed(settings.seed)  # the same initial weights on every rank
-        model = GPT(settings.plan.model, settings.activation_checkpointing)
         mesh_cfg = cfg["mesh"]
         self.mesh = init_device_mesh(
             runtime.device.type, tuple(int(n) for n in mesh_cfg["shape"]), mesh_dim_names=tuple(mesh_cfg["dim_names"])
         )
-        mp = cfg["mixed_precision"]
-        self.mp_policy = MixedPrecisionPolicy(
-            param_dtype=_DTYPES[mp["param_dtype"]], reduce_dtype=_DTYPES[mp["reduce_dtype"]]
-        )
-        offload = cfg.get("cpu_offload", {})
         # Pinned memory needs a CUDA driver; on a CPU-only host the policy still runs, unpinned.
-        pin = bool(offload.get("pin_memory", True)) and runtime.device.type == "cuda"
-        self.offload_policy: OffloadPolicy = (
-            CPUOffloadPolicy(pin_memory=pin) if offload.get("enabled", False) else OffloadPolicy()
+        model, self.sharded = build_sharded_model(
+            settings.plan.model, cfg, self.mesh, settings.activation_checkpointing, runtime.device.type == "cuda"
         )
-        wrap_classes = set(cfg.get("wrap", {}).get("module_classes", ["TransformerBlock"]))
-        reshard = bool(cfg["reshard_after_forward"])
-
-        def shard(module: torch.nn.Module) -> FSDPModule:
-            return fully_shard(
-                module, mesh=self.mesh, reshard_after_forward=reshard, mp_policy=self.mp_policy,
-                offload_policy=self.offload_policy,
-            )
-
-        # Each block is its own all-gather unit; the root (embeddings, final norm, head) goes
-        # last and owns what the blocks do not. fully_shard moves parameters and buffers to
-        # the mesh's device (and sharded parameters back to the host under CPU offload).
-        for module in list(model.modules()):
-            if type(module).__name__ in wrap_classes:
-                shard(module)
-        self.sharded = shard(model)
         self.model = model
-        self.optimizer = _optimizer(model, cfg.get("optimizer", {}), self.options.lr)
+        self.optimizer = build_optimizer(model, cfg.get("optimizer", {}), self.options.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_multiplier(step, self.options)
         )
@@ -156,12 +134,48 @@ class FSDPEngine:
         return int(trainer["step"])
 
 
-def _optimizer(model: torch.nn.Module, cfg: Mapping[str, Any], lr: float) -> torch.optim.Optimizer:
+def build_sharded_model(
+    spec: ModelSpec, cfg: Mapping[str, Any], mesh: DeviceMesh, ac: str, pin_memory: bool
+) -> tuple[GPT, FSDPModule]:
+    """The model with the FSDP file's layout: each wrapped block its own ``fully_shard`` unit
+    (all-gathered alone), then the root (embeddings, final norm, head). ``fully_shard`` moves
+    parameters and buffers to the mesh's device (sharded ones back to the host under offload).
+    The memory trace (:mod:`fstrain.train.trace`) builds the same model through this function."""
+    mp = cfg["mixed_precision"]
+    mp_policy = MixedPrecisionPolicy(param_dtype=_DTYPES[mp["param_dtype"]], reduce_dtype=_DTYPES[mp["reduce_dtype"]])
+    offload = cfg.get("cpu_offload", {})
+    offload_policy: OffloadPolicy = (
+        CPUOffloadPolicy(pin_memory=bool(offload.get("pin_memory", True)) and pin_memory)
+        if offload.get("enabled", False)
+        else OffloadPolicy()
+    )
+    wrap_classes = set(cfg.get("wrap", {}).get("module_classes", ["TransformerBlock"]))
+    reshard = bool(cfg["reshard_after_forward"])
+
+    def shard(module: torch.nn.Module) -> FSDPModule:
+        return fully_shard(
+            module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload_policy
+        )
+
+    model = GPT(spec, ac)
+    for module in list(model.modules()):
+        if type(module).__name__ in wrap_classes:
+            shard(module)
+    return model, shard(model)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Mapping[str, Any], lr: float) -> torch.optim.Optimizer:
+    """The FSDP file's optimizer; ``foreach`` (None: torch's choice) is the trace's to set."""
     name = cfg.get("name", "adamw")
+    foreach = cfg.get("foreach")
     params = list(model.parameters())
     if name == "sgd":
         return torch.optim.SGD(
-            params, lr=lr, momentum=float(cfg.get("momentum", 0.9)), weight_decay=float(cfg.get("weight_decay", 0.0))
+            params,
+            lr=lr,
+            momentum=float(cfg.get("momentum", 0.9)),
+            weight_decay=float(cfg.get("weight_decay", 0.0)),
+            foreach=foreach,
         )
     if name == "adam8bit":
         return adamw8bit(params, lr)
@@ -172,4 +186,5 @@ def _optimizer(model: torch.nn.Module, cfg: Mapping[str, Any], lr: float) -> tor
         betas=(float(betas[0]), float(betas[1])),
         eps=float(cfg.get("eps", 1e-8)),
         weight_decay=float(cfg.get("weight_decay", 0.0)),
+        foreach=foreach,
     )

@@ -1,0 +1,96 @@
+"""``fstrain plan --trace``: the chosen plan's memory traced by PyTorch (fake tensors), beside the
+planner's analytic numbers. torch is imported here only, and only when --trace is given."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fstrain.core.plancluster import PlanCluster
+    from fstrain.core.planner import Plan, PlanModel, PlanResult
+
+GIB = 1 << 30
+ROWS = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
+
+
+def traced_plan(result: PlanResult) -> Plan:
+    """The plan to trace: the chosen one, or when nothing fits the closest one that does not."""
+    from fstrain.errors import ConfigError
+
+    shown = result.plans or result.rejected
+    if not shown:
+        raise ConfigError("no configuration to trace", "relax a pinned knob", "--trace")
+    return shown[0]
+
+
+def analytic_categories(chosen: Plan) -> dict[str, int]:
+    """The planner's breakdown in the trace's categories (activations include logits and the
+    recompute working set; overhead (context, NCCL, fragmentation) is not traced)."""
+    m = chosen.memory
+    return {
+        "parameters": m.parameters,
+        "gradients": m.gradients,
+        "optimizer_states": m.optimizer_states,
+        "activations": m.activations,
+        "buffers": m.buffers,
+    }
+
+
+def run_trace(result: PlanResult, plan_model: PlanModel, cluster: PlanCluster) -> dict[str, Any]:
+    """Trace the chosen plan; the comparison as a JSON-ready dict."""
+    from fstrain.core.planfile import PlanFile
+    from fstrain.core.render.fsdp import render_fsdp
+    from fstrain.errors import ConfigError
+
+    if plan_model.spec is None:
+        raise ConfigError("the trace builds the model", "use --model NAME or --recipe PATH", "--trace")
+    chosen = traced_plan(result)
+    plan = PlanFile(model=plan_model.spec, knobs=chosen.knobs, cluster=cluster.summary())
+    from fstrain.train.trace import check_traceable
+
+    check_traceable(plan)  # before torch is imported
+    from fstrain.train.trace import trace_plan
+
+    traced = trace_plan(plan, render_fsdp(plan).config)
+    analytic = analytic_categories(chosen)
+    analytic_total = sum(analytic.values())
+    return {
+        "plan": chosen.describe(),
+        "analytic": {**analytic, "total": analytic_total},
+        "traced": traced.to_dict(),
+        "error_pct": {
+            key: _error(analytic[key], traced.categories[key]) for key in ROWS
+        } | {"total": _error(analytic_total, traced.total)},
+    }
+
+
+def _error(analytic: int, traced: int) -> float | None:
+    return None if traced == 0 else round(100.0 * (analytic - traced) / traced, 1)
+
+
+def print_trace(doc: dict[str, Any]) -> None:
+    """The side-by-side table on stderr."""
+    from rich.table import Table
+
+    from fstrain.cli.output import console
+
+    traced = doc["traced"]
+    how = (
+        f"traced at {', '.join(map(str, traced['depths']))} blocks and extrapolated"
+        if traced["extrapolated"]
+        else f"traced at {traced['depths'][-1]} blocks"
+    )
+    table = Table(title=f"memory per GPU: analytic vs PyTorch's trace (peak in {traced['moment']}; {how}, "
+                  f"{traced['seconds']:.0f} s)", title_justify="left")
+    for column in ("category", "analytic GiB", "traced GiB", "analytic vs traced"):
+        table.add_column(column, justify="left" if column == "category" else "right")
+    for key in (*ROWS, "total"):
+        analytic = doc["analytic"][key]
+        value = traced["total"] if key == "total" else traced["categories"][key]
+        error = doc["error_pct"][key]
+        table.add_row(key.replace("_", " "), f"{analytic / GIB:.2f}", f"{value / GIB:.2f}",
+                      "-" if error is None else f"{error:+.1f} %")
+    out = console()
+    out.print(f"trace of: {doc['plan']}")
+    out.print(table)
+    out.print("not traced: CUDA context, NCCL buffers, allocator fragmentation (the planner's overhead row)")

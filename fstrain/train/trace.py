@@ -1,0 +1,205 @@
+"""A plan's per-GPU memory, traced by PyTorch itself on fake tensors: nothing is allocated.
+
+The bundled trainer's model (:class:`fstrain.train.model.GPT`, the recipe's exact layout, the
+plan's activation checkpointing policy through the same code the trainer runs) is built under
+``FakeTensorMode`` on a fake process group of the plan's data-parallel size, sharded with the
+rendered FSDP file's layout (:func:`fstrain.train.fsdp_backend.build_sharded_model`), and run for
+two optimizer steps of up to two micro-batches each (gradient sync on the last one, as the trainer
+does) under ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``. The tracker files
+every tensor under a kind (sharded/unsharded parameters and gradients, optimizer state,
+activations, temporaries, all-gather and reduce-scatter buffers). Three moments are read in the
+second step: the root module's forward peak, its backward peak, and the end of the optimizer step.
+
+Large models are traced at three depths and extrapolated. Every block holds the same parameters
+and stores the same activations (one period of ``every-k:N`` is N blocks), and each moment sits at
+the same place relative to the blocks at any depth, so every category is an affine function of the
+number of blocks: two depths fix the line, the third checks it byte for byte (otherwise the full
+depth is traced). What a trace cannot see: the CUDA context, NCCL buffers, allocator
+fragmentation, and ``foreach`` optimizer temporaries (the trace steps AdamW one tensor at a time;
+its ``foreach`` kernels allocate temporaries the tracker does not free on fake tensors). The CPU
+attention kernel stores the output and the log-sum-exp, as the GPU flash kernel does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fstrain.core.acpolicy import every_k
+from fstrain.core.planfile import PlanFile
+from fstrain.errors import ConfigError
+
+# fstrain's categories, from the tracker's names (FSDPMemTracker's _FSDPRefType values).
+CATEGORIES = {
+    "parameters": ("Sharded Param",),
+    "gradients": ("Sharded Grad",),
+    "optimizer_states": ("OptState",),
+    "activations": ("Activation", "Temp", "Inputs"),
+    "buffers": ("Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter", "Buffer"),
+}
+MOMENTS = ("forward", "backward", "optimizer step")
+FULL_DEPTH_LIMIT = 6  # blocks (in periods of the AC policy) traced whole without extrapolating
+
+
+@dataclass(frozen=True)
+class TracedMemory:
+    """Bytes per GPU by category at the traced peak, with how they were obtained."""
+
+    moment: str  # which of MOMENTS holds the peak
+    categories: dict[str, int]
+    raw: dict[str, int]  # the tracker's own categories at that moment
+    depths: tuple[int, ...]  # block counts traced
+    extrapolated: bool
+    seconds: float
+
+    @property
+    def total(self) -> int:
+        return sum(self.categories.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "moment": self.moment,
+            "categories": dict(self.categories),
+            "total": self.total,
+            "raw": dict(self.raw),
+            "depths": list(self.depths),
+            "extrapolated": self.extrapolated,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def check_traceable(plan: PlanFile) -> None:
+    """Refuse what the bundled trainer (and so the trace) does not run, before importing torch."""
+    from fstrain.train.settings import check_supported
+
+    check_supported(plan.model)
+    k = plan.knobs
+    if k.tp > 1 or k.pp > 1:
+        raise ConfigError(
+            f"the plan uses tp={k.tp} pp={k.pp}; the trace runs the bundled trainer, which is data-parallel only",
+            "pin --tp 1 --pp 1 to trace",
+            "--trace",
+        )
+    if not k.strategy.startswith("fsdp"):
+        raise ConfigError(
+            f"strategy {k.strategy}: the trace runs FSDP2 (DeepSpeed's partitioning does not run on fake tensors)",
+            "pin --strategy fsdp-full, fsdp-grad-op or fsdp-hybrid to trace",
+            "--trace",
+        )
+
+
+def trace_plan(plan: PlanFile, fsdp: Mapping[str, Any], full_depth_limit: int = FULL_DEPTH_LIMIT) -> TracedMemory:
+    """Trace ``plan`` (checked by :func:`check_traceable`) with its rendered FSDP file ``fsdp``;
+    models deeper than ``full_depth_limit`` periods of the AC policy are extrapolated."""
+    check_traceable(plan)
+    started = time.monotonic()
+    period = max(1, every_k(plan.knobs.activation_checkpointing))
+    layers = plan.model.num_layers
+    units, rest = divmod(layers, period)
+    run = _Tracer(plan, fsdp)
+    if units <= max(full_depth_limit, 4):
+        moments = run(layers)
+        return _peak(moments, (layers,), False, time.monotonic() - started)
+    depths = tuple(u * period + rest for u in (2, 3, 4))
+    traced = [run(d) for d in depths]
+    moments = {}
+    for moment in MOMENTS:
+        a, b, c = (t[moment] for t in traced)
+        if _line(a, b, 2, 3, 4) != c:
+            moments = run(layers)  # not affine: trace the real depth
+            return _peak(moments, (*depths, layers), False, time.monotonic() - started)
+        moments[moment] = _line(a, b, 2, 3, units)
+    return _peak(moments, depths, True, time.monotonic() - started)
+
+
+def _line(a: dict[str, int], b: dict[str, int], xa: int, xb: int, x: int) -> dict[str, int]:
+    """Each category's value at ``x`` on the line through (xa, a) and (xb, b)."""
+    return {key: a[key] + (b[key] - a[key]) * (x - xa) // (xb - xa) for key in a}
+
+
+def _peak(
+    moments: dict[str, dict[str, int]], depths: tuple[int, ...], extrapolated: bool, seconds: float
+) -> TracedMemory:
+    moment = max(MOMENTS, key=lambda m: moments[m]["Total"])
+    raw = {k: v for k, v in moments[moment].items() if k != "Total"}
+    categories = {name: sum(raw.get(kind, 0) for kind in kinds) for name, kinds in CATEGORIES.items()}
+    return TracedMemory(moment, categories, raw, depths, extrapolated, seconds)
+
+
+class _Tracer:
+    """One fake process group and mesh for the plan; each call traces one depth."""
+
+    def __init__(self, plan: PlanFile, fsdp: Mapping[str, Any]) -> None:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        self.plan = plan
+        self.fsdp = fsdp
+        shape = tuple(int(n) for n in fsdp["mesh"]["shape"])
+        world = 1
+        for n in shape:
+            world *= n
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+        # Built outside fake mode: fully_shard cannot build a mesh from fake tensors.
+        self.mesh = init_device_mesh("cpu", shape, mesh_dim_names=tuple(fsdp["mesh"]["dim_names"]))
+
+    def __call__(self, num_layers: int) -> dict[str, dict[str, int]]:
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModState
+
+        from fstrain.train.fsdp_backend import build_optimizer, build_sharded_model
+        from fstrain.train.steps import lm_loss
+
+        knobs = self.plan.knobs
+        spec = replace(self.plan.model, num_layers=num_layers)
+        micro_batches = min(2, knobs.grad_accum_steps)
+        # Offload moves states to the host: on a CPU trace there is no device to keep apart.
+        cfg = {**self.fsdp, "cpu_offload": {"enabled": False}}
+        moments: dict[str, dict[str, int]] = {}
+        with FakeTensorMode():
+            model, sharded = build_sharded_model(spec, cfg, self.mesh, knobs.activation_checkpointing, False)
+            optimizer_cfg = {**cfg.get("optimizer", {}), "foreach": False}
+            optimizer = build_optimizer(model, optimizer_cfg, 1e-4)
+            tokens = torch.randint(0, spec.vocab_size, (knobs.micro_batch_size, knobs.seq_len or spec.seq_len))
+            tracker = FSDPMemTracker(model, optimizer)
+            tracker.track_inputs((tokens,))
+            with tracker:
+                for step in range(2):
+                    for index in range(micro_batches):
+                        sharded.set_requires_gradient_sync(index == micro_batches - 1)
+                        (lm_loss(model(tokens), tokens) / micro_batches).backward()
+                        if step == 1:  # the second step has optimizer state from the start
+                            stats = tracker.memory_tracking[model]
+                            _keep_max(moments, "forward", stats.snapshots[_FSDPModState.PEAK_FW])
+                            _keep_max(moments, "backward", stats.snapshots[_FSDPModState.PEAK_BW])
+                        # The tracker follows one forward per module between resets.
+                        tracker.reset_mod_stats()
+                    optimizer.step()
+                    if step == 1:
+                        moments["optimizer step"] = _device(tracker.get_tracker_snapshot("current"))
+                    optimizer.zero_grad(set_to_none=True)
+        return moments
+
+
+def _keep_max(moments: dict[str, dict[str, int]], moment: str, snapshots: list[Any]) -> None:
+    for snapshot in snapshots:
+        candidate = _device(snapshot)
+        if moment not in moments or candidate["Total"] > moments[moment]["Total"]:
+            moments[moment] = candidate
+
+
+def _device(snapshot: Mapping[Any, Mapping[Any, int]]) -> dict[str, int]:
+    """The one device's categories, by the tracker's names (plus 'Total')."""
+    merged: dict[str, int] = {}
+    for values in snapshot.values():
+        for kind, value in values.items():
+            name = getattr(kind, "value", kind)
+            merged[str(name)] = merged.get(str(name), 0) + int(value)
+    return merged
+
