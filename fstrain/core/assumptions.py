@@ -130,6 +130,26 @@ class Assumptions:
         "Fraction of tensor-parallel all-reduce time hidden (0: Megatron without comm overlap).",
     )
 
+    collective_latency_s: float = _stated(
+        5e-6,
+        "Latency of one step of a ring collective across nodes (the alpha of alpha-beta): NCCL's "
+        "tuning model puts a network hop at a few microseconds (src/graph/tuning.cc, hwLat NET); "
+        "a ring all-gather or reduce-scatter over n ranks takes n - 1 steps, a tree all-reduce "
+        "2 log2(n).",
+    )
+
+    nvlink_latency_s: float = _stated(
+        1e-6,
+        "Latency of one step of a collective inside a node (NVLink / PCIe hop).",
+    )
+
+    layer_overhead_s: float = _stated(
+        1e-4,
+        "Fixed time per transformer block and micro-batch, forward + backward, whatever its size: "
+        "eager PyTorch launches about 30 kernels per block at a few microseconds each, so tiny "
+        "micro-batches (seq 1) do not reach the GPU's FLOPs.",
+    )
+
     cpu_adam_params_per_s_per_node: float = _stated(
         2e9,
         "Parameters per second a node's CPUs update with DeepSpeed CPU-Adam (offloaded optimizer).",

@@ -145,6 +145,23 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("l40s", "L40S", 46068, 362.05, 362.05, 733, 91.6, 864, 0, 1, 64, 25, 0.40, ("NVIDIA L40S",)),
     ("l4", "L4", 23034, 121, 121, 242.5, 30.3, 300, 0, 1, 64, 25, 0.35, ("NVIDIA L4",)),
     ("b200", "B200", 183359, 2250, 2250, 4500, 75, 8000, 1800, 8, 128, 400, 0.40, ("NVIDIA B200",)),
+    # Meta's Grand Teton H100 96GB HBM2e at 500 W (torchtitan's benchmark machines): torchtitan
+    # reports MFU against the SXM peak and measures 33-39 % for Llama 3.1 8B-405B, so the peak
+    # is the SXM figure with a lower achievable MFU; memory is the 96 GB part's NVML total.
+    ("h100-96gb", "H100-96GB", 97871, 989.4, 989.4, 1978.9, 67, 2400, 900, 8, 128, 400, 0.38,
+     ("NVIDIA H100 96GB HBM2e",)),
+    # Ada / Ampere workstation and gaming cards: dense Tensor-Core figures with FP32 accumulate
+    # (the datasheets' sparse numbers halved; PyTorch accumulates in FP32); no NVLink by default.
+    ("rtx-4090", "RTX-4090", 24564, 165.2, 165.2, 330.3, 82.6, 1008, 0, 1, 64, 25, 0.35,
+     ("NVIDIA GeForce RTX 4090",)),
+    ("rtx-a6000", "RTX-A6000", 49140, 154.8, 154.8, 0, 38.7, 768, 0, 1, 64, 25, 0.35, ("NVIDIA RTX A6000",)),
+    # GB200: one Blackwell GPU of a Grace-Blackwell superchip, NVLink 5 across an NVL72 rack (72
+    # GPUs in one NVLink domain); 2,500 dense BF16 TFLOPS per GPU as the frameworks use it.
+    ("gb200", "GB200", 189471, 2500, 2500, 5000, 80, 8000, 1800, 72, 128, 400, 0.40, ("NVIDIA GB200",)),
+    # AMD MI300X (rocm-smi names; the planner's "NVLink" is Infinity Fabric: 7 x 128 GB/s links,
+    # 8 GPUs fully connected); dense BF16 1,307 TFLOPS; frameworks report lower MFU than on H100.
+    ("mi300x", "MI300X", 196592, 1307.4, 1307.4, 2614.9, 163.4, 5300, 896, 8, 128, 400, 0.30,
+     ("AMD Instinct MI300X",)),
 )
 
 GPUS: tuple[GpuSpec, ...] = tuple(

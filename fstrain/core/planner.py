@@ -404,6 +404,8 @@ def _search(
                 failed: set[tuple[str, str]] = set()
                 for mbs, gas in batches:
                     for ac in acs:
+                        if ac == "selective-op" and strategy == "zero3":
+                            continue  # DeepSpeed ZeRO-3 cannot replay op-level checkpointing
                         for offload in offloads:
                             if (ac, offload) in failed:
                                 continue

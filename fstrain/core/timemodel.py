@@ -111,13 +111,38 @@ class Links:
 
 
 def group_bandwidth(size: int, stride: int, links: Links) -> float:
-    """Bandwidth a ring over ``size`` ranks spaced ``stride`` apart gets (ranks numbered node by node)."""
+    """Bus bandwidth per rank of a ring (or tree) over ``size`` ranks spaced ``stride`` apart
+    (ranks numbered node by node).
+
+    Across nodes, NCCL runs one ring (channel) per NIC, each crossing every node boundary once on
+    its own rail, so a group with ``k`` members on each node uses ``k`` of the node's NICs: its
+    per-rank bus bandwidth is ``k`` x one GPU's NIC share (the node's whole scale-out bandwidth
+    when every GPU of the node is in the group), capped by the intra-node links every ring step
+    also crosses. ``k`` is 1 when the group has one member per node (a DP group across nodes
+    with TP filling the node), which is one NIC per ring.
+    """
     span = size * stride
+    intra = links.nvlink_bytes_per_s if links.nvlink_bytes_per_s > 0 else links.pcie_bytes_per_s
     if span <= links.nvlink_domain_size and links.nvlink_bytes_per_s > 0:
         return links.nvlink_bytes_per_s
     if span <= links.gpus_per_node:
         return links.pcie_bytes_per_s
-    return links.inter_node_bytes_per_s
+    members_per_node = max(1, min(size, links.gpus_per_node // max(1, stride)))
+    if members_per_node == 1:
+        return links.inter_node_bytes_per_s
+    return min(members_per_node * links.inter_node_bytes_per_s, intra)
+
+
+def collective_latency(size: int, stride: int, links: Links, assumptions: Assumptions, tree: bool = False) -> float:
+    """The alpha of one collective over ``size`` ranks: ring steps (n - 1), or a tree's 2 log2(n)
+    for an all-reduce where NCCL picks the cheaper."""
+    if size <= 1:
+        return 0.0
+    alpha = assumptions.nvlink_latency_s if size * stride <= links.gpus_per_node else assumptions.collective_latency_s
+    steps = float(size - 1)
+    if tree:
+        steps = min(2.0 * (size - 1), 2.0 * math.log2(size))
+    return steps * alpha
 
 
 def _ring(size: int) -> float:
@@ -181,13 +206,14 @@ def step_time(
     layers = math.ceil(model.num_layers / p)
     per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
     per_token += 3 * flops.head  # the last stage (or the only one) also computes the logits
-    compute_mb = b * s * per_token / t / effective_flops_per_gpu
+    compute_mb = b * s * per_token / t / effective_flops_per_gpu + layers * assumptions.layer_overhead_s
 
     tp_mb = 0.0
     if t > 1:
         k = every_k(knobs.activation_checkpointing)
         collectives = 4 + (2 / k if k else 0)  # a recomputed layer's forward all-reduces again
         all_reduce = 2 * _ring(t) * b * s * model.hidden_size * w / (links.nvlink_bytes_per_s * eff)
+        all_reduce += collective_latency(t, 1, links, assumptions, tree=False) * 2
         tp_mb = layers * collectives * all_reduce * (1 - assumptions.tp_overlap)
     pp_mb = 0.0
     if p > 1:
@@ -196,7 +222,7 @@ def step_time(
     slot = compute_mb + tp_mb + pp_mb
     pipeline = (m + p - 1) * slot
 
-    dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions)
+    dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions, layers)
     offload = _offload_time(knobs, stage_params, links, assumptions)
     total = pipeline + dp_exposed + offload
     tokens = knobs.global_batch_size * s
@@ -217,7 +243,7 @@ def step_time(
 
 
 def _data_parallel_time(
-    knobs: PlanKnobs, params: int, compute_mb: float, links: Links, assumptions: Assumptions
+    knobs: PlanKnobs, params: int, compute_mb: float, links: Links, assumptions: Assumptions, layers: int = 1
 ) -> tuple[float, float]:
     """(total, exposed) seconds of data-parallel communication in one step."""
     d, m, w, t = knobs.dp, knobs.grad_accum_steps, weight_bytes(knobs.precision), knobs.tp
@@ -228,8 +254,13 @@ def _data_parallel_time(
     group = knobs.shard_group_size if knobs.strategy == "fsdp-hybrid" else d
     bandwidth = group_bandwidth(group, t, links) * eff
 
-    def move(bytes_per_param: float, size: int = group, bw: float = bandwidth, count: int = 1) -> float:
-        return count * _ring(size) * bytes_per_param * params / bw
+    def move(
+        bytes_per_param: float, size: int = group, bw: float = bandwidth, count: int = 1, passes: int = 1
+    ) -> float:
+        # One collective per block and pass (FSDP / ZeRO-3 units; DDP and ZeRO buckets are of
+        # the same order): each pays the ring's latency besides the bytes.
+        latency = passes * layers * collective_latency(size, t, links, assumptions)
+        return count * (_ring(size) * bytes_per_param * params / bw + latency)
 
     backward_last = 2 / 3 * compute_mb  # what a once-per-step collective can hide behind
     all_compute = m * compute_mb
@@ -242,11 +273,11 @@ def _data_parallel_time(
     elif strategy == "zero2":
         hidden, window, exposed_only = move(w, count=m), 2 / 3 * all_compute, move(w)
     elif strategy == "zero3":
-        hidden, window = move(3 * w, count=m), all_compute
+        hidden, window = move(3 * w, count=m, passes=3), all_compute
     elif strategy == "fsdp-grad-op":
-        hidden, window = move(w + red, count=m), all_compute
+        hidden, window = move(w + red, count=m, passes=2), all_compute
     else:  # fsdp-full, fsdp-hybrid
-        hidden, window = move(2 * w + red, count=m), all_compute
+        hidden, window = move(2 * w + red, count=m, passes=3), all_compute
         if strategy == "fsdp-hybrid":
             replicas = d // group
             across = group_bandwidth(replicas, t * group, links) * eff

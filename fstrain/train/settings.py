@@ -143,6 +143,7 @@ def load_settings(argv: list[str] | None, world_size: int) -> TrainSettings:
             raise InputError("--fsdp-config is for --backend fsdp", "", "--fsdp-config")
         ds = _read_json(args.deepspeed_config) if args.deepspeed_config else render_deepspeed(plan, options).config
         _check_deepspeed(ds, world_size, str(args.deepspeed_config or "rendered deepspeed config"))
+        check_deepspeed_ac(plan.knobs.activation_checkpointing, ds, str(args.plan or "the plan"))
     seed = args.seed
     if seed is None:
         seed = int(fsdp.get("seed", TrainingOptions.seed)) if fsdp is not None else TrainingOptions.seed
@@ -258,6 +259,19 @@ def _check_deepspeed(ds: Mapping[str, Any], world_size: int, where: str) -> None
         raise ConfigError(
             f"train_batch_size({total}) != micro({micro}) x accumulation({accum}) x world({world_size})",
             "launch as many processes as the plan's dp, or re-render for this world size",
+            where,
+        )
+
+
+def check_deepspeed_ac(ac: str, ds: Mapping[str, Any], where: str) -> None:
+    """Op-level selective checkpointing replays the block's ops exactly; ZeRO-3 gathers parameters
+    inside the block at forward and at recompute in different ways, so torch refuses the replay
+    (``aten.cat.out encountered during backward but not found in storage``)."""
+    stage = int(ds.get("zero_optimization", {}).get("stage", 0))
+    if ac == "selective-op" and stage == 3:
+        raise ConfigError(
+            "activation checkpointing selective-op does not run under DeepSpeed ZeRO-3",
+            "use full, every-k:N or megatron-selective with ZeRO-3, or an FSDP strategy for selective-op",
             where,
         )
 

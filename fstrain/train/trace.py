@@ -39,7 +39,10 @@ CATEGORIES = {
     "activations": ("Activation", "Temp", "Inputs"),
     "buffers": ("Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter", "Buffer"),
 }
-MOMENTS = ("forward", "backward", "optimizer step")
+# The root module's forward and backward peaks, the end of the optimizer step, and the highest
+# point of the whole trace (the second step's: it has the optimizer state), which can fall between
+# the module's forward and backward, in the loss.
+MOMENTS = ("forward", "backward", "optimizer step", "loss or elsewhere")
 FULL_DEPTH_LIMIT = 6  # blocks (in periods of the AC policy) traced whole without extrapolating
 
 
@@ -184,6 +187,11 @@ class _Tracer:
                     if step == 1:
                         moments["optimizer step"] = _device(tracker.get_tracker_snapshot("current"))
                     optimizer.zero_grad(set_to_none=True)
+            overall = _device(tracker.get_tracker_snapshot("peak"))
+        if all(overall["Total"] > moments[m]["Total"] for m in MOMENTS[:3]):
+            moments["loss or elsewhere"] = overall
+        else:  # the overall peak is one of the three moments already read
+            moments["loss or elsewhere"] = {key: 0 for key in overall}
         return moments
 
 

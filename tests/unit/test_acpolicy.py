@@ -110,3 +110,15 @@ def test_cli_ac_pins_and_errors() -> None:
         assert plans[0]["activation_checkpointing"] == expected
     bad = run_fstrain(*common, "--ac", "every-k:zero")
     assert bad.returncode == 2 and "--ac" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_selective_op_is_refused_under_deepspeed_zero3() -> None:
+    from fstrain.core.render.deepspeed import render_deepspeed
+    from fstrain.errors import ConfigError
+    from fstrain.train.settings import check_deepspeed_ac
+
+    zero3 = render_deepspeed(make_plan("zero3", activation_checkpointing="selective-op")).config
+    with pytest.raises(ConfigError, match="ZeRO-3"):
+        check_deepspeed_ac("selective-op", zero3, "plan.yaml")
+    check_deepspeed_ac("full", zero3, "plan.yaml")
+    check_deepspeed_ac("selective-op", render_deepspeed(make_plan("zero2")).config, "plan.yaml")

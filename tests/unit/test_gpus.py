@@ -99,3 +99,24 @@ def test_table_covers_the_issue_and_uses_dense_peaks() -> None:
     assert lookup_gpu("l40s").nvlink_domain_size == 1
     for spec in GPUS:
         assert 0 < spec.achievable_mfu < 1 and spec.memory_bytes > 0 and spec.hbm_bandwidth_bytes_per_s > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "label", "bf16_tflops", "memory_gib"),
+    [
+        ("h100-96gb", "H100-96GB", 989.4, 95.6),
+        ("NVIDIA GeForce RTX 4090", "RTX-4090", 165.2, 24.0),
+        ("rtx-a6000", "RTX-A6000", 154.8, 48.0),
+        ("gb200", "GB200", 2500, 185.0),
+        ("AMD Instinct MI300X", "MI300X", 1307.4, 192.0),
+        ("h100-nvl", "H100-NVL", 835, 93.6),
+        ("NVIDIA H100 PCIe", "H100-PCIe", 756, 79.6),
+        ("l40s", "L40S", 362.05, 45.0),
+        ("b200", "B200", 2250, 179.1),
+    ],
+)
+def test_more_gpus_by_any_name(name: str, label: str, bf16_tflops: float, memory_gib: float) -> None:
+    spec = lookup_gpu(name)
+    assert spec.label == label
+    assert spec.bf16_flops == pytest.approx(bf16_tflops * 1e12)
+    assert spec.memory_bytes / 2**30 == pytest.approx(memory_gib, abs=0.1)

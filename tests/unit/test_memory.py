@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fstrain.core.assumptions import Assumptions
@@ -278,3 +280,27 @@ def test_model_states_per_gpu_never_grow_with_more_gpus() -> None:
     for strategy in ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op"):
         sizes = [model_states(psi, strategy, n).total for n in (1, 2, 4, 8, 64, 512, 4096)]
         assert sizes == sorted(sizes, reverse=True), strategy
+
+
+@pytest.mark.parametrize(
+    ("ac", "micro_batch", "measured_gib", "phase"),
+    [
+        # The bundled trainer on one H200, FSDP2 world 1, Llama 3.1 8B with 8 layers, seq 8192:
+        # torch.cuda.max_memory_allocated (tests/fixtures/gpu/h200-2026-11-30, train-summary*.json).
+        ("none", 1, 56.83, "compute"),
+        ("selective-op", 1, 52.14, "optimizer step"),
+        ("every-k:2", 1, 52.14, "optimizer step"),
+        ("full", 2, 60461925888 / 2**30, "compute"),
+    ],
+)
+def test_peak_moment_against_the_h200_runs(ac: str, micro_batch: int, measured_gib: float, phase: str) -> None:
+    from tests.plans import make_plan
+
+    spec = dataclasses.replace(LLAMA_8B, num_layers=8)
+    params = count_parameters(spec)
+    k = make_plan("fsdp-full", dp=1, model=spec, activation_checkpointing=ac, micro_batch_size=micro_batch,
+                  grad_accum_steps=1, seq_len=8192).knobs
+    m = memory_breakdown(spec, params, params.total, k, 1)
+    assert m.phase == phase
+    allocated = (m.peak - m.overhead) / 2**30  # the allocator's view: no context, NCCL or fragmentation
+    assert allocated == pytest.approx(measured_gib, rel=0.05)

@@ -9,7 +9,15 @@ import pytest
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.modelsize import count_parameters
 from fstrain.core.planfile import ModelSpec, MoESpec, PlanKnobs
-from fstrain.core.timemodel import Links, StepTime, flops_per_token, group_bandwidth, layer_hardware_flops, step_time
+from fstrain.core.timemodel import (
+    Links,
+    StepTime,
+    collective_latency,
+    flops_per_token,
+    group_bandwidth,
+    layer_hardware_flops,
+    step_time,
+)
 
 from .test_modelsize import NARAYANAN_TABLE_1, megatron_gpt
 
@@ -82,7 +90,8 @@ LINKS = Links(
     num_nodes=16,
 )
 LLAMA = ModelSpec("l", 32, 4096, 32, 8, 14336, "swiglu", 128256, 8192)
-NO_OVERLAP = Assumptions(dp_overlap=0.0, collective_efficiency=1.0)
+NO_OVERLAP = Assumptions(dp_overlap=0.0, collective_efficiency=1.0, collective_latency_s=0.0, nvlink_latency_s=0.0,
+                         layer_overhead_s=0.0)
 
 
 def knobs(**changes: object) -> PlanKnobs:
@@ -107,7 +116,11 @@ def run(k: PlanKnobs, assumptions: Assumptions = NO_OVERLAP, params: int = 8_000
 def test_group_bandwidth_follows_the_boundaries() -> None:
     assert group_bandwidth(8, 1, LINKS) == 450e9  # one NVLink domain
     assert group_bandwidth(4, 2, LINKS) == 450e9  # tp=2 x dp=4 still inside it
-    assert group_bandwidth(16, 1, LINKS) == 50e9  # crosses nodes: the NIC share
+    # Across nodes a ring per NIC: 8 members per node use the node's 8 NICs (8 x 50e9, NVLink caps
+    # at 450e9); one member per node (tp=8 fills it) gets one NIC; two per node two.
+    assert group_bandwidth(16, 1, LINKS) == 400e9
+    assert group_bandwidth(16, 8, LINKS) == 50e9
+    assert group_bandwidth(16, 4, LINKS) == 100e9
     pcie_node = dataclasses.replace(LINKS, nvlink_domain_size=1, nvlink_bytes_per_s=0.0)
     assert group_bandwidth(8, 1, pcie_node) == 64e9
 
@@ -116,7 +129,7 @@ def test_data_parallel_volume_per_strategy() -> None:
     """ZeRO section 7: DDP and ZeRO-1/2 move 2 Psi, ZeRO-3 3 Psi (1.5x)."""
     ddp = run(knobs()).dp_comm_s
     ring = 127 / 128
-    assert ddp == pytest.approx(2 * ring * 2 * 8e9 / 50e9)
+    assert ddp == pytest.approx(2 * ring * 2 * 8e9 / 400e9)
     zero2 = run(knobs(strategy="zero2", zero_stage=2, shard_group_size=128)).dp_comm_s
     zero3 = run(knobs(strategy="zero3", zero_stage=3, shard_group_size=128)).dp_comm_s
     assert zero2 == pytest.approx(ddp)
@@ -170,3 +183,21 @@ def test_offload_adds_host_time() -> None:
     expected = 2 * 2 * shard / 64e9 + shard * 8 / 2e9  # gradients down + params up, then CPU Adam
     assert run(with_offload).offload_s == pytest.approx(expected)
     assert run(base).offload_s == 0
+
+
+def test_collective_latency_ring_and_tree() -> None:
+    a = Assumptions()
+    assert collective_latency(1024, 1, LINKS, a) == pytest.approx(1023 * 5e-6)  # ring: n - 1 network steps
+    assert collective_latency(1024, 1, LINKS, a, tree=True) == pytest.approx(20 * 5e-6)  # 2 log2(n)
+    assert collective_latency(8, 1, LINKS, a) == pytest.approx(7 * 1e-6)  # inside a node
+    assert collective_latency(1, 1, LINKS, a) == 0.0
+
+
+def test_tiny_micro_batches_are_latency_bound() -> None:
+    # seq 1: the FLOPs take nanoseconds, the per-block overhead and collectives do not.
+    one = step_time(LLAMA, 8_000_000_000, knobs(seq_len=1, strategy="fsdp-full", zero_stage=3,
+                                                  shard_group_size=128), 400e12, 128 * 989e12, LINKS, Assumptions())
+    assert one.mfu < 0.001
+    long = step_time(LLAMA, 8_000_000_000, knobs(seq_len=8192, strategy="fsdp-full", zero_stage=3,
+                                                   shard_group_size=128), 400e12, 128 * 989e12, LINKS, Assumptions())
+    assert long.mfu > 0.2
