@@ -504,7 +504,8 @@ def test_the_harness_plans_what_the_command_line_plans(case_id: str, tmp_path: P
 
 def test_median_throughput_error(outcomes: list[Outcome]) -> None:
     errors = throughput_errors(outcomes)
-    assert len(errors) >= 10
+    sources = {o.case.file for o in scored(outcomes) if o.case.measured_tokens_per_s_per_gpu() is not None}
+    assert len(errors) >= 8 and len(sources) >= 3, f"{len(errors)} throughput cases from {len(sources)} sources"
     assert median_abs(errors) <= THROUGHPUT_TARGET_PCT, markdown_table(outcomes)
 
 
