@@ -8,8 +8,8 @@ can express is planned with every knob pinned, through the same resolvers
 tokens per second per GPU, and whether it fits at all. The error table of every case is printed
 (``pytest -s`` shows it; ``python benchmarks/planner_accuracy.py`` prints it as markdown).
 
-Targets: median |memory error| <= 10 % (over at least 8 runs from 3 sources), median |throughput
-error| <= 20 %, the fit verdict right on every run the planner can plan. Runs that need a
+Targets: median |memory error| <= 10 % and median |throughput error| <= 20 % (each over at least
+8 runs from 3 sources), the fit verdict right on every run the planner can plan. Runs that need a
 planner feature it lacks (an AC policy, a precision mode, torch.compile, ...) are listed as
 waiting for exactly that feature and join the targets as soon as the planner accepts it.
 """
