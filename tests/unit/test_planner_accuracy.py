@@ -493,11 +493,6 @@ def test_the_harness_plans_what_the_command_line_plans(case_id: str, tmp_path: P
     assert printed["tokens_per_s"] == pytest.approx(outcome.plan.time.tokens_per_s)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not met yet (2026-11-30, AC policies merged): median |throughput error| 20.9 % over 44 cases; "
-    "worst: cross-node FSDP bandwidth (fms 34B/70B -73..-76 %), A100 MFU (-18..-61 %), gpt2-1.5b on H200 (+207 %)",
-)
 def test_median_throughput_error(outcomes: list[Outcome]) -> None:
     errors = throughput_errors(outcomes)
     assert len(errors) >= 10
@@ -506,8 +501,7 @@ def test_median_throughput_error(outcomes: list[Outcome]) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not met yet (2026-11-30): right on 46 of 49 "
-    "(false OOM: ZeRO-Offload 10B, MPT-760M; false fit: GPT-2 1.5B without ZeRO)",
+    reason="not met yet (2026-11-30): right on 47 of 49 (false OOM: ZeRO-Offload 10B, MPT-760M)",
 )
 def test_fit_verdict_agrees_on_every_expressible_case(outcomes: list[Outcome]) -> None:
     wrong = [f"{o.case.id}: {o.error or _fit(o.predicted_fits)}" for o in scored(outcomes) if not o.fit_agrees]
