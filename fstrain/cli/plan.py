@@ -37,6 +37,12 @@ def plan_command(
     node: list[str] | None = typer.Option(
         None, "--node", help="A kind of node, GPU:COUNT[xNODES], repeatable: --node a100-40gb:8x2 --node h100-sxm:8x2."
     ),
+    gpu_memory: float | None = typer.Option(
+        None, "--gpu-memory", min=0.001, help="GPU memory in GiB (replaces the table's; with --gpu-tflops, any GPU)."
+    ),
+    gpu_tflops: float | None = typer.Option(
+        None, "--gpu-tflops", min=0.001, help="Dense bf16/fp16 peak per GPU in TFLOP/s (replaces the table's)."
+    ),
     nvlink_domain_size: int | None = typer.Option(
         None, "--nvlink-domain-size", min=1, help="GPUs per NVLink domain (default from the GPU table)."
     ),
@@ -122,7 +128,8 @@ def plan_command(
         train_tokens,
     )
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload)
-    cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed)
+    cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed,
+                              gpu_memory, gpu_tflops)
     assumptions = with_overrides(Assumptions(), list(assume or []))
     if mfu is not None:
         assumptions = with_overrides(assumptions, [f"mfu={mfu}"], "--mfu")
@@ -311,11 +318,16 @@ def resolve_cluster(
     nvlink_domain_size: int | None,
     inter_node_gbps: float | None,
     probed: list[NodeGpus] | None = None,
+    gpu_memory_gib: float | None = None,
+    gpu_tflops: float | None = None,
 ) -> PlanCluster:
     """The cluster from probed nodes (``probed``), ``--node`` kinds, or --num-nodes x --gpus-per-node x --gpu."""
     from fstrain.core.plancluster import NodeGpus, build_cluster
     from fstrain.errors import InputError
 
+    if (gpu_memory_gib or gpu_tflops) and (probed is not None or node_specs or not gpu):
+        raise InputError("--gpu-memory and --gpu-tflops describe the --gpu of a uniform cluster",
+                         "give --gpu NAME with them (any name, for a GPU outside the table)", "--gpu-memory")
     if probed is not None:
         return build_cluster(probed, inter_node_gbps, "probe")
     if node_specs:
@@ -327,7 +339,9 @@ def resolve_cluster(
         from fstrain.core.gpus import known_gpu_names
 
         raise InputError("which GPU? give --gpu", f"one of {', '.join(known_gpu_names())}", "--gpu")
-    node = NodeGpus(gpu, gpus_per_node or 8, nvlink_domain_size=nvlink_domain_size)
+    memory = int(gpu_memory_gib * 2**30) if gpu_memory_gib else None
+    node = NodeGpus(gpu, gpus_per_node or 8, memory_bytes=memory, nvlink_domain_size=nvlink_domain_size,
+                    peak_tflops=gpu_tflops)
     return build_cluster([node] * (num_nodes or 1), inter_node_gbps, "--gpu")
 
 

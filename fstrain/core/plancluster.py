@@ -9,6 +9,7 @@ bounds what fits and the slowest GPU bounds the step time; the plan names both.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class NodeGpus:
     host: str = ""
     host_memory_bytes: int | None = None  # RAM, to check CPU offload against
     inter_node_gbps: float | None = None  # this node's scale-out bandwidth (sum of NICs), Gb/s
+    peak_tflops: float | None = None  # dense bf16/fp16 peak per GPU (--gpu-tflops), TFLOP/s
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ def build_cluster(
     planned = []
     for node in nodes:
         at = f"{where}: {node.host}" if node.host else where
-        spec = lookup_gpu(node.gpu, at)
+        spec = _gpu_spec(node, at)
         if node.num_gpus < 1:
             raise InputError(f"a node needs at least one GPU, got {node.num_gpus}", "", at)
         domain = node.nvlink_domain_size if node.nvlink_domain_size is not None else spec.nvlink_domain_size
@@ -177,6 +179,31 @@ def build_cluster(
             PlannedNode(node.host, spec, node.num_gpus, memory, domain, node.host_memory_bytes, gbps, source)
         )
     return PlanCluster(tuple(planned))
+
+
+def _gpu_spec(node: NodeGpus, where: str) -> GpuSpec:
+    """The table's GPU, with --gpu-tflops replacing its peak; a GPU outside the table when both
+    --gpu-memory and --gpu-tflops describe it (PCIe card defaults for what they do not say)."""
+    try:
+        spec = lookup_gpu(node.gpu, where)
+    except InputError as exc:
+        if node.memory_bytes is None or node.peak_tflops is None:
+            raise InputError(exc.message, exc.hint + "; or describe it with --gpu-memory GIB and --gpu-tflops TF",
+                             exc.where) from None
+        spec = GpuSpec(
+            name=node.gpu, label=node.gpu, memory_bytes=node.memory_bytes, bf16_flops=0.0, fp16_flops=0.0,
+            fp8_flops=0.0, fp32_flops=0.0, hbm_bandwidth_bytes_per_s=1e12, nvlink_bandwidth_bytes_per_s=0.0,
+            nvlink_domain_size=1, host_link_bytes_per_s=64e9, nic_gbps_per_gpu=25.0, achievable_mfu=0.40,
+        )
+    if node.peak_tflops is None:
+        return spec
+    if node.peak_tflops <= 0:
+        raise InputError(f"--gpu-tflops must be positive, got {node.peak_tflops:g}", "", where)
+    peak = node.peak_tflops * 1e12
+    # fp8 keeps the table's ratio to bf16 (2x on Hopper and later); fp32 its ratio (1/16 if unknown).
+    fp8 = spec.fp8_flops * peak / spec.bf16_flops if spec.bf16_flops else 0.0
+    fp32 = spec.fp32_flops * peak / spec.bf16_flops if spec.bf16_flops else peak / 16
+    return dataclasses.replace(spec, bf16_flops=peak, fp16_flops=peak, fp8_flops=fp8, fp32_flops=fp32)
 
 
 def uniform_cluster(

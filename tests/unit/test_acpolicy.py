@@ -122,3 +122,17 @@ def test_selective_op_is_refused_under_deepspeed_zero3() -> None:
         check_deepspeed_ac("selective-op", zero3, "plan.yaml")
     check_deepspeed_ac("full", zero3, "plan.yaml")
     check_deepspeed_ac("selective-op", render_deepspeed(make_plan("zero2")).config, "plan.yaml")
+
+
+def test_gpu_memory_and_tflops_describe_any_gpu() -> None:
+    base = ("plan", "--model", "llama3.1-8b", "--num-nodes", "1", "--gpus-per-node", "8", "--json")
+    custom = run_fstrain(*base, "--gpu", "acme-x1", "--gpu-memory", "96", "--gpu-tflops", "500")
+    assert custom.returncode in (0, 1), custom.stderr
+    doc = json.loads(custom.stdout)
+    assert doc["cluster"]["gpu"] == "acme-x1" and doc["cluster"]["gpu_memory_bytes"] == 96 * 2**30
+    faster = run_fstrain(*base, "--gpu", "h100-sxm", "--gpu-tflops", "1978.8", "--pp", "1", "--tp", "1")
+    slower = run_fstrain(*base, "--gpu", "h100-sxm", "--pp", "1", "--tp", "1")
+    fast_plan, slow_plan = json.loads(faster.stdout)["plans"][0], json.loads(slower.stdout)["plans"][0]
+    assert fast_plan["tokens_per_s"] > slow_plan["tokens_per_s"]
+    unknown = run_fstrain(*base, "--gpu", "acme-x1")
+    assert unknown.returncode == 2 and "--gpu-tflops" in unknown.stderr

@@ -30,10 +30,9 @@ from typing import Any
 import pytest
 import yaml
 
-from fstrain.cli.plan import resolve_pins, resolve_training
+from fstrain.cli.plan import resolve_cluster, resolve_pins, resolve_training
 from fstrain.core.assumptions import Assumptions, with_overrides
 from fstrain.core.memory import MemoryBreakdown
-from fstrain.core.plancluster import NodeGpus, build_cluster
 from fstrain.core.planner import Pins, Plan, PlanModel, TrainingSpec, plan
 from fstrain.core.recipe import parse_recipe
 from fstrain.errors import FstrainError
@@ -254,9 +253,11 @@ def evaluate(case: Case) -> Outcome:
             grad_accum=flags["grad_accum"], ac=flags["ac"], offload=flags["offload"],
         )
         training, pins = _with_extra_knobs(case, training, pins)
-        memory = flags.get("gpu_memory_gib")
-        node = NodeGpus(flags["gpu"], flags["gpus_per_node"], memory_bytes=int(memory * GIB) if memory else None)
-        cluster = build_cluster([node] * flags["num_nodes"], flags.get("inter_node_gbps"), "--gpu")
+        overrides = {k: flags[k] for k in ("gpu_memory_gib", "gpu_tflops") if flags.get(k)}  # --gpu-memory/-tflops
+        cluster = resolve_cluster(
+            num_nodes=flags["num_nodes"], gpus_per_node=flags["gpus_per_node"], gpu=flags["gpu"], node_specs=None,
+            nvlink_domain_size=None, inter_node_gbps=flags.get("inter_node_gbps"), **overrides,
+        )
         assumptions = with_overrides(Assumptions(), [f"{k}={v}" for k, v in (flags.get("assume") or {}).items()])
         result = plan(model, training, cluster, pins, assumptions, suggest=False)
     except FstrainError as exc:
@@ -284,6 +285,10 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
     argv += ["--global-batch", str(dp * f["micro_batch"] * f["grad_accum"])]  # not the recipe's default
     if f.get("inter_node_gbps"):
         argv += ["--inter-node-gbps", str(f["inter_node_gbps"])]
+    if f.get("gpu_memory_gib"):
+        argv += ["--gpu-memory", str(f["gpu_memory_gib"])]
+    if f.get("gpu_tflops"):
+        argv += ["--gpu-tflops", str(f["gpu_tflops"])]
     if f.get("shard_group_size"):
         argv += ["--shard-group-size", str(f["shard_group_size"])]
     for key, value in (f.get("assume") or {}).items():
