@@ -65,7 +65,8 @@ def run_trace(result: PlanResult, plan_model: PlanModel, cluster: PlanCluster) -
 
 
 def _error(analytic: int, traced: int) -> float | None:
-    return None if traced == 0 else round(100.0 * (analytic - traced) / traced, 1)
+    """Percent off the trace; None when the trace holds (almost) nothing there (under 64 MiB)."""
+    return None if traced < 64 << 20 else round(100.0 * (analytic - traced) / traced, 1)
 
 
 def print_trace(doc: dict[str, Any]) -> None:

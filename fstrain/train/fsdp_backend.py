@@ -69,10 +69,11 @@ class FSDPEngine:
     def train_step(self, micro_batches: Sequence[torch.Tensor]) -> tuple[float, float]:
         lr = float(self.optimizer.param_groups[0]["lr"])
         total = 0.0
-        last = len(micro_batches) - 1
-        for index, tokens in enumerate(micro_batches):
-            # Reduce-scatter once per step, on the last micro-batch; earlier ones accumulate.
-            self.sharded.set_requires_gradient_sync(index == last)
+        for tokens in micro_batches:
+            # Every micro-batch reduce-scatters into the sharded gradients (torchtitan's default):
+            # skipping the sync would keep every parameter's full unsharded gradient between
+            # micro-batches (the whole model's, not a shard), which is what the planner and the
+            # memory trace do not count.
             loss = lm_loss(self.model(tokens.to(self.runtime.device)), tokens.to(self.runtime.device))
             scaled = loss / self.grad_accum_steps
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()

@@ -4,8 +4,8 @@ The bundled trainer's model (:class:`fstrain.train.model.GPT`, the recipe's exac
 plan's activation checkpointing policy through the same code the trainer runs) is built under
 ``FakeTensorMode`` on a fake process group of the plan's data-parallel size, sharded with the
 rendered FSDP file's layout (:func:`fstrain.train.fsdp_backend.build_sharded_model`), and run for
-two optimizer steps of up to two micro-batches each (gradient sync on the last one, as the trainer
-does) under ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``. The tracker files
+two optimizer steps of up to two micro-batches each (each reduce-scatters its gradients, as the
+trainer does) under ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``. The tracker files
 every tensor under a kind (sharded/unsharded parameters and gradients, optimizer state,
 activations, temporaries, all-gather and reduce-scatter buffers). Three moments are read in the
 second step: the root module's forward peak, its backward peak, and the end of the optimizer step.
@@ -166,7 +166,7 @@ class _Tracer:
         cfg = {**self.fsdp, "cpu_offload": {"enabled": False}}
         moments: dict[str, dict[str, int]] = {}
         with FakeTensorMode():
-            model, sharded = build_sharded_model(spec, cfg, self.mesh, knobs.activation_checkpointing, False)
+            model, _ = build_sharded_model(spec, cfg, self.mesh, knobs.activation_checkpointing, False)
             optimizer_cfg = {**cfg.get("optimizer", {}), "foreach": False}
             optimizer = build_optimizer(model, optimizer_cfg, 1e-4)
             tokens = torch.randint(0, spec.vocab_size, (knobs.micro_batch_size, knobs.seq_len or spec.seq_len))
@@ -174,8 +174,7 @@ class _Tracer:
             tracker.track_inputs((tokens,))
             with tracker:
                 for step in range(2):
-                    for index in range(micro_batches):
-                        sharded.set_requires_gradient_sync(index == micro_batches - 1)
+                    for _ in range(micro_batches):
                         (lm_loss(model(tokens), tokens) / micro_batches).backward()
                         if step == 1:  # the second step has optimizer state from the start
                             stats = tracker.memory_tracking[model]
