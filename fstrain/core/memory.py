@@ -237,10 +237,12 @@ def layer_activation_bytes(
     :mod:`fstrain.core.acpolicy`; ``every-k:N`` mixes full and none, see
     :func:`stage_activation_bytes`).
 
-    Korthikanti et al. 2022 section 4.1 with 16-bit activations, generalised: Q/K/V widths follow
-    GQA; GeLU saves 2 ffn-wide tensors, SwiGLU 4 (gate input, gate output, up output, product);
-    dropout masks (1 byte) only when dropout > 0. For GPT (MHA, GeLU 4h, dropout) this is
-    ``sbh(34 + 5as/h)``, and ``sbh(10 + 24/t + 5as/(ht))`` with TP but no SP.
+    Without FlashAttention: Korthikanti et al. 2022 section 4.1 with 16-bit activations,
+    generalised: Q/K/V widths follow GQA; GeLU saves 2 ffn-wide tensors, SwiGLU 4 (gate input,
+    gate output, up output, product); dropout masks (1 byte) only when dropout > 0. For GPT (MHA,
+    GeLU 4h, dropout) this is ``sbh(34 + 5as/h)``, and ``sbh(10 + 24/t + 5as/(ht))`` with TP but
+    no SP. With it: PyTorch eager with SDPA, op by op (what the bundled trainer and torchtitan
+    run; ``fstrain plan --trace`` checks it); ``megatron-selective`` then stores what ``none`` does.
     """
     a = weight_bytes(precision)
     s, b, h = seq_len, micro_batch, model.hidden_size
@@ -256,17 +258,29 @@ def layer_activation_bytes(
     ffn_width = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
     tokens_per_expert_slot = 1 if model.moe is None else model.moe.top_k
     ffn_saved = (4 if model.activation == "swiglu" else 2) * s * b * ffn_width * tokens_per_expert_slot * a
-    # Kept whole under TP without SP: both norm inputs, the QKV and FFN inputs, dropout masks.
-    replicated = 4 * sbh * a + 2 * mask * sbh
-    sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved
+    moe_extra = 0
     if model.moe is not None:  # routed copies of the token and fp32 router probabilities
-        sharded += (model.moe.top_k - 1) * sbh * a + 4 * s * b * model.moe.num_experts
-    # FlashAttention keeps only the fp32 log-sum-exp, no s x s matrices; eager attention keeps the
-    # softmax output (and, with dropout, its mask and the dropped-out output).
-    flash_core = 4 * model.num_heads * s * b
-    core = flash_core if flash_attention else model.num_heads * s * s * b * (a + mask * (1 + a))
+        moe_extra = (model.moe.top_k - 1) * sbh * a + 4 * s * b * model.moe.num_experts
+    if flash_attention:
+        # PyTorch eager with SDPA (the bundled trainer, torchtitan), counted op by op and checked
+        # against what autograd saves (tests/unit/test_activation_grid.py): an RMSNorm keeps its
+        # fp32 input and 1/rms and its output in the compute dtype (LayerNorm: its input and one
+        # fp32 statistic); the q/k/v and FFN inputs; SDPA keeps q, K and V repeated to all heads
+        # (GQA), its output and the fp32 log-sum-exp; the out-projection input is a contiguous
+        # copy of that output; rotary positions add a rotated copy of q.
+        norm = (4 * h + 4 + a * h) if model.norm == "rmsnorm" else (a * h + 4)
+        replicated = s * b * (2 * norm + 2 * a * h) + 2 * mask * sbh
+        q_copies = 5 if model.position_embedding == "rope" else 4
+        sharded = q_copies * s * b * q_width * a + 4 * model.num_heads * s * b + ffn_saved + moe_extra
+        return replicated // split_replicated + sharded // tp
+    # Korthikanti et al. (Megatron): both norm inputs, the QKV and FFN inputs and dropout masks are
+    # kept whole under TP without SP; Q, K, V, the out-projection input, the FFN tensors and the
+    # attention core are split. Eager attention keeps the softmax output (and, with dropout, its
+    # mask and the dropped-out output).
+    replicated = 4 * sbh * a + 2 * mask * sbh
+    sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved + moe_extra
     if ac == "none":
-        sharded += core
+        sharded += model.num_heads * s * s * b * (a + mask * (1 + a))
     return replicated // split_replicated + sharded // tp
 
 
