@@ -77,10 +77,11 @@ def test_pairs_name_nobody_on_an_even_cluster(cluster: NamespaceCluster, tmp_pat
         assert "node1 -> node2 |" in (run_dir / "report.txt").read_text()
 
 
-def test_bus_bandwidth_agrees_with_a_direct_torch_distributed_timing(cluster: NamespaceCluster) -> None:
+def test_bus_bandwidth_agrees_with_a_direct_torch_distributed_timing(cluster: NamespaceCluster, tmp_path: Path) -> None:
     result = run_fstrain(
         "launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-3]", "--nproc-per-node", "1",
-        "--workdir", str(REPO), "--", "python3", "tests/cluster/programs/bench_agreement.py", timeout=600,
+        "--workdir", str(REPO), "--run-dir", str(tmp_path / "run"), "--", "python3",
+        "tests/cluster/programs/bench_agreement.py", timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     line = next(x for x in result.stdout.splitlines() if "AGREEMENT " in x)
