@@ -65,6 +65,8 @@ def plan_command(
     train_tokens: str | None = typer.Option(None, "--train-tokens", help="Token budget for time to train (2e12, 15T)."),
     mfu: float | None = typer.Option(None, "--mfu", min=0.01, max=1.0, help="Achievable MFU (default per GPU type)."),
     assume: list[str] | None = typer.Option(None, "--assume", help="Override an assumption: KEY=VALUE, repeatable."),
+    calibrate: str | None = typer.Option(None, "--calibrate", help="Measured numbers in place of assumptions: "
+                                         "a bench JSON (fstrain bench --out) or the trainer's summary.json."),
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     out: str | None = typer.Option(None, "--out", help="Save the best plan as YAML for render and launch."),
@@ -111,7 +113,15 @@ def plan_command(
     )
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload)
     cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed)
-    assumptions = with_overrides(Assumptions(), list(assume or []))
+    base = Assumptions()
+    calibration = None
+    if calibrate:  # measured numbers first; explicit --assume, --mfu and --inter-node-gbps still win
+        from fstrain.cli.plan_calibrate import calibrated
+
+        calibration = calibrated(calibrate, base, cluster, training.precision, plan_model.spec,
+                                 inter_node_gbps, list(assume or []), mfu, json_output)
+        base, cluster = calibration.assumptions, calibration.cluster
+    assumptions = with_overrides(base, list(assume or []))
     if mfu is not None:
         assumptions = with_overrides(assumptions, [f"mfu={mfu}"], "--mfu")
     result = plan(plan_model, training, cluster, pins, assumptions)
@@ -130,7 +140,12 @@ def plan_command(
     if json_output:
         from fstrain.cli.output import print_json
 
-        print_json(plan_document(result, plan_model, training, cluster, assumptions, top, batch_note))
+        document = plan_document(result, plan_model, training, cluster, assumptions, top, batch_note)
+        if calibration is not None:
+            from fstrain.cli.plan_calibrate import calibration_document
+
+            document["calibration"] = calibration_document(calibrate or "", calibration)
+        print_json(document)
     else:
         from fstrain.cli.plan_output import print_plans
 
