@@ -89,3 +89,15 @@ def test_bus_bandwidth_agrees_with_a_direct_torch_distributed_timing(cluster: Na
     assert document["world_size"] == 3
     for collective, numbers in document["results"].items():
         assert abs(numbers["ratio"] - 1) <= 0.10, (collective, numbers)
+
+
+def test_doctor_bench_turns_the_slow_host_into_a_failing_check(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    with shaped_link(cluster, SHAPED):
+        result = run_fstrain("doctor", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-3]", "--only", "net",
+                             "--workdir", str(REPO), "--bench", "--json", timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    checks = [c for c in json.loads(result.stdout)["checks"] if c["id"].startswith("bench.")]
+    pairs = [c for c in checks if c["id"] == "bench.pairs"]
+    assert [(c["verdict"], c["hosts"]) for c in pairs] == [("fail", [f"node{SHAPED}"])]
+    assert f"--exclude node{SHAPED}" in pairs[0]["fix"]
+    assert any(c["id"] == "bench.collectives" for c in checks)
