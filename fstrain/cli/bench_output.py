@@ -12,8 +12,9 @@ def _table(*columns: str) -> Any:
 
     table = Table(show_edge=False, pad_edge=False)
     for column in columns:
-        table.add_column(column, justify="left" if column in ("scope", "collective", "link", "node", "device",
-                                                                "note") else "right")
+        table.add_column(column, no_wrap=column != "device",
+                         justify="left" if column in ("scope", "collective", "link", "node", "device", "note")
+                         else "right")
     return table
 
 
@@ -35,8 +36,8 @@ def print_collectives(document: dict[str, Any]) -> list[str]:
 
     table = _table("scope", "group", "collective", "size", "time us", "algbw GB/s", "busbw GB/s")
     for row in collective_rows(document):
-        table.add_row(row.scope, str(row.group), row.collective, format_size(row.size_bytes), f"{row.time_us:,.1f}",
-                      f"{row.algbw_gbps:.3f}", f"{row.busbw_gbps:.3f}")
+        table.add_row(row.scope, str(row.group), row.collective, format_size(row.requested_bytes),
+                      f"{row.time_us:,.1f}", f"{row.algbw_gbps:.3f}", f"{row.busbw_gbps:.3f}")
     console().print(table)
     summaries = collective_summaries(document)
     items = [(f"{s.scope} {s.collective} ({s.group_size} ranks)", s.busbw_gbps or s.algbw_gbps) for s in summaries]

@@ -91,7 +91,7 @@ def test_bus_bandwidth_agrees_with_a_direct_torch_distributed_timing(cluster: Na
         assert abs(numbers["ratio"] - 1) <= 0.10, (collective, numbers)
 
 
-def test_doctor_bench_turns_the_slow_host_into_a_failing_check(cluster: NamespaceCluster, tmp_path: Path) -> None:
+def test_doctor_bench_turns_the_slow_host_into_a_failing_check(cluster: NamespaceCluster) -> None:
     with shaped_link(cluster, SHAPED):
         result = run_fstrain("doctor", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-3]", "--only", "net",
                              "--workdir", str(REPO), "--bench", "--json", timeout=600)
