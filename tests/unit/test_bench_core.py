@@ -153,8 +153,9 @@ def test_two_hosts_cannot_tell_which_end() -> None:
     assert verdict.hosts == [] and verdict.outlier_hosts == ["a", "b"]
 
 
-def test_link_table_takes_the_median_sample() -> None:
-    table = link_table([{"src": "a", "dst": "b", "samples_gbps": [1.0, 5.0, 2.0]}])
-    assert table == {("a", "b"): 2.0}
+def test_link_table_takes_the_best_sample_or_the_median() -> None:
+    records = [{"src": "a", "dst": "b", "samples_gbps": [1.0, 5.0, 2.0]}]
+    assert link_table(records) == {("a", "b"): 5.0}
+    assert link_table(records, "median") == {("a", "b"): 2.0}
     with pytest.raises(InputError, match="without samples"):
         link_table([{"src": "a", "dst": "b", "samples_gbps": []}])
