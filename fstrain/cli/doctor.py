@@ -71,8 +71,11 @@ def doctor_command(
     if not json_output and selection.source.startswith("localhost"):
         console().print(f"[dim]hosts: {selection.source}[/dim]")
     try:
+        from fstrain.cli.slurm import allocation_connector
+
         facts = gather(selection.hosts, checks, ssh_config, accept_new_hosts, fanout, needs, checkpoint_dir,
-                       master_port, python, workdir, kill_orphans, write_test_mib, json_output)
+                       master_port, python, workdir, kill_orphans, write_test_mib, json_output,
+                       allocation_connector(selection.source))
         extra = run_bench_checks(selection.hosts, ssh_config, accept_new_hosts, fanout, python, workdir,
                                  master_port) if bench else []
     except KeyboardInterrupt:
@@ -112,7 +115,8 @@ def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts:
 
 def gather(hosts: list[Any], checks: tuple[Check, ...], ssh_config: str | None, accept_new_hosts: bool, fanout: int,
            plan: PlanNeeds | None, checkpoint_dir: str | None, master_port: int | None, python: str,
-           workdir: str | None, kill_orphans: bool, write_test_mib: int, json_output: bool) -> DoctorFacts:
+           workdir: str | None, kill_orphans: bool, write_test_mib: int, json_output: bool,
+           connector: Any = None) -> DoctorFacts:
     from fstrain.core.doctor import stages
     from fstrain.io.connect import make_connector
     from fstrain.io.doctor import DoctorOptions, collect
@@ -120,7 +124,7 @@ def gather(hosts: list[Any], checks: tuple[Check, ...], ssh_config: str | None, 
     options = DoctorOptions(stages=stages(checks), python=python, workdir=workdir, checkpoint_dir=checkpoint_dir,
                             master_port=master_port, plan=plan,
                             kill_orphans=kill_orphans, write_test_bytes=write_test_mib << 20)
-    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    connect = connector or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     out = console()
     if json_output or not out.is_terminal:
         return collect(hosts, connect, options, fanout=fanout)
