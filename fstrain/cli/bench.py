@@ -51,12 +51,18 @@ def bench_command(
     json_output: bool = typer.Option(False, "--json", help="Print the result document on stdout."),
 ) -> None:
     """Run the benchmark suites on every selected host and report what stands out."""
-    request = build_request(hostfile, hosts, include, exclude, gpus_per_node, suite, sizes, backend, python,
-                            nproc_per_node, pairs_mode, pair_bytes, seconds, workdir, env, master_port, run_dir)
+    request, source = build_request(hostfile, hosts, include, exclude, gpus_per_node, suite, sizes, backend, python,
+                                    nproc_per_node, pairs_mode, pair_bytes, seconds, workdir, env, master_port,
+                                    run_dir)
     if out:
         _check_writable(out)
     try:
-        document, exit_code = measure(request, ssh_config, accept_new_hosts, fanout)
+        from fstrain.cli.slurm import allocation_connector
+        from fstrain.io.connect import make_connector
+
+        # Inside a Slurm allocation its nodes are reached through srun, as doctor and exec reach them.
+        connect = allocation_connector(source) or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+        document, exit_code = measure(request, connect, fanout)
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
@@ -73,8 +79,9 @@ def bench_command(
 def build_request(hostfile: str | None, hosts: str | None, include: str | None, exclude: str | None,
                   gpus_per_node: int | None, suite: str, sizes: str | None, backend: str | None, python: str,
                   nproc_per_node: int | None, pairs_mode: str, pair_bytes: str | None, seconds: float,
-                  workdir: str | None, env: list[str], master_port: int | None, run_dir: str | None) -> Any:
-    """Every flag checked, before any host is contacted."""
+                  workdir: str | None, env: list[str], master_port: int | None,
+                  run_dir: str | None) -> tuple[Any, str]:
+    """Every flag checked, before any host is contacted; the request and where the hosts came from."""
     from fstrain.cli.launch import collect_env, new_run_id
     from fstrain.core.bench import parse_size, parse_sizes, parse_suites
     from fstrain.core.benchpairs import pair_rounds
@@ -94,10 +101,11 @@ def build_request(hostfile: str | None, hosts: str | None, include: str | None, 
     extra = ["--pairs-mode", pairs_mode, "--seconds", str(seconds)]
     if pair_bytes:
         extra += ["--pair-bytes", pair_bytes]
-    return BenchRequest(hosts=selection.hosts, suites=suites, run_id=run_id,
-                        run_dir=Path(run_dir) if run_dir else Path("runs") / run_id, python=python,
-                        sizes=sizes or "", backend=backend or "", nproc_per_node=nproc_per_node, workdir=workdir,
-                        env=collect_env(env, None), master_port=master_port, extra=extra)
+    request = BenchRequest(hosts=selection.hosts, suites=suites, run_id=run_id,
+                           run_dir=Path(run_dir) if run_dir else Path("runs") / run_id, python=python,
+                           sizes=sizes or "", backend=backend or "", nproc_per_node=nproc_per_node, workdir=workdir,
+                           env=collect_env(env, None), master_port=master_port, extra=extra)
+    return request, selection.source
 
 
 def _check_writable(out: str) -> None:
@@ -108,18 +116,15 @@ def _check_writable(out: str) -> None:
         raise InputError("the folder for --out does not exist", "create it first or give another path", out)
 
 
-def measure(request: Any, ssh_config: str | None, accept_new_hosts: bool, fanout: int) -> tuple[
-        dict[str, Any] | None, int]:
+def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | None, int]:
     """Run the suites, print the report on stderr; (document with its analysis, exit code)."""
     from fstrain.cli.launch import interface_env, print_summary
     from fstrain.core.benchreport import analysis
     from fstrain.io.bench import run_bench, save_document
-    from fstrain.io.connect import make_connector
 
     out = console()
     out.print(f"bench {request.run_id}: {', '.join(request.suites)} on {len(request.hosts)} hosts; "
               f"logs in {request.run_dir}/logs")
-    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     run = run_bench(request, connect, fanout=fanout, node_env=lambda ifname: interface_env(ifname, dict(request.env)))
     if run.document is None:
         print_summary(run.outcome)

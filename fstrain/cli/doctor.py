@@ -73,11 +73,12 @@ def doctor_command(
     try:
         from fstrain.cli.slurm import allocation_connector
 
+        connector = allocation_connector(selection.source)
         facts = gather(selection.hosts, checks, ssh_config, accept_new_hosts, fanout, needs, checkpoint_dir,
                        master_port, python, workdir, kill_orphans, write_test_mib, json_output,
-                       allocation_connector(selection.source))
+                       connector)
         extra = run_bench_checks(selection.hosts, ssh_config, accept_new_hosts, fanout, python, workdir,
-                                 master_port) if bench else []
+                                 master_port, connector) if bench else []
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
@@ -85,7 +86,7 @@ def doctor_command(
 
 
 def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts: bool, fanout: int, python: str,
-                     workdir: str | None, master_port: int | None) -> list[CheckResult]:
+                     workdir: str | None, master_port: int | None, connector: Any = None) -> list[CheckResult]:
     """``--bench``: the quick collectives and pairs suites through the launch path, as verdicts."""
     from pathlib import Path
 
@@ -103,7 +104,8 @@ def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts:
     console().print(f"[dim]bench {run_id}: quick collectives and pairs; logs in {request.run_dir}/logs[/dim]")
     names = [h.name for h in hosts]
     try:
-        run = run_bench(request, make_connector(ssh_config, accept_new_hosts=accept_new_hosts), fanout=fanout,
+        run = run_bench(request, connector or make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
+                        fanout=fanout,
                         node_env=lambda ifname: interface_env(ifname, {}))
     except FstrainError as error:  # preflight or rendezvous: a verdict, beside the other checks
         return [CheckResult("bench.run", "fail", tuple(names), f"the benchmark could not start: {error.message}",
