@@ -73,6 +73,9 @@ def bench_command(
             save_document(Path(out), document)
         if json_output:
             print_json(document)
+    elif json_output:  # the job failed: still one document, saying how (the manifest has the rest)
+        print_json({"run_id": request.run_id, "run_dir": str(request.run_dir), "exit_code": exit_code,
+                    "manifest": str(request.run_dir / "manifest.json")})
     raise typer.Exit(exit_code)
 
 
