@@ -152,7 +152,8 @@ def run_collectives(
     plan: list[tuple[str, list[list[int]]]] = [("world", [list(range(world))])] if "world" in wanted else []
     if len(groups) > 1 and "intra" in wanted and max(len(g) for g in groups) > 1:
         plan.append(("intra_node", groups))
-    if len(groups) > 1 and "inter" in wanted and min(len(g) for g in groups) > 1:
+    # Across nodes: local rank k of every node together; only where every node has as many ranks.
+    if len(groups) > 1 and "inter" in wanted and min(len(g) for g in groups) > 1 and len({len(g) for g in groups}) == 1:
         plan.append(("inter_node", [list(ranks) for ranks in zip(*groups, strict=False)]))
     for scope, members in plan:
         # Every rank creates every group, in the same order (torch.distributed requires it).
