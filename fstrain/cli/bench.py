@@ -31,23 +31,29 @@ def bench_command(
     ssh_config: str | None = hostopts.SSH_CONFIG,
     accept_new_hosts: bool = hostopts.ACCEPT_NEW,
     fanout: int = hostopts.FANOUT,
-    suite: str = typer.Option("all", "--suite", help="collectives, pairs, compute, all, or a comma list."),
-    sizes: str | None = typer.Option(None, "--sizes", help="Message sizes: 1M-1G (x2 steps), 1M-1G:4, 1M,64M "
+    suite: str = typer.Option("all", "--suite", metavar="SUITES",
+                              help="collectives, pairs, compute, all, or a comma list."),
+    sizes: str | None = typer.Option(None, "--sizes", metavar="SIZES",
+                                     help="Message sizes: 1M-1G (x2 steps), 1M-1G:4, 1M,64M "
                                      "(default 1M-1G with nccl, 64K-16M with gloo)."),
-    backend: str | None = typer.Option(None, "--backend", help="nccl or gloo (default: nccl where there are GPUs)."),
+    backend: str | None = typer.Option(None, "--backend", metavar="nccl|gloo",
+                                       help="nccl or gloo (default: nccl where there are GPUs)."),
     python: str = typer.Option("python3", "--python", help="Interpreter on the hosts (with torch)."),
-    nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1,
+    nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, metavar="N",
                                               help="Ranks per node (default: slots, else GPUs, else 1)."),
-    pairs_mode: str = typer.Option("auto", "--pairs", help="all (every ordered pair), ring (a ring and its reverse) "
+    pairs_mode: str = typer.Option("auto", "--pairs", metavar="all|ring|auto",
+                                   help="all (every ordered pair), ring (a ring and its reverse) "
                                    "or auto (all up to 16 nodes)."),
-    pair_bytes: str | None = typer.Option(None, "--pair-bytes", help="Bytes per pair transfer (default 256M nccl, "
-                                          "16M gloo)."),
-    seconds: float = typer.Option(0.5, "--seconds", min=0.01, help="Time budget per collective and size."),
+    pair_bytes: str | None = typer.Option(None, "--pair-bytes", metavar="BYTES",
+                                          help="Bytes per pair transfer (default 256M nccl, 16M gloo)."),
+    seconds: float = typer.Option(0.5, "--seconds", min=0.01, metavar="SECONDS",
+                                  help="Time budget per collective and size."),
     workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host."),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE for every rank (repeatable)."),
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port."),
     run_dir: str | None = typer.Option(None, "--run-dir", help="Logs, manifest and results (default runs/<run id>)."),
-    out: str | None = typer.Option(None, "--out", help="Also write the result document (JSON) to FILE."),
+    out: str | None = typer.Option(None, "--out", metavar="FILE",
+                                   help="Also write the result document (JSON) to FILE."),
     json_output: bool = typer.Option(False, "--json", help="Print the result document on stdout."),
 ) -> None:
     """Run the benchmark suites on every selected host and report what stands out."""
