@@ -122,7 +122,9 @@ def node_names(leaders: list[dict[str, Any]]) -> list[str]:
 
 
 def run_compute(device_kind: str, seconds: float) -> dict[str, Any]:
-    device = torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else torch.device("cpu")
+    # Each rank its own GPU, also when the collectives run over gloo (which set no device).
+    local_gpu = int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
+    device = torch.device("cuda", local_gpu) if device_kind == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         matmul = matmul_tflops(device, torch.bfloat16, seconds=seconds)
         name = torch.cuda.get_device_name(device)

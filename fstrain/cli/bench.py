@@ -62,6 +62,8 @@ def bench_command(
                                     run_dir)
     if out:
         _check_writable(out)
+    if source.startswith("localhost"):
+        console().print(f"[dim]hosts: {source}[/dim]")
     try:
         from fstrain.cli.slurm import allocation_connector
         from fstrain.io.connect import make_connector
