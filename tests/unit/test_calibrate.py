@@ -125,3 +125,26 @@ def test_plan_cli_says_what_it_replaced_and_flags_win(tmp_path: Path) -> None:
     bad = run_fstrain("plan", "--model", "tiny", "--gpu", "h100-sxm", "--calibrate", str(tmp_path / "missing.json"))
     assert bad.returncode == 2
     assert bad.stderr.strip() == f"error: {tmp_path / 'missing.json'}: file not found (hint: check the path)"
+
+
+GPU_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200-2026-11-30"
+
+
+def test_a_real_h200_bench_document() -> None:
+    """The compute suite as it ran on an H200 (tests/fixtures/gpu/h200-2026-11-30)."""
+    from fstrain.core.benchreport import compute_rows
+
+    doc = json.loads((GPU_RUN / "bench-compute.json").read_text())
+    (row,) = compute_rows(doc)
+    assert row.device_name == "NVIDIA H200" and row.peak_tflops == pytest.approx(989)
+    assert row.tflops_fraction == pytest.approx(row.tflops / 989) and 0.5 < row.tflops_fraction < 0.9
+    assert 0.8 < (row.memory_fraction or 0) < 1.0
+    h200 = uniform_cluster(1, 1, "h200")
+    result = calibrate(doc, "bench-compute.json", assumptions=Assumptions(), cluster=h200, precision="bf16",
+                       model=None)
+    # One GPU: no straggler to wait for, and its matmul rate is above the table's MFU: the MFU stands.
+    assert [(r.name, r.old, r.new) for r in result.replaced] == [("mfu", 0.45, 0.45)]
+    # One GPU has no link to measure: its collectives replace nothing.
+    collectives = json.loads((GPU_RUN / "bench-collectives.json").read_text())
+    assert calibrate(collectives, "c.json", assumptions=Assumptions(), cluster=h200, precision="bf16",
+                     model=None).replaced == []
