@@ -42,13 +42,15 @@ def _root(
 
 def _register() -> None:
     # Each command module adds itself to `app`; keep this list sorted by command name.
-    from fstrain.cli import doctor, exec_cmd, launch, plan, render, topo
+    from fstrain.cli import bench, doctor, exec_cmd, launch, plan, render, runs, topo
 
+    bench.register(app)
     doctor.register(app)
     exec_cmd.register(app)
     launch.register(app)
     plan.register(app)
     render.register(app)
+    runs.register(app)  # runs, status, logs, attach, stop, gc
     topo.register(app)
 
     from fstrain.cli.metavars import name_placeholders

@@ -109,8 +109,10 @@ def probe_selected(hostfile: str | None, hosts: str | None, include: str | None,
     selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
     if len(selection.hosts) == 1 and is_local(selection.hosts[0]):
         return [probe_local(python=python)], []
-    reports, failed = probe_inventory(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
-                                      python=python or "python3", fanout=fanout)
+    from fstrain.cli.slurm import allocation_connector
+
+    connect = allocation_connector(selection.source) or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    reports, failed = probe_inventory(selection.hosts, connect, python=python or "python3", fanout=fanout)
     return reports, [{"host": host.label(), "error": error.one_line()} for host, error in failed]
 
 

@@ -28,6 +28,10 @@ DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 # Where DeepSpeed's launcher writes each rank's output, the watchdog relaying it line by line:
 # one folder per node, since the run directory may be on a file system all nodes share.
 RANK_LOG_DIR = "{run_dir}/ranklogs/node%d"
+# torchrun's own copies of every rank's output (--tee), in the run directory rather than a
+# /tmp/torchelastic_* folder nobody removes: they hold whatever the program printed (secrets
+# included), so the watchdog removes them, and the rank logs, once it has relayed them.
+TORCHRUN_LOG_DIR = "{run_dir}/torchrun"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class NodeLaunch:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     rank_log_dir: str = ""  # per-rank log files the watchdog relays (DeepSpeed's launcher)
+    backend: str = "torchrun"
+    rank_offset: int | None = None  # global rank of local rank 0, where known before the start
 
 
 def is_secret(name: str) -> bool:
@@ -138,17 +144,24 @@ def torchrun_argv(
     python: str, *, nnodes: int, node_rank: int, nproc: int, master_addr: str, master_port: int,
     run_id: str, max_restarts: int, program: Sequence[str],
 ) -> tuple[str, ...]:
-    """One ``torchrun`` per node, c10d rendezvous at the master, a fresh rendezvous id per run."""
+    """One ``torchrun`` per node. Without restarts, torchrun's static rendezvous: fstrain has
+    already checked the master address and port, node ranks are fixed, so every global rank is
+    known before the start (and the c10d rendezvous round is saved). With restarts, a c10d
+    rendezvous at the master with a fresh rendezvous id per run, so nodes can rejoin."""
+    if max_restarts == 0:
+        rendezvous = ["--rdzv-backend=static", f"--master-addr={master_addr}", f"--master-port={master_port}"]
+    else:
+        rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint={_host_port(master_addr, master_port)}"]
     return (
         python, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}",
         f"--node-rank={node_rank}",  # informative under c10d (ranks come from the rendezvous)
         f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={_host_port(master_addr, master_port)}",
+        *rendezvous,
         f"--rdzv-id={run_id}",
         f"--max-restarts={max_restarts}",
         "--tee=3",  # prefix every worker line with its rank, so the stream can be attributed
+        f"--log-dir={TORCHRUN_LOG_DIR}",
         *_program_for_torchrun(python, program),
     )
 
@@ -248,8 +261,11 @@ def plan_launches(
         else:
             argv = deepspeed_argv(python, world_info=info, node_rank=rank, master_addr=master_addr,
                                   master_port=master_port, program=program, no_local_rank=no_local_rank)
+        # Global ranks follow node order (torchrun's static rendezvous, DeepSpeed's world info).
+        static = backend == "deepspeed" or max_restarts == 0
         launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env,
-                                   rank_log_dir=RANK_LOG_DIR % rank if backend == "deepspeed" else ""))
+                                   rank_log_dir=RANK_LOG_DIR % rank if backend == "deepspeed" else "",
+                                   backend=backend, rank_offset=sum(nprocs[:rank]) if static else None))
     return launches
 
 

@@ -9,16 +9,17 @@ committed, and every field is validated when read back, with the key named in th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from fstrain.core.acpolicy import AC_NAMES, parse_ac
 from fstrain.errors import InputError
 
 PLAN_FORMAT_VERSION = 1
 _PLAN_HINT = "fix the value, or write the plan again with `fstrain plan --out plan.yaml`"
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
-ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
+ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N takes a number)
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
@@ -145,6 +146,9 @@ class PlanFile:
         # As strict as a recipe: `launch --plan` must refuse what `plan` would never write.
         model = parse_model_section(model_data, where, name)
         knobs = _build(PlanKnobs, _section(data, "plan", where), f"{where}: plan")
+        # Plans written before the policies had their own names say `selective` (Megatron's).
+        ac = parse_ac(knobs.activation_checkpointing, f"{where}: plan.activation_checkpointing")
+        knobs = replace(knobs, activation_checkpointing=ac)
         cluster_data = dict(_section(data, "cluster", where))
         hosts = cluster_data.get("hosts") or ()
         if not isinstance(hosts, list | tuple):
@@ -162,7 +166,6 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
     """Refuse a configuration no renderer could honour, naming the key."""
     choices = {
         "strategy": STRATEGIES,
-        "activation_checkpointing": ACTIVATION_CHECKPOINTING,
         "offload": OFFLOAD,
         "precision": PRECISIONS,
         "optimizer": OPTIMIZERS,
@@ -171,6 +174,12 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         value = getattr(knobs, key)
         if value not in allowed:
             raise InputError(f"plan.{key} is {value!r}", f"use one of {', '.join(allowed)}", where)
+    if parse_ac(knobs.activation_checkpointing, where) != knobs.activation_checkpointing:
+        raise InputError(
+            f"plan.activation_checkpointing is {knobs.activation_checkpointing!r}",
+            f"write it as {parse_ac(knobs.activation_checkpointing, where)!r}",
+            where,
+        )
     if knobs.zero_stage not in (0, 1, 2, 3):
         raise InputError(f"plan.zero_stage is {knobs.zero_stage!r}", "DeepSpeed has ZeRO stages 0, 1, 2 and 3", where)
     for key in ("dp", "tp", "pp", "shard_group_size", "micro_batch_size", "grad_accum_steps"):

@@ -32,7 +32,7 @@ Schema (every key is checked; unknown keys are errors, so a typo never passes si
       micro_batch_size: 1
       precision: bf16               # bf16 | fp16 | fp32
       optimizer: adamw              # adamw | sgd | adam8bit
-      activation_checkpointing: none    # none | selective | full
+      activation_checkpointing: none    # none | selective-op | every-k:N | full | megatron-selective
       flash_attention: true
       train_tokens: 2e12
 
@@ -49,9 +49,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fstrain.core.acpolicy import parse_ac
 from fstrain.core.modelsize import ParamCount, count_parameters
 from fstrain.core.planfile import (
-    ACTIVATION_CHECKPOINTING,
     ACTIVATIONS,
     OPTIMIZERS,
     PRECISIONS,
@@ -244,7 +244,11 @@ def _parse_training(value: Any, where: str) -> TrainingDefaults:
         micro_batch_size=optional_int("micro_batch_size"),
         precision=optional_choice("precision", PRECISIONS),
         optimizer=optional_choice("optimizer", OPTIMIZERS),
-        activation_checkpointing=optional_choice("activation_checkpointing", ACTIVATION_CHECKPOINTING),
+        activation_checkpointing=(
+            parse_ac(section["activation_checkpointing"], _at(where, "training.activation_checkpointing"))
+            if "activation_checkpointing" in section
+            else None
+        ),
         flash_attention=_bool(section, "flash_attention", where, "training.", None),
         train_tokens=None if tokens is None else parse_count(tokens, _at(where, "training.train_tokens")),
     )

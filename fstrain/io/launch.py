@@ -16,6 +16,7 @@ Stages (each a function, each taking what it needs as arguments):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -29,7 +30,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.core.hostfile import Host
+from fstrain.core.launchnoise import NodeNoise
 from fstrain.core.launchspec import (
+    TORCHRUN_LOG_DIR,
     NodeLaunch,
     mask_env,
     master_port_candidates,
@@ -37,11 +40,15 @@ from fstrain.core.launchspec import (
     secret_values,
     split_rank_prefix,
 )
+from fstrain.core.rankexit import FailureReportReader, RankFailure, node_failure
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool
+from fstrain.io.localout import describe, warn
+from fstrain.io.relay import RelayQueue
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
-from fstrain.io.remote.watchdog import BOOTSTRAP
+from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
+from fstrain.io.stall import EXIT_STALLED, StallWatch
 from fstrain.io.transport.base import RunningCommand, Transport
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -75,12 +82,15 @@ class Rendezvous:
 # -- 1. preflight -------------------------------------------------------------------------------
 
 
-def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float = 60) -> list[HostFacts]:
-    """Check every host's interpreter and working directory; raise one error naming each bad host."""
+def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float = 60,
+              packages: Sequence[str] = (), workdir_is_default: bool = False) -> list[HostFacts]:
+    """Check every host's interpreter, its ``packages`` and the working directory; raise one
+    error naming each bad host."""
     argv = [python, "-", "info", workdir or ""]
     results = pool.run_all(argv, stdin=source("netcheck").encode(), timeout_s=timeout_s)
     problems: list[str] = []
     facts: list[HostFacts] = []
+    hint = "fix the hosts above (--python, --workdir) or leave them out with --exclude"
     for host, result in zip(pool.hosts, results, strict=True):
         if result.error:
             problems.append(f"{host.label()}: {result.error}")
@@ -94,13 +104,40 @@ def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float
             problems.append(f"{host.label()}: {python} could not run the check: {result.stderr.strip()[-300:]}")
             continue
         if not info.get("workdir_exists", True):
-            problems.append(f"{host.label()}: working directory {workdir!r} does not exist")
+            where = " (the current directory here, the default)" if workdir_is_default else ""
+            problems.append(f"{host.label()}: working directory {workdir!r}{where} does not exist")
+            if workdir_is_default:
+                hint = "run fstrain from a directory that exists on every host, or pass --workdir DIR"
+            continue
+        missing = [name for name in packages if not info.get(name)]
+        if missing:
+            problems.append(f"{host.label()}: {python} ({info.get('python_executable')}, Python "
+                            f"{info.get('python')}) cannot import {' or '.join(missing)}")
+            hint = interpreter_hint(pool, python, packages, timeout_s)
             continue
         facts.append(HostFacts(host, info))
     if problems:
-        raise LaunchError("preflight failed on " + "; ".join(problems),
-                          "fix the hosts above (--python, --workdir) or leave them out with --exclude", "launch")
+        raise LaunchError("preflight failed on " + "; ".join(problems), hint, "launch")
     return facts
+
+
+def interpreter_hint(pool: HostPool, python: str, packages: Sequence[str], timeout_s: float) -> str:
+    """Which --python to pass: the interpreter running fstrain here, if every host has it with
+    ``packages`` (a venv or conda environment on shared storage), else how to find one."""
+    local = sys.executable
+    generic = (f"pass --python with the path of an interpreter that has {' and '.join(packages)} on every "
+               "host (a venv's or conda environment's bin/python)")
+    if not local or local == python:
+        return generic
+    results = pool.run_all([local, "-", "info", ""], stdin=source("netcheck").encode(), timeout_s=timeout_s)
+    for result in results:
+        try:
+            info = json.loads(result.stdout) if result.ok else {}
+        except json.JSONDecodeError:
+            info = {}
+        if not all(info.get(name) for name in packages):
+            return generic
+    return f"pass --python {local} (the interpreter running fstrain here has them on every host)"
 
 
 # -- 2. rendezvous ------------------------------------------------------------------------------
@@ -189,6 +226,10 @@ class NodeState:
     exit_code: int | None = None
     error: str | None = None
     tail: list[str] = field(default_factory=list)
+    rank_tails: dict[int, list[str]] = field(default_factory=dict)  # per local rank, its own last lines
+    noise: NodeNoise = field(default_factory=NodeNoise)  # the launcher's boilerplate, folded on the terminal
+    reader: FailureReportReader = field(default_factory=FailureReportReader)  # torchrun's root cause
+    failure: RankFailure | None = None  # the failed rank behind a non-zero exit, where known
 
     @property
     def done(self) -> bool:
@@ -206,6 +247,8 @@ class RunOptions:
     node_files: Sequence[Mapping[str, str]] = ()  # per node: rendered configs to write there
     color: bool = False
     out: TextIO = sys.stdout
+    stall_timeout_s: float | None = None  # no rank output for this long: stalled
+    finish_timeout_s: float | None = None  # some nodes done with 0, others still running: stalled
 
 
 @dataclass
@@ -216,6 +259,7 @@ class RunOutcome:
     nodes: list[NodeState]
     started: float
     ended: float
+    stall: dict[str, Any] | None = None  # the hang report (fstrain/io/stall.py), when stalled
 
 
 class _Stop:
@@ -237,7 +281,7 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
               options: RunOptions) -> RunOutcome:
     """Start every node's watchdog, stream, watch, and tear down. Never leaves a job running."""
     nodes = [NodeState(launch) for launch in launches]
-    events: queue.Queue[tuple[str, int, Any, Any]] = queue.Queue()
+    events: queue.Queue[tuple[str, int, Any, Any]] = RelayQueue()  # bounded: back-pressure
     logs = _Logs(options.run_dir / "logs")
     secrets = secret_values({k: v for n in launches for k, v in n.env.items()})
     stop = _Stop()
@@ -247,7 +291,9 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
         for node in nodes:
             _start_node(node, connect, python, options, events)
         threading.Thread(target=_heartbeats, args=(nodes, events, options), daemon=True).start()
-        outcome = _watch(nodes, events, stop, logs, secrets, options)
+        stall = StallWatch(options.stall_timeout_s, options.finish_timeout_s, options.run_dir) \
+            if options.stall_timeout_s or options.finish_timeout_s else None
+        outcome = _watch(nodes, events, stop, logs, secrets, options, stall)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -257,16 +303,30 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
             if node.transport is not None:
                 node.transport.close()
         logs.close()
-    return RunOutcome(outcome[0], outcome[1], outcome[2], nodes, started, time.time())
+    return RunOutcome(outcome[0], outcome[1], outcome[2], nodes, started, time.time(),
+                      stall.document if stall is not None and outcome[1] == "stalled" else None)
 
 
 def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: str, options: RunOptions,
                 events: queue.Queue[tuple[str, int, Any, Any]]) -> None:
     launch = node.launch
-    rank = launch.node_rank
     node.started = time.time()
+    header = watchdog_header(launch, options)
+    try:
+        node.transport = connect(launch.host)
+        node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
+                              (json.dumps(header) + "\n").encode(), close_stdin=False)
+    except FstrainError as exc:
+        events.put(("lost", launch.node_rank, exc.message, None))
+        return
+    threading.Thread(target=_pump, args=(node, events), daemon=True, name=f"fstrain-node{launch.node_rank}").start()
+
+
+def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
+    """What a node's watchdog reads from its stdin: its job, files and limits."""
+    rank = launch.node_rank
     run_dir = node_run_dir(launch.host, rank, options)
-    header = {
+    header: dict[str, Any] = {
         "source": source("watchdog"),
         "argv": list(launch.argv),
         "env": dict(launch.env),
@@ -278,17 +338,16 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
         "node_rank": rank,
         "nproc": launch.nproc,
         "rank_log_dir": launch.rank_log_dir,
+        "cleanup": [d for d in (launch.rank_log_dir, TORCHRUN_LOG_DIR) if d],
         "grace_s": options.grace_s,
         "heartbeat_timeout_s": options.heartbeat_timeout_s,
+        "backend": launch.backend,
+        "rank_offset": launch.rank_offset,
     }
-    try:
-        node.transport = connect(launch.host)
-        node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
-                              (json.dumps(header) + "\n").encode(), close_stdin=False)
-    except FstrainError as exc:
-        events.put(("lost", rank, exc.message, None))
-        return
-    threading.Thread(target=_pump, args=(node, events), daemon=True, name=f"fstrain-node{rank}").start()
+    if options.stall_timeout_s or options.finish_timeout_s:  # ranks answer SIGUSR1 with their stacks
+        header.update(stacks=True, modules={"stacks": source("stacks")}, stall_timeout_s=options.stall_timeout_s,
+                      finish_timeout_s=options.finish_timeout_s)
+    return header
 
 
 def node_run_dir(host: Host, node_rank: int, options: RunOptions) -> str:
@@ -341,7 +400,7 @@ def _check_alive(node: NodeState, alive: Callable[[float], bool], events: queue.
 
 
 def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]], stop: _Stop, logs: _Logs,
-           secrets: Sequence[str], options: RunOptions) -> tuple[int, str, int | None]:
+           secrets: Sequence[str], options: RunOptions, stall: StallWatch | None = None) -> tuple[int, str, int | None]:
     exit_code, reason, first_failure = 0, "ok", None
     stopping_since: float | None = None
     kill_sent = False
@@ -362,21 +421,38 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             kind, rank, a, b = "", -1, None, None
         node = nodes[rank] if kind else None
         if kind == "line" and node is not None:
+            if b.startswith(EVENT_PREFIX):  # the watchdog's report, not the job's output
+                if stall is not None:
+                    stall.event(rank, json.loads(b[len(EVENT_PREFIX):]))
+                continue
+            node.reader.feed(b)
+            if stall is not None and split_rank_prefix(b)[0] is not None:
+                stall.progress()
             _emit(node, a, redact(b, secrets), logs, options)
         elif kind in ("exit", "lost") and node is not None and not node.done:
+            _show(node, node.launch.host.name, node.noise.flush(), options)
             node.ended = time.time()
             if kind == "exit":
                 node.exit_code, node.error = a, b
+                node.failure = node_failure(node.launch.backend, a, node.reader.root_cause, node.launch.rank_offset)
             else:
                 node.error = a
                 if node.running is not None:
                     node.running.close()
+            if stall is not None:
+                stall.node_exited(node.exit_code)
+                stall.node_gone(rank)
             failed = node.exit_code != 0
             if failed and first_failure is None and stopping_since is None:
                 first_failure = rank
                 exit_code = node.exit_code if node.exit_code is not None else EXIT_LOST_HOST
+                if node.failure is not None:  # the rank's own code, not its launcher's
+                    exit_code = node.failure.exit_code
                 reason = "failed" if node.exit_code is not None else "lost"
                 stopping_since = _stop_all(nodes, "term")
+        if stall is not None and stopping_since is None and _stalled(nodes, stall, options):
+            exit_code, reason = EXIT_STALLED, "stalled"
+            stopping_since = _stop_all(nodes, "term")
         if stopping_since is not None and time.monotonic() - stopping_since > options.grace_s + 10:
             for straggler in nodes:  # no answer after the grace period: its watchdog cleans up alone
                 if not straggler.done:
@@ -385,8 +461,23 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
     return exit_code, reason, first_failure
 
 
+def _stalled(nodes: Sequence[NodeState], stall: StallWatch, options: RunOptions) -> bool:
+    """Ask for stacks once a timeout has passed; True once they are in (and written)."""
+    reason = stall.due(nodes)
+    if reason:
+        options.out.write(f"fstrain: {reason}: collecting every live rank's stacks\n")
+        options.out.flush()
+        stall.requested([n.launch.node_rank for n in nodes if not n.done])
+        _stop_all(nodes, "stacks")
+    if stall.document is None and stall.collected():
+        stall.write()
+        return True
+    return False
+
+
 def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
     for node in nodes:
+        node.noise.stopping = True  # from now on, the launchers' teardown tracebacks are folded
         if node.running is not None and not node.done:
             node.running.write(f"{how}\n".encode())
     return time.monotonic()
@@ -395,36 +486,76 @@ def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
 def _emit(node: NodeState, stream: str, line: str, logs: _Logs, options: RunOptions) -> None:
     host = node.launch.host.name
     local_rank, text = split_rank_prefix(line)
-    tag = f"{host} r{local_rank}" if local_rank is not None else host
+    rank = local_rank if local_rank is None or node.launch.rank_offset is None else node.launch.rank_offset + local_rank
+    tag = f"{host} r{rank}" if rank is not None else host
+    _show(node, tag, node.noise.feed(local_rank, text), options)
+    logs.write(host, rank, f"[{tag}] {text}")
+    node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
+    if local_rank is not None:
+        node.rank_tails[local_rank] = [*node.rank_tails.get(local_rank, [])[-19:], f"[{tag}] {text}"]
+
+
+def _show(node: NodeState, tag: str, texts: Sequence[str], options: RunOptions) -> None:
+    """Lines on the terminal (stdout), prefixed with their node (and rank)."""
+    if not texts:
+        return
     prefix = f"[{tag}]"
     if options.color:
         prefix = f"\x1b[{COLORS[node.launch.node_rank % len(COLORS)]}m{prefix}\x1b[0m"
-    options.out.write(f"{prefix} {text}\n")
+    options.out.write("".join(f"{prefix} {text}\n" for text in texts))
     options.out.flush()
-    logs.write(host, local_rank, f"[{tag}] {text}")
-    node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
+
+
+def last_lines(node: NodeState, count: int = 10) -> list[str]:
+    """A failed node's most telling lines: the first failed rank's own (torchrun names it),
+    else the node's last lines."""
+    rank = node.noise.failed_local_rank
+    for key in (rank, node.noise.failed_rank):
+        if key is not None and node.rank_tails.get(key):
+            return node.rank_tails[key][-count:]
+    return node.tail[-count:]
 
 
 class _Logs:
-    """RUN_DIR/logs/<host>.log, and <host>.r<local rank>.log where the rank is known."""
+    """RUN_DIR/logs/<host>.log, and <host>.r<rank>.log where the rank is known (the global
+    rank where ranks are fixed before the start, else the local rank).
+
+    A local write failure (a full disk) is said once and ends the local copy; the job runs on."""
 
     def __init__(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.files: dict[str, TextIO] = {}
+        self.lost: str | None = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._fail(exc)
 
     def write(self, host: str, local_rank: int | None, line: str) -> None:
+        if self.lost is not None:
+            return
         names = [f"{host}.log"] + ([f"{host}.r{local_rank}.log"] if local_rank is not None else [])
-        for name in names:
-            handle = self.files.get(name)
-            if handle is None:
-                handle = self.files[name] = (self.folder / name).open("a")
-            handle.write(line + "\n")
-            handle.flush()
+        try:
+            for name in names:
+                handle = self.files.get(name)
+                if handle is None:
+                    handle = self.files[name] = (self.folder / name).open("a")
+                handle.write(line + "\n")
+                handle.flush()
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.lost = describe(exc)
+        warn(f"cannot write the logs in {self.folder} ({self.lost}); the job keeps running and its "
+             "output still streams, but the local log files stop here")
+        self.close()
 
     def close(self) -> None:
         for handle in self.files.values():
-            handle.close()
+            with contextlib.suppress(OSError):
+                handle.close()
+        self.files = {}
 
 
 # -- 5. manifest --------------------------------------------------------------------------------
@@ -449,13 +580,21 @@ def write_manifest(path: Path, *, run_id: str, backend: str, rendezvous: Rendezv
         "ended": outcome.ended if outcome else None,
         "exit_code": outcome.exit_code if outcome else None,
         "reason": outcome.reason if outcome else "dry-run",
+        "stall": outcome.stall if outcome else None,
         "first_failure_node_rank": outcome.first_failure if outcome else None,
+        "first_failure": failure_summary(outcome.nodes[outcome.first_failure].failure)
+        if outcome and outcome.first_failure is not None else None,
         "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(document, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk loses the file, never the job's result
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        warn(f"cannot write {path} ({describe(exc)})")
     return document
 
 
@@ -474,6 +613,15 @@ def node_summary(launch: NodeLaunch, state: NodeState | None) -> dict[str, Any]:
             started=state.started,
             ended=state.ended,
             seconds=round((state.ended or time.time()) - state.started, 3),
-            last_lines=state.tail[-10:],
+            last_lines=last_lines(state),
+            failed_rank=failure_summary(state.failure),
         )
     return entry
+
+
+def failure_summary(failure: RankFailure | None) -> dict[str, Any] | None:
+    """The failed rank as the manifest records it."""
+    if failure is None:
+        return None
+    return {"rank": failure.rank, "local_rank": failure.local_rank, "exit_code": failure.exit_code,
+            "signal": failure.signal_name or None}

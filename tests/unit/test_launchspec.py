@@ -79,6 +79,23 @@ def test_torchrun_argv_maps_programs() -> None:
     assert "--rdzv-endpoint=[fd00::1]:29500" in v6
 
 
+def test_torchrun_without_restarts_uses_the_static_rendezvous_and_knows_global_ranks() -> None:
+    argv = torchrun_argv("python3", nnodes=2, node_rank=1, nproc=4, master_addr="10.0.0.1", master_port=29500,
+                         run_id="r1", max_restarts=0, program=["train.py"])
+    assert "--rdzv-backend=static" in argv and "--node-rank=1" in argv
+    assert "--master-addr=10.0.0.1" in argv and "--master-port=29500" in argv
+    assert not any(a.startswith("--rdzv-endpoint") for a in argv)
+    common = {"program": ["python3", "t.py"], "python": "python3", "master_addr": "a", "master_port": 1,
+              "run_id": "r", "env": {}, "per_node_env": []}
+    hosts = [Host("a"), Host("b"), Host("c")]
+    static = plan_launches(hosts, backend="torchrun", nprocs=[2, 3, 2], max_restarts=0, **common)  # type: ignore[arg-type]
+    assert [n.rank_offset for n in static] == [0, 2, 5]
+    elastic = plan_launches(hosts, backend="torchrun", nprocs=[2, 3, 2], max_restarts=1, **common)  # type: ignore[arg-type]
+    assert [n.rank_offset for n in elastic] == [None, None, None]  # c10d assigns ranks at the rendezvous
+    deepspeed = plan_launches(hosts, backend="deepspeed", nprocs=[2, 2, 2], max_restarts=1, **common)  # type: ignore[arg-type]
+    assert [n.rank_offset for n in deepspeed] == [0, 2, 4] and deepspeed[0].backend == "deepspeed"
+
+
 def test_deepspeed_argv_carries_world_info() -> None:
     argv = deepspeed_argv("python3", world_info={"a": [0, 1], "b": [2]}, node_rank=1, master_addr="a",
                           master_port=1234, program=["python3", "-m", "fstrain.train", "--steps", "2"])

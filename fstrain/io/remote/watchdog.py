@@ -2,9 +2,11 @@
 
 Sent as source over SSH (stdlib only, Python >= 3.8) and started by ``BOOTSTRAP``, which reads
 one JSON header line from stdin: ``argv`` (``{run_dir}`` in an argument becomes the run
-directory), ``env``, ``workdir``, ``files`` (written into ``run_dir`` with mode 0600),
-``grace_s``, ``heartbeat_timeout_s``, ``run_id``, ``node_rank``, ``state_dir``. Values travel
-on stdin, never on the command line.
+directory, ``{{run_dir}}`` the text ``{run_dir}``), ``env``, ``workdir``, ``files`` (written
+into ``run_dir`` with mode 0600), ``grace_s``, ``heartbeat_timeout_s``, ``run_id``,
+``node_rank``, ``state_dir``, ``cleanup`` (folders under ``run_dir`` removed when the job is
+over: the launchers' per-rank copies of the output, which may hold secrets the program
+printed). Values travel on stdin, never on the command line.
 
 After the header, stdin is the control line from the launcher:
 
@@ -25,15 +27,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import types
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.1
+EVENT_PREFIX = "fstrain-watchdog-event: "  # a JSON report for the launcher, not job output
 
 BOOTSTRAP = (
     "import sys,json;h=json.loads(sys.stdin.readline());"
@@ -86,6 +91,12 @@ def signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+def expand(text: str, run_dir: str) -> str:
+    """``{run_dir}`` -> the run directory; ``{{run_dir}}`` -> the text ``{run_dir}``."""
+    parts = text.split("{{run_dir}}")
+    return "{run_dir}".join(part.replace("{run_dir}", run_dir) for part in parts)
+
+
 def reap() -> None:
     """Collect exit statuses of re-parented orphans so they do not linger as zombies."""
     while True:
@@ -107,6 +118,7 @@ class Watchdog:
         self.lock = threading.Lock()
         self.child: subprocess.Popen[bytes] | None = None
         self.state_file = ""
+        self.modules: dict[str, Any] = {}
 
     def prepare(self) -> dict[str, str]:
         header = self.header
@@ -128,7 +140,40 @@ class Watchdog:
         env["FSTRAIN_NODE_RANK"] = str(header.get("node_rank", 0))
         if run_dir:
             env["FSTRAIN_RUN_DIR"] = run_dir
+        if run_dir and header.get("stacks"):  # hang reports: see stacks.py
+            self.module("stacks").install_hook(run_dir, env)
         return env
+
+    def module(self, name: str) -> Any:
+        """A helper module sent in the header (``modules``), loaded once."""
+        if name not in self.modules:
+            # Registered, so that dataclasses in it can resolve their own module.
+            module = types.ModuleType(f"fstrain_remote_{name}")
+            sys.modules[module.__name__] = module
+            exec(compile(self.header["modules"][name], f"fstrain-{name}", "exec"), module.__dict__)
+            self.modules[name] = module
+        return self.modules[name]
+
+    def report_stacks(self) -> None:
+        """Every live rank's stacks, as one event line for the launcher."""
+        run_dir = os.path.expanduser(self.header.get("run_dir") or "")
+        report = self.module("stacks").collect(run_dir, descendants(os.getpid()))
+        self.event({"stacks": report})
+
+    def event(self, payload: dict[str, Any]) -> None:
+        os.write(1, (EVENT_PREFIX + json.dumps(payload) + "\n").encode())
+
+    def watch_ranks(self) -> None:
+        """Report ranks whose process ended while the job runs on (``ranks_gone``): the launcher's
+        finish timeout starts there, as torchrun waits for every node before it exits."""
+        seen: set[int] = set()
+        while self.child is not None and self.child.poll() is None:
+            live = set(self.module("stacks").rank_processes(descendants(os.getpid())))
+            gone = seen - live
+            if gone:
+                self.event({"ranks_gone": sorted(gone)})
+            seen = (seen - gone) | live
+            time.sleep(1.0)
 
     def write_state(self) -> None:
         """Record this run's pids so `fstrain doctor --orphans` can find them by id, not by name."""
@@ -151,6 +196,8 @@ class Watchdog:
                 self.last_heartbeat = time.monotonic()
             elif word in ("term", "kill"):
                 self.request(word)
+            elif word == "stacks":
+                threading.Thread(target=self.report_stacks, daemon=True).start()
         self.request("term")
 
     def request(self, how: str) -> None:
@@ -170,7 +217,7 @@ class Watchdog:
                 log(f"working directory {workdir!r}: {exc.strerror}")
                 return 2
         run_dir = env.get("FSTRAIN_RUN_DIR", "")
-        argv = [arg.replace("{run_dir}", run_dir) for arg in self.header["argv"]]
+        argv = [expand(arg, run_dir) for arg in self.header["argv"]]
         try:
             self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                           start_new_session=True)
@@ -179,18 +226,34 @@ class Watchdog:
             return 127
         self.write_state()
         threading.Thread(target=self.control_loop, daemon=True).start()
-        tail_dir = str(self.header.get("rank_log_dir") or "").replace("{run_dir}", run_dir)
+        tail_dir = expand(str(self.header.get("rank_log_dir") or ""), run_dir)
         tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1)) if tail_dir else None
         if tailer is not None:
             threading.Thread(target=tailer.follow, daemon=True).start()
+        if self.header.get("stacks"):
+            threading.Thread(target=self.watch_ranks, daemon=True).start()
         try:
             return self.supervise()
         finally:
             if tailer is not None:
                 tailer.finish()
+            self.clean_up(run_dir)
             if self.state_file:
                 with contextlib.suppress(OSError):
                     os.unlink(self.state_file)
+
+    def clean_up(self, run_dir: str) -> None:
+        """Remove the ``cleanup`` folders, only ever inside the run directory."""
+        if not run_dir:
+            return
+        root = os.path.realpath(run_dir)
+        for pattern in self.header.get("cleanup") or []:
+            path = os.path.realpath(expand(str(pattern), run_dir))
+            if path.startswith(root + os.sep):
+                shutil.rmtree(path, ignore_errors=True)
+        for leftover in ("ranklogs",):  # the parent of the per-node rank log folders, once empty
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(root, leftover))
 
     def supervise(self) -> int:
         assert self.child is not None
@@ -304,6 +367,8 @@ class RankLogTailer:
 
 
 def main(header: dict[str, Any]) -> None:
+    if header.get("detach"):  # a detached run: the watchdogs supervise each other (coordinator.py)
+        Watchdog(header).module("coordinator").main(header, Watchdog)
     watchdog = Watchdog(header)
     # A signal to the watchdog itself (sshd's SIGHUP on a lost channel, a kill by hand) tears
     # the job down like a lost launcher; it never leaves the job running without a watchdog.
