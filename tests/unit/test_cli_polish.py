@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import run_fstrain
 
 COMMANDS = [["exec"], ["launch"], ["plan"], ["render"], ["doctor"], ["topo", "show"], ["topo", "xml"],
-            ["topo", "parse"]]
+            ["topo", "parse"], ["runs"], ["status"], ["logs"], ["attach"], ["stop"], ["gc"], ["bench"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
@@ -18,6 +18,7 @@ def test_help_names_every_placeholder(command: list[str]) -> None:
     assert result.returncode == 0
     # typer's unnamed placeholders look like <str>, <int range>, <path>
     assert not re.search(r"<(str|int|float|path|text|integer)[^>]*>", result.stdout, re.IGNORECASE), result.stdout
+    assert not re.search(r"^\s+-\S*(, --\S+)? (TEXT|NUMBER)\s", result.stdout, re.MULTILINE), result.stdout
     options = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("-")]
     assert options
 
