@@ -4,9 +4,10 @@ torchrun prints, besides the ranks' lines (tagged with their local rank): a warn
 ``--node-rank`` is ignored under c10d (every multi-node run), a Python traceback ending in
 ``SignalException`` when it is stopped (every node, on every teardown), and, when a rank fails,
 a traceback ending in ``ChildFailedError`` with a report naming the rank that failed first.
-Once the launcher is tearing the job down (``stopping``), the other nodes' torchruns print
-their lost rendezvous store as C++ frame dumps and chained tracebacks: each traceback folds
-into its exception line, the frame dumps and their blank lines are left out.
+When one node ends, the others' torchruns print their lost rendezvous store as C++ frame dumps
+and chained tracebacks: such a traceback (and, once the launcher is tearing the job down, any
+traceback) folds into its exception line; the frame dumps are left out (the line before each
+says what failed).
 ``NodeNoise`` folds each of these into at most one line and remembers which local rank failed,
 so the summary can show that rank's own last lines. Everything still goes to the log files;
 only the terminal is spared. Pure: lines in, lines out.
@@ -23,6 +24,8 @@ IGNORED = (
 TRACEBACK_START = "Traceback (most recent call last):"
 CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 CXX_FRAMES = ("Exception raised from ", "frame #", "<omitting python frames>")
+# Exceptions torchrun raises when its rendezvous store (on the first node) is gone.
+TEARDOWN_EXCEPTIONS = ("RendezvousConnectionError", "RendezvousClosedError", "DistNetworkError", "DistStoreError")
 MAX_BLOCK_LINES = 500  # a traceback longer than this is shown as it is
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
@@ -38,6 +41,7 @@ class NodeNoise:
     failed_exit_code: int | None = None
     block: list[str] = field(default_factory=list)
     stopping: bool = False  # the launcher is tearing the job down
+    after_fold: bool = False  # the last launcher line was a folded traceback (chained ones follow)
     in_report: bool = False  # inside the report that follows "ChildFailedError:"
     rules_seen: int = 0  # "=====" lines seen in that report
 
@@ -48,11 +52,13 @@ class NodeNoise:
             return self._extend(text)
         if text.startswith(TRACEBACK_START):
             self.block = [text]
+            self.after_fold = False
             return []
-        if any(pattern.search(text) for pattern in IGNORED):
+        if any(pattern.search(text) for pattern in IGNORED) or text.startswith(CXX_FRAMES):
             return []
-        if self.stopping and (not text.strip() or text.startswith(CXX_FRAMES + CHAINED)):
+        if (self.stopping or self.after_fold) and (not text.strip() or text.startswith(CHAINED)):
             return []
+        self.after_fold = False
         return [text]
 
     def flush(self) -> list[str]:
@@ -72,12 +78,14 @@ class NodeNoise:
         signal = _SIGNAL.search(text)
         if signal:
             self.flush()
+            self.after_fold = True
             return [f"torchrun stopped by signal {signal.group(1)} (its traceback is in the log)"]
         if "ChildFailedError" in text:
             self.in_report = True
             return []
-        if self.stopping:
+        if self.stopping or any(name in text for name in TEARDOWN_EXCEPTIONS):
             self.flush()
+            self.after_fold = True
             return [f"torchrun: {text.strip()} (its traceback is in the log)"]
         return self.flush()
 

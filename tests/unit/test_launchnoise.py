@@ -78,3 +78,14 @@ def test_teardown_of_the_other_nodes_folds_frame_dumps_and_chained_tracebacks() 
                           "connection to the C10d store has failed. See inner exception for details. "
                           "(its traceback is in the log)")
     assert len(out) < 25, out
+
+
+def test_a_lost_rendezvous_store_folds_even_before_the_launcher_stops() -> None:
+    noise = NodeNoise()
+    out: list[str] = []
+    for line in (FIXTURES / "teardown-other-node.log").read_text().splitlines():
+        head, _, text = line.partition("] ")
+        out += noise.feed(int(head.split(" r")[1]) if " r" in head else None, text)
+    out += noise.flush()
+    assert not any(line.startswith(("frame #", "Traceback", "  File", "Exception raised")) for line in out)
+    assert out[-1].startswith("torchrun: torch.distributed.elastic.rendezvous.api.RendezvousConnectionError")
