@@ -46,7 +46,8 @@ def launch_command(
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE, or NAME to pass this environment's value, for "
                                   "every rank (repeatable)."),
     env_file: str | None = typer.Option(None, "--env-file", help="File of NAME=VALUE lines."),
-    workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host (checked first)."),
+    workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host (default: the "
+                                       "current directory; checked first)."),
     python: str = typer.Option("python3", "--python", help="Interpreter on the hosts."),
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="torchrun worker-group restarts."),
