@@ -258,10 +258,12 @@ def test_no_secret_at_rest_on_the_nodes_and_none_left_in_tmp(cluster: NamespaceC
     new_tmp = sorted(set(Path("/tmp").glob("torchelastic_*")) - before)
     homes = [cluster.home(i) for i in (1, 2)]
     assert _files_holding([*homes, *new_tmp, tmp_path], secret.encode()) == []
-    # What the launchers copied of the output is gone; the run directory keeps its own files.
+    # What the launchers copied of the output is gone from this run's directory on each node.
+    run_id = json.loads((tmp_path / "run" / "manifest.json").read_text())["run_id"]
     for home in homes:
-        for run in (home / ".fstrain" / "runs").iterdir():
-            assert not (run / "torchrun").exists() and not (run / "ranklogs").exists(), sorted(run.rglob("*"))
+        run = home / ".fstrain" / "runs" / run_id
+        assert run.is_dir()
+        assert not (run / "torchrun").exists() and not (run / "ranklogs").exists(), sorted(run.rglob("*"))
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 
