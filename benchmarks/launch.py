@@ -52,7 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line, median
 
 REPO = Path(__file__).resolve().parent.parent
-CLUSTER_ID = "7"  # namespaces fst7-node1.., subnet 198.18.7.0/24: apart from other sessions' clusters
+# Namespaces fst<id>-node1.., subnet 198.18.<id>.0/24: apart from other sessions' clusters
+# (FSTRAIN_TESTCLUSTER_ID picks another id, as for the tests).
+CLUSTER_ID = os.environ.get("FSTRAIN_TESTCLUSTER_ID") or "7"
 TOOLS = ("fstrain launch --backend torchrun", "fstrain launch --backend deepspeed", "deepspeed --hostfile (pdsh)")
 BASELINE = TOOLS[2]
 MARKER_RE = re.compile(rb"FSTBENCH ready rank=(\d+)")

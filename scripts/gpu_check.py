@@ -15,12 +15,14 @@ python3 scripts/gpu_check.py OUT_DIR --report tests/fixtures/probe/simai-2a100-n
    result is right, NCCL's merged dump has our GPU once under one <cpu> (the bus ids and NUMA id
    matched, so NCCL did not add a second, detected node); it also lists every attribute where our
    file and NCCL's own detection differ (informational: see docs/topology.md, known limits).
+5. `fstrain bench`'s worker: the compute suite (bf16 matmul TFLOPS, HBM copy bandwidth per GPU) and the
+   collectives over all the machine's GPUs with NCCL (bench-compute.json, bench-collectives.json).
 
-With the device tool: run(command='PYTHONUNBUFFERED=1 timeout 470 python3 scripts/gpu_check.py "$OUT"',
-timeout_s=500); then copy OUT/probe-report.json to tests/fixtures/probe/ with its provenance.
+On a lent GPU machine, run it through scripts/gpu_session.sh (it packs the files below into the few
+the device tool brings back); then copy probe-report.json to tests/fixtures/probe/ with its provenance.
 
-Files written to OUT (at most 8, all at the top level): probe-report.json, topo.xml,
-nccl-detected.log, nccl-detected-dump.xml, nccl-with-topo.log, nccl-with-topo-dump.xml,
+Files written to OUT: probe-report.json, topo.xml, nccl-detected.log, nccl-detected-dump.xml,
+nccl-with-topo.log, nccl-with-topo-dump.xml, bench-compute.{json,log}, bench-collectives.{json,log},
 summary.json. Exit status 0 when every check passed, 1 when one failed, 2 when there is no GPU or
 no torch to run NCCL with (recorded in summary.json).
 """
@@ -114,6 +116,42 @@ def compare_with_detection(ours_text: str, dump_text: str) -> list[str]:
     return differences
 
 
+BENCH_TIMEOUT_S = 120
+
+
+def bench_suites(out: Path, checks: dict[str, object], num_gpus: int) -> None:
+    """`fstrain bench`'s worker on this machine: the compute suite on every GPU (bf16 matmul TFLOPS,
+    HBM copy bandwidth) and the collectives over all its GPUs with NCCL (busbw is 0 on one GPU by
+    nccl-tests' definition; algbw is still measured). Files: bench-compute.json, bench-collectives.json."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    runs = {
+        "compute": [sys.executable, "-m", "fstrain.bench", "--suite", "compute", "--compute-seconds", "3",
+                    "--json-out", str(out / "bench-compute.json")],
+        "collectives": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                        str(num_gpus), "-m", "fstrain.bench", "--suite", "collectives", "--backend", "nccl",
+                        "--sizes", "1M-1G:4", "--seconds", "0.3", "--json-out", str(out / "bench-collectives.json")],
+    }  # fmt: skip
+    for suite, argv in runs.items():
+        result = run(argv, BENCH_TIMEOUT_S, env)
+        (out / f"bench-{suite}.log").write_text(f"$ {' '.join(argv)}\nexit {result['exit_code']} after "
+                                                f"{result['seconds']} s\n{result['stdout']}{result['stderr']}")
+        path = out / f"bench-{suite}.json"
+        checks[f"bench_{suite}_ok"] = result["exit_code"] == 0 and path.exists()
+        if path.exists():
+            checks[f"bench_{suite}"] = bench_headline(suite, json.loads(path.read_text()))
+
+
+def bench_headline(suite: str, document: dict[str, object]) -> object:
+    """The numbers worth reading in the summary (the whole document is in the JSON file)."""
+    if suite == "compute":
+        ranks = document.get("compute", {}).get("per_rank", [])  # type: ignore[union-attr]
+        return [{key: rank.get(key, {}).get(metric, {}).get("median")  # type: ignore[union-attr]
+                 for key, metric in (("matmul", "tflops"), ("memory", "gbps"))} for rank in ranks]
+    scopes = document.get("collectives", {}).get("scopes", [])  # type: ignore[union-attr]
+    return [{k: r.get(k) for k in ("collective", "size_bytes", "algbw_gbps", "busbw_gbps")}
+            for scope in scopes for r in scope.get("results", []) if not r.get("latency_size")][-5:]
+
+
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "gpu-check-out")).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -195,8 +233,10 @@ def steps(out: Path, summary: dict[str, object], checks: dict[str, object], fini
         # Informational: where our generator and NCCL's own detection disagree (e.g. NCCL 2.30 takes
         # the GPU link speed from NVML's current PCIe generation, which idles low).
         checks["differences_from_nccl_detection"] = compare_with_detection(generated.text, detected_dump.read_text())
+    bench_suites(out, checks, len(report["gpus"]))
     required = ["xml_reads_back", "detected_job_allreduce_ok", "with_topo_allreduce_ok", "log_loading_topology_file",
-                "log_loading_topology_name", "log_no_open_failure", "dump_gpu_matched_once"]
+                "log_loading_topology_name", "log_no_open_failure", "dump_gpu_matched_once", "bench_compute_ok",
+                "bench_collectives_ok"]
     checks["failed"] = [name for name in required if checks.get(name) is not True]
     return finish(1 if checks["failed"] else 0)
 

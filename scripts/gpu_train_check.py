@@ -79,6 +79,20 @@ class Case:
     strategy: str
     backend: str  # the trainer's --backend
     config_file: str  # the rendered file that backend reads
+    model: str | None = None  # a shipped recipe or a recipe made here; None: the model chosen for the run
+    ac: str = "none"  # activation checkpointing policy, as `fstrain plan --ac` takes it
+    micro_batch: int | None = None  # None: --micro-batch
+    grad_accum: int | None = None  # None: --grad-accum
+    seq_len: int | None = None  # None: the recipe's
+
+    @property
+    def name(self) -> str:
+        """The case's folder and table label: unique within a matrix."""
+        if self.model is None and self.ac == "none":
+            return self.strategy
+        parts = [self.model or "", self.strategy, f"ac-{self.ac.replace(':', '')}",
+                 f"mb{self.micro_batch}" if self.micro_batch else "", f"s{self.seq_len}" if self.seq_len else ""]
+        return "-".join(p for p in parts if p)
 
 
 CASES = (
@@ -86,6 +100,26 @@ CASES = (
     Case("zero2", "deepspeed", "ds_config.json"),
     Case("zero3", "deepspeed", "ds_config.json"),
     Case("fsdp-grad-op", "fsdp", "fsdp.yaml"),  # last: the second FSDP layout, run if time is left
+)
+
+# A Llama-3.1-8B-shaped model cut to 8 blocks (2.8B parameters: the 8B's embeddings and head, 8 of
+# its 32 layers), so one H200 holds it unsharded with every activation-checkpointing policy at 8k
+# tokens: per-block activations and the 128k-vocabulary logits are both measured at full width.
+SLICED_RECIPE = ("llama3.1-8b", 8)
+SLICED = f"{SLICED_RECIPE[0]}-{SLICED_RECIPE[1]}l"
+
+# `--matrix calibration`: measured points for the planner's memory and speed models, most valuable
+# first (the budget skips the tail). Each case is planned, rendered and trained on its own.
+CALIBRATION_CASES = (
+    Case("fsdp-full", "fsdp", "fsdp.yaml", SLICED, "none", 1, 1, 8192),
+    Case("fsdp-full", "fsdp", "fsdp.yaml", SLICED, "full", 2, 1, 8192),
+    Case("fsdp-full", "fsdp", "fsdp.yaml", SLICED, "selective-op", 1, 1, 8192),
+    Case("fsdp-full", "fsdp", "fsdp.yaml", SLICED, "every-k:2", 1, 1, 8192),
+    Case("fsdp-full", "fsdp", "fsdp.yaml", "gpt2-1.5b", "none", 4, 2, 1024),
+    Case("zero3", "deepspeed", "ds_config.json", SLICED, "full", 2, 1, 8192),
+    Case("zero2", "deepspeed", "ds_config.json", "gpt2-1.5b", "none", 4, 2, 1024),
+    Case("fsdp-grad-op", "fsdp", "fsdp.yaml", SLICED, "full", 2, 1, 4096),
+    Case("fsdp-full", "fsdp", "fsdp.yaml", "gpt2-1.5b", "full", 16, 1, 1024),
 )
 
 TORCH_PROBE = r"""
@@ -267,7 +301,7 @@ def prediction(plan_json: dict[str, Any]) -> dict[str, Any]:
     """The pinned configuration's predicted memory, split into what each measurement can see."""
     best = plan_json["plans"][0]
     memory = best["memory"]
-    details = memory["details"]
+    details = memory.get("details", {})
     peak = int(memory["peak"])
     outside_allocator = int(details.get("CUDA context", 0)) + int(details.get("NCCL communicators", 0))
     allocator = peak - outside_allocator  # what torch's caching allocator would reserve
@@ -283,20 +317,41 @@ def prediction(plan_json: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sliced_recipe(check: Check) -> Path:
+    """SLICED's recipe file: the shipped recipe with fewer layers (its stated parameter count dropped)."""
+    import yaml
+
+    name, layers = SLICED_RECIPE
+    path = check.work / f"{SLICED}.yaml"
+    if not path.exists():
+        recipe = yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())
+        recipe["name"] = SLICED
+        recipe["description"] = f"{name} cut to its first {layers} layers (GPU calibration)"
+        recipe["model"]["num_layers"] = layers
+        recipe["model"].pop("params", None)
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
 def plan_and_render(check: Check, model: str, case: Case, args: argparse.Namespace) -> dict[str, Any]:
     """`fstrain plan` pinned to one GPU, then `fstrain render`; returns the case's record."""
-    folder = check.work / model / case.strategy
+    model = case.model or model
+    folder = check.work / model / case.name
     folder.mkdir(parents=True, exist_ok=True)
     fstrain = [sys.executable, "-m", "fstrain"]
-    batch = args.micro_batch * args.grad_accum
+    micro_batch, grad_accum = case.micro_batch or args.micro_batch, case.grad_accum or args.grad_accum
+    model_flag = ["--recipe", str(sliced_recipe(check))] if model == SLICED else ["--model", model]
+    seq_flag = ["--seq-len", str(case.seq_len)] if case.seq_len else []
     plan_argv = [
         *fstrain,
-        "plan", "--model", model, "--num-nodes", "1", "--gpus-per-node", "1", "--gpu", args.gpu,
-        "--global-batch", str(batch), "--micro-batch", str(args.micro_batch), "--grad-accum", str(args.grad_accum),
-        "--precision", "bf16", "--optimizer", "adamw", "--strategy", case.strategy, "--tp", "1", "--pp", "1",
-        "--ac", "none", "--offload", "none", "--json",
+        "plan", *model_flag, *seq_flag, "--num-nodes", "1", "--gpus-per-node", "1", "--gpu", args.gpu,
+        "--global-batch", str(micro_batch * grad_accum), "--micro-batch", str(micro_batch),
+        "--grad-accum", str(grad_accum), "--precision", "bf16", "--optimizer", "adamw", "--strategy", case.strategy,
+        "--tp", "1", "--pp", "1", "--ac", case.ac, "--offload", "none", "--json",
     ]  # fmt: skip
-    record: dict[str, Any] = {"strategy": case.strategy, "backend": case.backend, "model": model}
+    record: dict[str, Any] = {"case": case.name, "strategy": case.strategy, "backend": case.backend, "model": model,
+                              "ac": case.ac, "micro_batch": micro_batch, "grad_accum": grad_accum,
+                              "seq_len": case.seq_len}
     # Without --out first: with --out, a plan that does not fit exits 2 and prints no JSON, which
     # would look like bad input; exit 1 (nothing fits) is a reason to fall back to a smaller model.
     plan_run = check.run(plan_argv, folder / "plan.log", CLI_TIMEOUT_S, stdout=folder / "plan.json")
@@ -356,7 +411,7 @@ def choose_model(check: Check, args: argparse.Namespace, gpu_bytes: int | None) 
     check.summary["model_fallbacks"] = fallbacks
     records: list[dict[str, Any]] = []
     for model in candidates:
-        records = [plan_and_render(check, model, case, args) for case in CASES]
+        records = [plan_and_render(check, model, case, args) for case in args.cases]
         check.summary["cases"] = records
         check.save()
         broken = [r for r in records if r["status"] not in ("rendered", "does not fit")]
@@ -385,8 +440,8 @@ def env_file_vars(path: Path) -> dict[str, str]:
 
 def train_case(check: Check, record: dict[str, Any], args: argparse.Namespace, on_gpu: bool) -> None:
     """One trainer run under torchrun on one GPU (or the CPU in a rehearsal), compared with the plan."""
-    case = next(c for c in CASES if c.strategy == record["strategy"])
-    folder = check.work / record["model"] / case.strategy
+    case = next(c for c in args.cases if c.name == record["case"])
+    folder = check.work / record["model"] / case.name
     render = folder / "render"
     env = {**check.env, **env_file_vars(render / "fstrain.env"), "FSTRAIN_DEBUG": "1"}
     env.setdefault("OMP_NUM_THREADS", str(min(16, os.cpu_count() or 1)))  # the model is built on the CPU
@@ -468,7 +523,7 @@ def markdown(summary: dict[str, Any]) -> str:
         loss = f"{meas['first_loss']:.3f} -> {meas['last_loss']:.3f}" if meas.get("first_loss") is not None else "-"
         plan_rate = pred.get("tokens_per_s")
         lines.append(
-            f"| {record['strategy']} | {record['backend']} | {gib(pred.get('peak_bytes'))} "
+            f"| {record.get('case', record['strategy'])} | {record['backend']} | {gib(pred.get('peak_bytes'))} "
             f"| {gib(pred.get('allocator_bytes'))} | {gib(pred.get('tensor_bytes'))} "
             f"| {gib(peak.get('max_reserved_bytes'))} | {comp.get('reserved_over_predicted_allocator') or '-'} "
             f"| {gib(peak.get('max_allocated_bytes'))} | {comp.get('allocated_over_predicted_tensors') or '-'} "
@@ -495,6 +550,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--gpu", default="h200", help="the GPU type the plans are pinned to (default h200)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting work after this (default 420)")
+    p.add_argument("--matrix", choices=("default", "calibration"), default="default",
+                   help="default: four layouts of one model (with fallbacks); calibration: the planner's "
+                        "calibration points (several models, AC policies, micro-batches), each planned on its own")
+    p.add_argument("--only", default="", help="comma list of case names (as in the table) to run, in that order")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="plan and render only; no trainer run, no GPU needed")
     mode.add_argument("--rehearse-on-cpu", action="store_true", help="run the trainer on the CPU (gloo): no GPU check")
@@ -502,6 +561,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.steps < 2 or args.micro_batch < 1 or args.grad_accum < 1:
         p.error("--steps must be at least 2, --micro-batch and --grad-accum at least 1")
     args.model = args.model or ("tiny" if args.rehearse_on_cpu else "gpt2-1.5b")
+    args.cases = CALIBRATION_CASES if args.matrix == "calibration" else CASES
+    if args.only:
+        by_name = {case.name: case for case in args.cases}
+        unknown = [name for name in args.only.split(",") if name not in by_name]
+        if unknown:
+            p.error(f"--only: no case {', '.join(unknown)} in the {args.matrix} matrix; cases: {', '.join(by_name)}")
+        args.cases = tuple(by_name[name] for name in args.only.split(","))
     return args
 
 
@@ -540,21 +606,34 @@ def steps(check: Check, args: argparse.Namespace) -> int:
     summary = check.summary
     summary["settings"] = (f"1 x {args.gpu}, bf16, adamw, AC none, offload none, micro-batch {args.micro_batch} "
                            f"x grad-accum {args.grad_accum}, {args.steps} steps")
+    if args.matrix == "calibration":
+        summary["settings"] = f"1 x {args.gpu}, bf16, adamw, offload none, {args.steps} steps; per case: see the table"
     summary["mode"] = "dry-run" if args.dry_run else "rehearse-on-cpu" if args.rehearse_on_cpu else "gpu"
     machine = summary["machine"] = record_machine(check)
     check.save()
     torch_info = machine.get("torch") or {}
     gpu_bytes = torch_info.get("total_memory_bytes") if torch_info.get("cuda_available") else None
-    model, records = choose_model(check, args, gpu_bytes)
-    summary["model"] = model
-    failed = [r for r in records if r["status"] != "rendered"]
-    if failed:
-        failures = "; ".join(f"{r['model']} {r['strategy']}: {r['status']}" for r in failed)
-        summary["message"] = f"{failures} (see logs.txt)"
-        return 1
+    if args.matrix == "calibration":
+        # Each case stands alone: one that cannot be planned or does not fit is recorded, the rest run.
+        records = [plan_and_render(check, args.model, case, args) for case in args.cases]
+        summary["cases"], summary["model"] = records, "calibration matrix"
+        check.save()
+        unplanned = [r for r in records if r["status"] != "rendered"]
+        for record in unplanned:
+            record["skipped"] = record["status"]
+            record["status"] = "skipped" if record["status"] == "does not fit" else "failed"
+        records = [r for r in records if r["status"] == "rendered"]
+    else:
+        model, records = choose_model(check, args, gpu_bytes)
+        summary["model"] = model
+        failed = [r for r in records if r["status"] != "rendered"]
+        if failed:
+            failures = "; ".join(f"{r['model']} {r['strategy']}: {r['status']}" for r in failed)
+            summary["message"] = f"{failures} (see logs.txt)"
+            return 1
     if args.dry_run:
         summary["status"] = "DRY RUN"
-        summary["message"] = f"planned and rendered {len(records)} cases for {model}; no trainer run"
+        summary["message"] = f"planned and rendered {len(records)} cases for {summary['model']}; no trainer run"
         return 0
     if not torch_info:
         summary["message"] = "not run: torch is not importable here (see probes/torch.log in logs.txt)"
@@ -573,6 +652,7 @@ def steps(check: Check, args: argparse.Namespace) -> int:
         else:
             train_case(check, record, args, on_gpu)
         check.save()
+    records = summary["cases"]  # in the calibration matrix, the cases that could not be planned count too
     bad = [r for r in records if r["status"] not in ("ok", "skipped")]
     ran = [r for r in records if r["status"] == "ok"]
     if args.rehearse_on_cpu:

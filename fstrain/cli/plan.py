@@ -50,7 +50,12 @@ def plan_command(
     seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="Sequence length (default: the recipe's)."),
     precision: str | None = typer.Option(None, "--precision", help="bf16, fp16 (loss scaling) or fp32."),
     optimizer: str | None = typer.Option(None, "--optimizer", help="adamw, sgd (momentum) or adam8bit."),
-    ac: str | None = typer.Option(None, "--ac", help="Pin activation checkpointing: none, selective, full."),
+    ac: str | None = typer.Option(
+        None,
+        "--ac",
+        help="Pin activation checkpointing: none, selective-op (torchtitan op-level), every-k:N (every N-th "
+        "block), full, megatron-selective (alias: selective).",
+    ),
     flash_attention: bool | None = typer.Option(
         None, "--flash-attention/--no-flash-attention", help="FlashAttention (default on, off for fp32)."
     ),
@@ -96,6 +101,10 @@ def plan_command(
 
         check_out_dir(Path(render_dir), force=force)  # before any work: nothing is half-written
     probed = probe_cluster(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts, fanout, python)
+    if probed is None:  # inside a Slurm allocation, the allocation is the cluster
+        from fstrain.cli.slurm import plan_allocation
+
+        num_nodes, gpus_per_node, probed = plan_allocation(num_nodes, gpus_per_node, gpu, node, python, fanout)
     training, batch_note = resolve_training(
         plan_model,
         recipe_value,
@@ -251,7 +260,8 @@ def resolve_pins(
     ac: str | None,
     offload: str | None,
 ) -> Pins:
-    from fstrain.core.planfile import ACTIVATION_CHECKPOINTING, OFFLOAD, STRATEGIES
+    from fstrain.core.acpolicy import parse_ac
+    from fstrain.core.planfile import OFFLOAD, STRATEGIES
     from fstrain.core.planner import Pins
     from fstrain.errors import InputError
 
@@ -275,7 +285,7 @@ def resolve_pins(
         shard_group_size=shard_group_size,
         micro_batch_size=micro_batch,
         grad_accum_steps=grad_accum,
-        activation_checkpointing=_choice(ac, ACTIVATION_CHECKPOINTING, "--ac") if ac else None,
+        activation_checkpointing=parse_ac(ac, "--ac") if ac else None,
         offload=_choice(offload, OFFLOAD, "--offload") if offload else None,
     )
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from fstrain.core.rankexit import FailureReportReader, RankFailure
+
 IGNORED = (
     re.compile(r"node_rank is only used for static rdzv_backend"),
 )
@@ -27,8 +29,6 @@ CXX_FRAMES = ("Exception raised from ", "frame #", "<omitting python frames>")
 # Exceptions torchrun raises when its rendezvous store (on the first node) is gone.
 TEARDOWN_EXCEPTIONS = ("RendezvousConnectionError", "RendezvousClosedError", "DistNetworkError", "DistStoreError")
 MAX_BLOCK_LINES = 500  # a traceback longer than this is shown as it is
-_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-_EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 
 
@@ -36,9 +36,7 @@ _SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 class NodeNoise:
     """One node's launcher lines: ``feed`` each, show what it returns; ``flush`` at the end."""
 
-    failed_rank: int | None = None  # global rank that failed first, from torchrun's report
-    failed_local_rank: int | None = None
-    failed_exit_code: int | None = None
+    failed: RankFailure | None = None  # the rank torchrun's report names as the first failure
     block: list[str] = field(default_factory=list)
     stopping: bool = False  # the launcher is tearing the job down
     after_fold: bool = False  # the last launcher line was a folded traceback (chained ones follow)
@@ -95,19 +93,11 @@ class NodeNoise:
             if self.rules_seen < 2:
                 return []
             report = self.flush()
-            self._read_root_cause(report)
-            if self.failed_local_rank is None:
+            reader = FailureReportReader()
+            for line in report:
+                reader.feed(line)
+            self.failed = reader.root_cause
+            if self.failed is None:
                 return report
-            return [f"torchrun: local rank {self.failed_local_rank} (rank {self.failed_rank}) failed first, "
-                    f"exit code {self.failed_exit_code} (its report is in the log)"]
+            return [f"torchrun: {self.failed.describe()}, failed first (its report is in the log)"]
         return []
-
-    def _read_root_cause(self, report: list[str]) -> None:
-        lines = report[next((i for i, t in enumerate(report) if t.startswith("Root Cause")), len(report)):]
-        for line in lines:
-            rank = _ROOT_RANK.match(line)
-            if rank and self.failed_local_rank is None:
-                self.failed_rank, self.failed_local_rank = int(rank.group(1)), int(rank.group(2))
-            code = _EXIT_CODE.match(line)
-            if code and self.failed_exit_code is None:
-                self.failed_exit_code = int(code.group(1))

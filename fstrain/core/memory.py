@@ -10,9 +10,11 @@ Four parts, each a function that can be tested alone:
   16-bit one for ZeRO-2, and only the fp32 one for ZeRO-3).
 - activations (:func:`layer_activation_bytes`, :func:`stage_activation_bytes`): Korthikanti et
   al. 2022 per layer, generalised to GQA, SwiGLU, MoE and no dropout; FlashAttention removes the
-  s^2 terms; selective recompute drops the attention core, full recompute keeps each layer's
-  input; tensor (+ sequence) parallel divides; 1F1B keeps ``min(pp, micro-batches)`` in flight on
-  the first stage; the last stage adds the logits/loss spike.
+  s^2 terms; Megatron's selective recompute drops the attention core, op-level selective AC
+  keeps every other matmul output and the attention output, full recompute keeps each layer's
+  input, every-k:N does that for every N-th layer; tensor (+ sequence) parallel divides; 1F1B
+  keeps ``min(pp, micro-batches)`` in flight on the first stage; the last stage adds the
+  logits/loss spike.
 - transient buffers (:func:`buffer_items`): DDP buckets, DeepSpeed reduce/all-gather buckets,
   ZeRO-3 gathered layer + prefetch, FSDP unsharded units + prefetch, pipeline send/recv.
 - overhead: CUDA context, NCCL communicators, allocator fragmentation.
@@ -26,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fstrain.core.acpolicy import checkpointed_blocks, recomputes
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.buckets import bucket_sizes
 from fstrain.core.modelsize import ParamCount
@@ -188,6 +191,37 @@ def stage_shapes(params: ParamCount, tp: int, pp: int, micro_batches: int, tied:
     return [first, last]
 
 
+def block_matmuls(model: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) widths of a block's matmuls in forward order, per token (MoE: one expert).
+
+    The order is the bundled trainer's and torchtitan's Llama: q, k, v, o, then gate (w1), up
+    (w3), down (w2) for SwiGLU, or up, down for GeLU. Op-level selective AC saves the outputs
+    of the 1st, 3rd, 5th, ... of them.
+    """
+    h = model.hidden_size
+    q_width = model.num_heads * model.head_dim
+    kv_width = model.num_kv_heads * model.head_dim
+    ffn = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
+    attention = [(h, q_width), (h, kv_width), (h, kv_width), (q_width, h)]
+    mlp = [(h, ffn), (h, ffn), (ffn, h)] if model.activation == "swiglu" else [(h, ffn), (ffn, h)]
+    return attention + mlp
+
+
+def _selective_op_saved(model: ModelSpec, s: int, b: int, a: int, flash_attention: bool) -> int:
+    """Bytes op-level SAC saves inside one block (sharded by TP): every other matmul output and
+    the attention kernel's outputs (output + fp32 log-sum-exp); MoE experts see top_k copies."""
+    mms = block_matmuls(model)
+    top_k = 1 if model.moe is None else model.moe.top_k
+    saved = 0
+    for index, (_, out) in enumerate(mms):
+        if index % 2 == 0:  # 1st, 3rd, ... (counting from 1: odd)
+            saved += out * (top_k if index >= 4 else 1)
+    saved *= s * b * a
+    if flash_attention:
+        saved += s * b * model.num_heads * model.head_dim * a + 4 * model.num_heads * s * b
+    return saved
+
+
 def layer_activation_bytes(
     model: ModelSpec,
     micro_batch: int,
@@ -198,7 +232,10 @@ def layer_activation_bytes(
     precision: str = "bf16",
     sequence_parallel: bool = True,
 ) -> int:
-    """Activations one transformer block saves for backward, per GPU.
+    """Activations one transformer block saves for backward, per GPU, under policy ``ac``
+    (``none``, ``selective-op``, ``megatron-selective`` or ``full``; see
+    :mod:`fstrain.core.acpolicy`; ``every-k:N`` mixes full and none, see
+    :func:`stage_activation_bytes`).
 
     Korthikanti et al. 2022 section 4.1 with 16-bit activations, generalised: Q/K/V widths follow
     GQA; GeLU saves 2 ffn-wide tensors, SwiGLU 4 (gate input, gate output, up output, product);
@@ -208,6 +245,11 @@ def layer_activation_bytes(
     a = weight_bytes(precision)
     s, b, h = seq_len, micro_batch, model.hidden_size
     sbh = s * b * h
+    split_replicated = tp if (sequence_parallel and tp > 1) else 1
+    if ac == "full" or ac.startswith("every-k:"):
+        return sbh * a // split_replicated  # only the block's input is kept
+    if ac == "selective-op":
+        return sbh * a // split_replicated + _selective_op_saved(model, s, b, a, flash_attention) // tp
     mask = 1 if model.dropout > 0 else 0
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
@@ -223,9 +265,6 @@ def layer_activation_bytes(
     # softmax output (and, with dropout, its mask and the dropped-out output).
     flash_core = 4 * model.num_heads * s * b
     core = flash_core if flash_attention else model.num_heads * s * s * b * (a + mask * (1 + a))
-    split_replicated = tp if (sequence_parallel and tp > 1) else 1
-    if ac == "full":
-        return sbh * a // split_replicated  # only the block's input is kept
     if ac == "none":
         sharded += core
     return replicated // split_replicated + sharded // tp
@@ -238,30 +277,30 @@ def stage_activation_bytes(
     assumptions: Assumptions = Assumptions(),
 ) -> list[tuple[str, int]]:
     """Activation items of one pipeline stage: stored layers, recompute working set, logits."""
-    per_layer = layer_activation_bytes(
-        model,
-        knobs.micro_batch_size,
-        knobs.seq_len,
-        knobs.tp,
-        knobs.activation_checkpointing,
-        knobs.flash_attention,
-        knobs.precision,
-        assumptions.sequence_parallel,
-    )
-    stored = per_layer * stage.layers * stage.in_flight
-    label = f"{stage.layers} layers x {stage.in_flight} micro-batch" + ("es" if stage.in_flight > 1 else "")
-    items = [(f"activations ({label}, AC {knobs.activation_checkpointing})", stored)]
-    if knobs.activation_checkpointing == "full":
-        working = layer_activation_bytes(
+    ac = knobs.activation_checkpointing
+
+    def per_layer(policy: str) -> int:
+        return layer_activation_bytes(
             model,
             knobs.micro_batch_size,
             knobs.seq_len,
             knobs.tp,
-            "none",
+            policy,
             knobs.flash_attention,
             knobs.precision,
             assumptions.sequence_parallel,
         )
+
+    whole = checkpointed_blocks(ac, stage.layers)
+    if ac.startswith("every-k:"):
+        stored = (whole * per_layer("full") + (stage.layers - whole) * per_layer("none")) * stage.in_flight
+    else:
+        stored = per_layer(ac) * stage.layers * stage.in_flight
+    label = f"{stage.layers} layers x {stage.in_flight} micro-batch" + ("es" if stage.in_flight > 1 else "")
+    items = [(f"activations ({label}, AC {ac})", stored)]
+    if recomputes(ac) and ac != "megatron-selective":
+        # A recomputed block's backward rebuilds what it did not keep.
+        working = per_layer("none") - (per_layer(ac) if ac == "selective-op" else 0)
         items.append(("recompute working set (one layer)", working))
     if stage.has_head:
         logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fstrain.core.acpolicy import AC_SEARCHED, every_k
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.memory import (
     GIB,
@@ -28,13 +29,19 @@ from fstrain.core.memory import (
 )
 from fstrain.core.modelsize import ParamCount, count_parameters
 from fstrain.core.plancluster import PlanCluster
-from fstrain.core.planfile import ACTIVATION_CHECKPOINTING, OFFLOAD, STRATEGIES, ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.planfile import OFFLOAD, STRATEGIES, ModelSpec, PlanFile, PlanKnobs
 from fstrain.core.timemodel import StepTime, step_time
 from fstrain.errors import ConfigError
 
 MAX_MICRO_BATCH = 64
 _NO_PIPELINE = ("zero2", "zero3")  # DeepSpeed's pipeline engine supports ZeRO-1 only
-_ORDER = {name: index for index, name in enumerate((*STRATEGIES, *ACTIVATION_CHECKPOINTING, *OFFLOAD))}
+_ORDER = {name: index for index, name in enumerate((*STRATEGIES, *OFFLOAD))}
+
+
+def _ac_order(ac: str) -> float:
+    """Less recompute first: none, megatron-selective, every-k:N (larger N first), selective-op, full."""
+    fixed = {"none": 0.0, "megatron-selective": 1.0, "selective-op": 3.0, "full": 4.0}
+    return fixed[ac] if ac in fixed else 3.0 - 1.0 / every_k(ac)
 
 
 @dataclass(frozen=True)
@@ -373,12 +380,13 @@ def _search(
     plans: list[Plan] = []
     rejected: list[Plan] = []
     evaluate = _Evaluator(model, training, cluster, assumptions)
-    acs = [pins.activation_checkpointing] if pins.activation_checkpointing else list(ACTIVATION_CHECKPOINTING)
+    acs = [pins.activation_checkpointing] if pins.activation_checkpointing else list(AC_SEARCHED)
     if model.spec is None:
         acs = acs[:1]  # activations are not modelled without an architecture
-    elif training.flash_attention and not pins.activation_checkpointing:
-        # FlashAttention already drops what selective recompute would (Megatron #464, #1225).
-        acs.remove("selective")
+    elif not training.flash_attention and not pins.activation_checkpointing:
+        # Without FlashAttention, Megatron's selective recompute drops the s^2 attention scores;
+        # with it, it stores what none stores (Megatron #464, #1225).
+        acs.insert(1, "megatron-selective")
     for tp, pp, dp in _layouts(model, cluster, pins):
         batches = (
             _batches(training, dp, pins) if model.spec else [(pins.micro_batch_size or 1, pins.grad_accum_steps or 1)]
@@ -464,7 +472,7 @@ def _tie_key(p: Plan) -> tuple[Any, ...]:
         _ORDER[k.strategy],
         k.tp,
         k.pp,
-        _ORDER[k.activation_checkpointing],
+        _ac_order(k.activation_checkpointing),
         _ORDER[k.offload],
         p.memory.peak,
         k.micro_batch_size,

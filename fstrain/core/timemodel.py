@@ -4,7 +4,8 @@
   per token and layer (QK^T and AV, full s x s like Megatron and torchtitan), logits ``2 V h``;
   training = 3 x forward (Kaplan's 6N plus attention). Hardware FLOPs add recompute: full
   activation checkpointing repeats every layer's forward (Narayanan eq. 3's 96 instead of 72),
-  selective repeats the attention core, FlashAttention's backward recomputes QK^T.
+  every-k:N every N-th layer's, op-level selective AC every other matmul of each layer,
+  Megatron's selective the attention core; FlashAttention's backward recomputes QK^T.
 - Compute time: hardware FLOPs / (peak x achievable MFU) on the slowest GPU of the cluster.
 - Tensor parallel: 4 all-reduces of ``b s h`` per layer and micro-batch (2 forward, 2 backward;
   +2 with full recompute) over NVLink. Pipeline: 1F1B, ``(m + p - 1)`` micro-batch slots, so the
@@ -25,8 +26,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fstrain.core.acpolicy import every_k
 from fstrain.core.assumptions import Assumptions
-from fstrain.core.memory import weight_bytes
+from fstrain.core.memory import block_matmuls, weight_bytes
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
 
@@ -38,6 +40,7 @@ class FlopsPerToken:
     attention_core: float  # one layer's QK^T and AV
     head: float  # logits
     num_layers: int
+    selective_op_recompute: float = 0.0  # the matmuls op-level selective AC runs again (every other one)
 
     @property
     def layer(self) -> float:
@@ -64,11 +67,18 @@ def flops_per_token(model: ModelSpec, seq_len: int) -> FlopsPerToken:
     else:
         ffn = model.moe.top_k * matrices * h * model.moe.expert_ffn_hidden_size + h * model.moe.num_experts
     linears = 2 * h * q_width + 2 * h * kv_width + ffn
+    top_k = 1 if model.moe is None else model.moe.top_k
+    recomputed = sum(
+        2.0 * n_in * n_out * (top_k if index >= 4 else 1)
+        for index, (n_in, n_out) in enumerate(block_matmuls(model))
+        if index % 2 == 1
+    )
     return FlopsPerToken(
         layer_matmuls=2.0 * linears,
         attention_core=4.0 * seq_len * q_width,
         head=2.0 * model.vocab_size * h,
         num_layers=model.num_layers,
+        selective_op_recompute=recomputed,
     )
 
 
@@ -77,9 +87,12 @@ def layer_hardware_flops(flops: FlopsPerToken, ac: str, flash_attention: bool) -
     total = 3 * flops.layer
     if flash_attention:
         total += 0.5 * flops.attention_core  # FA's backward recomputes QK^T
-    if ac == "full":
-        total += flops.layer  # the whole forward again
-    elif ac == "selective" and not flash_attention:
+    k = every_k(ac)
+    if k:
+        total += flops.layer / k  # the whole forward again, for every k-th layer
+    elif ac == "selective-op":
+        total += flops.selective_op_recompute  # the attention kernel's outputs are saved
+    elif ac == "megatron-selective" and not flash_attention:
         total += flops.attention_core
     return total
 
@@ -172,7 +185,8 @@ def step_time(
 
     tp_mb = 0.0
     if t > 1:
-        collectives = 6 if knobs.activation_checkpointing == "full" else 4
+        k = every_k(knobs.activation_checkpointing)
+        collectives = 4 + (2 / k if k else 0)  # a recomputed layer's forward all-reduces again
         all_reduce = 2 * _ring(t) * b * s * model.hidden_size * w / (links.nvlink_bytes_per_s * eff)
         tp_mb = layers * collectives * all_reduce * (1 - assumptions.tp_overlap)
     pp_mb = 0.0

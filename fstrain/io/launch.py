@@ -40,13 +40,15 @@ from fstrain.core.launchspec import (
     secret_values,
     split_rank_prefix,
 )
+from fstrain.core.rankexit import FailureReportReader, RankFailure, node_failure
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool
 from fstrain.io.localout import describe, warn
 from fstrain.io.relay import RelayQueue
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
-from fstrain.io.remote.watchdog import BOOTSTRAP
+from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
+from fstrain.io.stall import EXIT_STALLED, StallWatch
 from fstrain.io.transport.base import RunningCommand, Transport
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -226,6 +228,8 @@ class NodeState:
     tail: list[str] = field(default_factory=list)
     rank_tails: dict[int, list[str]] = field(default_factory=dict)  # per local rank, its own last lines
     noise: NodeNoise = field(default_factory=NodeNoise)  # the launcher's boilerplate, folded on the terminal
+    reader: FailureReportReader = field(default_factory=FailureReportReader)  # torchrun's root cause
+    failure: RankFailure | None = None  # the failed rank behind a non-zero exit, where known
 
     @property
     def done(self) -> bool:
@@ -243,6 +247,8 @@ class RunOptions:
     node_files: Sequence[Mapping[str, str]] = ()  # per node: rendered configs to write there
     color: bool = False
     out: TextIO = sys.stdout
+    stall_timeout_s: float | None = None  # no rank output for this long: stalled
+    finish_timeout_s: float | None = None  # some nodes done with 0, others still running: stalled
 
 
 @dataclass
@@ -253,6 +259,7 @@ class RunOutcome:
     nodes: list[NodeState]
     started: float
     ended: float
+    stall: dict[str, Any] | None = None  # the hang report (fstrain/io/stall.py), when stalled
 
 
 class _Stop:
@@ -284,7 +291,9 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
         for node in nodes:
             _start_node(node, connect, python, options, events)
         threading.Thread(target=_heartbeats, args=(nodes, events, options), daemon=True).start()
-        outcome = _watch(nodes, events, stop, logs, secrets, options)
+        stall = StallWatch(options.stall_timeout_s, options.finish_timeout_s, options.run_dir) \
+            if options.stall_timeout_s or options.finish_timeout_s else None
+        outcome = _watch(nodes, events, stop, logs, secrets, options, stall)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -294,16 +303,30 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
             if node.transport is not None:
                 node.transport.close()
         logs.close()
-    return RunOutcome(outcome[0], outcome[1], outcome[2], nodes, started, time.time())
+    return RunOutcome(outcome[0], outcome[1], outcome[2], nodes, started, time.time(),
+                      stall.document if stall is not None and outcome[1] == "stalled" else None)
 
 
 def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: str, options: RunOptions,
                 events: queue.Queue[tuple[str, int, Any, Any]]) -> None:
     launch = node.launch
-    rank = launch.node_rank
     node.started = time.time()
+    header = watchdog_header(launch, options)
+    try:
+        node.transport = connect(launch.host)
+        node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
+                              (json.dumps(header) + "\n").encode(), close_stdin=False)
+    except FstrainError as exc:
+        events.put(("lost", launch.node_rank, exc.message, None))
+        return
+    threading.Thread(target=_pump, args=(node, events), daemon=True, name=f"fstrain-node{launch.node_rank}").start()
+
+
+def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
+    """What a node's watchdog reads from its stdin: its job, files and limits."""
+    rank = launch.node_rank
     run_dir = node_run_dir(launch.host, rank, options)
-    header = {
+    header: dict[str, Any] = {
         "source": source("watchdog"),
         "argv": list(launch.argv),
         "env": dict(launch.env),
@@ -318,15 +341,13 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
         "cleanup": [d for d in (launch.rank_log_dir, TORCHRUN_LOG_DIR) if d],
         "grace_s": options.grace_s,
         "heartbeat_timeout_s": options.heartbeat_timeout_s,
+        "backend": launch.backend,
+        "rank_offset": launch.rank_offset,
     }
-    try:
-        node.transport = connect(launch.host)
-        node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
-                              (json.dumps(header) + "\n").encode(), close_stdin=False)
-    except FstrainError as exc:
-        events.put(("lost", rank, exc.message, None))
-        return
-    threading.Thread(target=_pump, args=(node, events), daemon=True, name=f"fstrain-node{rank}").start()
+    if options.stall_timeout_s or options.finish_timeout_s:  # ranks answer SIGUSR1 with their stacks
+        header.update(stacks=True, modules={"stacks": source("stacks")}, stall_timeout_s=options.stall_timeout_s,
+                      finish_timeout_s=options.finish_timeout_s)
+    return header
 
 
 def node_run_dir(host: Host, node_rank: int, options: RunOptions) -> str:
@@ -379,7 +400,7 @@ def _check_alive(node: NodeState, alive: Callable[[float], bool], events: queue.
 
 
 def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]], stop: _Stop, logs: _Logs,
-           secrets: Sequence[str], options: RunOptions) -> tuple[int, str, int | None]:
+           secrets: Sequence[str], options: RunOptions, stall: StallWatch | None = None) -> tuple[int, str, int | None]:
     exit_code, reason, first_failure = 0, "ok", None
     stopping_since: float | None = None
     kill_sent = False
@@ -400,28 +421,58 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             kind, rank, a, b = "", -1, None, None
         node = nodes[rank] if kind else None
         if kind == "line" and node is not None:
+            if b.startswith(EVENT_PREFIX):  # the watchdog's report, not the job's output
+                if stall is not None:
+                    stall.event(rank, json.loads(b[len(EVENT_PREFIX):]))
+                continue
+            node.reader.feed(b)
+            if stall is not None and split_rank_prefix(b)[0] is not None:
+                stall.progress()
             _emit(node, a, redact(b, secrets), logs, options)
         elif kind in ("exit", "lost") and node is not None and not node.done:
             _show(node, node.launch.host.name, node.noise.flush(), options)
             node.ended = time.time()
             if kind == "exit":
                 node.exit_code, node.error = a, b
+                node.failure = node_failure(node.launch.backend, a, node.reader.root_cause, node.launch.rank_offset)
             else:
                 node.error = a
                 if node.running is not None:
                     node.running.close()
+            if stall is not None:
+                stall.node_exited(node.exit_code)
+                stall.node_gone(rank)
             failed = node.exit_code != 0
             if failed and first_failure is None and stopping_since is None:
                 first_failure = rank
                 exit_code = node.exit_code if node.exit_code is not None else EXIT_LOST_HOST
+                if node.failure is not None:  # the rank's own code, not its launcher's
+                    exit_code = node.failure.exit_code
                 reason = "failed" if node.exit_code is not None else "lost"
                 stopping_since = _stop_all(nodes, "term")
+        if stall is not None and stopping_since is None and _stalled(nodes, stall, options):
+            exit_code, reason = EXIT_STALLED, "stalled"
+            stopping_since = _stop_all(nodes, "term")
         if stopping_since is not None and time.monotonic() - stopping_since > options.grace_s + 10:
             for straggler in nodes:  # no answer after the grace period: its watchdog cleans up alone
                 if not straggler.done:
                     straggler.ended = time.time()
                     straggler.error = straggler.error or "did not stop in time; its watchdog ends it"
     return exit_code, reason, first_failure
+
+
+def _stalled(nodes: Sequence[NodeState], stall: StallWatch, options: RunOptions) -> bool:
+    """Ask for stacks once a timeout has passed; True once they are in (and written)."""
+    reason = stall.due(nodes)
+    if reason:
+        options.out.write(f"fstrain: {reason}: collecting every live rank's stacks\n")
+        options.out.flush()
+        stall.requested([n.launch.node_rank for n in nodes if not n.done])
+        _stop_all(nodes, "stacks")
+    if stall.document is None and stall.collected():
+        stall.write()
+        return True
+    return False
 
 
 def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
@@ -435,9 +486,10 @@ def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
 def _emit(node: NodeState, stream: str, line: str, logs: _Logs, options: RunOptions) -> None:
     host = node.launch.host.name
     local_rank, text = split_rank_prefix(line)
-    tag = f"{host} r{local_rank}" if local_rank is not None else host
+    rank = local_rank if local_rank is None or node.launch.rank_offset is None else node.launch.rank_offset + local_rank
+    tag = f"{host} r{rank}" if rank is not None else host
     _show(node, tag, node.noise.feed(local_rank, text), options)
-    logs.write(host, local_rank, f"[{tag}] {text}")
+    logs.write(host, rank, f"[{tag}] {text}")
     node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
     if local_rank is not None:
         node.rank_tails[local_rank] = [*node.rank_tails.get(local_rank, [])[-19:], f"[{tag}] {text}"]
@@ -457,15 +509,15 @@ def _show(node: NodeState, tag: str, texts: Sequence[str], options: RunOptions) 
 def last_lines(node: NodeState, count: int = 10) -> list[str]:
     """A failed node's most telling lines: the first failed rank's own (torchrun names it),
     else the node's last lines."""
-    rank = node.noise.failed_local_rank
-    for key in (rank, node.noise.failed_rank):
-        if key is not None and node.rank_tails.get(key):
-            return node.rank_tails[key][-count:]
+    cause = node.reader.root_cause
+    if cause is not None and cause.local_rank is not None and node.rank_tails.get(cause.local_rank):
+        return node.rank_tails[cause.local_rank][-count:]
     return node.tail[-count:]
 
 
 class _Logs:
-    """RUN_DIR/logs/<host>.log, and <host>.r<local rank>.log where the rank is known.
+    """RUN_DIR/logs/<host>.log, and <host>.r<rank>.log where the rank is known (the global
+    rank where ranks are fixed before the start, else the local rank).
 
     A local write failure (a full disk) is said once and ends the local copy; the job runs on."""
 
@@ -527,7 +579,10 @@ def write_manifest(path: Path, *, run_id: str, backend: str, rendezvous: Rendezv
         "ended": outcome.ended if outcome else None,
         "exit_code": outcome.exit_code if outcome else None,
         "reason": outcome.reason if outcome else "dry-run",
+        "stall": outcome.stall if outcome else None,
         "first_failure_node_rank": outcome.first_failure if outcome else None,
+        "first_failure": failure_summary(outcome.nodes[outcome.first_failure].failure)
+        if outcome and outcome.first_failure is not None else None,
         "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
     }
     tmp = path.with_suffix(".tmp")
@@ -558,5 +613,14 @@ def node_summary(launch: NodeLaunch, state: NodeState | None) -> dict[str, Any]:
             ended=state.ended,
             seconds=round((state.ended or time.time()) - state.started, 3),
             last_lines=last_lines(state),
+            failed_rank=failure_summary(state.failure),
         )
     return entry
+
+
+def failure_summary(failure: RankFailure | None) -> dict[str, Any] | None:
+    """The failed rank as the manifest records it."""
+    if failure is None:
+        return None
+    return {"rank": failure.rank, "local_rank": failure.local_rank, "exit_code": failure.exit_code,
+            "signal": failure.signal_name or None}

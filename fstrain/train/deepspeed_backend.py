@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from fstrain.core.render.options import TrainingOptions
-from fstrain.train.model import GPT, CheckpointFn, torch_checkpoint
+from fstrain.train.checkpointing import torch_checkpoint
+from fstrain.train.model import GPT, CheckpointFn
 from fstrain.train.runtime import Runtime
 from fstrain.train.settings import TrainSettings
 from fstrain.train.steps import adamw8bit, lm_loss, step_tag
@@ -38,7 +39,8 @@ class DeepSpeedEngine:
         checkpoint_fn: CheckpointFn = torch_checkpoint
         if "activation_checkpointing" in config:
             # The config's activation_checkpointing section configures DeepSpeed's own
-            # checkpoint function (partitioning, CPU checkpoints, profiling).
+            # checkpoint function (partitioning, CPU checkpoints, profiling) for whole blocks
+            # and Megatron's attention core; selective-op stays torch's (no section rendered).
             deepspeed.checkpointing.configure(None, deepspeed_config=config)
             checkpoint_fn = deepspeed.checkpointing.checkpoint
         model = GPT(settings.plan.model, settings.activation_checkpointing, checkpoint_fn)

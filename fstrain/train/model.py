@@ -5,8 +5,10 @@ The spec's fields pick the parts: ``norm`` (RMSNorm or LayerNorm), ``position_em
 with three), ``linear_bias``, ``dropout`` and ``tied_embeddings``; attention is grouped-query
 attention whenever ``num_kv_heads < num_heads``. GPT-2 and Llama layouts both come out of it,
 with the parameter count :func:`fstrain.core.modelsize.count_parameters` predicts. The
-transformer block class is :class:`TransformerBlock`; the rendered FSDP file names it as the
-unit to shard.
+projections are separate matrices in torchtitan's Llama order (q, k, v, o; gate, up, down), so
+op-level selective checkpointing saves the same matmul outputs it saves there. The transformer
+block class is :class:`TransformerBlock`; the rendered FSDP file names it as the unit to shard,
+and the activation checkpointing policy (:mod:`fstrain.core.acpolicy`) applies per block.
 """
 
 from __future__ import annotations
@@ -18,17 +20,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from fstrain.core.acpolicy import block_is_checkpointed, parse_ac
 from fstrain.core.planfile import ModelSpec
+from fstrain.train.checkpointing import selective_op_checkpoint, torch_checkpoint
 from fstrain.train.settings import check_supported
 
 CheckpointFn = Callable[..., Any]
-
-
-def torch_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
-    """torch's non-reentrant activation checkpointing (what the FSDP backend uses)."""
-    return checkpoint(function, *args, use_reentrant=False)
 
 
 class RMSNorm(nn.Module):
@@ -71,7 +69,8 @@ class Attention(nn.Module):
         self.dropout = spec.dropout
         bias = spec.linear_bias
         self.q_proj = nn.Linear(spec.hidden_size, spec.num_heads * self.head_dim, bias=bias)
-        self.kv_proj = nn.Linear(spec.hidden_size, 2 * spec.num_kv_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(spec.num_heads * self.head_dim, spec.hidden_size, bias=bias)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -85,14 +84,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        kv = self.kv_proj(x).view(batch, seq, 2, self.num_kv_heads, self.head_dim)
-        k, v = kv.unbind(dim=2)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if self.rotary:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.selective_checkpoint and self.training:
-            # Selective recomputation: keep the projections, recompute the attention core
-            # (the part whose activations grow with seq^2 without flash attention).
+            # Megatron's selective recomputation: keep the projections, recompute the attention
+            # core (the part whose activations grow with seq^2 without flash attention).
             out = self.checkpoint_fn(self._core, q, k, v)
         else:
             out = self._core(q, k, v)
@@ -102,18 +100,18 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.swiglu = spec.activation == "swiglu"
         bias = spec.linear_bias
         width = spec.ffn_hidden_size
-        self.up_proj = nn.Linear(spec.hidden_size, (2 if self.swiglu else 1) * width, bias=bias)
+        # SwiGLU: down(silu(gate(x)) * up(x)), torchtitan's w2(silu(w1(x)) * w3(x)).
+        self.gate_proj = nn.Linear(spec.hidden_size, width, bias=bias) if spec.activation == "swiglu" else None
+        self.up_proj = nn.Linear(spec.hidden_size, width, bias=bias)
         self.down_proj = nn.Linear(width, spec.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up = self.up_proj(x)
-        if self.swiglu:
-            gate, value = up.chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * value)
-        return self.down_proj(F.gelu(up, approximate="tanh"))
+        if self.gate_proj is not None:
+            gate = self.gate_proj(x)  # computed before up: the matmul order op-level AC counts
+            return self.down_proj(F.silu(gate) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -124,13 +122,19 @@ class TransformerBlock(nn.Module):
     """Pre-norm attention + MLP: the unit FSDP shards and activation checkpointing wraps."""
 
     def __init__(
-        self, spec: ModelSpec, activation_checkpointing: str = "none", checkpoint_fn: CheckpointFn = torch_checkpoint
+        self,
+        spec: ModelSpec,
+        activation_checkpointing: str = "none",
+        checkpoint_fn: CheckpointFn = torch_checkpoint,
+        index: int = 0,
     ) -> None:
         super().__init__()
-        self.full_checkpoint = activation_checkpointing == "full"
+        ac = parse_ac(activation_checkpointing, "activation_checkpointing")
+        self.whole_checkpoint = block_is_checkpointed(ac, index)  # full, or every-k's k-th blocks
+        self.selective_op = ac == "selective-op"
         self.checkpoint_fn = checkpoint_fn
         self.attn_norm = _norm(spec)
-        self.attn = Attention(spec, activation_checkpointing == "selective", checkpoint_fn)
+        self.attn = Attention(spec, ac == "megatron-selective", checkpoint_fn)
         self.mlp_norm = _norm(spec)
         self.mlp = MLP(spec)
         self.dropout = nn.Dropout(spec.dropout)
@@ -140,10 +144,14 @@ class TransformerBlock(nn.Module):
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.full_checkpoint and self.training:
-            out: torch.Tensor = self.checkpoint_fn(self._block, x, cos, sin)
-            return out
-        return self._block(x, cos, sin)
+        out: torch.Tensor
+        if self.whole_checkpoint and self.training:
+            out = self.checkpoint_fn(self._block, x, cos, sin)
+        elif self.selective_op and self.training:
+            out = selective_op_checkpoint(self._block, x, cos, sin)
+        else:
+            out = self._block(x, cos, sin)
+        return out
 
 
 class GPT(nn.Module):
@@ -159,7 +167,7 @@ class GPT(nn.Module):
         self.pos_embeddings = nn.Embedding(spec.seq_len, spec.hidden_size) if learned else None
         self.embed_dropout = nn.Dropout(spec.dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(spec, activation_checkpointing, checkpoint_fn) for _ in range(spec.num_layers)
+            TransformerBlock(spec, activation_checkpointing, checkpoint_fn, index) for index in range(spec.num_layers)
         )
         self.final_norm = _norm(spec)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)

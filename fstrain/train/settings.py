@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fstrain.core.acpolicy import parse_ac
 from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import FSDP_FILE_VERSION, render_fsdp
@@ -55,8 +56,9 @@ class TrainSettings:
 
     @property
     def activation_checkpointing(self) -> str:
+        """The policy (fstrain.core.acpolicy) the model applies to each block."""
         if self.fsdp is not None:
-            return str(self.fsdp.get("activation_checkpointing", "none"))
+            return parse_ac(self.fsdp.get("activation_checkpointing", "none"), "fsdp.yaml: activation_checkpointing")
         knob = self.plan.knobs.activation_checkpointing
         if knob == "none" and self.deepspeed is not None and "activation_checkpointing" in self.deepspeed:
             return "full"  # the DeepSpeed file asks for it; checkpoint whole blocks
@@ -208,14 +210,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_fsdp(path: Path) -> Mapping[str, Any]:
-    import yaml
+    from fstrain.io.userfiles import load_yaml, read_text_bounded
 
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("file not found", "render one with `fstrain render`", str(path)) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", "", str(path)) from None
+    data = load_yaml(read_text_bounded(path, "FSDP file", hint="render one with `fstrain render`"), str(path))
     if not isinstance(data, Mapping) or data.get("fstrain_fsdp") != FSDP_FILE_VERSION:
         raise InputError(
             f"not an fstrain FSDP file (expected 'fstrain_fsdp: {FSDP_FILE_VERSION}')",
@@ -247,6 +244,7 @@ def _check_fsdp(fsdp: Mapping[str, Any], world_size: int, where: str) -> None:
         )
     if param_dtype not in _PRECISION_OF_DTYPE:
         raise InputError(f"mixed_precision.param_dtype {param_dtype!r}", "use bfloat16, float16 or float32", where)
+    parse_ac(fsdp.get("activation_checkpointing", "none"), f"{where}: activation_checkpointing")
 
 
 def _check_deepspeed(ds: Mapping[str, Any], world_size: int, where: str) -> None:

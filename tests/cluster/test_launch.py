@@ -37,9 +37,9 @@ def _clean_cluster(cluster: NamespaceCluster) -> None:
 def test_clean_run_streams_every_rank_and_writes_logs(cluster: NamespaceCluster, tmp_path: Path) -> None:
     launch = start_launch(cluster, *worker_args(tmp_path, "--env", "FSTRAIN_TEST_SECONDS=1"))
     assert launch.finish() == 0, launch.err
-    for host, local in (("node1", 0), ("node1", 1), ("node2", 0), ("node2", 1)):
-        assert any(line.startswith(f"[{host} r{local}] ready rank=") for line in launch.stdout), launch.out
-        assert (tmp_path / "run" / "logs" / f"{host}.r{local}.log").read_text().count("ready rank=") == 1
+    for host, rank in (("node1", 0), ("node1", 1), ("node2", 2), ("node2", 3)):  # static rendezvous: global ranks
+        assert any(line.startswith(f"[{host} r{rank}] ready rank={rank} ") for line in launch.stdout), launch.out
+        assert (tmp_path / "run" / "logs" / f"{host}.r{rank}.log").read_text().count("ready rank=") == 1
     ranks = sorted(int(line.split("rank=")[1].split()[0]) for line in launch.stdout if "] ready rank=" in line)
     assert ranks == [0, 1, 2, 3]
     assert all("world=4" in line for line in launch.stdout if "] ready rank=" in line)
@@ -52,27 +52,43 @@ def test_clean_run_streams_every_rank_and_writes_logs(cluster: NamespaceCluster,
     assert_no_job_processes(cluster, 5)
 
 
-def test_one_rank_exits_3_stops_everything(cluster: NamespaceCluster, tmp_path: Path) -> None:
-    launch = start_launch(cluster, *worker_args(tmp_path, "--env", "FSTRAIN_TEST_FAULT=exit3",
-                                                "--env", "FSTRAIN_TEST_FAULT_RANK=1"))
+def test_one_rank_exits_7_gives_7_and_names_the_rank(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    launch = start_launch(cluster, *worker_args(tmp_path, "--env", "FSTRAIN_TEST_FAULT=exit7",
+                                                "--env", "FSTRAIN_TEST_FAULT_RANK=3"))
     start = time.monotonic()
     code = launch.finish()
-    assert code == 1, launch.err  # torchrun reports a failed worker group as exit 1
-    assert "rank 1 exits 3 on purpose" in launch.out
-    assert "first failure: node" in launch.err
+    assert code == 7, launch.err  # the rank's own code, not torchrun's aggregate 1
+    assert "[node2 r3] rank 3 exits 7 on purpose" in launch.out
+    assert "first failure: rank 3 (local rank 1), exit 7 on node 1 (node2)" in launch.err
+    assert "exit code 7" in launch.err
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     failed = manifest["nodes"][manifest["first_failure_node_rank"]]
-    assert failed["exit_code"] == 1
+    assert failed["exit_code"] == 1  # torchrun's own code stays on record
+    assert manifest["first_failure"] == {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None}
+    assert manifest["exit_code"] == 7
     # The failed rank's own lines, not torchrun's report; the terminal shows the cause, folded.
-    assert failed["last_lines"][-1].endswith("] rank 1 exits 3 on purpose"), failed["last_lines"]
+    assert failed["last_lines"][-1].endswith("] rank 3 exits 7 on purpose"), failed["last_lines"]
     assert not any("ChildFailedError" in line for line in failed["last_lines"])
-    summary = launch.err[launch.err.index("first failure: node"):]
-    assert "rank 1 exits 3 on purpose" in summary and "ChildFailedError" not in summary
-    assert "local rank 1 (rank 1) failed first, exit code 3" in launch.out
+    summary = launch.err[launch.err.index("first failure: rank"):]
+    assert "rank 3 exits 7 on purpose" in summary and "ChildFailedError" not in summary
+    assert "torchrun: rank 3 (local rank 1), exit 7, failed first" in launch.out
     for noise in ("ChildFailedError", "SignalException", "node_rank is only used", "Traceback (most recent",
                   "frame #"):
         assert noise not in launch.out, noise
     assert time.monotonic() - start < 60
+    assert_no_job_processes(cluster, GRACE_S + 5)
+
+
+@pytest.mark.parametrize("backend", ["torchrun", "deepspeed"])
+def test_one_rank_segfaults_gives_139(cluster: NamespaceCluster, tmp_path: Path, backend: str) -> None:
+    launch = start_launch(cluster, *worker_args(tmp_path, "--backend", backend, "--env", "FSTRAIN_TEST_FAULT=segv",
+                                                "--env", "FSTRAIN_TEST_FAULT_RANK=2"))
+    assert launch.finish() == 139, launch.err
+    assert "[node2 r2] rank 2 segfaults on purpose" in launch.out
+    # DeepSpeed's launcher exits with the rank's code but does not say which rank it was.
+    named = "rank 2 (local rank 0)" if backend == "torchrun" else "a rank"
+    assert f"first failure: {named}, exit 139 (SIGSEGV) on node 1 (node2)" in launch.err
+    assert "exit code 139" in launch.err
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 

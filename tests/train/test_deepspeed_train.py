@@ -36,7 +36,7 @@ def test_zero_stage_trains(tmp_path: Path, strategy: str, precision: str, offloa
 
 
 def test_zero3_offload_checkpoint_and_resume(tmp_path: Path) -> None:
-    plan = make_plan("zero3", precision="bf16", offload="optimizer+params", activation_checkpointing="selective")
+    plan = make_plan("zero3", precision="bf16", offload="optimizer+params", activation_checkpointing="selective-op")
     out = render(plan, tmp_path / "r")
     common = ["--plan", str(out / "plan.yaml"), "--backend", "deepspeed", "--deepspeed-config",
               str(out / "ds_config.json"), "--steps", str(STEPS), "--checkpoint-dir", str(tmp_path / "ckpt")]

@@ -41,7 +41,7 @@ def test_fsdp_layout_trains(
 
 
 def test_full_shard_checkpoint_and_resume(tmp_path: Path) -> None:
-    out = render(make_plan("fsdp-full", precision="bf16", activation_checkpointing="selective"), tmp_path / "r")
+    out = render(make_plan("fsdp-full", precision="bf16", activation_checkpointing="selective-op"), tmp_path / "r")
     common = ["--plan", str(out / "plan.yaml"), "--fsdp-config", str(out / "fsdp.yaml"), "--steps", str(STEPS),
               "--checkpoint-dir", str(tmp_path / "ckpt")]
     first = torchrun(2, [*common, "--checkpoint-interval", "4"], tmp_path / "first.json").summary

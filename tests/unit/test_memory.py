@@ -183,8 +183,8 @@ SBH = S * B * H
         (1, "none", True, SBH * 34 + 5 * A * S * S * B),
         (T, "none", False, SBH * 10 + SBH * 24 // T + 5 * A * S * S * B // T),
         (T, "none", True, (SBH * 34 + 5 * A * S * S * B) // T),
-        (T, "selective", False, SBH * 10 + SBH * 24 // T),
-        (T, "selective", True, 34 * SBH // T),
+        (T, "megatron-selective", False, SBH * 10 + SBH * 24 // T),
+        (T, "megatron-selective", True, 34 * SBH // T),
         (1, "full", True, 2 * SBH),
     ],
 )

@@ -27,7 +27,7 @@ def variants() -> list[tuple[str, str, str, str, str]]:
     out = []
     for strategy, precision, offload, ac, optimizer in itertools.product(
         STRATEGIES, ("bf16", "fp16", "fp32"), ("none", "optimizer", "optimizer+params"),
-        ("none", "selective", "full"), ("adamw", "sgd", "adam8bit"),
+        ("none", "selective-op", "every-k:2", "full", "megatron-selective"), ("adamw", "sgd", "adam8bit"),
     ):
         if offload != "none" and strategy == "ddp":
             continue
@@ -140,7 +140,9 @@ def test_deepspeed_reads_every_rendered_key(
         assert zero.reduce_bucket_size == 64 * 64 and zero.overlap_comm
     if strategy == "zero3":
         assert (zero.prefetch_bucket_size, zero.param_persistence_threshold) == (3686, 640)
-    assert loaded.activation_checkpointing_config.number_checkpoints == (None if ac == "none" else 2)
+    # selective-op is torch's own (no section); every-k:2 checkpoints one of the 2 blocks.
+    expected_checkpoints = {"none": None, "selective-op": None, "every-k:2": 1}.get(ac, 2)
+    assert loaded.activation_checkpointing_config.number_checkpoints == expected_checkpoints
     # The optimizer and scheduler blocks become keyword arguments: they must name real parameters.
     if optimizer == "adam8bit":
         assert loaded.optimizer_name is None
@@ -261,7 +263,7 @@ def test_activation_checkpointing_section_only_when_asked() -> None:
     assert section == {"partition_activations": False, "cpu_checkpointing": False,
                        "contiguous_memory_optimization": False, "number_checkpoints": 2,
                        "synchronize_checkpoint_boundary": False, "profile": False}
-    tp = render_deepspeed(make_plan("zero1", dp=2, tp=4, activation_checkpointing="selective"))
+    tp = render_deepspeed(make_plan("zero1", dp=2, tp=4, activation_checkpointing="megatron-selective"))
     assert tp.config["activation_checkpointing"]["partition_activations"] is True
     assert any("mpu" in note for note in tp.notes)
 

@@ -12,9 +12,9 @@ def as_dict(env: tuple[EnvVar, ...]) -> dict[str, str]:
     return {var.name: var.value for var in env}
 
 
-def test_minimal_env_has_only_async_error_handling() -> None:
+def test_minimal_env_has_async_error_handling_and_the_flight_recorder() -> None:
     env = render_env()
-    assert as_dict(env) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert as_dict(env) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
     assert "deprecated NCCL_ASYNC_ERROR_HANDLING" in env[0].reason
 
 
@@ -27,6 +27,7 @@ def test_full_env() -> None:
         "NCCL_SOCKET_IFNAME": "ens1f0np0",
         "NCCL_TOPO_FILE": "/runs/r1/topo.xml",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
     }
     assert [var.name for var in env] == sorted(var.name for var in env)
     assert all(var.reason for var in env)
@@ -44,7 +45,7 @@ def test_env_file_has_a_reason_above_every_variable() -> None:
     lines = text.splitlines()
     assert text.endswith("\n")
     assignments = [i for i, line in enumerate(lines) if "=" in line and not line.startswith("#")]
-    assert len(assignments) == 6
+    assert len(assignments) == 7
     for index in assignments:
         assert lines[index - 1].startswith("# ") and len(lines[index - 1]) > 10
     assert "GLOO_SOCKET_IFNAME=eth0" in lines

@@ -49,12 +49,12 @@ def test_mixed_precision_policy(precision: str, param_dtype: str, loss_scaling: 
 
 def test_offload_wrap_batch_optimizer_and_notes() -> None:
     options = TrainingOptions(lr=2e-3, warmup_steps=5, total_steps=50, gradient_clipping=0.5, seed=7)
-    rendered = render_fsdp(make_plan("fsdp-full", offload="optimizer", activation_checkpointing="selective",
+    rendered = render_fsdp(make_plan("fsdp-full", offload="optimizer", activation_checkpointing="megatron-selective",
                                      micro_batch_size=3, grad_accum_steps=4, dp=2), options)
     config = rendered.config
     assert config["cpu_offload"] == {"enabled": True, "pin_memory": True}
     assert config["wrap"] == {"module_classes": ["TransformerBlock"], "root": True}
-    assert config["activation_checkpointing"] == "selective"
+    assert config["activation_checkpointing"] == "megatron-selective"
     assert config["batch"] == {"micro_batch_size": 3, "grad_accum_steps": 4, "global_batch_size": 24}
     assert config["optimizer"] == {"name": "adamw", "lr": 2e-3, "betas": [0.9, 0.95], "eps": 1e-8,
                                    "weight_decay": 0.1}

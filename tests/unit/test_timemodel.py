@@ -67,7 +67,7 @@ def test_recompute_costs() -> None:
     spec = ModelSpec("l", 32, 4096, 32, 8, 14336, "swiglu", 128256, 8192)
     f = flops_per_token(spec, 8192)
     assert layer_hardware_flops(f, "none", False) == 3 * f.layer
-    assert layer_hardware_flops(f, "selective", False) == 3 * f.layer + f.attention_core
+    assert layer_hardware_flops(f, "megatron-selective", False) == 3 * f.layer + f.attention_core
     assert layer_hardware_flops(f, "full", False) == 4 * f.layer
     assert layer_hardware_flops(f, "none", True) == 3 * f.layer + 0.5 * f.attention_core
 

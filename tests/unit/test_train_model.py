@@ -41,21 +41,48 @@ def test_parameter_count_matches_the_planner(spec: ModelSpec) -> None:
 def test_gqa_shapes_and_tied_head() -> None:
     model = GPT(TINY_MODEL)
     attn = model.blocks[0].attn
-    assert attn.q_proj.out_features == 64 and attn.kv_proj.out_features == 2 * 2 * 16  # 2 kv heads of 16
+    assert attn.q_proj.out_features == 64 and attn.k_proj.out_features == attn.v_proj.out_features == 2 * 16
     assert model.lm_head.weight is model.tok_embeddings.weight
     assert sum(isinstance(m, TransformerBlock) for m in model.modules()) == 2
 
 
-@pytest.mark.parametrize("ac", ["selective", "full"])
-def test_activation_checkpointing_gives_the_same_gradients(ac: str) -> None:
+@pytest.mark.parametrize("spec", [LLAMA_LIKE, TINY_MODEL], ids=["llama", "gpt2-bias-dropout"])
+@pytest.mark.parametrize("ac", ["selective-op", "every-k:2", "full", "megatron-selective", "selective"])
+def test_activation_checkpointing_gives_the_same_gradients(ac: str, spec: ModelSpec) -> None:
     tokens = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
     grads = []
     for mode in ("none", ac):
         torch.manual_seed(0)
-        model = GPT(LLAMA_LIKE, activation_checkpointing=mode)
+        model = GPT(replace(spec, num_layers=3), activation_checkpointing=mode)
+        torch.manual_seed(1)  # the same dropout masks in both runs (checkpoints replay the RNG)
         lm_loss(model(tokens), tokens).backward()
-        grads.append(model.blocks[0].mlp.up_proj.weight.grad.clone())  # type: ignore[union-attr]
-    torch.testing.assert_close(grads[0], grads[1])
+        grads.append([p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
+    for plain, checkpointed in zip(*grads, strict=True):
+        torch.testing.assert_close(plain, checkpointed)
+
+
+def test_selective_op_saves_every_other_matmul() -> None:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from fstrain.train.checkpointing import MATMUL_OPS, _policy
+
+    class Ctx:
+        is_recompute = False
+
+    policy = _policy({"forward": 0, "recompute": 0})
+    mm = next(iter(MATMUL_OPS))
+    decisions = [policy(Ctx(), mm) for _ in range(7)]  # q, k, v, o, gate, up, down
+    save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    assert decisions == [save, recompute, save, recompute, save, recompute, save]
+    assert policy(Ctx(), torch.ops.aten.silu.default) == recompute
+    assert policy(Ctx(), torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default) == save
+
+
+def test_unknown_policy_is_one_clear_error() -> None:
+    from fstrain.errors import InputError
+
+    with pytest.raises(InputError, match="every-k:0"):
+        GPT(LLAMA_LIKE, activation_checkpointing="every-k:0")
 
 
 def test_unsupported_models_are_refused() -> None:

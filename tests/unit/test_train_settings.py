@@ -17,7 +17,7 @@ from tests.plans import make_plan
 
 @pytest.fixture
 def rendered(tmp_path: Path) -> Path:
-    plan = make_plan("fsdp-hybrid", dp=4, shard_group_size=2, activation_checkpointing="selective")
+    plan = make_plan("fsdp-hybrid", dp=4, shard_group_size=2, activation_checkpointing="selective-op")
     render_and_write(plan, tmp_path / "r", force=False)
     return tmp_path / "r"
 
@@ -25,11 +25,11 @@ def rendered(tmp_path: Path) -> Path:
 def test_settings_from_rendered_files(rendered: Path) -> None:
     fsdp = load_settings(["--plan", str(rendered / "plan.yaml"), "--fsdp-config", str(rendered / "fsdp.yaml")], 4)
     assert (fsdp.backend, fsdp.micro_batch_size, fsdp.grad_accum_steps) == ("fsdp", 4, 2)
-    assert fsdp.activation_checkpointing == "selective" and fsdp.seed == 1234
+    assert fsdp.activation_checkpointing == "selective-op" and fsdp.seed == 1234
     ds = load_settings(["--plan", str(rendered / "plan.yaml"), "--backend", "deepspeed",
                         "--deepspeed-config", str(rendered / "ds_config.json")], 4)
     assert ds.deepspeed is not None and ds.deepspeed["train_batch_size"] == 32
-    assert ds.activation_checkpointing == "selective"
+    assert ds.activation_checkpointing == "selective-op"
 
 
 def test_without_files_the_tiny_recipe_is_rendered_for_this_world() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fstrain.core.acpolicy import every_k
 from fstrain.core.buckets import bucket_sizes
 from fstrain.core.planfile import PlanFile
 from fstrain.core.render.common import Rendered, check_plan
@@ -126,8 +127,12 @@ def _scheduler(options: TrainingOptions) -> dict[str, Any]:
 
 
 def _activation_checkpointing(plan: PlanFile) -> dict[str, Any]:
-    if plan.knobs.activation_checkpointing == "none":
+    """DeepSpeed's section, for the policies its checkpoint function runs (whole blocks, or
+    Megatron's attention core). Op-level selective AC is torch's own (no section)."""
+    ac = plan.knobs.activation_checkpointing
+    if ac in ("none", "selective-op"):
         return {}
+    k = every_k(ac)
     return {
         "activation_checkpointing": {
             # Partitioning splits checkpoints across tensor-parallel ranks; without TP there
@@ -135,7 +140,7 @@ def _activation_checkpointing(plan: PlanFile) -> dict[str, Any]:
             "partition_activations": plan.knobs.tp > 1,
             "cpu_checkpointing": False,
             "contiguous_memory_optimization": False,
-            "number_checkpoints": plan.model.num_layers,
+            "number_checkpoints": plan.model.num_layers // k if k else plan.model.num_layers,
             "synchronize_checkpoint_boundary": False,
             "profile": False,
         }
@@ -166,6 +171,12 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
         **_activation_checkpointing(plan),
     }
     notes = [precision_note, *optimizer_notes]
+    if knobs.activation_checkpointing == "selective-op":
+        notes.append(
+            "activation checkpointing selective-op: torch's op-level selective checkpoint "
+            "(torch.utils.checkpoint.create_selective_checkpoint_contexts) in the training script; "
+            "DeepSpeed's checkpointing has no op-level policy, so there is no activation_checkpointing section"
+        )
     if knobs.tp > 1 or knobs.pp > 1:
         notes.append(
             f"tp={knobs.tp} pp={knobs.pp}: train_batch_size counts data-parallel ranks only; the training "

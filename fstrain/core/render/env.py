@@ -43,7 +43,13 @@ def render_env(
             "1",
             "a failed or timed-out NCCL collective aborts the process instead of hanging the job "
             "(the current name of the deprecated NCCL_ASYNC_ERROR_HANDLING)",
-        )
+        ),
+        EnvVar(
+            "TORCH_NCCL_TRACE_BUFFER_SIZE",
+            "2000",
+            "NCCL flight recorder: each rank keeps its last 2000 collectives and dumps them when one times "
+            "out, so a hang shows which rank is not in which collective (fstrain launch --stall-timeout)",
+        ),
     ]
     if ifname is not None:
         _check_device("ifname", ifname)

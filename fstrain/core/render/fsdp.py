@@ -10,6 +10,8 @@
 - ``mixed_precision``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``.
 - ``cpu_offload``: ``CPUOffloadPolicy(pin_memory)``.
 - ``wrap``: the module classes each given their own ``fully_shard`` call, then the root.
+- ``activation_checkpointing``: the policy (:mod:`fstrain.core.acpolicy`) the trainer applies to
+  each wrapped block before sharding it.
 
 ``accelerate.yaml`` is the same layout in Accelerate's FSDP version 2 keys (the names
 ``accelerate config`` writes and ``accelerate launch`` maps to ``FSDP_*`` variables).
@@ -87,6 +89,7 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
         "loss_scaling": "dynamic" if knobs.precision == "fp16" else "none",
         "cpu_offload": {"enabled": knobs.offload != "none", "pin_memory": True},
         "wrap": {"module_classes": list(WRAP_MODULE_CLASSES), "root": True},
+        # none | selective-op | every-k:N | full | megatron-selective (fstrain.core.acpolicy)
         "activation_checkpointing": knobs.activation_checkpointing,
         "batch": {
             "micro_batch_size": knobs.micro_batch_size,
@@ -159,6 +162,9 @@ def render_accelerate(plan: PlanFile) -> Rendered:
             "parallelism_config_dp_replicate_size": mesh["shape"][0],
             "parallelism_config_dp_shard_size": mesh["shape"][1],
         }
-    if knobs.activation_checkpointing == "selective":
-        notes.append("Accelerate checkpoints whole blocks: selective checkpointing becomes full")
+    if knobs.activation_checkpointing not in ("none", "full"):
+        notes.append(
+            f"Accelerate checkpoints every block whole: activation checkpointing {knobs.activation_checkpointing} "
+            "becomes full"
+        )
     return Rendered(config=config, notes=tuple(notes))

@@ -33,10 +33,12 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.1
+EVENT_PREFIX = "fstrain-watchdog-event: "  # a JSON report for the launcher, not job output
 
 BOOTSTRAP = (
     "import sys,json;h=json.loads(sys.stdin.readline());"
@@ -116,6 +118,7 @@ class Watchdog:
         self.lock = threading.Lock()
         self.child: subprocess.Popen[bytes] | None = None
         self.state_file = ""
+        self.modules: dict[str, Any] = {}
 
     def prepare(self) -> dict[str, str]:
         header = self.header
@@ -137,7 +140,40 @@ class Watchdog:
         env["FSTRAIN_NODE_RANK"] = str(header.get("node_rank", 0))
         if run_dir:
             env["FSTRAIN_RUN_DIR"] = run_dir
+        if run_dir and header.get("stacks"):  # hang reports: see stacks.py
+            self.module("stacks").install_hook(run_dir, env)
         return env
+
+    def module(self, name: str) -> Any:
+        """A helper module sent in the header (``modules``), loaded once."""
+        if name not in self.modules:
+            # Registered, so that dataclasses in it can resolve their own module.
+            module = types.ModuleType(f"fstrain_remote_{name}")
+            sys.modules[module.__name__] = module
+            exec(compile(self.header["modules"][name], f"fstrain-{name}", "exec"), module.__dict__)
+            self.modules[name] = module
+        return self.modules[name]
+
+    def report_stacks(self) -> None:
+        """Every live rank's stacks, as one event line for the launcher."""
+        run_dir = os.path.expanduser(self.header.get("run_dir") or "")
+        report = self.module("stacks").collect(run_dir, descendants(os.getpid()))
+        self.event({"stacks": report})
+
+    def event(self, payload: dict[str, Any]) -> None:
+        os.write(1, (EVENT_PREFIX + json.dumps(payload) + "\n").encode())
+
+    def watch_ranks(self) -> None:
+        """Report ranks whose process ended while the job runs on (``ranks_gone``): the launcher's
+        finish timeout starts there, as torchrun waits for every node before it exits."""
+        seen: set[int] = set()
+        while self.child is not None and self.child.poll() is None:
+            live = set(self.module("stacks").rank_processes(descendants(os.getpid())))
+            gone = seen - live
+            if gone:
+                self.event({"ranks_gone": sorted(gone)})
+            seen = (seen - gone) | live
+            time.sleep(1.0)
 
     def write_state(self) -> None:
         """Record this run's pids so `fstrain doctor --orphans` can find them by id, not by name."""
@@ -160,6 +196,8 @@ class Watchdog:
                 self.last_heartbeat = time.monotonic()
             elif word in ("term", "kill"):
                 self.request(word)
+            elif word == "stacks":
+                threading.Thread(target=self.report_stacks, daemon=True).start()
         self.request("term")
 
     def request(self, how: str) -> None:
@@ -192,6 +230,8 @@ class Watchdog:
         tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1)) if tail_dir else None
         if tailer is not None:
             threading.Thread(target=tailer.follow, daemon=True).start()
+        if self.header.get("stacks"):
+            threading.Thread(target=self.watch_ranks, daemon=True).start()
         try:
             return self.supervise()
         finally:
@@ -327,6 +367,8 @@ class RankLogTailer:
 
 
 def main(header: dict[str, Any]) -> None:
+    if header.get("detach"):  # a detached run: the watchdogs supervise each other (coordinator.py)
+        Watchdog(header).module("coordinator").main(header, Watchdog)
     watchdog = Watchdog(header)
     # A signal to the watchdog itself (sshd's SIGHUP on a lost channel, a kill by hand) tears
     # the job down like a lost launcher; it never leaves the job running without a watchdog.

@@ -1,0 +1,119 @@
+"""Compute measurements on one device: dense matmul throughput and memory bandwidth.
+
+Both run a short warm-up, then repeat timed samples until ``seconds`` have passed (at least
+``min_samples``), and return a plain dict with every sample so a report can show the spread.
+On a GPU each sample is timed with CUDA events around a batch of operations (the launch queue
+stays full, as in training); on a CPU with ``time.perf_counter``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fstrain.bench.timing import sync, timed
+from fstrain.core.bench import summarize
+
+GPU_MATMUL_SIZE = 8192
+"""n of the n x n matmuls on a GPU: large enough to reach the Tensor Cores' plateau."""
+CPU_MATMUL_SIZE = 1024
+"""n on a CPU: a few hundred milliseconds per product on a laptop core."""
+GPU_COPY_BYTES = 1 << 30
+"""Bytes of the source buffer of the memory test on a GPU (the destination is as large)."""
+CPU_COPY_BYTES = 64 << 20
+"""Bytes of the source buffer on a CPU: well above the last-level cache."""
+SAMPLE_SECONDS = 0.05
+"""Aim of one timed sample: long enough that timer resolution and launch gaps do not count."""
+
+
+def matmul_tflops(
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    size: int | None = None,
+    seconds: float = 2.0,
+    *,
+    warmup: int = 3,
+    min_samples: int = 3,
+) -> dict[str, Any]:
+    """Dense ``size x size`` matmul throughput in TFLOPS (10**12 FLOP/s), 2 * size**3 FLOPs per
+    product. ``size`` defaults to 8192 on a GPU and 1024 on a CPU."""
+    device = torch.device(device)
+    n = size or (GPU_MATMUL_SIZE if device.type == "cuda" else CPU_MATMUL_SIZE)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    flops_per_op = 2 * n**3
+
+    def op() -> None:
+        torch.matmul(a, b, out=out)
+
+    samples_s, ops_per_sample = _time_samples(device, op, seconds, warmup, min_samples)
+    tflops = [flops_per_op * ops_per_sample / s / 1e12 for s in samples_s]
+    return {
+        "kind": "matmul",
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "size": n,
+        "flops_per_op": flops_per_op,
+        "ops_per_sample": ops_per_sample,
+        "samples_seconds": samples_s,
+        "samples_tflops": tflops,
+        "tflops": summarize(tflops),
+    }
+
+
+def memory_bandwidth_gbps(
+    device: torch.device | str,
+    nbytes: int | None = None,
+    seconds: float = 2.0,
+    *,
+    warmup: int = 3,
+    min_samples: int = 3,
+) -> dict[str, Any]:
+    """Device memory bandwidth in GB/s (10**9 bytes/s) of a device-to-device copy of ``nbytes``.
+
+    A copy reads ``nbytes`` and writes ``nbytes``: both are counted (``2 * nbytes`` per copy), as
+    STREAM's copy and NVIDIA's bandwidth tests count them, so the number compares with the
+    datasheet's HBM bandwidth. ``nbytes`` defaults to 1 GiB on a GPU and 64 MiB on a CPU.
+    """
+    device = torch.device(device)
+    size = nbytes or (GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES)
+    src = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+
+    def op() -> None:
+        dst.copy_(src)
+
+    samples_s, ops_per_sample = _time_samples(device, op, seconds, warmup, min_samples)
+    moved = 2 * size * ops_per_sample
+    gbps = [moved / s / 1e9 for s in samples_s]
+    return {
+        "kind": "copy",
+        "device": str(device),
+        "bytes": size,
+        "bytes_moved_per_op": 2 * size,
+        "ops_per_sample": ops_per_sample,
+        "samples_seconds": samples_s,
+        "samples_gbps": gbps,
+        "gbps": summarize(gbps),
+    }
+
+
+def _time_samples(
+    device: torch.device, op: Callable[[], None], seconds: float, warmup: int, min_samples: int
+) -> tuple[list[float], int]:
+    """Warm up, size a batch of ``op`` to about SAMPLE_SECONDS, then time batches until
+    ``seconds`` have passed; returns each batch's seconds and the batch length."""
+    for _ in range(max(1, warmup)):
+        op()
+    sync(device)
+    probe = timed(device, op, 1)
+    ops_per_sample = max(1, int(SAMPLE_SECONDS / max(probe, 1e-9)))
+    samples: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while len(samples) < min_samples or time.perf_counter() < deadline:
+        samples.append(timed(device, op, ops_per_sample))
+    return samples, ops_per_sample

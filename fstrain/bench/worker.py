@@ -1,0 +1,235 @@
+"""``python -m fstrain.bench``: the benchmark worker every rank runs.
+
+Standalone (``python -m fstrain.bench --suite compute --json-out r.json``) it is a world of one
+on loopback; under ``python -m torch.distributed.run`` (or ``fstrain bench``, which starts it
+through torchrun on every host) it joins the process group torchrun describes. Rank 0 collects one
+JSON document with every sample; the first rank of every node writes it to ``--json-out`` (written
+whole, then renamed into place).
+
+Exit codes: 0 done, 2 bad arguments (one ``error:`` line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fstrain.bench.collectives import time_collective
+from fstrain.bench.compute import matmul_tflops, memory_bandwidth_gbps
+from fstrain.bench.pairs import time_pairs
+from fstrain.core.bench import COLLECTIVES, format_size, parse_size, parse_sizes, parse_suites
+from fstrain.core.benchreport import SCHEMA
+from fstrain.errors import FstrainError
+
+DEFAULT_SIZES = {"nccl": "1M-1G", "gloo": "64K-16M"}
+"""Bandwidth sizes per backend: gloo moves bytes through the CPU and TCP, 1 GiB takes seconds."""
+DEFAULT_PAIR_BYTES = {"nccl": "256M", "gloo": "16M"}
+LATENCY_SIZES = (8, 1 << 10, 1 << 16)
+"""Small messages timed besides the bandwidth sizes: their time is the collective's latency."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fstrain.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", default="all", help="compute, collectives, pairs, all, or a comma list")
+    parser.add_argument("--json-out", type=Path, required=True, help="where rank 0 writes the JSON document")
+    parser.add_argument("--sizes", default="", help="message sizes, e.g. 1M-1G (x2 steps), 1M-1G:4, 1M,64M")
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default="",
+                        help="default: nccl with CUDA, gloo without")
+    parser.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma list of collectives to time")
+    parser.add_argument("--seconds", type=float, default=0.5, help="time budget per collective and size")
+    parser.add_argument("--compute-seconds", type=float, default=3.0, help="seconds per compute measurement")
+    parser.add_argument("--pair-bytes", default="", help="bytes each pair transfer moves (default 256M nccl, 16M gloo)")
+    parser.add_argument("--pair-samples", type=int, default=5, help="timed transfers per link")
+    parser.add_argument("--pairs-mode", choices=("auto", "all", "ring"), default="auto",
+                        help="every ordered pair (n-1 rounds) or a ring and its reverse (2 rounds)")
+    parser.add_argument("--no-latency", action="store_true", help="skip the small-message latency sizes")
+    parser.add_argument("--scopes", default="world,intra,inter",
+                        help="groups to time collectives over: world, intra (each node), inter (across nodes)")
+    return parser
+
+
+def init(backend: str) -> tuple[str, torch.device]:
+    """Join torchrun's process group (or a world of one on loopback); the backend and device."""
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise FstrainError("--backend nccl needs CUDA, and torch sees no GPU", "use --backend gloo",
+                               where="--backend")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if "MASTER_ADDR" not in os.environ:
+        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+                           "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+    device_id = device if device.type == "cuda" else None
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=10), device_id=device_id)
+    return backend, device
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def describe_ranks() -> list[dict[str, Any]]:
+    """Every rank's place: node (torchrun's GROUP_RANK, else the host name), local rank, host."""
+    me = {
+        "rank": dist.get_rank(),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "-1"))),
+        "hostname": os.environ.get("FSTRAIN_BENCH_NODE_NAME") or socket.gethostname(),
+    }
+    gathered: list[dict[str, Any] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, me)
+    ranks = [r for r in gathered if r is not None]
+    for r in ranks:
+        r["node"] = r["hostname"] if r["node_rank"] < 0 else f"{r['node_rank']}:{r['hostname']}"
+    return ranks
+
+
+def node_groups(ranks: list[dict[str, Any]]) -> list[list[int]]:
+    """Global ranks per node, nodes in order of their lowest rank."""
+    nodes: dict[str, list[int]] = {}
+    for r in sorted(ranks, key=lambda r: r["rank"]):
+        nodes.setdefault(r["node"], []).append(r["rank"])
+    return list(nodes.values())
+
+
+def node_names(leaders: list[dict[str, Any]]) -> list[str]:
+    """One name per node: its host name, or ``node_rank:hostname`` where host names repeat."""
+    hostnames = [r["hostname"] for r in leaders]
+    if len(set(hostnames)) == len(hostnames):
+        return hostnames
+    return [r["node"] for r in leaders]
+
+
+def run_compute(device_kind: str, seconds: float) -> dict[str, Any]:
+    device = torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        matmul = matmul_tflops(device, torch.bfloat16, seconds=seconds)
+        name = torch.cuda.get_device_name(device)
+    else:
+        # bf16 matmuls on most CPUs run through a slow emulation: float32 says what a CPU can do.
+        matmul = matmul_tflops(device, torch.float32, seconds=seconds)
+        name = platform.processor() or platform.machine()
+    copy = memory_bandwidth_gbps(device, seconds=seconds)
+    mine = {"rank": dist.get_rank(), "device": str(device), "device_name": name, "matmul": matmul, "memory": copy}
+    gathered: list[dict[str, Any] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return {"per_rank": [g for g in gathered if g is not None]}
+
+
+def run_collectives(
+    args: argparse.Namespace, sizes: list[int], device: torch.device, groups: list[list[int]]
+) -> dict[str, Any]:
+    names = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    bad = [c for c in names if c not in COLLECTIVES]
+    if bad:
+        raise FstrainError(f"unknown collective {', '.join(bad)}", f"use {', '.join(COLLECTIVES)}",
+                           where="--collectives")
+    all_sizes = sorted(set(sizes) | (set() if args.no_latency else set(LATENCY_SIZES)))
+    scopes: list[dict[str, Any]] = []
+    wanted = {s.strip() for s in args.scopes.split(",") if s.strip()}
+    world = dist.get_world_size()
+    plan: list[tuple[str, list[list[int]]]] = [("world", [list(range(world))])] if "world" in wanted else []
+    if len(groups) > 1 and "intra" in wanted and max(len(g) for g in groups) > 1:
+        plan.append(("intra_node", groups))
+    if len(groups) > 1 and "inter" in wanted and min(len(g) for g in groups) > 1:
+        plan.append(("inter_node", [list(ranks) for ranks in zip(*groups, strict=False)]))
+    for scope, members in plan:
+        # Every rank creates every group, in the same order (torch.distributed requires it).
+        handles = [None if len(m) == world else dist.new_group(m) for m in members]
+        mine = next(i for i, m in enumerate(members) if dist.get_rank() in m)
+        rows = []
+        for collective in names:
+            for size in all_sizes:
+                row = time_collective(collective, size, device=device, group=handles[mine], seconds=args.seconds)
+                row["scope"] = scope
+                row["latency_size"] = size in LATENCY_SIZES and size not in sizes
+                rows.append(row)
+        per_group: list[list[dict[str, Any]] | None] = [None] * world
+        dist.all_gather_object(per_group, rows if dist.get_rank() == members[mine][0] else None)
+        scopes.append({
+            "scope": scope,
+            "groups": members,
+            "results": [{**row, "group": i} for i, m in enumerate(members)
+                        for row in (per_group[m[0]] or [])],
+        })
+    return {"sizes": sizes, "latency_sizes": [] if args.no_latency else list(LATENCY_SIZES), "scopes": scopes}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    suites = parse_suites(args.suite)
+    backend, device = init(args.backend)
+    sizes = parse_sizes(args.sizes or DEFAULT_SIZES[backend])
+    pair_bytes = parse_size(args.pair_bytes or DEFAULT_PAIR_BYTES[backend], where="--pair-bytes")
+    ranks = describe_ranks()
+    groups = node_groups(ranks)
+    by_rank = {r["rank"]: r for r in ranks}
+    document: dict[str, Any] = {
+        "schema": SCHEMA,
+        "suites": suites,
+        "backend": backend,
+        "device_type": device.type,  # where collectives and pairs ran; compute records its own
+        "world_size": dist.get_world_size(),
+        "num_nodes": len(groups),
+        "nodes": node_names([by_rank[g[0]] for g in groups]),
+        "ranks": ranks,
+        "torch_version": torch.__version__,
+    }
+    if "compute" in suites:
+        document["compute"] = run_compute("cuda" if torch.cuda.is_available() else "cpu", args.compute_seconds)
+    if "collectives" in suites:
+        document["collectives"] = run_collectives(args, sizes, device, groups)
+    if "pairs" in suites:
+        leaders = [g[0] for g in groups]
+        document["pairs"] = {
+            "size_bytes": pair_bytes,
+            "size": format_size(pair_bytes),
+            "mode": args.pairs_mode,
+            "links": time_pairs(leaders, document["nodes"], pair_bytes, device=device, mode=args.pairs_mode,
+                                samples=args.pair_samples),
+        }
+    return document
+
+
+def write_document(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # nodes may share a file system
+    tmp.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        document = run(args)
+        # Every node's first rank writes the document: a launcher finds it on whichever node it
+        # asks, whatever rank order the rendezvous chose.
+        shared: list[Any] = [document if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(shared, src=0)
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            write_document(args.json_out, shared[0])
+            print(f"[fstrain.bench] wrote {args.json_out}", flush=True)
+        dist.barrier()
+    except FstrainError as error:
+        print(f"error: {error.one_line()}", file=sys.stderr)
+        return error.exit_code
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0

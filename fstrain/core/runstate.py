@@ -1,0 +1,93 @@
+"""The state of a run, as values: from what the nodes report and what the launcher recorded.
+
+States: ``starting`` (not every node's watchdog has joined the coordinator), ``running``,
+``stalled`` (ended by --stall-timeout/--finish-timeout), ``succeeded`` (every node exited 0),
+``failed`` (a rank or node failed: the run's exit code is that rank's), ``stopped`` (Ctrl-C,
+SIGTERM or `fstrain stop`), ``lost`` (a node, or the coordinator itself, vanished without a
+record). Pure: the I/O edge (fstrain/io/runs.py) gathers the inputs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+STATES = ("starting", "running", "stalled", "succeeded", "failed", "stopped", "lost")
+FINAL = frozenset({"stalled", "succeeded", "failed", "stopped", "lost"})
+# The attached launcher's reasons (manifest.json) -> states.
+_REASONS = {"ok": "succeeded", "failed": "failed", "lost": "lost", "interrupted": "stopped", "terminated": "stopped",
+            "stalled": "stalled"}
+# The bundled trainer: "[fstrain.train] step 5/20 loss 3.1234 lr 1.000e-04 tokens/s 12,345 ..."
+_PROGRESS_RE = re.compile(r"\bstep (\d+)(?:/(\d+))?(?:.*?\bloss ([0-9.eE+-]+|nan|inf))?(?:.*?\btokens/s ([0-9,.]+))?")
+
+
+@dataclass(frozen=True)
+class RunState:
+    state: str
+    exit_code: int | None
+    reason: str = ""
+    ended: float | None = None  # when the run ended, once it has
+
+
+def from_manifest(manifest: Mapping[str, Any]) -> RunState:
+    """An attached run's end, from its manifest."""
+    reason = str(manifest.get("reason") or "")
+    return RunState(_REASONS.get(reason, "failed"), manifest.get("exit_code"), reason, manifest.get("ended"))
+
+
+def from_nodes(views: Sequence[Mapping[str, Any] | None]) -> RunState:
+    """A detached run's state from each node's view (``fstrain/io/remote/runctl.py state``;
+    None for a node that could not be reached). Node 0's run record decides while it exists;
+    any node's copy of the final record decides after the end."""
+    for view in views:
+        final = ((view or {}).get("node") or {}).get("final")
+        if final:
+            return RunState(final["state"], final.get("exit_code"), final.get("reason", ""), final.get("ended"))
+    coordinator = views[0] if views else None
+    if coordinator is None:
+        return RunState("lost", None, "node 0 cannot be reached")
+    record = coordinator.get("run") or {}
+    if not coordinator.get("watchdog_alive"):
+        if record.get("state") in FINAL:
+            return RunState(record["state"], record.get("exit_code"), record.get("reason", ""), record.get("ended"))
+        return RunState("lost", None, "the coordinator (node 0's watchdog) is gone without a record")
+    state = str(record.get("state") or "starting")
+    if state in FINAL:  # decided, the nodes are still being torn down
+        return RunState(state, record.get("exit_code"), record.get("reason", ""))
+    return RunState(state if state in STATES else "running", None, record.get("reason", ""))
+
+
+def parse_progress(line: str) -> dict[str, Any] | None:
+    """step, total steps, loss and tokens/s from a progress line (the bundled trainer's form)."""
+    match = _PROGRESS_RE.search(line)
+    if match is None:
+        return None
+    step, total, loss, rate = match.groups()
+    return {
+        "step": int(step),
+        "steps": int(total) if total else None,
+        "loss": float(loss) if loss else None,
+        "tokens_per_s": float(rate.replace(",", "")) if rate else None,
+    }
+
+
+def rank_of(tag_rank: int | None, rank_offset: int | None) -> int | None:
+    """The global rank of a line whose tag names local rank ``tag_rank``."""
+    if tag_rank is None:
+        return None
+    return tag_rank if rank_offset is None else rank_offset + tag_rank
+
+
+def from_host_records(run: Mapping[str, Any] | None, nodes: Sequence[Mapping[str, Any]]) -> RunState:
+    """A run found on the hosts (not started from here), from the node records found there
+    (each with ``watchdog_alive``) and node 0's run record where it was among them."""
+    for node in nodes:
+        if node.get("final"):
+            final = node["final"]
+            return RunState(final["state"], final.get("exit_code"), final.get("reason", ""), final.get("ended"))
+    if any(node.get("watchdog_alive") for node in nodes):
+        state = str((run or {}).get("state") or "running")
+        return RunState(state if state in STATES else "running", (run or {}).get("exit_code"))
+    return RunState("lost", None, "no watchdog of the run is alive and none left a record")

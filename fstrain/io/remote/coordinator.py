@@ -1,0 +1,597 @@
+"""Detached runs: the nodes' watchdogs supervise the job together, with no launcher connected.
+
+Stdlib only (Python >= 3.8), loaded by the watchdog (fstrain/io/remote/watchdog.py) when its
+header has ``detach``: ``{"role": "coordinator" | "member", "secret": hex, "nnodes": N,
+"bind": address (coordinator), "coordinator": [address, port] (member)}``.
+
+Start: the watchdog forks. The child starts a session of its own (the SSH session may end),
+sends its own and the job's output through a pipe that it copies, line by line with the time
+in front, to ``RUN_DIR/node<I>.out``, starts the job, and answers the parent with one JSON line
+(``pid``, ``job_pid``, and for the coordinator the ``port`` it listens on); the parent prints
+that line and exits, so `fstrain launch --detach` returns once every node has started.
+
+Node 0's watchdog is the coordinator. It listens on the rendezvous address (every node reached
+it before the start). Each member connects; TCP, one JSON object per line; the first line of
+every connection carries the run's secret (compared in constant time; a wrong one closes the
+connection): ``{"hello": node_rank}`` from a member, ``{"control": "stop", "how": "term" |
+"kill"}`` from `fstrain stop` (sent from node 0 itself). Then, both ways, a heartbeat every
+second; a member reports ``{"exit": code, "failure": {...}}`` when its job ends.
+
+The rules are the attached launcher's: the first node whose job fails (or which is lost: its
+connection closes, or no heartbeat for ``heartbeat_timeout_s``, or it never joins) stops every
+node (``term``: SIGTERM, SIGKILL after ``grace_s``); a member that loses the coordinator tears
+its own job down. When every node has ended, the coordinator sends the run's record
+(``state``, ``exit_code``, ``first_failure``) to every member; each node writes it to
+``RUN_DIR/node<I>.json``, the coordinator also to ``RUN_DIR/run.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+EVENT_PREFIX = "fstrain-watchdog-event: "  # the watchdog's reports (as in watchdog.py), not job output
+STACKS_WAIT_S = 30.0  # for every live node's stacks report, after a stall
+EXIT_STALLED = 124  # as the attached launcher's (fstrain/io/stall.py)
+HEARTBEAT_S = 1.0
+STATE_EVERY_S = 2.0
+JOIN_TIMEOUT_S = 120.0  # a member that has not connected by then is lost
+TAIL_LINES = 10
+
+
+def write_json(path: str, document: dict[str, Any]) -> None:
+    partial = f"{path}.{os.getpid()}.partial"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(document, handle, indent=1)
+    os.replace(partial, path)
+
+
+class Link:
+    """One TCP connection carrying JSON lines."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reader = sock.makefile("rb")
+        self.lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> bool:
+        data = (json.dumps(message) + "\n").encode()
+        with self.lock:
+            try:
+                self.sock.sendall(data)
+                return True
+            except OSError:
+                return False
+
+    def messages(self) -> Any:
+        while True:
+            try:
+                raw = self.reader.readline()
+            except OSError:
+                return
+            if not raw:
+                return
+            try:
+                message = json.loads(raw)
+            except ValueError:
+                return
+            if isinstance(message, dict):
+                yield message
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class Output:
+    """Copies the job's output (a pipe) to RUN_DIR/node<I>.out with the time in front of each
+    line, and remembers per local rank the time and text of its last line and of its last
+    progress line (one with ``step``)."""
+
+    def __init__(self, read_fd: int, path: str, secrets: list[str]) -> None:
+        self.on_event: Any = None  # called with the watchdog's own reports (stacks, ranks gone)
+        self.read_fd = read_fd
+        self.path = path
+        self.secrets = [s.encode() for s in secrets]  # values written as **** (the launcher's rule)
+        self.last_at: float | None = None
+        self.ranks: dict[str, dict[str, Any]] = {}
+        self.tail: list[str] = []
+        self.lock = threading.Lock()
+        self.last_write = time.monotonic()
+
+    def copy(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(self.read_fd, "rb") as source, os.fdopen(fd, "ab", buffering=0) as sink:
+            for raw in source:
+                if raw.startswith(EVENT_PREFIX.encode()):
+                    with contextlib.suppress(ValueError):
+                        if self.on_event is not None:
+                            self.on_event(json.loads(raw[len(EVENT_PREFIX):]))
+                    continue
+                now = time.time()
+                for secret in self.secrets:
+                    raw = raw.replace(secret, b"****")
+                line = raw.rstrip(b"\n").decode(errors="replace")
+                sink.write(b"%.3f " % now + raw if raw.endswith(b"\n") else b"%.3f " % now + raw + b"\n")
+                self.note(now, line)
+                self.last_write = time.monotonic()
+
+    def settle(self, quiet_s: float = 0.5, limit_s: float = 5.0) -> None:
+        """Wait until the job's last lines are copied (the pipe stays open: this process
+        holds it as its own stdout, so its end is a quiet moment, not end of file)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and time.monotonic() - self.last_write < quiet_s:
+            time.sleep(0.1)
+
+    def note(self, now: float, line: str) -> None:
+        local = None
+        if line.startswith("[") and "]:" in line:
+            tag = line[1:line.index("]:")]
+            digits = tag.lstrip("abcdefghijklmnopqrstuvwxyz")
+            if digits.isdigit() and tag[: len(tag) - len(digits)] in ("default", "rank", "local"):
+                local = digits
+        with self.lock:
+            self.tail = [*self.tail[-(TAIL_LINES - 1):], line]
+            if local is None:
+                return
+            self.last_at = now
+            entry = self.ranks.setdefault(local, {})
+            entry.update(last_output_at=now, last_line=line[-300:])
+            if " step " in f" {line} ":
+                entry.update(progress_at=now, progress_line=line[-300:])
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {"last_output_at": self.last_at, "ranks": json.loads(json.dumps(self.ranks)),
+                    "last_lines": list(self.tail)}
+
+
+class Node:
+    """What every detached watchdog does: start, write its state, report its end."""
+
+    def __init__(self, header: dict[str, Any], watchdog_class: Any) -> None:
+        self.header = header
+        self.detach = header["detach"]
+        self.node_rank = int(header.get("node_rank", 0))
+        self.run_dir = os.path.expanduser(header.get("run_dir") or ".")
+        self.state_path = os.path.join(self.run_dir, f"node{self.node_rank}.json")
+
+        class Detached(watchdog_class):
+            def control_loop(self) -> None:
+                return  # control comes over the network, not stdin
+
+        self.watchdog = Detached(header)
+        self.output: Output | None = None
+        self.started = time.time()
+        self.exit_code: int | None = None
+        self.failure: dict[str, Any] | None = None
+        self.final: dict[str, Any] | None = None
+        self.ended: float | None = None
+        self.note = ""
+        self.result: dict[str, Any] = {}
+
+    def state(self) -> dict[str, Any]:
+        child = self.watchdog.child
+        document: dict[str, Any] = {
+            "run_id": self.header.get("run_id"), "node_rank": self.node_rank, "role": self.detach["role"],
+            "hostname": socket.gethostname(), "watchdog_pid": os.getpid(),
+            "job_pid": child.pid if child is not None else None, "started": self.started, "ended": self.ended,
+            "exit_code": self.exit_code, "failure": self.failure, "note": self.note, "final": self.final,
+            "rank_offset": self.header.get("rank_offset"), "nproc": self.header.get("nproc"),
+            "updated": time.time(),
+        }
+        if self.output is not None:
+            document.update(self.output.snapshot())
+        return document
+
+    def write_state(self) -> None:
+        with contextlib.suppress(OSError):
+            write_json(self.state_path, self.state())
+
+    def keep_writing_state(self) -> None:
+        while self.ended is None:
+            self.write_state()
+            time.sleep(STATE_EVERY_S)
+
+    def start_job(self, ready_fd: int, extra: dict[str, Any]) -> threading.Thread:
+        """Run the job in a thread; answer the parent once it started (or could not)."""
+        result = self.result
+
+        def run() -> None:
+            result["code"] = self.watchdog.run()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        while self.watchdog.child is None and thread.is_alive():
+            time.sleep(0.02)
+        if self.watchdog.child is None:
+            thread.join()
+            answer = {"error": f"the job did not start (exit {result.get('code')})", **extra}
+        else:
+            answer = {"pid": os.getpid(), "job_pid": self.watchdog.child.pid, **extra}
+        os.write(ready_fd, (json.dumps(answer) + "\n").encode())
+        os.close(ready_fd)
+        threading.Thread(target=self.keep_writing_state, daemon=True).start()
+        return thread
+
+    def job_ended(self, thread: threading.Thread) -> None:
+        thread.join()
+        code = self.result.get("code")
+        self.exit_code = code if code is not None else 127
+        if self.output is not None:
+            self.output.settle()
+        self.failure = self.read_failure()
+        self.write_state()
+
+    def read_failure(self) -> dict[str, Any] | None:
+        """The failed rank behind a non-zero exit (torchrun's root cause, DeepSpeed's code)."""
+        if "rankexit" not in (self.header.get("modules") or {}) or not self.exit_code:
+            return None
+        module = self.watchdog.module("rankexit")
+        reader = module.FailureReportReader()
+        with contextlib.suppress(OSError), open(self.output.path if self.output else "", errors="replace") as handle:
+            for line in handle:
+                reader.feed(line.split(" ", 1)[-1])
+        failure = module.node_failure(self.header.get("backend", "torchrun"), self.exit_code, reader.root_cause,
+                                      self.header.get("rank_offset"))
+        if failure is None:
+            return None
+        return {"rank": failure.rank, "local_rank": failure.local_rank, "exit_code": failure.exit_code,
+                "signal": failure.signal_name or None}
+
+
+class Coordinator:
+    """Node 0: the members' links, the run's state, the rules."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.secret = str(node.detach["secret"])
+        self.nnodes = int(node.detach["nnodes"])
+        self.heartbeat_timeout_s = float(node.header.get("heartbeat_timeout_s", 30))
+        self.lock = threading.RLock()
+        self.links: dict[int, Link] = {}
+        self.nodes: dict[int, dict[str, Any]] = {
+            i: {"joined": i == 0, "last_seen": time.monotonic(), "ended": None, "exit_code": None, "failure": None,
+                "error": None, "output_at": None} for i in range(self.nnodes)}
+        self.state = "starting"
+        self.exit_code: int | None = None
+        self.first_failure: int | None = None
+        self.reason = ""
+        self.stopping = False
+        self.started = time.time()
+        self.listener: socket.socket | None = None
+        self.finished = False
+        header = node.header
+        self.stall_timeout_s = header.get("stall_timeout_s")
+        self.finish_timeout_s = header.get("finish_timeout_s")
+        self.first_finish: float | None = None
+        self.stall_reason = ""
+        self.stall_requested_at = 0.0
+        self.stall_waiting: set[int] = set()
+        self.stall_reports: dict[int, Any] = {}
+        self.stall: dict[str, Any] | None = None
+
+    def event(self, rank: int, payload: dict[str, Any]) -> None:
+        """A node's watchdog report: its ranks' stacks, or ranks whose process ended."""
+        with self.lock:
+            if "stacks" in payload:
+                self.stall_reports[rank] = payload["stacks"]
+                self.stall_waiting.discard(rank)
+            if payload.get("ranks_gone") and self.first_finish is None:
+                self.first_finish = time.time()
+
+    def check_stall(self) -> None:
+        """--stall-timeout / --finish-timeout: ask every live node for its stacks, then stop the
+        run as stalled once they are in (fstrain/core/stacks.py names the odd ranks)."""
+        if not (self.stall_timeout_s or self.finish_timeout_s) or self.stopping:
+            return
+        hangs = self.node.watchdog.module("analysis")
+        if not self.stall_reason:
+            outputs = [self.started] + [n["output_at"] or 0 for n in self.nodes.values()]
+            if self.node.output is not None and self.node.output.last_at:
+                outputs.append(self.node.output.last_at)
+            self.stall_reason = hangs.stall_reason(time.time(), max(outputs), self.first_finish,
+                                                   self.stall_timeout_s, self.finish_timeout_s)
+            if not self.stall_reason:
+                return
+            with self.lock:
+                self.stall_requested_at = time.monotonic()
+                self.stall_waiting = {r for r, n in self.nodes.items() if n["ended"] is None}
+                links = dict(self.links)
+            threading.Thread(target=self.node.watchdog.report_stacks, daemon=True).start()
+            for link in links.values():
+                link.send({"stacks": True})
+            return
+        if self.stall_waiting and time.monotonic() - self.stall_requested_at < STACKS_WAIT_S:
+            return
+        document, files = hangs.hang_report(self.stall_reports, self.stall_reason, sorted(self.stall_waiting))
+        folder = os.path.join(self.node.run_dir, "stacks")
+        with contextlib.suppress(OSError):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            for name, text in files.items():
+                with open(os.path.join(folder, name), "w") as handle:
+                    handle.write(text)
+            document["folder"] = folder
+            write_json(os.path.join(folder, "report.json"), document)
+        with self.lock:
+            if not self.stopping:
+                self.stall = document
+                self.state, self.reason, self.exit_code = "stalled", self.stall_reason, EXIT_STALLED
+                self.stop_all("term")
+
+    def listen(self, address: str) -> int:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, 0))
+        sock.listen(64)
+        self.listener = sock
+        threading.Thread(target=self.accept, daemon=True).start()
+        return int(sock.getsockname()[1])
+
+    def accept(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(Link(conn),), daemon=True).start()
+
+    def serve(self, link: Link) -> None:
+        messages = link.messages()
+        first = next(messages, None)
+        if first is None or not hmac.compare_digest(str(first.get("secret", "")).encode(), self.secret.encode()):
+            link.close()
+            return
+        if first.get("control") == "stop":
+            how = "kill" if first.get("how") == "kill" else "term"
+            self.stop(how, "stopped", f"stopped by `fstrain stop` ({how})", first.get("grace_s"))
+            link.send({"ok": True, "state": self.record()})
+            link.close()
+            return
+        rank = first.get("hello")
+        if not isinstance(rank, int) or not 0 < rank < self.nnodes:
+            link.close()
+            return
+        with self.lock:
+            self.links[rank] = link
+            self.nodes[rank].update(joined=True, last_seen=time.monotonic())
+            if self.stopping:
+                link.send({"stop": "term"})
+        for message in messages:
+            with self.lock:
+                self.nodes[rank]["last_seen"] = time.monotonic()
+                if "output_at" in message:
+                    self.nodes[rank]["output_at"] = message["output_at"]
+            if "event" in message:
+                self.event(rank, message["event"])
+            if "exit" in message:
+                self.node_exit(rank, message.get("exit"), message.get("failure"))
+        if self.nodes[rank]["ended"] is None:
+            self.lost(rank, "its watchdog's connection closed")
+
+    def node_exit(self, rank: int, code: Any, failure: Any) -> None:
+        with self.lock:
+            entry = self.nodes[rank]
+            if entry["ended"] is not None:
+                return
+            entry.update(ended=time.time(), exit_code=code, failure=failure)
+            if code == 0 and self.first_finish is None:
+                self.first_finish = time.time()
+            if code != 0 and self.first_failure is None and not self.stopping:
+                self.first_failure = rank
+                self.exit_code = int(failure["exit_code"]) if failure else int(code if code is not None else 255)
+                self.state, self.reason = "failed", f"node {rank}'s job failed"
+                self.stop_all("term")
+
+    def lost(self, rank: int, why: str) -> None:
+        with self.lock:
+            entry = self.nodes[rank]
+            if entry["ended"] is not None:
+                return
+            entry.update(ended=time.time(), error=why)
+            if self.first_failure is None and not self.stopping:
+                self.first_failure = rank
+                self.exit_code = 255
+                self.state, self.reason = "lost", f"node {rank} was lost: {why}"
+                self.stop_all("term")
+
+    def stop(self, how: str, state: str, reason: str, grace_s: Any = None) -> None:
+        with self.lock:
+            if not self.stopping:
+                self.state, self.reason, self.exit_code = state, reason, 143
+                self.stop_all(how, grace_s)
+            elif how == "kill":
+                self.stop_all("kill")
+
+    def stop_all(self, how: str, grace_s: Any = None) -> None:
+        self.stopping = True
+        if grace_s is not None:
+            self.node.watchdog.grace_s = float(grace_s)
+        self.node.watchdog.request(how)
+        for link in list(self.links.values()):
+            link.send({"stop": how, "grace_s": grace_s})
+
+    def tick(self) -> None:
+        """Heartbeats out; members that never joined or went silent are lost."""
+        while not self.all_ended():
+            now = time.monotonic()
+            self.node.watchdog.last_heartbeat = now  # the coordinator is its own launcher
+            with self.lock:
+                links = dict(self.links)
+                if self.state == "starting" and all(n["joined"] for n in self.nodes.values()):
+                    self.state = "running"
+            for link in links.values():
+                link.send({"hb": time.time()})
+            self.check_stall()
+            with self.lock:
+                if not self.finished:  # for `fstrain status` and `fstrain runs` while the run lasts
+                    with contextlib.suppress(OSError):
+                        write_json(os.path.join(self.node.run_dir, "run.json"), self.record())
+            for rank, entry in self.nodes.items():
+                if rank == 0 or entry["ended"] is not None:
+                    continue
+                if not entry["joined"] and time.time() - self.started > JOIN_TIMEOUT_S:
+                    self.lost(rank, f"its watchdog did not connect within {JOIN_TIMEOUT_S:g} s")
+                elif entry["joined"] and now - entry["last_seen"] > self.heartbeat_timeout_s:
+                    self.lost(rank, f"no heartbeat for {self.heartbeat_timeout_s:g} s")
+            time.sleep(HEARTBEAT_S)
+
+    def all_ended(self) -> bool:
+        with self.lock:
+            return all(n["ended"] is not None for n in self.nodes.values())
+
+    def record(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "run_id": self.node.header.get("run_id"), "state": self.state, "exit_code": self.exit_code,
+                "reason": self.reason, "first_failure_node_rank": self.first_failure,
+                "first_failure": self.nodes[self.first_failure]["failure"] if self.first_failure is not None else None,
+                "started": self.started, "ended": None if not self.all_ended() else time.time(),
+                "nodes": {str(i): {k: v for k, v in n.items() if k != "last_seen"} for i, n in self.nodes.items()},
+                "stall": self.stall,
+            }
+
+    def finish(self) -> dict[str, Any]:
+        with self.lock:
+            self.finished = True
+            if self.state in ("starting", "running"):
+                codes = [n["exit_code"] for n in self.nodes.values()]
+                self.state = "succeeded" if all(c == 0 for c in codes) else "failed"
+                self.exit_code = 0 if self.state == "succeeded" else next(c for c in codes if c != 0)
+        record = self.record()
+        with contextlib.suppress(OSError):
+            write_json(os.path.join(self.node.run_dir, "run.json"), record)
+        for link in list(self.links.values()):
+            link.send({"end": record})
+        return record
+
+
+def _member_link(node: Node, address: str, port: int, secret: str) -> Link:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            sock = socket.create_connection((address, port), timeout=5)
+            sock.settimeout(None)
+            link = Link(sock)
+            link.send({"hello": node.node_rank, "secret": secret})
+            return link
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _detach(node: Node) -> int:
+    """Fork; the parent relays the child's ready line and exits. Returns the ready pipe's write
+    end in the child, which runs on in a session of its own with its output to node<I>.out."""
+    os.makedirs(node.run_dir, mode=0o700, exist_ok=True)
+    ready_r, ready_w = os.pipe()
+    if os.fork() > 0:
+        os.close(ready_w)
+        with os.fdopen(ready_r, "rb") as ready:
+            answer = ready.readline() or b'{"error": "the detached watchdog exited before it started the job"}\n'
+        os.write(1, answer)
+        os._exit(0 if b'"error"' not in answer else 1)
+    os.close(ready_r)
+    os.setsid()
+    out_r, out_w = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(out_w, 1)
+    os.dup2(out_w, 2)
+    os.close(out_w)
+    os.close(devnull)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
+    node.output = Output(out_r, os.path.join(node.run_dir, f"node{node.node_rank}.out"),
+                         list(node.detach.get("redact") or []))
+    threading.Thread(target=node.output.copy, daemon=True).start()
+    return ready_w
+
+
+def main(header: dict[str, Any], watchdog_class: Any) -> None:
+    node = Node(header, watchdog_class)
+    detach = node.detach
+    ready_w = _detach(node)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    if detach["role"] == "coordinator":
+        coordinator = Coordinator(node)
+        try:
+            port = coordinator.listen(str(detach["bind"]))
+        except OSError as exc:
+            os.write(ready_w, (json.dumps({"error": f"cannot listen on {detach['bind']}: {exc}"}) + "\n").encode())
+            os._exit(1)
+        signal.signal(signal.SIGTERM, lambda *_: coordinator.stop("term", "stopped", "SIGTERM to the coordinator"))
+        with contextlib.suppress(OSError):
+            write_json(os.path.join(node.run_dir, "coordinator.json"),
+                       {"address": detach["bind"], "port": port, "secret": coordinator.secret, "pid": os.getpid()})
+        if node.output is not None:
+            node.output.on_event = lambda payload: coordinator.event(0, payload)
+        job = node.start_job(ready_w, {"port": port})
+        threading.Thread(target=coordinator.tick, daemon=True).start()
+        node.job_ended(job)
+        coordinator.node_exit(0, node.exit_code, node.failure)
+        while not coordinator.all_ended():
+            time.sleep(0.2)
+        node.final = coordinator.finish()
+        time.sleep(0.5)  # let the members read the record
+    else:
+        address, port = detach["coordinator"]
+        signal.signal(signal.SIGTERM, lambda *_: node.watchdog.request("term"))
+        try:
+            link = _member_link(node, str(address), int(port), str(detach["secret"]))
+        except OSError as exc:
+            os.write(ready_w, (json.dumps({"error": f"cannot reach the coordinator {address}:{port}: {exc}"})
+                               + "\n").encode())
+            os._exit(1)
+        ended = threading.Event()
+
+        def listen() -> None:
+            for message in link.messages():
+                if "hb" in message:
+                    node.watchdog.last_heartbeat = time.monotonic()
+                if "stop" in message:
+                    if message.get("grace_s") is not None:
+                        node.watchdog.grace_s = float(message["grace_s"])
+                    node.watchdog.request("kill" if message["stop"] == "kill" else "term")
+                if "stacks" in message:
+                    threading.Thread(target=node.watchdog.report_stacks, daemon=True).start()
+                if "end" in message:
+                    node.final = message["end"]
+                    ended.set()
+            if not ended.is_set():  # the coordinator is gone: nothing may run on unsupervised
+                node.note = "lost the coordinator"
+                node.watchdog.request("term")
+                ended.set()
+
+        def beat() -> None:
+            while not ended.is_set():
+                output_at = node.output.last_at if node.output else None
+                link.send({"hb": time.time(), "output_at": output_at})
+                time.sleep(HEARTBEAT_S)
+
+        if node.output is not None:
+            node.output.on_event = lambda payload: link.send({"event": payload})
+        threading.Thread(target=listen, daemon=True).start()
+        threading.Thread(target=beat, daemon=True).start()
+        job = node.start_job(ready_w, {})
+        node.job_ended(job)
+        link.send({"exit": node.exit_code, "failure": node.failure})
+        ended.wait(node.watchdog.heartbeat_timeout_s + float(header.get("grace_s", 15)) + 10)
+        link.close()
+    node.ended = time.time()
+    node.write_state()
+    os._exit(node.exit_code if node.exit_code is not None else 1)

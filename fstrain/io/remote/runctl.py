@@ -1,0 +1,158 @@
+"""Look at, stop or remove a run on one node: stdlib only, sent over SSH by `fstrain status`,
+`fstrain runs`, `fstrain stop` and `fstrain gc` (fstrain need not be installed on the node).
+
+    python3 -c LINE_BOOTSTRAP state RUN_DIR NODE_RANK RUN_ID   -> one JSON document
+    python3 -c LINE_BOOTSTRAP stop RUN_DIR term|kill           -> the coordinator's answer
+    python3 -c LINE_BOOTSTRAP gc RUN_DIR                       -> {"removed": bool, "why": ...}
+    python3 -c LINE_BOOTSTRAP list RUNS_DIR                    -> the detached runs found there
+
+Never raises: what cannot be read is reported as missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from typing import Any
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _environ(pid: str) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0"))
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, sep, v in pairs if sep}
+
+
+def watchdog_alive(pid: Any) -> bool:
+    """The pid is alive and is still a watchdog (pids are reused)."""
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as handle:
+            return b"fstrain-watchdog" in handle.read()
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def ranks_alive(run_id: str) -> list[int]:
+    """Global ranks whose process (RANK and this run's FSTRAIN_RUN_ID in its environment) lives."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            env = _environ(entry)
+            if env.get("FSTRAIN_RUN_ID") == run_id and env.get("RANK", "").isdigit():
+                found.add(int(env["RANK"]))
+    return sorted(found)
+
+
+def gpus() -> list[dict[str, Any]]:
+    """Memory and utilisation per GPU from NVML (through nvidia-smi), where there are GPUs."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return []
+    try:
+        done = subprocess.run([tool, "--query-gpu=index,memory.used,memory.total,utilization.gpu",
+                               "--format=csv,noheader,nounits"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in done.stdout.decode(errors="replace").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and all(p.replace(".", "").isdigit() for p in parts):
+            rows.append({"index": int(parts[0]), "memory_used_mib": float(parts[1]),
+                         "memory_total_mib": float(parts[2]), "utilization_percent": float(parts[3])})
+    return rows
+
+
+def state(run_dir: str, node_rank: str, run_id: str) -> dict[str, Any]:
+    node = _read_json(os.path.join(run_dir, f"node{node_rank}.json"))
+    return {
+        "node": node,
+        "run": _read_json(os.path.join(run_dir, "run.json")) if node_rank == "0" else None,
+        "watchdog_alive": watchdog_alive((node or {}).get("watchdog_pid")),
+        "ranks_alive": ranks_alive(run_id),
+        "gpus": gpus(),
+    }
+
+
+def stop(run_dir: str, how: str, grace_s: str | None) -> dict[str, Any]:
+    info = _read_json(os.path.join(run_dir, "coordinator.json"))
+    if not info:
+        return {"error": f"no coordinator record in {run_dir}"}
+    try:
+        with socket.create_connection((info["address"], int(info["port"])), timeout=10) as sock:
+            request = {"secret": info["secret"], "control": "stop", "how": how,
+                       "grace_s": float(grace_s) if grace_s else None}
+            sock.sendall((json.dumps(request) + "\n").encode())
+            answer = sock.makefile("rb").readline()
+    except OSError as exc:
+        return {"error": f"the coordinator does not answer ({exc}): the run has ended or was lost"}
+    try:
+        parsed: dict[str, Any] = json.loads(answer)
+        return parsed
+    except ValueError:
+        return {"error": "the coordinator closed the connection"}
+
+
+def gc(run_dir: str) -> dict[str, Any]:
+    """Remove a finished run's folder: never one whose watchdog still runs."""
+    if not os.path.isdir(run_dir):
+        return {"removed": False, "why": "not there"}
+    for name in os.listdir(run_dir):
+        if name.startswith("node") and name.endswith(".json"):
+            node = _read_json(os.path.join(run_dir, name)) or {}
+            if watchdog_alive(node.get("watchdog_pid")):
+                return {"removed": False, "why": "its watchdog still runs"}
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {"removed": not os.path.exists(run_dir), "why": ""}
+
+
+def list_runs(runs_dir: str) -> dict[str, Any]:
+    """Every detached run with a node record under ``runs_dir`` (``~/.fstrain/runs``)."""
+    found = []
+    try:
+        names = sorted(os.listdir(runs_dir))
+    except OSError:
+        names = []
+    for name in names:
+        folder = os.path.join(runs_dir, name)
+        try:
+            files = sorted(f for f in os.listdir(folder) if f.startswith("node") and f.endswith(".json"))
+        except OSError:
+            continue
+        nodes = [n for n in (_read_json(os.path.join(folder, f)) for f in files) if isinstance(n, dict)]
+        if nodes:
+            found.append({"run_id": name, "run_dir": folder, "run": _read_json(os.path.join(folder, "run.json")),
+                          "nodes": [{**n, "watchdog_alive": watchdog_alive(n.get("watchdog_pid"))} for n in nodes]})
+    return {"runs": found}
+
+
+def main(argv: list[str]) -> None:
+    command, run_dir = argv[0], os.path.expanduser(argv[1])
+    if command == "state":
+        result = state(run_dir, argv[2], argv[3])
+    elif command == "list":
+        result = list_runs(run_dir)
+    elif command == "stop":
+        result = stop(run_dir, argv[2], argv[3] if len(argv) > 3 else None)
+    else:
+        result = gc(run_dir)
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,171 @@
+"""Stacks of a node's live ranks, for hang reports: stdlib only, run inside the watchdog.
+
+The watchdog loads this module (sent in its header) when the launch asks for stack reports:
+
+- ``install_hook`` puts a ``sitecustomize.py`` first on the job's ``PYTHONPATH``. Every Python
+  process of a rank (one with ``RANK`` in its environment) then registers SIGUSR1 with
+  ``faulthandler``: a C-level handler, so it answers even while the rank is blocked inside a
+  collective, writing every thread's stack to ``STACKS_DIR/rank<R>.pid<P>.txt``. The hook then
+  imports any ``sitecustomize`` that it shadows, so a site's own still runs.
+- ``collect`` finds the ranks among the watchdog's descendants (by ``RANK`` in their
+  ``/proc/<pid>/environ``), runs ``py-spy dump`` on each where py-spy is installed, and sends
+  SIGUSR1 only to processes whose hook file exists: a Python process that never registered the
+  handler would die of it. NCCL's flight recorder files (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``,
+  pointed into the run directory) are listed where present.
+Never raises: what cannot be read is reported as missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import time
+from typing import Any
+
+HOOK = '''# Written by fstrain: lets the launcher ask this rank for its Python stacks (SIGUSR1).
+import os as _os
+import sys as _sys
+
+
+def _fstrain_register():
+    folder = _os.environ.get("FSTRAIN_STACKS_DIR")
+    rank = _os.environ.get("RANK")
+    if not folder or rank is None:
+        return
+    try:
+        import faulthandler
+        import signal
+
+        handle = open(_os.path.join(folder, "rank%s.pid%d.txt" % (rank, _os.getpid())), "a")
+        faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True)
+        _sys.__fstrain_stacks_file__ = handle
+    except (OSError, ValueError, RuntimeError):
+        pass
+
+
+def _fstrain_chain():
+    """Import the sitecustomize this one shadows, if any."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    rest = [p for p in _sys.path if _os.path.abspath(p or ".") != here]
+    saved, _sys.path[:] = list(_sys.path), rest
+    this = _sys.modules.pop("sitecustomize", None)
+    try:
+        import sitecustomize  # noqa: F401
+    except ImportError:
+        if this is not None:
+            _sys.modules["sitecustomize"] = this
+    finally:
+        _sys.path[:] = saved
+
+
+_fstrain_register()
+_fstrain_chain()
+'''
+
+HOOK_DIR = "hooks"
+STACKS_DIR = "stacks"
+NCCL_TRACE_PREFIX = "nccl_trace_rank_"
+
+
+def install_hook(run_dir: str, env: dict[str, str]) -> None:
+    """Write the hook into ``run_dir/hooks`` and point the job's environment at it."""
+    hooks = os.path.join(run_dir, HOOK_DIR)
+    stacks = os.path.join(run_dir, STACKS_DIR)
+    try:
+        os.makedirs(hooks, mode=0o700, exist_ok=True)
+        os.makedirs(stacks, mode=0o700, exist_ok=True)
+        with open(os.path.join(hooks, "sitecustomize.py"), "w") as handle:
+            handle.write(HOOK)
+    except OSError:
+        return
+    env["PYTHONPATH"] = hooks + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["FSTRAIN_STACKS_DIR"] = stacks
+    if env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(run_dir, NCCL_TRACE_PREFIX))
+        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            env[name.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+        return int(stat[stat.rfind(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def rank_processes(pids: list[int]) -> dict[int, int]:
+    """Global rank -> pid of the rank's own process (not its children, which inherit RANK)."""
+    ranks: dict[int, int] = {}
+    envs = {pid: _environ(pid) for pid in pids}
+    for pid, env in envs.items():
+        rank = env.get("RANK")
+        if rank is None or not rank.isdigit():
+            continue
+        parent = _parent(pid)
+        if parent in envs and envs[parent].get("RANK") == rank:
+            continue  # a data loader worker or other child of the rank
+        ranks[int(rank)] = pid
+    return ranks
+
+
+def _py_spy(pid: int) -> str | None:
+    tool = shutil.which("py-spy")
+    if tool is None:
+        return None
+    try:
+        done = subprocess.run([tool, "dump", "--pid", str(pid)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.decode(errors="replace")
+
+
+def collect(run_dir: str, pids: list[int], wait_s: float = 3.0) -> dict[str, Any]:
+    """Every live rank's stacks: ``{"ranks": {rank: {"pid", "faulthandler", "py_spy"}},
+    "nccl_traces": [paths]}``; a rank whose stack could not be read has empty texts."""
+    stacks = os.path.join(run_dir, STACKS_DIR)
+    ranks = rank_processes(pids)
+    found: dict[str, Any] = {}
+    sizes: dict[int, int] = {}
+    for rank, pid in sorted(ranks.items()):
+        entry: dict[str, Any] = {"pid": pid, "faulthandler": "", "py_spy": _py_spy(pid) or ""}
+        found[str(rank)] = entry
+        path = os.path.join(stacks, f"rank{rank}.pid{pid}.txt")
+        if os.path.exists(path):
+            sizes[rank] = os.path.getsize(path)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + wait_s
+    pending = dict(sizes)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.1)
+        for rank, size in list(pending.items()):
+            path = os.path.join(stacks, f"rank{rank}.pid{ranks[rank]}.txt")
+            with contextlib.suppress(OSError):
+                if os.path.getsize(path) > size:
+                    time.sleep(0.2)  # let faulthandler finish the dump
+                    with open(path) as handle:
+                        handle.seek(size)
+                        found[str(rank)]["faulthandler"] = handle.read()
+                    del pending[rank]
+    traces = sorted(glob.glob(os.path.join(run_dir, NCCL_TRACE_PREFIX + "*")))
+    return {"ranks": found, "nccl_traces": traces}

@@ -1,0 +1,320 @@
+"""Runs that outlive the launcher: start them detached, find them again, read their state and
+logs, stop them, remove their folders.
+
+Where things live:
+
+- ``~/.fstrain/launched/<run id>.json`` on this machine: one entry per run started here (its
+  local run directory, attached or detached), so any later command finds it;
+- ``RUN_DIR/detached.json`` (local): the hosts, each node's run directory, rank offset and
+  watchdog pid, and the coordinator's address, as `launch --detach` started them;
+- on every node, in its run directory: ``node<I>.out`` (the job's output, each line with the
+  time in front), ``node<I>.json`` (its watchdog's state), and on node 0 ``run.json`` (the run's
+  state, kept by the coordinator) and ``coordinator.json`` (its port and the run's secret, mode
+  0600). See fstrain/io/remote/coordinator.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fstrain.core.hostfile import Host
+from fstrain.core.launchspec import NodeLaunch, secret_values
+from fstrain.core.runstate import RunState, from_manifest, from_nodes
+from fstrain.errors import FstrainError, InputError
+from fstrain.io.connect import is_local
+from fstrain.io.fanout import HostPool
+from fstrain.io.launch import REMOTE_RUNS, LaunchError, Rendezvous, RunOptions, _start, watchdog_header
+from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
+from fstrain.io.remote.watchdog import BOOTSTRAP
+from fstrain.io.transport.base import Transport
+
+INDEX = (".fstrain", "launched")  # under this machine's home
+START_TIMEOUT_S = 120.0
+
+
+def index_dir() -> Path:
+    return Path.home().joinpath(*INDEX)
+
+
+# -- starting -----------------------------------------------------------------------------------
+
+
+def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transport], python: str,
+                   options: RunOptions, rendezvous: Rendezvous) -> list[dict[str, Any]]:
+    """Start node 0's watchdog as the coordinator, then every other node's as a member; return
+    each node's answer (pids, the coordinator's port) once all of them started."""
+    secret = secrets.token_hex(16)
+    core = Path(__file__).resolve().parent.parent / "core"  # pure, stdlib-only modules the nodes run too
+    modules = {"coordinator": source("coordinator"), "rankexit": (core / "rankexit.py").read_text(),
+               "analysis": (core / "stacks.py").read_text()}
+
+    def header(launch: NodeLaunch, detach: dict[str, Any]) -> bytes:
+        document = watchdog_header(launch, options)
+        document["modules"] = {**document.get("modules", {}), **modules}
+        document["detach"] = {"secret": secret, "nnodes": len(launches), "redact": secret_values(launch.env),
+                              **detach}
+        return (json.dumps(document) + "\n").encode()
+
+    first = _start_one(launches[0], connect, python,
+                       header(launches[0], {"role": "coordinator", "bind": rendezvous.master_addr}))
+    answers: list[dict[str, Any]] = [first] + [{}] * (len(launches) - 1)
+    member = {"role": "member", "coordinator": [rendezvous.master_addr, first["port"]]}
+
+    def one(index: int) -> None:
+        try:
+            answers[index] = _start_one(launches[index], connect, python, header(launches[index], member))
+        except FstrainError as exc:
+            answers[index] = {"error": exc.message}
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(1, len(launches))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = [f"{launches[i].host.label()}: {a['error']}" for i, a in enumerate(answers) if "error" in a]
+    if failed:  # the coordinator tears the others down when they do not join; do it now
+        stop_on_node(connect, launches[0].host, python, watchdog_header(launches[0], options)["run_dir"], "term")
+        raise LaunchError("the detached run could not start: " + "; ".join(failed),
+                          "see the node's output in its run directory (node<I>.out)", "launch --detach")
+    return answers
+
+
+def _start_one(launch: NodeLaunch, connect: Callable[[Host], Transport], python: str, header: bytes) -> dict[str, Any]:
+    transport = connect(launch.host)
+    try:
+        running = _start(transport, [python, "-u", "-c", BOOTSTRAP], header, close_stdin=True)
+        answer: dict[str, Any] | None = None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        errors: list[str] = []
+        for stream, line in running.lines():
+            if stream == "stdout" and line.startswith("{"):
+                answer = json.loads(line)
+                break
+            errors.append(line)
+            if time.monotonic() > deadline:
+                break
+        running.wait()
+        running.close()
+    finally:
+        transport.close()
+    if answer is None:
+        raise LaunchError(f"{launch.host.label()}: the watchdog did not start: {' '.join(errors)[-300:]}", "",
+                          "launch --detach")
+    if "error" in answer:
+        raise LaunchError(f"{launch.host.label()}: {answer['error']}", "", "launch --detach")
+    return answer
+
+
+def record_detached(folder: Path, *, run_id: str, backend: str, hosts: Sequence[Host], launches: Sequence[NodeLaunch],
+                    run_dirs: Sequence[str], answers: Sequence[dict[str, Any]], rendezvous: Rendezvous,
+                    ssh_config: str | None, python: str, grace_s: float) -> dict[str, Any]:
+    """RUN_DIR/detached.json, and this machine's index entry."""
+    document = {
+        "run_id": run_id, "backend": backend, "started": time.time(), "python": python, "grace_s": grace_s,
+        "ssh_config": str(Path(ssh_config).resolve()) if ssh_config else None,
+        "coordinator": {"address": rendezvous.master_addr, "port": answers[0].get("port")},
+        "nodes": [{"host": {"name": h.name, "user": h.user, "port": h.port}, "node_rank": launch.node_rank,
+                   "nproc": launch.nproc, "rank_offset": launch.rank_offset, "run_dir": run_dir,
+                   "watchdog_pid": answer.get("pid"), "job_pid": answer.get("job_pid")}
+                  for h, launch, run_dir, answer in zip(hosts, launches, run_dirs, answers, strict=True)],
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_json(folder / "detached.json", document)
+    register(run_id, folder, detached=True)
+    return document
+
+
+def register(run_id: str, folder: Path, *, detached: bool) -> None:
+    """This machine's index entry for a run, so `fstrain runs` finds it from anywhere."""
+    entry = {"run_id": run_id, "run_dir": str(folder.resolve()), "detached": detached, "registered": time.time(),
+             "client_pid": os.getpid()}
+    _write_json(index_dir() / f"{run_id}.json", entry)
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+# -- finding ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    run_dir: Path
+    detached: dict[str, Any] | None
+    manifest: dict[str, Any] | None
+    entry: dict[str, Any]
+
+    @property
+    def hosts(self) -> list[Host]:
+        if self.detached:
+            return [Host(n["host"]["name"], n["host"]["user"], n["host"]["port"]) for n in self.detached["nodes"]]
+        return [Host(n["host"]) for n in (self.manifest or {}).get("nodes", [])]
+
+    @property
+    def started(self) -> float:
+        return float((self.detached or {}).get("started") or (self.manifest or {}).get("started")
+                     or self.entry.get("registered") or 0)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def all_runs() -> list[RunRecord]:
+    """Every run this machine started, oldest first (entries whose folder is gone are skipped)."""
+    records = []
+    folder = index_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        entry = _read_json(path)
+        if not isinstance(entry, dict) or "run_dir" not in entry:
+            continue
+        run_dir = Path(entry["run_dir"])
+        records.append(RunRecord(entry["run_id"], run_dir, _read_json(run_dir / "detached.json"),
+                                 _read_json(run_dir / "manifest.json"), entry))
+    return sorted(records, key=lambda r: r.started)
+
+
+def find_run(reference: str) -> RunRecord:
+    """A run by id, by a unique prefix of its id, or by its local run directory."""
+    runs = all_runs()
+    exact = [r for r in runs if r.run_id == reference]
+    matches = exact or [r for r in runs if r.run_id.startswith(reference)]
+    if len(matches) == 1:
+        return matches[0]
+    path = Path(reference)
+    if not matches and (path / "detached.json").is_file():
+        detached = _read_json(path / "detached.json")
+        return RunRecord(detached["run_id"], path, detached, _read_json(path / "manifest.json"), {})
+    if matches:
+        raise InputError(f"{reference!r} matches {len(matches)} runs", "give more of the run id", "RUN")
+    raise InputError(f"no run {reference!r} was started from this machine",
+                     "`fstrain runs --all` lists them (or give the run's local directory)", "RUN")
+
+
+# -- looking ------------------------------------------------------------------------------------
+
+
+def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[dict[str, Any] | None]:
+    """Each node's state (fstrain/io/remote/runctl.py), None where the node cannot be asked."""
+    assert record.detached is not None
+    nodes = record.detached["nodes"]
+    hosts = record.hosts
+    with HostPool(hosts, connect) as pool:
+        results = pool.run_all(
+            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", nodes[hosts.index(h)]["run_dir"],
+                       str(nodes[hosts.index(h)]["node_rank"]), record.run_id],
+            stdin=as_line("runctl"), timeout_s=60)
+    views: list[dict[str, Any] | None] = []
+    for result in results:
+        try:
+            views.append(json.loads(result.stdout) if result.ok else None)
+        except ValueError:
+            views.append(None)
+    return views
+
+
+def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) -> RunState:
+    """The run's state: the manifest for an attached run, the nodes' views for a detached one."""
+    if record.detached is None:
+        if record.manifest is not None and record.manifest.get("ended"):
+            return from_manifest(record.manifest)
+        alive = _pid_alive(int(record.entry.get("client_pid") or 0))
+        return RunState("running" if alive else "lost", None, "" if alive else "its launcher is gone")
+    if views is None:  # not asked: what this machine last saw
+        cached = _read_json(record.run_dir / "state.json")
+        if cached:
+            return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
+        return RunState("running", None, "not asked")
+    state = from_nodes(views)
+    _write_json(record.run_dir / "state.json",
+                {"state": state.state, "exit_code": state.exit_code, "reason": state.reason, "ended": state.ended,
+                 "at": time.time()})
+    return state
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_output(transport: Transport, run_dir: str, node_rank: int, offset: int) -> tuple[str, int]:
+    """New bytes of a node's output file from ``offset`` on: (text up to the last whole line, new offset)."""
+    result = transport.run(["tail", "-c", f"+{offset + 1}", f"{run_dir}/node{node_rank}.out"], timeout_s=60)
+    if not result.ok:
+        return "", offset
+    text = result.stdout
+    whole = text[: text.rfind("\n") + 1]
+    return whole, offset + len(whole.encode())
+
+
+def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, run_dir: str,
+                 how: str, grace_s: float | None = None) -> dict[str, Any]:
+    """Ask the coordinator (through node 0 itself) to stop the run."""
+    transport = connect(host)
+    extra = [] if grace_s is None else [str(grace_s)]
+    try:
+        result = transport.run([python, "-u", "-c", LINE_BOOTSTRAP, "stop", run_dir, how, *extra],
+                               stdin=as_line("runctl"), timeout_s=60)
+    finally:
+        transport.close()
+    if not result.ok:
+        return {"error": result.error or result.stderr.strip()[-300:]}
+    try:
+        answer: dict[str, Any] = json.loads(result.stdout)
+        return answer
+    except ValueError:
+        return {"error": result.stdout.strip()[-300:]}
+
+
+def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[tuple[str, str]]:
+    """Remove the run's folder on every host (never a node's whose watchdog runs): (host, result)."""
+    if record.detached is not None:
+        pairs = [(h, n["run_dir"]) for h, n in zip(record.hosts, record.detached["nodes"], strict=True)]
+    else:  # an attached run: the watchdogs' folders under the hosts' homes
+        pairs = [(h, f"~/{REMOTE_RUNS}/{record.run_id}") for h in record.hosts]
+    pairs = [(h, d) for h, d in pairs if not is_local(h)]  # never the local run directory
+    if not pairs:
+        return []
+    hosts = [h for h, _ in pairs]
+    folders = dict(pairs)
+    with HostPool(hosts, connect) as pool:
+        results = pool.run_all(
+            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "gc", folders[h]],
+            stdin=as_line("runctl"), timeout_s=60)
+    out = []
+    for host, result in zip(hosts, results, strict=True):
+        try:
+            answer = json.loads(result.stdout) if result.ok else {"removed": False, "why": result.error or ""}
+        except ValueError:
+            answer = {"removed": False, "why": result.stdout[-200:]}
+        if answer.get("removed"):
+            verdict = "removed"
+        elif answer.get("why") == "not there":  # another node removed it (a shared home) or it never existed
+            verdict = "already gone"
+        else:
+            verdict = f"kept: {answer.get('why')}"
+        out.append((host.label(), verdict))
+    return out

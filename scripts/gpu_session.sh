@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Every GPU check in one prepared run, for a lent GPU machine (minutes of device time, once):
+#
+#   1. scripts/gpu_check.py          a real probe report; NCCL loads the topology XML fstrain writes;
+#                                    the bench compute suite (bf16 matmul TFLOPS, HBM bandwidth) and
+#                                    NCCL all_reduce bus bandwidth over the machine's GPUs
+#   2. scripts/gpu_train_check.py    --matrix calibration: the bundled trainer's measured peak memory
+#                                    and tokens/s for several models, layouts and activation-
+#                                    checkpointing policies, beside the plan's prediction
+#
+# Run from the repository root:  scripts/gpu_session.sh OUT_DIR   (default $OUT)
+# With the device tool: run(command='scripts/gpu_session.sh "$OUT"', carry=['.whl'], timeout_s=480).
+# Wheels in .whl/ (deepspeed and what it needs that the machine lacks; see docs/benchmarks.md) are
+# installed into /tmp/site first. Each stage has its own time limit, so a stage that hangs costs
+# only its own share; the stages' files are packed at the end into at most 8 files in OUT_DIR
+# (the device tool brings back 8): probe-report.json, check-summary.json, train-summary.json,
+# train-summary.md, bench-compute.json, bench-collectives.json, session.log, gpu-session.tar.gz
+# (everything, logs included).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$(realpath -m "${1:-${OUT:-gpu-session-out}}")
+work=$(mktemp -d /tmp/fstrain-gpu-session.XXXXXX)
+mkdir -p "$out" "$work/check" "$work/train"
+log="$out/session.log"
+: >"$log"
+say() { echo "[gpu_session $(date +%H:%M:%S)] $*" | tee -a "$log" >&2; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    say "installing $(ls .whl | wc -l) carried wheels into /tmp/site"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        >>"$log" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1
+
+stage() {  # name seconds argv...
+    local name=$1 seconds=$2
+    shift 2
+    say "stage $name (limit ${seconds}s): $*"
+    timeout --kill-after=10 "$seconds" "$@" >"$work/$name.log" 2>&1
+    local code=$?
+    say "stage $name: exit $code"
+    tail -n 40 "$work/$name.log" >>"$log"
+}
+
+stage check 120 python3 scripts/gpu_check.py "$work/check"
+# FSTRAIN_GPU_CASES=name,name runs only those calibration cases (names as gpu_train_check.py's table prints them).
+stage train "${FSTRAIN_GPU_TRAIN_S:-270}" python3 scripts/gpu_train_check.py "$work/train" --matrix calibration \
+    --steps 4 --budget-s "$(( ${FSTRAIN_GPU_TRAIN_S:-270} - 25 ))" ${FSTRAIN_GPU_CASES:+--only "$FSTRAIN_GPU_CASES"}
+
+cp "$work/check/probe-report.json" "$out/probe-report.json" 2>/dev/null
+cp "$work/check/summary.json" "$out/check-summary.json" 2>/dev/null
+cp "$work/train/summary.json" "$out/train-summary.json" 2>/dev/null
+cp "$work/train/summary.md" "$out/train-summary.md" 2>/dev/null
+cp "$work/check/bench-compute.json" "$work/check/bench-collectives.json" "$out/" 2>/dev/null
+tar -czf "$out/gpu-session.tar.gz" -C "$work" . 2>>"$log"
+say "done: $(ls "$out" | tr '\n' ' ')"
+rm -rf "$work"

@@ -1,0 +1,59 @@
+"""Hang and straggler detection on the namespace cluster: a rank that blocks forever is found,
+its stack lands in the run directory, it is named, and the job ends `stalled` (exit 124)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.launch_helpers import assert_no_job_processes, job_processes, start_launch
+from tests.conftest import NamespaceCluster
+from tests.helpers import REPO
+
+HANG = str(REPO / "tests" / "cluster" / "programs" / "hang.py")
+GRACE_S = 3
+TIMEOUT_S = 20
+# After the timeout: the stacks request (3 s for SIGUSR1 answers), SIGTERM, the grace period,
+# the per-node launchers' exits, on a shared 2-core machine.
+SLACK_S = 25
+
+
+@pytest.fixture(autouse=True)
+def _clean_cluster(cluster: NamespaceCluster) -> None:
+    assert not job_processes(cluster), "a previous test left processes behind"
+
+
+@pytest.mark.parametrize(("others", "flag"), [("collective", "--stall-timeout"), ("exit", "--finish-timeout")])
+def test_blocked_rank_is_found_named_and_the_job_ends_stalled(
+    cluster: NamespaceCluster, tmp_path: Path, others: str, flag: str
+) -> None:
+    run_dir = tmp_path / "run"
+    launch = start_launch(cluster, "--hosts", "node[1-2]", "--nproc-per-node", "2", "--grace", str(GRACE_S),
+                          "--run-dir", str(run_dir), flag, f"{TIMEOUT_S}s",
+                          "--env", "FSTRAIN_TEST_HANG_RANK=3", "--env", f"FSTRAIN_TEST_OTHERS={others}",
+                          "--", "python3", HANG)
+    launch.wait_for("] rank 3 blocks forever", timeout=300)
+    if others == "exit":
+        launch.wait_for("] done rank=", count=3, timeout=120)
+    blocked_at = time.monotonic()
+    code = launch.finish(timeout=TIMEOUT_S + GRACE_S + SLACK_S + 30)
+    elapsed = time.monotonic() - blocked_at
+    assert code == 124, launch.err
+    assert elapsed < TIMEOUT_S + GRACE_S + SLACK_S, elapsed
+    assert "stalled: " in launch.err and "odd rank: 3" in launch.err, launch.err
+    assert "rank 3 is in <module> (hang.py:" in launch.err
+    stack = (run_dir / "stacks" / "rank3.faulthandler.txt").read_text()
+    assert f'File "{HANG}", line' in stack
+    report = json.loads((run_dir / "stacks" / "report.json").read_text())
+    assert report["odd_ranks"] == [3] and report["node_of_rank"]["3"] == 1
+    if others == "collective":  # the three others wait in the same all_reduce
+        assert report["common"].startswith("all_reduce ")
+        assert sorted(report["where"]) == ["0", "1", "2", "3"]
+    else:
+        assert sorted(report["where"]) == ["3"]  # the only live rank
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["reason"] == "stalled" and manifest["exit_code"] == 124
+    assert_no_job_processes(cluster, GRACE_S + 8)

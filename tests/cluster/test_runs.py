@@ -1,0 +1,205 @@
+"""Detached runs on the namespace cluster: they outlive the client, are looked at and stopped
+from fresh fstrain processes, and tear themselves down on a failure with no client connected."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes
+from tests.conftest import NamespaceCluster
+from tests.helpers import REPO
+
+GRACE_S = 3
+
+
+@pytest.fixture(autouse=True)
+def _clean_cluster(cluster: NamespaceCluster) -> None:
+    assert not job_processes(cluster), "a previous test left processes behind"
+
+
+def fstrain(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """A fresh fstrain process with its own HOME (its index of runs), as a later shell would run it."""
+    env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env.pop("FSTRAIN_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "fstrain", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO, check=False)
+
+
+def detach(cluster: NamespaceCluster, home: Path, run_dir: Path, *args: str) -> str:
+    result = fstrain(home, "launch", "--detach", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]",
+                     "--nproc-per-node", "2", "--grace", str(GRACE_S), "--run-dir", str(run_dir),
+                     "--env", f"PYTHONPATH={REPO}", *args)
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.strip()
+    assert run_id and "started detached on 2 nodes" in result.stderr
+    return run_id
+
+
+def node_files(cluster: NamespaceCluster, run_dir: Path) -> list[dict]:
+    """Each node's own state file, read on the node (its run directory under the remote home)."""
+    detached = json.loads((run_dir / "detached.json").read_text())
+    found = []
+    for index, node in enumerate(detached["nodes"], start=1):
+        text = cluster.in_namespace(index, "cat", f"{node['run_dir']}/node{node['node_rank']}.json").stdout
+        found.append(json.loads(text))
+    return found
+
+
+def wait_state(home: Path, run_id: str, states: set[str], timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = fstrain(home, "status", run_id, "--json")
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        if document["state"] in states or time.monotonic() > deadline:
+            return document
+        time.sleep(2)
+
+
+def test_detached_training_outlives_the_client_and_is_followed_to_its_end(
+    cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    run_id = detach(cluster, home, run_dir, "--model", "tiny", "--steps", "6")
+    # A client following the run is killed outright: the run goes on without it.
+    follower = subprocess.Popen([sys.executable, "-m", "fstrain", "attach", run_id], cwd=REPO,
+                                env={**os.environ, "HOME": str(home)}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    time.sleep(3)
+    follower.kill()
+    follower.wait()
+    listed = fstrain(home, "runs", "--json")
+    rows = json.loads(listed.stdout)["runs"]
+    assert [r["run_id"] for r in rows] == [run_id] and rows[0]["state"] in ("starting", "running")
+    status = wait_state(home, run_id, {"running", "succeeded"}, 120)
+    assert [n["host"] for n in status["nodes"]] == ["node1", "node2"]
+    follow = fstrain(home, "logs", run_id, "--follow", timeout=900)
+    assert follow.returncode == 0, follow.stderr
+    assert "[fstrain.train] step 6/6 loss" in follow.stdout
+    for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+        assert f"[{host} r{rank}] [fstrain.train] rank {rank}/4" in follow.stdout, follow.stdout[-3000:]
+    attach = fstrain(home, "attach", run_id)  # after the end: the last lines, the summary, the exit code
+    assert attach.returncode == 0, attach.stderr
+    assert f"run {run_id} succeeded (exit 0)" in attach.stderr
+    assert json.loads(attach.stdout[attach.stdout.rindex("\n{\n") + 1:])["world_size"] == 4
+    status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    assert status["state"] == "succeeded" and status["exit_code"] == 0
+    rank0 = status["nodes"][0]["ranks"][0]
+    assert rank0["progress"]["step"] == 6 and rank0["progress"]["loss"] > 0
+    assert [f["final"]["state"] for f in node_files(cluster, run_dir)] == ["succeeded", "succeeded"]
+    assert_no_job_processes(cluster, 10)
+    assert json.loads(fstrain(home, "runs", "--json").stdout)["runs"] == []  # --all lists finished runs
+    assert json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"][0]["state"] == "succeeded"
+
+
+def test_stop_leaves_no_process_on_any_host_within_the_grace_period(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run_id = detach(cluster, home, tmp_path / "run", "--", "python3", WORKER)
+    status = wait_state(home, run_id, {"running"}, 120)
+    assert status["state"] == "running"
+    deadline = time.monotonic() + 120
+    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
+        time.sleep(2)
+        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    stop = fstrain(home, "stop", run_id)
+    assert stop.returncode == 0, stop.stderr
+    assert f"run {run_id} stopped" in stop.stderr
+    assert_no_job_processes(cluster, GRACE_S + 5)
+    assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "stopped"
+    # Another machine (another HOME, no index entry) finds the run on the hosts.
+    found = fstrain(tmp_path / "elsewhere", "runs", "--all", "--hosts", "node[1-2]", "--ssh-config",
+                    cluster.ssh_config, "--json")
+    rows = [r for r in json.loads(found.stdout)["runs"] if r["run_id"] == run_id]
+    assert [(r["state"], r["nodes"], r["mode"]) for r in rows] == [("stopped", ["node1", "node2"], "found on hosts")]
+
+
+def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
+    cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    run_id = detach(cluster, home, run_dir, "--env", "FSTRAIN_TEST_FAULT=exit7", "--env", "FSTRAIN_TEST_FAULT_RANK=3",
+                    "--", "python3", WORKER)
+    # No client is connected: the nodes tear the job down themselves.
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        files = node_files(cluster, run_dir)
+        if all(f.get("final") for f in files):
+            break
+        time.sleep(2)
+    finals = [f["final"] for f in node_files(cluster, run_dir)]
+    assert [(f["state"], f["exit_code"]) for f in finals] == [("failed", 7), ("failed", 7)]
+    assert finals[0]["first_failure"] == {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None}
+    assert_no_job_processes(cluster, GRACE_S + 5)
+    status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    assert (status["state"], status["exit_code"]) == ("failed", 7)
+    logs = fstrain(home, "logs", run_id, "--rank", "3")
+    assert "[node2 r3] rank 3 exits 7 on purpose" in logs.stdout
+    assert "[node1 r0]" not in logs.stdout
+
+
+def test_gc_removes_finished_runs_on_the_hosts(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    run_id = detach(cluster, home, run_dir, "--env", "FSTRAIN_TEST_SECONDS=1", "--", "python3", WORKER)
+    wait_state(home, run_id, {"succeeded"}, 180)
+    folders = [n["run_dir"] for n in json.loads((run_dir / "detached.json").read_text())["nodes"]]
+    assert cluster.in_namespace(1, "test", "-d", folders[0], check=False).returncode == 0
+    kept = fstrain(home, "gc", "--older-than", "1d")
+    assert "0 run(s) removed" in kept.stderr
+    removed = fstrain(home, "gc", "--older-than", "1s")
+    assert removed.returncode == 0, removed.stderr
+    # The namespace hosts share one home: one node removes the folder, the other finds it gone.
+    verdicts = sorted(line.split(": ", 2)[2] for line in removed.stderr.splitlines() if ": node" in line)
+    assert verdicts in (["already gone", "removed"], ["removed", "removed"]), removed.stderr
+    assert "1 run(s) removed" in removed.stderr
+    assert cluster.in_namespace(1, "test", "-d", folders[0], check=False).returncode != 0
+    assert json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"] == []
+
+
+def test_a_detached_run_with_a_blocked_rank_ends_stalled(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    hang = str(REPO / "tests" / "cluster" / "programs" / "hang.py")
+    run_id = detach(cluster, home, run_dir, "--stall-timeout", "20s", "--env", "FSTRAIN_TEST_HANG_RANK=3",
+                    "--", "python3", hang)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if all(f.get("final") for f in node_files(cluster, run_dir)):
+            break
+        time.sleep(2)
+    final = node_files(cluster, run_dir)[1]["final"]
+    assert (final["state"], final["exit_code"]) == ("stalled", 124)
+    assert final["stall"]["odd_ranks"] == [3] and final["stall"]["common"].startswith("all_reduce ")
+    folder = final["stall"]["folder"]
+    stack = cluster.in_namespace(1, "cat", f"{folder}/rank3.faulthandler.txt").stdout
+    assert f'File "{hang}", line' in stack
+    assert_no_job_processes(cluster, GRACE_S + 5)
+    attach = fstrain(home, "attach", run_id)
+    assert attach.returncode == 124
+    assert "odd rank: 3" in attach.stderr and "rank 3 is in <module> (hang.py:" in attach.stderr
+
+
+def test_a_node_cut_off_tears_the_detached_run_down(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    run_id = detach(cluster, home, run_dir, "--heartbeat-timeout", "4", "--", "python3", WORKER)
+    deadline = time.monotonic() + 120
+    status = wait_state(home, run_id, {"running"}, 120)
+    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
+        time.sleep(2)
+        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    subprocess.run(["ip", "link", "set", cluster.veth(2), "down"], check=True)
+    try:
+        # The coordinator misses node2's heartbeats and stops node1; node2's watchdog misses the
+        # coordinator's and ends its own job.
+        assert_no_job_processes(cluster, 4 + 2 * GRACE_S + 15)
+    finally:
+        subprocess.run(["ip", "link", "set", cluster.veth(2), "up"], check=True)
+    node1 = node_files(cluster, run_dir)[0]
+    assert (node1["final"]["state"], node1["final"]["exit_code"]) == ("lost", 255)
+    assert "node 1 was lost: no heartbeat for 4 s" in node1["final"]["reason"]
+    assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "lost"

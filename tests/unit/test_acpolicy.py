@@ -1,0 +1,110 @@
+"""Activation checkpointing policies: names, aliases, errors, and what the planner counts for each."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, parse_ac
+from fstrain.core.memory import StageShape, block_matmuls, layer_activation_bytes, stage_activation_bytes
+from fstrain.core.planfile import PlanFile
+from fstrain.core.recipe import parse_recipe
+from fstrain.core.timemodel import flops_per_token, layer_hardware_flops
+from fstrain.errors import InputError
+from tests.helpers import run_fstrain
+from tests.plans import TINY_MODEL, make_plan
+
+LLAMA8B = replace(TINY_MODEL, name="llama3.1-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+                  ffn_hidden_size=14336, activation="swiglu", vocab_size=128256, seq_len=8192, norm="rmsnorm",
+                  linear_bias=False, position_embedding="rope", dropout=0.0, tied_embeddings=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [("none", "none"), ("selective-op", "selective-op"), ("op", "selective-op"), ("every-k:3", "every-k:3"),
+     ("every-k:1", "full"), ("EVERY-K:2", "every-k:2"), ("full", "full"), ("selective", "megatron-selective"),
+     ("megatron-selective", "megatron-selective")],
+)
+def test_names_and_aliases(text: str, canonical: str) -> None:
+    assert parse_ac(text, "--ac") == canonical
+
+
+@pytest.mark.parametrize("text", ["every-k:0", "every-k:", "every-k:x", "partial", "", 3])
+def test_bad_policies_are_one_error_naming_the_place(text: object) -> None:
+    with pytest.raises(InputError) as info:
+        parse_ac(text, "--ac")
+    assert info.value.where == "--ac" and info.value.hint
+
+
+def test_every_k_picks_torchtitans_blocks() -> None:
+    # torchtitan counts wrapped blocks from 1 and checkpoints those with count % N == 0.
+    assert [block_is_checkpointed("every-k:3", i) for i in range(7)] == [False, False, True, False, False, True, False]
+    assert all(block_is_checkpointed("full", i) for i in range(4))
+    assert not any(block_is_checkpointed(ac, 0) for ac in ("none", "selective-op", "megatron-selective"))
+    assert (checkpointed_blocks("every-k:3", 32), checkpointed_blocks("full", 32), every_k("selective-op")) == (10, 32, 0)
+
+
+def test_selective_op_keeps_q_v_gate_down_and_the_attention_output() -> None:
+    s, b = 8192, 2
+    widths = [out for _, out in block_matmuls(LLAMA8B)]
+    assert widths == [4096, 1024, 1024, 4096, 14336, 14336, 4096]  # q k v o gate up down
+    kept = 4096 + 4096 + 1024 + 4096 + 14336 + 4096  # input, q, v, attention output, gate, down
+    expected = s * b * kept * 2 + 4 * 32 * s * b  # bf16, plus the fp32 log-sum-exp per head
+    assert layer_activation_bytes(LLAMA8B, b, s, ac="selective-op") == expected
+    assert layer_activation_bytes(LLAMA8B, b, s, ac="full") == s * b * 4096 * 2
+
+
+def test_every_k_mixes_full_and_none_layers() -> None:
+    knobs = make_plan("fsdp-full", dp=8, model=LLAMA8B, activation_checkpointing="every-k:4", seq_len=8192,
+                      micro_batch_size=1).knobs
+    stage = StageShape(params=1, layers=32, largest_layer=1, fsdp_unit=1, has_head=False, in_flight=1)
+    items = dict(stage_activation_bytes(LLAMA8B, stage, knobs))
+    none = layer_activation_bytes(LLAMA8B, 1, 8192, ac="none")
+    full = layer_activation_bytes(LLAMA8B, 1, 8192, ac="full")
+    assert items["activations (32 layers x 1 micro-batch, AC every-k:4)"] == 8 * full + 24 * none
+    assert items["recompute working set (one layer)"] == none
+
+
+def test_recompute_flops_per_policy() -> None:
+    f = flops_per_token(LLAMA8B, 8192)
+    base = layer_hardware_flops(f, "none", True)
+    # Op-level AC runs k, o and up again: 2 x (h x kv + q x h + h x ffn) per token.
+    assert layer_hardware_flops(f, "selective-op", True) - base == 2 * (4096 * 1024 + 4096 * 4096 + 4096 * 14336)
+    assert layer_hardware_flops(f, "every-k:4", True) - base == pytest.approx(f.layer / 4)
+    assert layer_hardware_flops(f, "full", True) - base == f.layer
+    assert layer_hardware_flops(f, "megatron-selective", True) == base  # FlashAttention: nothing to drop
+
+
+def test_plan_files_written_with_selective_read_as_megatron_selective() -> None:
+    data = make_plan("fsdp-full", activation_checkpointing="full").to_dict()
+    data["plan"]["activation_checkpointing"] = "selective"
+    assert PlanFile.from_dict(data, "plan.yaml").knobs.activation_checkpointing == "megatron-selective"
+    data["plan"]["activation_checkpointing"] = "every-k:0"
+    with pytest.raises(InputError, match="every-k:0"):
+        PlanFile.from_dict(data, "plan.yaml")
+
+
+def test_recipe_accepts_every_policy() -> None:
+    text = yaml.safe_dump({"name": "m", "model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4,
+                                     "ffn_hidden_size": 128, "activation": "swiglu", "vocab_size": 256,
+                                     "seq_len": 64},
+                           "training": {"activation_checkpointing": "every-k:2"}})
+    assert parse_recipe(yaml.safe_load(text), "r.yaml").training.activation_checkpointing == "every-k:2"
+    with pytest.raises(InputError, match="training.activation_checkpointing"):
+        parse_recipe(yaml.safe_load(text.replace("every-k:2", "most")), "r.yaml")
+
+
+def test_cli_ac_pins_and_errors() -> None:
+    common = ("plan", "--model", "llama3.1-8b", "--gpu", "h100-sxm", "--num-nodes", "1", "--strategy", "fsdp-full",
+              "--tp", "1", "--pp", "1", "--micro-batch", "2", "--seq-len", "8192", "--offload", "none", "--json")
+    for ac, expected in (("selective-op", "selective-op"), ("every-k:2", "every-k:2"), ("selective", "megatron-selective")):
+        result = run_fstrain(*common, "--ac", ac)
+        assert result.returncode in (0, 1), result.stderr
+        doc = json.loads(result.stdout)
+        plans = doc["plans"] or doc["rejected"]
+        assert plans[0]["activation_checkpointing"] == expected
+    bad = run_fstrain(*common, "--ac", "every-k:zero")
+    assert bad.returncode == 2 and "--ac" in bad.stderr and "Traceback" not in bad.stderr

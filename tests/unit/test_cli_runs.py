@@ -1,0 +1,69 @@
+"""`fstrain runs/status/logs/gc` on this machine's records, without any host (own HOME)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tests.helpers import run_fstrain
+
+
+def attached_run(home: Path, folder: Path, run_id: str, reason: str, exit_code: int) -> None:
+    """An attached run as `fstrain launch` leaves it: the index entry, the manifest, the logs."""
+    (folder / "logs").mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({
+        "run_id": run_id, "reason": reason, "exit_code": exit_code, "started": time.time() - 60,
+        "ended": time.time() - 30, "nodes": [{"host": "localhost"}]}))
+    (folder / "logs" / "localhost.log").write_text("[localhost r0] hello\n[localhost r1] world\n")
+    (folder / "logs" / "localhost.r1.log").write_text("[localhost r1] world\n")
+    index = home / ".fstrain" / "launched"
+    index.mkdir(parents=True, exist_ok=True)
+    (index / f"{run_id}.json").write_text(json.dumps({"run_id": run_id, "run_dir": str(folder), "detached": False,
+                                                      "registered": time.time() - 60, "client_pid": 0}))
+
+
+def test_runs_lists_finished_runs_only_with_all(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {"HOME": str(home)}
+    assert json.loads(run_fstrain("runs", "--json", env=env).stdout) == {"runs": []}
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "failed", 7)
+    attached_run(home, tmp_path / "b", "20261130-130000-bbbbbb", "interrupted", 130)
+    assert json.loads(run_fstrain("runs", "--json", env=env).stdout) == {"runs": []}
+    rows = json.loads(run_fstrain("runs", "--all", "--json", env=env).stdout)["runs"]
+    assert [(r["run_id"], r["state"], r["exit_code"]) for r in rows] == [
+        ("20261130-120000-aaaaaa", "failed", 7), ("20261130-130000-bbbbbb", "stopped", 130)]
+    assert rows[0]["nodes"] == ["localhost"] and rows[0]["detached"] is False
+
+
+def test_logs_of_an_attached_run_and_unknown_runs(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {"HOME": str(home)}
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "ok", 0)
+    logs = run_fstrain("logs", "20261130-12", env=env)
+    assert logs.returncode == 0 and logs.stdout == "[localhost r0] hello\n[localhost r1] world\n"
+    assert run_fstrain("logs", "20261130-12", "--rank", "1", env=env).stdout == "[localhost r1] world\n"
+    missing = run_fstrain("status", "nope", env=env)
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("error: RUN: no run 'nope' was started from this machine (hint:")
+    attached_run(home, tmp_path / "b", "20261130-120000-bbbbbb", "ok", 0)
+    ambiguous = run_fstrain("logs", "20261130-12", env=env)
+    assert ambiguous.returncode == 2 and "matches 2 runs" in ambiguous.stderr
+    stop = run_fstrain("stop", "20261130-120000-aaaaaa", env=env)
+    assert stop.returncode == 2 and "is attached" in stop.stderr
+
+
+def test_bad_durations_are_one_line(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    gc = run_fstrain("gc", "--older-than", "soon", env=env)
+    assert gc.returncode == 2 and gc.stderr.startswith("error: --older-than: not a duration: 'soon'")
+    launch = run_fstrain("launch", "--stall-timeout", "0s", "--", "python3", "x.py", env=env)
+    assert launch.returncode == 2 and "--stall-timeout: the duration must be above 0" in launch.stderr
+
+
+def test_status_of_an_attached_run_is_its_manifest(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "failed", 7)
+    document = json.loads(run_fstrain("status", "20261130-120000-aaaaaa", "--json", env={"HOME": str(home)}).stdout)
+    assert (document["state"], document["exit_code"], document["detached"]) == ("failed", 7, False)
+    assert document["nodes"][0]["host"] == "localhost"

@@ -1,0 +1,54 @@
+"""A run's state from what its nodes report (fstrain/core/runstate.py), as values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fstrain.core.runstate import RunState, from_host_records, from_manifest, from_nodes, parse_progress, rank_of
+
+
+def view(alive: bool, run: dict[str, Any] | None = None, final: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"watchdog_alive": alive, "run": run, "node": {"final": final} if final else {}}
+
+
+def test_while_running_node_0s_record_decides() -> None:
+    assert from_nodes([view(True, {"state": "starting"}), view(True)]).state == "starting"
+    assert from_nodes([view(True, {"state": "running"}), None]).state == "running"
+    assert from_nodes([view(True, None), view(True)]).state == "starting"  # no record written yet
+
+
+def test_a_decided_end_shows_while_the_nodes_are_torn_down() -> None:
+    decided = from_nodes([view(True, {"state": "failed", "exit_code": 7, "reason": "node 1's job failed"})])
+    assert decided == RunState("failed", 7, "node 1's job failed")
+
+
+def test_any_nodes_final_record_decides_after_the_end() -> None:
+    final = {"state": "failed", "exit_code": 7, "reason": "x", "ended": 12.0}
+    assert from_nodes([None, view(False, final=final)]) == RunState("failed", 7, "x", 12.0)
+
+
+def test_a_vanished_coordinator_is_lost() -> None:
+    assert from_nodes([view(False, {"state": "running"}), view(True)]).state == "lost"
+    assert from_nodes([None, view(True)]).state == "lost"
+    assert from_nodes([view(False, {"state": "stopped", "exit_code": 143})]).state == "stopped"
+
+
+def test_attached_runs_from_their_manifest() -> None:
+    assert from_manifest({"reason": "ok", "exit_code": 0, "ended": 5.0}) == RunState("succeeded", 0, "ok", 5.0)
+    assert from_manifest({"reason": "interrupted", "exit_code": 130}).state == "stopped"
+    assert from_manifest({"reason": "stalled", "exit_code": 124}).state == "stalled"
+
+
+def test_progress_lines() -> None:
+    line = "[default0]:[fstrain.train] step 12/20 loss 3.4567 lr 1.000e-04 tokens/s 12,345 cpu=1.0MiB"
+    assert parse_progress(line) == {"step": 12, "steps": 20, "loss": 3.4567, "tokens_per_s": 12345.0}
+    assert parse_progress("step 3") == {"step": 3, "steps": None, "loss": None, "tokens_per_s": None}
+    assert parse_progress("ready rank=0") is None
+    assert rank_of(1, 2) == 3 and rank_of(1, None) == 1 and rank_of(None, 2) is None
+
+
+def test_runs_found_on_the_hosts() -> None:
+    final = {"state": "stopped", "exit_code": 143, "reason": "stop", "ended": 3.0}
+    assert from_host_records(None, [{"watchdog_alive": False, "final": final}]) == RunState("stopped", 143, "stop", 3.0)
+    assert from_host_records({"state": "running"}, [{"watchdog_alive": True}]).state == "running"
+    assert from_host_records(None, [{"watchdog_alive": False}]).state == "lost"
