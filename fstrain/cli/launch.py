@@ -278,11 +278,10 @@ def collect_env(assignments: list[str], env_file: str | None) -> dict[str, str]:
         merged.update(parse_env_file(read_text_bounded(path, "env file"), env_file))
     for assignment in assignments:
         if "=" not in assignment:  # --env NAME: the value comes from here, never on a command line
-            name = assignment.strip()
+            name, _ = parse_env_assignment(f"{assignment}=", "--env")  # the name's own checks
             if name not in os.environ:
                 raise InputError(f"{name!r} is not set in this environment",
                                  f"export {name}=... first, or give --env {name}=VALUE", "--env")
-            parse_env_assignment(f"{name}=", "--env")  # the name's own checks
             merged[name] = os.environ[name]
             continue
         name, value = parse_env_assignment(assignment, "--env")

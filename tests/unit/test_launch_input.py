@@ -78,3 +78,9 @@ def test_run_dir_placeholder_and_its_escape() -> None:
     assert expand("{{run_dir}}", "/r") == "{run_dir}"
     assert expand("a{{run_dir}}b{run_dir}c", "/r") == "a{run_dir}b/rc"
     assert expand("{run_dir", "/r") == "{run_dir"
+
+
+def test_env_name_alone_must_be_a_valid_name() -> None:
+    result = run_fstrain(*DRY, "--env", "not a name", "--", "python3", "train.py")
+    assert result.returncode == 2
+    assert "'not a name' is not a valid environment variable name" in result.stderr
