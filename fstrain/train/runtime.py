@@ -80,11 +80,14 @@ def shutdown_distributed(finished: bool) -> None:
 def lingering_backend_threads() -> list[str]:
     """Process-group threads still running after ``destroy_process_group``.
 
-    FSDP2 (``fully_shard``) and DeepSpeed keep references to the process group in state that
-    outlives the model, so destroying it does not join its gloo worker threads: they would run
-    on into the interpreter's finalization, which is where "terminate called without an active
-    exception" (SIGABRT, exit 134) comes from after a successful run (a C++ thread meeting a
-    Python runtime being torn down). Empty where /proc is not available.
+    ``destroy_process_group`` only drops torch's registry entries; the group object, and with it
+    its gloo worker threads, lives on while anything else references it. In torch 2.13 that is
+    the case after any FSDP2 run: ``torch.distributed.nn.functional``, imported after the
+    group exists, captured it as the default ``group=`` of its functions, and the DeviceMesh
+    (whose ``_pg_registry`` holds the group) stays cached after the model is gone. The threads
+    then run on into the interpreter's finalization, which is where "terminate called without
+    an active exception" (SIGABRT, exit 134) comes from after a successful run: a C++ thread
+    meeting a Python runtime being torn down. Empty where /proc is not available.
     """
     names = []
     try:

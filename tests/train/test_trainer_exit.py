@@ -1,7 +1,8 @@
 """A successful run ends with exit code 0, every time (issue: 'terminate called without an
 active exception', SIGABRT, after ``done``, in some FSDP and DeepSpeed runs on gloo).
 
-The cause: FSDP2 and DeepSpeed keep the process group referenced, so ``destroy_process_group``
+The cause: after FSDP2 (and DeepSpeed) runs the process group stays referenced (function
+defaults in torch.distributed.nn.functional, a cached DeviceMesh), so ``destroy_process_group``
 does not join its gloo threads, and they run on into the interpreter's teardown. The trainer
 now meets at a final barrier, destroys the group, and ends without that teardown while such
 threads live. Each run below repeats the end of training and checks both the exit and that
