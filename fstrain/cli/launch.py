@@ -50,7 +50,8 @@ def launch_command(
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE, or NAME to pass this environment's value, for "
                                   "every rank (repeatable)."),
     env_file: str | None = typer.Option(None, "--env-file", help="File of NAME=VALUE lines."),
-    workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host (checked first)."),
+    workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host (default: the "
+                                       "current directory; checked first)."),
     python: str = typer.Option("python3", "--python", help="Interpreter on the hosts."),
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="torchrun worker-group restarts."),
@@ -277,11 +278,10 @@ def collect_env(assignments: list[str], env_file: str | None) -> dict[str, str]:
         merged.update(parse_env_file(read_text_bounded(path, "env file"), env_file))
     for assignment in assignments:
         if "=" not in assignment:  # --env NAME: the value comes from here, never on a command line
-            name = assignment.strip()
+            name, _ = parse_env_assignment(f"{assignment}=", "--env")  # the name's own checks
             if name not in os.environ:
                 raise InputError(f"{name!r} is not set in this environment",
                                  f"export {name}=... first, or give --env {name}=VALUE", "--env")
-            parse_env_assignment(f"{name}=", "--env")  # the name's own checks
             merged[name] = os.environ[name]
             continue
         name, value = parse_env_assignment(assignment, "--env")
