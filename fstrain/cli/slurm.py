@@ -38,7 +38,6 @@ SBATCH_ARG = typer.Option([], "--sbatch-arg", help="With --slurm: one more sbatc
 CONTAINER_IMAGE = typer.Option(None, "--container-image", help="Slurm with Pyxis: run every node's part in this "
                                "enroot image (srun --container-image).")
 CONTAINER_MOUNTS = typer.Option(None, "--container-mounts", help="Slurm with Pyxis: SRC:DST[,...] mounted into it.")
-DETACH = typer.Option(False, "--detach", help="With --slurm: print the job id and return at once.")
 RENDER_ONLY = typer.Option(False, "--slurm-render-only", hidden=True)
 
 # launch's own options that the batch job's `fstrain launch` does not take from the command line.
