@@ -276,6 +276,9 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
                 return 130
             cancel(job_id)
             console().print(f"cancelled job {job_id}; waiting for its nodes to stop")
+    if not output.exists():
+        console().print(f"[yellow]warning: the job's output {output} never appeared here[/yellow]: the run "
+                        "directory must be on a file system the nodes share with this machine (--run-dir)")
     return report_job(job_id, status, folder, json_output)
 
 
