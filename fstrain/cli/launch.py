@@ -305,7 +305,8 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     if job.plan is not None:
         print_plan(job.plan)
     out.print(f"run {run_id}: {len(hosts)} nodes x {nprocs[0] if len(set(nprocs)) == 1 else nprocs} processes, "
-              f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; logs in {folder}/logs")
+              f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; "
+              + ("output in each node's run directory (fstrain logs)" if detach else f"logs in {folder}/logs"))
     options = RunOptions(run_id=run_id, run_dir=folder, grace_s=grace, heartbeat_timeout_s=heartbeat_timeout,
                          workdir=workdir, node_run_dirs=run_dirs, node_files=node_files,
                          color=sys.stdout.isatty() and not json_output,

@@ -242,9 +242,13 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
             return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
         return RunState("running", None, "not asked")
     state = from_nodes(views)
+    nodes = [{k: (v.get("node") or {}).get(k) for k in ("node_rank", "hostname", "watchdog_pid", "job_pid", "started",
+                                                         "ended", "exit_code", "failure", "last_lines")}
+             | {"reachable": True, "watchdog_alive": v.get("watchdog_alive")} if v else {"reachable": False}
+             for v in views]
     _write_json(record.run_dir / "state.json",
                 {"state": state.state, "exit_code": state.exit_code, "reason": state.reason, "ended": state.ended,
-                 "at": time.time()})
+                 "at": time.time(), "nodes": nodes})
     return state
 
 

@@ -162,11 +162,14 @@ def test_gc_removes_finished_runs_on_the_hosts(cluster: NamespaceCluster, tmp_pa
     assert json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"] == []
 
 
-def test_a_detached_run_with_a_blocked_rank_ends_stalled(cluster: NamespaceCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("others", "flag"), [("collective", "--stall-timeout"), ("exit", "--finish-timeout")])
+def test_a_detached_run_with_a_blocked_rank_ends_stalled(
+    cluster: NamespaceCluster, tmp_path: Path, others: str, flag: str
+) -> None:
     home, run_dir = tmp_path / "home", tmp_path / "run"
     hang = str(REPO / "tests" / "cluster" / "programs" / "hang.py")
-    run_id = detach(cluster, home, run_dir, "--stall-timeout", "20s", "--env", "FSTRAIN_TEST_HANG_RANK=3",
-                    "--", "python3", hang)
+    run_id = detach(cluster, home, run_dir, flag, "20s", "--env", "FSTRAIN_TEST_HANG_RANK=3",
+                    "--env", f"FSTRAIN_TEST_OTHERS={others}", "--", "python3", hang)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if all(f.get("final") for f in node_files(cluster, run_dir)):
@@ -174,7 +177,11 @@ def test_a_detached_run_with_a_blocked_rank_ends_stalled(cluster: NamespaceClust
         time.sleep(2)
     final = node_files(cluster, run_dir)[1]["final"]
     assert (final["state"], final["exit_code"]) == ("stalled", 124)
-    assert final["stall"]["odd_ranks"] == [3] and final["stall"]["common"].startswith("all_reduce ")
+    assert final["stall"]["odd_ranks"] == [3]
+    if others == "collective":  # the three others wait in the same all_reduce
+        assert final["stall"]["common"].startswith("all_reduce ")
+    else:
+        assert final["stall"]["reason"].startswith("some ranks finished 20 s ago")
     folder = final["stall"]["folder"]
     stack = cluster.in_namespace(1, "cat", f"{folder}/rank3.faulthandler.txt").stdout
     assert f'File "{hang}", line' in stack

@@ -298,10 +298,10 @@ class Coordinator:
             return
         hangs = self.node.watchdog.module("analysis")
         if not self.stall_reason:
-            outputs = [self.started] + [n["output_at"] or 0 for n in self.nodes.values()]
+            outputs = [n["output_at"] for n in self.nodes.values() if n["output_at"]]
             if self.node.output is not None and self.node.output.last_at:
                 outputs.append(self.node.output.last_at)
-            self.stall_reason = hangs.stall_reason(time.time(), max(outputs), self.first_finish,
+            self.stall_reason = hangs.stall_reason(time.time(), max(outputs, default=None), self.first_finish,
                                                    self.stall_timeout_s, self.finish_timeout_s)
             if not self.stall_reason:
                 return
