@@ -142,6 +142,11 @@ def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
     logs = fstrain(home, "logs", run_id, "--rank", "3")
     assert "[node2 r3] rank 3 exits 7 on purpose" in logs.stdout
     assert "[node1 r0]" not in logs.stdout
+    tail = fstrain(home, "logs", run_id, "--host", "node1", "--tail", "2").stdout.splitlines()
+    assert len(tail) == 2 and all(line.startswith("[node1") for line in tail)
+    assert fstrain(home, "logs", run_id, "--since", "10m").stdout.count("ready rank=") == 4
+    unknown = fstrain(home, "logs", run_id, "--host", "node9")
+    assert unknown.returncode == 2 and "'node9' is not one of the run's hosts" in unknown.stderr
 
 
 def test_gc_removes_finished_runs_on_the_hosts(cluster: NamespaceCluster, tmp_path: Path) -> None:
