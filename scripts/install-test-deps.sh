@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the test suite needs on Debian/Ubuntu: sshd and iproute2 for the namespace test
-# cluster, pdsh for the fan-out benchmark, and the Python test extras (torch==2.13.0 CPU,
-# deepspeed, accelerate, pytest, ruff, mypy). Needs root (or sudo) for the Debian packages.
+# cluster, slurm-wlm and munge for the test Slurm (scripts/testslurm.sh), pdsh for the fan-out
+# benchmark, and the Python test extras (torch==2.13.0 CPU, deepspeed, accelerate, pytest, ruff,
+# mypy). Needs root (or sudo) for the Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,10 +19,13 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 command -v pdsh >/dev/null 2>&1 || missing+=(pdsh)
 command -v pgrep >/dev/null 2>&1 || missing+=(procps)
+command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
+command -v slurmctld >/dev/null 2>&1 || missing+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || missing+=(munge)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "install-test-deps: apt-get install ${missing[*]}"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'

@@ -58,6 +58,10 @@ class NamespaceCluster:
     def namespace(self, index: int) -> str:
         return f"fst{self.cluster_id}-node{index}"
 
+    def home(self, index: int) -> Path:
+        """Host ``index``'s own HOME (see ``hermetic_hosts``)."""
+        return self.state / "homes" / f"node{index}"
+
     def script(self, *args: str) -> None:
         """Run scripts/testcluster.sh against this cluster (stop-sshd I, start-sshd I, ...)."""
         env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(self.state), "FSTRAIN_TESTCLUSTER_ID": self.cluster_id}
@@ -66,6 +70,21 @@ class NamespaceCluster:
     def in_namespace(self, index: int, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", "netns", "exec", self.namespace(index), *argv],
                               capture_output=True, text=True, check=check, timeout=60)
+
+
+def hermetic_hosts(cluster: NamespaceCluster) -> None:
+    """Make every host's sessions independent of this machine's set-up.
+
+    - HOME: an empty folder per host. Root's own ~/.bashrc (pyenv, conda: they put another
+      python3 first, even for non-interactive ssh sessions), ~/.fstrain (other test sessions'
+      run records) and ~/.cache stay out of the tests.
+    - PYTHONPATH: this checkout, so what the hosts run (``python -m fstrain.train``) is the code
+      under test, not whichever fstrain happens to be installed (CI runs on a fresh clone).
+    """
+    for index in range(1, cluster.num_hosts + 1):
+        cluster.home(index).mkdir(parents=True, exist_ok=True)
+        cluster.script("set-env", str(index), f"HOME={cluster.home(index)}")
+        cluster.script("set-env", str(index), f"PYTHONPATH={REPO}")
 
 
 def cluster_unavailable_reason() -> str | None:
@@ -93,6 +112,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceClust
     subprocess.run([str(TESTCLUSTER), "up", str(CLUSTER_SIZE)], check=True, env=env, timeout=120,
                    capture_output=True)
     try:
-        yield NamespaceCluster(state=state, num_hosts=CLUSTER_SIZE, cluster_id=cluster_id)
+        made = NamespaceCluster(state=state, num_hosts=CLUSTER_SIZE, cluster_id=cluster_id)
+        hermetic_hosts(made)
+        yield made
     finally:
         subprocess.run([str(TESTCLUSTER), "down"], check=False, env=env, timeout=120, capture_output=True)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fstrain.bench.timing import sync, timed
+from fstrain.bench.timing import sync, timed, wait
 from fstrain.core.bench import algbw_gbps, bus_bandwidth_factor, elements_for, summarize
 
 # torch 2.13 renamed the tensor forms (`all_gather_into_tensor` -> `all_gather_single`);
@@ -83,26 +83,21 @@ def _operation(
 
     if collective == "all_reduce":
         buf = full(count)
-        return lambda: _wait(dist.all_reduce(buf, group=group))
+        return lambda: wait(dist.all_reduce(buf, group=group))
     if collective == "all_gather":
         inp, out = full(part), full(count)
-        return lambda: _wait(_all_gather_tensor(out, inp, group=group))
+        return lambda: wait(_all_gather_tensor(out, inp, group=group))
     if collective == "reduce_scatter":
         inp, out = full(count), full(part)
-        return lambda: _wait(_reduce_scatter_tensor(out, inp, group=group))
+        return lambda: wait(_reduce_scatter_tensor(out, inp, group=group))
     if collective == "all_to_all":
         inp, out = full(count), full(count)
-        return lambda: _wait(dist.all_to_all_single(out, inp, group=group))
+        return lambda: wait(dist.all_to_all_single(out, inp, group=group))
     if collective == "broadcast":
         buf = full(count)
         root = dist.get_global_rank(group, 0) if group is not None else 0
-        return lambda: _wait(dist.broadcast(buf, src=root, group=group))
+        return lambda: wait(dist.broadcast(buf, src=root, group=group))
     raise ValueError(f"unknown collective {collective!r}")
-
-
-def _wait(work: Any) -> None:
-    if work is not None:
-        work.wait()
 
 
 def _time_batch(op: Callable[[], None], repeats: int, device: torch.device, group: dist.ProcessGroup | None) -> float:

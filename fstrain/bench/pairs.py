@@ -1,10 +1,10 @@
 """Node-to-node bandwidth: one rank per node (local rank 0) sends to another node's leader.
 
-Rounds come from :func:`fstrain.core.benchpairs.pair_rounds`; in a round every leader sends
-``size_bytes`` to its receiver while receiving as much from its sender. A link is timed at its
-sender, from the common start until the receiver's 4-byte acknowledgement arrives, so the time
-covers the whole transfer whichever side is slow. Every rank calls :func:`time_pairs` (ranks that
-lead no node only join the barriers).
+Rounds come from :func:`fstrain.core.benchpairs.pair_rounds`: in a round every node sends, or
+receives, or waits, never two at once. A link is timed at its receive_from, from the common start
+until the send_to's 4-byte acknowledgement arrives, so the time covers the whole transfer
+whichever side is slow. Every rank calls :func:`time_pairs` (ranks that lead no node, and nodes
+idle in a round, only join the barriers).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fstrain.bench.timing import sync
+from fstrain.bench.timing import sync, wait
 from fstrain.core.benchpairs import pair_rounds
 
 _DATA_TAG = 1
@@ -41,52 +41,52 @@ def time_pairs(
     recv = torch.empty_like(send)
     ack_out = torch.ones(1, dtype=torch.float32, device=device)
     ack_in = torch.empty_like(ack_out)
-    mine: list[dict[str, Any]] = []
-    for links in pair_rounds(len(leaders), mode):
-        peers = {src: dst for src, dst in links}
-        sources = {dst: src for src, dst in links}
-        times: list[float] = []
-        for iteration in range(warmup + samples):
+    rounds = pair_rounds(len(leaders), mode)
+    times: list[list[float]] = [[] for _ in rounds]
+    # Samples go round the schedule, so a burst of load elsewhere touches every link alike.
+    for iteration in range(warmup + samples):
+        for index, links in enumerate(rounds):
             dist.barrier()
             if me is None:
                 continue
-            seconds = _transfer(leaders[peers[me]], leaders[sources[me]], send, recv, ack_out, ack_in, device)
-            if iteration >= warmup:
-                times.append(seconds)
-        if me is not None:
+            send_to = dict(links).get(me)
+            receive_from = {dst: src for src, dst in links}.get(me)
+            if send_to is not None:
+                seconds = _send(leaders[send_to], send, ack_in, device)
+                if iteration >= warmup:
+                    times[index].append(seconds)
+            elif receive_from is not None:
+                _receive(leaders[receive_from], recv, ack_out, device)
+    mine: list[dict[str, Any]] = []
+    for index, links in enumerate(rounds):
+        send_to = dict(links).get(me) if me is not None else None
+        if me is not None and send_to is not None:
             nbytes = count * 4
             mine.append({
                 "src": node_names[me],
-                "dst": node_names[peers[me]],
+                "dst": node_names[send_to],
                 "size_bytes": nbytes,
-                "samples_seconds": times,
-                "samples_gbps": [nbytes / s / 1e9 for s in times],
+                "samples_seconds": times[index],
+                "samples_gbps": [nbytes / s / 1e9 for s in times[index]],
             })
     gathered: list[list[dict[str, Any]] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return [record for records in gathered if records for record in records]
 
 
-def _transfer(
-    dst: int, src: int, send: torch.Tensor, recv: torch.Tensor, ack_out: torch.Tensor, ack_in: torch.Tensor,
-    device: torch.device,
-) -> float:
-    """Send to ``dst`` while receiving from ``src``; seconds until ``dst`` acknowledged."""
+def _send(dst: int, data: torch.Tensor, ack: torch.Tensor, device: torch.device) -> float:
+    """Send ``data`` to ``dst``; seconds until ``dst`` acknowledged it."""
     started = time.perf_counter()
-    works = dist.batch_isend_irecv([
-        dist.P2POp(dist.irecv, recv, src, tag=_DATA_TAG),
-        dist.P2POp(dist.isend, send, dst, tag=_DATA_TAG),
-    ])
-    works[0].wait()
-    sync(device)
-    acks = dist.batch_isend_irecv([
-        dist.P2POp(dist.isend, ack_out, src, tag=_ACK_TAG),
-        dist.P2POp(dist.irecv, ack_in, dst, tag=_ACK_TAG),
-    ])
-    acks[1].wait()
+    sent = dist.isend(data, dst, tag=_DATA_TAG)
+    wait(dist.irecv(ack, dst, tag=_ACK_TAG))
     sync(device)
     seconds = time.perf_counter() - started
-    for work in (works[1], acks[0]):
-        work.wait()
-    sync(device)
+    wait(sent)
     return seconds
+
+
+def _receive(src: int, data: torch.Tensor, ack: torch.Tensor, device: torch.device) -> None:
+    """Receive from ``src``, then acknowledge."""
+    wait(dist.irecv(data, src, tag=_DATA_TAG))
+    sync(device)
+    wait(dist.isend(ack, src, tag=_ACK_TAG))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,3 +31,9 @@ def sync(device: torch.device) -> None:
     """Wait for the device's queued work (nothing to wait for on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def wait(work: Any) -> None:
+    """Wait for an asynchronous torch.distributed operation (synchronous calls return None)."""
+    if work is not None:
+        work.wait()

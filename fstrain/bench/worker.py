@@ -2,8 +2,9 @@
 
 Standalone (``python -m fstrain.bench --suite compute --json-out r.json``) it is a world of one
 on loopback; under ``python -m torch.distributed.run`` (or ``fstrain bench``, which starts it
-through torchrun on every host) it joins the process group torchrun describes. Rank 0 writes one
-JSON document with every sample to ``--json-out`` (written whole, then renamed into place).
+through torchrun on every host) it joins the process group torchrun describes. Rank 0 collects one
+JSON document with every sample; the first rank of every node writes it to ``--json-out`` (written
+whole, then renamed into place).
 
 Exit codes: 0 done, 2 bad arguments (one ``error:`` line on stderr).
 """
@@ -26,11 +27,10 @@ import torch.distributed as dist
 from fstrain.bench.collectives import time_collective
 from fstrain.bench.compute import matmul_tflops, memory_bandwidth_gbps
 from fstrain.bench.pairs import time_pairs
-from fstrain.core.bench import COLLECTIVES, format_size, parse_size, parse_sizes
+from fstrain.core.bench import COLLECTIVES, format_size, parse_size, parse_sizes, parse_suites
+from fstrain.core.benchreport import SCHEMA
 from fstrain.errors import FstrainError
 
-SCHEMA = "fstrain.bench/1"
-SUITES = ("compute", "collectives", "pairs")
 DEFAULT_SIZES = {"nccl": "1M-1G", "gloo": "64K-16M"}
 """Bandwidth sizes per backend: gloo moves bytes through the CPU and TCP, 1 GiB takes seconds."""
 DEFAULT_PAIR_BYTES = {"nccl": "256M", "gloo": "16M"}
@@ -56,17 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scopes", default="world,intra,inter",
                         help="groups to time collectives over: world, intra (each node), inter (across nodes)")
     return parser
-
-
-def _suites(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    if "all" in names:
-        return list(SUITES)
-    bad = [n for n in names if n not in SUITES]
-    if bad or not names:
-        raise FstrainError(f"unknown suite {', '.join(bad) or 'none'} in {text!r}",
-                           "use compute, collectives, pairs or all", where="--suite")
-    return names
 
 
 def init(backend: str) -> tuple[str, torch.device]:
@@ -184,7 +173,7 @@ def run_collectives(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    suites = _suites(args.suite)
+    suites = parse_suites(args.suite)
     backend, device = init(args.backend)
     sizes = parse_sizes(args.sizes or DEFAULT_SIZES[backend])
     pair_bytes = parse_size(args.pair_bytes or DEFAULT_PAIR_BYTES[backend], where="--pair-bytes")
@@ -220,7 +209,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def write_document(path: Path, document: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # nodes may share a file system
     tmp.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
@@ -229,8 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         document = run(args)
-        if dist.get_rank() == 0:
-            write_document(args.json_out, document)
+        # Every node's first rank writes the document: a launcher finds it on whichever node it
+        # asks, whatever rank order the rendezvous chose.
+        shared: list[Any] = [document if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(shared, src=0)
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            write_document(args.json_out, shared[0])
             print(f"[fstrain.bench] wrote {args.json_out}", flush=True)
         dist.barrier()
     except FstrainError as error:

@@ -69,8 +69,11 @@ def doctor_command(
     if not json_output and selection.source.startswith("localhost"):
         console().print(f"[dim]hosts: {selection.source}[/dim]")
     try:
+        from fstrain.cli.slurm import allocation_connector
+
         facts = gather(selection.hosts, checks, ssh_config, accept_new_hosts, fanout, needs, checkpoint_dir,
-                       master_port, python, workdir, kill_orphans, write_test_mib, json_output)
+                       master_port, python, workdir, kill_orphans, write_test_mib, json_output,
+                       allocation_connector(selection.source))
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
@@ -79,7 +82,8 @@ def doctor_command(
 
 def gather(hosts: list[Any], checks: tuple[Check, ...], ssh_config: str | None, accept_new_hosts: bool, fanout: int,
            plan: PlanNeeds | None, checkpoint_dir: str | None, master_port: int | None, python: str,
-           workdir: str | None, kill_orphans: bool, write_test_mib: int, json_output: bool) -> DoctorFacts:
+           workdir: str | None, kill_orphans: bool, write_test_mib: int, json_output: bool,
+           connector: Any = None) -> DoctorFacts:
     from fstrain.core.doctor import stages
     from fstrain.io.connect import make_connector
     from fstrain.io.doctor import DoctorOptions, collect
@@ -87,7 +91,7 @@ def gather(hosts: list[Any], checks: tuple[Check, ...], ssh_config: str | None, 
     options = DoctorOptions(stages=stages(checks), python=python, workdir=workdir, checkpoint_dir=checkpoint_dir,
                             master_port=master_port, plan=plan,
                             kill_orphans=kill_orphans, write_test_bytes=write_test_mib << 20)
-    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    connect = connector or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     out = console()
     if json_output or not out.is_terminal:
         return collect(hosts, connect, options, fanout=fanout)

@@ -41,7 +41,9 @@ def exec_command(
     selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
     if not json_output and selection.source.startswith("localhost"):
         console().print(f"[dim]hosts: {selection.source}[/dim]")
-    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    from fstrain.cli.slurm import allocation_connector
+
+    connect = allocation_connector(selection.source) or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     with HostPool(selection.hosts, connect, fanout=fanout) as pool:
         results = pool.run_all(command, timeout_s=timeout)
     if json_output:

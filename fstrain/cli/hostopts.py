@@ -51,16 +51,20 @@ def resolve_hosts(
 ) -> HostSelection:
     """Turn the host options into the selected hosts, or raise one clear InventoryError."""
     env = os.environ if environ is None else environ
+    for flag, value in (("--hostfile", hostfile), ("--hosts", hosts), ("--include", include), ("--exclude", exclude)):
+        if value is not None and not value.strip():  # explicitly empty: never a silent fallback
+            raise InventoryError(f"{flag} is empty", f"give {flag} a value, or leave the option out", flag)
     if hostfile and hosts:
         raise InventoryError("--hostfile and --hosts cannot be combined", "use one of them", "--hostfile/--hosts")
     if hostfile:
+        from fstrain.io.userfiles import read_text_bounded
+
         path = Path(hostfile)
-        if not path.is_file():
+        if not path.exists():
             raise InventoryError("hostfile not found", "check the path given to --hostfile", hostfile)
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InventoryError(f"cannot read hostfile: {exc}", "", hostfile) from None
+        if not path.is_file():
+            raise InventoryError("hostfile is not a regular file", "give the path of a hostfile", hostfile)
+        text = read_text_bounded(path, "hostfile", hint="check the path given to --hostfile")
         found, source = parse_hostfile(text, hostfile), hostfile
     elif hosts:
         found, source = parse_host_list(hosts), "--hosts"

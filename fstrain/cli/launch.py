@@ -8,11 +8,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import typer
 
 from fstrain.cli import hostopts
+from fstrain.cli import slurm as slurmopts
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ def register(app: typer.Typer) -> None:
 
 
 def launch_command(
+    ctx: typer.Context,
     program: list[str] = typer.Argument(None, help="The program and its arguments (after --).", show_default=False),
     hostfile: str | None = hostopts.HOSTFILE,
     hosts: str | None = hostopts.HOSTS,
@@ -43,7 +45,10 @@ def launch_command(
     fanout: int = hostopts.FANOUT,
     nproc_per_node: str = typer.Option("auto", "--nproc-per-node", help="Processes per node, or 'auto' (slots)."),
     backend: str = typer.Option("torchrun", "--backend", help="torchrun or deepspeed."),
-    env: list[str] = typer.Option([], "--env", help="NAME=VALUE for every rank (repeatable)."),
+    no_local_rank: bool = typer.Option(False, "--no-local-rank", help="deepspeed backend: do not append "
+                                       "--local_rank=N to the program's arguments (as deepspeed --no_local_rank)."),
+    env: list[str] = typer.Option([], "--env", help="NAME=VALUE, or NAME to pass this environment's value, for "
+                                  "every rank (repeatable)."),
     env_file: str | None = typer.Option(None, "--env-file", help="File of NAME=VALUE lines."),
     workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host (checked first)."),
     python: str = typer.Option("python3", "--python", help="Interpreter on the hosts."),
@@ -67,12 +72,26 @@ def launch_command(
                                              help="No rank output for this long (e.g. 20m): collect every rank's "
                                              "stacks, name the odd ranks, stop the job (exit 124)."),
     finish_timeout: str | None = typer.Option(None, "--finish-timeout", metavar="DURATION",
-                                              help="Some nodes finished with exit 0 and others still run after "
+                                              help="Some ranks finished and others still run after "
                                               "this long: the same as --stall-timeout."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Return the run id once every node started; the "
-                                "nodes supervise the job themselves (see fstrain runs/status/logs/stop)."),
+                                "nodes supervise the job themselves (see fstrain runs/status/logs/stop). "
+                                "With --slurm: print the job id and return at once."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-node commands; connect to nothing."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON document on stdout."),
+    launcher: str = slurmopts.LAUNCHER,
+    slurm: bool = slurmopts.SLURM,
+    nodes: int | None = slurmopts.NODES,
+    partition: str | None = slurmopts.PARTITION,
+    time_limit: str | None = slurmopts.TIME,
+    account: str | None = slurmopts.ACCOUNT,
+    qos: str | None = slurmopts.QOS,
+    constraint: str | None = slurmopts.CONSTRAINT,
+    exclusive: bool = slurmopts.EXCLUSIVE,
+    sbatch_args: list[str] = slurmopts.SBATCH_ARG,
+    container_image: str | None = slurmopts.CONTAINER_IMAGE,
+    container_mounts: str | None = slurmopts.CONTAINER_MOUNTS,
+    slurm_render_only: bool = slurmopts.RENDER_ONLY,
 ) -> None:
     """Launch PROGRAM on every selected host (one torchrun or DeepSpeed launcher per node)."""
     from fstrain.core.launchspec import BACKENDS
@@ -80,21 +99,50 @@ def launch_command(
 
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}", "--backend")
-    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+    if slurm or slurm_render_only:
+        slurmopts.check_submit_flags(hostfile, hosts, launcher, dry_run)
+    else:
+        slurmopts.check_no_submit_flags({"--nodes": nodes, "--partition": partition, "--time": time_limit,
+                                         "--account": account, "--qos": qos, "--constraint": constraint,
+                                         "--exclusive": exclusive, "--sbatch-arg": sbatch_args})
+    allocation = None if slurm or slurm_render_only else slurmopts.choose_allocation(launcher, hostfile, hosts)
+    if allocation is not None and detach:
+        # srun steps end with the srun that started them: a detached run would die with this terminal.
+        raise InputError("--detach cannot outlive the terminal inside a Slurm allocation (its srun steps end "
+                         "with this command)", "submit the job with --slurm --detach instead, or run without "
+                         "--detach", "--detach")
+    if allocation is not None:
+        selection = hostopts.HostSelection(slurmopts.allocation_hosts(allocation, hostfile, hosts, include, exclude,
+                                                                      gpus_per_node), "Slurm job")
+    elif not (slurm or slurm_render_only):
+        slurmopts.check_container_flags(container_image, container_mounts)
+        selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+        if selection.source.startswith("localhost"):
+            console().print(f"[dim]hosts: {selection.source}[/dim]")  # stderr: --json's stdout stays one document
     requested = parse_nproc(nproc_per_node)
     spec = job_spec(backend, list(program or []), plan_path, model, recipe, strategy, micro_batch, precision, steps)
     user_env = collect_env(env, env_file)
     timeouts = stall_timeouts(stall_timeout, finish_timeout)
     run_id = new_run_id()
+    if slurm or slurm_render_only:
+        raise typer.Exit(slurmopts.submit_launch(
+            ctx, program=list(program or []), user_env=user_env, run_id=run_id,
+            run_dir=run_dir, python_exe=sys.executable, render_only=slurm_render_only, detach=detach,
+            json_output=json_output, nodes=nodes, gpus_per_node=gpus_per_node, partition=partition,
+            time_limit=time_limit, account=account, qos=qos, constraint=constraint, exclusive=exclusive,
+            sbatch_args=sbatch_args, container_image=container_image, container_mounts=container_mounts))
     folder = Path(run_dir) if run_dir else Path("runs") / run_id
     if dry_run:
         nprocs = resolve_nprocs(selection.hosts, requested, None)
         dry_run_output(selection.hosts, nprocs, backend, build_job(spec, selection.hosts, nprocs, python), python,
-                       master_port, max_restarts, run_id, user_env, json_output)
+                       master_port, max_restarts, run_id, user_env, json_output, no_local_rank=no_local_rank)
         return
+    connect = slurmopts.srun_connect(container_image, container_mounts) if allocation is not None else None
+    if allocation is not None and not json_output:
+        console().print(f"[dim]Slurm job {allocation.job_id}: every node runs its part as an srun step[/dim]")
     outcome = execute(selection.hosts, requested, backend, spec, python, master_port, max_restarts,
                       run_id, folder, user_env, workdir, grace, heartbeat_timeout, ssh_config, accept_new_hosts,
-                      fanout, json_output, *timeouts, detach=detach)
+                      fanout, json_output, connect, *timeouts, no_local_rank=no_local_rank, detach=detach)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -146,6 +194,8 @@ def job_spec(backend: str, program: list[str], plan_path: str | None, model: str
     given = [flag for flag, value in (("--plan", plan_path), ("--model", model), ("--recipe", recipe)) if value]
     if len(given) > 1:
         raise InputError(f"{' and '.join(given)} cannot be combined", "give one of them", "/".join(given))
+    if program:
+        refuse_nested_launcher(program)
     if not given:
         if not program:
             raise InputError("no program to launch",
@@ -163,6 +213,16 @@ def job_spec(backend: str, program: list[str], plan_path: str | None, model: str
     check_strategy(chosen)
     return JobSpec(program, model=loaded.model, flag=given[0], strategy=chosen, micro_batch=micro_batch,
                    precision=precision, steps=steps)
+
+
+def refuse_nested_launcher(program: list[str]) -> None:
+    from fstrain.core.nested import nested_launcher, nested_launcher_hint
+    from fstrain.errors import InputError
+
+    launcher = nested_launcher(program)
+    if launcher is not None:
+        raise InputError(f"the program is itself a launcher ({launcher}): it would start its own ranks inside "
+                         "each of the ranks fstrain starts", nested_launcher_hint(launcher), "PROGRAM")
 
 
 def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str, device: str = "cpu") -> Job:
@@ -192,9 +252,9 @@ def parse_nproc(value: str) -> int | None:
 
     if value == "auto":
         return None
-    if not value.isdigit() or int(value) < 1:
-        raise InputError(f"--nproc-per-node must be a positive integer or 'auto', got {value!r}", "",
-                         "--nproc-per-node")
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 1024:
+        raise InputError(f"--nproc-per-node must be an integer 1-1024 or 'auto', got {value[:20]!r}",
+                         "give the number of processes (GPUs) per node, e.g. --nproc-per-node 8", "--nproc-per-node")
     return int(value)
 
 
@@ -202,19 +262,28 @@ def collect_env(assignments: list[str], env_file: str | None) -> dict[str, str]:
     """.deepspeed_env and .fstrain_env (home, then here), then --env-file, then --env: later wins."""
     from fstrain.core.launchspec import parse_env_assignment, parse_env_file
     from fstrain.errors import InputError
+    from fstrain.io.userfiles import read_text_bounded
 
     merged: dict[str, str] = {}
     for folder in (Path.home(), Path.cwd()):
         for name in ENV_FILES:
             path = folder / name
             if path.is_file():
-                merged.update(parse_env_file(path.read_text(), str(path)))
+                merged.update(parse_env_file(read_text_bounded(path, "env file"), str(path)))
     if env_file:
         path = Path(env_file)
         if not path.is_file():
             raise InputError("env file not found", "check the path given to --env-file", env_file)
-        merged.update(parse_env_file(path.read_text(), env_file))
+        merged.update(parse_env_file(read_text_bounded(path, "env file"), env_file))
     for assignment in assignments:
+        if "=" not in assignment:  # --env NAME: the value comes from here, never on a command line
+            name = assignment.strip()
+            if name not in os.environ:
+                raise InputError(f"{name!r} is not set in this environment",
+                                 f"export {name}=... first, or give --env {name}=VALUE", "--env")
+            parse_env_assignment(f"{name}=", "--env")  # the name's own checks
+            merged[name] = os.environ[name]
+            continue
         name, value = parse_env_assignment(assignment, "--env")
         merged[name] = value
     return merged
@@ -226,7 +295,7 @@ def new_run_id() -> str:
 
 def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, python: str,
                    master_port: int | None, max_restarts: int, run_id: str, user_env: dict[str, str],
-                   json_output: bool) -> None:
+                   json_output: bool, *, no_local_rank: bool = False) -> None:
     """The exact per-node commands and (masked) environment; no connection is opened."""
     from fstrain.core.launchspec import master_port_candidates, plan_launches
     from fstrain.io.connect import is_local
@@ -236,7 +305,7 @@ def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, 
     port = master_port or master_port_candidates(run_id)[0]
     launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
                              master_addr=master, master_port=port, run_id=run_id, max_restarts=max_restarts,
-                             env=user_env, per_node_env=[])
+                             env=user_env, per_node_env=[], no_local_rank=no_local_rank)
     note = ("dry run: nothing was contacted; the master address and port are checked, and "
             "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME chosen per node, at launch")
     if json_output:
@@ -250,21 +319,26 @@ def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, 
     console().print(f"[dim]{note}[/dim]")
 
 
-def print_plan(plan: PlanFile) -> None:
+def print_plan(plan: PlanFile, where: str = "each node's run directory at launch") -> None:
     from fstrain.core.launchplan import trainer_backend
     from fstrain.core.planner import describe_knobs
 
     k = plan.knobs
     console().print(f"plan: {plan.model.name}: {describe_knobs(k)}, {k.precision}, "
                     f"global batch {k.global_batch_size} x {k.seq_len} tokens; trainer backend "
-                    f"{trainer_backend(plan)}; configs rendered into the run directory ({{run_dir}})")
+                    f"{trainer_backend(plan)}; configs rendered into {where}", markup=False)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def print_launches(launches: list[NodeLaunch]) -> None:
     from fstrain.core.launchspec import mask_env
 
     for launch in launches:
-        sys.stdout.write(f"# node {launch.node_rank}: {launch.host.label()} ({launch.nproc} processes)\n")
+        processes = "process" if launch.nproc == 1 else "processes"
+        sys.stdout.write(f"# node {launch.node_rank}: {launch.host.label()} ({launch.nproc} {processes})\n")
         for name, value in mask_env(launch.env).items():
             sys.stdout.write(f"{name}={shlex.quote(value)}\n")
         sys.stdout.write(shlex.join(launch.argv) + "\n")
@@ -274,10 +348,11 @@ def print_launches(launches: list[NodeLaunch]) -> None:
 def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec, python: str,
             master_port: int | None, max_restarts: int, run_id: str, folder: Path, user_env: dict[str, str],
             workdir: str | None, grace: float, heartbeat_timeout: float, ssh_config: str | None,
-            accept_new_hosts: bool, fanout: int, json_output: bool, stall_timeout_s: float | None = None,
-            finish_timeout_s: float | None = None, detach: bool = False) -> RunOutcome:
+            accept_new_hosts: bool, fanout: int, json_output: bool, connector: Any = None,
+            stall_timeout_s: float | None = None, finish_timeout_s: float | None = None, *,
+            no_local_rank: bool = False, detach: bool = False) -> RunOutcome:
     from fstrain.core.launchspec import plan_launches
-    from fstrain.io.connect import make_connector
+    from fstrain.io.connect import check_distinct_endpoints, make_connector
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import (
         RunOptions,
@@ -287,11 +362,18 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
         run_nodes,
         write_manifest,
     )
+    from fstrain.io.localout import GuardedStream, stdout_may_fail
 
     out = console()
-    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    if connector is None:  # over SSH; srun steps (a Slurm allocation) name each node once already
+        check_distinct_endpoints(hosts, ssh_config)
+    connect = connector or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    workdir_is_default = workdir is None
+    if workdir is None:  # like DeepSpeed's launcher: the same directory as here, checked on every host
+        workdir = os.getcwd()
+    packages = ("torch", "deepspeed") if backend == "deepspeed" else ("torch",)
     with HostPool(hosts, connect, fanout=fanout) as pool:
-        facts = preflight(pool, python, workdir)
+        facts = preflight(pool, python, workdir, packages=packages, workdir_is_default=workdir_is_default)
         rendezvous = choose_rendezvous(pool, connect, facts, python, run_id, master_port)
     nprocs = resolve_nprocs(hosts, requested, [int(f.info.get("nvidia_gpus") or 0) for f in facts])
     gpus_found = any(f.info.get("nvidia_gpus") for f in facts)
@@ -299,18 +381,22 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     per_node = [interface_env(ifname, user_env) for ifname in rendezvous.interfaces]
     launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
                              master_addr=rendezvous.master_addr, master_port=rendezvous.master_port, run_id=run_id,
-                             max_restarts=max_restarts, env=user_env, per_node_env=per_node)
+                             max_restarts=max_restarts, env=user_env, per_node_env=per_node,
+                             no_local_rank=no_local_rank)
     run_dirs = [remote_run_dir(h, f.info.get("home"), run_id, folder) for h, f in zip(hosts, facts, strict=True)]
     node_files = [rendered_files(job.plan, d, job.steps) for d in run_dirs] if job.plan else []
     if job.plan is not None:
-        print_plan(job.plan)
-    out.print(f"run {run_id}: {len(hosts)} nodes x {nprocs[0] if len(set(nprocs)) == 1 else nprocs} processes, "
+        print_plan(job.plan, f"each node's run directory ({hosts[0].name}: {run_dirs[0]})")
+    procs = nprocs[0] if len(set(nprocs)) == 1 else nprocs
+    out.print(f"run {run_id}: {plural(len(hosts), 'node')} x {procs} {'process' if procs == 1 else 'processes'}, "
               f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; "
               + ("output in each node's run directory (fstrain logs)" if detach else f"logs in {folder}/logs"))
     options = RunOptions(run_id=run_id, run_dir=folder, grace_s=grace, heartbeat_timeout_s=heartbeat_timeout,
                          workdir=workdir, node_run_dirs=run_dirs, node_files=node_files,
                          color=sys.stdout.isatty() and not json_output,
-                         out=sys.stderr if json_output else sys.stdout,
+                         # GuardedStream writes and flushes like the stream it guards.
+                         out=cast(TextIO, GuardedStream(*((sys.stderr, "stderr") if json_output
+                                                          else (sys.stdout, "stdout")))),
                          stall_timeout_s=stall_timeout_s, finish_timeout_s=finish_timeout_s)
     if detach:
         from fstrain.cli.runs import start_detached_run
@@ -329,11 +415,13 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
     if summary is not None:
         document["training_summary"] = summary
     if json_output:
-        print_json(document)
+        with stdout_may_fail():
+            print_json(document)
     else:
         print_summary(outcome)
         if summary is not None:
-            print_training_summary(summary)
+            with stdout_may_fail():
+                print_training_summary(summary)
     return outcome
 
 
@@ -362,7 +450,12 @@ def fetch_training_summary(host: Any, run_dir: str, connect: Any, folder: Path) 
         console().print(f"[yellow]no training summary on {host.label()}: {result.error or result.stderr.strip()}")
         return None
     summary: dict[str, Any] = json.loads(result.stdout)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    except OSError as exc:
+        from fstrain.io.localout import describe, warn
+
+        warn(f"cannot write {folder / 'summary.json'} ({describe(exc)})")
     return summary
 
 
@@ -395,6 +488,8 @@ def describe_exit(code: int | None, error: str | None) -> str:
 def print_summary(outcome: RunOutcome) -> None:
     from rich.table import Table
 
+    from fstrain.io.launch import last_lines
+
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "node", "exit", "seconds", "error"):
         table.add_column(column)
@@ -414,7 +509,7 @@ def print_summary(outcome: RunOutcome) -> None:
         else:
             what = f"{where}, exit {describe_exit(failed.exit_code, failed.error)}"
         out.print(f"[red]first failure: {what}[/red]; its last lines:")
-        for line in failed.tail[-10:]:
+        for line in last_lines(failed):
             out.print(f"  {line}", markup=False)
     if outcome.stall is not None:
         print_stall(outcome.stall)

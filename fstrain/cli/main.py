@@ -18,7 +18,7 @@ app = typer.Typer(
     name="fstrain",
     help="Launch and orchestrate multi-node GPU training: doctor, plan, render, launch.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain help: importing rich for --help costs ~0.15 s of start-up
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -42,8 +42,9 @@ def _root(
 
 def _register() -> None:
     # Each command module adds itself to `app`; keep this list sorted by command name.
-    from fstrain.cli import doctor, exec_cmd, launch, plan, render, runs, topo
+    from fstrain.cli import bench, doctor, exec_cmd, launch, plan, render, runs, topo
 
+    bench.register(app)
     doctor.register(app)
     exec_cmd.register(app)
     launch.register(app)
@@ -51,6 +52,10 @@ def _register() -> None:
     render.register(app)
     runs.register(app)  # runs, status, logs, attach, stop, gc
     topo.register(app)
+
+    from fstrain.cli.metavars import name_placeholders
+
+    name_placeholders(app)
 
 
 _register()

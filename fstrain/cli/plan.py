@@ -101,6 +101,10 @@ def plan_command(
 
         check_out_dir(Path(render_dir), force=force)  # before any work: nothing is half-written
     probed = probe_cluster(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts, fanout, python)
+    if probed is None:  # inside a Slurm allocation, the allocation is the cluster
+        from fstrain.cli.slurm import plan_allocation
+
+        num_nodes, gpus_per_node, probed = plan_allocation(num_nodes, gpus_per_node, gpu, node, python, fanout)
     training, batch_note = resolve_training(
         plan_model,
         recipe_value,

@@ -48,8 +48,14 @@ def render_command(
         0, "--train-steps", min=0, help="Total optimizer steps: cosine decay to the end (0: constant after warm-up)."
     ),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    slurm: bool = typer.Option(False, "--slurm", help="Write the sbatch script of `fstrain launch --slurm` with "
+                               "the other options (launch's) into DIR, without submitting it."),
 ) -> None:
     """Render the DeepSpeed, FSDP and Accelerate configs and the environment for a plan."""
+    if slurm:
+        from fstrain.cli.slurm import render_batch_script
+
+        raise typer.Exit(render_batch_script(out, plan, list(ctx.args), json_output))
     from fstrain.core.render.options import TrainingOptions
     from fstrain.io.render_files import read_plan_file, render_and_write
 

@@ -27,7 +27,11 @@ def register(app: typer.Typer) -> None:
 
 
 def _read_text(path: Path) -> str:
+    from fstrain.io.userfiles import MAX_FILE_BYTES
+
     try:
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            raise InputError(f"larger than {MAX_FILE_BYTES // 2**20} MiB", "is this really a topology file?", str(path))
         return path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         raise InputError("file not found", hint="check the path", where=str(path)) from None
@@ -105,8 +109,10 @@ def probe_selected(hostfile: str | None, hosts: str | None, include: str | None,
     selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
     if len(selection.hosts) == 1 and is_local(selection.hosts[0]):
         return [probe_local(python=python)], []
-    reports, failed = probe_inventory(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
-                                      python=python or "python3", fanout=fanout)
+    from fstrain.cli.slurm import allocation_connector
+
+    connect = allocation_connector(selection.source) or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    reports, failed = probe_inventory(selection.hosts, connect, python=python or "python3", fanout=fanout)
     return reports, [{"host": host.label(), "error": error.one_line()} for host, error in failed]
 
 
@@ -131,7 +137,9 @@ def load_reports(text: str, source: str) -> list[dict[str, Any]]:
     """Probe reports from a saved file: one report, a list of them, or `topo show --json` output."""
     from fstrain.core.probe_report import validate_report
     from fstrain.errors import ParseError
+    from fstrain.io.userfiles import check_json_depth
 
+    check_json_depth(text, source)  # a hostile file must not end in RecursionError
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

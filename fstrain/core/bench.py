@@ -126,3 +126,28 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
         "max": max(values),
         "mean": statistics.fmean(values),
     }
+
+
+SUITES: tuple[str, ...] = ("collectives", "pairs", "compute")
+"""The suites ``fstrain bench`` runs, in the order ``all`` runs them."""
+
+
+def parse_suites(text: str, where: str = "--suite") -> list[str]:
+    """``all`` or a comma list of suites -> the suites in run order."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [n for n in names if n not in (*SUITES, "all")]
+    if bad or not names:
+        raise InputError(f"unknown suite {', '.join(bad) or 'none'} in {text!r}",
+                         f"use {', '.join(SUITES)} or all", where)
+    return list(SUITES) if "all" in names else [s for s in SUITES if s in names]
+
+
+def worker_argv(python: str, *, suites: Sequence[str], json_out: str, sizes: str = "", backend: str = "",
+                extra: Sequence[str] = ()) -> list[str]:
+    """The command every rank runs: ``python -m fstrain.bench`` with the suites and sizes."""
+    argv = [python, "-m", "fstrain.bench", "--suite", ",".join(suites), "--json-out", json_out]
+    if sizes:
+        argv += ["--sizes", sizes]
+    if backend:
+        argv += ["--backend", backend]
+    return argv + list(extra)

@@ -16,6 +16,8 @@ Forms understood:
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -24,6 +26,15 @@ from fstrain.errors import InventoryError
 
 _SLOTS_RE = re.compile(r"^slots=(?P<value>.*)$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$|^[0-9A-Fa-f:.]+$")
+MAX_HOSTS = 100_000  # a host list or hostfile naming more is a mistake (or an attack), not a cluster
+MAX_SLOTS = 1024  # processes per host; far above any machine, far below what exhausts memory
+MAX_LABEL_CHARS = 63  # one DNS label (RFC 1035); the resolver refuses longer ones
+MAX_NAME_CHARS = 253
+
+
+def is_decimal(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also accepts '²', which ``int`` then refuses."""
+    return text.isascii() and text.isdigit()
 
 
 @dataclass(frozen=True)
@@ -90,11 +101,24 @@ def parse_host_token(token: str, where: str) -> Host:
             "use a name, an address, user@host or host:port",
             where,
         )
+    _check_name_length(name, token, where)
     return Host(name=name, user=user, port=port, where=where)
 
 
+def _check_name_length(name: str, token: str, where: str) -> None:
+    if ":" in name:  # an IPv6 address: the regex bounds its characters, labels do not apply
+        return
+    longest = max(name.split("."), key=len)
+    if len(longest) > MAX_LABEL_CHARS or len(name) > MAX_NAME_CHARS:
+        raise InventoryError(
+            f"host name {token[:40]!r}... is too long ({len(longest)} characters in one label, {len(name)} in all)",
+            f"DNS allows {MAX_LABEL_CHARS} characters per dot-separated label and {MAX_NAME_CHARS} in all",
+            where,
+        )
+
+
 def _parse_port(text: str, token: str, where: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    if not is_decimal(text) or len(text) > 5 or not 0 < int(text) < 65536:
         raise InventoryError(f"port must be 1-65535 in {token!r}, got {text!r}", "write host:port", where)
     return int(text)
 
@@ -112,6 +136,8 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
         if len(tokens) > 1:
             host = replace(host, slots=_parse_slots(tokens[1:], where))
         hosts.append(host)
+        if len(hosts) > MAX_HOSTS:
+            raise InventoryError(f"more than {MAX_HOSTS:,} hosts", "is this really a hostfile?", where)
     if not hosts:
         raise InventoryError("no hosts in hostfile", "add lines like 'worker-1 slots=8'", path)
     check_unique(hosts)
@@ -129,20 +155,24 @@ def _parse_slots(tokens: list[str], where: str) -> int:
             f"expected 'slots=N' after the host name, got {tokens[0]!r}", "write 'host slots=N'", where
         )
     value = match.group("value")
-    if not value.isdigit():
+    if not is_decimal(value):
         raise InventoryError(f"slots must be a positive integer, got {value!r}", "write slots=8", where)
     if int(value) == 0:
         raise InventoryError(
             "slots must be a positive integer, got 0", "remove the line or give slots=1 or more", where
         )
+    if len(value) > 6 or int(value) > MAX_SLOTS:
+        raise InventoryError(f"slots={value[:12]} is more than {MAX_SLOTS} processes on one host",
+                             "give the number of GPUs of the host", where)
     return int(value)
 
 
 def check_unique(hosts: Iterable[Host]) -> None:
-    """Refuse the same host twice: it would run two copies of every rank."""
-    seen: dict[tuple[str, str | None, int | None], Host] = {}
+    """Refuse the same host twice: it would run two copies of every rank. The user does not
+    matter (``node1`` and ``root@node1`` are one machine); the port does."""
+    seen: dict[tuple[str, int | None], Host] = {}
     for host in hosts:
-        key = (host.name, host.user, host.port)
+        key = (host.name, host.port)
         if key in seen:
             raise InventoryError(
                 f"duplicate host {host.label()!r} (first at {seen[key].where})",
@@ -155,12 +185,17 @@ def check_unique(hosts: Iterable[Host]) -> None:
 def expand_hostlist(expr: str, where: str = "--hosts") -> list[str]:
     """Expand a Slurm compressed host list: ``node[01-03,07],gpu-a`` -> node01..node03, node07, gpu-a.
 
-    Several bracket groups multiply (``rack[1-2]-n[01-02]`` gives 4 names, rack-major); zero
-    padding is kept as written.
+    Several bracket groups multiply in Slurm's order, so node ranks follow the allocation's:
+    the last group varies fastest, then the first, the second, ...: ``rack[1-2]-n[01-02]`` gives
+    rack1-n01, rack1-n02, rack2-n01, rack2-n02 and ``a[1-2]b[1-2]c[1-2]`` gives a1b1c1, a1b1c2,
+    a2b1c1, a2b1c2, a1b2c1, ... Zero padding is kept as written.
     """
     names: list[str] = []
     for item in _split_top_level(expr, where):
         names.extend(_expand_item(item, where))
+        if len(names) > MAX_HOSTS:
+            raise InventoryError(f"host list expands to more than {MAX_HOSTS:,} hosts",
+                                 "check the ranges", where)
     return names
 
 
@@ -193,31 +228,52 @@ def _split_top_level(expr: str, where: str) -> list[str]:
 
 
 def _expand_item(item: str, where: str) -> list[str]:
-    start = item.find("[")
-    if start < 0:
-        return [item]
-    end = item.index("]", start)
-    prefix, body, suffix = item[:start], item[start + 1 : end], item[end + 1 :]
-    tails = _expand_item(suffix, where)
-    if ":" in body:  # an IPv6 literal such as [fd00::5]:22, not a range
-        return [f"{prefix}[{body}]{tail}" for tail in tails]
-    return [prefix + middle + tail for middle in _expand_range_body(body, item, where) for tail in tails]
+    """One comma-free item: its bracket groups multiply in Slurm's order (see expand_hostlist)."""
+    texts: list[str] = []  # literal text before each bracket group, then the tail
+    groups: list[list[str]] = []
+    rest = item
+    while (start := rest.find("[")) >= 0:
+        end = rest.index("]", start)
+        body = rest[start + 1 : end]
+        if ":" in body:  # an IPv6 literal such as [fd00::5]:22, not a range
+            texts.append(rest[: end + 1])
+            groups.append([""])
+        else:
+            texts.append(rest[:start])
+            groups.append(_expand_range_body(body, item, where))
+        rest = rest[end + 1 :]
+    total = math.prod(len(group) for group in groups)
+    if total > MAX_HOSTS:  # checked before the product is built
+        raise InventoryError(f"{item!r} expands to {total:,} hosts (more than {MAX_HOSTS:,})",
+                             "check the ranges", where)
+    # Slurm's order: the last group varies fastest, then the first, the second, ... the one
+    # before the last slowest (`scontrol show hostnames a[1-2]b[1-2]c[1-2]`: a1b1c1 a1b1c2
+    # a2b1c1 a2b1c2 a1b2c1 ...). With one or two groups this is the plain left-major order.
+    loop_order = [*range(len(groups) - 2, -1, -1), len(groups) - 1] if groups else []
+    names = []
+    for combo in itertools.product(*(groups[i] for i in loop_order)):
+        chosen = dict(zip(loop_order, combo, strict=True))
+        names.append("".join(texts[i] + chosen[i] for i in range(len(groups))) + rest)
+    return names
 
 
 def _expand_range_body(body: str, item: str, where: str) -> list[str]:
     values: list[str] = []
     for part in body.split(","):
         part = part.strip()
-        if re.fullmatch(r"\d+", part):
+        if re.fullmatch(r"[0-9]+", part):
             values.append(part)
             continue
-        match = re.fullmatch(r"(\d+)-(\d+)", part)
+        match = re.fullmatch(r"([0-9]+)-([0-9]+)", part)
         if match is None:
             raise InventoryError(f"bad range {part!r} in {item!r}", "ranges look like 01-04 or 1,3,5", where)
         low_text, high_text = match.groups()
         low, high = int(low_text), int(high_text)
         if high < low:
             raise InventoryError(f"range {part!r} in {item!r} runs backwards", f"write {high_text}-{low_text}", where)
+        if high - low + 1 + len(values) > MAX_HOSTS:
+            raise InventoryError(f"range {part!r} in {item!r} names more than {MAX_HOSTS:,} hosts",
+                                 "check the range", where)
         width = len(low_text) if low_text.startswith("0") else 0
         values.extend(str(number).zfill(width) for number in range(low, high + 1))
     return values
@@ -242,13 +298,18 @@ def with_default_slots(hosts: list[Host], slots_per_host: int | None) -> list[Ho
     """Fill unknown slots from ``--gpus-per-node`` (hostfile values win)."""
     if slots_per_host is None:
         return hosts
-    if slots_per_host < 1:
-        raise InventoryError(f"--gpus-per-node must be 1 or more, got {slots_per_host}", "", "--gpus-per-node")
+    if not 1 <= slots_per_host <= MAX_SLOTS:
+        raise InventoryError(f"--gpus-per-node must be 1-{MAX_SLOTS}, got {slots_per_host}",
+                             "give the number of GPUs per node", "--gpus-per-node")
     return [h if h.slots is not None else replace(h, slots=slots_per_host) for h in hosts]
 
 
 def parse_filter(expr: str, where: str) -> dict[str, tuple[int, ...] | None]:
-    """Parse ``host1:0,1@host2`` into ``{host: slot ids or None for all}``."""
+    """Parse ``host1:0,1@host2`` into ``{host: slot ids or None for all}``.
+
+    A host named twice gets the union of its slots (``h:1@h:0,1`` is ``h:0,1``); a bare name
+    among them means all of its slots.
+    """
     selection: dict[str, tuple[int, ...] | None] = {}
     if not expr.strip():
         raise InventoryError("empty filter", "write host1:0,1@host2", where)
@@ -260,6 +321,9 @@ def parse_filter(expr: str, where: str) -> dict[str, tuple[int, ...] | None]:
         ids: tuple[int, ...] | None = None
         if sep:
             try:
+                texts = [t.strip() for t in slot_text.split(",")]
+                if not all(is_decimal(t.removeprefix("-")) and len(t) < 7 for t in texts):
+                    raise ValueError(slot_text)
                 ids = tuple(sorted({int(s) for s in slot_text.split(",")}))
             except ValueError:
                 raise InventoryError(
@@ -267,8 +331,9 @@ def parse_filter(expr: str, where: str) -> dict[str, tuple[int, ...] | None]:
                 ) from None
             if any(i < 0 for i in ids):
                 raise InventoryError(f"negative slot id in {part!r}", "slot ids start at 0", where)
-        if name in selection:
-            raise InventoryError(f"host {name!r} named twice in {expr!r}", "name each host once", where)
+        if name in selection:  # named again: the slots add up, as DeepSpeed merges them
+            before = selection[name]
+            ids = None if before is None or ids is None else tuple(sorted({*before, *ids}))
         selection[name] = ids
     return selection
 

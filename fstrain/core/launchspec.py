@@ -28,6 +28,10 @@ DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 # Where DeepSpeed's launcher writes each rank's output, the watchdog relaying it line by line:
 # one folder per node, since the run directory may be on a file system all nodes share.
 RANK_LOG_DIR = "{run_dir}/ranklogs/node%d"
+# torchrun's own copies of every rank's output (--tee), in the run directory rather than a
+# /tmp/torchelastic_* folder nobody removes: they hold whatever the program printed (secrets
+# included), so the watchdog removes them, and the rank logs, once it has relayed them.
+TORCHRUN_LOG_DIR = "{run_dir}/torchrun"
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,8 @@ def parse_env_file(text: str, path: str) -> dict[str, str]:
             continue
         if line.startswith("export "):
             line = line[len("export "):].lstrip()
+        if "\0" in line:  # no environment can hold it: every node's watchdog would fail
+            raise InputError("NUL byte in an environment value", "remove it", f"{path}:{number}")
         name, value = parse_env_assignment(line, f"{path}:{number}")
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
@@ -109,6 +115,16 @@ def resolve_nproc(host: Host, requested: int | None, probed_gpus: int | None) ->
     if requested is not None:
         if requested < 1:
             raise InputError(f"--nproc-per-node must be 1 or more, got {requested}", "", "--nproc-per-node")
+        if host.slot_ids is not None and requested != len(host.slot_ids):
+            # DeepSpeed refuses a process count together with slot filters; so do we, unless
+            # the two agree (never start N processes on fewer selected devices).
+            raise InputError(
+                f"--nproc-per-node {requested} contradicts --include/--exclude, which leave "
+                f"{len(host.slot_ids)} slot(s) ({','.join(map(str, host.slot_ids))}) on {host.label()}",
+                "drop --nproc-per-node (the selected slots set the process count), "
+                "or select whole hosts with --include/--exclude",
+                "--nproc-per-node",
+            )
         return requested
     selected = host.num_selected_slots
     if selected is not None:
@@ -145,6 +161,7 @@ def torchrun_argv(
         f"--rdzv-id={run_id}",
         f"--max-restarts={max_restarts}",
         "--tee=3",  # prefix every worker line with its rank, so the stream can be attributed
+        f"--log-dir={TORCHRUN_LOG_DIR}",
         *_program_for_torchrun(python, program),
     )
 
@@ -169,9 +186,13 @@ def _program_for_torchrun(python: str, program: Sequence[str]) -> list[str]:
 
 def deepspeed_argv(
     python: str, *, world_info: Mapping[str, Sequence[int]], node_rank: int, master_addr: str,
-    master_port: int, program: Sequence[str],
+    master_port: int, program: Sequence[str], no_local_rank: bool = False,
 ) -> tuple[str, ...]:
-    """DeepSpeed's per-node launcher, as its multi-node runner starts it, but over our SSH."""
+    """DeepSpeed's per-node launcher, as its multi-node runner starts it, but over our SSH.
+
+    As with the ``deepspeed`` command, every rank's program gets ``--local_rank=N`` appended
+    unless ``no_local_rank`` (``--no-local-rank``; LOCAL_RANK is in the environment either way).
+    """
     encoded = base64.urlsafe_b64encode(json.dumps(dict(world_info)).encode()).decode()
     head = [
         python, "-u", "-m", "deepspeed.launcher.launch",
@@ -179,10 +200,11 @@ def deepspeed_argv(
         f"--node_rank={node_rank}",
         f"--master_addr={master_addr}",
         f"--master_port={master_port}",
-        "--no_local_rank",  # LOCAL_RANK is in the environment; programs need no --local_rank flag
         # One file per rank, relayed by the watchdog as whole tagged lines (see RANK_LOG_DIR).
         f"--enable_each_rank_log={RANK_LOG_DIR % node_rank}",
     ]
+    if no_local_rank:
+        head.append("--no_local_rank")
     if _is_python(program[0], python):
         rest = list(program[1:])
         if rest[:1] == ["-m"] and len(rest) >= 2:
@@ -218,7 +240,7 @@ def world_info(hosts: Sequence[Host], nprocs: Sequence[int]) -> dict[str, list[i
 def plan_launches(
     hosts: Sequence[Host], *, backend: str, nprocs: Sequence[int], program: Sequence[str], python: str,
     master_addr: str, master_port: int, run_id: str, max_restarts: int,
-    env: Mapping[str, str], per_node_env: Sequence[Mapping[str, str]],
+    env: Mapping[str, str], per_node_env: Sequence[Mapping[str, str]], no_local_rank: bool = False,
 ) -> list[NodeLaunch]:
     """Every node's command and environment (``env`` for all, ``per_node_env[i]`` for node i,
     which never overrides what the user set)."""
@@ -238,7 +260,7 @@ def plan_launches(
                 node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slot_ids))
         else:
             argv = deepspeed_argv(python, world_info=info, node_rank=rank, master_addr=master_addr,
-                                  master_port=master_port, program=program)
+                                  master_port=master_port, program=program, no_local_rank=no_local_rank)
         # Global ranks follow node order (torchrun's static rendezvous, DeepSpeed's world info).
         static = backend == "deepspeed" or max_restarts == 0
         launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env,

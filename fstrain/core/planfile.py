@@ -16,6 +16,7 @@ from fstrain.core.acpolicy import AC_NAMES, parse_ac
 from fstrain.errors import InputError
 
 PLAN_FORMAT_VERSION = 1
+_PLAN_HINT = "fix the value, or write the plan again with `fstrain plan --out plan.yaml`"
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
 ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N takes a number)
@@ -136,21 +137,28 @@ class PlanFile:
                 "re-create the plan with this fstrain",
                 where,
             )
+        from fstrain.core.recipe import parse_model_section  # recipe builds on this module
+
         model_data = dict(_section(data, "model", where))
-        moe = model_data.get("moe")
-        if moe is not None:
-            model_data["moe"] = _build(MoESpec, _as_mapping(moe, f"{where}: model.moe"), f"{where}: model.moe")
-        model = _build(ModelSpec, model_data, f"{where}: model")
+        name = model_data.pop("name", "")
+        if not isinstance(name, str) or not name:
+            raise InputError(f"model.name must be a non-empty string, got {name!r}", "name the model", where)
+        # As strict as a recipe: `launch --plan` must refuse what `plan` would never write.
+        model = parse_model_section(model_data, where, name)
         knobs = _build(PlanKnobs, _section(data, "plan", where), f"{where}: plan")
         # Plans written before the policies had their own names say `selective` (Megatron's).
         ac = parse_ac(knobs.activation_checkpointing, f"{where}: plan.activation_checkpointing")
         knobs = replace(knobs, activation_checkpointing=ac)
         cluster_data = dict(_section(data, "cluster", where))
-        cluster_data["hosts"] = tuple(cluster_data.get("hosts") or ())
+        hosts = cluster_data.get("hosts") or ()
+        if not isinstance(hosts, list | tuple):
+            raise InputError(f"cluster.hosts must be a list, got {type(hosts).__name__}", _PLAN_HINT, where)
+        cluster_data["hosts"] = tuple(hosts)
         cluster = _build(ClusterSummary, cluster_data, f"{where}: cluster")
         predicted = data.get("predicted") or {}
         plan = cls(model=model, knobs=knobs, cluster=cluster, predicted=_as_mapping(predicted, f"{where}: predicted"))
         validate_knobs(plan.knobs, where)
+        validate_cluster(plan.cluster, where)
         return plan
 
 
@@ -176,14 +184,44 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         raise InputError(f"plan.zero_stage is {knobs.zero_stage!r}", "DeepSpeed has ZeRO stages 0, 1, 2 and 3", where)
     for key in ("dp", "tp", "pp", "shard_group_size", "micro_batch_size", "grad_accum_steps"):
         value = getattr(knobs, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InputError(f"plan.{key} must be a positive integer, got {value!r}", "", where)
+        if not _is_int(value) or value < 1:
+            raise InputError(f"plan.{key} must be a positive integer, got {value!r}", _PLAN_HINT, where)
+    if not _is_int(knobs.seq_len) or knobs.seq_len < 0:
+        raise InputError(f"plan.seq_len must be 0 (the model's) or a positive integer, got {knobs.seq_len!r}",
+                         _PLAN_HINT, where)
+    if not isinstance(knobs.flash_attention, bool):
+        raise InputError(f"plan.flash_attention must be true or false, got {knobs.flash_attention!r}",
+                         _PLAN_HINT, where)
     if knobs.dp % knobs.shard_group_size != 0:
         raise InputError(
             f"plan.shard_group_size({knobs.shard_group_size}) does not divide dp({knobs.dp})",
             "hybrid shard groups must tile the data-parallel ranks",
             where,
         )
+
+
+def validate_cluster(cluster: ClusterSummary, where: str) -> None:
+    """Refuse a cluster summary of the wrong types or signs, naming the key."""
+    for key in ("num_nodes", "gpus_per_node"):
+        value = getattr(cluster, key)
+        if not _is_int(value) or value < 1:
+            raise InputError(f"cluster.{key} must be a positive integer, got {value!r}", _PLAN_HINT, where)
+    for key in ("gpu_memory_bytes", "nvlink_domain_size"):
+        value = getattr(cluster, key)
+        if not _is_int(value) or value < 0:
+            raise InputError(f"cluster.{key} must be an integer >= 0, got {value!r}", _PLAN_HINT, where)
+    if isinstance(cluster.inter_node_gbps, bool) or not isinstance(cluster.inter_node_gbps, int | float) \
+            or not cluster.inter_node_gbps >= 0:
+        raise InputError(f"cluster.inter_node_gbps must be a number >= 0, got {cluster.inter_node_gbps!r}",
+                         _PLAN_HINT, where)
+    if not isinstance(cluster.gpu, str):
+        raise InputError(f"cluster.gpu must be text, got {cluster.gpu!r}", _PLAN_HINT, where)
+    if not all(isinstance(host, str) for host in cluster.hosts):
+        raise InputError("cluster.hosts must be a list of host names", _PLAN_HINT, where)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _section(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
@@ -194,16 +232,16 @@ def _section(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]
 
 def _as_mapping(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise InputError(f"expected a mapping, got {type(value).__name__}", "", where)
+        raise InputError(f"expected a mapping, got {type(value).__name__}", _PLAN_HINT, where)
     return value
 
 
 def _build(cls: Any, data: Mapping[str, Any], where: str) -> Any:
     names = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(str(key) for key in set(data) - names)
     if unknown:
         raise InputError(f"unknown key(s) {', '.join(unknown)}", f"known keys: {', '.join(sorted(names))}", where)
     try:
         return cls(**data)
     except TypeError as exc:  # a missing required key
-        raise InputError(str(exc).replace("__init__() ", ""), "", where) from None
+        raise InputError(str(exc).replace("__init__() ", ""), _PLAN_HINT, where) from None

@@ -10,6 +10,7 @@ Schema (every key is checked; unknown keys are errors, so a typo never passes si
     name: llama2-7b                 # optional, defaults to the file stem
     description: ...                # optional, free text
     source: ...                     # optional, where the numbers come from
+    hf_ids: [meta-llama/Llama-2-7b-hf]   # optional: Hugging Face ids --model also accepts
     model:
       num_layers: 32
       hidden_size: 4096
@@ -64,7 +65,7 @@ NORMS = ("rmsnorm", "layernorm")
 POSITION_EMBEDDINGS = ("rope", "learned")
 _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
-_TOP_KEYS = ("name", "description", "source", "model", "training")
+_TOP_KEYS = ("name", "description", "source", "hf_ids", "model", "training")
 _MODEL_KEYS = (
     "num_layers",
     "hidden_size",
@@ -120,6 +121,7 @@ class Recipe:
     description: str = ""
     source: str = ""
     where: str = ""
+    hf_ids: tuple[str, ...] = ()  # Hugging Face model ids of this architecture (--model accepts them)
 
 
 def parse_recipe(data: Any, where: str, default_name: str = "") -> Recipe:
@@ -151,7 +153,14 @@ def parse_recipe(data: Any, where: str, default_name: str = "") -> Recipe:
         description=_text(top, "description", where),
         source=_text(top, "source", where),
         where=where,
+        hf_ids=_text_list(top, "hf_ids", where),
     )
+
+
+def parse_model_section(section: Any, where: str, name: str) -> ModelSpec:
+    """A ``model:`` mapping (a recipe's, or a plan's), checked exactly as a recipe is."""
+    model, _ = _parse_model(_mapping(section, where, "model"), where, name)
+    return model
 
 
 def _parse_model(section: Mapping[str, Any], where: str, name: str) -> tuple[ModelSpec, int | None]:
@@ -295,7 +304,8 @@ def _positive_int(section: Mapping[str, Any], key: str, where: str, prefix: str,
         )
     value = section[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"expected a positive integer, got {value!r}", "", _at(where, prefix + key))
+        raise InputError(f"expected a positive integer, got {value!r}", "write a whole number, 1 or more",
+                         _at(where, prefix + key))
     return value
 
 
@@ -313,7 +323,8 @@ def _choice(
         raise InputError(f"missing key {key!r}", f"use one of {', '.join(allowed)}", _at(where, prefix + key))
     value = section[key]
     if value not in allowed:
-        raise InputError(f"expected one of {', '.join(allowed)}, got {value!r}", "", _at(where, prefix + key))
+        raise InputError(f"expected one of {', '.join(allowed)}, got {value!r}", "use one of the values listed",
+                         _at(where, prefix + key))
     return str(value)
 
 
@@ -322,15 +333,23 @@ def _bool(section: Mapping[str, Any], key: str, where: str, prefix: str, default
         return default
     value = section[key]
     if not isinstance(value, bool):
-        raise InputError(f"expected true or false, got {value!r}", "", _at(where, prefix + key))
+        raise InputError(f"expected true or false, got {value!r}", "write true or false", _at(where, prefix + key))
     return value
 
 
 def _dropout(section: Mapping[str, Any], where: str) -> float:
     value = section.get("dropout", 0.0)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
-        raise InputError(f"expected a probability 0 <= p < 1, got {value!r}", "", _at(where, "model.dropout"))
+        raise InputError(f"expected a probability 0 <= p < 1, got {value!r}", "write e.g. 0.1, or 0 for none",
+                         _at(where, "model.dropout"))
     return float(value)
+
+
+def _text_list(section: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = section.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise InputError(f"expected a list of names, got {value!r}", "write [org/name, ...]", _at(where, key))
+    return tuple(value)
 
 
 def _text(section: Mapping[str, Any], key: str, where: str) -> str:

@@ -16,6 +16,7 @@ Stages (each a function, each taking what it needs as arguments):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -29,7 +30,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.core.hostfile import Host
+from fstrain.core.launchnoise import NodeNoise
 from fstrain.core.launchspec import (
+    TORCHRUN_LOG_DIR,
     NodeLaunch,
     mask_env,
     master_port_candidates,
@@ -41,6 +44,8 @@ from fstrain.core.rankexit import FailureReportReader, RankFailure, node_failure
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool
+from fstrain.io.localout import describe, warn
+from fstrain.io.relay import RelayQueue
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
 from fstrain.io.stall import EXIT_STALLED, StallWatch
@@ -77,12 +82,15 @@ class Rendezvous:
 # -- 1. preflight -------------------------------------------------------------------------------
 
 
-def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float = 60) -> list[HostFacts]:
-    """Check every host's interpreter and working directory; raise one error naming each bad host."""
+def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float = 60,
+              packages: Sequence[str] = (), workdir_is_default: bool = False) -> list[HostFacts]:
+    """Check every host's interpreter, its ``packages`` and the working directory; raise one
+    error naming each bad host."""
     argv = [python, "-", "info", workdir or ""]
     results = pool.run_all(argv, stdin=source("netcheck").encode(), timeout_s=timeout_s)
     problems: list[str] = []
     facts: list[HostFacts] = []
+    hint = "fix the hosts above (--python, --workdir) or leave them out with --exclude"
     for host, result in zip(pool.hosts, results, strict=True):
         if result.error:
             problems.append(f"{host.label()}: {result.error}")
@@ -96,13 +104,40 @@ def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float
             problems.append(f"{host.label()}: {python} could not run the check: {result.stderr.strip()[-300:]}")
             continue
         if not info.get("workdir_exists", True):
-            problems.append(f"{host.label()}: working directory {workdir!r} does not exist")
+            where = " (the current directory here, the default)" if workdir_is_default else ""
+            problems.append(f"{host.label()}: working directory {workdir!r}{where} does not exist")
+            if workdir_is_default:
+                hint = "run fstrain from a directory that exists on every host, or pass --workdir DIR"
+            continue
+        missing = [name for name in packages if not info.get(name)]
+        if missing:
+            problems.append(f"{host.label()}: {python} ({info.get('python_executable')}, Python "
+                            f"{info.get('python')}) cannot import {' or '.join(missing)}")
+            hint = interpreter_hint(pool, python, packages, timeout_s)
             continue
         facts.append(HostFacts(host, info))
     if problems:
-        raise LaunchError("preflight failed on " + "; ".join(problems),
-                          "fix the hosts above (--python, --workdir) or leave them out with --exclude", "launch")
+        raise LaunchError("preflight failed on " + "; ".join(problems), hint, "launch")
     return facts
+
+
+def interpreter_hint(pool: HostPool, python: str, packages: Sequence[str], timeout_s: float) -> str:
+    """Which --python to pass: the interpreter running fstrain here, if every host has it with
+    ``packages`` (a venv or conda environment on shared storage), else how to find one."""
+    local = sys.executable
+    generic = (f"pass --python with the path of an interpreter that has {' and '.join(packages)} on every "
+               "host (a venv's or conda environment's bin/python)")
+    if not local or local == python:
+        return generic
+    results = pool.run_all([local, "-", "info", ""], stdin=source("netcheck").encode(), timeout_s=timeout_s)
+    for result in results:
+        try:
+            info = json.loads(result.stdout) if result.ok else {}
+        except json.JSONDecodeError:
+            info = {}
+        if not all(info.get(name) for name in packages):
+            return generic
+    return f"pass --python {local} (the interpreter running fstrain here has them on every host)"
 
 
 # -- 2. rendezvous ------------------------------------------------------------------------------
@@ -191,6 +226,8 @@ class NodeState:
     exit_code: int | None = None
     error: str | None = None
     tail: list[str] = field(default_factory=list)
+    rank_tails: dict[int, list[str]] = field(default_factory=dict)  # per local rank, its own last lines
+    noise: NodeNoise = field(default_factory=NodeNoise)  # the launcher's boilerplate, folded on the terminal
     reader: FailureReportReader = field(default_factory=FailureReportReader)  # torchrun's root cause
     failure: RankFailure | None = None  # the failed rank behind a non-zero exit, where known
 
@@ -244,7 +281,7 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
               options: RunOptions) -> RunOutcome:
     """Start every node's watchdog, stream, watch, and tear down. Never leaves a job running."""
     nodes = [NodeState(launch) for launch in launches]
-    events: queue.Queue[tuple[str, int, Any, Any]] = queue.Queue()
+    events: queue.Queue[tuple[str, int, Any, Any]] = RelayQueue()  # bounded: back-pressure
     logs = _Logs(options.run_dir / "logs")
     secrets = secret_values({k: v for n in launches for k, v in n.env.items()})
     stop = _Stop()
@@ -301,6 +338,7 @@ def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
         "node_rank": rank,
         "nproc": launch.nproc,
         "rank_log_dir": launch.rank_log_dir,
+        "cleanup": [d for d in (launch.rank_log_dir, TORCHRUN_LOG_DIR) if d],
         "grace_s": options.grace_s,
         "heartbeat_timeout_s": options.heartbeat_timeout_s,
         "backend": launch.backend,
@@ -392,6 +430,7 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                 stall.progress()
             _emit(node, a, redact(b, secrets), logs, options)
         elif kind in ("exit", "lost") and node is not None and not node.done:
+            _show(node, node.launch.host.name, node.noise.flush(), options)
             node.ended = time.time()
             if kind == "exit":
                 node.exit_code, node.error = a, b
@@ -438,6 +477,7 @@ def _stalled(nodes: Sequence[NodeState], stall: StallWatch, options: RunOptions)
 
 def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
     for node in nodes:
+        node.noise.stopping = True  # from now on, the launchers' teardown tracebacks are folded
         if node.running is not None and not node.done:
             node.running.write(f"{how}\n".encode())
     return time.monotonic()
@@ -448,36 +488,74 @@ def _emit(node: NodeState, stream: str, line: str, logs: _Logs, options: RunOpti
     local_rank, text = split_rank_prefix(line)
     rank = local_rank if local_rank is None or node.launch.rank_offset is None else node.launch.rank_offset + local_rank
     tag = f"{host} r{rank}" if rank is not None else host
+    _show(node, tag, node.noise.feed(local_rank, text), options)
+    logs.write(host, rank, f"[{tag}] {text}")
+    node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
+    if local_rank is not None:
+        node.rank_tails[local_rank] = [*node.rank_tails.get(local_rank, [])[-19:], f"[{tag}] {text}"]
+
+
+def _show(node: NodeState, tag: str, texts: Sequence[str], options: RunOptions) -> None:
+    """Lines on the terminal (stdout), prefixed with their node (and rank)."""
+    if not texts:
+        return
     prefix = f"[{tag}]"
     if options.color:
         prefix = f"\x1b[{COLORS[node.launch.node_rank % len(COLORS)]}m{prefix}\x1b[0m"
-    options.out.write(f"{prefix} {text}\n")
+    options.out.write("".join(f"{prefix} {text}\n" for text in texts))
     options.out.flush()
-    logs.write(host, rank, f"[{tag}] {text}")
-    node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
+
+
+def last_lines(node: NodeState, count: int = 10) -> list[str]:
+    """A failed node's most telling lines: the first failed rank's own (torchrun names it),
+    else the node's last lines."""
+    rank = node.noise.failed_local_rank
+    for key in (rank, node.noise.failed_rank):
+        if key is not None and node.rank_tails.get(key):
+            return node.rank_tails[key][-count:]
+    return node.tail[-count:]
 
 
 class _Logs:
     """RUN_DIR/logs/<host>.log, and <host>.r<rank>.log where the rank is known (the global
-    rank where ranks are fixed before the start, else the local rank)."""
+    rank where ranks are fixed before the start, else the local rank).
+
+    A local write failure (a full disk) is said once and ends the local copy; the job runs on."""
 
     def __init__(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.files: dict[str, TextIO] = {}
+        self.lost: str | None = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._fail(exc)
 
     def write(self, host: str, local_rank: int | None, line: str) -> None:
+        if self.lost is not None:
+            return
         names = [f"{host}.log"] + ([f"{host}.r{local_rank}.log"] if local_rank is not None else [])
-        for name in names:
-            handle = self.files.get(name)
-            if handle is None:
-                handle = self.files[name] = (self.folder / name).open("a")
-            handle.write(line + "\n")
-            handle.flush()
+        try:
+            for name in names:
+                handle = self.files.get(name)
+                if handle is None:
+                    handle = self.files[name] = (self.folder / name).open("a")
+                handle.write(line + "\n")
+                handle.flush()
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.lost = describe(exc)
+        warn(f"cannot write the logs in {self.folder} ({self.lost}); the job keeps running and its "
+             "output still streams, but the local log files stop here")
+        self.close()
 
     def close(self) -> None:
         for handle in self.files.values():
-            handle.close()
+            with contextlib.suppress(OSError):
+                handle.close()
+        self.files = {}
 
 
 # -- 5. manifest --------------------------------------------------------------------------------
@@ -508,10 +586,15 @@ def write_manifest(path: Path, *, run_id: str, backend: str, rendezvous: Rendezv
         if outcome and outcome.first_failure is not None else None,
         "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(document, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk loses the file, never the job's result
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        warn(f"cannot write {path} ({describe(exc)})")
     return document
 
 
@@ -530,7 +613,7 @@ def node_summary(launch: NodeLaunch, state: NodeState | None) -> dict[str, Any]:
             started=state.started,
             ended=state.ended,
             seconds=round((state.ended or time.time()) - state.started, 3),
-            last_lines=state.tail[-10:],
+            last_lines=last_lines(state),
             failed_rank=failure_summary(state.failure),
         )
     return entry

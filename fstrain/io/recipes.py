@@ -1,7 +1,7 @@
 """Reading recipes from disk: the shipped ones (``fstrain/recipes/*.yaml``) and the user's own.
 
 The validation is pure (:func:`fstrain.core.recipe.parse_recipe`); this module only finds the
-file, reads it and parses YAML with ``yaml.safe_load``, turning every failure into one
+file, reads it (bounded) and parses YAML with :func:`fstrain.io.userfiles.load_yaml`, turning every failure into one
 :class:`~fstrain.errors.InputError` that names the file (and the line, for YAML syntax).
 """
 
@@ -10,8 +10,10 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from fstrain.core.hfconfig import is_hf_config, recipe_from_hf_config
 from fstrain.core.recipe import Recipe, parse_recipe
 from fstrain.errors import InputError
+from fstrain.io.userfiles import load_json, load_yaml, read_text_bounded
 
 
 def shipped_recipe_names() -> list[str]:
@@ -21,39 +23,50 @@ def shipped_recipe_names() -> list[str]:
 
 
 def load_shipped_recipe(name: str) -> Recipe:
-    """The recipe ``fstrain/recipes/<name>.yaml`` (what ``--model NAME`` means)."""
+    """The recipe ``fstrain/recipes/<name>.yaml`` (what ``--model NAME`` means): the name in any
+    case, or a Hugging Face id of the same architecture (``meta-llama/Llama-3.1-8B``)."""
+    chosen = resolve_model_name(name)
+    text = (resources.files("fstrain") / "recipes" / f"{chosen}.yaml").read_text(encoding="utf-8")
+    return _parse_text(text, f"recipes/{chosen}.yaml", chosen)
+
+
+def resolve_model_name(name: str) -> str:
+    """The shipped recipe ``--model NAME`` means, or one InputError listing the known names."""
     names = shipped_recipe_names()
-    if name not in names:
-        raise InputError(
-            f"unknown model {name!r}",
-            f"known models: {', '.join(names)}; or give your own file with --recipe PATH",
-            "--model",
-        )
-    text = (resources.files("fstrain") / "recipes" / f"{name}.yaml").read_text(encoding="utf-8")
-    return _parse_text(text, f"recipes/{name}.yaml", name)
+    wanted = name.strip().lower()
+    for candidate in names:
+        if candidate.lower() == wanted:
+            return candidate
+    for candidate in names:  # Hugging Face ids, with or without the organisation
+        text = (resources.files("fstrain") / "recipes" / f"{candidate}.yaml").read_text(encoding="utf-8")
+        ids = [i.lower() for i in _parse_text(text, f"recipes/{candidate}.yaml", candidate).hf_ids]
+        if wanted in ids or wanted in {i.rsplit("/", 1)[-1] for i in ids}:
+            return candidate
+    raise InputError(
+        f"unknown model {name!r}",
+        f"known models: {', '.join(names)} (or their Hugging Face ids, e.g. meta-llama/Llama-3.1-8B); "
+        "or give your own file with --recipe PATH (a recipe YAML or a Hugging Face config.json)",
+        "--model",
+    )
 
 
 def load_recipe_file(path: str) -> Recipe:
-    """A user's recipe file (what ``--recipe PATH`` means)."""
+    """A user's recipe file (what ``--recipe PATH`` means): a recipe YAML, or a Hugging Face
+    ``config.json`` (LlamaConfig, MistralConfig, MixtralConfig, GPT2Config)."""
     file = Path(path)
     if not file.is_file():
         raise InputError("recipe file not found", "check the path given to --recipe", path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the recipe: {exc}", "", path) from None
+    text = read_text_bounded(file, "recipe", hint="check the path given to --recipe")
     stem = file.name[: -len(".yaml")] if file.name.endswith(".yaml") else file.stem
+    if file.suffix == ".json" or text.lstrip().startswith("{"):
+        data = load_json(text, path)
+        if is_hf_config(data):
+            # config.json says nothing of its model's name: its folder does (models/Llama-3.1-8B/config.json)
+            name = file.parent.name if file.name == "config.json" and file.parent.name else stem
+            return parse_recipe(recipe_from_hf_config(data, path, name), path, name)
+        return parse_recipe(data, path, stem)
     return _parse_text(text, path, stem)
 
 
 def _parse_text(text: str, where: str, default_name: str) -> Recipe:
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        location = f"{where}:{mark.line + 1}" if mark is not None else where
-        problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise InputError(f"not valid YAML: {problem}", "fix the YAML syntax", location) from None
-    return parse_recipe(data, where, default_name)
+    return parse_recipe(load_yaml(text, where), where, default_name)

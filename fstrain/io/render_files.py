@@ -33,6 +33,7 @@ from fstrain.core.render.bundle import (
 from fstrain.core.render.env import format_env_file
 from fstrain.core.render.options import TrainingOptions
 from fstrain.errors import ConfigError, InputError
+from fstrain.io.userfiles import load_yaml, read_text_bounded
 
 
 def to_json(data: Any) -> str:
@@ -59,20 +60,9 @@ def bundle_files(bundle: RenderBundle) -> dict[str, bytes]:
 def read_plan_file(path: Path) -> PlanFile:
     """Load ``plan.yaml``; every failure is one InputError naming the file."""
     where = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("plan file not found", "write a plan with `fstrain plan --out plan.yaml`", where) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the plan: {exc.__class__.__name__}", "", where) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f"{path}:{mark.line + 1}"
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise InputError(f"not valid YAML: {problem}", "", where) from None
+    if not path.exists():
+        raise InputError("plan file not found", "write a plan with `fstrain plan --out plan.yaml`", where)
+    data = load_yaml(read_text_bounded(path, "plan file"), where)
     return PlanFile.from_dict(data, where)
 
 

@@ -210,14 +210,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_fsdp(path: Path) -> Mapping[str, Any]:
-    import yaml
+    from fstrain.io.userfiles import load_yaml, read_text_bounded
 
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("file not found", "render one with `fstrain render`", str(path)) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", "", str(path)) from None
+    data = load_yaml(read_text_bounded(path, "FSDP file", hint="render one with `fstrain render`"), str(path))
     if not isinstance(data, Mapping) or data.get("fstrain_fsdp") != FSDP_FILE_VERSION:
         raise InputError(
             f"not an fstrain FSDP file (expected 'fstrain_fsdp: {FSDP_FILE_VERSION}')",

@@ -1,9 +1,9 @@
 """`fstrain doctor` on the namespace cluster: healthy, then each broken set-up of issue 7.
 
-Every test restores what it breaks (the cluster is shared by the session). For the module, each
-host's sessions get their own empty HOME: the launcher's run records (~/.fstrain/active) of other
-test sessions on this machine stay out of the orphan check, and root's ~/.bashrc (pyenv) does not
-rewrite PATH, so a host's PATH is what the test sets.
+Every test restores what it breaks (the cluster is shared by the session). Each host's sessions
+have their own HOME (the cluster fixture's): the launcher's run records (~/.fstrain/active) of
+other test sessions on this machine stay out of the orphan check, and root's ~/.bashrc (pyenv)
+does not rewrite PATH, so a host's PATH is what the test sets.
 """
 
 from __future__ import annotations
@@ -27,17 +27,9 @@ from tests.helpers import run_fstrain
 
 
 @pytest.fixture(scope="module")
-def homes(cluster: NamespaceCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Path]]:
-    base = tmp_path_factory.mktemp("doctor-homes")
-    dirs = {i: base / f"node{i}" for i in range(1, cluster.num_hosts + 1)}
-    try:
-        for i, home in dirs.items():
-            home.mkdir()
-            cluster.script("set-env", str(i), f"HOME={home}")
-        yield dirs
-    finally:
-        for i in dirs:
-            cluster.script("unset-env", str(i), "HOME")
+def homes(cluster: NamespaceCluster) -> dict[int, Path]:
+    """Each host's own HOME, which the cluster fixture gives every test (tests/conftest.py)."""
+    return {i: cluster.home(i) for i in range(1, cluster.num_hosts + 1)}
 
 
 def doctor(cluster: NamespaceCluster, *args: str, ssh_config: str | None = None) -> tuple[int, dict[str, Any]]:

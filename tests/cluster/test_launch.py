@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 
 from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes, start_launch
 from tests.conftest import NamespaceCluster
-from tests.helpers import run_fstrain
+from tests.helpers import REPO, run_fstrain
 
 GRACE_S = 3
 TWO_NODES = ("--hosts", "node[1-2]", "--nproc-per-node", "2", "--grace", str(GRACE_S))
@@ -64,6 +66,15 @@ def test_one_rank_exits_7_gives_7_and_names_the_rank(cluster: NamespaceCluster, 
     assert failed["exit_code"] == 1  # torchrun's own code stays on record
     assert manifest["first_failure"] == {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None}
     assert manifest["exit_code"] == 7
+    # The failed rank's own lines, not torchrun's report; the terminal shows the cause, folded.
+    assert failed["last_lines"][-1].endswith("] rank 3 exits 7 on purpose"), failed["last_lines"]
+    assert not any("ChildFailedError" in line for line in failed["last_lines"])
+    summary = launch.err[launch.err.index("first failure: rank"):]
+    assert "rank 3 exits 7 on purpose" in summary and "ChildFailedError" not in summary
+    assert "failed first, exit code 7" in launch.out
+    for noise in ("ChildFailedError", "SignalException", "node_rank is only used", "Traceback (most recent",
+                  "frame #"):
+        assert noise not in launch.out, noise
     assert time.monotonic() - start < 60
     assert_no_job_processes(cluster, GRACE_S + 5)
 
@@ -98,6 +109,7 @@ def test_signal_to_fstrain_tears_down(cluster: NamespaceCluster, tmp_path: Path,
     launch.proc.send_signal(sig)
     assert launch.finish(timeout=GRACE_S + 30) == expected
     assert ("interrupted (Ctrl-C)" if sig == signal.SIGINT else "terminated (SIGTERM)") in launch.err
+    assert "SignalException" not in launch.out and "node_rank is only used" not in launch.out
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 
@@ -235,3 +247,89 @@ def test_preflight_names_the_host_with_a_missing_workdir(cluster: NamespaceClust
     assert result.returncode == 2
     assert "node1: working directory '/nonexistent/dir' does not exist" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def _files_holding(roots: list[Path], needle: bytes) -> list[str]:
+    found = []
+    for root in roots:
+        for path in [root] if root.is_file() else root.rglob("*"):
+            with contextlib.suppress(OSError):
+                if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+                    found.append(str(path))
+    return found
+
+
+@pytest.mark.parametrize("backend", ["torchrun", "deepspeed"])
+def test_no_secret_at_rest_on_the_nodes_and_none_left_in_tmp(cluster: NamespaceCluster, tmp_path: Path,
+                                                             backend: str) -> None:
+    secret = f"at-rest-{backend}-{os.urandom(6).hex()}"
+    before = set(Path("/tmp").glob("torchelastic_*"))
+    launch = start_launch(cluster, *worker_args(tmp_path, "--backend", backend, "--env", "FSTRAIN_TEST_SECONDS=0",
+                                                "--env", "FSTRAIN_TEST_ECHO=1",
+                                                "--env", "FSTRAIN_TEST_ECHO_NAMES=SERVICE_TOKEN",
+                                                "--env", "SERVICE_TOKEN"),
+                          env={"SERVICE_TOKEN": secret})
+    assert launch.finish() == 0, launch.err
+    assert launch.out.count('"SERVICE_TOKEN": "****"') == 4  # every rank printed it, masked on the way
+    new_tmp = sorted(set(Path("/tmp").glob("torchelastic_*")) - before)
+    homes = [cluster.home(i) for i in (1, 2)]
+    assert _files_holding([*homes, *new_tmp, tmp_path], secret.encode()) == []
+    # What the launchers copied of the output is gone; the run directory keeps its own files.
+    for home in homes:
+        for run in (home / ".fstrain" / "runs").iterdir():
+            assert not (run / "torchrun").exists() and not (run / "ranklogs").exists(), sorted(run.rglob("*"))
+    assert_no_job_processes(cluster, GRACE_S + 5)
+
+
+def test_relative_program_runs_in_the_current_directory_by_default(cluster: NamespaceCluster,
+                                                                    tmp_path: Path) -> None:
+    # Like DeepSpeed's launcher: the job starts in the directory fstrain was started from.
+    launch = start_launch(cluster, *TWO_NODES, "--run-dir", str(tmp_path / "run"), "--env", "FSTRAIN_TEST_SECONDS=0",
+                          "--", "python3", "tests/cluster/programs/worker.py")
+    assert launch.finish() == 0, launch.err
+    assert launch.out.count("] ready rank=") == 4
+    assert_no_job_processes(cluster, GRACE_S + 5)
+
+
+def test_preflight_names_the_host_where_the_current_directory_is_missing(cluster: NamespaceCluster,
+                                                                         tmp_path: Path) -> None:
+    # A folder only this fstrain sees (a tmpfs in its own mount namespace): the hosts lack it.
+    here = tmp_path / "only-here"
+    here.mkdir()
+    script = f"mount -t tmpfs fstrain-here {here} && mkdir {here}/project && cd {here}/project && exec \"$@\""
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                             sys.executable, "-m", "fstrain", "launch", "--ssh-config", cluster.ssh_config,
+                             "--hosts", "node[1-2]", "--nproc-per-node", "1", "--", "python3", "train.py"],
+                            capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 2, result.stderr
+    assert (f"node1: working directory '{here}/project' (the current directory here, the default) does not exist"
+            in result.stderr)
+    assert "node2: working directory" in result.stderr
+    assert "pass --workdir DIR" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_shell_init_that_puts_another_python3_first(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    # As pyenv or conda in ~/.bashrc do (bash reads it for ssh commands too): node1's python3
+    # becomes an interpreter without torch. Preflight says so and names the interpreter to pass;
+    # with it, the launch runs.
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')  # -S: no site-packages
+    (fake_bin / "python3").chmod(0o755)
+    bashrc = cluster.home(1) / ".bashrc"
+    bashrc.write_text(f'export PATH="{fake_bin}:$PATH"\n')
+    try:
+        refused = run_fstrain("launch", "--ssh-config", cluster.ssh_config, *TWO_NODES[:4], "--run-dir",
+                              str(tmp_path / "a"), "--", "python3", WORKER)
+        assert refused.returncode == 2, refused.stderr
+        assert "node1: python3 (" in refused.stderr and ") cannot import torch" in refused.stderr
+        assert "node2" not in refused.stderr
+        assert f"pass --python {sys.executable} (" in refused.stderr
+        launch = start_launch(cluster, *worker_args(tmp_path, "--python", sys.executable,
+                                                    "--env", "FSTRAIN_TEST_SECONDS=0"))
+        assert launch.finish() == 0, launch.err
+        assert launch.out.count("] ready rank=") == 4
+    finally:
+        bashrc.unlink()
+    assert_no_job_processes(cluster, GRACE_S + 5)

@@ -95,18 +95,24 @@ def test_summarize() -> None:
         summarize([])
 
 
-def test_pair_rounds_are_permutations() -> None:
+def test_pair_rounds_keep_every_node_in_one_transfer_at_a_time() -> None:
     assert pair_rounds(1) == []
-    assert pair_rounds(2, "all") == [[(0, 1), (1, 0)]]
-    assert pair_rounds(2, "ring") == [[(0, 1), (1, 0)]]
-    rounds = pair_rounds(4, "all")
-    assert len(rounds) == 3
-    every = {link for r in rounds for link in r}
-    assert every == {(a, b) for a in range(4) for b in range(4) if a != b}
-    for links in rounds:
-        assert sorted(s for s, _ in links) == sorted(d for _, d in links) == [0, 1, 2, 3]
-    assert pair_rounds(5, "ring") == [[(i, (i + 1) % 5) for i in range(5)], [(i, (i + 4) % 5) for i in range(5)]]
-    assert len(pair_rounds(16)) == 15 and len(pair_rounds(17)) == 2
+    assert pair_rounds(2, "all") == [[(0, 1)], [(1, 0)]]
+    assert pair_rounds(2, "ring") == [[(0, 1)], [(1, 0)]]
+    for n in (3, 4, 5, 8, 17):
+        for mode in ("all", "ring"):
+            rounds = pair_rounds(n, mode)
+            for links in rounds:
+                ends = [node for link in links for node in link]
+                assert len(ends) == len(set(ends)), (n, mode, links)
+            every = [link for r in rounds for link in r]
+            expected = ({(a, b) for a in range(n) for b in range(n) if a != b} if mode == "all"
+                        else {(i, (i + 1) % n) for i in range(n)} | {((i + 1) % n, i) for i in range(n)})
+            assert sorted(every) == sorted(expected)
+    # O(n) rounds for every pair; a bounded number for the ring, whatever the size.
+    assert len(pair_rounds(16, "all")) <= 2 * 16 + 2
+    assert len(pair_rounds(64, "ring")) <= 6 and len(pair_rounds(65, "ring")) <= 6
+    assert pair_rounds(16) == pair_rounds(16, "all") and pair_rounds(17) == pair_rounds(17, "ring")
     with pytest.raises(InputError, match="pairs mode"):
         pair_rounds(3, "star")
 

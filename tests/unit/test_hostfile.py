@@ -55,6 +55,11 @@ def test_hostfile_value_wins_over_gpus_per_node() -> None:
         ("good slots=1\nbad$host slots=1\n", 2, "is not a host name"),
         ("a:99999 slots=1\n", 1, "port must be 1-65535"),
         ("@a slots=1\n", 1, "empty user name"),
+        ("a slots=\u00b2\n", 1, "slots must be a positive integer, got '\u00b2'"),
+        ("a slots=99999999999999999999999\n", 1, "more than 1024 processes on one host"),
+        ("a:\u00b2 slots=1\n", 1, "port must be 1-65535"),
+        ("a slots=1\nroot@a slots=1\n", 2, "duplicate host 'root@a' (first at hf:1)"),
+        (f"{'x' * 64}.example slots=1\n", 1, "too long (64 characters in one label"),
     ],
 )
 def test_bad_hostfiles_name_file_and_line(text: str, line: int | None, fragment: str) -> None:
@@ -76,6 +81,13 @@ def test_bad_hostfiles_name_file_and_line(text: str, line: int | None, fragment:
         ("n[098-101]", ["n098", "n099", "n100", "n101"]),
         ("x[1,3],y", ["x1", "x3", "y"]),
         ("plain", ["plain"]),
+        # Slurm's own order (`scontrol show hostnames`, slurm-wlm 23.11): the last group
+        # fastest, then the first, then the second...
+        ("a[1-2]b[1-2]c[1-2]", ["a1b1c1", "a1b1c2", "a2b1c1", "a2b1c2", "a1b2c1", "a1b2c2", "a2b2c1", "a2b2c2"]),
+        ("a[1-2]b[1-2]c[1-2]d[1-2]", ["a1b1c1d1", "a1b1c1d2", "a2b1c1d1", "a2b1c1d2", "a1b2c1d1", "a1b2c1d2",
+                                     "a2b2c1d1", "a2b2c1d2", "a1b1c2d1", "a1b1c2d2", "a2b1c2d1", "a2b1c2d2",
+                                     "a1b2c2d1", "a1b2c2d2", "a2b2c2d1", "a2b2c2d2"]),
+        ("a[2,1]b[1-2]", ["a2b1", "a2b2", "a1b1", "a1b2"]),
     ],
 )
 def test_slurm_hostlist_expansion(expr: str, expected: list[str]) -> None:
@@ -91,6 +103,9 @@ def test_slurm_hostlist_expansion(expr: str, expected: list[str]) -> None:
         ("node[a-b]", "bad range"),
         ("node[[1]]", "nested '['"),
         ("", "empty host list"),
+        ("node[1-100000000]", "names more than 100,000 hosts"),
+        ("a[1-1000]b[1-1000]", "expands to 1,000,000 hosts"),
+        ("a[1-60000],b[1-60000]", "expands to more than 100,000 hosts"),
     ],
 )
 def test_bad_slurm_hostlists(expr: str, fragment: str) -> None:
@@ -148,7 +163,7 @@ def test_exclude_slots_and_hosts() -> None:
         ("h1", "h2", "cannot be combined"),
         ("h1:x", None, "slot ids must be integers"),
         ("h1@@h2", None, "empty entry"),
-        ("h1@h1", None, "named twice"),
+        ("h1:\u00b2", None, "slot ids must be integers"),
     ],
 )
 def test_bad_filters(include: str | None, exclude: str | None, fragment: str) -> None:
@@ -165,6 +180,15 @@ def test_filter_slots_on_host_without_known_slots() -> None:
 
 def test_parse_filter_shape() -> None:
     assert parse_filter("a:1,0,1@b", "--include") == {"a": (0, 1), "b": None}
+
+
+def test_a_host_named_twice_merges_its_slots_as_deepspeed_does() -> None:
+    assert parse_filter("h1:1@h1:0,1", "--include") == {"h1": (0, 1)}
+    assert parse_filter("h1:1@h1", "--include") == {"h1": None}  # a bare name: all slots
+    selected = select_hosts(_cluster(), include="h1:1@h1:0,1")
+    assert [(h.name, h.slot_ids) for h in selected] == [("h1", (0, 1))]
+    assert [(h.name, h.slot_ids) for h in select_hosts(_cluster(), exclude="h1:1@h1:3")] == [
+        ("h1", (0, 2)), ("h2", None), ("h3", None)]
 
 
 def test_host_token_forms() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 
@@ -100,8 +101,12 @@ def test_deepspeed_argv_carries_world_info() -> None:
                           master_port=1234, program=["python3", "-m", "fstrain.train", "--steps", "2"])
     encoded = next(a for a in argv if a.startswith("--world_info=")).split("=", 1)[1]
     assert json.loads(base64.urlsafe_b64decode(encoded)) == {"a": [0, 1], "b": [2]}
-    assert "--node_rank=1" in argv and "--no_local_rank" in argv
+    # As the deepspeed command: --local_rank=N is appended unless asked not to.
+    assert "--node_rank=1" in argv and "--no_local_rank" not in argv
     assert argv[-4:] == ("--module", "fstrain.train", "--steps", "2")
+    quiet = deepspeed_argv("python3", world_info={"a": [0]}, node_rank=0, master_addr="a", master_port=1,
+                           program=["python3", "t.py"], no_local_rank=True)
+    assert "--no_local_rank" in quiet and quiet[-1] == "t.py"
     assert deepspeed_argv("python3", world_info={}, node_rank=0, master_addr="a", master_port=1,
                           program=["./run.sh"])[-2:] == ("--no_python", "./run.sh")
 
@@ -160,3 +165,18 @@ def test_deepspeed_rank_logs_go_to_a_folder_per_node() -> None:
     assert [n.rank_log_dir for n in launches] == ["{run_dir}/ranklogs/node0", "{run_dir}/ranklogs/node1"]
     for launch in launches:
         assert f"--enable_each_rank_log={launch.rank_log_dir}" in launch.argv
+
+
+@pytest.mark.parametrize(
+    ("include", "exclude", "requested", "selected"),
+    [("worker-0:1", None, 2, "1 slot(s) (1)"), (None, "worker-0:1", 1, "3 slot(s) (0,2,3)")],
+)
+def test_nproc_per_node_contradicting_slot_filters_is_refused(
+    include: str | None, exclude: str | None, requested: int, selected: str
+) -> None:
+    # DeepSpeed refuses --num_gpus with slot filters: never start N processes on fewer devices.
+    host = select_hosts(parse_hostfile("worker-0 slots=4\n", "hf"), include=include, exclude=exclude)[0]
+    with pytest.raises(InputError, match=rf"--nproc-per-node {requested} contradicts .*{re.escape(selected)}"):
+        resolve_nproc(host, requested, None)
+    assert resolve_nproc(host, len(host.slot_ids or ()), None) == len(host.slot_ids or ())  # agreeing is fine
+    assert resolve_nproc(host, None, None) == len(host.slot_ids or ())

@@ -2,9 +2,11 @@
 
 Sent as source over SSH (stdlib only, Python >= 3.8) and started by ``BOOTSTRAP``, which reads
 one JSON header line from stdin: ``argv`` (``{run_dir}`` in an argument becomes the run
-directory), ``env``, ``workdir``, ``files`` (written into ``run_dir`` with mode 0600),
-``grace_s``, ``heartbeat_timeout_s``, ``run_id``, ``node_rank``, ``state_dir``. Values travel
-on stdin, never on the command line.
+directory, ``{{run_dir}}`` the text ``{run_dir}``), ``env``, ``workdir``, ``files`` (written
+into ``run_dir`` with mode 0600), ``grace_s``, ``heartbeat_timeout_s``, ``run_id``,
+``node_rank``, ``state_dir``, ``cleanup`` (folders under ``run_dir`` removed when the job is
+over: the launchers' per-rank copies of the output, which may hold secrets the program
+printed). Values travel on stdin, never on the command line.
 
 After the header, stdin is the control line from the launcher:
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,6 +89,12 @@ def signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
+
+
+def expand(text: str, run_dir: str) -> str:
+    """``{run_dir}`` -> the run directory; ``{{run_dir}}`` -> the text ``{run_dir}``."""
+    parts = text.split("{{run_dir}}")
+    return "{run_dir}".join(part.replace("{run_dir}", run_dir) for part in parts)
 
 
 def reap() -> None:
@@ -208,7 +217,7 @@ class Watchdog:
                 log(f"working directory {workdir!r}: {exc.strerror}")
                 return 2
         run_dir = env.get("FSTRAIN_RUN_DIR", "")
-        argv = [arg.replace("{run_dir}", run_dir) for arg in self.header["argv"]]
+        argv = [expand(arg, run_dir) for arg in self.header["argv"]]
         try:
             self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                           start_new_session=True)
@@ -217,7 +226,7 @@ class Watchdog:
             return 127
         self.write_state()
         threading.Thread(target=self.control_loop, daemon=True).start()
-        tail_dir = str(self.header.get("rank_log_dir") or "").replace("{run_dir}", run_dir)
+        tail_dir = expand(str(self.header.get("rank_log_dir") or ""), run_dir)
         tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1)) if tail_dir else None
         if tailer is not None:
             threading.Thread(target=tailer.follow, daemon=True).start()
@@ -228,9 +237,23 @@ class Watchdog:
         finally:
             if tailer is not None:
                 tailer.finish()
+            self.clean_up(run_dir)
             if self.state_file:
                 with contextlib.suppress(OSError):
                     os.unlink(self.state_file)
+
+    def clean_up(self, run_dir: str) -> None:
+        """Remove the ``cleanup`` folders, only ever inside the run directory."""
+        if not run_dir:
+            return
+        root = os.path.realpath(run_dir)
+        for pattern in self.header.get("cleanup") or []:
+            path = os.path.realpath(expand(str(pattern), run_dir))
+            if path.startswith(root + os.sep):
+                shutil.rmtree(path, ignore_errors=True)
+        for leftover in ("ranklogs",):  # the parent of the per-node rank log folders, once empty
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(root, leftover))
 
     def supervise(self) -> int:
         assert self.child is not None

@@ -72,12 +72,17 @@ class RunningCommand(Protocol):
     def close(self) -> None: ...
 
 
+MAX_PENDING_LINES = 1000  # per command, read but not yet consumed
+
+
 def merged_lines(readers: dict[str, Callable[[], bytes]]) -> Iterator[tuple[str, str]]:
     """Read several line streams at once (one thread each) and yield ``(stream, line)``."""
     import queue
     import threading
 
-    events: queue.Queue[tuple[str, str | None]] = queue.Queue()
+    # Bounded: when the consumer is slow, the readers stop reading and the writer blocks
+    # (back-pressure) instead of the lines piling up in memory.
+    events: queue.Queue[tuple[str, str | None]] = queue.Queue(maxsize=MAX_PENDING_LINES)
 
     def pump(name: str, readline: Callable[[], bytes]) -> None:
         try:

@@ -4,7 +4,9 @@ Host keys are checked against known_hosts before any credential is sent. An unkn
 refused unless ``accept_new`` (``--accept-new-hosts``, or ``StrictHostKeyChecking
 accept-new|no`` in the config), in which case its key is appended to the first known_hosts file;
 a changed key is always refused. ProxyJump hops are opened as ``direct-tcpip`` channels through
-the previous hop, each hop verified the same way.
+the previous hop, each hop verified the same way. ``@revoked`` keys are refused, host
+certificates signed by a ``@cert-authority`` key are accepted, and known_hosts lines that
+cannot be read are skipped with a warning (see :mod:`fstrain.io.transport.hostkeys`).
 """
 
 from __future__ import annotations
@@ -20,14 +22,26 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fstrain.core.knownhosts import KnownHost, entries_for, key_blob_type, revoked_line
 from fstrain.errors import HostKeyError, TransportError
 from fstrain.io.sshconfig import SshConfig, SshTarget
 from fstrain.io.transport.base import CommandResult, merged_lines, quote_argv
+from fstrain.io.transport.hostkeys import (
+    CERT_SUFFIX,
+    HostCertificate,
+    certificate_of,
+    certificate_problem,
+    load_known_hosts,
+)
 
 if TYPE_CHECKING:
     import paramiko
 
 KEEPALIVE_INTERVAL_S = 15
+_FROZEN_HINT = ("the host accepts connections but its sshd does not answer: is it frozen or overloaded? "
+                "(ConnectTimeout in the SSH config sets the limit)")
+_PLAIN_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+                    "rsa-sha2-512", "rsa-sha2-256")
 
 # paramiko logs failed handshakes with a traceback from its own thread; fstrain reports every
 # failure as one line per host instead (FSTRAIN_DEBUG=1 lets paramiko speak).
@@ -84,26 +98,52 @@ class SshTransport:
         sock = self._socket(target, via, where)
         transport = paramiko.Transport(sock)
         self._transports.append(transport)
+        # Every step of the connection has a deadline: a host that accepts TCP but never answers
+        # (a frozen sshd) is reported, never waited for.
         transport.banner_timeout = target.connect_timeout_s
         transport.handshake_timeout = target.connect_timeout_s
-        known = self._load_known_hosts(target)
+        transport.auth_timeout = target.connect_timeout_s
+        known = load_known_hosts(target.known_hosts_files)
         names = self._host_key_names(target)
-        preferred = [k for name in names if name in known for k in known[name]]
+        preferred = [t for e in entries_for(known, names)
+                     for t in (("rsa-sha2-512", "rsa-sha2-256") if e.blob_type == "ssh-rsa" else (e.blob_type,))]
+        if entries_for(known, names, "@cert-authority"):  # a CA vouches for it: ask for certificates first
+            preferred = [f"{t}{CERT_SUFFIX}" for t in (*preferred, *_PLAIN_KEY_TYPES)] + preferred
         if preferred:  # ask for the key type we can verify, as OpenSSH does
             options = transport.get_security_options()
-            options.key_types = tuple(dict.fromkeys([*preferred, *options.key_types]))
+            supported = set(options.key_types) | {f"{t}{CERT_SUFFIX}" for t in options.key_types}
+            wanted = [t for t in dict.fromkeys(preferred) if t in supported]
+            base = [t for t in options.key_types if not t.endswith(CERT_SUFFIX)]
+            options.key_types = tuple(dict.fromkeys([*wanted, *base]))
         try:
             transport.start_client(timeout=target.connect_timeout_s)
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            if "banner" in str(exc):
+                raise TransportError(
+                    f"no SSH greeting from {target.hostname}:{target.port} within {target.connect_timeout_s:g} s",
+                    _FROZEN_HINT, where) from None
             raise TransportError(f"SSH handshake failed: {exc or type(exc).__name__}",
                                  "is an SSH server listening there?", where) from None
+        if not transport.is_active() or not getattr(transport, "initial_kex_done", True):
+            # start_client returns quietly when its deadline passes mid-handshake
+            raise TransportError(
+                f"SSH handshake with {target.hostname}:{target.port} did not finish within "
+                f"{target.connect_timeout_s:g} s", _FROZEN_HINT, where)
         self._verify_host_key(target, transport, known, names, where)
         self._authenticate(target, transport, where)
-        transport.set_keepalive(KEEPALIVE_INTERVAL_S)
+        transport.set_keepalive(min(KEEPALIVE_INTERVAL_S, target.server_alive_interval_s))
         return transport
 
     @staticmethod
     def _socket(target: SshTarget, via: paramiko.Transport | None, where: str) -> Any:
+        if via is None and target.proxy_command and not target.proxy_jump:
+            import paramiko
+
+            try:  # ProxyCommand: the command's stdin/stdout is the connection
+                return paramiko.ProxyCommand(target.proxy_command)
+            except Exception as exc:
+                raise TransportError(f"ProxyCommand failed to start: {exc}", "check ProxyCommand in the SSH config",
+                                     where) from None
         if via is not None:
             try:
                 return via.open_channel(
@@ -144,35 +184,35 @@ class SshTransport:
             names.append(alias)
         return names
 
-    @staticmethod
-    def _load_known_hosts(target: SshTarget) -> paramiko.HostKeys:
-        import paramiko
-
-        keys = paramiko.HostKeys()
-        for path in target.known_hosts_files:
-            if os.path.isfile(path):
-                with contextlib.suppress(OSError):  # an unreadable file is like a missing one
-                    keys.load(path)
-        return keys
-
     def _verify_host_key(
-        self, target: SshTarget, transport: paramiko.Transport, known: paramiko.HostKeys, names: list[str], where: str
+        self, target: SshTarget, transport: paramiko.Transport, known: list[KnownHost], names: list[str], where: str
     ) -> None:
         key = transport.get_remote_server_key()
-        key_type = key.get_name()
+        blob = key.asbytes()
+        key_type = key_blob_type(blob) or key.get_name()
         fingerprint = key.fingerprint
+        revoked = revoked_line(known, names, blob)
+        if revoked is not None:
+            raise HostKeyError(
+                f"the host key of {names[0]} ({key_type} {fingerprint}) is marked @revoked at {revoked.where}",
+                "the key must not be trusted: ask the host's administrator for its new key",
+                where,
+            )
+        cert = certificate_of(key)
+        if cert is not None:
+            self._verify_certificate(cert, known, names, target, where)
+            return
         for name in names:
-            entry = known.lookup(name)
-            if entry is None:
+            matching = [e for e in entries_for(known, [name]) if e.blob_type == key_type]
+            if not matching:
                 continue
-            if key_type in entry:
-                if entry[key_type] == key:
-                    return
-                raise HostKeyError(
-                    f"HOST KEY CHANGED for {name}: server offers {key_type} {fingerprint}, known_hosts has another key",
-                    f"if the host was really reinstalled, remove the old key with `ssh-keygen -R {name}`",
-                    where,
-                )
+            if any(e.key_blob == blob for e in matching):
+                return
+            raise HostKeyError(
+                f"HOST KEY CHANGED for {name}: server offers {key_type} {fingerprint}, known_hosts has another key",
+                f"if the host was really reinstalled, remove the old key with `ssh-keygen -R {name}`",
+                where,
+            )
         accept = self._accept_new or target.strict_host_key_checking in ("accept-new", "no", "off")
         if not accept:
             raise HostKeyError(
@@ -181,6 +221,28 @@ class SshTransport:
                 where,
             )
         self._remember_host_key(target, names[0], key)
+
+    @staticmethod
+    def _verify_certificate(cert: HostCertificate, known: list[KnownHost], names: list[str], target: SshTarget,
+                            where: str) -> None:
+        """A host certificate: trusted only when a matching @cert-authority line signed it."""
+        authorities = entries_for(known, names, "@cert-authority")
+        revoked_ca = revoked_line(known, names, cert.signature_key)
+        if revoked_ca is not None:
+            raise HostKeyError(f"the CA that signed the host certificate of {names[0]} is marked @revoked at "
+                               f"{revoked_ca.where}", "ask the host's administrator for a certificate from a valid CA",
+                               where)
+        principals = [target.hostname, target.alias]
+        problems = [f"{ca.where}: {problem}" for ca in authorities
+                    if (problem := certificate_problem(cert, ca, principals)) is not None]
+        if authorities and len(problems) < len(authorities):
+            return
+        detail = "; ".join(problems) if problems else "no @cert-authority line matches the host"
+        raise HostKeyError(
+            f"host certificate of {names[0]} (key id {cert.key_id!r}) is not trusted: {detail}",
+            "add the CA with '@cert-authority HOSTS KEYTYPE KEY' to known_hosts, or renew the certificate",
+            where,
+        )
 
     @staticmethod
     def _remember_host_key(target: SshTarget, name: str, key: paramiko.PKey) -> None:
@@ -224,6 +286,11 @@ class SshTransport:
             if not os.path.isfile(path):
                 continue
             try:
+                for cert in target.certificate_files:  # CertificateFile: offered first, with its key
+                    with contextlib.suppress(Exception):  # a certificate of another key: not this one
+                        certified = paramiko.PKey.from_path(path)
+                        certified.load_certificate(cert)
+                        keys.append((f"{path} with {cert}", certified))
                 keys.append((path, paramiko.PKey.from_path(path)))
             except paramiko.PasswordRequiredException:
                 notes.append(f"{path}: passphrase-protected (load it into ssh-agent)")
@@ -251,24 +318,58 @@ class SshTransport:
             return CommandResult(None, "", "", time.monotonic() - start, f"cannot open a session: {exc}")
         try:
             return self._run_on_channel(channel, command, stdin, timeout_s, start)
+        except TransportError as exc:
+            return CommandResult(None, "", "", time.monotonic() - start, exc.one_line())
         finally:
             channel.close()
 
-    @staticmethod
+    def _exec_on(self, channel: paramiko.Channel, command: str) -> None:
+        """``channel.exec_command`` with a deadline: paramiko waits for the server's answer with
+        none, so a frozen host would hold the caller for ever. Past the deadline the connection
+        is closed, which wakes paramiko up with an error."""
+        transport = self._transports[-1]
+        timer = threading.Timer(self.target.connect_timeout_s, transport.close)
+        timer.daemon = True
+        timer.start()
+        try:
+            channel.exec_command(command)
+        except Exception as exc:
+            if timer.finished.is_set() or not transport.is_active():
+                raise self._lost(f"no answer to the command request within {self.target.connect_timeout_s:g} s") \
+                    from None
+            raise TransportError(f"cannot start a command: {exc}", "is the host still up?", self.host) from None
+        finally:
+            timer.cancel()
+
+    def _lost(self, why: str) -> TransportError:
+        self.close()
+        return TransportError(
+            f"host lost: {why}",
+            "is the host or its sshd frozen or overloaded? (ServerAliveInterval and ServerAliveCountMax "
+            "in the SSH config set how long a silent host is waited for)",
+            self.host,
+        )
+
     def _run_on_channel(
-        channel: paramiko.Channel, command: str, stdin: bytes | None, timeout_s: float | None, start: float
+        self, channel: paramiko.Channel, command: str, stdin: bytes | None, timeout_s: float | None, start: float
     ) -> CommandResult:
-        channel.exec_command(command)
+        self._exec_on(channel, command)
         if stdin:
             channel.sendall(stdin)
         channel.shutdown_write()
         stdout, stderr = bytearray(), bytearray()
         deadline = None if timeout_s is None else start + timeout_s
+        liveness = Liveness(self._transports[-1], self.target.server_alive_interval_s,
+                            self.target.server_alive_count_max, self.host)
         while True:
             while channel.recv_ready():
                 stdout += channel.recv(65536)
+                liveness.heard()
             while channel.recv_stderr_ready():
                 stderr += channel.recv_stderr(65536)
+                liveness.heard()
+            if liveness.lost():
+                raise self._lost(f"no answer for {liveness.silence_limit_s:g} s while the command ran")
             if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 break
             if channel.closed and not channel.recv_ready():
@@ -297,9 +398,9 @@ class SshTransport:
         self.connect()
         try:
             channel = self._transports[-1].open_session(timeout=self.target.connect_timeout_s)
-            channel.exec_command(remote_command(argv))
         except Exception as exc:
             raise TransportError(f"cannot start a command: {exc}", "is the host still up?", self.host) from None
+        self._exec_on(channel, remote_command(argv))
         return SshRunning(self.host, channel)
 
     def alive(self, timeout_s: float) -> bool:
@@ -322,6 +423,45 @@ class SshTransport:
             with contextlib.suppress(Exception):
                 transport.close()
         self._transports = []
+
+
+class Liveness:
+    """OpenSSH's ServerAliveInterval / ServerAliveCountMax for one command: after
+    ``interval_s`` without a byte from the server, ask it for a keep-alive reply (in a thread:
+    paramiko waits for the answer); after ``interval_s * count_max`` of silence it is lost.
+
+    TCP alone never notices a frozen peer: its kernel still acknowledges every packet.
+    """
+
+    def __init__(self, transport: paramiko.Transport, interval_s: float, count_max: int, host: str) -> None:
+        self._transport = transport
+        self._interval_s = interval_s
+        self.silence_limit_s = interval_s * count_max
+        self._host = host
+        self._last_heard = time.monotonic()
+        self._asking = threading.Event()
+
+    def heard(self) -> None:
+        self._last_heard = time.monotonic()
+
+    def lost(self) -> bool:
+        silent_s = time.monotonic() - self._last_heard
+        if silent_s >= self.silence_limit_s:
+            return True
+        if silent_s >= self._interval_s and not self._asking.is_set():
+            self._asking.set()
+            threading.Thread(target=self._ask, daemon=True, name=f"fstrain-alive-{self._host}").start()
+        return False
+
+    def _ask(self) -> None:
+        try:
+            self._transport.global_request("keepalive@openssh.com", wait=True)
+            if self._transport.is_active():  # a reply (OpenSSH answers "failure"): it is alive
+                self.heard()
+        except Exception:
+            pass
+        finally:
+            self._asking.clear()
 
 
 class SshRunning:

@@ -1,0 +1,152 @@
+"""``fstrain bench``: measure the fabric and every GPU, name the slow link or the straggler.
+
+Exit status: 0 measured and nothing stands out, 1 an outlier link or host or a straggler rank,
+2 bad input (one ``error:`` line), the job's exit code when a node failed, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from fstrain.cli import hostopts
+from fstrain.cli.output import console, print_json
+
+EXIT_OUTLIERS = 1
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench", help="Measure collectives, node-to-node links and GPUs on every selected host; "
+                "name outliers. Exit 0 ok, 1 outliers, 2 bad input.")(bench_command)
+
+
+def bench_command(
+    hostfile: str | None = hostopts.HOSTFILE,
+    hosts: str | None = hostopts.HOSTS,
+    include: str | None = hostopts.INCLUDE,
+    exclude: str | None = hostopts.EXCLUDE,
+    gpus_per_node: int | None = hostopts.GPUS_PER_NODE,
+    ssh_config: str | None = hostopts.SSH_CONFIG,
+    accept_new_hosts: bool = hostopts.ACCEPT_NEW,
+    fanout: int = hostopts.FANOUT,
+    suite: str = typer.Option("all", "--suite", help="collectives, pairs, compute, all, or a comma list."),
+    sizes: str | None = typer.Option(None, "--sizes", help="Message sizes: 1M-1G (x2 steps), 1M-1G:4, 1M,64M "
+                                     "(default 1M-1G with nccl, 64K-16M with gloo)."),
+    backend: str | None = typer.Option(None, "--backend", help="nccl or gloo (default: nccl where there are GPUs)."),
+    python: str = typer.Option("python3", "--python", help="Interpreter on the hosts (with torch)."),
+    nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1,
+                                              help="Ranks per node (default: slots, else GPUs, else 1)."),
+    pairs_mode: str = typer.Option("auto", "--pairs", help="all (every ordered pair), ring (a ring and its reverse) "
+                                   "or auto (all up to 16 nodes)."),
+    pair_bytes: str | None = typer.Option(None, "--pair-bytes", help="Bytes per pair transfer (default 256M nccl, "
+                                          "16M gloo)."),
+    seconds: float = typer.Option(0.5, "--seconds", min=0.01, help="Time budget per collective and size."),
+    workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host."),
+    env: list[str] = typer.Option([], "--env", help="NAME=VALUE for every rank (repeatable)."),
+    master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port."),
+    run_dir: str | None = typer.Option(None, "--run-dir", help="Logs, manifest and results (default runs/<run id>)."),
+    out: str | None = typer.Option(None, "--out", help="Also write the result document (JSON) to FILE."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result document on stdout."),
+) -> None:
+    """Run the benchmark suites on every selected host and report what stands out."""
+    request = build_request(hostfile, hosts, include, exclude, gpus_per_node, suite, sizes, backend, python,
+                            nproc_per_node, pairs_mode, pair_bytes, seconds, workdir, env, master_port, run_dir)
+    if out:
+        _check_writable(out)
+    try:
+        document, exit_code = measure(request, ssh_config, accept_new_hosts, fanout)
+    except KeyboardInterrupt:
+        console().print("[red]interrupted[/red]")
+        raise typer.Exit(130) from None
+    if document is not None:
+        if out:
+            from fstrain.io.bench import save_document
+
+            save_document(Path(out), document)
+        if json_output:
+            print_json(document)
+    raise typer.Exit(exit_code)
+
+
+def build_request(hostfile: str | None, hosts: str | None, include: str | None, exclude: str | None,
+                  gpus_per_node: int | None, suite: str, sizes: str | None, backend: str | None, python: str,
+                  nproc_per_node: int | None, pairs_mode: str, pair_bytes: str | None, seconds: float,
+                  workdir: str | None, env: list[str], master_port: int | None, run_dir: str | None) -> Any:
+    """Every flag checked, before any host is contacted."""
+    from fstrain.cli.launch import collect_env, new_run_id
+    from fstrain.core.bench import parse_size, parse_sizes, parse_suites
+    from fstrain.core.benchpairs import pair_rounds
+    from fstrain.errors import InputError
+    from fstrain.io.bench import BenchRequest
+
+    suites = parse_suites(suite)
+    if sizes:
+        parse_sizes(sizes)
+    if pair_bytes:
+        parse_size(pair_bytes, where="--pair-bytes")
+    if backend not in (None, "nccl", "gloo"):
+        raise InputError(f"unknown backend {backend!r}", "use nccl or gloo", "--backend")
+    pair_rounds(2, pairs_mode)  # checks the mode's name
+    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+    run_id = new_run_id()
+    extra = ["--pairs-mode", pairs_mode, "--seconds", str(seconds)]
+    if pair_bytes:
+        extra += ["--pair-bytes", pair_bytes]
+    return BenchRequest(hosts=selection.hosts, suites=suites, run_id=run_id,
+                        run_dir=Path(run_dir) if run_dir else Path("runs") / run_id, python=python,
+                        sizes=sizes or "", backend=backend or "", nproc_per_node=nproc_per_node, workdir=workdir,
+                        env=collect_env(env, None), master_port=master_port, extra=extra)
+
+
+def _check_writable(out: str) -> None:
+    from fstrain.errors import InputError
+
+    parent = Path(out).parent
+    if not parent.is_dir():
+        raise InputError("the folder for --out does not exist", "create it first or give another path", out)
+
+
+def measure(request: Any, ssh_config: str | None, accept_new_hosts: bool, fanout: int) -> tuple[
+        dict[str, Any] | None, int]:
+    """Run the suites, print the report on stderr; (document with its analysis, exit code)."""
+    from fstrain.cli.launch import interface_env, print_summary
+    from fstrain.core.benchreport import analysis
+    from fstrain.io.bench import run_bench, save_document
+    from fstrain.io.connect import make_connector
+
+    out = console()
+    out.print(f"bench {request.run_id}: {', '.join(request.suites)} on {len(request.hosts)} hosts; "
+              f"logs in {request.run_dir}/logs")
+    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+    run = run_bench(request, connect, fanout=fanout, node_env=lambda ifname: interface_env(ifname, dict(request.env)))
+    if run.document is None:
+        print_summary(run.outcome)
+        return None, run.outcome.exit_code
+    document = {**run.document, "run_id": request.run_id, "run_dir": str(request.run_dir),
+                "analysis": analysis(run.document)}
+    save_document(request.run_dir / "bench.json", document)
+    lines = print_report(document)
+    (request.run_dir / "report.txt").write_text("\n".join(lines) + "\n")
+    return document, EXIT_OUTLIERS if has_outliers(document["analysis"]) else 0
+
+
+def has_outliers(result: dict[str, Any]) -> bool:
+    pairs = result.get("pairs", {})
+    return bool(pairs.get("outlier_hosts") or result.get("compute", {}).get("stragglers"))
+
+
+def print_report(document: dict[str, Any]) -> list[str]:
+    """Tables and bar charts on stderr; returns the plain-text charts and verdicts (for report.txt)."""
+    from fstrain.cli.bench_output import print_collectives, print_compute, print_pairs
+
+    lines: list[str] = []
+    if "collectives" in document:
+        lines += print_collectives(document)
+    if "pairs" in document:
+        lines += print_pairs(document)
+    if "compute" in document:
+        lines += print_compute(document)
+    return lines
+

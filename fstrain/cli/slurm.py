@@ -1,0 +1,330 @@
+"""Slurm in the CLI: the launch options, which launcher runs the nodes, and `launch --slurm`.
+
+- Inside an allocation (``--launcher srun``, or ``auto`` with ``SLURM_JOB_ID`` set and no
+  ``--hosts``/``--hostfile``) every per-node command runs as an srun step (fstrain/io/slurm.py).
+- ``launch --slurm`` renders a batch script whose one command is the same ``fstrain launch``,
+  with ``--launcher srun``, submits it and follows the job's output file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from fstrain.cli.output import console, print_json
+
+if TYPE_CHECKING:
+    from fstrain.core.hostfile import Host
+    from fstrain.core.slurm import Allocation, JobStatus
+    from fstrain.io.transport.base import Transport
+
+LAUNCHER = typer.Option("auto", "--launcher", help="How nodes run their part: ssh, srun (inside a Slurm "
+                        "allocation, no SSH), or auto (srun when SLURM_JOB_ID is set and no hosts are given).")
+SLURM = typer.Option(False, "--slurm", help="Submit the launch as a Slurm batch job (sbatch) and follow it.")
+NODES = typer.Option(None, "--nodes", min=1, help="With --slurm: nodes to allocate (default 1).")
+PARTITION = typer.Option(None, "--partition", help="With --slurm: the Slurm partition.")
+TIME = typer.Option(None, "--time", help="With --slurm: the time limit (MINUTES, HH:MM:SS, D-HH:MM).")
+ACCOUNT = typer.Option(None, "--account", help="With --slurm: the account to charge.")
+QOS = typer.Option(None, "--qos", help="With --slurm: the quality of service.")
+CONSTRAINT = typer.Option(None, "--constraint", help="With --slurm: required node features.")
+EXCLUSIVE = typer.Option(False, "--exclusive", help="With --slurm: no other job on the nodes.")
+SBATCH_ARG = typer.Option([], "--sbatch-arg", help="With --slurm: one more sbatch option, verbatim (repeatable).")
+CONTAINER_IMAGE = typer.Option(None, "--container-image", help="Slurm with Pyxis: run every node's part in this "
+                               "enroot image (srun --container-image).")
+CONTAINER_MOUNTS = typer.Option(None, "--container-mounts", help="Slurm with Pyxis: SRC:DST[,...] mounted into it.")
+DETACH = typer.Option(False, "--detach", help="With --slurm: print the job id and return at once.")
+RENDER_ONLY = typer.Option(False, "--slurm-render-only", hidden=True)
+
+# launch's own options that the batch job's `fstrain launch` does not take from the command line.
+SUBMIT_ONLY = frozenset({
+    "program", "slurm", "slurm_render_only", "nodes", "partition", "time_limit", "account", "qos", "constraint",
+    "exclusive", "sbatch_args", "detach", "launcher", "run_dir", "env", "env_file", "hostfile", "hosts",
+    "gpus_per_node", "json_output", "dry_run", "ssh_config", "accept_new_hosts",
+})
+
+
+def check_submit_flags(hostfile: str | None, hosts: str | None, launcher: str, dry_run: bool) -> None:
+    """--slurm takes its nodes from Slurm and always runs them through srun."""
+    from fstrain.errors import InputError
+
+    if hostfile or hosts:
+        flag = "--hostfile" if hostfile else "--hosts"
+        raise InputError(f"{flag} cannot be combined with --slurm: Slurm chooses the nodes",
+                         "give --nodes N (and --partition, --constraint, or --sbatch-arg=--nodelist=...)", flag)
+    if launcher == "ssh":
+        raise InputError("--launcher ssh cannot be combined with --slurm: the batch job runs its nodes with srun",
+                         "drop --launcher", "--launcher")
+    if dry_run:
+        raise InputError("--dry-run cannot be combined with --slurm",
+                         "write the batch script without submitting it: fstrain render --slurm -o DIR ...", "--dry-run")
+
+
+def check_no_submit_flags(given: Mapping[str, object]) -> None:
+    """The sbatch-only options without --slurm: one clear line instead of silently ignoring them."""
+    from fstrain.errors import InputError
+
+    for flag, value in given.items():
+        if value:
+            raise InputError(f"{flag} is an sbatch option", f"add --slurm to submit a batch job, or drop {flag}", flag)
+
+
+def check_container_flags(container_image: str | None, container_mounts: str | None) -> None:
+    """Pyxis containers are srun's: without Slurm there is nothing to run them."""
+    from fstrain.errors import InputError
+
+    if container_image or container_mounts:
+        flag = "--container-image" if container_image else "--container-mounts"
+        raise InputError(f"{flag} runs the nodes' steps in a Pyxis container, and this launch uses SSH",
+                         "run inside a Slurm allocation (--launcher srun) or submit with --slurm", flag)
+
+
+def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
+                      environ: Mapping[str, str] | None = None) -> Allocation | None:
+    """The allocation whose nodes run the job through srun, or ``None`` for SSH."""
+    from fstrain.core.slurm import LAUNCHERS, allocation_from_env
+    from fstrain.errors import InputError
+
+    env = os.environ if environ is None else environ
+    if launcher not in LAUNCHERS:
+        raise InputError(f"unknown launcher {launcher!r}", f"use one of {', '.join(LAUNCHERS)}", "--launcher")
+    if launcher == "ssh":
+        return None
+    allocation = allocation_from_env(env)
+    if launcher == "srun" and allocation is None:
+        raise InputError("--launcher srun runs inside a Slurm allocation, and SLURM_JOB_ID/SLURM_JOB_NODELIST "
+                         "are not set", "run it under salloc or sbatch, or submit with --slurm", "--launcher")
+    if launcher == "auto" and (hostfile or hosts):
+        return None
+    return allocation
+
+
+def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | None, include: str | None,
+                     exclude: str | None, gpus_per_node: int | None) -> list[Host]:
+    """The nodes to run on: the allocation's (in allocation order, cross-checked with scontrol),
+    or the --hosts/--hostfile given with --launcher srun; slots from the GPUs Slurm assigned."""
+    from fstrain.cli import hostopts
+    from fstrain.io.slurm import allocation_nodes
+
+    slots = gpus_per_node or allocation.gpus_per_node
+    if hostfile or hosts:
+        return hostopts.resolve_hosts(hostfile, hosts, include, exclude, slots).hosts
+    nodes = allocation_nodes(allocation, lambda text: console().print(f"[yellow]warning: {text}[/yellow]"))
+    return hostopts.resolve_hosts(None, ",".join(nodes), include, exclude, slots).hosts
+
+
+def srun_connect(container_image: str | None, container_mounts: str | None) -> Callable[[Host], Transport]:
+    from fstrain.core.slurm import pyxis_args
+    from fstrain.io.slurm import srun_connector
+
+    return srun_connector(pyxis_args(container_image, container_mounts))
+
+
+def allocation_connector(source: str) -> Callable[[Host], Transport] | None:
+    """srun for `doctor`, `exec` and `topo` when their hosts are the allocation's (they came
+    from SLURM_JOB_NODELIST, inside the job); ``None``: the usual SSH connector."""
+    if source != "SLURM_JOB_NODELIST" or not os.environ.get("SLURM_JOB_ID"):
+        return None
+    from fstrain.io.slurm import srun_connector
+
+    console().print(f"[dim]Slurm job {os.environ['SLURM_JOB_ID']}: reaching its nodes through srun[/dim]")
+    return srun_connector()
+
+
+def plan_allocation(num_nodes: int | None, gpus_per_node: int | None, gpu: str | None, node_specs: list[str] | None,
+                    python: str, fanout: int) -> tuple[int | None, int | None, list[Any] | None]:
+    """`fstrain plan`/`render` inside an allocation, without --hostfile/--hosts: the allocation is
+    the cluster. With --gpu, its node count and GPUs per node fill in what the flags leave out;
+    without --gpu or --node, its nodes are probed through srun. Outside one: unchanged."""
+    from fstrain.core.slurm import allocation_from_env, plan_shape
+
+    allocation = allocation_from_env(os.environ)
+    if allocation is None or node_specs:
+        return num_nodes, gpus_per_node, None
+    if gpu:
+        nodes, gpus = plan_shape(allocation, num_nodes, gpus_per_node)
+        console().print(f"[dim]cluster: Slurm job {allocation.job_id}, {nodes} nodes x "
+                        f"{gpus if gpus is not None else 'default'} GPUs[/dim]")
+        return nodes, gpus, None
+    from fstrain.core.plancluster import node_gpus_from_report
+    from fstrain.errors import TransportError
+    from fstrain.io.probe import probe_inventory
+    from fstrain.io.slurm import srun_connector
+
+    console().print(f"[dim]cluster: Slurm job {allocation.job_id}, probing its {allocation.num_nodes} nodes "
+                    "through srun[/dim]")
+    hosts = allocation_hosts(allocation, None, None, None, None, None)
+    reports, failed = probe_inventory(hosts, srun_connector(), python=python, fanout=fanout)
+    if failed:
+        raise TransportError("could not probe " + "; ".join(error.one_line() for _, error in failed),
+                             "check the nodes with `srun hostname`, or describe the cluster with --gpu",
+                             "fstrain plan")
+    return num_nodes, gpus_per_node, [node_gpus_from_report(r, h.label()) for h, r in zip(hosts, reports, strict=True)]
+
+
+def inner_launch_args(ctx: typer.Context) -> list[str]:
+    """The options given to this `fstrain launch`, as the batch job's `fstrain launch` takes them."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        source = ctx.get_parameter_source(name)
+        if name in SUBMIT_ONLY or source is None or source.name not in ("COMMANDLINE", "ENVIRONMENT"):
+            continue
+        flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        value = ctx.params[name]
+        if getattr(param, "is_flag", False):
+            if value:
+                args.append(flag)
+        elif getattr(param, "multiple", False):
+            for item in value:
+                args += [flag, str(item)]
+        elif value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def submit_launch(ctx: typer.Context, *, program: list[str], user_env: dict[str, str], run_id: str,
+                  run_dir: str | None, python_exe: str, render_only: bool, detach: bool, json_output: bool,
+                  **sbatch: Any) -> int:
+    """Render the batch script into the run directory; unless only rendering, submit it and
+    follow the job (or print its id at once with --detach). Returns the exit code."""
+    from fstrain.core.slurm import SbatchOptions, pyxis_args, render_sbatch, srun_step_argv
+
+    folder = Path(run_dir or Path("runs") / run_id).resolve()
+    options = SbatchOptions(
+        nodes=sbatch["nodes"] or 1, job_name=f"fstrain-{run_id}", output=str(folder / "slurm-%j.out"),
+        gpus_per_node=sbatch["gpus_per_node"], partition=sbatch["partition"], time=sbatch["time_limit"],
+        account=sbatch["account"], qos=sbatch["qos"], constraint=sbatch["constraint"],
+        exclusive=sbatch["exclusive"], extra=tuple(sbatch["sbatch_args"]),
+    )
+    step = srun_step_argv("NODE", extra=pyxis_args(sbatch["container_image"], sbatch["container_mounts"]))
+    inner = [python_exe, "-m", "fstrain", "launch", "--launcher", "srun", "--run-dir", str(folder)]
+    if user_env:
+        inner += ["--env-file", str(folder / "launch.env")]
+    inner += inner_launch_args(ctx)
+    if program:
+        inner += ["--", *program]
+    script = render_sbatch(options, launch_argv=inner, workdir=os.getcwd(), run_id=run_id, step_prefix=step)
+    folder.mkdir(parents=True, exist_ok=True)
+    if user_env:  # values stay off the script and the command lines: a file only the user reads
+        _write_private(folder / "launch.env", env_file_text(user_env))
+    path = folder / "sbatch.sh"
+    path.write_text(script)
+    path.chmod(0o755)
+    if render_only:
+        return _report_rendered(path, folder, json_output)
+    from fstrain.io.slurm import submit
+
+    job_id = submit(path)
+    (folder / "slurm_job_id").write_text(job_id + "\n")
+    output = folder / f"slurm-{job_id}.out"
+    console().print(f"submitted Slurm job {job_id}: script {path}, output {output}")
+    if detach:
+        if json_output:
+            print_json({"job_id": job_id, "run_id": run_id, "run_dir": str(folder), "script": str(path),
+                        "output": str(output)})
+        else:
+            sys.stdout.write(job_id + "\n")
+            sys.stdout.flush()
+        return 0
+    return follow_job(job_id, output, folder, json_output)
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """NAME=VALUE lines that --env-file reads back unchanged."""
+    from fstrain.errors import InputError
+
+    for name, value in env.items():
+        if "\n" in value or value != value.strip() or (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
+            raise InputError(f"the value of {name} cannot be passed to a batch job (a line break, surrounding "
+                             "spaces or quotes)", "set it in the job's environment instead", "--env")
+    return "".join(f"{name}={value}\n" for name, value in env.items())
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def _report_rendered(path: Path, folder: Path, json_output: bool) -> int:
+    if json_output:
+        print_json({"script": str(path), "run_dir": str(folder)})
+    else:
+        console().print(f"wrote {path}; submit it with: sbatch {path}", soft_wrap=True)
+    return 0
+
+
+def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> int:
+    """Follow until the job ends; Ctrl-C asks whether to cancel it (on a terminal; elsewhere the
+    job is left running). The exit code is the job's."""
+    from fstrain.io.slurm import cancel, follow
+
+    out = sys.stderr if json_output else sys.stdout
+    while True:
+        try:
+            status = follow(job_id, output, out, on_state=_say_state)
+            break
+        except KeyboardInterrupt:
+            if not _ask_cancel(job_id):
+                console().print(f"[yellow]job {job_id} keeps running[/yellow]: its output is {output}; "
+                                f"stop it with `scancel {job_id}`")
+                return 130
+            cancel(job_id)
+            console().print(f"cancelled job {job_id}; waiting for its nodes to stop")
+    return report_job(job_id, status, folder, json_output)
+
+
+def _say_state(status: JobStatus) -> None:
+    if status.state == "PENDING":
+        console().print(f"[dim]Slurm job {status.job_id}: pending ({status.reason})[/dim]")
+    elif status.state == "RUNNING":
+        console().print(f"[dim]Slurm job {status.job_id}: running on {status.nodes}[/dim]")
+
+
+def _ask_cancel(job_id: str) -> bool:
+    if not sys.stdin.isatty():
+        return False
+    try:
+        return typer.confirm(f"\ncancel Slurm job {job_id}?", default=False, err=True)
+    except (KeyboardInterrupt, typer.Abort, EOFError):
+        return False
+
+
+def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output: bool) -> int:
+    manifest_path = folder / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    if status is None:
+        code = int(manifest["exit_code"]) if manifest and manifest.get("exit_code") is not None else 1
+        state = "UNKNOWN"
+        console().print(f"[yellow]Slurm no longer knows job {job_id}[/yellow]; exit code from its manifest: {code}")
+    else:
+        code, state = status.shell_exit_code, status.state
+        colour = "green" if state == "COMPLETED" and code == 0 else "red"
+        console().print(f"[{colour}]Slurm job {job_id}: {state}, exit code {code}[/{colour}]")
+    if json_output:
+        document: dict[str, Any] = {"job_id": job_id, "state": state, "exit_code": code, "run_dir": str(folder),
+                                    "manifest": manifest}
+        summary = folder / "summary.json"
+        if summary.is_file():
+            document["training_summary"] = json.loads(summary.read_text())
+        print_json(document)
+    return code
+
+
+def render_batch_script(out: Path, plan: Path | None, args: list[str], json_output: bool) -> int:
+    """`fstrain render --slurm -o DIR [launch options] [-- PROGRAM]`: launch --slurm's script
+    (and run directory) in DIR, not submitted."""
+    from fstrain.cli.main import app
+
+    program = list(sys.argv[sys.argv.index("--") + 1:]) if "--" in sys.argv else []
+    options = args[: len(args) - len(program)] if program and args[len(args) - len(program):] == program else args
+    argv = ["launch", "--slurm-render-only", "--run-dir", str(out), *(["--plan", str(plan)] if plan else []),
+            *options, *(["--json"] if json_output else [])]
+    code = app([*argv, *(["--", *program] if program else [])], prog_name="fstrain", standalone_mode=False)
+    return int(code or 0)

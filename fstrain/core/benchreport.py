@@ -1,0 +1,204 @@
+"""Reading a bench document (``python -m fstrain.bench``'s JSON): rows, verdicts and bar charts.
+
+Everything here is a function of the document: the CLI prints it, ``plan --calibrate`` and
+``doctor --bench`` read the same analysis, and tests check it on values.
+
+Compute: a rank is a *straggler* below ``COMPUTE_STRAGGLER_FRACTION`` of the median rank (matmul
+TFLOPS or memory bandwidth), and each rank is compared with its GPU's datasheet peak
+(:mod:`fstrain.core.gpus`) where the GPU is in the table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fstrain.core.bench import format_size
+from fstrain.core.benchpairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table
+from fstrain.core.gpus import GpuSpec, lookup_gpu
+from fstrain.errors import InputError
+
+SCHEMA = "fstrain.bench/1"
+COMPUTE_STRAGGLER_FRACTION = 0.8
+"""A GPU (or CPU rank) below this fraction of the median rank is a straggler."""
+
+
+def check_document(document: Any, where: str) -> dict[str, Any]:
+    """The document, or one InputError saying why it is not a bench document."""
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise InputError(f"not an fstrain bench document (schema {SCHEMA!r} expected)",
+                         "give the JSON that `fstrain bench --json` or `--out` wrote", where)
+    return document
+
+
+@dataclass(frozen=True)
+class CollectiveRow:
+    scope: str
+    group: int
+    collective: str
+    size_bytes: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    latency_size: bool
+
+
+def collective_rows(document: Mapping[str, Any]) -> list[CollectiveRow]:
+    rows: list[CollectiveRow] = []
+    for scope in document.get("collectives", {}).get("scopes", []):
+        for r in scope["results"]:
+            rows.append(CollectiveRow(scope["scope"], int(r.get("group", 0)), r["collective"], int(r["size_bytes"]),
+                                      float(r["time_us"]["median"]), float(r["algbw_gbps"]),
+                                      float(r["busbw_gbps"]), bool(r.get("latency_size"))))
+    return rows
+
+
+@dataclass(frozen=True)
+class CollectiveSummary:
+    scope: str
+    collective: str
+    group_size: int
+    groups: int
+    latency_us: float
+    """Median time of the smallest message (over the groups: the slowest)."""
+    busbw_gbps: float
+    """Bus bandwidth at the largest message (over the groups: the slowest group)."""
+    algbw_gbps: float
+    size_bytes: int
+
+
+def collective_summaries(document: Mapping[str, Any]) -> list[CollectiveSummary]:
+    """Per scope and collective: latency at the smallest size, bandwidth at the largest."""
+    out: list[CollectiveSummary] = []
+    for scope in document.get("collectives", {}).get("scopes", []):
+        rows = collective_rows({"collectives": {"scopes": [scope]}})
+        for collective in dict.fromkeys(r.collective for r in rows):
+            mine = [r for r in rows if r.collective == collective]
+            smallest = min(r.size_bytes for r in mine)
+            largest = max(r.size_bytes for r in mine)
+            at_large = [r for r in mine if r.size_bytes == largest]
+            slowest = min(at_large, key=lambda r: r.busbw_gbps if r.busbw_gbps else r.algbw_gbps)
+            out.append(CollectiveSummary(
+                scope=scope["scope"], collective=collective, group_size=len(scope["groups"][0]),
+                groups=len(scope["groups"]),
+                latency_us=max(r.time_us for r in mine if r.size_bytes == smallest),
+                busbw_gbps=slowest.busbw_gbps, algbw_gbps=slowest.algbw_gbps, size_bytes=largest,
+            ))
+    return out
+
+
+@dataclass(frozen=True)
+class ComputeRow:
+    rank: int
+    node: str
+    device_name: str
+    tflops: float
+    memory_gbps: float
+    dtype: str
+    peak_tflops: float | None
+    peak_memory_gbps: float | None
+    straggler: str
+    """Empty, or what is slow: ``matmul``, ``memory`` or both."""
+
+    @property
+    def tflops_fraction(self) -> float | None:
+        return self.tflops / self.peak_tflops if self.peak_tflops else None
+
+    @property
+    def memory_fraction(self) -> float | None:
+        return self.memory_gbps / self.peak_memory_gbps if self.peak_memory_gbps else None
+
+
+def gpu_of(device_name: str) -> GpuSpec | None:
+    """The GPU table's entry for a device name torch reports, if it has one."""
+    try:
+        return lookup_gpu(device_name)
+    except InputError:
+        return None
+
+
+def compute_rows(document: Mapping[str, Any]) -> list[ComputeRow]:
+    per_rank = document.get("compute", {}).get("per_rank", [])
+    nodes = {r["rank"]: r.get("hostname", "") for r in document.get("ranks", [])}
+    raw = [(r, float(r["matmul"]["tflops"]["median"]), float(r["memory"]["gbps"]["median"])) for r in per_rank]
+    if not raw:
+        return []
+    median_tflops = statistics.median([t for _, t, _ in raw])
+    median_gbps = statistics.median([g for _, _, g in raw])
+    rows = []
+    for record, tflops, gbps in raw:
+        spec = gpu_of(record["device_name"]) if record["device"].startswith("cuda") else None
+        dtype = record["matmul"]["dtype"]
+        peak = spec.peak_flops("bf16" if dtype == "bfloat16" else "fp16" if dtype == "float16" else "fp32") \
+            if spec else None
+        slow = [name for name, value, median in (("matmul", tflops, median_tflops), ("memory", gbps, median_gbps))
+                if value < COMPUTE_STRAGGLER_FRACTION * median]
+        rows.append(ComputeRow(
+            rank=int(record["rank"]), node=nodes.get(record["rank"], ""), device_name=record["device_name"],
+            tflops=tflops, memory_gbps=gbps, dtype=dtype,
+            peak_tflops=peak / 1e12 if peak else None,
+            peak_memory_gbps=spec.hbm_bandwidth_bytes_per_s / 1e9 if spec else None,
+            straggler="+".join(slow),
+        ))
+    return rows
+
+
+def pairs_verdict(document: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD) -> PairsVerdict | None:
+    """The outlier analysis of the pairs suite (None when it did not run or had one node)."""
+    links = document.get("pairs", {}).get("links", [])
+    if not links:
+        return None
+    return analyze_links(link_table(links), threshold)
+
+
+def analysis(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The verdicts in plain data, added to the JSON document as ``analysis``."""
+    result: dict[str, Any] = {}
+    summaries = collective_summaries(document)
+    if summaries:
+        result["collectives"] = [s.__dict__ for s in summaries]
+    compute = compute_rows(document)
+    if compute:
+        result["compute"] = {
+            "ranks": [{**row.__dict__, "tflops_fraction_of_peak": row.tflops_fraction,
+                       "memory_fraction_of_peak": row.memory_fraction} for row in compute],
+            "stragglers": [row.rank for row in compute if row.straggler],
+            "straggler_fraction": COMPUTE_STRAGGLER_FRACTION,
+        }
+    verdict = pairs_verdict(document)
+    if verdict is not None:
+        result["pairs"] = {
+            "median_gbps": verdict.median_gbps,
+            "threshold_gbps": verdict.threshold_gbps,
+            "slow_links": [link.__dict__ for link in verdict.slow_links],
+            "hosts": [host.__dict__ for host in verdict.hosts],
+            "unexplained_links": [link.__dict__ for link in verdict.unexplained],
+            "outlier_hosts": verdict.outlier_hosts,
+        }
+    return result
+
+
+def bar_chart(items: Sequence[tuple[str, float]], *, unit: str, width: int = 40,
+              marks: Sequence[str] = ()) -> list[str]:
+    """A plain-text bar per item, scaled to the largest; ``marks[i]`` is printed after bar i."""
+    if not items:
+        return []
+    label_width = max(len(label) for label, _ in items)
+    top = max(value for _, value in items) or 1.0
+    lines = []
+    for index, (label, value) in enumerate(items):
+        filled = round(width * value / top) if value > 0 else 0
+        mark = marks[index] if index < len(marks) else ""
+        bar = "#" * filled + "." * (width - filled)
+        lines.append(f"{label.ljust(label_width)} |{bar}| {_number(value)} {unit}{'  ' + mark if mark else ''}")
+    return lines
+
+
+def _number(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def size_label(size_bytes: int) -> str:
+    return format_size(size_bytes)

@@ -1,0 +1,277 @@
+"""Slurm as values: the allocation read from ``SLURM_*``, per-node ``srun`` steps, the sbatch
+script, and the parsers of ``scontrol``'s answers.
+
+Pure: the edge (fstrain/io/slurm.py) runs srun, sbatch and scontrol; this module only builds
+their argv and reads their output, so every rule here is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fstrain.core.hostfile import expand_hostlist
+from fstrain.errors import InputError, ParseError
+
+LAUNCHERS = ("auto", "ssh", "srun")
+# Job states after which a job never runs again (squeue/scontrol JobState).
+FINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED",
+})
+DEFAULT_SIGNAL = "B:USR1@90"  # 90 s before the time limit, USR1 to the batch script only
+_TIME_RE = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(\d+-\d+)$|^(UNLIMITED|INFINITE|infinite|unlimited)$")
+_GPU_COUNT_RE = re.compile(r"(?:^|[:/])(\d+)$")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The Slurm job fstrain runs inside: its id, its nodes in allocation order (node rank 0
+    first: the rendezvous host), and the GPUs it holds per node (``None``: none requested)."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    gpus_per_node: int | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+
+def allocation_from_env(environ: Mapping[str, str]) -> Allocation | None:
+    """The allocation of ``SLURM_JOB_ID`` + ``SLURM_JOB_NODELIST`` (expanded with our own
+    host-list code), or ``None`` outside one."""
+    job_id = environ.get("SLURM_JOB_ID", "").strip() or environ.get("SLURM_JOBID", "").strip()
+    nodelist = environ.get("SLURM_JOB_NODELIST", "").strip() or environ.get("SLURM_NODELIST", "").strip()
+    if not job_id or not nodelist:
+        return None
+    nodes = tuple(expand_hostlist(nodelist, "SLURM_JOB_NODELIST"))
+    return Allocation(job_id, nodes, gpus_from_env(environ))
+
+
+def gpus_from_env(environ: Mapping[str, str]) -> int | None:
+    """GPUs per node Slurm gave the job: ``SLURM_GPUS_ON_NODE`` (set in the batch script and
+    steps), ``SLURM_GPUS_PER_NODE`` (``--gpus-per-node``, maybe typed: ``h100:8``), the gres of
+    ``SLURM_TRES_PER_NODE`` (``gres/gpu:8``), else the ids in ``SLURM_JOB_GPUS`` or, inside a
+    step, ``CUDA_VISIBLE_DEVICES``. ``None`` when the job holds no GPU."""
+    on_node = environ.get("SLURM_GPUS_ON_NODE", "").strip()
+    if on_node.isdigit():
+        return int(on_node) or None
+    for name in ("SLURM_GPUS_PER_NODE", "SLURM_TRES_PER_NODE"):
+        value = environ.get(name, "").strip()
+        for part in value.split(","):
+            if name == "SLURM_TRES_PER_NODE" and "gpu" not in part:
+                continue
+            match = _GPU_COUNT_RE.search(part.strip())
+            if match and int(match.group(1)):
+                return int(match.group(1))
+    for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES") if environ.get("SLURM_STEP_ID") else ("SLURM_JOB_GPUS",):
+        ids = [i for i in environ.get(name, "").split(",") if i.strip()]
+        if ids and ids != ["NoDevFiles"]:
+            return len(ids)
+    return None
+
+
+def plan_shape(allocation: Allocation, num_nodes: int | None, gpus_per_node: int | None) -> tuple[int, int | None]:
+    """``fstrain plan --gpu G`` inside an allocation: the nodes and GPUs per node it holds, where
+    --num-nodes/--gpus-per-node do not say otherwise."""
+    return (num_nodes or allocation.num_nodes, gpus_per_node or allocation.gpus_per_node)
+
+
+def check_hostnames(ours: Sequence[str], scontrol: Sequence[str]) -> str | None:
+    """Compare our expansion of the node list with ``scontrol show hostnames``: ``None`` when
+    they agree, else what differs (the launcher then trusts scontrol)."""
+    if list(ours) == list(scontrol):
+        return None
+    return (f"SLURM_JOB_NODELIST expands to {', '.join(ours)} here but to {', '.join(scontrol)} "
+            "with `scontrol show hostnames`")
+
+
+def srun_step_argv(node: str, *, srun: str = "srun", extra: Sequence[str] = ()) -> list[str]:
+    """The prefix that runs one command as a one-task job step on ``node`` of the current
+    allocation: fstrain's per-node launcher, probe or check, instead of an SSH session."""
+    return [
+        srun,
+        "--nodes=1",  # this node only...
+        "--ntasks=1",
+        "--ntasks-per-node=1",  # ...one task on it: the per-node watchdog starts the ranks itself
+        f"--nodelist={node}",
+        "--kill-on-bad-exit=1",  # a failing task ends its step at once
+        # Share the node with the other steps of the run (preflight, the rendezvous listener, the
+        # job): by default a step waits until the resources of earlier steps are free.
+        "--overlap",
+        "--quiet",  # srun's own progress notes are not the job's output; its errors still show
+        "--input=all",  # the watchdog's header and heartbeats arrive on stdin, as over SSH
+        "--export=ALL",
+        *extra,
+    ]
+
+
+def pyxis_args(container_image: str | None, container_mounts: str | None) -> list[str]:
+    """srun options of the Pyxis plugin (enroot containers): every node's step runs in them."""
+    args = []
+    if container_image:
+        args.append(f"--container-image={container_image}")
+    if container_mounts:
+        args.append(f"--container-mounts={container_mounts}")
+    if container_mounts and not container_image:
+        raise InputError("--container-mounts needs --container-image", "give the image to run in",
+                         "--container-mounts")
+    return args
+
+
+def parse_hostnames(text: str) -> list[str]:
+    """``scontrol show hostnames`` output: one host per line."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def parse_sbatch_job_id(text: str) -> str:
+    """``sbatch --parsable`` prints ``JOBID`` or ``JOBID;CLUSTER``."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    job_id = first.split(";", 1)[0].strip()
+    if not job_id.isdigit():
+        raise ParseError(f"sbatch printed no job id: {text.strip()[:200]!r}", "run sbatch by hand to see why",
+                         "sbatch")
+    return job_id
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job as ``scontrol show job -o`` describes it."""
+
+    job_id: str
+    state: str  # COMPLETED, RUNNING, ...
+    exit_code: int  # the batch script's exit status
+    signal: int  # the signal that ended it, 0 if none
+    reason: str = ""
+    nodes: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def shell_exit_code(self) -> int:
+        """As a shell reports it: the exit status, or 128+signal for a signal death."""
+        return 128 + self.signal if self.signal else self.exit_code
+
+
+def parse_scontrol_job(text: str) -> JobStatus:
+    """One job of ``scontrol show job -o ID``: ``Key=Value`` words (values hold no spaces
+    except in the last fields, which are not read)."""
+    fields: dict[str, str] = {}
+    for word in text.split():
+        key, sep, value = word.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    if "JobId" not in fields or "JobState" not in fields:
+        raise ParseError(f"not a job description: {text.strip()[:200]!r}", "", "scontrol show job")
+    code, _, sig = fields.get("ExitCode", "0:0").partition(":")
+    try:
+        exit_code, signal = int(code), int(sig or 0)
+    except ValueError:
+        raise ParseError(f"unreadable ExitCode {fields.get('ExitCode')!r}", "", "scontrol show job") from None
+    return JobStatus(fields["JobId"], fields["JobState"], exit_code, signal, fields.get("Reason", ""),
+                     fields.get("NodeList", ""))
+
+
+@dataclass(frozen=True)
+class SbatchOptions:
+    """What ``fstrain launch --slurm`` asks of sbatch; each becomes one ``#SBATCH`` line."""
+
+    nodes: int
+    job_name: str
+    output: str  # the script's output file (%j: the job id)
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    signal: str = DEFAULT_SIGNAL
+    extra: tuple[str, ...] = field(default_factory=tuple)  # --sbatch-arg, verbatim
+
+
+def check_sbatch_options(options: SbatchOptions) -> None:
+    """The inputs sbatch would reject, rejected first, with the flag to fix."""
+    if options.nodes < 1:
+        raise InputError(f"--nodes must be 1 or more, got {options.nodes}", "", "--nodes")
+    if options.gpus_per_node is not None and options.gpus_per_node < 1:
+        raise InputError(f"--gpus-per-node must be 1 or more, got {options.gpus_per_node}", "", "--gpus-per-node")
+    if options.time is not None and not _TIME_RE.match(options.time):
+        raise InputError(f"--time {options.time!r} is not a Slurm time",
+                         "write MINUTES, HH:MM:SS or DAYS-HH[:MM[:SS]], e.g. 2:00:00", "--time")
+    for value in options.extra:
+        if not value.startswith("-") or "\n" in value:
+            raise InputError(f"--sbatch-arg {value!r} is not an sbatch option",
+                             "give one option per --sbatch-arg, e.g. --sbatch-arg=--mail-type=END", "--sbatch-arg")
+    for name in ("partition", "account", "qos", "constraint", "signal", "job_name"):
+        value = getattr(options, name)
+        flag = f"--{name.replace('_', '-')}"
+        if value is not None and (not value or any(c.isspace() for c in value)):
+            raise InputError(f"{flag} {value!r} must be one word", "", flag)
+
+
+def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir: str, run_id: str,
+                  step_prefix: Sequence[str]) -> str:
+    """The batch script: resources, then one `fstrain launch --launcher srun` that starts a
+    step per node, with the time-limit and cancel signals passed to it. Readable and reusable
+    by hand (``sbatch FILE``)."""
+    check_sbatch_options(options)
+
+    def directive(flag: str, why: str) -> str:
+        return f"#SBATCH {flag:<40} # {why}" if why else f"#SBATCH {flag}"
+
+    lines = [
+        "#!/bin/bash",
+        f"# fstrain run {run_id}, written by `fstrain launch --slurm`. Submit it again by hand with",
+        "#   sbatch THIS_FILE",
+        "# sbatch reads the #SBATCH lines below (command-line options of sbatch win over them).",
+        directive(f"--job-name={options.job_name}", "shown by squeue"),
+        directive(f"--nodes={options.nodes}", "one fstrain node per Slurm node"),
+        directive("--ntasks-per-node=1", "one per-node launcher; it starts the ranks"),
+    ]
+    if options.gpus_per_node is not None:
+        lines.append(directive(f"--gpus-per-node={options.gpus_per_node}", "one rank per GPU"))
+    for flag, value, why in (("partition", options.partition, ""), ("time", options.time, "the time limit"),
+                             ("account", options.account, ""), ("qos", options.qos, ""),
+                             ("constraint", options.constraint, "node features")):
+        if value is not None:
+            lines.append(directive(f"--{flag}={value}", why))
+    if options.exclusive:
+        lines.append(directive("--exclusive", "no other job on these nodes"))
+    lines += [
+        directive(f"--output={options.output}", "every rank's tagged lines and the summary"),
+        directive(f"--signal={options.signal}", "time nearly up: USR1 to this script (B:)"),
+    ]
+    lines += [directive(value, "") for value in options.extra]
+    lines += [
+        "",
+        "set -u",
+        f"cd {shlex.quote(workdir)}",
+        "",
+        "# fstrain starts one step per node, each running fstrain's watchdog and the per-node",
+        "# launcher (torchrun or DeepSpeed's), no SSH:",
+        f"#   {shlex.join(step_prefix)} PYTHON -u -c WATCHDOG",
+        "# On `scancel` or at the time limit Slurm sends SIGTERM to every process of the job:",
+        "# fstrain's watchdogs then stop every rank within --grace seconds (keep it below the",
+        "# site's KillWait, after which Slurm sends SIGKILL). USR1, sent to this script alone",
+        "# shortly before the time limit (--signal above), becomes that same SIGTERM, early.",
+        "pid=",
+        "trap '[ -n \"$pid\" ] && kill -TERM \"$pid\" 2>/dev/null' USR1",
+        "trap ':' TERM  # fstrain has its own SIGTERM: keep waiting for its exit code",
+        f"{shlex.join(launch_argv)} &",
+        "pid=$!",
+        "# `wait` returns early when a trapped signal arrives: wait until fstrain has exited.",
+        "while :; do",
+        "    wait \"$pid\"",
+        "    code=$?",
+        "    kill -0 \"$pid\" 2>/dev/null || break",
+        "done",
+        "exit \"$code\"",
+        "",
+    ]
+    return "\n".join(lines)

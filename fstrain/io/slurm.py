@@ -1,0 +1,195 @@
+"""Slurm at the edge: commands on allocated nodes through ``srun`` steps, and sbatch jobs.
+
+Inside an allocation every per-node command fstrain would run over SSH (preflight, the
+rendezvous check, the watchdog and its job, the doctor's probes) runs as a one-task job step
+on that node instead (:class:`SrunTransport`): same argv, same stdin, same output lines, so the
+launcher and the doctor need no Slurm-specific code, and no SSH server is needed on the nodes.
+The step's stdin carries the watchdog's header and heartbeats; its exit code is the watchdog's.
+
+From a login node, :func:`submit` hands a rendered batch script to ``sbatch`` and
+:func:`follow` prints the job's output file as it grows until the job ends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from fstrain.core.hostfile import Host
+from fstrain.core.slurm import (
+    Allocation,
+    JobStatus,
+    check_hostnames,
+    parse_hostnames,
+    parse_sbatch_job_id,
+    parse_scontrol_job,
+    srun_step_argv,
+)
+from fstrain.errors import FstrainError, TransportError
+from fstrain.io.transport.base import CommandResult, Transport
+from fstrain.io.transport.local import LocalRunning, LocalTransport
+
+POLL_S = 1.0
+
+
+class SlurmError(FstrainError):
+    """Slurm refused or failed a request (sbatch, scontrol, srun missing)."""
+
+
+def require_tool(name: str, where: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SlurmError(f"{name} not found on PATH", "run this on a Slurm login or compute node, "
+                         "or load the Slurm module", where)
+    return path
+
+
+class SrunTransport:
+    """Runs argv on one allocated node as a job step (``srun --nodelist=NODE ...``)."""
+
+    def __init__(self, node: str, prefix: Sequence[str]) -> None:
+        self.host = node
+        self.prefix = list(prefix)
+        self._local = LocalTransport(node)
+        self._reached = False
+
+    def connect(self) -> None:
+        """A first step (``true``) on the node: it fails here, with Slurm's reason, when the node
+        cannot run steps; later calls do nothing (as on an open SSH connection)."""
+        if self._reached:
+            return
+        result = self.run(["true"], timeout_s=120)
+        if not result.ok:
+            raise TransportError(f"srun on {self.host} failed: {result.error or result.stderr.strip()[-300:]}",
+                                 "check the node with `scontrol show node` and the job with `squeue`", self.host)
+        self._reached = True
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
+        return self._local.run([*self.prefix, *argv], stdin=stdin, timeout_s=timeout_s)
+
+    def start(self, argv: Sequence[str]) -> LocalRunning:
+        """srun in a session of its own: a Ctrl-C at the terminal reaches fstrain only, which
+        stops every node through its watchdog (srun would otherwise kill its step at once)."""
+        proc = subprocess.Popen([*self.prefix, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        return LocalRunning(self.host, proc)
+
+    def close(self) -> None:
+        """Nothing to close: every command is its own step."""
+
+
+def srun_connector(extra: Sequence[str] = ()) -> Callable[[Host], Transport]:
+    """A connector for HostPool and the launcher: every host is a node of this allocation."""
+    srun = require_tool("srun", "--launcher srun")
+
+    def connect(host: Host) -> Transport:
+        return SrunTransport(host.name, srun_step_argv(host.name, srun=srun, extra=extra))
+
+    return connect
+
+
+def allocation_nodes(allocation: Allocation, warn: Callable[[str], None]) -> tuple[str, ...]:
+    """The allocation's nodes in order, cross-checked with ``scontrol show hostnames`` where it
+    exists; on a disagreement scontrol wins (it is Slurm's own expansion) and ``warn`` says so."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return allocation.nodes
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ",".join(allocation.nodes)
+    result = LocalTransport().run([scontrol, "show", "hostnames", nodelist], timeout_s=30)
+    if not result.ok:
+        warn(f"`scontrol show hostnames` failed ({result.error or result.stderr.strip()}); "
+             "using fstrain's expansion of SLURM_JOB_NODELIST")
+        return allocation.nodes
+    theirs = parse_hostnames(result.stdout)
+    problem = check_hostnames(allocation.nodes, theirs)
+    if problem is not None:
+        warn(problem + "; using scontrol's")
+        return tuple(theirs)
+    return allocation.nodes
+
+
+def submit(script: Path, environ: Mapping[str, str] | None = None) -> str:
+    """``sbatch --parsable SCRIPT`` -> the job id."""
+    sbatch = require_tool("sbatch", "--slurm")
+    result = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, timeout=120,
+                            env=dict(environ) if environ is not None else None, check=False)
+    if result.returncode != 0:
+        raise SlurmError(f"sbatch refused the job: {result.stderr.strip()[-400:] or result.stdout.strip()}",
+                         f"check the options in {script} (they are sbatch's), then submit it by hand "
+                         f"with `sbatch {script}`", "sbatch")
+    return parse_sbatch_job_id(result.stdout)
+
+
+def job_status(job_id: str) -> JobStatus | None:
+    """The job as ``scontrol show job`` sees it; ``None`` once Slurm has forgotten it."""
+    scontrol = require_tool("scontrol", "--slurm")
+    result = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60,
+                            check=False)
+    if result.returncode != 0:
+        if "Invalid job id" in result.stderr:
+            return None
+        raise TransportError(f"scontrol show job {job_id} failed: {result.stderr.strip()[-300:]}", "", "scontrol")
+    return parse_scontrol_job(result.stdout)
+
+
+def cancel(job_id: str) -> None:
+    scancel = require_tool("scancel", "--slurm")
+    subprocess.run([scancel, job_id], capture_output=True, text=True, timeout=60, check=False)
+
+
+class OutputFollower:
+    """Prints a file's new whole lines as it grows (the job's output on a shared file system)."""
+
+    def __init__(self, path: Path, out: TextIO) -> None:
+        self.path = path
+        self.out = out
+        self.offset = 0
+        self.partial = b""
+
+    def poll(self, final: bool = False) -> None:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        for line in lines:
+            self.out.write(line.decode("utf-8", "replace") + "\n")
+        if lines:
+            self.out.flush()
+
+
+def follow(job_id: str, output: Path, out: TextIO = sys.stdout, poll_s: float = POLL_S,
+           status: Callable[[str], JobStatus | None] = job_status,
+           on_state: Callable[[JobStatus], None] | None = None) -> JobStatus | None:
+    """Print the job's output until the job has ended; its final status (``None``: Slurm no
+    longer knows the job). ``on_state`` hears of every change of state (PENDING, RUNNING...).
+    KeyboardInterrupt propagates: the caller decides about cancelling."""
+    follower = OutputFollower(output, out)
+    current = status(job_id)
+    seen = None
+    while current is not None and not current.final:
+        if on_state is not None and (current.state, current.reason) != seen:
+            seen = (current.state, current.reason)
+            on_state(current)
+        follower.poll()
+        time.sleep(poll_s)
+        current = status(job_id)
+    # The output file is written by the node: give its last lines a moment on a shared file system.
+    for _ in range(3):
+        follower.poll()
+        time.sleep(0.2)
+    follower.poll(final=True)
+    return current

@@ -1,0 +1,82 @@
+"""The real Slurm of scripts/testslurm.sh: munged and slurmctld here, one slurmd per namespace.
+
+It runs on namespaces of its own (cluster id FSTRAIN_TESTCLUSTER_ID + 100, or
+FSTRAIN_TESTSLURM_ID), so the SSH test cluster of the same session is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cluster_unavailable_reason
+from tests.helpers import REPO
+
+TESTSLURM = REPO / "scripts" / "testslurm.sh"
+SLURM_NODES = 2
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    state: Path
+    cluster_id: str
+    num_nodes: int
+
+    @property
+    def conf(self) -> str:
+        return str(self.state / "slurm.conf")
+
+    def namespace(self, index: int) -> str:
+        return f"fst{self.cluster_id}-node{index}"
+
+    def env(self, home: Path) -> dict[str, str]:
+        """What a user's shell on the login node holds: SLURM_CONF, a home of its own, and this
+        repository on PYTHONPATH (the nodes share the file system and get the environment)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(SLURM_CONF=self.conf, HOME=str(home), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        env.pop("FSTRAIN_DEBUG", None)
+        return env
+
+    def script(self, *args: str) -> None:
+        subprocess.run([str(TESTSLURM), *args], check=True, timeout=120, capture_output=True,
+                       env={**os.environ, "FSTRAIN_TESTCLUSTER_ID": self.cluster_id,
+                            "FSTRAIN_TESTSLURM_DIR": str(self.state)})
+
+
+def slurm_unavailable_reason() -> str | None:
+    reason = cluster_unavailable_reason()
+    if reason is not None:
+        return reason
+    for tool in ("munged", "slurmctld", "slurmd", "srun", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install slurm-wlm munge; see scripts/install-test-deps.sh)"
+    return None
+
+
+def slurm_cluster_id() -> str:
+    explicit = os.environ.get("FSTRAIN_TESTSLURM_ID")
+    if explicit:
+        return explicit
+    return str(int(os.environ.get("FSTRAIN_TESTCLUSTER_ID") or 0) + 100)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """Bring the test Slurm up once per session and down at the end."""
+    reason = slurm_unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Slurm tests: {reason}")
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("testslurm"), slurm_cluster_id(), SLURM_NODES)
+    try:
+        cluster.script("up", str(SLURM_NODES))
+        yield cluster
+    finally:
+        cluster.script("down")

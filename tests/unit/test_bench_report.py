@@ -1,0 +1,86 @@
+"""Reading bench documents: summaries, compute against the GPU table, pairs verdicts, bar charts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fstrain.core.benchreport import analysis, bar_chart, check_document, collective_summaries, compute_rows
+from fstrain.errors import InputError
+
+
+def _row(collective: str, size: int, seconds: float, n: int, factor: float, group: int = 0) -> dict[str, Any]:
+    algbw = size / seconds / 1e9
+    return {"collective": collective, "size_bytes": size, "group": group, "time_us": {"median": seconds * 1e6},
+            "algbw_gbps": algbw, "busbw_gbps": algbw * factor, "latency_size": size < 1 << 20}
+
+
+def _compute(rank: int, name: str, tflops: float, gbps: float, device: str = "cuda:0") -> dict[str, Any]:
+    return {"rank": rank, "device": device, "device_name": name,
+            "matmul": {"dtype": "bfloat16", "tflops": {"median": tflops}},
+            "memory": {"gbps": {"median": gbps}}}
+
+
+DOC: dict[str, Any] = {
+    "schema": "fstrain.bench/1",
+    "ranks": [{"rank": r, "hostname": f"node{1 + r // 2}"} for r in range(4)],
+    "collectives": {"scopes": [
+        {"scope": "world", "groups": [[0, 1, 2, 3]], "results": [
+            _row("all_reduce", 8, 40e-6, 4, 1.5), _row("all_reduce", 1 << 30, 0.01, 4, 1.5)]},
+        {"scope": "intra_node", "groups": [[0, 1], [2, 3]], "results": [
+            _row("all_reduce", 8, 10e-6, 2, 1.0, 0), _row("all_reduce", 8, 12e-6, 2, 1.0, 1),
+            _row("all_reduce", 1 << 30, 0.005, 2, 1.0, 0), _row("all_reduce", 1 << 30, 0.008, 2, 1.0, 1)]},
+    ]},
+    "compute": {"per_rank": [_compute(0, "NVIDIA H200", 700, 4000), _compute(1, "NVIDIA H200", 690, 4100),
+                             _compute(2, "NVIDIA H200", 500, 4050), _compute(3, "NVIDIA H200", 710, 4020)]},
+    "pairs": {"links": [{"src": a, "dst": b, "samples_gbps": [0.1 if b == "node2" else 1.0]}
+                        for a in ("node1", "node2", "node3") for b in ("node1", "node2", "node3") if a != b]},
+}
+
+
+def test_collective_summaries_take_latency_small_and_bandwidth_large_slowest_group() -> None:
+    world, intra = collective_summaries(DOC)
+    assert (world.scope, world.group_size, world.groups) == ("world", 4, 1)
+    assert world.latency_us == pytest.approx(40)
+    assert world.busbw_gbps == pytest.approx((1 << 30) / 0.01 / 1e9 * 1.5)
+    assert intra.latency_us == pytest.approx(12)  # the slower group
+    assert intra.busbw_gbps == pytest.approx((1 << 30) / 0.008 / 1e9)
+
+
+def test_compute_rows_against_the_h200_datasheet() -> None:
+    rows = compute_rows(DOC)
+    assert [r.node for r in rows] == ["node1", "node1", "node2", "node2"]
+    assert rows[0].peak_tflops == pytest.approx(989) and rows[0].peak_memory_gbps == pytest.approx(4800)
+    assert rows[0].tflops_fraction == pytest.approx(700 / 989)
+    assert [r.straggler for r in rows] == ["", "", "matmul", ""]  # 500 < 0.8 x median 695
+
+
+def test_cpu_ranks_have_no_peak() -> None:
+    doc = {"compute": {"per_rank": [_compute(0, "x86_64", 0.1, 5, device="cpu")]}, "ranks": []}
+    (row,) = compute_rows(doc)
+    assert row.peak_tflops is None and row.tflops_fraction is None and row.straggler == ""
+
+
+def test_analysis_names_the_slow_host_and_the_straggler() -> None:
+    result = analysis(DOC)
+    assert result["pairs"]["outlier_hosts"] == ["node2"]
+    assert result["compute"]["stragglers"] == [2]
+    assert len(result["collectives"]) == 2
+
+
+def test_check_document() -> None:
+    assert check_document(DOC, "x") is DOC
+    with pytest.raises(InputError, match="not an fstrain bench document") as caught:
+        check_document({"losses": []}, "summary.json")
+    assert caught.value.where == "summary.json"
+
+
+def test_bar_chart() -> None:
+    lines = bar_chart([("a", 2.0), ("long", 1.0), ("z", 0.0)], unit="GB/s", width=10, marks=["", "SLOW"])
+    assert lines == [
+        "a    |##########| 2 GB/s",
+        "long |#####.....| 1 GB/s  SLOW",
+        "z    |..........| 0 GB/s",
+    ]
+    assert bar_chart([], unit="x") == []

@@ -1,0 +1,71 @@
+"""`fstrain launch` input checks and messages, through the real command line with --dry-run
+(no connection is opened)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fstrain.core.nested import nested_launcher
+from tests.helpers import run_fstrain
+
+DRY = ("launch", "--dry-run", "--hosts", "nodeA,nodeB", "--nproc-per-node", "1")
+
+
+def test_env_name_alone_takes_the_value_from_here_and_masks_secrets() -> None:
+    secret = "tok-5f2a9c-from-the-environment"
+    result = run_fstrain(*DRY, "--env", "WANDB_API_KEY", "--env", "PLAIN_SETTING", "--", "python3", "train.py",
+                         env={"WANDB_API_KEY": secret, "PLAIN_SETTING": "kept"})
+    assert result.returncode == 0, result.stderr
+    assert "WANDB_API_KEY='****'" in result.stdout and "PLAIN_SETTING=kept" in result.stdout
+    assert secret not in result.stdout + result.stderr
+
+
+def test_env_name_not_set_here_is_one_clear_line() -> None:
+    result = run_fstrain(*DRY, "--env", "FSTRAIN_TEST_NOT_SET_ANYWHERE", "--", "python3", "train.py")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --env: 'FSTRAIN_TEST_NOT_SET_ANYWHERE' is not set in this environment")
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(("program", "launcher"), [
+    (["torchrun", "--nproc-per-node", "2", "train.py"], "torchrun"),
+    (["/opt/venv/bin/torchrun", "train.py"], "torchrun"),
+    (["python", "-m", "torch.distributed.run", "train.py"], "torchrun"),
+    (["python3", "-u", "-m", "torch.distributed.launch", "train.py"], "torchrun"),
+    (["deepspeed", "train.py"], "deepspeed"),
+    (["python3", "-m", "deepspeed.launcher.runner", "train.py"], "deepspeed"),
+    (["accelerate", "launch", "train.py"], "accelerate launch"),
+])
+def test_a_launcher_inside_the_launcher_is_refused_with_what_to_run(program: list[str], launcher: str) -> None:
+    assert nested_launcher(program) == launcher
+    result = run_fstrain(*DRY, "--", *program)
+    assert result.returncode == 2
+    assert f"the program is itself a launcher ({launcher})" in result.stderr
+    assert "fstrain launch --hostfile HOSTS --nproc-per-node N" in result.stderr
+    assert ("--backend deepspeed" in result.stderr) == (launcher == "deepspeed")
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("program", [
+    ["python3", "train.py", "-m", "torch.distributed.run"],  # the script's own arguments
+    ["python3", "-m", "mypkg.train", "--launcher", "torchrun"],
+    ["accelerate", "config"],
+    ["./torchrun_wrapper.sh"],
+])
+def test_programs_that_merely_mention_a_launcher_are_not_refused(program: list[str]) -> None:
+    assert nested_launcher(program) is None
+
+
+def test_counts_are_singular_when_one_and_placeholders_are_not_printed() -> None:
+    result = run_fstrain(*DRY, "--model", "tiny")
+    assert result.returncode == 0, result.stderr
+    assert "# node 0: nodeA (1 process)" in result.stdout
+    assert "{run_dir}" not in result.stderr
+    assert "configs rendered into each node's run directory at launch" in " ".join(result.stderr.split())
+
+
+def test_launch_says_it_falls_back_to_localhost() -> None:
+    result = run_fstrain("launch", "--dry-run", "--nproc-per-node", "2", "--", "python3", "train.py")
+    assert result.returncode == 0, result.stderr
+    assert "hosts: localhost (no --hostfile or --hosts given)" in result.stderr
+    assert "# node 0: localhost (2 processes)" in result.stdout

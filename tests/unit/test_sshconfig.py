@@ -1,0 +1,73 @@
+"""Host resolution from an OpenSSH client config: `ssh -G` when installed, paramiko otherwise."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fstrain.core.hostfile import Host
+from fstrain.io.sshconfig import DEFAULT_SERVER_ALIVE_INTERVAL_S, SshConfig
+
+
+def write_configs(folder: Path) -> Path:
+    (folder / "included.conf").write_text(
+        "Host inc-*\n    User bob\n    Port 2200\n    IdentityFile ~/.ssh/cluster_key\n"
+        "Host inc-2\n    HostName 10.9.8.2\n    ProxyCommand nc -X connect %h %p %r %%\n"
+        "    CertificateFile ~/.ssh/cluster_key-cert.pub\n    ServerAliveInterval 2\n    ServerAliveCountMax 4\n")
+    main = folder / "config"
+    main.write_text(f"Include {folder / 'included.conf'}\nHost plain\n    HostName 10.9.8.1\n"
+                    "    StrictHostKeyChecking no\n    ConnectTimeout 3\n")
+    return main
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+def test_ssh_g_follows_include_and_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = SshConfig(str(write_configs(tmp_path)), use_openssh=True)
+    assert config.resolver == "ssh -G"
+    target = config.resolve(Host("inc-2"))
+    assert (target.hostname, target.user, target.port) == ("10.9.8.2", "bob", 2200)
+    assert target.identity_files == (f"{tmp_path}/.ssh/cluster_key",)
+    assert target.proxy_command == "nc -X connect 10.9.8.2 2200 bob %"
+    assert target.certificate_files == (f"{tmp_path}/.ssh/cluster_key-cert.pub",)
+    assert (target.server_alive_interval_s, target.server_alive_count_max) == (2.0, 4)
+    plain = config.resolve(Host("plain", user="root", port=22))
+    assert (plain.hostname, plain.user, plain.port, plain.strict_host_key_checking, plain.connect_timeout_s) == (
+        "10.9.8.1", "root", 22, "no", 3.0)
+    assert plain.server_alive_interval_s == DEFAULT_SERVER_ALIVE_INTERVAL_S
+    assert plain.known_hosts_files[0] == f"{tmp_path}/.ssh/known_hosts"  # $HOME, not the passwd entry
+    assert capsys.readouterr().err == ""
+
+
+def test_paramiko_fallback_warns_once_about_include(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = SshConfig(str(write_configs(tmp_path)), use_openssh=False)
+    assert config.resolver == "paramiko"
+    assert config.resolve(Host("inc-2")).hostname == "inc-2"  # the included file is not read
+    assert config.resolve(Host("plain")).hostname == "10.9.8.1"
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "Include is not honoured without the OpenSSH client" in err
+
+
+def test_keys_fstrain_cannot_honour_are_named_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config"
+    path.write_text("Host a b\n    HostKeyAlias shared\n")
+    config = SshConfig(str(path), use_openssh=shutil.which("ssh") is not None)
+    config.resolve(Host("a"))
+    config.resolve(Host("b"))
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "hostkeyalias (shared) for a is not honoured" in err
+
+
+def test_an_alias_and_its_hostname_are_one_host(tmp_path: Path) -> None:
+    from fstrain.core.hostfile import parse_host_list
+    from fstrain.errors import InventoryError
+    from fstrain.io.connect import check_distinct_endpoints
+
+    path = tmp_path / "config"
+    path.write_text("Host gpu-a\n    HostName 10.9.8.1\nHost gpu-b\n    HostName 10.9.8.2\n")
+    check_distinct_endpoints(parse_host_list("gpu-a,gpu-b,10.9.8.1:2222"), str(path))
+    with pytest.raises(InventoryError, match=r"'root@10.9.8.1' and 'gpu-a' are the same host \(10.9.8.1:22 after"):
+        check_distinct_endpoints(parse_host_list("gpu-a,gpu-b,root@10.9.8.1"), str(path))
