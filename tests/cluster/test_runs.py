@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes
+from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes, start_launch
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
 
@@ -87,7 +87,7 @@ def test_detached_training_outlives_the_client_and_is_followed_to_its_end(
         assert f"[{host} r{rank}] [fstrain.train] rank {rank}/4" in follow.stdout, follow.stdout[-3000:]
     attach = fstrain(home, "attach", run_id)  # after the end: the last lines, the summary, the exit code
     assert attach.returncode == 0, attach.stderr
-    assert f"run {run_id} succeeded (exit 0)" in attach.stderr
+    assert f"run {run_id} succeeded, exit 0" in attach.stderr
     assert json.loads(attach.stdout[attach.stdout.rindex("\n{\n") + 1:])["world_size"] == 4
     status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
     assert status["state"] == "succeeded" and status["exit_code"] == 0
@@ -215,3 +215,16 @@ def test_a_node_cut_off_tears_the_detached_run_down(cluster: NamespaceCluster, t
     assert (node1["final"]["state"], node1["final"]["exit_code"]) == ("lost", 255)
     assert "node 1 was lost: no heartbeat for 4 s" in node1["final"]["reason"]
     assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "lost"
+
+
+def test_stop_of_an_attached_run_from_another_process(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    launch = start_launch(cluster, "--hosts", "node[1-2]", "--nproc-per-node", "2", "--grace", str(GRACE_S),
+                          "--run-dir", str(tmp_path / "run"), "--", "python3", WORKER, env={"HOME": str(home)})
+    launch.wait_for("] ready rank=", count=4)
+    run_id = json.loads(fstrain(home, "runs", "--json").stdout)["runs"][0]["run_id"]
+    stop = fstrain(home, "stop", run_id)
+    assert stop.returncode == 0, stop.stderr
+    assert launch.finish(timeout=GRACE_S + 30) == 143
+    assert f"run {run_id} stopped, exit 143 (SIGTERM)" in stop.stderr
+    assert_no_job_processes(cluster, GRACE_S + 5)
