@@ -354,7 +354,7 @@ def logs_command(
     since_s = parse_duration_s(since, "--since") if since else None
     record = find_run(run)
     if record.detached is None:
-        _attached_logs(record, host, rank, tail)
+        _attached_logs(record, host, rank, tail, follow)
         return
     known = {h.name for h in record.hosts} | {h.label() for h in record.hosts}
     for name in host:
@@ -366,20 +366,35 @@ def logs_command(
             follow=follow)
 
 
-def _attached_logs(record: RunRecord, hosts: list[str], rank: int | None, tail: int | None) -> None:
-    """An attached run's lines, from the launcher's own log files."""
+def _attached_logs(record: RunRecord, hosts: list[str], rank: int | None, tail: int | None, follow: bool) -> None:
+    """An attached run's lines, from the launcher's own log files; with ``follow``, new lines
+    until its launcher has exited."""
     import re
 
     folder = record.run_dir / "logs"
-    lines: list[str] = []
-    for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
-        match = re.fullmatch(r"(.+?)(?:\.r(\d+))?\.log", path.name)
-        if match is None or (hosts and match.group(1) not in hosts):
-            continue
-        if (rank is None and match.group(2) is None) or (rank is not None and match.group(2) == str(rank)):
-            lines += path.read_text().splitlines()
-    for line in lines[-tail:] if tail else lines:
-        sys.stdout.write(line + "\n")
+    offsets: dict[Path, int] = {}
+    first = True
+    while True:
+        running = _running(int(record.entry.get("client_pid") or 0))
+        lines: list[str] = []
+        for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+            match = re.fullmatch(r"(.+?)(?:\.r(\d+))?\.log", path.name)
+            if match is None or (hosts and match.group(1) not in hosts):
+                continue
+            if (rank is None and match.group(2) is None) or (rank is not None and match.group(2) == str(rank)):
+                with path.open("rb") as handle:
+                    handle.seek(offsets.get(path, 0))
+                    data = handle.read()
+                whole = data[: data.rfind(b"\n") + 1]
+                offsets[path] = offsets.get(path, 0) + len(whole)
+                lines += whole.decode(errors="replace").splitlines()
+        for line in lines[-tail:] if first and tail else lines:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        first = False
+        if not follow or not running:
+            return
+        time.sleep(FOLLOW_POLL_S)
 
 
 def attach_command(

@@ -223,8 +223,12 @@ def test_stop_of_an_attached_run_from_another_process(cluster: NamespaceCluster,
                           "--run-dir", str(tmp_path / "run"), "--", "python3", WORKER, env={"HOME": str(home)})
     launch.wait_for("] ready rank=", count=4)
     run_id = json.loads(fstrain(home, "runs", "--json").stdout)["runs"][0]["run_id"]
+    follower = subprocess.Popen([sys.executable, "-m", "fstrain", "logs", run_id, "--follow"], cwd=REPO,
+                                env={**os.environ, "HOME": str(home)}, stdout=subprocess.PIPE, text=True)
     stop = fstrain(home, "stop", run_id)
     assert stop.returncode == 0, stop.stderr
     assert launch.finish(timeout=GRACE_S + 30) == 143
     assert f"run {run_id} stopped, exit 143 (SIGTERM)" in stop.stderr
+    followed, _ = follower.communicate(timeout=30)  # --follow ends with the launcher
+    assert follower.returncode == 0 and followed.count("] ready rank=") == 4
     assert_no_job_processes(cluster, GRACE_S + 5)
