@@ -73,7 +73,7 @@ def launch_command(
                                              help="No rank output for this long (e.g. 20m): collect every rank's "
                                              "stacks, name the odd ranks, stop the job (exit 124)."),
     finish_timeout: str | None = typer.Option(None, "--finish-timeout", metavar="DURATION",
-                                              help="Some nodes finished with exit 0 and others still run after "
+                                              help="Some ranks finished and others still run after "
                                               "this long: the same as --stall-timeout."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Return the run id once every node started; the "
                                 "nodes supervise the job themselves (see fstrain runs/status/logs/stop). "
@@ -389,7 +389,8 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
         print_plan(job.plan, f"each node's run directory ({hosts[0].name}: {run_dirs[0]})")
     procs = nprocs[0] if len(set(nprocs)) == 1 else nprocs
     out.print(f"run {run_id}: {plural(len(hosts), 'node')} x {procs} {'process' if procs == 1 else 'processes'}, "
-              f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; logs in {folder}/logs")
+              f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; "
+              + ("output in each node's run directory (fstrain logs)" if detach else f"logs in {folder}/logs"))
     options = RunOptions(run_id=run_id, run_dir=folder, grace_s=grace, heartbeat_timeout_s=heartbeat_timeout,
                          workdir=workdir, node_run_dirs=run_dirs, node_files=node_files,
                          color=sys.stdout.isatty() and not json_output,
