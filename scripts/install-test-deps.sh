@@ -22,10 +22,21 @@ command -v pgrep >/dev/null 2>&1 || missing+=(procps)
 command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
 command -v slurmctld >/dev/null 2>&1 || missing+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || missing+=(munge)
+# Another apt (unattended-upgrades on a fresh machine, a second CI job) may hold the dpkg lock:
+# wait for it (up to 10 minutes) rather than fail.
+APT=(apt-get -o DPkg::Lock::Timeout=600)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "install-test-deps: apt-get install ${missing[*]}"
-    $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    $SUDO "${APT[@]}" update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO "${APT[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# PEP 668: stock Debian/Ubuntu refuse pip into the system Python; say what to do instead.
+if python3 -c 'import sys; sys.exit(0 if sys.prefix != sys.base_prefix else 1)'; then
+    :  # inside a virtual environment
+elif [ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')/EXTERNALLY-MANAGED" ]; then
+    echo "install-test-deps: this python3 is managed by the system (PEP 668); make a venv first:" >&2
+    echo "  python3 -m venv .venv && . .venv/bin/activate && scripts/test.sh --install" >&2
+    exit 1
+fi
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'

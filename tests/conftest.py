@@ -80,11 +80,14 @@ def hermetic_hosts(cluster: NamespaceCluster) -> None:
       run records) and ~/.cache stay out of the tests.
     - PYTHONPATH: this checkout, so what the hosts run (``python -m fstrain.train``) is the code
       under test, not whichever fstrain happens to be installed (CI runs on a fresh clone).
+    - TORCH_EXTENSIONS_DIR: one folder for all hosts, so DeepSpeed builds its CPU ops once per
+      session (under an empty HOME each host would build them again).
     """
     for index in range(1, cluster.num_hosts + 1):
         cluster.home(index).mkdir(parents=True, exist_ok=True)
         cluster.script("set-env", str(index), f"HOME={cluster.home(index)}")
         cluster.script("set-env", str(index), f"PYTHONPATH={REPO}")
+        cluster.script("set-env", str(index), f"TORCH_EXTENSIONS_DIR={cluster.state / 'torch_extensions'}")
 
 
 def cluster_unavailable_reason() -> str | None:

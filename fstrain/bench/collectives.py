@@ -58,6 +58,7 @@ def time_collective(
     return {
         "collective": collective,
         "size_bytes": actual_bytes,
+        "requested_bytes": size_bytes,  # actual_bytes is rounded to whole elements, split evenly
         "elements": count,
         "dtype": str(dtype).removeprefix("torch."),
         "world_size": world_size,

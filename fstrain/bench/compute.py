@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fstrain.bench.timing import sync, timed
+from fstrain.bench.timing import on_device, sync, timed
 from fstrain.core.bench import summarize
 
 GPU_MATMUL_SIZE = 8192
@@ -50,7 +50,8 @@ def matmul_tflops(
     def op() -> None:
         torch.matmul(a, b, out=out)
 
-    samples_s, ops_per_sample = _time_samples(device, op, seconds, warmup, min_samples)
+    with on_device(device):
+        samples_s, ops_per_sample = _time_samples(device, op, seconds, warmup, min_samples)
     tflops = [flops_per_op * ops_per_sample / s / 1e12 for s in samples_s]
     return {
         "kind": "matmul",
@@ -87,7 +88,8 @@ def memory_bandwidth_gbps(
     def op() -> None:
         dst.copy_(src)
 
-    samples_s, ops_per_sample = _time_samples(device, op, seconds, warmup, min_samples)
+    with on_device(device):
+        samples_s, ops_per_sample = _time_samples(device, op, seconds, warmup, min_samples)
     moved = 2 * size * ops_per_sample
     gbps = [moved / s / 1e9 for s in samples_s]
     return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,3 +38,10 @@ def wait(work: Any) -> None:
     """Wait for an asynchronous torch.distributed operation (synchronous calls return None)."""
     if work is not None:
         work.wait()
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Make ``device`` the current GPU (CUDA events record on the current device's stream)."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()

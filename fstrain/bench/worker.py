@@ -34,6 +34,8 @@ from fstrain.errors import FstrainError
 DEFAULT_SIZES = {"nccl": "1M-1G", "gloo": "64K-16M"}
 """Bandwidth sizes per backend: gloo moves bytes through the CPU and TCP, 1 GiB takes seconds."""
 DEFAULT_PAIR_BYTES = {"nccl": "256M", "gloo": "16M"}
+QUICK_SIZES = {"nccl": "16M,256M", "gloo": "1M,8M"}
+"""``--quick`` (``fstrain doctor --bench``): two sizes, all_reduce and all_gather, three pair samples."""
 LATENCY_SIZES = (8, 1 << 10, 1 << 16)
 """Small messages timed besides the bandwidth sizes: their time is the collective's latency."""
 
@@ -53,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pairs-mode", choices=("auto", "all", "ring"), default="auto",
                         help="every ordered pair (n-1 rounds) or a ring and its reverse (2 rounds)")
     parser.add_argument("--no-latency", action="store_true", help="skip the small-message latency sizes")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run: two sizes, all_reduce and all_gather, 3 samples per link")
     parser.add_argument("--scopes", default="world,intra,inter",
                         help="groups to time collectives over: world, intra (each node), inter (across nodes)")
     return parser
@@ -118,7 +122,9 @@ def node_names(leaders: list[dict[str, Any]]) -> list[str]:
 
 
 def run_compute(device_kind: str, seconds: float) -> dict[str, Any]:
-    device = torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else torch.device("cpu")
+    # Each rank its own GPU, also when the collectives run over gloo (which set no device).
+    local_gpu = int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
+    device = torch.device("cuda", local_gpu) if device_kind == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         matmul = matmul_tflops(device, torch.bfloat16, seconds=seconds)
         name = torch.cuda.get_device_name(device)
@@ -148,7 +154,8 @@ def run_collectives(
     plan: list[tuple[str, list[list[int]]]] = [("world", [list(range(world))])] if "world" in wanted else []
     if len(groups) > 1 and "intra" in wanted and max(len(g) for g in groups) > 1:
         plan.append(("intra_node", groups))
-    if len(groups) > 1 and "inter" in wanted and min(len(g) for g in groups) > 1:
+    # Across nodes: local rank k of every node together; only where every node has as many ranks.
+    if len(groups) > 1 and "inter" in wanted and min(len(g) for g in groups) > 1 and len({len(g) for g in groups}) == 1:
         plan.append(("inter_node", [list(ranks) for ranks in zip(*groups, strict=False)]))
     for scope, members in plan:
         # Every rank creates every group, in the same order (torch.distributed requires it).
@@ -175,7 +182,9 @@ def run_collectives(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     suites = parse_suites(args.suite)
     backend, device = init(args.backend)
-    sizes = parse_sizes(args.sizes or DEFAULT_SIZES[backend])
+    if args.quick:
+        args.collectives, args.pair_samples = "all_reduce,all_gather", min(args.pair_samples, 3)
+    sizes = parse_sizes(args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)[backend])
     pair_bytes = parse_size(args.pair_bytes or DEFAULT_PAIR_BYTES[backend], where="--pair-bytes")
     ranks = describe_ranks()
     groups = node_groups(ranks)

@@ -31,32 +31,46 @@ def bench_command(
     ssh_config: str | None = hostopts.SSH_CONFIG,
     accept_new_hosts: bool = hostopts.ACCEPT_NEW,
     fanout: int = hostopts.FANOUT,
-    suite: str = typer.Option("all", "--suite", help="collectives, pairs, compute, all, or a comma list."),
-    sizes: str | None = typer.Option(None, "--sizes", help="Message sizes: 1M-1G (x2 steps), 1M-1G:4, 1M,64M "
+    suite: str = typer.Option("all", "--suite", metavar="SUITES",
+                              help="collectives, pairs, compute, all, or a comma list."),
+    sizes: str | None = typer.Option(None, "--sizes", metavar="SIZES",
+                                     help="Message sizes: 1M-1G (x2 steps), 1M-1G:4, 1M,64M "
                                      "(default 1M-1G with nccl, 64K-16M with gloo)."),
-    backend: str | None = typer.Option(None, "--backend", help="nccl or gloo (default: nccl where there are GPUs)."),
+    backend: str | None = typer.Option(None, "--backend", metavar="nccl|gloo",
+                                       help="nccl or gloo (default: nccl where there are GPUs)."),
     python: str = typer.Option("python3", "--python", help="Interpreter on the hosts (with torch)."),
-    nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1,
+    nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, metavar="N",
                                               help="Ranks per node (default: slots, else GPUs, else 1)."),
-    pairs_mode: str = typer.Option("auto", "--pairs", help="all (every ordered pair), ring (a ring and its reverse) "
+    pairs_mode: str = typer.Option("auto", "--pairs", metavar="all|ring|auto",
+                                   help="all (every ordered pair), ring (a ring and its reverse) "
                                    "or auto (all up to 16 nodes)."),
-    pair_bytes: str | None = typer.Option(None, "--pair-bytes", help="Bytes per pair transfer (default 256M nccl, "
-                                          "16M gloo)."),
-    seconds: float = typer.Option(0.5, "--seconds", min=0.01, help="Time budget per collective and size."),
+    pair_bytes: str | None = typer.Option(None, "--pair-bytes", metavar="BYTES",
+                                          help="Bytes per pair transfer (default 256M nccl, 16M gloo)."),
+    seconds: float = typer.Option(0.5, "--seconds", min=0.01, metavar="SECONDS",
+                                  help="Time budget per collective and size."),
     workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host."),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE for every rank (repeatable)."),
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port."),
     run_dir: str | None = typer.Option(None, "--run-dir", help="Logs, manifest and results (default runs/<run id>)."),
-    out: str | None = typer.Option(None, "--out", help="Also write the result document (JSON) to FILE."),
+    out: str | None = typer.Option(None, "--out", metavar="FILE",
+                                   help="Also write the result document (JSON) to FILE."),
     json_output: bool = typer.Option(False, "--json", help="Print the result document on stdout."),
 ) -> None:
     """Run the benchmark suites on every selected host and report what stands out."""
-    request = build_request(hostfile, hosts, include, exclude, gpus_per_node, suite, sizes, backend, python,
-                            nproc_per_node, pairs_mode, pair_bytes, seconds, workdir, env, master_port, run_dir)
+    request, source = build_request(hostfile, hosts, include, exclude, gpus_per_node, suite, sizes, backend, python,
+                                    nproc_per_node, pairs_mode, pair_bytes, seconds, workdir, env, master_port,
+                                    run_dir)
     if out:
         _check_writable(out)
+    if source.startswith("localhost"):
+        console().print(f"[dim]hosts: {source}[/dim]")
     try:
-        document, exit_code = measure(request, ssh_config, accept_new_hosts, fanout)
+        from fstrain.cli.slurm import allocation_connector
+        from fstrain.io.connect import make_connector
+
+        # Inside a Slurm allocation its nodes are reached through srun, as doctor and exec reach them.
+        connect = allocation_connector(source) or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
+        document, exit_code = measure(request, connect, fanout)
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
@@ -67,14 +81,18 @@ def bench_command(
             save_document(Path(out), document)
         if json_output:
             print_json(document)
+    elif json_output:  # the job failed: still one document, saying how (the manifest has the rest)
+        print_json({"run_id": request.run_id, "run_dir": str(request.run_dir), "exit_code": exit_code,
+                    "manifest": str(request.run_dir / "manifest.json")})
     raise typer.Exit(exit_code)
 
 
 def build_request(hostfile: str | None, hosts: str | None, include: str | None, exclude: str | None,
                   gpus_per_node: int | None, suite: str, sizes: str | None, backend: str | None, python: str,
                   nproc_per_node: int | None, pairs_mode: str, pair_bytes: str | None, seconds: float,
-                  workdir: str | None, env: list[str], master_port: int | None, run_dir: str | None) -> Any:
-    """Every flag checked, before any host is contacted."""
+                  workdir: str | None, env: list[str], master_port: int | None,
+                  run_dir: str | None) -> tuple[Any, str]:
+    """Every flag checked, before any host is contacted; the request and where the hosts came from."""
     from fstrain.cli.launch import collect_env, new_run_id
     from fstrain.core.bench import parse_size, parse_sizes, parse_suites
     from fstrain.core.benchpairs import pair_rounds
@@ -94,10 +112,11 @@ def build_request(hostfile: str | None, hosts: str | None, include: str | None, 
     extra = ["--pairs-mode", pairs_mode, "--seconds", str(seconds)]
     if pair_bytes:
         extra += ["--pair-bytes", pair_bytes]
-    return BenchRequest(hosts=selection.hosts, suites=suites, run_id=run_id,
-                        run_dir=Path(run_dir) if run_dir else Path("runs") / run_id, python=python,
-                        sizes=sizes or "", backend=backend or "", nproc_per_node=nproc_per_node, workdir=workdir,
-                        env=collect_env(env, None), master_port=master_port, extra=extra)
+    request = BenchRequest(hosts=selection.hosts, suites=suites, run_id=run_id,
+                           run_dir=Path(run_dir) if run_dir else Path("runs") / run_id, python=python,
+                           sizes=sizes or "", backend=backend or "", nproc_per_node=nproc_per_node, workdir=workdir,
+                           env=collect_env(env, None), master_port=master_port, extra=extra)
+    return request, selection.source
 
 
 def _check_writable(out: str) -> None:
@@ -108,18 +127,15 @@ def _check_writable(out: str) -> None:
         raise InputError("the folder for --out does not exist", "create it first or give another path", out)
 
 
-def measure(request: Any, ssh_config: str | None, accept_new_hosts: bool, fanout: int) -> tuple[
-        dict[str, Any] | None, int]:
+def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | None, int]:
     """Run the suites, print the report on stderr; (document with its analysis, exit code)."""
     from fstrain.cli.launch import interface_env, print_summary
     from fstrain.core.benchreport import analysis
     from fstrain.io.bench import run_bench, save_document
-    from fstrain.io.connect import make_connector
 
     out = console()
     out.print(f"bench {request.run_id}: {', '.join(request.suites)} on {len(request.hosts)} hosts; "
               f"logs in {request.run_dir}/logs")
-    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     run = run_bench(request, connect, fanout=fanout, node_env=lambda ifname: interface_env(ifname, dict(request.env)))
     if run.document is None:
         print_summary(run.outcome)

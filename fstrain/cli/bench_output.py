@@ -12,8 +12,9 @@ def _table(*columns: str) -> Any:
 
     table = Table(show_edge=False, pad_edge=False)
     for column in columns:
-        table.add_column(column, justify="left" if column in ("scope", "collective", "link", "node", "device",
-                                                                "note") else "right")
+        table.add_column(column, no_wrap=column != "device",
+                         justify="left" if column in ("scope", "collective", "link", "node", "device", "note")
+                         else "right")
     return table
 
 
@@ -35,8 +36,8 @@ def print_collectives(document: dict[str, Any]) -> list[str]:
 
     table = _table("scope", "group", "collective", "size", "time us", "algbw GB/s", "busbw GB/s")
     for row in collective_rows(document):
-        table.add_row(row.scope, str(row.group), row.collective, format_size(row.size_bytes), f"{row.time_us:,.1f}",
-                      f"{row.algbw_gbps:.3f}", f"{row.busbw_gbps:.3f}")
+        table.add_row(row.scope, str(row.group), row.collective, format_size(row.requested_bytes),
+                      f"{row.time_us:,.1f}", f"{row.algbw_gbps:.3f}", f"{row.busbw_gbps:.3f}")
     console().print(table)
     summaries = collective_summaries(document)
     items = [(f"{s.scope} {s.collective} ({s.group_size} ranks)", s.busbw_gbps or s.algbw_gbps) for s in summaries]
@@ -51,26 +52,32 @@ def print_pairs(document: dict[str, Any]) -> list[str]:
     from fstrain.core.benchreport import bar_chart, pairs_verdict
 
     links = link_table(document["pairs"]["links"])
+    medians = link_table(document["pairs"]["links"], "median")
     verdict = pairs_verdict(document)
     if verdict is None or not links:
         line = "pairs: one node, no links to time"
         console().print(f"[dim]{line}[/dim]")
         return [line]
     slow = {(link.src, link.dst) for link in verdict.slow_links}
-    table = _table("link", "GB/s", "of median", "note")
+    table = _table("link", "best GB/s", "median GB/s", "of median link", "note")
     for (src, dst), gbps in sorted(links.items()):
-        table.add_row(f"{src} -> {dst}", f"{gbps:.3f}", _pct(gbps / verdict.median_gbps if verdict.median_gbps else 0),
+        table.add_row(f"{src} -> {dst}", f"{gbps:.3f}", f"{medians[(src, dst)]:.3f}",
+                      _pct(gbps / verdict.median_gbps if verdict.median_gbps else 0),
                       "[red]slow[/red]" if (src, dst) in slow else "")
     console().print(table)
     keys = sorted(links)
-    lines = _chart(f"pairs: {document['pairs']['size']} per transfer, median {verdict.median_gbps:.3f} GB/s, "
-                   f"outlier below {verdict.threshold_gbps:.3f} GB/s",
+    lines = _chart(f"pairs: {document['pairs']['size']} per transfer, best of {_samples(document)} per link; "
+                   f"median link {verdict.median_gbps:.3f} GB/s, outlier below {verdict.threshold_gbps:.3f} GB/s",
                    bar_chart([(f"{s} -> {d}", links[(s, d)]) for s, d in keys], unit="GB/s",
                              marks=["SLOW" if k in slow else "" for k in keys]))
     verdicts = pairs_text(verdict)
     for text in verdicts:
         console().print(f"[{'red' if verdict.outlier_hosts else 'green'}]{text}[/]")
     return lines + verdicts
+
+
+def _samples(document: dict[str, Any]) -> int:
+    return min(len(link["samples_gbps"]) for link in document["pairs"]["links"])
 
 
 def pairs_text(verdict: Any) -> list[str]:

@@ -49,6 +49,8 @@ def doctor_command(
     kill_orphans: bool = typer.Option(False, "--kill-orphans", help="End them (by the runs' recorded ids only)."),
     write_test_mib: int = typer.Option(256, "--write-test-mib", min=0, help="MiB written to time --checkpoint-dir."),
     list_checks: bool = typer.Option(False, "--list", help="List the checks and exit (connects to nothing)."),
+    bench: bool = typer.Option(False, "--bench", help="After the checks, run quick collectives and pairs "
+                               "benchmarks (fstrain bench) and turn outliers into verdicts."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
     """Probe every selected host and run the check catalogue over what was found."""
@@ -71,13 +73,46 @@ def doctor_command(
     try:
         from fstrain.cli.slurm import allocation_connector
 
+        connector = allocation_connector(selection.source)
         facts = gather(selection.hosts, checks, ssh_config, accept_new_hosts, fanout, needs, checkpoint_dir,
                        master_port, python, workdir, kill_orphans, write_test_mib, json_output,
-                       allocation_connector(selection.source))
+                       connector)
+        extra = run_bench_checks(selection.hosts, ssh_config, accept_new_hosts, fanout, python, workdir,
+                                 master_port, connector) if bench else []
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
-    raise typer.Exit(report(facts, checks, orphans or kill_orphans, json_output))
+    raise typer.Exit(report(facts, checks, orphans or kill_orphans, json_output, extra))
+
+
+def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts: bool, fanout: int, python: str,
+                     workdir: str | None, master_port: int | None, connector: Any = None) -> list[CheckResult]:
+    """``--bench``: the quick collectives and pairs suites through the launch path, as verdicts."""
+    from pathlib import Path
+
+    from fstrain.cli.launch import interface_env, new_run_id
+    from fstrain.core.benchchecks import bench_checks, bench_failed
+    from fstrain.core.doctor.result import CheckResult
+    from fstrain.errors import FstrainError
+    from fstrain.io.bench import BenchRequest, run_bench
+    from fstrain.io.connect import make_connector
+
+    run_id = new_run_id()
+    request = BenchRequest(hosts=hosts, suites=["collectives", "pairs"], run_id=run_id,
+                           run_dir=Path("runs") / run_id, python=python, workdir=workdir, master_port=master_port,
+                           extra=["--quick", "--seconds", "0.2"])
+    console().print(f"[dim]bench {run_id}: quick collectives and pairs; logs in {request.run_dir}/logs[/dim]")
+    names = [h.name for h in hosts]
+    try:
+        run = run_bench(request, connector or make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
+                        fanout=fanout,
+                        node_env=lambda ifname: interface_env(ifname, {}))
+    except FstrainError as error:  # preflight or rendezvous: a verdict, beside the other checks
+        return [CheckResult("bench.run", "fail", tuple(names), f"the benchmark could not start: {error.message}",
+                            error.hint or "fix the hosts above and rerun")]
+    if run.document is None:
+        return bench_failed(run.outcome.exit_code, f"{request.run_dir}/logs", names)
+    return bench_checks(run.document, names)
 
 
 def gather(hosts: list[Any], checks: tuple[Check, ...], ssh_config: str | None, accept_new_hosts: bool, fanout: int,
@@ -139,10 +174,11 @@ class LiveHosts:
         return table
 
 
-def report(facts: DoctorFacts, checks: tuple[Check, ...], list_orphans: bool, json_output: bool) -> int:
+def report(facts: DoctorFacts, checks: tuple[Check, ...], list_orphans: bool, json_output: bool,
+           extra: list[CheckResult] | None = None) -> int:
     from fstrain.core.doctor import exit_code, run_checks, summary
 
-    results = run_checks(facts, checks)
+    results = [*run_checks(facts, checks), *(extra or [])]
     totals = summary(results)
     if json_output:
         document: dict[str, Any] = {"checks": [r.to_dict() for r in results],

@@ -50,7 +50,8 @@ def launch_command(
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE, or NAME to pass this environment's value, for "
                                   "every rank (repeatable)."),
     env_file: str | None = typer.Option(None, "--env-file", help="File of NAME=VALUE lines."),
-    workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host (checked first)."),
+    workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host (default: the "
+                                       "current directory; checked first)."),
     python: str = typer.Option("python3", "--python", help="Interpreter on the hosts."),
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="torchrun worker-group restarts."),
@@ -72,7 +73,7 @@ def launch_command(
                                              help="No rank output for this long (e.g. 20m): collect every rank's "
                                              "stacks, name the odd ranks, stop the job (exit 124)."),
     finish_timeout: str | None = typer.Option(None, "--finish-timeout", metavar="DURATION",
-                                              help="Some nodes finished with exit 0 and others still run after "
+                                              help="Some ranks finished and others still run after "
                                               "this long: the same as --stall-timeout."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Return the run id once every node started; the "
                                 "nodes supervise the job themselves (see fstrain runs/status/logs/stop). "
@@ -277,11 +278,10 @@ def collect_env(assignments: list[str], env_file: str | None) -> dict[str, str]:
         merged.update(parse_env_file(read_text_bounded(path, "env file"), env_file))
     for assignment in assignments:
         if "=" not in assignment:  # --env NAME: the value comes from here, never on a command line
-            name = assignment.strip()
+            name, _ = parse_env_assignment(f"{assignment}=", "--env")  # the name's own checks
             if name not in os.environ:
                 raise InputError(f"{name!r} is not set in this environment",
                                  f"export {name}=... first, or give --env {name}=VALUE", "--env")
-            parse_env_assignment(f"{name}=", "--env")  # the name's own checks
             merged[name] = os.environ[name]
             continue
         name, value = parse_env_assignment(assignment, "--env")
@@ -389,7 +389,8 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
         print_plan(job.plan, f"each node's run directory ({hosts[0].name}: {run_dirs[0]})")
     procs = nprocs[0] if len(set(nprocs)) == 1 else nprocs
     out.print(f"run {run_id}: {plural(len(hosts), 'node')} x {procs} {'process' if procs == 1 else 'processes'}, "
-              f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; logs in {folder}/logs")
+              f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; "
+              + ("output in each node's run directory (fstrain logs)" if detach else f"logs in {folder}/logs"))
     options = RunOptions(run_id=run_id, run_dir=folder, grace_s=grace, heartbeat_timeout_s=heartbeat_timeout,
                          workdir=workdir, node_run_dirs=run_dirs, node_files=node_files,
                          color=sys.stdout.isatty() and not json_output,

@@ -61,6 +61,15 @@ def _register() -> None:
 _register()
 
 
+def _one_line_usage_errors() -> None:
+    from fstrain.cli.usage_errors import install
+
+    install()
+
+
+_one_line_usage_errors()
+
+
 def main() -> None:
     """Console-script entry point: known errors are one line on stderr, never a traceback."""
     try:

@@ -31,8 +31,22 @@ METAVARS = {
     # render, topo
     "--out": "PATH", "--ifname": "IFACE", "--rdma-device": "DEVICE", "--nccl-topo": "FILE", "--lr": "RATE",
     "--warmup-steps": "N", "--train-steps": "N", "--from": "FILE", "--output": "FILE",
+    # runs, logs, stop, gc
+    "--host": "HOST", "--rank": "N", "--tail": "N", "--since": "DURATION", "--older-than": "DURATION",
+    "--wait": "SECONDS",
+    # launch --slurm
+    "--launcher": "ssh|srun", "--partition": "NAME", "--time": "LIMIT", "--account": "NAME", "--qos": "NAME",
+    "--constraint": "FEATURES", "--sbatch-arg": "OPTION", "--container-image": "IMAGE",
+    "--container-mounts": "SRC:DST[,...]",
+    # bench
+    "--suite": "SUITES", "--sizes": "SIZES", "--pairs": "all|ring", "--pair-bytes": "BYTES", "--seconds": "SECONDS",
 }
-ARGUMENTS = {"command": "[--] CMD ARGS...", "program": "[-- PROGRAM ARGS...]", "file": "FILE"}
+# The same flag meaning something else in one command.
+COMMAND_METAVARS = {
+    ("bench", "--backend"): "nccl|gloo", ("bench", "--out"): "FILE", ("plan", "--out"): "FILE",
+    ("render", "--out"): "DIR",
+}
+ARGUMENTS = {"command": "[--] CMD ARGS...", "program": "[-- PROGRAM ARGS...]", "file": "FILE", "run": "RUN"}
 
 
 def name_placeholders(app: Any) -> None:
@@ -42,13 +56,16 @@ def name_placeholders(app: Any) -> None:
     for group in app.registered_groups:  # sub-commands (fstrain topo show ...)
         name_placeholders(group.typer_instance)
     for command in app.registered_commands:
+        name = command.name or ""
         for parameter in inspect.signature(command.callback).parameters.values():
             info = parameter.default
             if isinstance(info, OptionInfo) and info.metavar is None:
                 if "bool" in str(parameter.annotation):
                     continue  # a flag: no value, no placeholder
                 flags = [d for d in info.param_decls or () if d.startswith("--")]
-                info.metavar = METAVARS.get(flags[0] if flags else "", "") or _by_type(parameter)
+                flag = flags[0] if flags else ""
+                # (the overridden flags are defined in their command, not shared with another)
+                info.metavar = COMMAND_METAVARS.get((name, flag)) or METAVARS.get(flag, "") or _by_type(parameter)
             elif isinstance(info, ArgumentInfo) and info.metavar is None:
                 info.metavar = ARGUMENTS.get(parameter.name) or parameter.name.upper()
 

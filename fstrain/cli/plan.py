@@ -76,6 +76,9 @@ def plan_command(
     train_tokens: str | None = typer.Option(None, "--train-tokens", help="Token budget for time to train (2e12, 15T)."),
     mfu: float | None = typer.Option(None, "--mfu", min=0.01, max=1.0, help="Achievable MFU (default per GPU type)."),
     assume: list[str] | None = typer.Option(None, "--assume", help="Override an assumption: KEY=VALUE, repeatable."),
+    calibrate: str | None = typer.Option(None, "--calibrate", metavar="FILE",
+                                         help="Measured numbers in place of assumptions: a bench JSON "
+                                         "(fstrain bench --out) or the trainer's summary.json."),
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     trace: bool = typer.Option(
@@ -130,7 +133,15 @@ def plan_command(
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload)
     cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed,
                               gpu_memory, gpu_tflops)
-    assumptions = with_overrides(Assumptions(), list(assume or []))
+    base = Assumptions()
+    calibration = None
+    if calibrate:  # measured numbers first; explicit --assume, --mfu and --inter-node-gbps still win
+        from fstrain.cli.plan_calibrate import calibrated
+
+        calibration = calibrated(calibrate, base, cluster, training.precision, plan_model.spec,
+                                 inter_node_gbps, list(assume or []), mfu, json_output)
+        base, cluster = calibration.assumptions, calibration.cluster
+    assumptions = with_overrides(base, list(assume or []))
     if mfu is not None:
         assumptions = with_overrides(assumptions, [f"mfu={mfu}"], "--mfu")
     result = plan(plan_model, training, cluster, pins, assumptions)
@@ -155,6 +166,10 @@ def plan_command(
         from fstrain.cli.output import print_json
 
         document = plan_document(result, plan_model, training, cluster, assumptions, top, batch_note)
+        if calibration is not None:
+            from fstrain.cli.plan_calibrate import calibration_document
+
+            document["calibration"] = calibration_document(calibrate or "", calibration)
         print_json({**document, "trace": traced} if trace else document)
     else:
         from fstrain.cli.plan_output import print_plans

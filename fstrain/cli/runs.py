@@ -93,7 +93,7 @@ def _duration(seconds: float) -> str:
 def _describe(state: RunState) -> str:
     from fstrain.core.rankexit import describe_code
 
-    code = f" (exit {describe_code(state.exit_code)})" if state.exit_code is not None else ""
+    code = f", exit {describe_code(state.exit_code)}" if state.exit_code is not None else ""
     return f"{state.state}{code}"
 
 
@@ -354,7 +354,7 @@ def logs_command(
     since_s = parse_duration_s(since, "--since") if since else None
     record = find_run(run)
     if record.detached is None:
-        _attached_logs(record, host, rank, tail)
+        _attached_logs(record, host, rank, tail, follow)
         return
     known = {h.name for h in record.hosts} | {h.label() for h in record.hosts}
     for name in host:
@@ -366,20 +366,35 @@ def logs_command(
             follow=follow)
 
 
-def _attached_logs(record: RunRecord, hosts: list[str], rank: int | None, tail: int | None) -> None:
-    """An attached run's lines, from the launcher's own log files."""
+def _attached_logs(record: RunRecord, hosts: list[str], rank: int | None, tail: int | None, follow: bool) -> None:
+    """An attached run's lines, from the launcher's own log files; with ``follow``, new lines
+    until its launcher has exited."""
     import re
 
     folder = record.run_dir / "logs"
-    lines: list[str] = []
-    for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
-        match = re.fullmatch(r"(.+?)(?:\.r(\d+))?\.log", path.name)
-        if match is None or (hosts and match.group(1) not in hosts):
-            continue
-        if (rank is None and match.group(2) is None) or (rank is not None and match.group(2) == str(rank)):
-            lines += path.read_text().splitlines()
-    for line in lines[-tail:] if tail else lines:
-        sys.stdout.write(line + "\n")
+    offsets: dict[Path, int] = {}
+    first = True
+    while True:
+        running = _running(int(record.entry.get("client_pid") or 0))
+        lines: list[str] = []
+        for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+            match = re.fullmatch(r"(.+?)(?:\.r(\d+))?\.log", path.name)
+            if match is None or (hosts and match.group(1) not in hosts):
+                continue
+            if (rank is None and match.group(2) is None) or (rank is not None and match.group(2) == str(rank)):
+                with path.open("rb") as handle:
+                    handle.seek(offsets.get(path, 0))
+                    data = handle.read()
+                whole = data[: data.rfind(b"\n") + 1]
+                offsets[path] = offsets.get(path, 0) + len(whole)
+                lines += whole.decode(errors="replace").splitlines()
+        for line in lines[-tail:] if first and tail else lines:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        first = False
+        if not follow or not running:
+            return
+        time.sleep(FOLLOW_POLL_S)
 
 
 def attach_command(
@@ -473,12 +488,13 @@ def stop_command(
 ) -> None:
     """Stop a detached run on every host: SIGTERM, SIGKILL after the run's grace period."""
     from fstrain.core.runstate import FINAL
-    from fstrain.errors import FstrainError, InputError
+    from fstrain.errors import FstrainError
     from fstrain.io.runs import find_run, node_views, run_state, stop_on_node
 
     record = find_run(run)
     if record.detached is None:
-        raise InputError(f"run {record.run_id} is attached", "stop it with Ctrl-C in its terminal", "RUN")
+        _stop_attached(record, force, wait)
+        return
     connect = _connector(record, ssh_config, accept_new_hosts)
     py = _python(record, python)
     node0 = record.detached["nodes"][0]
@@ -502,6 +518,48 @@ def stop_command(
                                "check with `fstrain status`; `fstrain stop --force` skips the grace period", "stop")
         time.sleep(1)
     out.print(f"run {record.run_id} {_describe(state)}")
+
+
+def _stop_attached(record: RunRecord, force: bool, wait: float) -> None:
+    """An attached run started on this machine: SIGTERM to its launcher, as Ctrl-C would (a
+    second one, with --force, skips the grace period)."""
+    import os
+
+    from fstrain.errors import FstrainError, InputError
+    from fstrain.io.runs import read_json, run_state
+
+    pid = int(record.entry.get("client_pid") or 0)
+    state = run_state(record, None)
+    if state.state != "running":
+        console().print(f"run {record.run_id} has already ended: {_describe(state)}")
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        cmdline = b""
+    if b"fstrain" not in cmdline:  # the pid was reused: not our launcher
+        raise InputError(f"run {record.run_id}'s launcher (pid {pid}) is gone", "", "RUN")
+    os.kill(pid, signal.SIGTERM)
+    if force:
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _running(pid):
+        raise FstrainError(f"run {record.run_id}'s launcher has not exited {wait:g} s after SIGTERM",
+                           "`fstrain stop --force` skips the grace period", "stop")
+    record.manifest = read_json(record.run_dir / "manifest.json")
+    console().print(f"run {record.run_id} {_describe(run_state(record, None))}")
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an exited launcher its parent has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] != "Z"
 
 
 # -- fstrain gc ---------------------------------------------------------------------------------

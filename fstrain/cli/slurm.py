@@ -38,7 +38,6 @@ SBATCH_ARG = typer.Option([], "--sbatch-arg", help="With --slurm: one more sbatc
 CONTAINER_IMAGE = typer.Option(None, "--container-image", help="Slurm with Pyxis: run every node's part in this "
                                "enroot image (srun --container-image).")
 CONTAINER_MOUNTS = typer.Option(None, "--container-mounts", help="Slurm with Pyxis: SRC:DST[,...] mounted into it.")
-DETACH = typer.Option(False, "--detach", help="With --slurm: print the job id and return at once.")
 RENDER_ONLY = typer.Option(False, "--slurm-render-only", hidden=True)
 
 # launch's own options that the batch job's `fstrain launch` does not take from the command line.
@@ -277,6 +276,9 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
                 return 130
             cancel(job_id)
             console().print(f"cancelled job {job_id}; waiting for its nodes to stop")
+    if not output.exists():
+        console().print(f"[yellow]warning: the job's output {output} never appeared here[/yellow]: the run "
+                        "directory must be on a file system the nodes share with this machine (--run-dir)")
     return report_job(job_id, status, folder, json_output)
 
 

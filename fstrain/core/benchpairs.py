@@ -8,8 +8,11 @@ slow ingress would look like a slow egress too). ``all`` mode times every ordere
 (``n(n-1)`` links in about ``2n`` rounds); ``ring`` mode times a ring and its reverse (``2n``
 links in four to six rounds, whatever the cluster's size).
 
-The analysis is on *directed* links (``a -> b``): a host whose NIC, cable or port is slow in one
-direction slows every link that enters (or leaves) it, and only those. A link is *slow* below
+The analysis is on *directed* links (``a -> b``), each at its *best* sample: load elsewhere on a
+host (another job, a busy CPU) only ever slows a transfer down, while a link can never beat its
+slowest part, so the best of a few transfers is the link's capacity and a noisy sample does not
+make a healthy link look slow. A host whose NIC, cable or port is slow in one direction slows
+every link that enters (or leaves) it, and only those. A link is *slow* below
 ``threshold`` (0.7) times the median of all links. A host is blamed for a direction when at least
 two of its links in that direction were timed and more than half of them are slow; blamed hosts
 are taken greedily (the one that explains the most slow links first). Slow links no blamed host
@@ -145,12 +148,17 @@ def analyze_links(links: Mapping[tuple[str, str], float], threshold: float = DEF
     )
 
 
-def link_table(samples: Sequence[Mapping[str, object]]) -> dict[tuple[str, str], float]:
-    """``{(src, dst): median gbps}`` from the pairs suite's per-link records."""
+def link_table(samples: Sequence[Mapping[str, object]], statistic: str = "best") -> dict[tuple[str, str], float]:
+    """``{(src, dst): gbps}`` from the pairs suite's per-link records: each link's ``best``
+    sample (its capacity, what the verdicts use) or its ``median``."""
+    if statistic not in ("best", "median"):
+        raise InputError(f"unknown link statistic {statistic!r}", "use best or median")
     table: dict[tuple[str, str], float] = {}
     for record in samples:
         values = record.get("samples_gbps")
         if not isinstance(values, list) or not values:
             raise InputError(f"link record without samples: {dict(record)!r}", "rerun fstrain bench --suite pairs")
-        table[(str(record["src"]), str(record["dst"]))] = float(statistics.median(values))
+        floats = [float(v) for v in values]
+        table[(str(record["src"]), str(record["dst"]))] = max(floats) if statistic == "best" \
+            else statistics.median(floats)
     return table

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.bench import format_size
 from fstrain.core.benchpairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table
 from fstrain.core.gpus import GpuSpec, lookup_gpu
 from fstrain.errors import InputError
@@ -43,6 +42,8 @@ class CollectiveRow:
     algbw_gbps: float
     busbw_gbps: float
     latency_size: bool
+    requested_bytes: int
+    """The size asked for (``size_bytes`` is rounded down to whole elements split evenly)."""
 
 
 def collective_rows(document: Mapping[str, Any]) -> list[CollectiveRow]:
@@ -51,7 +52,8 @@ def collective_rows(document: Mapping[str, Any]) -> list[CollectiveRow]:
         for r in scope["results"]:
             rows.append(CollectiveRow(scope["scope"], int(r.get("group", 0)), r["collective"], int(r["size_bytes"]),
                                       float(r["time_us"]["median"]), float(r["algbw_gbps"]),
-                                      float(r["busbw_gbps"]), bool(r.get("latency_size"))))
+                                      float(r["busbw_gbps"]), bool(r.get("latency_size")),
+                                      int(r.get("requested_bytes", r["size_bytes"]))))
     return rows
 
 
@@ -67,6 +69,7 @@ class CollectiveSummary:
     """Bus bandwidth at the largest message (over the groups: the slowest group)."""
     algbw_gbps: float
     size_bytes: int
+    """The largest size asked for."""
 
 
 def collective_summaries(document: Mapping[str, Any]) -> list[CollectiveSummary]:
@@ -76,14 +79,14 @@ def collective_summaries(document: Mapping[str, Any]) -> list[CollectiveSummary]
         rows = collective_rows({"collectives": {"scopes": [scope]}})
         for collective in dict.fromkeys(r.collective for r in rows):
             mine = [r for r in rows if r.collective == collective]
-            smallest = min(r.size_bytes for r in mine)
-            largest = max(r.size_bytes for r in mine)
-            at_large = [r for r in mine if r.size_bytes == largest]
+            smallest = min(r.requested_bytes for r in mine)
+            largest = max(r.requested_bytes for r in mine)
+            at_large = [r for r in mine if r.requested_bytes == largest]
             slowest = min(at_large, key=lambda r: r.busbw_gbps if r.busbw_gbps else r.algbw_gbps)
             out.append(CollectiveSummary(
                 scope=scope["scope"], collective=collective, group_size=len(scope["groups"][0]),
                 groups=len(scope["groups"]),
-                latency_us=max(r.time_us for r in mine if r.size_bytes == smallest),
+                latency_us=max(r.time_us for r in mine if r.requested_bytes == smallest),
                 busbw_gbps=slowest.busbw_gbps, algbw_gbps=slowest.algbw_gbps, size_bytes=largest,
             ))
     return out
@@ -198,7 +201,3 @@ def bar_chart(items: Sequence[tuple[str, float]], *, unit: str, width: int = 40,
 
 def _number(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
-
-
-def size_label(size_bytes: int) -> str:
-    return format_size(size_bytes)

@@ -509,10 +509,9 @@ def _show(node: NodeState, tag: str, texts: Sequence[str], options: RunOptions) 
 def last_lines(node: NodeState, count: int = 10) -> list[str]:
     """A failed node's most telling lines: the first failed rank's own (torchrun names it),
     else the node's last lines."""
-    rank = node.noise.failed_local_rank
-    for key in (rank, node.noise.failed_rank):
-        if key is not None and node.rank_tails.get(key):
-            return node.rank_tails[key][-count:]
+    cause = node.reader.root_cause
+    if cause is not None and cause.local_rank is not None and node.rank_tails.get(cause.local_rank):
+        return node.rank_tails[cause.local_rank][-count:]
     return node.tail[-count:]
 
 

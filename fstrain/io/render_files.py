@@ -33,7 +33,7 @@ from fstrain.core.render.bundle import (
 from fstrain.core.render.env import format_env_file
 from fstrain.core.render.options import TrainingOptions
 from fstrain.errors import ConfigError, InputError
-from fstrain.io.userfiles import load_yaml, read_text_bounded
+from fstrain.io.userfiles import MAX_FILE_BYTES, load_yaml, read_text_bounded
 
 
 def to_json(data: Any) -> str:
@@ -128,6 +128,9 @@ def render_and_write(
     topo_contents: dict[str, bytes] = {}
     for source in topo_sources:
         try:
+            if source.is_file() and source.stat().st_size > MAX_FILE_BYTES:
+                raise InputError(f"NCCL topology file larger than {MAX_FILE_BYTES // 2**20} MiB",
+                                 "is this really an NCCL topology XML?", str(source))
             topo_contents[source.name] = source.read_bytes()
         except OSError as exc:
             raise InputError(f"cannot read NCCL topology file: {exc.strerror}", "", str(source)) from None

@@ -169,7 +169,7 @@ class RunRecord:
                      or self.entry.get("registered") or 0)
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -181,12 +181,12 @@ def all_runs() -> list[RunRecord]:
     records = []
     folder = index_dir()
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        entry = _read_json(path)
+        entry = read_json(path)
         if not isinstance(entry, dict) or "run_dir" not in entry:
             continue
         run_dir = Path(entry["run_dir"])
-        records.append(RunRecord(entry["run_id"], run_dir, _read_json(run_dir / "detached.json"),
-                                 _read_json(run_dir / "manifest.json"), entry))
+        records.append(RunRecord(entry["run_id"], run_dir, read_json(run_dir / "detached.json"),
+                                 read_json(run_dir / "manifest.json"), entry))
     return sorted(records, key=lambda r: r.started)
 
 
@@ -199,8 +199,8 @@ def find_run(reference: str) -> RunRecord:
         return matches[0]
     path = Path(reference)
     if not matches and (path / "detached.json").is_file():
-        detached = _read_json(path / "detached.json")
-        return RunRecord(detached["run_id"], path, detached, _read_json(path / "manifest.json"), {})
+        detached = read_json(path / "detached.json")
+        return RunRecord(detached["run_id"], path, detached, read_json(path / "manifest.json"), {})
     if matches:
         raise InputError(f"{reference!r} matches {len(matches)} runs", "give more of the run id", "RUN")
     raise InputError(f"no run {reference!r} was started from this machine",
@@ -237,14 +237,18 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
         alive = _pid_alive(int(record.entry.get("client_pid") or 0))
         return RunState("running" if alive else "lost", None, "" if alive else "its launcher is gone")
     if views is None:  # not asked: what this machine last saw
-        cached = _read_json(record.run_dir / "state.json")
+        cached = read_json(record.run_dir / "state.json")
         if cached:
             return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
         return RunState("running", None, "not asked")
     state = from_nodes(views)
+    nodes = [{k: (v.get("node") or {}).get(k) for k in ("node_rank", "hostname", "watchdog_pid", "job_pid", "started",
+                                                         "ended", "exit_code", "failure", "last_lines")}
+             | {"reachable": True, "watchdog_alive": v.get("watchdog_alive")} if v else {"reachable": False}
+             for v in views]
     _write_json(record.run_dir / "state.json",
                 {"state": state.state, "exit_code": state.exit_code, "reason": state.reason, "ended": state.ended,
-                 "at": time.time()})
+                 "at": time.time(), "nodes": nodes})
     return state
 
 

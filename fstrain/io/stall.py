@@ -36,16 +36,13 @@ class StallWatch:
     finish_timeout_s: float | None
     run_dir: Path
     clock: Callable[[], float] = time.monotonic
-    last_progress: float = field(default=0.0)
+    last_progress: float | None = None  # the last rank line; None before the first
     first_finish: float | None = None
     reason: str = ""  # why stacks were requested: "" while all is well
     requested_at: float | None = None
     reports: dict[int, dict[str, Any]] = field(default_factory=dict)  # node rank -> its stacks report
     waiting_for: set[int] = field(default_factory=set)
     document: dict[str, Any] | None = None  # the report, once written
-
-    def __post_init__(self) -> None:
-        self.last_progress = self.clock()
 
     def progress(self) -> None:
         self.last_progress = self.clock()

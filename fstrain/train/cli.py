@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from fstrain.errors import FstrainError
 
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         rank = os.environ.get("RANK", "0")
         sys.stderr.write(f"error: [rank {rank}] {exc.one_line()}\n")
-        sys.exit(exc.exit_code)
+        _end(exc.exit_code)
     if summary is not None:
         first, last = summary["first_loss"], summary["last_loss"]
         if first is not None:
@@ -27,6 +27,16 @@ def main(argv: list[str] | None = None) -> None:
         else:
             sys.stdout.write("[fstrain.train] done: nothing to do, the checkpoint is at step "
                              f"{summary['start_step']}\n")
+    _end(0)
+
+
+def _end(code: int) -> NoReturn:
+    """Exit (see fstrain.train.runtime.end_process); torch is only loaded once training began."""
+    if "fstrain.train.runtime" in sys.modules:
+        from fstrain.train.runtime import end_process
+
+        end_process(code)
+    sys.exit(code)
 
 
 def run(argv: list[str] | None) -> dict[str, Any] | None:
@@ -36,15 +46,14 @@ def run(argv: list[str] | None) -> dict[str, Any] | None:
 
     # Every file is read and checked before torch is imported: a bad input costs milliseconds.
     settings = load_settings(argv, world_size_from_env())
-    import torch.distributed as dist
-
     from fstrain.train.loop import train
-    from fstrain.train.runtime import init_runtime
+    from fstrain.train.runtime import init_runtime, shutdown_distributed
 
     runtime = init_runtime()
+    finished = False
     try:
         summary = train(settings, runtime)
+        finished = True
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        shutdown_distributed(finished)
     return summary if runtime.is_main else None

@@ -7,11 +7,13 @@ launcher both set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -55,6 +57,66 @@ def init_runtime() -> Runtime:
         device_id = device if device.type == "cuda" else None
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=10), device_id=device_id)
     return Runtime(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+# Threads of the gloo and NCCL process groups (their names in /proc/self/task/*/comm).
+BACKEND_THREAD_PREFIXES = ("gloo", "pt_gloo", "pt_nccl")
+
+
+def shutdown_distributed(finished: bool) -> None:
+    """End the process group in order.
+
+    After a successful run, every rank first meets at a barrier: no rank tears down its
+    connections while a peer still has work in flight with it (the last all-reduce, a
+    checkpoint's collectives). Then the process group is destroyed.
+    """
+    if not dist.is_initialized():
+        return
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def lingering_backend_threads() -> list[str]:
+    """Process-group threads still running after ``destroy_process_group``.
+
+    ``destroy_process_group`` only drops torch's registry entries; the group object, and with it
+    its gloo worker threads, lives on while anything else references it. In torch 2.13 that is
+    the case after any FSDP2 run: ``torch.distributed.nn.functional``, imported after the
+    group exists, captured it as the default ``group=`` of its functions, and the DeviceMesh
+    (whose ``_pg_registry`` holds the group) stays cached after the model is gone. The threads
+    then run on into the interpreter's finalization, which is where "terminate called without
+    an active exception" (SIGABRT, exit 134) comes from after a successful run: a C++ thread
+    meeting a Python runtime being torn down. Empty where /proc is not available.
+    """
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as handle:
+                name = handle.read().strip()
+        except OSError:
+            continue
+        if name.startswith(BACKEND_THREAD_PREFIXES):
+            names.append(name)
+    return sorted(names)
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit with ``code``; with process-group threads still alive, skip the interpreter's
+    teardown (the job's files are written and closed, the streams are flushed here)."""
+    if not lingering_backend_threads():
+        sys.exit(code)
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def _free_port() -> int:

@@ -77,10 +77,11 @@ def test_pairs_name_nobody_on_an_even_cluster(cluster: NamespaceCluster, tmp_pat
         assert "node1 -> node2 |" in (run_dir / "report.txt").read_text()
 
 
-def test_bus_bandwidth_agrees_with_a_direct_torch_distributed_timing(cluster: NamespaceCluster) -> None:
+def test_bus_bandwidth_agrees_with_a_direct_torch_distributed_timing(cluster: NamespaceCluster, tmp_path: Path) -> None:
     result = run_fstrain(
         "launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-3]", "--nproc-per-node", "1",
-        "--workdir", str(REPO), "--", "python3", "tests/cluster/programs/bench_agreement.py", timeout=600,
+        "--workdir", str(REPO), "--run-dir", str(tmp_path / "run"), "--", "python3",
+        "tests/cluster/programs/bench_agreement.py", timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     line = next(x for x in result.stdout.splitlines() if "AGREEMENT " in x)
@@ -88,3 +89,15 @@ def test_bus_bandwidth_agrees_with_a_direct_torch_distributed_timing(cluster: Na
     assert document["world_size"] == 3
     for collective, numbers in document["results"].items():
         assert abs(numbers["ratio"] - 1) <= 0.10, (collective, numbers)
+
+
+def test_doctor_bench_turns_the_slow_host_into_a_failing_check(cluster: NamespaceCluster) -> None:
+    with shaped_link(cluster, SHAPED):
+        result = run_fstrain("doctor", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-3]", "--only", "net",
+                             "--workdir", str(REPO), "--bench", "--json", timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    checks = [c for c in json.loads(result.stdout)["checks"] if c["id"].startswith("bench.")]
+    pairs = [c for c in checks if c["id"] == "bench.pairs"]
+    assert [(c["verdict"], c["hosts"]) for c in pairs] == [("fail", [f"node{SHAPED}"])]
+    assert f"--exclude node{SHAPED}" in pairs[0]["fix"]
+    assert any(c["id"] == "bench.collectives" for c in checks)

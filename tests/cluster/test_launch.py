@@ -71,7 +71,7 @@ def test_one_rank_exits_7_gives_7_and_names_the_rank(cluster: NamespaceCluster, 
     assert not any("ChildFailedError" in line for line in failed["last_lines"])
     summary = launch.err[launch.err.index("first failure: rank"):]
     assert "rank 3 exits 7 on purpose" in summary and "ChildFailedError" not in summary
-    assert "failed first, exit code 7" in launch.out
+    assert "torchrun: rank 3 (local rank 1), exit 7, failed first" in launch.out
     for noise in ("ChildFailedError", "SignalException", "node_rank is only used", "Traceback (most recent",
                   "frame #"):
         assert noise not in launch.out, noise
@@ -274,10 +274,12 @@ def test_no_secret_at_rest_on_the_nodes_and_none_left_in_tmp(cluster: NamespaceC
     new_tmp = sorted(set(Path("/tmp").glob("torchelastic_*")) - before)
     homes = [cluster.home(i) for i in (1, 2)]
     assert _files_holding([*homes, *new_tmp, tmp_path], secret.encode()) == []
-    # What the launchers copied of the output is gone; the run directory keeps its own files.
+    # What the launchers copied of the output is gone from this run's directory on each node.
+    run_id = json.loads((tmp_path / "run" / "manifest.json").read_text())["run_id"]
     for home in homes:
-        for run in (home / ".fstrain" / "runs").iterdir():
-            assert not (run / "torchrun").exists() and not (run / "ranklogs").exists(), sorted(run.rglob("*"))
+        run = home / ".fstrain" / "runs" / run_id
+        assert run.is_dir()
+        assert not (run / "torchrun").exists() and not (run / "ranklogs").exists(), sorted(run.rglob("*"))
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 

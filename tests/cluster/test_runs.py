@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes
+from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes, start_launch
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
 
@@ -87,7 +87,7 @@ def test_detached_training_outlives_the_client_and_is_followed_to_its_end(
         assert f"[{host} r{rank}] [fstrain.train] rank {rank}/4" in follow.stdout, follow.stdout[-3000:]
     attach = fstrain(home, "attach", run_id)  # after the end: the last lines, the summary, the exit code
     assert attach.returncode == 0, attach.stderr
-    assert f"run {run_id} succeeded (exit 0)" in attach.stderr
+    assert f"run {run_id} succeeded, exit 0" in attach.stderr
     assert json.loads(attach.stdout[attach.stdout.rindex("\n{\n") + 1:])["world_size"] == 4
     status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
     assert status["state"] == "succeeded" and status["exit_code"] == 0
@@ -142,6 +142,11 @@ def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
     logs = fstrain(home, "logs", run_id, "--rank", "3")
     assert "[node2 r3] rank 3 exits 7 on purpose" in logs.stdout
     assert "[node1 r0]" not in logs.stdout
+    tail = fstrain(home, "logs", run_id, "--host", "node1", "--tail", "2").stdout.splitlines()
+    assert len(tail) == 2 and all(line.startswith("[node1") for line in tail)
+    assert fstrain(home, "logs", run_id, "--since", "10m").stdout.count("ready rank=") == 4
+    unknown = fstrain(home, "logs", run_id, "--host", "node9")
+    assert unknown.returncode == 2 and "'node9' is not one of the run's hosts" in unknown.stderr
 
 
 def test_gc_removes_finished_runs_on_the_hosts(cluster: NamespaceCluster, tmp_path: Path) -> None:
@@ -162,11 +167,14 @@ def test_gc_removes_finished_runs_on_the_hosts(cluster: NamespaceCluster, tmp_pa
     assert json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"] == []
 
 
-def test_a_detached_run_with_a_blocked_rank_ends_stalled(cluster: NamespaceCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("others", "flag"), [("collective", "--stall-timeout"), ("exit", "--finish-timeout")])
+def test_a_detached_run_with_a_blocked_rank_ends_stalled(
+    cluster: NamespaceCluster, tmp_path: Path, others: str, flag: str
+) -> None:
     home, run_dir = tmp_path / "home", tmp_path / "run"
     hang = str(REPO / "tests" / "cluster" / "programs" / "hang.py")
-    run_id = detach(cluster, home, run_dir, "--stall-timeout", "20s", "--env", "FSTRAIN_TEST_HANG_RANK=3",
-                    "--", "python3", hang)
+    run_id = detach(cluster, home, run_dir, flag, "20s", "--env", "FSTRAIN_TEST_HANG_RANK=3",
+                    "--env", f"FSTRAIN_TEST_OTHERS={others}", "--", "python3", hang)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if all(f.get("final") for f in node_files(cluster, run_dir)):
@@ -174,7 +182,11 @@ def test_a_detached_run_with_a_blocked_rank_ends_stalled(cluster: NamespaceClust
         time.sleep(2)
     final = node_files(cluster, run_dir)[1]["final"]
     assert (final["state"], final["exit_code"]) == ("stalled", 124)
-    assert final["stall"]["odd_ranks"] == [3] and final["stall"]["common"].startswith("all_reduce ")
+    assert final["stall"]["odd_ranks"] == [3]
+    if others == "collective":  # the three others wait in the same all_reduce
+        assert final["stall"]["common"].startswith("all_reduce ")
+    else:
+        assert final["stall"]["reason"].startswith("some ranks finished 20 s ago")
     folder = final["stall"]["folder"]
     stack = cluster.in_namespace(1, "cat", f"{folder}/rank3.faulthandler.txt").stdout
     assert f'File "{hang}", line' in stack
@@ -203,3 +215,20 @@ def test_a_node_cut_off_tears_the_detached_run_down(cluster: NamespaceCluster, t
     assert (node1["final"]["state"], node1["final"]["exit_code"]) == ("lost", 255)
     assert "node 1 was lost: no heartbeat for 4 s" in node1["final"]["reason"]
     assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "lost"
+
+
+def test_stop_of_an_attached_run_from_another_process(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    launch = start_launch(cluster, "--hosts", "node[1-2]", "--nproc-per-node", "2", "--grace", str(GRACE_S),
+                          "--run-dir", str(tmp_path / "run"), "--", "python3", WORKER, env={"HOME": str(home)})
+    launch.wait_for("] ready rank=", count=4)
+    run_id = json.loads(fstrain(home, "runs", "--json").stdout)["runs"][0]["run_id"]
+    follower = subprocess.Popen([sys.executable, "-m", "fstrain", "logs", run_id, "--follow"], cwd=REPO,
+                                env={**os.environ, "HOME": str(home)}, stdout=subprocess.PIPE, text=True)
+    stop = fstrain(home, "stop", run_id)
+    assert stop.returncode == 0, stop.stderr
+    assert launch.finish(timeout=GRACE_S + 30) == 143
+    assert f"run {run_id} stopped, exit 143 (SIGTERM)" in stop.stderr
+    followed, _ = follower.communicate(timeout=30)  # --follow ends with the launcher
+    assert follower.returncode == 0 and followed.count("] ready rank=") == 4
+    assert_no_job_processes(cluster, GRACE_S + 5)

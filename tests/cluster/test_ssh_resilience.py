@@ -58,9 +58,11 @@ def test_known_hosts_with_markers_and_a_corrupt_line(cluster: NamespaceCluster, 
 
 
 @contextmanager
-def certified_sshd(cluster: NamespaceCluster, folder: Path, port: int = 2222) -> Iterator[Path]:
-    """A second sshd on host 1 (``port``) presenting a host certificate signed by a new CA;
-    yields the CA's public key file."""
+def certified_sshd(cluster: NamespaceCluster, folder: Path, port: int = 2222,
+                   user_certificates_only: bool = False) -> Iterator[Path]:
+    """A second sshd on host 1 (``port``) presenting a host certificate signed by a new CA
+    (and, with ``user_certificates_only``, accepting only user certificates of that CA);
+    yields the CA's private key file (its public key is next to it)."""
     _keygen("-t", "ed25519", "-N", "", "-f", str(folder / "ca"))
     node = cluster.state / "node1"
     key = folder / "ssh_host_ed25519_key"
@@ -73,6 +75,9 @@ def certified_sshd(cluster: NamespaceCluster, folder: Path, port: int = 2222) ->
              if not line.startswith(("ListenAddress", "HostKey", "PidFile"))]
     lines += [f"ListenAddress {cluster.address(1)}:{port}", f"HostKey {key}",
               f"HostCertificate {folder / 'ssh_host_ed25519_key-cert.pub'}", f"PidFile {folder / 'sshd.pid'}"]
+    if user_certificates_only:
+        lines = [line for line in lines if not line.startswith("AuthorizedKeysFile")]
+        lines += ["AuthorizedKeysFile none", f"TrustedUserCAKeys {folder / 'ca.pub'}"]
     (folder / "sshd_config").write_text("\n".join(lines) + "\n")
     cluster.in_namespace(1, "/usr/sbin/sshd", "-f", str(folder / "sshd_config"), "-E", str(folder / "sshd.log"))
     try:
@@ -80,7 +85,7 @@ def certified_sshd(cluster: NamespaceCluster, folder: Path, port: int = 2222) ->
             if (folder / "sshd.pid").exists():
                 break
             time.sleep(0.1)
-        yield folder / "ca.pub"
+        yield folder / "ca"
     finally:
         pid = int((folder / "sshd.pid").read_text())
         os.kill(pid, signal.SIGTERM)
@@ -98,7 +103,7 @@ def test_host_certificate_signed_by_a_known_ca(cluster: NamespaceCluster, tmp_pa
         code, hosts, _ = exec_json(cluster, "--hosts", "certified", "--", "hostname", ssh_config=str(config))
         assert code == 1 and "unknown host key" in str(hosts["certified"]["error"])
 
-        ca_key = " ".join(ca.read_text().split()[:2])
+        ca_key = " ".join(Path(f"{ca}.pub").read_text().split()[:2])
         known.write_text(f"{CORRUPT}\n@cert-authority [{cluster.subnet}.*]:2222 {ca_key}\n")
         code, hosts, stderr = exec_json(cluster, "--hosts", "certified", "--", "sh", "-c", 'echo "$SSH_CONNECTION"',
                                         ssh_config=str(config))
@@ -227,3 +232,26 @@ def test_frozen_sshd_stops_launch_at_preflight(cluster: NamespaceCluster, tmp_pa
     assert "preflight failed on node2" in result.stderr and "within 2 s" in result.stderr
     assert "Traceback" not in result.stderr
     assert elapsed < 40
+
+
+def test_certificate_file_is_offered_with_its_key(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    (tmp_path / "sshd").mkdir()
+    with certified_sshd(cluster, tmp_path / "sshd", user_certificates_only=True) as ca:
+        keys = tmp_path / "keys"
+        keys.mkdir()
+        _keygen("-t", "ed25519", "-N", "", "-f", str(keys / "user"))
+        _keygen("-s", str(ca), "-I", "someone", "-n", "root", "-V", "-1h:+1h", str(keys / "user.pub"))
+        cert = keys / "issued.cert"  # not user-cert.pub: found through CertificateFile only
+        (keys / "user-cert.pub").rename(cert)
+        known = tmp_path / "known_hosts"
+        ca_key = " ".join(Path(f"{ca}.pub").read_text().split()[:2])
+        known.write_text(f"@cert-authority [{cluster.subnet}.*]:2222 {ca_key}\n")
+        base = (f"Host certified\n    HostName {cluster.address(1)}\n    Port 2222\n    User root\n"
+                f"    IdentityFile {keys / 'user'}\n    IdentitiesOnly yes\n    UserKnownHostsFile {known}\n")
+        config = tmp_path / "cfg"
+        config.write_text(base)
+        code, hosts, _ = exec_json(cluster, "--hosts", "certified", "--", "true", ssh_config=str(config))
+        assert code == 1 and "authentication failed" in str(hosts["certified"]["error"])
+        config.write_text(base + f"    CertificateFile {cert}\n")
+        code, hosts, _ = exec_json(cluster, "--hosts", "certified", "--", "true", ssh_config=str(config))
+        assert code == 0, hosts

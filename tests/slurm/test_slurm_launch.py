@@ -118,7 +118,7 @@ def test_launch_inside_an_allocation_trains_through_srun_without_sshd(slurm: Slu
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert [n["host"] for n in manifest["nodes"]] == ["node1", "node2"]
     assert manifest["exit_code"] == 0 and manifest["master_addr"] == f"198.18.{slurm.cluster_id}.11"
-    assert (run_dir / "logs" / "node2.r1.log").is_file()
+    assert (run_dir / "logs" / "node2.log").is_file() and list((run_dir / "logs").glob("node2.r*.log"))
     assert_nodes_idle(slurm, 10)
 
 
@@ -157,7 +157,8 @@ def test_detach_returns_the_job_id_and_a_failing_rank_gives_its_exit_code(slurm:
     run_dir = tmp_path / "run"
     started = time.monotonic()
     result = fstrain(slurm, tmp_path, "launch", "--slurm", "--detach", "--nodes", "2", "--nproc-per-node", "2",
-                     "--backend", "deepspeed", "--grace", "5", "--env", "FAULT_CODE=7", "--run-dir", str(run_dir),
+                     "--backend", "deepspeed", "--no-local-rank", "--grace", "5", "--env", "FAULT_CODE=7",
+                     "--run-dir", str(run_dir),
                      "--", "python3", "-c", RANK_PROGRAM)
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - started < 30  # returned at once, long before the job ends

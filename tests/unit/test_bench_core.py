@@ -153,8 +153,24 @@ def test_two_hosts_cannot_tell_which_end() -> None:
     assert verdict.hosts == [] and verdict.outlier_hosts == ["a", "b"]
 
 
-def test_link_table_takes_the_median_sample() -> None:
-    table = link_table([{"src": "a", "dst": "b", "samples_gbps": [1.0, 5.0, 2.0]}])
-    assert table == {("a", "b"): 2.0}
+def test_link_table_takes_the_best_sample_or_the_median() -> None:
+    records = [{"src": "a", "dst": "b", "samples_gbps": [1.0, 5.0, 2.0]}]
+    assert link_table(records) == {("a", "b"): 5.0}
+    assert link_table(records, "median") == {("a", "b"): 2.0}
     with pytest.raises(InputError, match="without samples"):
         link_table([{"src": "a", "dst": "b", "samples_gbps": []}])
+
+
+def test_suites_and_the_worker_command() -> None:
+    from fstrain.core.bench import parse_suites, worker_argv
+
+    assert parse_suites("all") == ["collectives", "pairs", "compute"]
+    assert parse_suites("compute, pairs") == ["pairs", "compute"]
+    with pytest.raises(InputError, match="unknown suite gpu in 'gpu,pairs'"):
+        parse_suites("gpu,pairs")
+    assert worker_argv("python3", suites=["pairs"], json_out="{run_dir}/bench.json", sizes="1M", backend="gloo",
+                       extra=["--quick"]) == [
+        "python3", "-m", "fstrain.bench", "--suite", "pairs", "--json-out", "{run_dir}/bench.json",
+        "--sizes", "1M", "--backend", "gloo", "--quick"]
+    assert worker_argv("py", suites=["compute"], json_out="x") == ["py", "-m", "fstrain.bench", "--suite", "compute",
+                                                                   "--json-out", "x"]

@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import run_fstrain
 
 COMMANDS = [["exec"], ["launch"], ["plan"], ["render"], ["doctor"], ["topo", "show"], ["topo", "xml"],
-            ["topo", "parse"]]
+            ["topo", "parse"], ["runs"], ["status"], ["logs"], ["attach"], ["stop"], ["gc"], ["bench"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
@@ -18,6 +18,7 @@ def test_help_names_every_placeholder(command: list[str]) -> None:
     assert result.returncode == 0
     # typer's unnamed placeholders look like <str>, <int range>, <path>
     assert not re.search(r"<(str|int|float|path|text|integer)[^>]*>", result.stdout, re.IGNORECASE), result.stdout
+    assert not re.search(r"^\s+-\S*(, --\S+)? (TEXT|NUMBER)\s", result.stdout, re.MULTILINE), result.stdout
     options = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("-")]
     assert options
 
@@ -56,3 +57,19 @@ def test_launch_says_it_fell_back_to_localhost() -> None:
     assert result.returncode == 0, result.stderr
     assert "hosts: localhost (no --hostfile or --hosts given)" in result.stderr
     assert result.stdout.lstrip().startswith("{")
+
+
+def test_dry_run_merges_a_host_named_twice_as_deepspeed(tmp_path: object) -> None:
+    import base64
+    import json
+    from pathlib import Path
+
+    hostfile = Path(str(tmp_path)) / "hosts"
+    hostfile.write_text("worker-0 slots=4\nworker-1 slots=4\n")
+    result = run_fstrain("launch", "--dry-run", "--json", "--backend", "deepspeed", "--hostfile", str(hostfile),
+                         "--include", "worker-0:1@worker-0:0,1", "--", "python3", "train.py")
+    assert result.returncode == 0, result.stderr
+    (node,) = json.loads(result.stdout)["nodes"]
+    encoded = next(a for a in node["argv"] if a.startswith("--world_info=")).split("=", 1)[1]
+    assert json.loads(base64.urlsafe_b64decode(encoded)) == {"worker-0": [0, 1]}
+    assert node["nproc"] == 2 and node["argv"][-1] == "train.py" and "--no_local_rank" not in node["argv"]

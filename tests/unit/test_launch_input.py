@@ -69,3 +69,18 @@ def test_launch_says_it_falls_back_to_localhost() -> None:
     assert result.returncode == 0, result.stderr
     assert "hosts: localhost (no --hostfile or --hosts given)" in result.stderr
     assert "# node 0: localhost (2 processes)" in result.stdout
+
+
+def test_run_dir_placeholder_and_its_escape() -> None:
+    from fstrain.io.remote.watchdog import expand
+
+    assert expand("--out={run_dir}/x", "/r") == "--out=/r/x"
+    assert expand("{{run_dir}}", "/r") == "{run_dir}"
+    assert expand("a{{run_dir}}b{run_dir}c", "/r") == "a{run_dir}b/rc"
+    assert expand("{run_dir", "/r") == "{run_dir"
+
+
+def test_env_name_alone_must_be_a_valid_name() -> None:
+    result = run_fstrain(*DRY, "--env", "not a name", "--", "python3", "train.py")
+    assert result.returncode == 2
+    assert "'not a name' is not a valid environment variable name" in result.stderr

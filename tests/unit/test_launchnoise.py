@@ -21,9 +21,10 @@ def shown(name: str) -> tuple[NodeNoise, list[str]]:
 
 def test_child_failed_report_becomes_one_line_naming_the_rank() -> None:
     noise, out = shown("torchrun-child-failed.txt")
-    assert (noise.failed_rank, noise.failed_local_rank, noise.failed_exit_code) == (1, 1, 3)
+    assert noise.failed is not None
+    assert (noise.failed.rank, noise.failed.local_rank, noise.failed.exit_code) == (1, 1, 3)
     assert "rank 1 exits 3 on purpose" in out  # the rank's own line stays
-    assert out[-1] == "torchrun: local rank 1 (rank 1) failed first, exit code 3 (its report is in the log)"
+    assert out[-1] == "torchrun: rank 1 (local rank 1), exit 3, failed first (its report is in the log)"
     assert not any("Traceback" in line or "ChildFailedError" in line or line.startswith("  File") for line in out)
 
 
@@ -33,7 +34,7 @@ def test_signal_exception_on_teardown_and_the_node_rank_warning_are_folded() -> 
     assert not any("node_rank is only used" in line or line.startswith("  File") for line in out)
     assert [line for line in out if line.startswith("ready rank=")] == ["ready rank=0 host=vm pid=10352 world=2",
                                                                        "ready rank=1 host=vm pid=10358 world=2"]
-    assert noise.failed_local_rank is None
+    assert noise.failed is None
 
 
 def test_other_tracebacks_are_shown_whole() -> None:
@@ -78,3 +79,14 @@ def test_teardown_of_the_other_nodes_folds_frame_dumps_and_chained_tracebacks() 
                           "connection to the C10d store has failed. See inner exception for details. "
                           "(its traceback is in the log)")
     assert len(out) < 25, out
+
+
+def test_a_lost_rendezvous_store_folds_even_before_the_launcher_stops() -> None:
+    noise = NodeNoise()
+    out: list[str] = []
+    for line in (FIXTURES / "teardown-other-node.log").read_text().splitlines():
+        head, _, text = line.partition("] ")
+        out += noise.feed(int(head.split(" r")[1]) if " r" in head else None, text)
+    out += noise.flush()
+    assert not any(line.startswith(("frame #", "Traceback", "  File", "Exception raised")) for line in out)
+    assert out[-1].startswith("torchrun: torch.distributed.elastic.rendezvous.api.RendezvousConnectionError")

@@ -91,6 +91,11 @@ def test_dry_run_inside_an_allocation_uses_its_nodes_and_gpus() -> None:
     assert "--nnodes=2" in document["nodes"][1]["argv"] and "--node-rank=1" in document["nodes"][1]["argv"]
 
 
+def test_detach_inside_an_allocation_is_refused() -> None:
+    one_error_line(run_fstrain("launch", "--detach", "--", "true", env=allocation_env()),
+                   "--detach cannot outlive the terminal inside a Slurm allocation")
+
+
 def test_hosts_given_inside_an_allocation_mean_ssh_unless_srun_is_asked(tmp_path: Path) -> None:
     result = run_fstrain("launch", "--dry-run", "--json", "--hosts", "other[1-3]", "--nproc-per-node", "1", "--",
                          "python3", "train.py", env=allocation_env())

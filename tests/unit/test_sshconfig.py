@@ -71,3 +71,40 @@ def test_an_alias_and_its_hostname_are_one_host(tmp_path: Path) -> None:
     check_distinct_endpoints(parse_host_list("gpu-a,gpu-b,10.9.8.1:2222"), str(path))
     with pytest.raises(InventoryError, match=r"'root@10.9.8.1' and 'gpu-a' are the same host \(10.9.8.1:22 after"):
         check_distinct_endpoints(parse_host_list("gpu-a,gpu-b,root@10.9.8.1"), str(path))
+
+
+class _SilentTransport:
+    """A transport whose server never answers a keep-alive (a frozen sshd)."""
+
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+        self.asked = 0
+
+    def global_request(self, kind: str, wait: bool = True) -> None:
+        import time
+
+        self.asked += 1
+        if not self.answers:
+            time.sleep(30)
+
+    def is_active(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_liveness_declares_a_silent_host_lost(answers: bool) -> None:
+    import time
+
+    from fstrain.io.transport.ssh import Liveness
+
+    transport = _SilentTransport(answers)
+    liveness = Liveness(transport, 0.2, 3, "h")  # type: ignore[arg-type]
+    start = time.monotonic()
+    lost = False
+    while time.monotonic() - start < 1.5 and not lost:
+        lost = liveness.lost()
+        time.sleep(0.02)
+    assert lost is not answers
+    assert transport.asked >= 1
+    if not answers:
+        assert 0.55 < time.monotonic() - start < 1.2  # 0.2 s x 3 probes of silence

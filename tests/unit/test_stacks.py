@@ -70,6 +70,7 @@ def test_stall_reasons() -> None:
     assert stall_reason(100, 99, 70, 20, 30).startswith("some ranks finished 30 s ago")
     assert stall_reason(100, 99, 75, None, 30) == ""
     assert stall_reason(100, 0, None, None, None) == ""
+    assert stall_reason(100, None, None, 20, None) == ""  # no rank printed yet: start-up
 
 
 def test_hang_report_from_node_reports() -> None:

@@ -36,7 +36,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 EVENT_PREFIX = "fstrain-watchdog-event: "  # the watchdog's reports (as in watchdog.py), not job output
 STACKS_WAIT_S = 30.0  # for every live node's stacks report, after a stall
@@ -298,10 +298,10 @@ class Coordinator:
             return
         hangs = self.node.watchdog.module("analysis")
         if not self.stall_reason:
-            outputs = [self.started] + [n["output_at"] or 0 for n in self.nodes.values()]
+            outputs = [n["output_at"] for n in self.nodes.values() if n["output_at"]]
             if self.node.output is not None and self.node.output.last_at:
                 outputs.append(self.node.output.last_at)
-            self.stall_reason = hangs.stall_reason(time.time(), max(outputs), self.first_finish,
+            self.stall_reason = hangs.stall_reason(time.time(), max(outputs, default=None), self.first_finish,
                                                    self.stall_timeout_s, self.finish_timeout_s)
             if not self.stall_reason:
                 return
@@ -521,77 +521,90 @@ def _detach(node: Node) -> int:
     return ready_w
 
 
+def _fail_start(ready_w: int, why: str) -> NoReturn:
+    os.write(ready_w, (json.dumps({"error": why}) + "\n").encode())
+    os._exit(1)
+
+
+def run_coordinator(node: Node, ready_w: int) -> None:
+    """Node 0: listen, start the job, apply the rules until every node has ended."""
+    detach = node.detach
+    coordinator = Coordinator(node)
+    try:
+        port = coordinator.listen(str(detach["bind"]))
+    except OSError as exc:
+        _fail_start(ready_w, f"cannot listen on {detach['bind']}: {exc}")
+    signal.signal(signal.SIGTERM, lambda *_: coordinator.stop("term", "stopped", "SIGTERM to the coordinator"))
+    with contextlib.suppress(OSError):
+        write_json(os.path.join(node.run_dir, "coordinator.json"),
+                   {"address": detach["bind"], "port": port, "secret": coordinator.secret, "pid": os.getpid()})
+    if node.output is not None:
+        node.output.on_event = lambda payload: coordinator.event(0, payload)
+    job = node.start_job(ready_w, {"port": port})
+    threading.Thread(target=coordinator.tick, daemon=True).start()
+    node.job_ended(job)
+    coordinator.node_exit(0, node.exit_code, node.failure)
+    while not coordinator.all_ended():
+        time.sleep(0.2)
+    node.final = coordinator.finish()
+    time.sleep(0.5)  # let the members read the record
+
+
+def run_member(node: Node, ready_w: int) -> None:
+    """Any other node: join the coordinator, start the job, follow its orders, report the end."""
+    detach = node.detach
+    address, port = detach["coordinator"]
+    signal.signal(signal.SIGTERM, lambda *_: node.watchdog.request("term"))
+    try:
+        link = _member_link(node, str(address), int(port), str(detach["secret"]))
+    except OSError as exc:
+        _fail_start(ready_w, f"cannot reach the coordinator {address}:{port}: {exc}")
+    ended = threading.Event()
+
+    def listen() -> None:
+        for message in link.messages():
+            if "hb" in message:
+                node.watchdog.last_heartbeat = time.monotonic()
+            if "stop" in message:
+                if message.get("grace_s") is not None:
+                    node.watchdog.grace_s = float(message["grace_s"])
+                node.watchdog.request("kill" if message["stop"] == "kill" else "term")
+            if "stacks" in message:
+                threading.Thread(target=node.watchdog.report_stacks, daemon=True).start()
+            if "end" in message:
+                node.final = message["end"]
+                ended.set()
+        if not ended.is_set():  # the coordinator is gone: nothing may run on unsupervised
+            node.note = "lost the coordinator"
+            node.watchdog.request("term")
+            ended.set()
+
+    def beat() -> None:
+        while not ended.is_set():
+            output_at = node.output.last_at if node.output else None
+            link.send({"hb": time.time(), "output_at": output_at})
+            time.sleep(HEARTBEAT_S)
+
+    if node.output is not None:
+        node.output.on_event = lambda payload: link.send({"event": payload})
+    threading.Thread(target=listen, daemon=True).start()
+    threading.Thread(target=beat, daemon=True).start()
+    job = node.start_job(ready_w, {})
+    node.job_ended(job)
+    link.send({"exit": node.exit_code, "failure": node.failure})
+    ended.wait(node.watchdog.heartbeat_timeout_s + float(node.header.get("grace_s", 15)) + 10)
+    link.close()
+
+
 def main(header: dict[str, Any], watchdog_class: Any) -> None:
     node = Node(header, watchdog_class)
-    detach = node.detach
     ready_w = _detach(node)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    if detach["role"] == "coordinator":
-        coordinator = Coordinator(node)
-        try:
-            port = coordinator.listen(str(detach["bind"]))
-        except OSError as exc:
-            os.write(ready_w, (json.dumps({"error": f"cannot listen on {detach['bind']}: {exc}"}) + "\n").encode())
-            os._exit(1)
-        signal.signal(signal.SIGTERM, lambda *_: coordinator.stop("term", "stopped", "SIGTERM to the coordinator"))
-        with contextlib.suppress(OSError):
-            write_json(os.path.join(node.run_dir, "coordinator.json"),
-                       {"address": detach["bind"], "port": port, "secret": coordinator.secret, "pid": os.getpid()})
-        if node.output is not None:
-            node.output.on_event = lambda payload: coordinator.event(0, payload)
-        job = node.start_job(ready_w, {"port": port})
-        threading.Thread(target=coordinator.tick, daemon=True).start()
-        node.job_ended(job)
-        coordinator.node_exit(0, node.exit_code, node.failure)
-        while not coordinator.all_ended():
-            time.sleep(0.2)
-        node.final = coordinator.finish()
-        time.sleep(0.5)  # let the members read the record
+    if node.detach["role"] == "coordinator":
+        run_coordinator(node, ready_w)
     else:
-        address, port = detach["coordinator"]
-        signal.signal(signal.SIGTERM, lambda *_: node.watchdog.request("term"))
-        try:
-            link = _member_link(node, str(address), int(port), str(detach["secret"]))
-        except OSError as exc:
-            os.write(ready_w, (json.dumps({"error": f"cannot reach the coordinator {address}:{port}: {exc}"})
-                               + "\n").encode())
-            os._exit(1)
-        ended = threading.Event()
-
-        def listen() -> None:
-            for message in link.messages():
-                if "hb" in message:
-                    node.watchdog.last_heartbeat = time.monotonic()
-                if "stop" in message:
-                    if message.get("grace_s") is not None:
-                        node.watchdog.grace_s = float(message["grace_s"])
-                    node.watchdog.request("kill" if message["stop"] == "kill" else "term")
-                if "stacks" in message:
-                    threading.Thread(target=node.watchdog.report_stacks, daemon=True).start()
-                if "end" in message:
-                    node.final = message["end"]
-                    ended.set()
-            if not ended.is_set():  # the coordinator is gone: nothing may run on unsupervised
-                node.note = "lost the coordinator"
-                node.watchdog.request("term")
-                ended.set()
-
-        def beat() -> None:
-            while not ended.is_set():
-                output_at = node.output.last_at if node.output else None
-                link.send({"hb": time.time(), "output_at": output_at})
-                time.sleep(HEARTBEAT_S)
-
-        if node.output is not None:
-            node.output.on_event = lambda payload: link.send({"event": payload})
-        threading.Thread(target=listen, daemon=True).start()
-        threading.Thread(target=beat, daemon=True).start()
-        job = node.start_job(ready_w, {})
-        node.job_ended(job)
-        link.send({"exit": node.exit_code, "failure": node.failure})
-        ended.wait(node.watchdog.heartbeat_timeout_s + float(header.get("grace_s", 15)) + 10)
-        link.close()
+        run_member(node, ready_w)
     node.ended = time.time()
     node.write_state()
     os._exit(node.exit_code if node.exit_code is not None else 1)

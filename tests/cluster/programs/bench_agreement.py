@@ -4,7 +4,8 @@
 2. by hand: CALLS times a barrier and one call of the torch.distributed collective timed with
    perf_counter, the slowest rank's time per call, and nccl-tests' formula written out here.
 
-The two alternate REPEATS times, so that load elsewhere on the machine touches both alike, and
+The two alternate REPEATS times in short turns (CALLS operations each), taking turns to go
+first, so that load elsewhere on the machine touches both alike, and
 each side's bus bandwidth is taken at the median of all its timings (the bench's per-operation
 samples, the direct per-call times). Both sides use the median because that is what the bench
 reports: on a loaded machine a mean would count the calls another process delayed.
@@ -23,8 +24,8 @@ import torch.distributed as dist
 from fstrain.bench.collectives import time_collective
 
 SIZE_BYTES = 4 << 20
-REPEATS = 30
-CALLS = 10
+REPEATS = 60
+CALLS = 3
 
 dist.init_process_group("gloo")
 n = dist.get_world_size()
@@ -64,12 +65,16 @@ results = {}
 for collective in ("all_reduce", "all_gather"):
     bench: list[float] = []
     direct: list[float] = []
-    for _ in range(REPEATS):
-        row = time_collective(collective, SIZE_BYTES, device=device, seconds=0.15, warmup=1,
-                              sample_seconds=0.0)  # one operation per sample, as below
-        bench += row["samples_seconds"]
-        seconds, size, factor = direct_seconds(collective)
-        direct += seconds
+    for repeat in range(REPEATS):
+        for side in ("bench", "direct") if repeat % 2 else ("direct", "bench"):  # neither always goes first
+            if side == "bench":
+                # CALLS samples of one operation each, as the direct side times them.
+                row = time_collective(collective, SIZE_BYTES, device=device, seconds=0.0, warmup=1,
+                                      max_samples=CALLS, sample_seconds=0.0)
+                bench += row["samples_seconds"]
+            else:
+                seconds, size, factor = direct_seconds(collective)
+                direct += seconds
     bench_busbw = row["size_bytes"] / statistics.median(bench) / 1e9 * row["bus_factor"]
     direct_busbw = size / statistics.median(direct) / 1e9 * factor
     results[collective] = {"ratio": bench_busbw / direct_busbw, "bench": bench_busbw, "direct": direct_busbw,

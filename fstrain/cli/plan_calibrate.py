@@ -1,0 +1,52 @@
+"""``fstrain plan --calibrate FILE``: read the measurements, apply them, say what changed (stderr)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any
+
+from fstrain.cli.output import console
+
+if TYPE_CHECKING:
+    from fstrain.core.assumptions import Assumptions
+    from fstrain.core.calibrate import Calibration
+    from fstrain.core.plancluster import PlanCluster
+    from fstrain.core.planfile import ModelSpec
+
+
+def calibrated(path: str, assumptions: Assumptions, cluster: PlanCluster, precision: str, model: ModelSpec | None,
+               inter_node_gbps: float | None, assume: list[str], mfu: float | None, quiet: bool) -> Calibration:
+    """The calibration of ``path``; what an explicit flag also sets is kept as the flag says."""
+    from fstrain.core.calibrate import calibrate
+    from fstrain.io.bench import read_json
+
+    result = calibrate(read_json(path), path, assumptions=assumptions, cluster=cluster, precision=precision,
+                       model=model)
+    flags = {pair.partition("=")[0].strip().replace("-", "_"): "--assume" for pair in assume}
+    if mfu is not None:
+        flags["mfu"] = "--mfu"
+    if inter_node_gbps is not None:
+        flags["inter_node_gbps"] = "--inter-node-gbps"
+    kept = [r for r in result.replaced if r.name in flags]
+    if kept:
+        ignored = [*result.ignored, *(f"{r.name}: {flags[r.name]} given, the flag wins" for r in kept)]
+        result = replace(result, replaced=[r for r in result.replaced if r.name not in flags], ignored=ignored,
+                         cluster=cluster if "inter_node_gbps" in flags else result.cluster)
+    if not quiet:
+        print_calibration(path, result)
+    return result
+
+
+def print_calibration(path: str, result: Calibration) -> None:
+    out = console()
+    if not result.replaced:
+        out.print(f"[yellow]calibration from {path} ({result.kind}): nothing replaced[/yellow]")
+    for r in result.replaced:
+        out.print(f"calibrated [bold]{r.name}[/bold]: {r.old:.4g} -> {r.new:.4g} ({r.source})", highlight=False)
+    for reason in result.ignored:
+        out.print(f"[dim]not calibrated: {reason}[/dim]", highlight=False)
+
+
+def calibration_document(path: str, result: Calibration) -> dict[str, Any]:
+    return {"file": path, "kind": result.kind, "replaced": [asdict(r) for r in result.replaced],
+            "ignored": list(result.ignored)}

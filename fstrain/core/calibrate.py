@@ -1,0 +1,179 @@
+"""``fstrain plan --calibrate FILE``: measured numbers in place of the assumptions they measure.
+
+FILE is one of two documents, told apart by their keys:
+
+- a bench document (``fstrain bench --out``/``--json``, schema ``fstrain.bench/1``):
+  - intra-node all_reduce bus bandwidth (NCCL, on GPUs) -> ``collective_efficiency``, the fraction
+    of the per-GPU link bandwidth (NVLink one way, else PCIe) collectives reach;
+  - inter-node bus bandwidth -> the nodes' ``inter_node_gbps``: the all_reduce across nodes (the
+    slowest group times the groups that ran at once, i.e. what one node's NICs carried), else the
+    all_reduce over the world when it has one rank per node, else the pairs suite's median link.
+    It is divided by ``collective_efficiency`` because the time model multiplies them again, so
+    the model's effective bandwidth equals the measured bus bandwidth;
+  - matmul TFLOPS of the slowest GPU -> ``mfu``: a step waits for its slowest GPU, so the MFU is
+    scaled by slowest/median, and no GPU can beat the matmul rate it reached: mfu <= slowest/peak.
+- the bundled trainer's summary (``summary.json``, fstrain/train/loop.py):
+  - tokens/s -> ``mfu`` = tokens/s x model FLOPs per token / (ranks x peak FLOP/s);
+  - max reserved / max allocated memory -> ``fragmentation_fraction`` = reserved/allocated - 1.
+
+A number measured on CPUs (gloo, CPU ranks) says nothing about GPUs: it is left out and the
+report says why, except the inter-node bandwidth, which is the network's whatever moves the bytes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fstrain.core.assumptions import Assumptions
+from fstrain.core.benchpairs import link_table
+from fstrain.core.benchreport import SCHEMA, collective_summaries, compute_rows
+from fstrain.core.plancluster import PlanCluster
+from fstrain.core.planfile import ModelSpec
+from fstrain.core.timemodel import flops_per_token
+from fstrain.errors import InputError
+
+SUMMARY_KEYS = ("tokens_per_s", "world_size", "peak_memory_max_over_ranks", "device")
+
+
+@dataclass(frozen=True)
+class Replacement:
+    name: str
+    old: float
+    new: float
+    source: str
+    """What was measured, in words."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    assumptions: Assumptions
+    cluster: PlanCluster
+    kind: str
+    """``bench`` or ``trainer summary``."""
+    replaced: list[Replacement] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    """Measurements left out, each with the reason."""
+
+
+def calibrate(document: Any, where: str, *, assumptions: Assumptions, cluster: PlanCluster, precision: str,
+              model: ModelSpec | None) -> Calibration:
+    """Replace what ``document`` measures; ``where`` names the file in errors."""
+    if isinstance(document, dict) and document.get("schema") == SCHEMA:
+        return _from_bench(document, assumptions, cluster, precision)
+    if isinstance(document, dict) and all(key in document for key in SUMMARY_KEYS):
+        return _from_summary(document, where, assumptions, cluster, precision, model)
+    raise InputError("neither a bench document nor a trainer summary",
+                     "give the JSON from `fstrain bench --out FILE` or the trainer's summary.json", where)
+
+
+def current_mfu(assumptions: Assumptions, cluster: PlanCluster, precision: str) -> float:
+    return assumptions.mfu or cluster.speed_node(precision, assumptions.mfu).gpu.achievable_mfu
+
+
+def _from_bench(doc: Mapping[str, Any], assumptions: Assumptions, cluster: PlanCluster,
+                precision: str) -> Calibration:
+    replaced: list[Replacement] = []
+    ignored: list[str] = []
+    on_gpus = doc.get("backend") == "nccl" and doc.get("device_type") == "cuda"
+    summaries = {(s.scope, s.collective): s for s in collective_summaries(doc)}
+    ranks_per_node = doc.get("world_size", 1) // max(1, doc.get("num_nodes", 1))
+
+    intra = summaries.get(("intra_node", "all_reduce"))
+    if intra is None and doc.get("num_nodes") == 1 and ranks_per_node > 1:
+        intra = summaries.get(("world", "all_reduce"))
+    efficiency = assumptions.collective_efficiency
+    if intra is not None and not on_gpus:
+        ignored.append("intra-node all_reduce: measured with gloo on CPUs, not over the GPUs' links")
+    elif intra is not None:
+        links = cluster.links()
+        nvlink = links.nvlink_domain_size > 1
+        link_bytes_per_s = links.nvlink_bytes_per_s if nvlink else links.pcie_bytes_per_s
+        measured = intra.busbw_gbps * 1e9 / link_bytes_per_s
+        efficiency = min(1.0, measured)
+        replaced.append(Replacement(
+            "collective_efficiency", assumptions.collective_efficiency, efficiency,
+            f"intra-node all_reduce bus bandwidth {intra.busbw_gbps:.1f} GB/s over {intra.group_size} GPUs = "
+            f"{100 * measured:.0f} % of {link_bytes_per_s / 1e9:.0f} GB/s {'NVLink' if nvlink else 'PCIe'} "
+            "per GPU and direction" + (" (capped at 100 %)" if measured > 1 else "")))
+
+    new_cluster = cluster
+    node_gbps, how = _inter_node_gbps(doc, summaries, ranks_per_node)
+    if node_gbps is not None:
+        new_gbps = node_gbps / efficiency
+        old = min(node.inter_node_gbps for node in cluster.nodes)
+        new_cluster = PlanCluster(tuple(replace(node, inter_node_gbps=new_gbps, inter_node_source="fstrain bench")
+                                        for node in cluster.nodes))
+        replaced.append(Replacement("inter_node_gbps", old, new_gbps,
+                                    f"{how}: {node_gbps:.3g} Gb/s per node, / collective_efficiency "
+                                    f"{efficiency:.2f}"))
+
+    rows = compute_rows(doc)
+    gpu_rows = [r for r in rows if r.peak_tflops]
+    if rows and not gpu_rows:
+        ignored.append("compute: measured on CPUs (or GPUs not in the table), no GPU peak to compare with")
+    elif gpu_rows:
+        slowest = min(r.tflops for r in gpu_rows)
+        median = statistics.median(r.tflops for r in gpu_rows)
+        peak = min(r.peak_tflops or 0.0 for r in gpu_rows)
+        old_mfu = current_mfu(assumptions, cluster, precision)
+        new_mfu = min(old_mfu * slowest / median, slowest / peak)
+        replaced.append(Replacement("mfu", old_mfu, new_mfu,
+                                    f"slowest GPU's bf16 matmul {slowest:.0f} TFLOPS (median {median:.0f}, "
+                                    f"peak {peak:.0f}): mfu x slowest/median, at most slowest/peak"))
+    return _result(assumptions, new_cluster, "bench", replaced, ignored)
+
+
+def _inter_node_gbps(doc: Mapping[str, Any], summaries: Mapping[tuple[str, str], Any],
+                     ranks_per_node: int) -> tuple[float | None, str]:
+    """One node's measured scale-out bandwidth in Gb/s, and how it was measured."""
+    inter = summaries.get(("inter_node", "all_reduce"))
+    if inter is not None:
+        return inter.busbw_gbps * 8 * inter.groups, (
+            f"all_reduce across {inter.group_size} nodes, {inter.groups} groups at once")
+    world = summaries.get(("world", "all_reduce"))
+    if world is not None and doc.get("num_nodes", 1) > 1 and ranks_per_node == 1:
+        return world.busbw_gbps * 8, f"all_reduce across {world.group_size} nodes"
+    links = doc.get("pairs", {}).get("links", [])
+    if links:
+        table = link_table(links)
+        return statistics.median(table.values()) * 8, f"median of {len(table)} node-to-node links"
+    return None, ""
+
+
+def _from_summary(doc: Mapping[str, Any], where: str, assumptions: Assumptions, cluster: PlanCluster,
+                  precision: str, model: ModelSpec | None) -> Calibration:
+    replaced: list[Replacement] = []
+    ignored: list[str] = []
+    if doc["device"] != "cuda":
+        ignored.append(f"the run was on {doc['device']}: its speed and memory say nothing about GPUs")
+        return _result(assumptions, cluster, "trainer summary", replaced, ignored)
+    memory = doc["peak_memory_max_over_ranks"]
+    allocated, reserved = memory.get("max_allocated_bytes"), memory.get("max_reserved_bytes")
+    if allocated and reserved:
+        fragmentation = max(0.0, reserved / allocated - 1)
+        replaced.append(Replacement("fragmentation_fraction", assumptions.fragmentation_fraction, fragmentation,
+                                    f"max reserved {reserved / 2**30:.2f} GiB / max allocated "
+                                    f"{allocated / 2**30:.2f} GiB - 1"))
+    if model is None:
+        ignored.append("tokens/s: the plan has no architecture (--model-params) to count FLOPs with")
+    elif doc.get("model") != model.name:
+        raise InputError(f"the summary is of model {doc.get('model')!r}, the plan is for {model.name!r}",
+                         "calibrate with a run of the same model", where)
+    elif doc.get("tokens_per_s"):
+        world = int(doc["world_size"])
+        seq_len = int(doc["tokens_per_step"]) // (int(doc["micro_batch_size"]) * int(doc["grad_accum_steps"]) * world)
+        gpu = cluster.speed_node(precision, assumptions.mfu).gpu
+        achieved = doc["tokens_per_s"] * flops_per_token(model, seq_len).training / (world * gpu.peak_flops(precision))
+        replaced.append(Replacement("mfu", current_mfu(assumptions, cluster, precision), achieved,
+                                    f"{doc['tokens_per_s']:,.0f} tokens/s on {world} {gpu.label} at {seq_len} "
+                                    f"tokens per sequence"))
+    return _result(assumptions, cluster, "trainer summary", replaced, ignored)
+
+
+def _result(assumptions: Assumptions, cluster: PlanCluster, kind: str, replaced: list[Replacement],
+            ignored: list[str]) -> Calibration:
+    changes: dict[str, Any] = {r.name: r.new for r in replaced if r.name != "inter_node_gbps"}
+    return Calibration(replace(assumptions, **changes), cluster, kind, replaced, ignored)

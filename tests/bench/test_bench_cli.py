@@ -1,0 +1,52 @@
+"""`fstrain bench` as a user runs it on this machine (localhost through the launch path), and its
+input errors (one line, exit 2, nothing contacted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, run_fstrain
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--suite", "gpu"], "error: --suite: unknown suite gpu in 'gpu' (hint: use collectives, pairs, compute or all)"),
+    (["--sizes", "8G-1M"], "error: --sizes: range '8G-1M' runs backwards (hint: write the smaller size first, "
+                           "e.g. 1M-1G)"),
+    (["--pairs", "star"], "error: --pairs: unknown pairs mode 'star' (hint: use all, ring or auto)"),
+    (["--backend", "mpi"], "error: --backend: unknown backend 'mpi' (hint: use nccl or gloo)"),
+    (["--pair-bytes", "lots"], "error: --pair-bytes: cannot read 'lots' as a size (hint: write a byte count such "
+                               "as 8, 64K, 1M or 1G)"),
+    (["--hosts", "nowhere", "--out", "/nonexistent-dir/x.json"],
+     "error: /nonexistent-dir/x.json: the folder for --out does not exist (hint: create it first or give another "
+     "path)"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], line: str, tmp_path: Path) -> None:
+    result = run_fstrain("bench", "--run-dir", str(tmp_path / "run"), *args)
+    assert result.returncode == 2
+    assert result.stderr.strip() == line
+    assert result.stdout == ""
+    assert not (tmp_path / "run").exists()  # nothing ran
+
+
+def test_collectives_and_compute_on_localhost(tmp_path: Path) -> None:
+    run_dir, out = tmp_path / "run", tmp_path / "result.json"
+    result = run_fstrain("bench", "--suite", "collectives,compute", "--sizes", "256K", "--seconds", "0.05",
+                         "--nproc-per-node", "2", "--workdir", str(REPO), "--run-dir", str(run_dir),
+                         "--out", str(out), "--json", timeout=600)
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    assert document == json.loads(out.read_text()) == json.loads((run_dir / "bench.json").read_text())
+    assert document["world_size"] == 2 and document["backend"] == "gloo"
+    assert [s["scope"] for s in document["collectives"]["scopes"]] == ["world"]
+    assert len(document["compute"]["per_rank"]) == 2
+    stragglers = document["analysis"]["compute"]["stragglers"]
+    assert result.returncode == (1 if stragglers else 0)
+    report = (run_dir / "report.txt").read_text()
+    assert "collectives: bus bandwidth at the largest size" in report
+    assert "compute: matmul TFLOPS per rank" in report
+    assert (run_dir / "manifest.json").is_file() and (run_dir / "logs").is_dir()
+    # The human report went to stderr; stdout is the one document.
+    assert "world all_reduce (2 ranks)" in result.stderr

@@ -1,0 +1,150 @@
+"""plan --calibrate: which measured number replaces which assumption, on values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fstrain.core.assumptions import Assumptions
+from fstrain.core.calibrate import calibrate
+from fstrain.core.plancluster import uniform_cluster
+from fstrain.core.timemodel import flops_per_token
+from fstrain.errors import InputError
+from fstrain.io.recipes import load_shipped_recipe
+from tests.helpers import run_fstrain
+
+H100 = uniform_cluster(2, 8, "h100-sxm")  # NVLink 450 GB/s one way per GPU, 3200 Gb/s per node, MFU 0.45
+TINY = load_shipped_recipe("tiny").model
+
+
+def _scope(scope: str, groups: list[list[int]], busbw: float, collective: str = "all_reduce") -> dict[str, Any]:
+    n = len(groups[0])
+    factor = 2 * (n - 1) / n
+    return {"scope": scope, "groups": groups, "results": [
+        {"collective": collective, "size_bytes": 1 << 30, "group": g, "time_us": {"median": 1.0},
+         "algbw_gbps": busbw / factor, "busbw_gbps": busbw} for g in range(len(groups))]}
+
+
+def _gpu(rank: int, tflops: float) -> dict[str, Any]:
+    return {"rank": rank, "device": f"cuda:{rank}", "device_name": "NVIDIA H100 80GB HBM3",
+            "matmul": {"dtype": "bfloat16", "tflops": {"median": tflops}}, "memory": {"gbps": {"median": 3000.0}}}
+
+
+def bench(**parts: Any) -> dict[str, Any]:
+    return {"schema": "fstrain.bench/1", "backend": "nccl", "device_type": "cuda", "ranks": [], **parts}
+
+
+def test_one_gpu_node_sets_efficiency_and_mfu() -> None:
+    doc = bench(world_size=8, num_nodes=1,
+                collectives={"scopes": [_scope("world", [list(range(8))], 360.0)]},
+                compute={"per_rank": [_gpu(r, 600.0 if r == 3 else 700.0) for r in range(8)]})
+    result = calibrate(doc, "b.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=None)
+    names = {r.name: r for r in result.replaced}
+    assert set(names) == {"collective_efficiency", "mfu"}
+    assert result.assumptions.collective_efficiency == pytest.approx(360 / 450)
+    assert names["mfu"].old == pytest.approx(0.45)
+    assert result.assumptions.mfu == pytest.approx(min(0.45 * 600 / 700, 600 / 989.4))
+    assert result.cluster is H100 and result.kind == "bench"
+
+
+def test_inter_node_groups_count_what_one_node_carries() -> None:
+    doc = bench(world_size=16, num_nodes=2, collectives={"scopes": [
+        _scope("intra_node", [list(range(8)), list(range(8, 16))], 405.0),
+        _scope("inter_node", [[k, k + 8] for k in range(8)], 40.0)]})
+    result = calibrate(doc, "b.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=None)
+    eff = 405 / 450
+    assert result.assumptions.collective_efficiency == pytest.approx(eff)
+    # 40 GB/s per rank x 8 ranks of a node at once x 8 bits, over the efficiency the model applies again.
+    assert [n.inter_node_gbps for n in result.cluster.nodes] == pytest.approx([40 * 8 * 8 / eff] * 2)
+    assert {n.inter_node_source for n in result.cluster.nodes} == {"fstrain bench"}
+    # The model's effective inter-node bandwidth per GPU is the measured bus bandwidth.
+    links = result.cluster.links()
+    assert links.inter_node_bytes_per_s * result.assumptions.collective_efficiency == pytest.approx(40e9)
+
+
+def test_cpu_bench_calibrates_only_the_network() -> None:
+    doc = bench(backend="gloo", device_type="cpu", world_size=3, num_nodes=3,
+                collectives={"scopes": [_scope("world", [[0, 1, 2]], 0.5)]},
+                compute={"per_rank": [{**_gpu(0, 0.05), "device": "cpu", "device_name": "x86_64"}]},
+                pairs={"links": [{"src": "a", "dst": "b", "samples_gbps": [1.0]}]})
+    result = calibrate(doc, "b.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=None)
+    assert [r.name for r in result.replaced] == ["inter_node_gbps"]  # world with one rank per node first
+    assert result.cluster.nodes[0].inter_node_gbps == pytest.approx(0.5 * 8 / 0.8)
+    assert result.assumptions == Assumptions()
+    assert any("CPUs" in reason for reason in result.ignored)
+
+
+def summary(**changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"device": "cuda", "world_size": 16, "model": "tiny", "micro_batch_size": 2,
+                           "grad_accum_steps": 4, "tokens_per_step": 2 * 4 * 16 * 128, "tokens_per_s": 2.0e6,
+                           "peak_memory_max_over_ranks": {"max_allocated_bytes": 40 << 30,
+                                                          "max_reserved_bytes": 46 << 30}}
+    return {**doc, **changes}
+
+
+def test_trainer_summary_sets_mfu_and_fragmentation() -> None:
+    result = calibrate(summary(), "s.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=TINY)
+    expected_mfu = 2.0e6 * flops_per_token(TINY, 128).training / (16 * 989.4e12)
+    assert result.assumptions.mfu == pytest.approx(expected_mfu)
+    assert result.assumptions.fragmentation_fraction == pytest.approx(46 / 40 - 1)
+    assert result.kind == "trainer summary"
+
+
+def test_trainer_summary_on_cpu_replaces_nothing() -> None:
+    doc = summary(device="cpu", peak_memory_max_over_ranks={"max_rss_bytes": 1 << 30})
+    result = calibrate(doc, "s.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=TINY)
+    assert result.replaced == [] and result.assumptions == Assumptions()
+    assert "cpu" in result.ignored[0]
+
+
+def test_wrong_model_or_document_is_one_clear_error() -> None:
+    with pytest.raises(InputError, match="the summary is of model 'tiny', the plan is for 'llama'") as caught:
+        calibrate(summary(), "s.json", assumptions=Assumptions(), cluster=H100, precision="bf16",
+                  model=load_shipped_recipe("tiny").model.__class__(**{**TINY.__dict__, "name": "llama"}))
+    assert caught.value.where == "s.json"
+    with pytest.raises(InputError, match="neither a bench document nor a trainer summary"):
+        calibrate({"x": 1}, "x.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=TINY)
+
+
+def test_plan_cli_says_what_it_replaced_and_flags_win(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench(world_size=8, num_nodes=1,
+                                     collectives={"scopes": [_scope("world", [list(range(8))], 315.0)]})))
+    args = ["plan", "--model", "tiny", "--num-nodes", "1", "--gpu", "h100-sxm", "--calibrate", str(path)]
+    shown = run_fstrain(*args)
+    assert shown.returncode == 0, shown.stderr
+    assert "calibrated collective_efficiency: 0.8 -> 0.7 (intra-node all_reduce" in shown.stderr
+    as_json = run_fstrain(*args, "--json", "--assume", "collective_efficiency=0.5")
+    document = json.loads(as_json.stdout)
+    assert document["calibration"]["replaced"] == []
+    assert json.loads(run_fstrain(*args, "--json").stdout)["calibration"]["replaced"][0]["new"] == pytest.approx(0.7)
+    assert "collective_efficiency: --assume given, the flag wins" in document["calibration"]["ignored"]
+    bad = run_fstrain("plan", "--model", "tiny", "--gpu", "h100-sxm", "--calibrate", str(tmp_path / "missing.json"))
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == f"error: {tmp_path / 'missing.json'}: file not found (hint: check the path)"
+
+
+GPU_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200-2026-11-30"
+
+
+def test_a_real_h200_bench_document() -> None:
+    """The compute suite as it ran on an H200 (tests/fixtures/gpu/h200-2026-11-30)."""
+    from fstrain.core.benchreport import compute_rows
+
+    doc = json.loads((GPU_RUN / "bench-compute.json").read_text())
+    (row,) = compute_rows(doc)
+    assert row.device_name == "NVIDIA H200" and row.peak_tflops == pytest.approx(989)
+    assert row.tflops_fraction == pytest.approx(row.tflops / 989) and 0.5 < row.tflops_fraction < 0.9
+    assert 0.8 < (row.memory_fraction or 0) < 1.0
+    h200 = uniform_cluster(1, 1, "h200")
+    result = calibrate(doc, "bench-compute.json", assumptions=Assumptions(), cluster=h200, precision="bf16",
+                       model=None)
+    # One GPU: no straggler to wait for, and its matmul rate is above the table's MFU: the MFU stands.
+    assert [(r.name, r.old, r.new) for r in result.replaced] == [("mfu", 0.45, 0.45)]
+    # One GPU has no link to measure: its collectives replace nothing.
+    collectives = json.loads((GPU_RUN / "bench-collectives.json").read_text())
+    assert calibrate(collectives, "c.json", assumptions=Assumptions(), cluster=h200, precision="bf16",
+                     model=None).replaced == []
