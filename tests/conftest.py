@@ -72,6 +72,29 @@ class NamespaceCluster:
                               capture_output=True, text=True, check=check, timeout=60)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def hermetic_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This machine's side of every test (fstrain itself, and localhost as a node) gets its own HOME.
+
+    fstrain keeps state under ~/.fstrain (runs started here, active runs of localhost as a node) and
+    OpenSSH and paramiko read ~/.ssh: none of the user's own may leak into a test, nor a test's into
+    them. Child processes inherit the variables. DeepSpeed's CPU ops are built once per session into
+    TORCH_EXTENSIONS_DIR (the hosts of the test cluster share the same folder).
+    """
+    saved = {name: os.environ.get(name) for name in ("HOME", "TORCH_EXTENSIONS_DIR")}
+    home = tmp_path_factory.mktemp("client-home")
+    os.environ["HOME"] = str(home)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(tmp_path_factory.mktemp("torch_extensions")))
+    try:
+        yield home
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def hermetic_hosts(cluster: NamespaceCluster) -> None:
     """Make every host's sessions independent of this machine's set-up.
 
@@ -80,14 +103,14 @@ def hermetic_hosts(cluster: NamespaceCluster) -> None:
       run records) and ~/.cache stay out of the tests.
     - PYTHONPATH: this checkout, so what the hosts run (``python -m fstrain.train``) is the code
       under test, not whichever fstrain happens to be installed (CI runs on a fresh clone).
-    - TORCH_EXTENSIONS_DIR: one folder for all hosts, so DeepSpeed builds its CPU ops once per
-      session (under an empty HOME each host would build them again).
+    - TORCH_EXTENSIONS_DIR: the session's one folder (``hermetic_client``), so DeepSpeed builds its
+      CPU ops once per session (under an empty HOME each host would build them again).
     """
     for index in range(1, cluster.num_hosts + 1):
         cluster.home(index).mkdir(parents=True, exist_ok=True)
         cluster.script("set-env", str(index), f"HOME={cluster.home(index)}")
         cluster.script("set-env", str(index), f"PYTHONPATH={REPO}")
-        cluster.script("set-env", str(index), f"TORCH_EXTENSIONS_DIR={cluster.state / 'torch_extensions'}")
+        cluster.script("set-env", str(index), f"TORCH_EXTENSIONS_DIR={os.environ['TORCH_EXTENSIONS_DIR']}")
 
 
 def cluster_unavailable_reason() -> str | None:

@@ -38,10 +38,12 @@ def plan_command(
         None, "--node", help="A kind of node, GPU:COUNT[xNODES], repeatable: --node a100-40gb:8x2 --node h100-sxm:8x2."
     ),
     gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", min=0.001, help="GPU memory in GiB (replaces the table's; with --gpu-tflops, any GPU)."
+        None, "--gpu-memory", min=0.001, metavar="GIB",
+        help="GPU memory in GiB (replaces the table's; with --gpu-tflops, any GPU)."
     ),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", min=0.001, help="Dense bf16/fp16 peak per GPU in TFLOP/s (replaces the table's)."
+        None, "--gpu-tflops", min=0.001, metavar="TFLOPS",
+        help="Dense bf16/fp16 peak per GPU in TFLOP/s (replaces the table's)."
     ),
     nvlink_domain_size: int | None = typer.Option(
         None, "--nvlink-domain-size", min=1, help="GPUs per NVLink domain (default from the GPU table)."
