@@ -27,7 +27,7 @@ METAVARS = {
     "--grad-accum": "N", "--seq-len": "N", "--optimizer": "adamw|sgd|adam8bit", "--ac": "none|selective|full",
     "--zero-stage": "0-3", "--tp": "N", "--pp": "N", "--shard-group-size": "N",
     "--offload": "none|optimizer|optimizer+params", "--train-tokens": "COUNT", "--mfu": "FRACTION",
-    "--assume": "KEY=VALUE", "--top": "N", "--render": "DIR",
+    "--assume": "KEY=VALUE", "--top": "N", "--render": "DIR", "--gpu-memory": "GIB", "--gpu-tflops": "TFLOPS",
     # render, topo
     "--out": "PATH", "--ifname": "IFACE", "--rdma-device": "DEVICE", "--nccl-topo": "FILE", "--lr": "RATE",
     "--warmup-steps": "N", "--train-steps": "N", "--from": "FILE", "--output": "FILE",
