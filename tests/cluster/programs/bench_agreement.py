@@ -24,7 +24,7 @@ import torch.distributed as dist
 from fstrain.bench.collectives import time_collective
 
 SIZE_BYTES = 4 << 20
-REPEATS = 60
+REPEATS = 120
 CALLS = 3
 
 dist.init_process_group("gloo")
