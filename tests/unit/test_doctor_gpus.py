@@ -190,3 +190,15 @@ def test_every_gpu_check_is_skipped_with_a_reason_without_gpus() -> None:
     assert {r.verdict for r in results} == {"skipped"}
     assert all("no NVIDIA GPU on any host (no NVIDIA GPU on the PCI bus)" in r.message or r.id == "gpu.memory"
                for r in results)
+
+
+def test_real_h200_probe_report_is_healthy() -> None:
+    """The report captured on a lent H200 (tests/fixtures/probe/SOURCES.md): one healthy GPU."""
+    from tests.unit.doctor_reports import PROBE
+
+    report = probe_report(PROBE / "h200-1x-vm-real.json", "h200")
+    verdicts = {r.id: (r.verdict, r.message) for r in run_checks(facts(host("h200", report)), select("gpu"))}
+    assert verdicts["gpu.count"] == ("ok", "1 GPU")
+    assert verdicts["gpu.type"] == ("ok", "1x NVIDIA H200 140 GiB on every host")
+    assert {verdicts[c][0] for c in ("gpu.ecc", "gpu.clocks", "gpu.processes")} == {"ok"}
+    assert verdicts["gpu.persistence"][0] == "skipped"  # NVML answered; nvidia-smi -q was not needed
