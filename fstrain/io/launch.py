@@ -93,7 +93,10 @@ def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float
     hint = "fix the hosts above (--python, --workdir) or leave them out with --exclude"
     for host, result in zip(pool.hosts, results, strict=True):
         if result.error:
-            problems.append(f"{host.label()}: {result.error}")
+            # The pool's text carries the transport's own hint: keep one hint in the one error line.
+            message, _, own_hint = result.error.partition(" (hint: ")
+            problems.append(f"{host.label()}: {message}")
+            hint = own_hint.removesuffix(")") or hint
             continue
         if result.exit_code == 127:
             problems.append(f"{host.label()}: interpreter {python!r} not found")

@@ -84,3 +84,28 @@ def test_env_name_alone_must_be_a_valid_name() -> None:
     result = run_fstrain(*DRY, "--env", "not a name", "--", "python3", "train.py")
     assert result.returncode == 2
     assert "'not a name' is not a valid environment variable name" in result.stderr
+
+
+def test_preflight_error_carries_one_hint_the_transports() -> None:
+    """An unreachable host's own hint (from the transport) is the error's only hint."""
+    import json as _json
+
+    from fstrain.core.hostfile import Host
+    from fstrain.errors import FstrainError, TransportError
+    from fstrain.io.fanout import HostPool
+    from fstrain.io.launch import preflight
+    from fstrain.io.transport import CommandResult, FakeTransport
+
+    info = _json.dumps({"workdir_exists": True, "python": "3.11", "python_executable": "/usr/bin/python3"})
+
+    def connect(host: Host) -> FakeTransport:
+        if host.name == "b":
+            raise TransportError("b:22: connection refused", "start sshd on b, or leave it out with --exclude")
+        return FakeTransport(host.name, lambda argv, stdin: CommandResult(0, info, "", 0.1))
+
+    with HostPool([Host("a"), Host("b")], connect) as pool, pytest.raises(FstrainError) as caught:
+        preflight(pool, "python3", "/tmp")
+    line = str(caught.value)
+    assert line.count("(hint:") == 1, line
+    assert "b: b:22: connection refused" in line
+    assert line.endswith("(hint: start sshd on b, or leave it out with --exclude)"), line
