@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,33 +79,45 @@ def start_launch(cluster: NamespaceCluster, *args: str, env: dict[str, str] | No
     return launch
 
 
-def job_processes(cluster: NamespaceCluster) -> dict[str, list[str]]:
-    """Processes in each namespace other than sshd itself (its daemon and session processes)."""
+def namespace_processes(namespaces: Sequence[str], is_daemon: Callable[[str], bool]) -> dict[str, list[str]]:
+    """Processes in each namespace that ``is_daemon(pid)`` does not excuse, as 'PID cmdline' (a process
+    gone or unreadable while looked at, OSError, is skipped)."""
     found: dict[str, list[str]] = {}
-    for index in range(1, cluster.num_hosts + 1):
-        pids = subprocess.run(["ip", "netns", "pids", cluster.namespace(index)], capture_output=True,
-                              text=True, check=False).stdout.split()
+    for namespace in namespaces:
+        pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True,
+                              check=False).stdout.split()
         rest = []
         for pid in pids:
             try:
-                exe = os.readlink(f"/proc/{pid}/exe")
+                daemon = is_daemon(pid)
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
             except OSError:
                 continue
-            if exe != "/usr/sbin/sshd":
+            if not daemon:
                 rest.append(f"{pid} {cmdline}")
         if rest:
-            found[cluster.namespace(index)] = rest
+            found[namespace] = rest
     return found
 
 
-def assert_no_job_processes(cluster: NamespaceCluster, within_s: float) -> None:
+def wait_until_none(processes: Callable[[], dict[str, list[str]]], within_s: float) -> None:
+    """Poll ``processes`` until it finds none; fail with what is left after ``within_s``."""
     deadline = time.monotonic() + within_s
-    left = job_processes(cluster)
+    left = processes()
     while left and time.monotonic() < deadline:
         time.sleep(0.25)
-        left = job_processes(cluster)
+        left = processes()
     assert not left, f"processes left after {within_s} s: {left}"
+
+
+def job_processes(cluster: NamespaceCluster) -> dict[str, list[str]]:
+    """Processes in each namespace other than sshd itself (its daemon and session processes)."""
+    namespaces = [cluster.namespace(index) for index in range(1, cluster.num_hosts + 1)]
+    return namespace_processes(namespaces, lambda pid: os.readlink(f"/proc/{pid}/exe") == "/usr/sbin/sshd")
+
+
+def assert_no_job_processes(cluster: NamespaceCluster, within_s: float) -> None:
+    wait_until_none(lambda: job_processes(cluster), within_s)
 
 
 def send(launch: LaunchProcess, sig: signal.Signals) -> None:

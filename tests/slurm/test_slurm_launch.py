@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.slurm import JobStatus, parse_scontrol_job
+from tests.cluster.launch_helpers import namespace_processes, wait_until_none
 from tests.helpers import REPO
 from tests.slurm.conftest import SlurmCluster
 
@@ -53,33 +54,17 @@ def wait_for_job(slurm: SlurmCluster, home: Path, job_id: str, timeout: float = 
     return status
 
 
+DAEMONS = ("slurmd", "sshd")
+
+
 def node_processes(slurm: SlurmCluster) -> dict[str, list[str]]:
     """Processes in the nodes' namespaces other than the daemons (slurmd, sshd)."""
-    found: dict[str, list[str]] = {}
-    for index in range(1, slurm.num_nodes + 1):
-        pids = subprocess.run(["ip", "netns", "pids", slurm.namespace(index)], capture_output=True, text=True,
-                              check=False).stdout.split()
-        rest = []
-        for pid in pids:
-            try:
-                name = Path(f"/proc/{pid}/comm").read_text().strip()
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-            except OSError:
-                continue
-            if name not in ("slurmd", "sshd"):
-                rest.append(f"{pid} {cmdline}")
-        if rest:
-            found[slurm.namespace(index)] = rest
-    return found
+    namespaces = [slurm.namespace(index) for index in range(1, slurm.num_nodes + 1)]
+    return namespace_processes(namespaces, lambda pid: Path(f"/proc/{pid}/comm").read_text().strip() in DAEMONS)
 
 
 def assert_nodes_idle(slurm: SlurmCluster, within_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    left = node_processes(slurm)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.25)
-        left = node_processes(slurm)
-    assert not left, f"processes left after {within_s} s: {left}"
+    wait_until_none(lambda: node_processes(slurm), within_s)
 
 
 def sshd_running(slurm: SlurmCluster, index: int) -> bool:
