@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,9 @@ from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
 
 WORKER = str(REPO / "tests" / "cluster" / "programs" / "worker.py")
+# Every launch a test started, so that one a failing test left running is stopped at its end
+# (tests/cluster/conftest.py) instead of running on beside the tests that follow.
+STARTED: list[LaunchProcess] = []
 
 
 @dataclass
@@ -39,7 +43,8 @@ class LaunchProcess:
                 raise AssertionError(f"launch exited {self.proc.returncode} before {count}x {fragment!r}:\n"
                                      + "".join(self.stdout[-30:]) + "".join(self.stderr[-30:]))
             time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {count}x {fragment!r}:\n" + "".join(self.stdout[-30:]))
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {count}x {fragment!r}:\n"
+                             + "".join(self.stdout[-30:]) + "".join(self.stderr[-30:]))
 
     def finish(self, timeout: float = 120) -> int:
         try:
@@ -71,6 +76,7 @@ def start_launch(cluster: NamespaceCluster, *args: str, env: dict[str, str] | No
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
                             cwd=cwd or REPO)
     launch = LaunchProcess(proc)
+    STARTED.append(launch)
     assert proc.stdout is not None and proc.stderr is not None
     for stream, sink in ((proc.stdout, launch.stdout), (proc.stderr, launch.stderr)):
         reader = threading.Thread(target=lambda s=stream, k=sink: k.extend(iter(s.readline, "")), daemon=True)
@@ -118,6 +124,31 @@ def job_processes(cluster: NamespaceCluster) -> dict[str, list[str]]:
 
 def assert_no_job_processes(cluster: NamespaceCluster, within_s: float) -> None:
     wait_until_none(lambda: job_processes(cluster), within_s)
+
+
+def stop_started_launches(grace_s: float = 30) -> list[str]:
+    """Stop (SIGINT, then SIGKILL after ``grace_s``) every launch still running, close the pipes
+    of all, and forget them; returns the command lines of those that were still running."""
+    running = [launch for launch in STARTED if launch.proc.poll() is None]
+    for launch in running:
+        launch.proc.send_signal(signal.SIGINT)
+    for launch in STARTED:
+        try:
+            launch.finish(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            launch.proc.wait()
+    STARTED.clear()
+    return [" ".join(launch.proc.args[3:]) for launch in running]  # type: ignore[index]
+
+
+def kill_job_processes(cluster: NamespaceCluster) -> dict[str, list[str]]:
+    """SIGKILL every job process in the cluster's namespaces; returns what was found."""
+    found = job_processes(cluster)
+    for processes in found.values():
+        for entry in processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.split()[0]), signal.SIGKILL)
+    return found
 
 
 def send(launch: LaunchProcess, sig: signal.Signals) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.launch_helpers import assert_no_job_processes, job_processes, start_launch
+from tests.cluster.launch_helpers import assert_no_job_processes, start_launch
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
 
@@ -19,11 +19,6 @@ TIMEOUT_S = 20
 # After the timeout: the stacks request (3 s for SIGUSR1 answers), SIGTERM, the grace period,
 # the per-node launchers' exits, on a shared 2-core machine.
 SLACK_S = 25
-
-
-@pytest.fixture(autouse=True)
-def _clean_cluster(cluster: NamespaceCluster) -> None:
-    assert not job_processes(cluster), "a previous test left processes behind"
 
 
 @pytest.mark.parametrize(("others", "flag"), [("collective", "--stall-timeout"), ("exit", "--finish-timeout")])

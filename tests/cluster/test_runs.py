@@ -12,16 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes, start_launch
+from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, start_launch
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
 
 GRACE_S = 3
-
-
-@pytest.fixture(autouse=True)
-def _clean_cluster(cluster: NamespaceCluster) -> None:
-    assert not job_processes(cluster), "a previous test left processes behind"
 
 
 def fstrain(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
