@@ -12,7 +12,9 @@ record names the global rank, the local rank and the exit code (negative for a s
       exitcode  : -11 (pid: 10059)  (SIGSEGV)
 
 DeepSpeed's per-node launcher exits with the failing rank's own return code, which a negative
-(signal) code turns into ``256 + code`` (``sys.exit(-11)`` is 245).
+(signal) code turns into ``256 + code`` (``sys.exit(-11)`` is 245), and never says which rank
+that was: the node's watchdog catches the first rank that exits non-zero and reports it
+(``rank_exit``, read with ``rank_exit_report``).
 
 Pure and stdlib-only: fed one output line at a time, by the launcher and by the detached
 coordinator alike.
@@ -103,6 +105,12 @@ class FailureReportReader:
             if "exitcode" in self._fields and "rank" in self._fields:
                 self._finish()
 
+    def observed(self, failure: RankFailure | None) -> None:
+        """A failure seen another way (the watchdog caught the rank's exit): kept unless the
+        launcher's own record already named one."""
+        if failure is not None and self.root_cause is None:
+            self.root_cause = failure
+
     def _finish(self) -> None:
         self._in_root = False
         fields, self._fields = self._fields, {}
@@ -132,4 +140,17 @@ def node_failure(backend: str, node_exit_code: int | None, root_cause: RankFailu
         if rank is None and rank_offset is not None and root_cause.local_rank is not None:
             rank = rank_offset + root_cause.local_rank
         return RankFailure(rank, root_cause.local_rank, root_cause.exit_code, root_cause.host)
+    if root_cause is not None:  # the watchdog saw which rank exited first, and with what
+        return RankFailure(root_cause.rank, root_cause.local_rank, root_cause.exit_code, root_cause.host)
     return RankFailure(None, None, deepspeed_launcher_code(node_exit_code))
+
+
+def rank_exit_report(report: object) -> RankFailure | None:
+    """The watchdog's ``rank_exit`` report, ``{"rank", "local_rank", "exit_code"}``, as a
+    RankFailure; None for anything else."""
+    if not isinstance(report, dict):
+        return None
+    rank, local_rank, code = report.get("rank"), report.get("local_rank"), report.get("exit_code")
+    if not isinstance(rank, int) or not isinstance(code, int) or not 0 < code < 256:
+        return None
+    return RankFailure(rank, local_rank if isinstance(local_rank, int) else None, code)

@@ -40,7 +40,7 @@ from fstrain.core.launchspec import (
     secret_values,
     split_rank_prefix,
 )
-from fstrain.core.rankexit import FailureReportReader, RankFailure, node_failure
+from fstrain.core.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool
@@ -350,6 +350,8 @@ def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
     if options.stall_timeout_s or options.finish_timeout_s:  # ranks answer SIGUSR1 with their stacks
         header.update(stacks=True, modules={"stacks": source("stacks")}, stall_timeout_s=options.stall_timeout_s,
                       finish_timeout_s=options.finish_timeout_s)
+    if launch.backend == "deepspeed":  # its launcher does not say which rank failed: the watchdog looks
+        header.update(watch_rank_exits=True, modules={**header.get("modules", {}), "stacks": source("stacks")})
     return header
 
 
@@ -425,8 +427,10 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
         node = nodes[rank] if kind else None
         if kind == "line" and node is not None:
             if b.startswith(EVENT_PREFIX):  # the watchdog's report, not the job's output
+                payload = json.loads(b[len(EVENT_PREFIX):])
+                node.reader.observed(rank_exit_report(payload.get("rank_exit")))
                 if stall is not None:
-                    stall.event(rank, json.loads(b[len(EVENT_PREFIX):]))
+                    stall.event(rank, payload)
                 continue
             node.reader.feed(b)
             if stall is not None and split_rank_prefix(b)[0] is not None:

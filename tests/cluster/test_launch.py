@@ -80,9 +80,10 @@ def test_one_rank_segfaults_gives_139(cluster: NamespaceCluster, tmp_path: Path,
                                                 "--env", "FSTRAIN_TEST_FAULT_RANK=2"))
     assert launch.finish() == 139, launch.err
     assert "[node2 r2] rank 2 segfaults on purpose" in launch.out
-    # DeepSpeed's launcher exits with the rank's code but does not say which rank it was.
-    named = "rank 2 (local rank 0)" if backend == "torchrun" else "a rank"
-    assert f"first failure: {named}, exit 139 (SIGSEGV) on node 1 (node2)" in launch.err
+    # DeepSpeed's launcher does not say which rank it was: the watchdog saw it exit.
+    assert "first failure: rank 2 (local rank 0), exit 139 (SIGSEGV) on node 1 (node2)" in launch.err
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["first_failure"] == {"rank": 2, "local_rank": 0, "exit_code": 139, "signal": "SIGSEGV"}
     assert "exit code 139" in launch.err
     assert_no_job_processes(cluster, GRACE_S + 5)
 

@@ -144,6 +144,18 @@ def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
     assert unknown.returncode == 2 and "'node9' is not one of the run's hosts" in unknown.stderr
 
 
+def test_a_detached_deepspeed_run_names_the_rank_that_failed(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    """DeepSpeed's launcher exits with the rank's code only; the watchdog says which rank."""
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    run_id = detach(cluster, home, run_dir, "--backend", "deepspeed", "--no-local-rank",
+                    "--env", "FSTRAIN_TEST_FAULT=segv", "--env", "FSTRAIN_TEST_FAULT_RANK=3", "--", "python3", WORKER)
+    status = wait_state(home, run_id, {"failed", "succeeded", "stopped", "lost", "stalled"}, 180)
+    assert (status["state"], status["exit_code"]) == ("failed", 139), status
+    finals = [f["final"] for f in node_files(cluster, run_dir)]
+    assert finals[1]["first_failure"] == {"rank": 3, "local_rank": 1, "exit_code": 139, "signal": "SIGSEGV"}
+    assert_no_job_processes(cluster, GRACE_S + 5)
+
+
 def test_gc_removes_finished_runs_on_the_hosts(cluster: NamespaceCluster, tmp_path: Path) -> None:
     home, run_dir = tmp_path / "home", tmp_path / "run"
     run_id = detach(cluster, home, run_dir, "--env", "FSTRAIN_TEST_SECONDS=1", "--", "python3", WORKER)

@@ -13,6 +13,7 @@ from fstrain.core.rankexit import (
     deepspeed_launcher_code,
     describe_code,
     node_failure,
+    rank_exit_report,
     shell_code,
 )
 
@@ -64,3 +65,20 @@ def test_node_failure_per_backend() -> None:
     assert node_failure("torchrun", 0, cause) is None
     assert node_failure("torchrun", None, cause) is None  # a lost host
     assert node_failure("deepspeed", 245, None) == RankFailure(None, None, 139)
+    # The watchdog saw which rank exited first: that rank and its own code.
+    assert node_failure("deepspeed", 245, RankFailure(2, 0, 139)) == RankFailure(2, 0, 139)
+
+
+def test_the_watchdogs_rank_exit_report() -> None:
+    assert rank_exit_report({"rank": 3, "local_rank": 1, "exit_code": 7}) == RankFailure(3, 1, 7)
+    assert rank_exit_report({"rank": 3, "local_rank": None, "exit_code": 139}) == RankFailure(3, None, 139)
+    for bad in (None, "x", {"rank": "3", "exit_code": 7}, {"rank": 3, "exit_code": 0}, {"rank": 3}):
+        assert rank_exit_report(bad) is None
+
+
+def test_a_report_seen_by_the_watchdog_never_replaces_torchruns_own() -> None:
+    reader = FailureReportReader()
+    reader.observed(RankFailure(2, 0, 139))
+    reader.observed(RankFailure(3, 1, 143))  # a rank the launcher killed afterwards
+    reader.observed(None)
+    assert reader.root_cause == RankFailure(2, 0, 139)

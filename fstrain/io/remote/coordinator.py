@@ -101,6 +101,7 @@ class Output:
 
     def __init__(self, read_fd: int, path: str, secrets: list[str]) -> None:
         self.on_event: Any = None  # called with the watchdog's own reports (stacks, ranks gone)
+        self.rank_exit: dict[str, Any] | None = None  # the watchdog's report of the first rank to fail
         self.read_fd = read_fd
         self.path = path
         self.secrets = [s.encode() for s in secrets]  # values written as **** (the launcher's rule)
@@ -116,8 +117,10 @@ class Output:
             for raw in source:
                 if raw.startswith(EVENT_PREFIX.encode()):
                     with contextlib.suppress(ValueError):
+                        payload = json.loads(raw[len(EVENT_PREFIX):])
+                        self.rank_exit = payload.get("rank_exit") or self.rank_exit
                         if self.on_event is not None:
-                            self.on_event(json.loads(raw[len(EVENT_PREFIX):]))
+                            self.on_event(payload)
                     continue
                 now = time.time()
                 for secret in self.secrets:
@@ -235,7 +238,8 @@ class Node:
         self.write_state()
 
     def read_failure(self) -> dict[str, Any] | None:
-        """The failed rank behind a non-zero exit (torchrun's root cause, DeepSpeed's code)."""
+        """The failed rank behind a non-zero exit (torchrun's root cause; for DeepSpeed, the rank
+        the watchdog saw exit first, else just the launcher's code)."""
         if "rankexit" not in (self.header.get("modules") or {}) or not self.exit_code:
             return None
         module = self.watchdog.module("rankexit")
@@ -243,6 +247,7 @@ class Node:
         with contextlib.suppress(OSError), open(self.output.path if self.output else "", errors="replace") as handle:
             for line in handle:
                 reader.feed(line.split(" ", 1)[-1])
+        reader.observed(module.rank_exit_report(self.output.rank_exit if self.output else None))
         failure = module.node_failure(self.header.get("backend", "torchrun"), self.exit_code, reader.root_cause,
                                       self.header.get("rank_offset"))
         if failure is None:

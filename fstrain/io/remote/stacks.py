@@ -1,4 +1,5 @@
-"""Stacks of a node's live ranks, for hang reports: stdlib only, run inside the watchdog.
+"""Stacks of a node's live ranks, for hang reports, and the first rank to exit non-zero: stdlib
+only, run inside the watchdog.
 
 The watchdog loads this module (sent in its header) when the launch asks for stack reports:
 
@@ -12,6 +13,9 @@ The watchdog loads this module (sent in its header) when the launch asks for sta
   SIGUSR1 only to processes whose hook file exists: a Python process that never registered the
   handler would die of it. NCCL's flight recorder files (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``,
   pointed into the run directory) are listed where present.
+- ``FirstFailedRank`` watches the ranks' own processes for the first one that exits non-zero,
+  read from ``/proc/<pid>/stat`` while it is a zombie (its launcher has not collected it yet):
+  DeepSpeed's launcher exits with that rank's code but never says which rank it was.
 Never raises: what cannot be read is reported as missing.
 """
 
@@ -125,6 +129,60 @@ def rank_processes(pids: list[int]) -> dict[int, int]:
             continue  # a data loader worker or other child of the rank
         ranks[int(rank)] = pid
     return ranks
+
+
+def zombie_wait_status(pid: int) -> int | None:
+    """The wait status of ``pid`` if it has exited and is not yet collected by its parent
+    (state Z; ``exit_code``, field 52 of ``/proc/<pid>/stat``), else None."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+        fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3, the state
+        return int(fields[49]) if fields[0] == "Z" and len(fields) > 49 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class FirstFailedRank:
+    """Poll with the watchdog's descendants; ``failure`` becomes ``{"rank", "local_rank",
+    "exit_code"}`` (a signal as 128 + its number) for the first rank seen exiting non-zero.
+
+    A rank is caught in the window between its exit and its launcher's wait (DeepSpeed's
+    launcher looks once a second), so a poll every 0.1 s sees it; when several are seen at
+    once, one that was not killed (SIGTERM/SIGKILL, the launcher's teardown) is the cause."""
+
+    def __init__(self, nproc: int) -> None:
+        self.nproc = nproc
+        self.known: dict[int, tuple[int, int | None]] = {}  # pid -> (rank, local rank)
+        self.failure: dict[str, Any] | None = None
+
+    def poll(self, pids: list[int] | None) -> dict[str, Any] | None:
+        """``pids``: live descendants, or None to check only the ranks already known."""
+        if pids is not None:
+            for rank, pid in rank_processes(pids).items():
+                if pid not in self.known:
+                    local = _environ(pid).get("LOCAL_RANK", "")
+                    self.known[pid] = (rank, int(local) if local.isdigit() else None)
+        failed = []
+        for pid, (rank, local_rank) in list(self.known.items()):
+            status = zombie_wait_status(pid)
+            if status is None:
+                if not os.path.exists(f"/proc/{pid}"):
+                    del self.known[pid]
+                continue
+            del self.known[pid]
+            code = os.waitstatus_to_exitcode(status)
+            if code != 0:
+                failed.append({"rank": rank, "local_rank": local_rank, "exit_code": 128 - code if code < 0 else code})
+        if failed and self.failure is None:
+            killed = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+            failed.sort(key=lambda f: (f["exit_code"] in killed, f["rank"]))
+            self.failure = failed[0]
+            return self.failure
+        return None
+
+    def needs_scan(self) -> bool:
+        return len(self.known) < self.nproc
 
 
 def _py_spy(pid: int) -> str | None:

@@ -175,6 +175,21 @@ class Watchdog:
             seen = (seen - gone) | live
             time.sleep(1.0)
 
+    def watch_rank_exits(self) -> None:
+        """Report the first rank that exits non-zero (``rank_exit``), for launchers that exit
+        with its code but do not say which rank it was (DeepSpeed's)."""
+        watch = self.module("stacks").FirstFailedRank(int(self.header.get("nproc") or 1))
+        last_scan = 0.0
+        while self.child is not None and self.child.poll() is None and self.stop_requested is None:
+            scan = watch.needs_scan() or time.monotonic() - last_scan > 5.0
+            if scan:
+                last_scan = time.monotonic()
+            failure = watch.poll(descendants(os.getpid()) if scan else None)
+            if failure is not None:
+                self.event({"rank_exit": failure})
+                return
+            time.sleep(POLL_S)
+
     def write_state(self) -> None:
         """Record this run's pids so `fstrain doctor --orphans` can find them by id, not by name."""
         state_dir = os.path.expanduser(self.header.get("state_dir") or "")
@@ -232,6 +247,8 @@ class Watchdog:
             threading.Thread(target=tailer.follow, daemon=True).start()
         if self.header.get("stacks"):
             threading.Thread(target=self.watch_ranks, daemon=True).start()
+        if self.header.get("watch_rank_exits"):
+            threading.Thread(target=self.watch_rank_exits, daemon=True).start()
         try:
             return self.supervise()
         finally:
