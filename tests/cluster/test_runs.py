@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, start_launch
+from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes, start_launch
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
 
@@ -222,6 +223,24 @@ def test_a_node_cut_off_tears_the_detached_run_down(cluster: NamespaceCluster, t
     assert (node1["final"]["state"], node1["final"]["exit_code"]) == ("lost", 255)
     assert "node 1 was lost: no heartbeat for 4 s" in node1["final"]["reason"]
     assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "lost"
+
+
+def test_node_0s_watchdog_killed_leaves_no_job_on_any_host(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    """SIGKILL of the coordinator (node 0's watchdog): it can clean nothing up, yet its own job
+    gets its parent-death signal and the other nodes miss its heartbeats."""
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    run_id = detach(cluster, home, run_dir, "--heartbeat-timeout", "4", "--", "python3", WORKER)
+    status = wait_state(home, run_id, {"running"}, 120)
+    deadline = time.monotonic() + 120
+    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
+        time.sleep(2)
+        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    launchers = [entry for entry in job_processes(cluster)[cluster.namespace(1)] if "torch.distributed.run" in entry]
+    assert len(launchers) == 1, launchers
+    stat = Path(f"/proc/{launchers[0].split()[0]}/stat").read_text()
+    watchdog = int(stat[stat.rfind(")") + 2:].split()[1])
+    os.kill(watchdog, signal.SIGKILL)
+    assert_no_job_processes(cluster, 4 + 2 * GRACE_S + 15)
 
 
 def test_stop_of_an_attached_run_from_another_process(cluster: NamespaceCluster, tmp_path: Path) -> None:

@@ -171,9 +171,9 @@ class FirstFailedRank:
                     del self.known[pid]
                 continue
             del self.known[pid]
-            code = os.waitstatus_to_exitcode(status)
+            code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             if code != 0:
-                failed.append({"rank": rank, "local_rank": local_rank, "exit_code": 128 - code if code < 0 else code})
+                failed.append({"rank": rank, "local_rank": local_rank, "exit_code": code})
         if failed and self.failure is None:
             killed = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
             failed.sort(key=lambda f: (f["exit_code"] in killed, f["rank"]))

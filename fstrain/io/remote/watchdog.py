@@ -19,6 +19,8 @@ After the header, stdin is the control line from the launcher:
 The watchdog makes itself a child subreaper, so processes that the job's own children
 orphan (torchrun starts its workers in new sessions) are re-parented to it and still found:
 teardown walks /proc for every descendant and signals them by pid. Nothing is killed by name.
+The job's launcher is started with a parent-death signal (SIGTERM), so even a watchdog killed
+with SIGKILL, which can clean nothing up, does not leave the job running unsupervised.
 The watchdog exits with the job's exit code (128+signal for a signal death).
 """
 
@@ -37,6 +39,7 @@ import types
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
 EVENT_PREFIX = "fstrain-watchdog-event: "  # a JSON report for the launcher, not job output
 
@@ -59,6 +62,26 @@ def become_subreaper() -> bool:
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def dies_with_parent() -> Any:
+    """A ``preexec_fn`` that has the job's launcher SIGTERMed when the watchdog dies, even by
+    SIGKILL (``PR_SET_PDEATHSIG``), so a job never outlives its supervisor; None where prctl
+    cannot be had. Resolved before the fork: the child only makes two system calls."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the watchdog died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def descendants(root: int) -> list[int]:
@@ -235,7 +258,7 @@ class Watchdog:
         argv = [expand(arg, run_dir) for arg in self.header["argv"]]
         try:
             self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                          start_new_session=True)
+                                          start_new_session=True, preexec_fn=dies_with_parent())
         except OSError as exc:
             log(f"cannot start {self.header['argv'][0]!r}: {exc.strerror}")
             return 127
