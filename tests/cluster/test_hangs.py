@@ -4,6 +4,7 @@ its stack lands in the run directory, it is named, and the job ends `stalled` (e
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def test_blocked_rank_is_found_named_and_the_job_ends_stalled(
     assert "rank 3 is in <module> (hang.py:" in launch.err
     stack = (run_dir / "stacks" / "rank3.faulthandler.txt").read_text()
     assert f'File "{HANG}", line' in stack
+    if shutil.which("py-spy"):  # installed with the test extras; the hosts share this PATH
+        assert "<module> (hang.py:" in (run_dir / "stacks" / "rank3.py-spy.txt").read_text()
     report = json.loads((run_dir / "stacks" / "report.json").read_text())
     assert report["odd_ranks"] == [3] and report["node_of_rank"]["3"] == 1
     if others == "collective":  # the three others wait in the same all_reduce
