@@ -10,14 +10,16 @@ every tensor under a kind (sharded/unsharded parameters and gradients, optimizer
 activations, temporaries, all-gather and reduce-scatter buffers). Three moments are read in the
 second step: the root module's forward peak, its backward peak, and the end of the optimizer step.
 
-Large models are traced at three depths and extrapolated. Every block holds the same parameters
-and stores the same activations (one period of ``every-k:N`` is N blocks), and each moment sits at
-the same place relative to the blocks at any depth, so every category is an affine function of the
-number of blocks: two depths fix the line, the third checks it byte for byte (otherwise the full
-depth is traced). What a trace cannot see: the CUDA context, NCCL buffers, allocator
-fragmentation, and ``foreach`` optimizer temporaries (the trace steps AdamW one tensor at a time;
-its ``foreach`` kernels allocate temporaries the tracker does not free on fake tensors). The CPU
-attention kernel stores the output and the log-sum-exp, as the GPU flash kernel does.
+Large models are traced at three depths and extrapolated. Every block holds the same parameters and
+stores the same activations (one period of ``every-k:N`` is N blocks), and each moment sits at the
+same place relative to the blocks at any depth, so every category is an affine function of the
+number of blocks: two depths fix the line, the third checks it byte for byte. Below some depth that
+can fail (at 2 blocks, FSDP's backward prefetch has no next block to gather at the peak), so the
+window slides up (3, 4, 5, then 4, 5, 6); if no window is affine, the full depth is traced.
+What a trace cannot see: the CUDA context, NCCL buffers, allocator fragmentation, and ``foreach``
+optimizer temporaries (the trace steps AdamW one tensor at a time; its ``foreach`` kernels allocate
+temporaries the tracker does not free on fake tensors). The CPU attention kernel stores the output
+and the log-sum-exp, as the GPU flash kernel does.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ CATEGORIES = {
 # the module's forward and backward, in the loss.
 MOMENTS = ("forward", "backward", "optimizer step", "loss or elsewhere")
 FULL_DEPTH_LIMIT = 6  # blocks (in periods of the AC policy) traced whole without extrapolating
+# The shallowest depths can sit outside the affine regime (at 2 blocks FSDP's backward prefetch
+# has nothing to overlap with at the peak): the window of three depths slides up to 4, 5, 6.
+LAST_WINDOW_START = 4
 
 
 @dataclass(frozen=True)
@@ -105,16 +110,35 @@ def trace_plan(plan: PlanFile, fsdp: Mapping[str, Any], full_depth_limit: int = 
     if units <= max(full_depth_limit, 4):
         moments = run(layers)
         return _peak(moments, (layers,), False, time.monotonic() - started)
-    depths = tuple(u * period + rest for u in (2, 3, 4))
-    traced = [run(d) for d in depths]
+    traced: dict[int, dict[str, dict[str, int]]] = {}  # by units of the AC period
+    for first in range(2, LAST_WINDOW_START + 1):
+        window = (first, first + 1, first + 2)
+        if window[-1] >= units:
+            break
+        for u in window:
+            if u not in traced:
+                traced[u] = run(u * period + rest)
+        moments = _extrapolated(*(traced[u] for u in window), first, units)
+        if moments is not None:
+            return _peak(moments, _depths(traced, period, rest), True, time.monotonic() - started)
+    moments = run(layers)  # never affine: trace the real depth
+    return _peak(moments, (*_depths(traced, period, rest), layers), False, time.monotonic() - started)
+
+
+def _extrapolated(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]], c: dict[str, dict[str, int]],
+                  first: int, units: int) -> dict[str, dict[str, int]] | None:
+    """Every moment at ``units`` on the line through depths ``first`` and ``first + 1``, if the
+    third depth lies on it byte for byte; else None."""
     moments = {}
     for moment in MOMENTS:
-        a, b, c = (t[moment] for t in traced)
-        if _line(a, b, 2, 3, 4) != c:
-            moments = run(layers)  # not affine: trace the real depth
-            return _peak(moments, (*depths, layers), False, time.monotonic() - started)
-        moments[moment] = _line(a, b, 2, 3, units)
-    return _peak(moments, depths, True, time.monotonic() - started)
+        if _line(a[moment], b[moment], first, first + 1, first + 2) != c[moment]:
+            return None
+        moments[moment] = _line(a[moment], b[moment], first, first + 1, units)
+    return moments
+
+
+def _depths(traced: Mapping[int, object], period: int, rest: int) -> tuple[int, ...]:
+    return tuple(u * period + rest for u in sorted(traced))
 
 
 def _line(a: dict[str, int], b: dict[str, int], xa: int, xb: int, x: int) -> dict[str, int]:
