@@ -348,22 +348,16 @@ def buffer_items(
     assumptions: Assumptions = Assumptions(),
 ) -> list[tuple[str, int]]:
     """Transient buffers the framework keeps through forward and backward, on top of the model
-    states (the ones only backward allocates are :func:`backward_buffer_items`). FSDP's unsharded
-    gradient of one unit is among them: the head's (often the largest unit) is computed from the
-    logits' gradient, at the end of the loss."""
+    states (the ones allocated once for good are :func:`persistent_buffer_items`, the ones only
+    backward allocates :func:`backward_buffer_items`). FSDP's unsharded gradient of one unit is
+    among them: the head's (often the largest unit) is computed from the logits' gradient, at the
+    end of the loss."""
     w = weight_bytes(knobs.precision)
     rendered = bucket_sizes(hidden_size)
     reduce_bucket = assumptions.reduce_bucket_elements or rendered["reduce_bucket_size"]
     prefetch_bucket = assumptions.zero3_prefetch_bucket_elements or rendered["stage3_prefetch_bucket_size"]
     items: list[tuple[str, int]] = []
-    if strategy == "ddp":
-        items.append(("DDP gradient buckets", min(2 * assumptions.ddp_bucket_bytes, w * stage.params)))
-    elif strategy in ("zero1", "zero2"):
-        if knobs.offload != "none":
-            # stage_1_and_2.py allocates temp_grad_buffer_for_gpu_offload (the largest parameter, in
-            # the 16-bit dtype) on the GPU once, to stage gradients on their way to the host.
-            items.append(("DeepSpeed offload staging buffer", w * stage.largest_layer))
-    elif strategy == "zero3":
+    if strategy == "zero3":
         items.append(
             ("ZeRO-3 gathered layer (param + grad)", zero3_gathered_layer_bytes(stage.largest_layer, knobs.precision))
         )
@@ -375,7 +369,7 @@ def buffer_items(
         items.append(
             ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)
         )
-    else:  # fsdp-full, fsdp-hybrid
+    elif strategy in ("fsdp-full", "fsdp-hybrid"):
         gathered = stage.fsdp_unit * w * (1 + assumptions.fsdp_prefetch_units)
         items.append((f"FSDP gathered units (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered))
         items.append(
@@ -385,6 +379,20 @@ def buffer_items(
         p2p = 2 * knobs.micro_batch_size * knobs.seq_len * hidden_size * w // knobs.tp
         items.append(("pipeline send/recv", p2p))
     return items
+
+
+def persistent_buffer_items(
+    strategy: str, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
+) -> list[tuple[str, int]]:
+    """Buffers allocated once that stay through every moment, the optimizer step included."""
+    w = weight_bytes(knobs.precision)
+    if strategy == "ddp":
+        return [("DDP gradient buckets", min(2 * assumptions.ddp_bucket_bytes, w * stage.params))]
+    if strategy in ("zero1", "zero2") and knobs.offload != "none":
+        # stage_1_and_2.py allocates temp_grad_buffer_for_gpu_offload (the largest parameter, in
+        # the 16-bit dtype) on the GPU once, to stage gradients on their way to the host.
+        return [("DeepSpeed offload staging buffer", w * stage.largest_layer)]
+    return []
 
 
 def backward_buffer_items(
@@ -557,13 +565,15 @@ def _stage_breakdown(
         ("buffers", k.strategy, stage, k.precision, k.micro_batch_size, k.seq_len, k.tp, k.pp, k.offload),
         lambda: buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions),
     )
+    buffers = [*persistent_buffer_items(k.strategy, stage, k, assumptions), *buffers]
     backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
     # FSDP2 creates its sharded gradients during backward (after set_to_none), so they are not
     # there during forward and backward unless micro-batches accumulate into them; DeepSpeed's
     # and DDP's gradient buffers are allocated once and stay.
     fsdp = k.strategy.startswith("fsdp")
     compute_gradients = 0 if fsdp and k.grad_accum_steps == 1 else states.gradients
-    moments = _moments(activation_items, buffers, backward_buffers, optimizer_step_items(k, states))
+    step_items = [*persistent_buffer_items(k.strategy, stage, k, assumptions), *optimizer_step_items(k, states)]
+    moments = _moments(activation_items, buffers, backward_buffers, step_items)
     communicators = communicator_count(k)
     fixed = assumptions.cuda_context_bytes + communicators * assumptions.nccl_bytes_per_communicator
 

@@ -293,6 +293,8 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--gpu-tflops", str(f["gpu_tflops"])]
     if f.get("shard_group_size"):
         argv += ["--shard-group-size", str(f["shard_group_size"])]
+    if f.get("loss"):
+        argv += ["--loss", f["loss"]]
     for key, value in (f.get("assume") or {}).items():
         argv += ["--assume", f"{key}={value}"]
     return [*argv, "--json"]
