@@ -38,6 +38,7 @@ from fstrain.core.modelsize import ParamCount
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
 GIB = 1 << 30
+LOGITS_ITEM = "logits and loss"  # the activation item of the loss moment (see _moments)
 
 STRATEGY_LABELS = {
     "ddp": "DDP",
@@ -322,7 +323,7 @@ def stage_activation_bytes(
     if stage.has_head:
         logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
         per_logit = loss_bytes_per_logit(knobs.loss, knobs.precision, assumptions)
-        items.append(("logits and loss", logits * per_logit))
+        items.append((LOGITS_ITEM, logits * per_logit))
     return items
 
 
@@ -635,8 +636,8 @@ def _moments(
     moments are never added together.
     """
     stored = activation_items[:1]
-    logits = [item for item in activation_items[1:] if item[0].startswith("logits")]
-    working = [item for item in activation_items[1:] if not item[0].startswith("logits")]
+    logits = [item for item in activation_items[1:] if item[0] == LOGITS_ITEM]
+    working = [item for item in activation_items[1:] if item[0] != LOGITS_ITEM]
     moments = [
         ("loss", [*stored, *logits, *buffers]),
         ("backward", [*stored, *working, *buffers, *backward_buffers]),

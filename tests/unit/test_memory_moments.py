@@ -19,7 +19,12 @@ from fstrain.core.memory import (
     stage_shapes,
 )
 from fstrain.core.modelsize import count_parameters
-from fstrain.core.planfile import ModelSpec, PlanKnobs
+from fstrain.core.plancluster import uniform_cluster
+from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.planner import PlanModel, TrainingSpec, plan
+from fstrain.errors import ConfigError, InputError
+from fstrain.io.recipes import load_shipped_recipe
+from tests.plans import make_plan
 
 # DeepSpeed's ZeRO-Offload tutorial: Megatron GPT-2 10B (50 layers, 4096 wide) on ONE V100 32GB,
 # ZeRO-2 with the optimizer on the host, micro-batch 10, seq 1024, every layer checkpointed, fp16,
@@ -120,3 +125,16 @@ def test_fused_loss_shrinks_only_the_logits() -> None:
     assert without == {k: v for k, v in fused.details if k not in ("logits and loss", "allocator fragmentation")}
     usable = 79.6 * GIB  # 80 GB H100 after fstrain's reserve
     assert full.peak > usable > fused.peak
+
+
+def test_the_loss_travels_in_the_plan_file_and_unknown_ones_are_refused() -> None:
+    data = make_plan("fsdp-full", loss="fused").to_dict()
+    assert PlanFile.from_dict(data, "plan.yaml").knobs.loss == "fused"
+    data["plan"]["loss"] = "chunked"
+    with pytest.raises(InputError, match=r"plan\.loss is 'chunked'"):
+        PlanFile.from_dict(data, "plan.yaml")
+    del data["plan"]["loss"]  # plan files written before the knob: the bundled trainer's loss
+    assert PlanFile.from_dict(data, "plan.yaml").knobs.loss == "full"
+    with pytest.raises(ConfigError, match="unknown loss 'chunked'"):
+        gpt2 = PlanModel.from_spec(load_shipped_recipe("gpt2-1.5b").model)
+        plan(gpt2, TrainingSpec(1024, 64, loss="chunked"), uniform_cluster(1, 8, "h100-sxm"))
