@@ -561,19 +561,20 @@ def _stage_breakdown(
             ),
             lambda: stage_activation_bytes(model, stage, k, assumptions),
         )
-    buffers: list[tuple[str, int]] = _memo(
+    persistent = persistent_buffer_items(k.strategy, stage, k, assumptions)
+    shared: list[tuple[str, int]] = _memo(
         memo,
-        ("buffers", k.strategy, stage, k.precision, k.micro_batch_size, k.seq_len, k.tp, k.pp, k.offload),
+        ("buffers", k.strategy, stage, k.precision, k.micro_batch_size, k.seq_len, k.tp, k.pp),
         lambda: buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions),
     )
-    buffers = [*persistent_buffer_items(k.strategy, stage, k, assumptions), *buffers]
+    buffers = [*persistent, *shared]
     backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
     # FSDP2 creates its sharded gradients during backward (after set_to_none), so they are not
     # there during forward and backward unless micro-batches accumulate into them; DeepSpeed's
     # and DDP's gradient buffers are allocated once and stay.
     fsdp = k.strategy.startswith("fsdp")
     compute_gradients = 0 if fsdp and k.grad_accum_steps == 1 else states.gradients
-    step_items = [*persistent_buffer_items(k.strategy, stage, k, assumptions), *optimizer_step_items(k, states)]
+    step_items = [*persistent, *optimizer_step_items(k, states)]
     moments = _moments(activation_items, buffers, backward_buffers, step_items)
     communicators = communicator_count(k)
     fixed = assumptions.cuda_context_bytes + communicators * assumptions.nccl_bytes_per_communicator
