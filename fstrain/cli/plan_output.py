@@ -119,9 +119,10 @@ def header_lines(
         else:
             batch = f"global batch = {batch_note}"
         flash = "FlashAttention" if training.flash_attention else "no FlashAttention"
+        loss = "" if training.loss == "full" else f", {training.loss} loss"  # the bundled trainer's: full
         lines.append(
             f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision},"
-            f" {training.optimizer}, {flash}"
+            f" {training.optimizer}, {flash}{loss}"
         )
     fit, rejected = len(result.plans), len(result.rejected)
     plural = "s" if result.considered != 1 else ""

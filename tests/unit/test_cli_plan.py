@@ -187,6 +187,8 @@ def test_loss_flag_sets_the_logits_memory_and_the_output_names_the_peak_moment()
     assert set(memory["moments"]) == {"loss", "backward", "optimizer step"}
     human = run_fstrain(*pinned)
     assert human.returncode == 0 and "peak (loss moment)" in human.stderr and "backward moment" in human.stderr
+    fused = run_fstrain(*pinned, "--loss", "fused")
+    assert "fused loss" not in human.stderr and "FlashAttention, fused loss" in fused.stderr
     wrong = run_fstrain(*pinned, "--loss", "chunked")
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "--loss" in wrong.stderr
     assert "Traceback" not in wrong.stderr
