@@ -26,7 +26,8 @@ METAVARS = {
     "--nvlink-domain-size": "N", "--inter-node-gbps": "GBPS", "--global-batch": "N", "--global-batch-tokens": "N",
     "--grad-accum": "N", "--seq-len": "N", "--optimizer": "adamw|sgd|adam8bit", "--ac": "none|selective|full",
     "--zero-stage": "0-3", "--tp": "N", "--pp": "N", "--shard-group-size": "N",
-    "--offload": "none|optimizer|optimizer+params", "--train-tokens": "COUNT", "--mfu": "FRACTION",
+    "--offload": "none|optimizer|optimizer+params", "--loss": "full|fused", "--train-tokens": "COUNT",
+    "--mfu": "FRACTION",
     "--assume": "KEY=VALUE", "--top": "N", "--render": "DIR", "--gpu-memory": "GIB", "--gpu-tflops": "TFLOPS",
     # render, topo
     "--out": "PATH", "--ifname": "IFACE", "--rdma-device": "DEVICE", "--nccl-topo": "FILE", "--lr": "RATE",

@@ -67,6 +67,12 @@ def plan_command(
     flash_attention: bool | None = typer.Option(
         None, "--flash-attention/--no-flash-attention", help="FlashAttention (default on, off for fp32)."
     ),
+    loss: str = typer.Option(
+        "full", "--loss",
+        help="How the training code computes the loss, which sets the logits' memory: full (cross-entropy on "
+        "an fp32 copy: the bundled trainer, torchtitan, Hugging Face) or fused (a fused kernel on the "
+        "compute-dtype logits, e.g. flash-attn's: llm-foundry's default).",
+    ),
     strategy: str | None = typer.Option(
         None, "--strategy", help="Pin: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-hybrid (no-shard = ddp)."
     ),
@@ -131,6 +137,7 @@ def plan_command(
         optimizer,
         flash_attention,
         train_tokens,
+        loss,
     )
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload)
     cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed,
@@ -239,9 +246,10 @@ def resolve_training(
     optimizer: str | None,
     flash_attention: bool | None,
     train_tokens: str | None,
+    loss: str = "full",
 ) -> tuple[TrainingSpec, str]:
     """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
-    from fstrain.core.planfile import OPTIMIZERS, PRECISIONS
+    from fstrain.core.planfile import LOSSES, OPTIMIZERS, PRECISIONS
     from fstrain.core.planner import TrainingSpec
     from fstrain.core.recipe import TrainingDefaults, parse_count
     from fstrain.errors import InputError
@@ -270,7 +278,8 @@ def resolve_training(
         batch = max(1, DEFAULT_BATCH_TOKENS // seq) if seq else 1
         note = "fstrain's default of 4M tokens (set --global-batch)"
     budget = parse_count(train_tokens, "--train-tokens") if train_tokens else defaults.train_tokens
-    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget)
+    chosen_loss = _choice(loss, LOSSES, "--loss")
+    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss)
     return spec, note
 
 

@@ -119,9 +119,10 @@ def header_lines(
         else:
             batch = f"global batch = {batch_note}"
         flash = "FlashAttention" if training.flash_attention else "no FlashAttention"
+        loss = "" if training.loss == "full" else f", {training.loss} loss"  # the bundled trainer's: full
         lines.append(
             f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision},"
-            f" {training.optimizer}, {flash}"
+            f" {training.optimizer}, {flash}{loss}"
         )
     fit, rejected = len(result.plans), len(result.rejected)
     plural = "s" if result.considered != 1 else ""
@@ -188,13 +189,16 @@ def memory_bar(memory: MemoryBreakdown, usable: int, width: int = BAR_WIDTH) -> 
 def _details_lines(memory: MemoryBreakdown) -> str:
     """Each item of the breakdown on its own line (plain aligned text: cheaper than a table)."""
     rows = [(name, f"{value / GIB:.2f}") for name, value in memory.details if value]
-    rows.append(("peak", f"{memory.peak / GIB:.2f}"))
+    rows.append((f"peak ({memory.phase} moment)", f"{memory.peak / GIB:.2f}"))
+    others = [(name, value) for name, value in memory.moments if name != memory.phase]
+    if others:  # the items above are the peak moment's; the other moments' totals, for comparison
+        rows += [(f"  {name} moment", f"{value / GIB:.2f}") for name, value in others]
     if memory.host_bytes_per_node:
         rows.append(("host memory per node", f"{memory.host_bytes_per_node / GIB:.1f}"))
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}} {value:>8} GiB" for name, value in rows]
     return "\n".join(
-        f"[bold]{line}[/bold]" if name == "peak" else line for (name, _), line in zip(rows, lines, strict=True)
+        f"[bold]{line}[/bold]" if name.startswith("peak") else line for (name, _), line in zip(rows, lines, strict=True)
     )
 
 

@@ -53,13 +53,8 @@ class Assumptions:
     reduce_bucket_elements: int = _stated(
         0,
         "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype); 0: hidden^2, the value "
-        "`fstrain render` writes (fstrain/core/buckets.py). DeepSpeed's own default is 5e8.",
-    )
-
-    allgather_bucket_elements: int = _stated(
-        0,
-        "DeepSpeed ``allgather_bucket_size`` for ZeRO-1/2 (elements of the parameter dtype); 0: hidden^2, "
-        "as rendered. DeepSpeed's own default is 5e8.",
+        "`fstrain render` writes (fstrain/core/buckets.py). DeepSpeed's own default is 5e8. ZeRO-1/2 "
+        "allocate it twice during backward (overlap_comm).",
     )
 
     zero3_prefetch_bucket_elements: int = _stated(

@@ -15,8 +15,11 @@ Four parts, each a function that can be tested alone:
   input, every-k:N does that for every N-th layer; tensor (+ sequence) parallel divides; 1F1B
   keeps ``min(pp, micro-batches)`` in flight on the first stage; the last stage adds the
   logits/loss spike.
-- transient buffers (:func:`buffer_items`): DDP buckets, DeepSpeed reduce/all-gather buckets,
-  ZeRO-3 gathered layer + prefetch, FSDP unsharded units + prefetch, pipeline send/recv.
+- transient buffers (:func:`buffer_items`, :func:`backward_buffer_items`): DDP buckets, DeepSpeed
+  reduce buckets and offload staging, ZeRO-3 gathered layer + prefetch, FSDP unsharded units +
+  prefetch, pipeline send/recv.
+- moments (:func:`_moments`): the peak is the highest of the end of forward (logits and loss),
+  backward and the optimizer step, each charging only what is live then.
 - overhead: CUDA context, NCCL communicators, allocator fragmentation.
 
 Every number that is not arithmetic comes from :class:`~fstrain.core.assumptions.Assumptions`.
@@ -35,6 +38,7 @@ from fstrain.core.modelsize import ParamCount
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
 GIB = 1 << 30
+LOGITS_ITEM = "logits and loss"  # the activation item of the loss moment (see _moments)
 
 STRATEGY_LABELS = {
     "ddp": "DDP",
@@ -318,8 +322,23 @@ def stage_activation_bytes(
         items.append(("recompute working set (one layer)", working))
     if stage.has_head:
         logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
-        items.append(("logits and loss", logits * assumptions.logits_bytes_per_element))
+        per_logit = loss_bytes_per_logit(knobs.loss, knobs.precision, assumptions)
+        items.append((LOGITS_ITEM, logits * per_logit))
     return items
+
+
+def loss_bytes_per_logit(loss: str, precision: str, assumptions: Assumptions = Assumptions()) -> int:
+    """Bytes per logit at the loss's peak, by how the loss is computed (planfile.LOSSES).
+
+    ``full``: cross-entropy on an fp32 copy of the logits, the bundled trainer's, torchtitan's and
+    Hugging Face's ``F.cross_entropy(logits.float(), ...)``: ``logits_bytes_per_element``.
+    ``fused``: a fused kernel reading the logits in the compute dtype and keeping only per-row
+    fp32 statistics (flash-attn's ``CrossEntropyLoss``, llm-foundry's default
+    ``fused_crossentropy``): the logits and their gradient, both in the compute dtype.
+    """
+    if loss == "fused":
+        return 2 * weight_bytes(precision)
+    return int(assumptions.logits_bytes_per_element)
 
 
 def buffer_items(
@@ -329,19 +348,17 @@ def buffer_items(
     hidden_size: int,
     assumptions: Assumptions = Assumptions(),
 ) -> list[tuple[str, int]]:
-    """Transient buffers the framework allocates on top of the model states."""
+    """Transient buffers the framework keeps through forward and backward, on top of the model
+    states (the ones allocated once for good are :func:`persistent_buffer_items`, the ones only
+    backward allocates :func:`backward_buffer_items`). FSDP's unsharded gradient of one unit is
+    among them: the head's (often the largest unit) is computed from the logits' gradient, at the
+    end of the loss."""
     w = weight_bytes(knobs.precision)
     rendered = bucket_sizes(hidden_size)
     reduce_bucket = assumptions.reduce_bucket_elements or rendered["reduce_bucket_size"]
-    allgather_bucket = assumptions.allgather_bucket_elements or rendered["allgather_bucket_size"]
     prefetch_bucket = assumptions.zero3_prefetch_bucket_elements or rendered["stage3_prefetch_bucket_size"]
     items: list[tuple[str, int]] = []
-    if strategy == "ddp":
-        items.append(("DDP gradient buckets", min(2 * assumptions.ddp_bucket_bytes, w * stage.params)))
-    elif strategy in ("zero1", "zero2"):
-        items.append(("DeepSpeed reduce bucket", w * min(reduce_bucket, stage.params)))
-        items.append(("DeepSpeed all-gather bucket", w * min(allgather_bucket, stage.params)))
-    elif strategy == "zero3":
+    if strategy == "zero3":
         items.append(
             ("ZeRO-3 gathered layer (param + grad)", zero3_gathered_layer_bytes(stage.largest_layer, knobs.precision))
         )
@@ -353,7 +370,7 @@ def buffer_items(
         items.append(
             ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)
         )
-    else:  # fsdp-full, fsdp-hybrid
+    elif strategy in ("fsdp-full", "fsdp-hybrid"):
         gathered = stage.fsdp_unit * w * (1 + assumptions.fsdp_prefetch_units)
         items.append((f"FSDP gathered units (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered))
         items.append(
@@ -363,6 +380,47 @@ def buffer_items(
         p2p = 2 * knobs.micro_batch_size * knobs.seq_len * hidden_size * w // knobs.tp
         items.append(("pipeline send/recv", p2p))
     return items
+
+
+def persistent_buffer_items(
+    strategy: str, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
+) -> list[tuple[str, int]]:
+    """Buffers allocated once that stay through every moment, the optimizer step included."""
+    w = weight_bytes(knobs.precision)
+    if strategy == "ddp":
+        return [("DDP gradient buckets", min(2 * assumptions.ddp_bucket_bytes, w * stage.params))]
+    if strategy in ("zero1", "zero2") and knobs.offload != "none":
+        # stage_1_and_2.py allocates temp_grad_buffer_for_gpu_offload (the largest parameter, in
+        # the 16-bit dtype) on the GPU once, to stage gradients on their way to the host.
+        return [("DeepSpeed offload staging buffer", w * stage.largest_layer)]
+    return []
+
+
+def backward_buffer_items(
+    strategy: str,
+    stage: StageShape,
+    knobs: PlanKnobs,
+    hidden_size: int,
+    assumptions: Assumptions = Assumptions(),
+) -> list[tuple[str, int]]:
+    """Buffers that exist only while gradients are being reduced, not at the end of forward.
+
+    DeepSpeed ZeRO-1/2 (runtime/zero/stage_1_and_2.py): ``setup_buckets`` allocates the reduce
+    bucket (``reduce_bucket_size`` elements of the 16-bit dtype) at the first gradient hook,
+    twice with ``overlap_comm`` (which ``fstrain render`` writes), and ``_release_ipg_buffers``
+    frees it at the end of backward. Under pipeline parallelism the engine reduces after the
+    schedule instead, into one bucket (``reduce_gradients(pipeline_parallel=True)``); it is counted
+    with backward all the same. DeepSpeed's all-gather of the updated partitions writes into the
+    flat 16-bit parameter buffer itself (``all_gather_into_tensor``, or views of it), so
+    ``allgather_bucket_size`` allocates nothing.
+    """
+    if strategy not in ("zero1", "zero2"):
+        return []
+    w = weight_bytes(knobs.precision)
+    reduce_bucket = assumptions.reduce_bucket_elements or bucket_sizes(hidden_size)["reduce_bucket_size"]
+    copies = 1 if knobs.pp > 1 else 2
+    label = "DeepSpeed reduce bucket" if copies == 1 else "DeepSpeed reduce buckets (2, overlap_comm)"
+    return [(label, copies * w * min(reduce_bucket, stage.params))]
 
 
 def optimizer_step_items(knobs: PlanKnobs, states: ModelStates) -> list[tuple[str, int]]:
@@ -399,7 +457,8 @@ class MemoryBreakdown:
     overhead: int
     host_bytes_per_node: int
     details: tuple[tuple[str, int], ...]
-    phase: str = "compute"  # the moment of the peak: "compute" or "optimizer step"
+    phase: str = "backward"  # the moment of the peak: "loss", "backward" or "optimizer step"
+    moments: tuple[tuple[str, int], ...] = ()  # the peak each moment would have (bytes)
 
     @property
     def model_states(self) -> int:
@@ -424,6 +483,7 @@ class MemoryBreakdown:
             "peak": self.peak,
             "host_bytes_per_node": self.host_bytes_per_node,
             "phase": self.phase,
+            "moments": {name: value for name, value in self.moments},
             "details": {name: value for name, value in self.details},
         }
 
@@ -497,37 +557,42 @@ def _stage_breakdown(
                 k.activation_checkpointing,
                 k.flash_attention,
                 k.precision,
+                k.loss,
             ),
             lambda: stage_activation_bytes(model, stage, k, assumptions),
         )
-    buffers: list[tuple[str, int]] = _memo(
+    persistent = persistent_buffer_items(k.strategy, stage, k, assumptions)
+    shared: list[tuple[str, int]] = _memo(
         memo,
         ("buffers", k.strategy, stage, k.precision, k.micro_batch_size, k.seq_len, k.tp, k.pp),
         lambda: buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions),
     )
-    # Two moments compete for the peak. Compute: the stored activations plus the larger of the
-    # transients (the logits and loss at the end of forward, or a recomputed block's working set in
-    # backward; never both at once), with the buffers. The optimizer step: gradients, states and
-    # the update's temporaries, activations freed. FSDP2 creates its sharded gradients during
-    # backward (after set_to_none), so they are not there during compute unless micro-batches
-    # accumulate into them; DeepSpeed's and DDP's gradient buffers are allocated once and stay.
-    stored = activation_items[:1]
-    transient = max(activation_items[1:], key=lambda item: item[1], default=None)
-    compute_activations = [*stored, *([transient] if transient else [])]
-    activations = sum(v for _, v in compute_activations)
-    buffer_total = sum(v for _, v in buffers)
+    buffers = [*persistent, *shared]
+    backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
+    # FSDP2 creates its sharded gradients during backward (after set_to_none), so they are not
+    # there during forward and backward unless micro-batches accumulate into them; DeepSpeed's
+    # and DDP's gradient buffers are allocated once and stay.
     fsdp = k.strategy.startswith("fsdp")
     compute_gradients = 0 if fsdp and k.grad_accum_steps == 1 else states.gradients
-    compute_total = states.parameters + compute_gradients + states.optimizer_states + activations + buffer_total
-    step_items = optimizer_step_items(k, states)
-    step_total = states.total + sum(v for _, v in step_items)
-    phase = "compute"
-    gradients, live_items = compute_gradients, [*compute_activations, *buffers]
-    if step_total > compute_total:
-        phase, gradients, live_items = "optimizer step", states.gradients, step_items
-        activations, buffer_total = 0, sum(v for _, v in step_items)
-    live = states.parameters + gradients + states.optimizer_states + activations + buffer_total
+    step_items = [*persistent, *optimizer_step_items(k, states)]
+    moments = _moments(activation_items, buffers, backward_buffers, step_items)
     communicators = communicator_count(k)
+    fixed = assumptions.cuda_context_bytes + communicators * assumptions.nccl_bytes_per_communicator
+
+    def moment_live(name: str, items: list[tuple[str, int]]) -> int:
+        gradients = states.gradients if name == "optimizer step" else compute_gradients
+        return states.parameters + gradients + states.optimizer_states + sum(v for _, v in items)
+
+    def moment_peak(live: int) -> int:
+        return live + fixed + int(live * assumptions.fragmentation_fraction)
+
+    # The peak is the highest moment; a tie goes to the earlier one.
+    phase, live_items = max(moments, key=lambda m: moment_live(*m))
+    gradients = states.gradients if phase == "optimizer step" else compute_gradients
+    live = moment_live(phase, live_items)
+    activation_names = {name for name, _ in activation_items}
+    activations = sum(v for name, v in live_items if name in activation_names)
+    buffer_total = sum(v for name, v in live_items if name not in activation_names)
     fragmentation = int(live * assumptions.fragmentation_fraction)
     overhead = (
         ("CUDA context", assumptions.cuda_context_bytes),
@@ -548,10 +613,36 @@ def _stage_breakdown(
         optimizer_states=states.optimizer_states,
         activations=activations,
         buffers=buffer_total,
-        overhead=assumptions.cuda_context_bytes
-        + communicators * assumptions.nccl_bytes_per_communicator
-        + fragmentation,
+        overhead=fixed + fragmentation,
         host_bytes_per_node=host,
         details=details,
         phase=phase,
+        moments=tuple((name, moment_peak(moment_live(name, items))) for name, items in moments),
     )
+
+
+def _moments(
+    activation_items: list[tuple[str, int]],
+    buffers: list[tuple[str, int]],
+    backward_buffers: list[tuple[str, int]],
+    step_items: list[tuple[str, int]],
+) -> list[tuple[str, list[tuple[str, int]]]]:
+    """What is live besides the model states at each moment that can hold the peak.
+
+    ``loss``: the end of forward, every stored activation plus the logits and the loss (its
+    backward included: the logits' gradient), with the buffers forward and backward share.
+    ``backward``: the stored activations (all of them at its start), a recomputed block's working
+    set, those buffers and the ones only backward allocates (DeepSpeed's reduce buckets).
+    ``optimizer step``: the activations are freed; the update's temporaries. Items of different
+    moments are never added together.
+    """
+    stored = activation_items[:1]
+    logits = [item for item in activation_items[1:] if item[0] == LOGITS_ITEM]
+    working = [item for item in activation_items[1:] if item[0] != LOGITS_ITEM]
+    moments = [
+        ("loss", [*stored, *logits, *buffers]),
+        ("backward", [*stored, *working, *buffers, *backward_buffers]),
+        ("optimizer step", list(step_items)),
+    ]
+    return moments if logits else moments[1:]
+

@@ -23,6 +23,11 @@ ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N take
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
+# How the loss is computed over the logits, which sets their memory (fstrain/core/memory.py):
+# "full": cross-entropy on an fp32 copy of the logits (torch's F.cross_entropy(logits.float()):
+# the bundled trainer, torchtitan, Hugging Face); "fused": a fused cross-entropy kernel on the
+# logits in the compute dtype (flash-attn's, llm-foundry's default `fused_crossentropy`).
+LOSSES = ("full", "fused")
 ACTIVATIONS = ("gelu", "swiglu")
 
 
@@ -83,6 +88,7 @@ class PlanKnobs:
     optimizer: str = "adamw"
     seq_len: int = 0
     flash_attention: bool = True
+    loss: str = "full"  # one of LOSSES
 
     @property
     def world_size(self) -> int:
@@ -169,6 +175,7 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         "offload": OFFLOAD,
         "precision": PRECISIONS,
         "optimizer": OPTIMIZERS,
+        "loss": LOSSES,
     }
     for key, allowed in choices.items():
         value = getattr(knobs, key)

@@ -29,7 +29,7 @@ from fstrain.core.memory import (
 )
 from fstrain.core.modelsize import ParamCount, count_parameters
 from fstrain.core.plancluster import PlanCluster
-from fstrain.core.planfile import OFFLOAD, STRATEGIES, ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.planfile import LOSSES, OFFLOAD, STRATEGIES, ModelSpec, PlanFile, PlanKnobs
 from fstrain.core.timemodel import StepTime, step_time
 from fstrain.errors import ConfigError
 
@@ -72,6 +72,7 @@ class TrainingSpec:
     optimizer: str = "adamw"
     flash_attention: bool = True
     train_tokens: int | None = None
+    loss: str = "full"  # planfile.LOSSES: what the loss holds per logit (memory.loss_bytes_per_logit)
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,8 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             raise ConfigError(
                 f"{node.gpu.label} has no {training.precision} support", "use --precision fp16 (or fp32)", "--precision"
             )
+    if training.loss not in LOSSES:
+        raise ConfigError(f"unknown loss {training.loss!r}", f"use one of {', '.join(LOSSES)}", "--loss")
     if training.flash_attention and training.precision == "fp32":
         raise ConfigError(
             "FlashAttention needs fp16 or bf16", "use --no-flash-attention with fp32", "--flash-attention"
@@ -343,6 +346,7 @@ class _Evaluator:
             t.optimizer,
             t.seq_len,
             t.flash_attention,
+            t.loss,
         )
         self.considered += 1
         m = self.model

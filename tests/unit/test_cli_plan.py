@@ -168,3 +168,27 @@ def test_bad_recipe_key_names_file_and_key(tmp_path: Path) -> None:
         "hidden_size, num_heads, num_kv_heads, ffn_hidden_size, activation, vocab_size, seq_len, tied_embeddings, "
         "norm, linear_bias, position_embedding, dropout, moe, params)\n"
     )
+
+
+def test_loss_flag_sets_the_logits_memory_and_the_output_names_the_peak_moment() -> None:
+    pinned = ("plan", "--model", "llama3.1-8b", "--gpu", "h100-sxm", "--num-nodes", "1", "--gpus-per-node", "8",
+              "--strategy", "fsdp-full", "--micro-batch", "1", "--grad-accum", "1", "--global-batch", "8",
+              "--seq-len", "4096", "--ac", "none")
+    documents = {}
+    for loss in ("full", "fused"):
+        result = run_fstrain(*pinned, "--loss", loss, "--json")
+        assert result.returncode == 0, result.stderr
+        documents[loss] = json.loads(result.stdout)["plans"][0]
+    logits = 4096 * 128256
+    assert documents["full"]["memory"]["details"]["logits and loss"] == 10 * logits
+    assert documents["fused"]["memory"]["details"]["logits and loss"] == 4 * logits
+    memory = documents["full"]["memory"]
+    assert memory["phase"] == "loss" and memory["moments"]["loss"] == memory["peak"] == max(memory["moments"].values())
+    assert set(memory["moments"]) == {"loss", "backward", "optimizer step"}
+    human = run_fstrain(*pinned)
+    assert human.returncode == 0 and "peak (loss moment)" in human.stderr and "backward moment" in human.stderr
+    fused = run_fstrain(*pinned, "--loss", "fused")
+    assert "fused loss" not in human.stderr and "FlashAttention, fused loss" in fused.stderr
+    wrong = run_fstrain(*pinned, "--loss", "chunked")
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "--loss" in wrong.stderr
+    assert "Traceback" not in wrong.stderr

@@ -211,8 +211,9 @@ def planner_gaps(case: Case) -> list[str]:
                      grad_accum=None, ac=flags["ac"], offload=None)
     except FstrainError:
         gaps.append(f"ac={flags['ac']}")
-    for key, allowed in (("precision", planfile.PRECISIONS), ("optimizer", planfile.OPTIMIZERS)):
-        if flags[key] not in allowed:
+    for key, allowed in (("precision", planfile.PRECISIONS), ("optimizer", planfile.OPTIMIZERS),
+                         ("loss", planfile.LOSSES)):
+        if flags.get(key, EXTRA_KNOBS.get(key)) not in allowed:
             gaps.append(f"{key}={flags[key]}")
     known = {f.name for f in dataclasses.fields(TrainingSpec)} | {f.name for f in dataclasses.fields(Pins)}
     gaps += [_knob_label(k, flags[k]) for k, neutral in EXTRA_KNOBS.items()
@@ -292,6 +293,8 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--gpu-tflops", str(f["gpu_tflops"])]
     if f.get("shard_group_size"):
         argv += ["--shard-group-size", str(f["shard_group_size"])]
+    if f.get("loss"):
+        argv += ["--loss", f["loss"]]
     for key, value in (f.get("assume") or {}).items():
         argv += ["--assume", f"{key}={value}"]
     return [*argv, "--json"]
@@ -515,11 +518,6 @@ def test_median_throughput_error(outcomes: list[Outcome]) -> None:
     assert median_abs(errors) <= THROUGHPUT_TARGET_PCT, markdown_table(outcomes)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not met yet (2026-11-30): right on 46 of 48 "
-    "(false OOMs: ZeRO-Offload 10B at 33.2 of 31.7 GiB, MPT-760M at 88.1 of 79.6 GiB)",
-)
 def test_fit_verdict_agrees_on_every_expressible_case(outcomes: list[Outcome]) -> None:
     wrong = [f"{o.case.id}: {o.error or _fit(o.predicted_fits)}" for o in scored(outcomes) if not o.fit_agrees]
     assert not wrong, "\n".join(wrong)

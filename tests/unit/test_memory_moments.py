@@ -1,0 +1,140 @@
+"""The memory peak as the highest of three moments, and the loss's bytes per logit by variant."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fstrain.core.assumptions import Assumptions
+from fstrain.core.memory import (
+    GIB,
+    backward_buffer_items,
+    buffer_items,
+    layer_activation_bytes,
+    loss_bytes_per_logit,
+    memory_breakdown,
+    model_states,
+    persistent_buffer_items,
+    stage_shapes,
+)
+from fstrain.core.modelsize import count_parameters
+from fstrain.core.plancluster import uniform_cluster
+from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.planner import PlanModel, TrainingSpec, plan
+from fstrain.errors import ConfigError, InputError
+from fstrain.io.recipes import load_shipped_recipe
+from tests.plans import make_plan
+
+# DeepSpeed's ZeRO-Offload tutorial: Megatron GPT-2 10B (50 layers, 4096 wide) on ONE V100 32GB,
+# ZeRO-2 with the optimizer on the host, micro-batch 10, seq 1024, every layer checkpointed, fp16,
+# DeepSpeed's default 5e8-element reduce bucket. It trains (docs/_tutorials/zero-offload.md).
+GPT2_10B = ModelSpec("megatron-gpt2-10b", 50, 4096, 32, 32, 16384, "gelu", 50304, 1024, tied_embeddings=True,
+                     norm="layernorm", linear_bias=True, position_embedding="learned", dropout=0.1)
+TUTORIAL = PlanKnobs("zero2", 2, 1, 1, 1, 1, 10, 1, "full", "optimizer", "fp16", "adamw", 1024, False)
+DS_DEFAULT_BUCKETS = Assumptions(reduce_bucket_elements=500_000_000)
+V100_32GB_USABLE = 31.7 * GIB
+
+
+def test_zero2_offload_tutorial_fits_because_its_transients_never_meet() -> None:
+    params = count_parameters(GPT2_10B)
+    m = memory_breakdown(GPT2_10B, params, params.total, TUTORIAL, 1, DS_DEFAULT_BUCKETS)
+    items = dict(m.details)
+    stored = 50 * 1024 * 10 * 4096 * 2  # each block's fp16 input
+    logits = 1024 * 10 * 50304 * 10  # full loss: fp16 logits + fp32 copy + fp32 gradient
+    working = layer_activation_bytes(GPT2_10B, 10, 1024, ac="none", flash_attention=False, precision="fp16")
+    buckets = 2 * 2 * 500_000_000  # overlap_comm double-buffers the fp16 reduce bucket
+    staging = 2 * params.largest_module  # temp_grad_buffer_for_gpu_offload
+    weights = model_states(params.total, "zero2", 1, "fp16", "adamw", "optimizer").total
+    assert weights == 2 * params.total  # gradients and optimizer states live on the host
+    live = {
+        "loss": weights + stored + logits + staging,
+        "backward": weights + stored + working + staging + buckets,
+        "optimizer step": weights + staging,  # DeepSpeed's fused Adam runs on the host
+    }
+    overhead = 512 << 20  # CUDA context; one GPU: no NCCL communicator
+    expected = {name: value + overhead + int(value * 0.10) for name, value in live.items()}
+    assert dict(m.moments) == expected
+    assert m.phase == "loss" and m.peak == expected["loss"] == max(expected.values())
+    assert items["logits and loss"] == logits and "DeepSpeed reduce buckets (2, overlap_comm)" not in items
+    # Charging the logits, the recompute working set and the buckets at once (as if they met) would
+    # not fit the V100; the moments do.
+    summed = weights + stored + logits + working + buckets + staging
+    assert summed + overhead + int(summed * 0.10) > V100_32GB_USABLE > m.peak
+
+
+def test_backward_moment_carries_the_reduce_buckets() -> None:
+    params = count_parameters(GPT2_10B)
+    short = dataclasses.replace(TUTORIAL, micro_batch_size=1, offload="none")  # tiny logits: backward peaks
+    m = memory_breakdown(GPT2_10B, params, params.total, short, 1, DS_DEFAULT_BUCKETS)
+    assert m.phase == "backward"
+    assert dict(m.details)["DeepSpeed reduce buckets (2, overlap_comm)"] == 2 * 2 * 500_000_000
+    assert "logits and loss" not in dict(m.details)
+    assert m.peak == max(dict(m.moments).values())
+
+
+def test_deepspeed_buffers_by_moment() -> None:
+    params = count_parameters(GPT2_10B)
+    [stage] = stage_shapes(params, 1, 1, 1, True)
+    for strategy in ("zero1", "zero2"):
+        knobs = dataclasses.replace(TUTORIAL, strategy=strategy, offload="none")
+        assert buffer_items(strategy, stage, knobs, 4096, DS_DEFAULT_BUCKETS) == []  # no all-gather bucket
+        assert persistent_buffer_items(strategy, stage, knobs) == []
+        assert backward_buffer_items(strategy, stage, knobs, 4096, DS_DEFAULT_BUCKETS) == [
+            ("DeepSpeed reduce buckets (2, overlap_comm)", 2 * 2 * 500_000_000)
+        ]
+    piped = dataclasses.replace(TUTORIAL, pp=2, offload="none")  # the pipeline engine reduces into one
+    assert backward_buffer_items("zero1", stage, piped, 4096, DS_DEFAULT_BUCKETS) == [
+        ("DeepSpeed reduce bucket", 2 * 500_000_000)
+    ]
+    # Without an override the bucket is the rendered hidden^2, capped at the rank's parameters.
+    assert backward_buffer_items("zero2", stage, TUTORIAL, 4096)[0][1] == 2 * 2 * 4096 * 4096
+    assert persistent_buffer_items("zero2", stage, TUTORIAL) == [
+        ("DeepSpeed offload staging buffer", 2 * stage.largest_layer)
+    ]
+    for strategy in ("ddp", "zero3", "fsdp-full", "fsdp-grad-op"):
+        assert backward_buffer_items(strategy, stage, TUTORIAL, 4096, DS_DEFAULT_BUCKETS) == []
+
+
+@pytest.mark.parametrize(
+    ("loss", "precision", "expected"),
+    [("full", "bf16", 10), ("full", "fp16", 10), ("fused", "bf16", 4), ("fused", "fp16", 4), ("fused", "fp32", 8)],
+)
+def test_loss_bytes_per_logit(loss: str, precision: str, expected: int) -> None:
+    assert loss_bytes_per_logit(loss, precision) == expected
+
+
+def test_full_loss_follows_the_assumption_and_fused_does_not() -> None:
+    stated = Assumptions(logits_bytes_per_element=12)
+    assert loss_bytes_per_logit("full", "bf16", stated) == 12
+    assert loss_bytes_per_logit("fused", "bf16", stated) == 4
+
+
+def test_fused_loss_shrinks_only_the_logits() -> None:
+    # llm-foundry's MPT-760M on 8 H100 80GB, micro-batch 24, no AC: it ran (benchmarking README).
+    mpt = ModelSpec("mpt-760m", 24, 1536, 12, 12, 6144, "gelu", 50368, 2048, tied_embeddings=True,
+                    norm="layernorm", linear_bias=True, position_embedding="learned")
+    params = count_parameters(mpt)
+    knobs = PlanKnobs("fsdp-full", 3, 8, 1, 1, 8, 24, 2, "none", "none", "bf16", "adamw", 2048, True)
+    full = memory_breakdown(mpt, params, params.total, knobs, 8)
+    fused = memory_breakdown(mpt, params, params.total, dataclasses.replace(knobs, loss="fused"), 8)
+    logits = 2048 * 24 * 50368
+    assert dict(full.details)["logits and loss"] == 10 * logits
+    assert dict(fused.details)["logits and loss"] == 4 * logits
+    without = {k: v for k, v in full.details if k not in ("logits and loss", "allocator fragmentation")}
+    assert without == {k: v for k, v in fused.details if k not in ("logits and loss", "allocator fragmentation")}
+    usable = 79.6 * GIB  # 80 GB H100 after fstrain's reserve
+    assert full.peak > usable > fused.peak
+
+
+def test_the_loss_travels_in_the_plan_file_and_unknown_ones_are_refused() -> None:
+    data = make_plan("fsdp-full", loss="fused").to_dict()
+    assert PlanFile.from_dict(data, "plan.yaml").knobs.loss == "fused"
+    data["plan"]["loss"] = "chunked"
+    with pytest.raises(InputError, match=r"plan\.loss is 'chunked'"):
+        PlanFile.from_dict(data, "plan.yaml")
+    del data["plan"]["loss"]  # plan files written before the knob: the bundled trainer's loss
+    assert PlanFile.from_dict(data, "plan.yaml").knobs.loss == "full"
+    with pytest.raises(ConfigError, match="unknown loss 'chunked'"):
+        gpt2 = PlanModel.from_spec(load_shipped_recipe("gpt2-1.5b").model)
+        plan(gpt2, TrainingSpec(1024, 64, loss="chunked"), uniform_cluster(1, 8, "h100-sxm"))
