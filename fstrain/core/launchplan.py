@@ -48,6 +48,19 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
     if plan.knobs.tp != 1 or plan.knobs.pp != 1:
         raise ConfigError(f"the bundled trainer runs tp=1, pp=1 only; the plan has tp={plan.knobs.tp}, "
                           f"pp={plan.knobs.pp}", "plan with --tp 1 --pp 1", where)
+    check_trainer_loss(plan, where)
+
+
+def check_trainer_loss(plan: PlanFile, where: str) -> None:
+    """The bundled trainer computes the loss on an fp32 copy of the logits (``full``); a plan
+    made for another loss under-counts the logits' memory for it."""
+    if plan.knobs.loss != "full":
+        raise ConfigError(
+            f"the plan is for --loss {plan.knobs.loss}, but the bundled trainer computes the full loss "
+            "(fp32 logits), which takes more memory than the plan counts",
+            "re-plan with --loss full (the default) to train the bundled model",
+            where,
+        )
 
 
 def trainer_backend(plan: PlanFile) -> str:

@@ -118,17 +118,17 @@ def trace_plan(plan: PlanFile, fsdp: Mapping[str, Any], full_depth_limit: int = 
         for u in window:
             if u not in traced:
                 traced[u] = run(u * period + rest)
-        moments = _extrapolated(*(traced[u] for u in window), first, units)
-        if moments is not None:
-            return _peak(moments, _depths(traced, period, rest), True, time.monotonic() - started)
+        line = _extrapolated([traced[u] for u in window], first, units)
+        if line is not None:
+            return _peak(line, _depths(traced, period, rest), True, time.monotonic() - started)
     moments = run(layers)  # never affine: trace the real depth
     return _peak(moments, (*_depths(traced, period, rest), layers), False, time.monotonic() - started)
 
 
-def _extrapolated(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]], c: dict[str, dict[str, int]],
-                  first: int, units: int) -> dict[str, dict[str, int]] | None:
+def _extrapolated(window: list[dict[str, dict[str, int]]], first: int, units: int) -> dict[str, dict[str, int]] | None:
     """Every moment at ``units`` on the line through depths ``first`` and ``first + 1``, if the
     third depth lies on it byte for byte; else None."""
+    a, b, c = window
     moments = {}
     for moment in MOMENTS:
         if _line(a[moment], b[moment], first, first + 1, first + 2) != c[moment]:

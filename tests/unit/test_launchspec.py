@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -152,6 +153,9 @@ def test_data_parallel_plan_and_world_size_check() -> None:
     check_plan_fits_launch(plan, 4, "--model")
     with pytest.raises(ConfigError, match=r"dp\(4\) \* tp\(1\) \* pp\(1\) = 4 processes, but this launch starts 6"):
         check_plan_fits_launch(plan, 6, "--plan")
+    fused = replace(plan, knobs=replace(plan.knobs, loss="fused"))  # made for another training code's loss
+    with pytest.raises(ConfigError, match="re-plan with --loss full"):
+        check_plan_fits_launch(fused, 4, "--plan")
     argv = trainer_program("python3", plan, steps=5)
     assert argv[:3] == ["python3", "-m", "fstrain.train"] and "{run_dir}/fsdp.yaml" in argv
     zero = data_parallel_plan(spec, num_nodes=1, procs_per_node=2, strategy="zero3", micro_batch_size=1)
