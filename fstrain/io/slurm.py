@@ -126,9 +126,9 @@ def submit(script: Path, environ: Mapping[str, str] | None = None) -> str:
     return parse_sbatch_job_id(result.stdout)
 
 
-def job_status(job_id: str) -> JobStatus | None:
+def job_status(job_id: str, where: str = "--slurm") -> JobStatus | None:
     """The job as ``scontrol show job`` sees it; ``None`` once Slurm has forgotten it."""
-    scontrol = require_tool("scontrol", "--slurm")
+    scontrol = require_tool("scontrol", where)
     result = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60,
                             check=False)
     if result.returncode != 0:
@@ -141,6 +141,17 @@ def job_status(job_id: str) -> JobStatus | None:
 def cancel(job_id: str) -> None:
     scancel = require_tool("scancel", "--slurm")
     subprocess.run([scancel, job_id], capture_output=True, text=True, timeout=60, check=False)
+
+
+def signal_job(job_id: str, signal: str | None, where: str = "stop") -> str | None:
+    """``scancel --signal=SIG --full JOB`` (every step and the batch script; the job ends when
+    they exit), or a plain ``scancel JOB`` when ``signal`` is None. Slurm's complaint, or None."""
+    scancel = require_tool("scancel", where)
+    argv = [scancel, *([f"--signal={signal}", "--full"] if signal else []), job_id]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if result.returncode != 0:
+        return result.stderr.strip()[-300:] or f"scancel exited {result.returncode}"
+    return None
 
 
 class OutputFollower:
