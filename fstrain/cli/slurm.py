@@ -478,16 +478,18 @@ def stop_slurm_run(record: Any, grace_s: float | None, force: bool, wait_s: floa
     job_id = str(record.slurm["job_id"])
     state, job = slurm_state(record)
     out = console()
+    if job.get("forgotten") and state.state == "lost":
+        raise SlurmError(f"Slurm does not know job {job_id} (run {record.run_id}) and its run directory "
+                         f"{record.run_dir} holds no final manifest", "is SLURM_CONF the cluster it was submitted to? "
+                         "`squeue -u $USER` lists your jobs", "stop")
     if state.state in FINAL:
         out.print(f"run {record.run_id} has already ended: {_describe(state)}")
         return
-    if job.get("forgotten"):
-        raise SlurmError(f"Slurm does not know job {job_id} (run {record.run_id})",
-                         "is SLURM_CONF the cluster it was submitted to? `squeue -u $USER` lists your jobs", "stop")
-    mark_stop_requested(record)
     # A pending job has no process yet: plain scancel; else the signal to every process of the job.
     error = signal_job(job_id, None if state.state == "pending" else "KILL" if force else "TERM")
-    if error is not None:
+    if error is None:
+        mark_stop_requested(record)
+    else:
         state, _ = slurm_state(record)
         if state.state in FINAL:
             out.print(f"run {record.run_id} has already ended: {_describe(state)}")

@@ -330,7 +330,8 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
         job_seen = {"job_id": job.job_id, "state": job.state, "reason": job.reason, "nodes": job.nodes,
                     "hosts": hosts, "exit_code": job.exit_code, "signal": job.signal, "run_time_s": job.run_time_s}
     else:
-        job_seen = {**job_seen, "state": job_seen.get("state") or "UNKNOWN", "forgotten": True}
+        last = job_seen.get("last_state") if job_seen.get("forgotten") else job_seen.get("state")
+        job_seen = {**job_seen, "state": "UNKNOWN", "last_state": last, "forgotten": True}
     state = slurm_run_state(job, record.manifest, stop_requested=bool(record.slurm.get("stop_requested")))
     # Settled: ended, and the manifest read (or never coming: Slurm forgot the job).
     settled = state.state in FINAL and (record.manifest is not None or job is None)

@@ -149,8 +149,9 @@ def signal_job(job_id: str, signal: str | None, where: str = "stop") -> str | No
     scancel = require_tool("scancel", where)
     argv = [scancel, *([f"--signal={signal}", "--full"] if signal else []), job_id]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    if result.returncode != 0:
-        return result.stderr.strip()[-300:] or f"scancel exited {result.returncode}"
+    if result.returncode != 0:  # Slurm's last word is the reason (the lines before it, its path there)
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        return lines[-1][-300:] if lines else f"scancel exited {result.returncode}"
     return None
 
 
