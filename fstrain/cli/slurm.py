@@ -466,8 +466,9 @@ def slurm_running(record: Any) -> Callable[[], bool]:
 def stop_slurm_run(record: Any, grace_s: float | None, force: bool, wait_s: float) -> None:
     """`fstrain stop` of a Slurm run: SIGTERM to every process of the job (``scancel
     --signal=TERM --full``), so its fstrain stops every rank within the run's --grace and writes
-    its manifest; SIGKILL to all of them (``--signal=KILL --full``) if the job is still there
-    ``grace_s`` later, or at once with --force. A job still pending is simply cancelled."""
+    its manifest; if the job is still there ``grace_s`` later, or at once with --force, SIGKILL
+    to every srun step (each node's watchdog, launcher and ranks) and Slurm's own cancellation
+    (``scancel``) for what is left. A job still pending is simply cancelled."""
     import time
 
     from fstrain.cli.runs import _describe
@@ -485,16 +486,26 @@ def stop_slurm_run(record: Any, grace_s: float | None, force: bool, wait_s: floa
     if state.state in FINAL:
         out.print(f"run {record.run_id} has already ended: {_describe(state)}")
         return
-    # A pending job has no process yet: plain scancel; else the signal to every process of the job.
-    error = signal_job(job_id, None if state.state == "pending" else "KILL" if force else "TERM")
-    if error is None:
-        mark_stop_requested(record)
-    else:
+    # Marked first: whoever reads the end (another `logs --follow`) must know it was a stop.
+    mark_stop_requested(record)
+    try:
+        if state.state == "pending":  # no process yet: Slurm's cancellation alone
+            error = signal_job(job_id, None)
+        elif force:
+            error = None
+            _kill(job_id)
+        else:
+            error = signal_job(job_id, "TERM")
+    except BaseException:
+        mark_stop_requested(record, False)
+        raise
+    if error is not None:
+        mark_stop_requested(record, False)
         state, _ = slurm_state(record)
         if state.state in FINAL:
             out.print(f"run {record.run_id} has already ended: {_describe(state)}")
             return
-        raise SlurmError(f"scancel of job {job_id} failed: {error}", "check the job with `squeue -j " + job_id + "`",
+        raise SlurmError(f"scancel of job {job_id} failed: {error}", f"check the job with `squeue -j {job_id}`",
                          "stop")
     grace = grace_s if grace_s is not None else float(record.slurm.get("grace_s") or 15.0) + STOP_MARGIN_S
     started = time.monotonic()
@@ -502,7 +513,7 @@ def stop_slurm_run(record: Any, grace_s: float | None, force: bool, wait_s: floa
     while state.state not in FINAL:
         elapsed = time.monotonic() - started
         if not killed and elapsed > grace:
-            signal_job(job_id, "KILL")
+            _kill(job_id)
             killed = True
         if elapsed > grace + wait_s:
             raise SlurmError(f"job {job_id} has not ended {elapsed:.0f} s after the stop",
@@ -510,3 +521,12 @@ def stop_slurm_run(record: Any, grace_s: float | None, force: bool, wait_s: floa
         time.sleep(1)
         state, _ = slurm_state(record)
     out.print(f"run {record.run_id} {_describe(state)}")
+
+
+def _kill(job_id: str) -> None:
+    """SIGKILL to every srun step, then Slurm's cancellation for the batch script (its complaint,
+    the job being gone already, is no error: the end is what `stop` waits for next)."""
+    from fstrain.io.slurm import kill_steps, signal_job
+
+    kill_steps(job_id)
+    signal_job(job_id, None)

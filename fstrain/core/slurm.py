@@ -180,6 +180,17 @@ def parse_scontrol_job(text: str) -> JobStatus:
                      int(fields["NumNodes"]) if fields.get("NumNodes", "").isdigit() else None)
 
 
+def parse_step_ids(text: str, job_id: str) -> list[str]:
+    """The job's srun steps (``JOB.0``, ``JOB.1``, ...) in ``squeue -s -j JOB -h -o %i``; not its
+    ``batch`` or ``extern`` step."""
+    steps = []
+    for line in text.split():
+        job, _, step = line.partition(".")
+        if job == job_id and step.isdigit():
+            steps.append(line)
+    return steps
+
+
 def parse_run_time_s(text: str) -> int | None:
     """Slurm's elapsed time, ``[D-]HH:MM:SS`` (or ``MM:SS``), in seconds; None if unreadable."""
     days, _, clock = text.rpartition("-")

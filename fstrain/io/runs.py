@@ -309,10 +309,14 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     from fstrain.io.slurm import job_status
 
     assert record.slurm is not None
+    fresh = read_json(record.run_dir / SLURM_RECORD)  # another process's `fstrain stop` may have marked it
+    if isinstance(fresh, dict) and fresh.get("job_id") == record.slurm.get("job_id"):
+        record.slurm = fresh
+    stop_requested = bool(record.slurm.get("stop_requested"))
     cached = read_json(record.run_dir / "state.json") or {}
     job_seen: dict[str, Any] = cached.get("job") or {"job_id": record.slurm.get("job_id")}
-    if cached.get("state") in FINAL and cached.get("settled"):  # nothing changes after the end
-        return _cached_state(cached), job_seen
+    if cached.get("state") in FINAL and cached.get("settled") and cached.get("stop_requested") == stop_requested:
+        return _cached_state(cached), job_seen  # nothing changes after the end
     manifest = read_json(record.run_dir / "manifest.json")
     record.manifest = manifest if isinstance(manifest, dict) else None
     try:
@@ -332,12 +336,12 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     else:
         last = job_seen.get("last_state") if job_seen.get("forgotten") else job_seen.get("state")
         job_seen = {**job_seen, "state": "UNKNOWN", "last_state": last, "forgotten": True}
-    state = slurm_run_state(job, record.manifest, stop_requested=bool(record.slurm.get("stop_requested")))
+    state = slurm_run_state(job, record.manifest, stop_requested=stop_requested)
     # Settled: ended, and the manifest read (or never coming: Slurm forgot the job).
     settled = state.state in FINAL and (record.manifest is not None or job is None)
     _write_json(record.run_dir / "state.json",
                 {"state": state.state, "exit_code": state.exit_code, "reason": state.reason, "ended": state.ended,
-                 "at": time.time(), "settled": settled, "job": job_seen})
+                 "at": time.time(), "settled": settled, "stop_requested": stop_requested, "job": job_seen})
     return state, job_seen
 
 
@@ -345,10 +349,14 @@ def _cached_state(cached: dict[str, Any]) -> RunState:
     return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
 
 
-def mark_stop_requested(record: RunRecord) -> None:
-    """RUN_DIR/slurm.json records that `fstrain stop` ended the run (Slurm calls it FAILED)."""
+def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:
+    """RUN_DIR/slurm.json records that `fstrain stop` ends the run (Slurm calls it FAILED);
+    ``requested=False`` takes that back (the signal could not be sent)."""
     assert record.slurm is not None
-    record.slurm["stop_requested"] = time.time()
+    if requested:
+        record.slurm["stop_requested"] = time.time()
+    else:
+        record.slurm.pop("stop_requested", None)
     _write_json(record.run_dir / SLURM_RECORD, record.slurm)
 
 

@@ -29,6 +29,7 @@ from fstrain.core.slurm import (
     parse_hostnames,
     parse_sbatch_job_id,
     parse_scontrol_job,
+    parse_step_ids,
     srun_step_argv,
 )
 from fstrain.errors import FstrainError, TransportError
@@ -141,6 +142,21 @@ def job_status(job_id: str, where: str = "--slurm") -> JobStatus | None:
 def cancel(job_id: str) -> None:
     scancel = require_tool("scancel", "--slurm")
     subprocess.run([scancel, job_id], capture_output=True, text=True, timeout=60, check=False)
+
+
+def kill_steps(job_id: str, where: str = "stop") -> list[str]:
+    """SIGKILL to each srun step of the job (``scancel --signal=KILL JOB.N``): every process of
+    the step (a node's watchdog, launcher and ranks) at once. A SIGKILL to the whole job is no
+    such thing: Slurm takes it as a cancellation (SIGTERM, SIGKILL after KillWait). The steps
+    signalled."""
+    squeue = require_tool("squeue", where)
+    scancel = require_tool("scancel", where)
+    listed = subprocess.run([squeue, "-s", "-j", job_id, "-h", "-o", "%i"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    steps = parse_step_ids(listed.stdout, job_id) if listed.returncode == 0 else []
+    for step in steps:
+        subprocess.run([scancel, "--signal=KILL", step], capture_output=True, text=True, timeout=60, check=False)
+    return steps
 
 
 def signal_job(job_id: str, signal: str | None, where: str = "stop") -> str | None:

@@ -61,6 +61,17 @@ def wait_for(slurm: SlurmCluster, home: Path, run_id: str, states: set[str], tim
         time.sleep(1)
 
 
+def wait_for_lines(slurm: SlurmCluster, home: Path, run_id: str, count: int, timeout: float = 120) -> None:
+    """Until every one of the 4 ranks has printed ``count`` lines (as `fstrain logs` shows them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ranks = [m.group(2) for m in RANK_LINE.finditer(fstrain(slurm, home, "logs", run_id).stdout)]
+        if all(ranks.count(str(rank)) >= count for rank in range(4)):
+            return
+        assert time.monotonic() < deadline, f"not every rank printed {count} lines: {ranks}"
+        time.sleep(1)
+
+
 def test_a_detached_slurm_run_is_listed_followed_and_stopped(slurm: SlurmCluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_id, job_id = submit(slurm, tmp_path, run_dir, "STEPS=600")
@@ -68,10 +79,7 @@ def test_a_detached_slurm_run_is_listed_followed_and_stopped(slurm: SlurmCluster
     assert (row["state"], row["job_id"], row["slurm_state"], row["nodes"]) == ("running", job_id, "RUNNING",
                                                                                 ["node1", "node2"])
     assert list(runs(slurm, tmp_path)) == [run_id]  # the job's own launch is not a second run
-    deadline = time.monotonic() + 120
-    while len({m.group(2) for m in RANK_LINE.finditer(fstrain(slurm, tmp_path, "logs", run_id).stdout)}) < 4:
-        assert time.monotonic() < deadline, "not every rank printed"
-        time.sleep(1)
+    wait_for_lines(slurm, tmp_path, run_id, 2)
     rank3 = fstrain(slurm, tmp_path, "logs", job_id, "--rank", "3", "--tail", "2").stdout.splitlines()
     assert len(rank3) == 2 and all(line.startswith("[node2 r3] rank 3 step ") for line in rank3)
     status = json.loads(fstrain(slurm, tmp_path, "status", run_id, "--json").stdout)
@@ -119,3 +127,30 @@ def test_detached_slurm_runs_end_succeeded_and_failed_with_their_codes(slurm: Sl
     assert "Slurm job " + bad_job + ": FAILED on node[1-2]" in failed.stderr
     logs = fstrain(slurm, tmp_path, "logs", ok_id).stdout
     assert len(RANK_LINE.findall(logs)) == 16 and "all nodes finished ok; exit code 0" in logs
+    attach = fstrain(slurm, tmp_path, "attach", bad_id, timeout=60)
+    assert attach.returncode == 7 and f"run {bad_id} failed, exit 7" in attach.stderr
+    assert len(attach.stdout.splitlines()) == 20
+
+
+def test_stop_of_a_pending_job_and_stop_force(slurm: SlurmCluster, tmp_path: Path) -> None:
+    waiting = fstrain(slurm, tmp_path, "launch", "--slurm", "--detach", "--nodes", "2", "--sbatch-arg=--begin=now+3600",
+                      "--run-dir", str(tmp_path / "later"), "--", "python3", "-c", "print(1)", timeout=60)
+    assert waiting.returncode == 0, waiting.stderr
+    later = waiting.stdout.strip()
+    row = runs(slurm, tmp_path)
+    assert [(r["state"], r["reason"]) for r in row.values()] == [("pending", "waiting in Slurm's queue (BeginTime)")]
+    status = fstrain(slurm, tmp_path, "status", later)
+    assert status.returncode == 0 and f"Slurm job {later}: PENDING" in status.stderr
+    stop = fstrain(slurm, tmp_path, "stop", later, timeout=60)
+    assert stop.returncode == 0 and "stopped" in stop.stderr, stop.stderr
+    assert scontrol_job(slurm, tmp_path, later).state == "CANCELLED"
+    run_id, job_id = submit(slurm, tmp_path, tmp_path / "run", "STEPS=600")
+    wait_for(slurm, tmp_path, run_id, {"running"}, 120)
+    wait_for_lines(slurm, tmp_path, run_id, 1)
+    started = time.monotonic()
+    force = fstrain(slurm, tmp_path, "stop", job_id, "--force", "--grace", "60", timeout=60)
+    assert force.returncode == 0 and f"run {run_id} stopped" in force.stderr, force.stderr
+    # SIGKILL to each node's step at once: no grace, and no wait for Slurm's KillWait (30 s).
+    assert time.monotonic() - started < GRACE_S + 5
+    assert_nodes_idle(slurm, 2)
+    assert runs(slurm, tmp_path)[run_id]["state"] == "stopped"

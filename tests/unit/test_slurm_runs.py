@@ -28,6 +28,9 @@ def slurm_tools(folder: Path, fixture: str | None, *, scancel: bool = True) -> d
         body = f"[ \"$*\" = 'show job -o 42' ] || exit 3\n/bin/cat {folder}/job.txt"
     (folder / "scontrol").write_text(f"#!/bin/sh\n{body}\n")
     (folder / "scontrol").chmod(0o755)
+    (folder / "squeue").write_text("#!/bin/sh\n[ \"$*\" = '-s -j 42 -h -o %i' ] || exit 3\n"
+                                   "printf '42.0\\n42.1\\n42.batch\\n'\n")
+    (folder / "squeue").chmod(0o755)
     if scancel:
         (folder / "scancel").write_text(f"#!/bin/sh\necho \"$*\" >> {folder}/scancel.log\n")
         (folder / "scancel").chmod(0o755)
@@ -95,11 +98,12 @@ def test_stop_signals_every_process_of_the_job(tmp_path: Path) -> None:
     home = tmp_path / "home"
     slurm_run(home, tmp_path / "run")
     env = {"HOME": str(home), **slurm_tools(tmp_path / "bin", "running")}
-    # The stand-in job never ends: TERM, then KILL after --grace, then the wait gives up.
+    # The stand-in job never ends: TERM to all of it, after --grace SIGKILL to each srun step
+    # and Slurm's cancellation, then the wait gives up.
     stop = run_fstrain("stop", RUN_ID, "--grace", "1", "--wait", "2", env=env, timeout=60)
     assert stop.returncode == 2 and "has not ended" in stop.stderr and stop.stderr.count("\n") == 1
     assert (tmp_path / "bin" / "scancel.log").read_text().splitlines() == [
-        "--signal=TERM --full 42", "--signal=KILL --full 42"]
+        "--signal=TERM --full 42", "--signal=KILL 42.0", "--signal=KILL 42.1", "42"]
     # Slurm then reports the end the script gave (143): `fstrain stop` made it `stopped`.
     slurm_tools(tmp_path / "bin", "stopped-term-full")
     rows = json.loads(run_fstrain("runs", "--all", "--json", env=env).stdout)["runs"]
