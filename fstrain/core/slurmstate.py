@@ -6,15 +6,16 @@ Slurm decides while it knows the job (``scontrol show job``); the manifest, whic
 code) and decides alone once Slurm has forgotten the job (MinJobAge). Pure: the I/O edge
 (fstrain/io/runs.py) gathers the inputs.
 
-| Slurm JobState                                    | state       |
-|---------------------------------------------------|-------------|
-| PENDING, REQUEUED, REQUEUE_HOLD, RESV_DEL_HOLD     | pending     |
-| CONFIGURING                                       | starting    |
-| RUNNING, SUSPENDED, COMPLETING, STOPPED, SIGNALING, RESIZING | running |
-| COMPLETED                                         | succeeded   |
-| FAILED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, TIMEOUT, SPECIAL_EXIT | failed |
-| CANCELLED, PREEMPTED, REVOKED                     | stopped     |
-| (unknown to Slurm)                                | the manifest's end, else lost |
+| Slurm JobState                                                              | state     |
+|-----------------------------------------------------------------------------|-----------|
+| PENDING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED, RESV_DEL_HOLD                  | pending   |
+| CONFIGURING                                                                 | starting  |
+| RUNNING, SUSPENDED, COMPLETING, STOPPED, SIGNALING, RESIZING, STAGE_OUT      | running   |
+| COMPLETED                                                                   | succeeded |
+| FAILED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, TIMEOUT, SPECIAL_EXIT | failed    |
+| CANCELLED, PREEMPTED, REVOKED                                               | stopped   |
+| another state Slurm calls final / not final                                 | failed / running |
+| (unknown to Slurm)                                                          | the manifest's end, else lost |
 
 A run that ``fstrain stop`` ended is ``stopped`` whatever Slurm calls the end (the job's script
 exits 143 on the SIGTERM, which Slurm records as FAILED).
