@@ -140,3 +140,16 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "run" / "state.json").unlink()
     rows = json.loads(run_fstrain("runs", "--all", "--json", env=env).stdout)["runs"]
     assert [(r["state"], r["exit_code"], r["nodes"]) for r in rows] == [("succeeded", 0, ["node1", "node2"])]
+
+
+def test_a_stop_marked_after_another_process_saw_the_end_still_counts(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run_dir = tmp_path / "run"
+    slurm_run(home, run_dir)
+    env = {"HOME": str(home), **slurm_tools(tmp_path / "bin", "stopped-term-full")}
+    rows = json.loads(run_fstrain("runs", "--all", "--json", env=env).stdout)["runs"]
+    assert [(r["state"], r["exit_code"]) for r in rows] == [("failed", 143)]  # no stop asked: Slurm's FAILED
+    record = json.loads((run_dir / "slurm.json").read_text())
+    (run_dir / "slurm.json").write_text(json.dumps({**record, "stop_requested": time.time()}))
+    status = json.loads(run_fstrain("status", str(run_dir), "--json", env=env).stdout)  # by its directory
+    assert (status["run_id"], status["state"], status["exit_code"]) == (RUN_ID, "stopped", 143)
