@@ -7,12 +7,14 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from fstrain.cli import hostopts
+from fstrain.cli import slurm as slurmopts
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
@@ -118,6 +120,11 @@ def runs_command(
 
     rows: list[dict[str, Any]] = []
     for record in list_runs():
+        if record.slurm is not None:  # Slurm's word, asked of scontrol here
+            row = slurmopts.slurm_row(record)
+            if all_runs or row["state"] not in FINAL:
+                rows.append(row)
+            continue
         cached = run_state(record, None)
         views = None
         if record.detached and cached.state not in FINAL:  # ask the nodes only while it may still run
@@ -235,6 +242,13 @@ def status_command(
     from fstrain.io.runs import find_run
 
     record = find_run(run)
+    if record.slurm is not None:
+        document = slurmopts.slurm_status_document(record)
+        if json_output:
+            print_json(document)
+        else:
+            slurmopts.print_slurm_status(document)
+        return
     views = _views(record, _connector(record, ssh_config, accept_new_hosts), _python(record, python))
     document = status_document(record, views)
     if json_output:
@@ -353,6 +367,13 @@ def logs_command(
 
     since_s = parse_duration_s(since, "--since") if since else None
     record = find_run(run)
+    if record.slurm is not None:
+        if since_s is not None:
+            raise InputError("--since needs the time of each line, and a Slurm run's log lines have none",
+                             "use --tail N", "--since")
+        _file_logs(lambda: slurmopts.slurm_log_files(record, host, rank), tail, follow,
+                   slurmopts.slurm_running(record))
+        return
     if record.detached is None:
         _attached_logs(record, host, rank, tail, follow)
         return
@@ -372,27 +393,43 @@ def _attached_logs(record: RunRecord, hosts: list[str], rank: int | None, tail: 
     import re
 
     folder = record.run_dir / "logs"
-    offsets: dict[Path, int] = {}
-    first = True
-    while True:
-        running = _running(int(record.entry.get("client_pid") or 0))
-        lines: list[str] = []
+
+    def chosen() -> list[Path]:
+        paths = []
         for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
             match = re.fullmatch(r"(.+?)(?:\.r(\d+))?\.log", path.name)
             if match is None or (hosts and match.group(1) not in hosts):
                 continue
             if (rank is None and match.group(2) is None) or (rank is not None and match.group(2) == str(rank)):
+                paths.append(path)
+        return paths
+
+    _file_logs(chosen, tail, follow, lambda: _running(int(record.entry.get("client_pid") or 0)))
+
+
+def _file_logs(files: Callable[[], list[Path]], tail: int | None, follow: bool, running: Callable[[], bool]) -> None:
+    """Print the files' whole lines; with ``follow``, their new lines until ``running()`` is false
+    (asked before each read, so the last read comes after the end)."""
+    offsets: dict[Path, int] = {}
+    first = True
+    while True:
+        alive = running() if follow else False
+        lines: list[str] = []
+        for path in files():
+            try:
                 with path.open("rb") as handle:
                     handle.seek(offsets.get(path, 0))
                     data = handle.read()
-                whole = data[: data.rfind(b"\n") + 1]
-                offsets[path] = offsets.get(path, 0) + len(whole)
-                lines += whole.decode(errors="replace").splitlines()
-        for line in lines[-tail:] if first and tail else lines:
+            except OSError:  # not written yet
+                continue
+            whole = data[: data.rfind(b"\n") + 1]
+            offsets[path] = offsets.get(path, 0) + len(whole)
+            lines += whole.decode(errors="replace").splitlines()
+        for line in lines[max(0, len(lines) - tail):] if first and tail is not None else lines:
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
         first = False
-        if not follow or not running:
+        if not follow or not alive:
             return
         time.sleep(FOLLOW_POLL_S)
 
@@ -406,16 +443,21 @@ def attach_command(
     """Follow a detached run's output as an attached launch would print it; at its end, its
     state and exit code. Ctrl-C detaches: the run goes on."""
     from fstrain.errors import InputError
-    from fstrain.io.runs import find_run
+    from fstrain.io.runs import find_run, run_state
 
     record = find_run(run)
-    if record.detached is None:
+    if record.detached is None and record.slurm is None:
         raise InputError(f"run {record.run_id} was not started with --detach", "`fstrain logs` shows its lines",
                          "RUN")
     connect = _connector(record, ssh_config, accept_new_hosts)
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        if record.slurm is not None:  # the job's output file, to the job's end
+            _file_logs(lambda: slurmopts.slurm_log_files(record, [], None), 20, True, slurmopts.slurm_running(record))
+            ended = run_state(record, None)
+            console().print(f"run {record.run_id} {_describe(ended)}" + (f": {ended.reason}" if ended.reason else ""))
+            raise typer.Exit(ended.exit_code or 0)
         final = _follow(record, connect, _python(record, python), hosts=[], rank=None, since_s=None, tail=20,
                         follow=True)
     except KeyboardInterrupt:
@@ -492,6 +534,9 @@ def stop_command(
     from fstrain.io.runs import find_run, node_views, run_state, stop_on_node
 
     record = find_run(run)
+    if record.slurm is not None:
+        slurmopts.stop_slurm_run(record, grace, force, wait)
+        return
     if record.detached is None:
         _stop_attached(record, force, wait)
         return
@@ -594,7 +639,10 @@ def gc_command(
         if dry_run:
             out.print(f"{record.run_id}: would be removed ({state.state})")
             continue
-        for host, result in gc_on_nodes(record, connect, py):
+        if record.slurm is not None:  # its nodes are Slurm's: only this machine's entry goes
+            out.print(f"{record.run_id}: Slurm job {record.slurm.get('job_id')}: forgotten here; its run directory "
+                      f"{record.run_dir} is kept")
+        for host, result in gc_on_nodes(record, connect, py) if record.slurm is None else []:
             out.print(f"{record.run_id}: {host}: {result}")
         Path(index_dir() / f"{record.run_id}.json").unlink(missing_ok=True)
         removed += 1

@@ -217,17 +217,27 @@ def submit_launch(ctx: typer.Context, *, program: list[str], user_env: dict[str,
     path.chmod(0o755)
     if render_only:
         return _report_rendered(path, folder, json_output)
+    from fstrain.io.runs import SLURM_RECORD, claim_for_slurm, record_slurm
     from fstrain.io.slurm import submit
 
-    job_id = submit(path)
+    claim_for_slurm(folder, run_id)  # before sbatch: the job's own launch must find the folder claimed
+    try:
+        job_id = submit(path)
+    except BaseException:
+        (folder / SLURM_RECORD).unlink(missing_ok=True)
+        raise
     (folder / "slurm_job_id").write_text(job_id + "\n")
     output = folder / f"slurm-{job_id}.out"
-    console().print(f"submitted Slurm job {job_id}: script {path}, output {output}")
+    grace = ctx.params.get("grace")
+    record_slurm(folder, run_id=run_id, job_id=job_id, script=path, output=output,
+                 grace_s=float(grace) if grace is not None else None)
+    console().print(f"submitted Slurm job {job_id} as run {run_id}: script {path}, output {output}")
     if detach:
         if json_output:
             print_json({"job_id": job_id, "run_id": run_id, "run_dir": str(folder), "script": str(path),
                         "output": str(output)})
         else:
+            console().print(f"`fstrain status {run_id}`, `fstrain logs {run_id} --follow`, `fstrain stop {run_id}`")
             sys.stdout.write(job_id + "\n")
             sys.stdout.flush()
         return 0
@@ -330,3 +340,193 @@ def render_batch_script(out: Path, plan: Path | None, args: list[str], json_outp
             *options, *(["--json"] if json_output else [])]
     code = app([*argv, *(["--", *program] if program else [])], prog_name="fstrain", standalone_mode=False)
     return int(code or 0)
+
+
+# -- runs submitted with --slurm: fstrain runs/status/logs/stop ----------------------------------
+
+STOP_MARGIN_S = 10.0  # after the run's --grace: time for the job's fstrain to write its manifest and exit
+LOG_SCAN_BYTES = 65536  # the end of a rank's log that status reads for its last line and progress
+
+
+def slurm_row(record: Any) -> dict[str, Any]:
+    """One `fstrain runs` row for a Slurm run."""
+    import time
+
+    from fstrain.io.runs import slurm_state
+
+    state, job = slurm_state(record, strict=False)
+    seconds = job.get("run_time_s")
+    if seconds is None and record.manifest and record.manifest.get("ended") and record.manifest.get("started"):
+        seconds = record.manifest["ended"] - record.manifest["started"]
+    return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
+            "detached": True, "started": record.started, "seconds": round(seconds, 1) if seconds is not None
+            else round(time.time() - record.started, 1), "nodes": [h.label() for h in record.hosts]
+            or ([job["nodes"]] if job.get("nodes") else []), "run_dir": str(record.run_dir),
+            "mode": f"slurm {job.get('job_id')}", "job_id": job.get("job_id"), "slurm_state": job.get("state")}
+
+
+def slurm_status_document(record: Any) -> dict[str, Any]:
+    """A Slurm run's state, its job, and per node and per rank what the job's fstrain wrote in
+    the run directory (RUN_DIR/logs/<host>.r<rank>.log; the manifest's codes once it ended)."""
+    from fstrain.io.runs import slurm_state
+
+    state, job = slurm_state(record)
+    ended = {str(n.get("host")): n for n in (record.manifest or {}).get("nodes", [])}
+    nodes = []
+    for index, host in enumerate([h.name for h in record.hosts]):
+        node = ended.get(host, {})
+        nodes.append({"host": host, "node_rank": index, "exit_code": node.get("exit_code"),
+                      "error": node.get("error"), "ranks": _rank_files(record.run_dir / "logs", host)})
+    return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
+            "detached": True, "kind": "slurm", "started": record.started, "job": job,
+            "output": (record.slurm or {}).get("output"), "nodes": nodes}
+
+
+def _rank_files(folder: Path, host: str) -> list[dict[str, Any]]:
+    """Each rank's last line, last output time and last progress line, from its log file."""
+    import re
+
+    from fstrain.core.runstate import parse_progress
+
+    ranks = []
+    for path in folder.glob(f"{host}.r*.log") if folder.is_dir() else []:
+        match = re.fullmatch(re.escape(host) + r"\.r(\d+)\.log", path.name)
+        if match is None:
+            continue
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - LOG_SCAN_BYTES))
+            lines = handle.read().decode(errors="replace").splitlines()
+        texts = [line.split("] ", 1)[-1] for line in lines]
+        progress = next((p for p in map(parse_progress, reversed(texts)) if p is not None), None)
+        ranks.append({"rank": int(match.group(1)), "last_output_at": path.stat().st_mtime,
+                      "last_line": texts[-1] if texts else None, "progress": progress})
+    return sorted(ranks, key=lambda r: r["rank"])
+
+
+def print_slurm_status(document: dict[str, Any]) -> None:
+    import time
+
+    from rich.table import Table
+
+    out = console()
+    job = document["job"]
+    state = document["state"] + (f", exit {document['exit_code']}" if document["exit_code"] is not None else "")
+    out.print(f"run {document['run_id']}: {state}" + (f" ({document['reason']})" if document["reason"] else ""),
+              markup=False)
+    out.print(f"Slurm job {job.get('job_id')}: {job.get('state', 'unknown')}"
+              + (f" on {job['nodes']}" if job.get("nodes") else "")
+              + (f", ran {job['run_time_s']} s" if job.get("run_time_s") is not None else "")
+              + (f"; output {document['output']}" if document.get("output") else ""), markup=False)
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("host", "rank", "last output", "step", "loss", "tokens/s", "last line"):
+        table.add_column(column)
+    now = time.time()
+    for node in document["nodes"]:
+        if not node["ranks"]:
+            table.add_row(node["host"], "", "", "", "", "", "exit " + str(node["exit_code"])
+                          if node["exit_code"] is not None else "(no rank output yet)")
+        for rank in node["ranks"]:
+            progress = rank["progress"] or {}
+            table.add_row(node["host"], str(rank["rank"]), f"{now - rank['last_output_at']:.0f} s ago",
+                          str(progress.get("step") or ""), str(progress.get("loss") or ""),
+                          f"{progress['tokens_per_s']:,.0f}" if progress.get("tokens_per_s") else "",
+                          (rank["last_line"] or "")[-60:])
+    out.print(table)
+
+
+def slurm_log_files(record: Any, hosts: list[str], rank: int | None) -> list[Path]:
+    """What `fstrain logs` reads for a Slurm run: the job's output file (every tagged line and
+    fstrain's summary) unless a host or rank is asked for; then RUN_DIR/logs/<host>[.r<rank>].log."""
+    import re
+
+    from fstrain.errors import InputError
+
+    if not hosts and rank is None:
+        return [Path(record.slurm.get("output") or record.run_dir / f"slurm-{record.slurm['job_id']}.out")]
+    folder = record.run_dir / "logs"
+    known = sorted({m.group(1) for p in (folder.glob("*.log") if folder.is_dir() else [])
+                    if (m := re.fullmatch(r"(.+?)(?:\.r\d+)?\.log", p.name))})
+    for name in hosts:
+        if known and name not in known:
+            raise InputError(f"{name!r} is not one of the run's hosts", f"use one of {', '.join(known)}", "--host")
+    chosen = hosts or known
+    if rank is None:
+        return [folder / f"{host}.log" for host in chosen]
+    return [folder / f"{host}.r{rank}.log" for host in chosen]
+
+
+def slurm_running(record: Any) -> Callable[[], bool]:
+    """Whether the run's job is still queued or running (for `logs --follow`)."""
+    from fstrain.core.runstate import FINAL
+    from fstrain.io.runs import slurm_state
+
+    return lambda: slurm_state(record)[0].state not in FINAL
+
+
+def stop_slurm_run(record: Any, grace_s: float | None, force: bool, wait_s: float) -> None:
+    """`fstrain stop` of a Slurm run: SIGTERM to every process of the job (``scancel
+    --signal=TERM --full``), so its fstrain stops every rank within the run's --grace and writes
+    its manifest; if the job is still there ``grace_s`` later, or at once with --force, SIGKILL
+    to every srun step (each node's watchdog, launcher and ranks) and Slurm's own cancellation
+    (``scancel``) for what is left. A job still pending is simply cancelled."""
+    import time
+
+    from fstrain.cli.runs import _describe
+    from fstrain.core.runstate import FINAL
+    from fstrain.io.runs import mark_stop_requested, slurm_state
+    from fstrain.io.slurm import SlurmError, signal_job
+
+    job_id = str(record.slurm["job_id"])
+    state, job = slurm_state(record)
+    out = console()
+    if job.get("forgotten") and state.state == "lost":
+        raise SlurmError(f"Slurm does not know job {job_id} (run {record.run_id}) and its run directory "
+                         f"{record.run_dir} holds no final manifest", "is SLURM_CONF the cluster it was submitted to? "
+                         "`squeue -u $USER` lists your jobs", "stop")
+    if state.state in FINAL:
+        out.print(f"run {record.run_id} has already ended: {_describe(state)}")
+        return
+    # Marked first: whoever reads the end (another `logs --follow`) must know it was a stop.
+    mark_stop_requested(record)
+    try:
+        if state.state == "pending":  # no process yet: Slurm's cancellation alone
+            error = signal_job(job_id, None)
+        elif force:
+            error = None
+            _kill(job_id)
+        else:
+            error = signal_job(job_id, "TERM")
+    except BaseException:
+        mark_stop_requested(record, False)
+        raise
+    if error is not None:
+        mark_stop_requested(record, False)
+        state, _ = slurm_state(record)
+        if state.state in FINAL:
+            out.print(f"run {record.run_id} has already ended: {_describe(state)}")
+            return
+        raise SlurmError(f"scancel of job {job_id} failed: {error}", f"check the job with `squeue -j {job_id}`",
+                         "stop")
+    grace = grace_s if grace_s is not None else float(record.slurm.get("grace_s") or 15.0) + STOP_MARGIN_S
+    started = time.monotonic()
+    killed = force or state.state == "pending"
+    while state.state not in FINAL:
+        elapsed = time.monotonic() - started
+        if not killed and elapsed > grace:
+            _kill(job_id)
+            killed = True
+        if elapsed > grace + wait_s:
+            raise SlurmError(f"job {job_id} has not ended {elapsed:.0f} s after the stop",
+                             f"check it with `squeue -j {job_id}`; `scancel {job_id}` leaves it to Slurm", "stop")
+        time.sleep(1)
+        state, _ = slurm_state(record)
+    out.print(f"run {record.run_id} {_describe(state)}")
+
+
+def _kill(job_id: str) -> None:
+    """SIGKILL to every srun step, then Slurm's cancellation for the batch script (its complaint,
+    the job being gone already, is no error: the end is what `stop` waits for next)."""
+    from fstrain.io.slurm import kill_steps, signal_job
+
+    kill_steps(job_id)
+    signal_job(job_id, None)

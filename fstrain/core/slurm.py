@@ -146,7 +146,9 @@ class JobStatus:
     exit_code: int  # the batch script's exit status
     signal: int  # the signal that ended it, 0 if none
     reason: str = ""
-    nodes: str = ""
+    nodes: str = ""  # Slurm's node list expression, e.g. node[1-2]; empty while pending
+    run_time_s: int | None = None  # RunTime: how long it has run (or ran)
+    num_nodes: int | None = None
 
     @property
     def final(self) -> bool:
@@ -174,7 +176,31 @@ def parse_scontrol_job(text: str) -> JobStatus:
     except ValueError:
         raise ParseError(f"unreadable ExitCode {fields.get('ExitCode')!r}", "", "scontrol show job") from None
     return JobStatus(fields["JobId"], fields["JobState"], exit_code, signal, fields.get("Reason", ""),
-                     fields.get("NodeList", ""))
+                     fields.get("NodeList", ""), parse_run_time_s(fields.get("RunTime", "")),
+                     int(fields["NumNodes"]) if fields.get("NumNodes", "").isdigit() else None)
+
+
+def parse_step_ids(text: str, job_id: str) -> list[str]:
+    """The job's srun steps (``JOB.0``, ``JOB.1``, ...) in ``squeue -s -j JOB -h -o %i``; not its
+    ``batch`` or ``extern`` step."""
+    steps = []
+    for line in text.split():
+        job, _, step = line.partition(".")
+        if job == job_id and step.isdigit():
+            steps.append(line)
+    return steps
+
+
+def parse_run_time_s(text: str) -> int | None:
+    """Slurm's elapsed time, ``[D-]HH:MM:SS`` (or ``MM:SS``), in seconds; None if unreadable."""
+    days, _, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if not clock or not all(p.isdigit() for p in parts) or len(parts) > 3 or (days and not days.isdigit()):
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return seconds + int(days or 0) * 86400
 
 
 @dataclass(frozen=True)

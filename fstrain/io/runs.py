@@ -11,6 +11,14 @@ Where things live:
   time in front), ``node<I>.json`` (its watchdog's state), and on node 0 ``run.json`` (the run's
   state, kept by the coordinator) and ``coordinator.json`` (its port and the run's secret, mode
   0600). See fstrain/io/remote/coordinator.py.
+
+A run submitted with ``fstrain launch --slurm`` (detached or followed) has ``RUN_DIR/slurm.json``
+(its job id, submit time, script and output file) and an index entry of kind ``slurm``. Inside
+the allocation the job's own ``fstrain launch`` writes ``RUN_DIR/logs/`` and, at its end,
+``RUN_DIR/manifest.json``. That inner launch has a run id of its own and would register itself
+too: the Slurm record wins (:func:`register` leaves a folder with ``slurm.json`` to it, and
+:func:`all_runs` lists a run directory once), so one job is one run, under the id
+``launch --slurm`` printed.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 
 from fstrain.core.hostfile import Host
 from fstrain.core.launchspec import NodeLaunch, secret_values
-from fstrain.core.runstate import RunState, from_manifest, from_nodes
+from fstrain.core.runstate import FINAL, RunState, from_manifest, from_nodes
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool
@@ -37,6 +45,7 @@ from fstrain.io.remote.watchdog import BOOTSTRAP
 from fstrain.io.transport.base import Transport
 
 INDEX = (".fstrain", "launched")  # under this machine's home
+SLURM_RECORD = "slurm.json"  # in the run directory of a `launch --slurm` run
 START_TIMEOUT_S = 120.0
 
 
@@ -133,10 +142,34 @@ def record_detached(folder: Path, *, run_id: str, backend: str, hosts: Sequence[
 
 
 def register(run_id: str, folder: Path, *, detached: bool) -> None:
-    """This machine's index entry for a run, so `fstrain runs` finds it from anywhere."""
+    """This machine's index entry for a run, so `fstrain runs` finds it from anywhere. A run
+    directory that a Slurm submission owns (``slurm.json``, written before the job starts) is
+    already registered under the submission's id: the job's own launch adds no second entry."""
+    owner = read_json(folder / SLURM_RECORD)
+    if isinstance(owner, dict) and owner.get("run_id") not in (None, run_id):
+        return
     entry = {"run_id": run_id, "run_dir": str(folder.resolve()), "detached": detached, "registered": time.time(),
              "client_pid": os.getpid()}
     _write_json(index_dir() / f"{run_id}.json", entry)
+
+
+def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output: Path,
+                 grace_s: float | None) -> dict[str, Any]:
+    """RUN_DIR/slurm.json and this machine's index entry for a submitted batch job."""
+    document = {"kind": "slurm", "run_id": run_id, "job_id": job_id, "submitted": time.time(),
+                "script": str(script), "output": str(output), "grace_s": grace_s}
+    _write_json(folder / SLURM_RECORD, document)
+    _write_json(index_dir() / f"{run_id}.json",
+                {"run_id": run_id, "run_dir": str(folder.resolve()), "kind": "slurm", "job_id": job_id,
+                 "detached": True, "registered": document["submitted"]})
+    return document
+
+
+def claim_for_slurm(folder: Path, run_id: str) -> None:
+    """Before sbatch: mark the run directory as the submission's, so that a job starting at
+    once finds it claimed (the job id is added by :func:`record_slurm`)."""
+    _write_json(folder / SLURM_RECORD, {"kind": "slurm", "run_id": run_id, "job_id": None,
+                                        "submitted": time.time()})
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
@@ -156,17 +189,21 @@ class RunRecord:
     detached: dict[str, Any] | None
     manifest: dict[str, Any] | None
     entry: dict[str, Any]
+    slurm: dict[str, Any] | None = None  # RUN_DIR/slurm.json of a `launch --slurm` run
 
     @property
     def hosts(self) -> list[Host]:
+        if self.slurm is not None and not (self.manifest or {}).get("nodes"):  # still running: Slurm's nodes
+            cached = read_json(self.run_dir / "state.json") or {}
+            return [Host(name) for name in (cached.get("job") or {}).get("hosts", [])]
         if self.detached:
             return [Host(n["host"]["name"], n["host"]["user"], n["host"]["port"]) for n in self.detached["nodes"]]
         return [Host(n["host"]) for n in (self.manifest or {}).get("nodes", [])]
 
     @property
     def started(self) -> float:
-        return float((self.detached or {}).get("started") or (self.manifest or {}).get("started")
-                     or self.entry.get("registered") or 0)
+        return float((self.detached or {}).get("started") or (self.slurm or {}).get("submitted")
+                     or (self.manifest or {}).get("started") or self.entry.get("registered") or 0)
 
 
 def read_json(path: Path) -> Any:
@@ -185,19 +222,27 @@ def all_runs() -> list[RunRecord]:
         if not isinstance(entry, dict) or "run_dir" not in entry:
             continue
         run_dir = Path(entry["run_dir"])
+        slurm = read_json(run_dir / SLURM_RECORD)
+        if isinstance(slurm, dict) and slurm.get("run_id") != entry["run_id"]:
+            continue  # the job's own launch inside a Slurm run: the submission's entry stands for it
         records.append(RunRecord(entry["run_id"], run_dir, read_json(run_dir / "detached.json"),
-                                 read_json(run_dir / "manifest.json"), entry))
+                                 read_json(run_dir / "manifest.json"), entry,
+                                 slurm if isinstance(slurm, dict) else None))
     return sorted(records, key=lambda r: r.started)
 
 
 def find_run(reference: str) -> RunRecord:
-    """A run by id, by a unique prefix of its id, or by its local run directory."""
+    """A run by id, by a unique prefix of its id, by its Slurm job id, or by its local run directory."""
     runs = all_runs()
-    exact = [r for r in runs if r.run_id == reference]
+    exact = [r for r in runs if r.run_id == reference] or \
+        [r for r in runs if r.slurm is not None and str(r.slurm.get("job_id")) == reference]
     matches = exact or [r for r in runs if r.run_id.startswith(reference)]
     if len(matches) == 1:
         return matches[0]
     path = Path(reference)
+    slurm = read_json(path / SLURM_RECORD) if not matches else None
+    if isinstance(slurm, dict) and slurm.get("job_id"):
+        return RunRecord(slurm["run_id"], path, None, read_json(path / "manifest.json"), {}, slurm)
     if not matches and (path / "detached.json").is_file():
         detached = read_json(path / "detached.json")
         return RunRecord(detached["run_id"], path, detached, read_json(path / "manifest.json"), {})
@@ -230,7 +275,10 @@ def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: 
 
 
 def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) -> RunState:
-    """The run's state: the manifest for an attached run, the nodes' views for a detached one."""
+    """The run's state: the manifest for an attached run, the nodes' views for a detached one,
+    Slurm's word and the manifest for a Slurm one."""
+    if record.slurm is not None:
+        return slurm_state(record, strict=False)[0]
     if record.detached is None:
         if record.manifest is not None and record.manifest.get("ended"):
             return from_manifest(record.manifest)
@@ -250,6 +298,66 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
                 {"state": state.state, "exit_code": state.exit_code, "reason": state.reason, "ended": state.ended,
                  "at": time.time(), "nodes": nodes})
     return state
+
+
+def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, dict[str, Any]]:
+    """A Slurm run's state and its job as last seen (id, Slurm state, nodes, run time), from
+    ``scontrol show job`` and the run directory's manifest; cached in RUN_DIR/state.json. Not
+    ``strict``: scontrol missing or failing gives the last state seen instead of an error."""
+    from fstrain.core.hostfile import expand_hostlist
+    from fstrain.core.slurmstate import slurm_run_state
+    from fstrain.io.slurm import job_status
+
+    assert record.slurm is not None
+    fresh = read_json(record.run_dir / SLURM_RECORD)  # another process's `fstrain stop` may have marked it
+    if isinstance(fresh, dict) and fresh.get("job_id") == record.slurm.get("job_id"):
+        record.slurm = fresh
+    stop_requested = bool(record.slurm.get("stop_requested"))
+    cached = read_json(record.run_dir / "state.json") or {}
+    job_seen: dict[str, Any] = cached.get("job") or {"job_id": record.slurm.get("job_id")}
+    if cached.get("state") in FINAL and cached.get("settled") and cached.get("stop_requested") == stop_requested:
+        return _cached_state(cached), job_seen  # nothing changes after the end
+    manifest = read_json(record.run_dir / "manifest.json")
+    record.manifest = manifest if isinstance(manifest, dict) else None
+    try:
+        job = job_status(str(record.slurm["job_id"]), "RUN")
+    except FstrainError:
+        if strict:
+            raise
+        return (_cached_state(cached) if cached.get("state") else RunState("running", None, "scontrol failed")), \
+            job_seen
+    if job is not None:
+        try:
+            hosts = expand_hostlist(job.nodes, "NodeList") if job.nodes else []
+        except InputError:
+            hosts = [job.nodes]
+        job_seen = {"job_id": job.job_id, "state": job.state, "reason": job.reason, "nodes": job.nodes,
+                    "hosts": hosts, "exit_code": job.exit_code, "signal": job.signal, "run_time_s": job.run_time_s}
+    else:
+        last = job_seen.get("last_state") if job_seen.get("forgotten") else job_seen.get("state")
+        job_seen = {**job_seen, "state": "UNKNOWN", "last_state": last, "forgotten": True}
+    state = slurm_run_state(job, record.manifest, stop_requested=stop_requested)
+    # Settled: ended, and the manifest read (or never coming: Slurm forgot the job).
+    settled = state.state in FINAL and (record.manifest is not None or job is None)
+    _write_json(record.run_dir / "state.json",
+                {"state": state.state, "exit_code": state.exit_code, "reason": state.reason, "ended": state.ended,
+                 "at": time.time(), "settled": settled, "stop_requested": stop_requested, "job": job_seen})
+    return state, job_seen
+
+
+def _cached_state(cached: dict[str, Any]) -> RunState:
+    return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
+
+
+def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:
+    """RUN_DIR/slurm.json records that `fstrain stop` ends the run (Slurm calls it FAILED);
+    ``requested=False`` takes that back (the signal could not be sent)."""
+    assert record.slurm is not None
+    if requested:
+        record.slurm["stop_requested"] = time.time()
+    else:
+        record.slurm.pop("stop_requested", None)
+    _write_json(record.run_dir / SLURM_RECORD, record.slurm)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -29,6 +29,7 @@ from fstrain.core.slurm import (
     parse_hostnames,
     parse_sbatch_job_id,
     parse_scontrol_job,
+    parse_step_ids,
     srun_step_argv,
 )
 from fstrain.errors import FstrainError, TransportError
@@ -126,9 +127,9 @@ def submit(script: Path, environ: Mapping[str, str] | None = None) -> str:
     return parse_sbatch_job_id(result.stdout)
 
 
-def job_status(job_id: str) -> JobStatus | None:
+def job_status(job_id: str, where: str = "--slurm") -> JobStatus | None:
     """The job as ``scontrol show job`` sees it; ``None`` once Slurm has forgotten it."""
-    scontrol = require_tool("scontrol", "--slurm")
+    scontrol = require_tool("scontrol", where)
     result = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60,
                             check=False)
     if result.returncode != 0:
@@ -141,6 +142,33 @@ def job_status(job_id: str) -> JobStatus | None:
 def cancel(job_id: str) -> None:
     scancel = require_tool("scancel", "--slurm")
     subprocess.run([scancel, job_id], capture_output=True, text=True, timeout=60, check=False)
+
+
+def kill_steps(job_id: str, where: str = "stop") -> list[str]:
+    """SIGKILL to each srun step of the job (``scancel --signal=KILL JOB.N``): every process of
+    the step (a node's watchdog, launcher and ranks) at once. A SIGKILL to the whole job is no
+    such thing: Slurm takes it as a cancellation (SIGTERM, SIGKILL after KillWait). The steps
+    signalled."""
+    squeue = require_tool("squeue", where)
+    scancel = require_tool("scancel", where)
+    listed = subprocess.run([squeue, "-s", "-j", job_id, "-h", "-o", "%i"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    steps = parse_step_ids(listed.stdout, job_id) if listed.returncode == 0 else []
+    for step in steps:
+        subprocess.run([scancel, "--signal=KILL", step], capture_output=True, text=True, timeout=60, check=False)
+    return steps
+
+
+def signal_job(job_id: str, signal: str | None, where: str = "stop") -> str | None:
+    """``scancel --signal=SIG --full JOB`` (every step and the batch script; the job ends when
+    they exit), or a plain ``scancel JOB`` when ``signal`` is None. Slurm's complaint, or None."""
+    scancel = require_tool("scancel", where)
+    argv = [scancel, *([f"--signal={signal}", "--full"] if signal else []), job_id]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if result.returncode != 0:  # Slurm's last word is the reason (the lines before it, its path there)
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        return lines[-1][-300:] if lines else f"scancel exited {result.returncode}"
+    return None
 
 
 class OutputFollower:

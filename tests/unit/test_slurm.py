@@ -17,6 +17,7 @@ from fstrain.core.slurm import (
     parse_hostnames,
     parse_sbatch_job_id,
     parse_scontrol_job,
+    parse_step_ids,
     pyxis_args,
     render_sbatch,
     srun_step_argv,
@@ -188,3 +189,10 @@ def test_plan_shape_fills_in_what_the_flags_leave_out() -> None:
     assert plan_shape(allocation, None, None) == (3, 8)
     assert plan_shape(allocation, 2, None) == (2, 8)
     assert plan_shape(Allocation("1", ("a",), None), None, 4) == (1, 4)
+
+
+def test_step_ids_are_the_srun_steps_only() -> None:
+    # `squeue -s -j 4 -h -o %i` on the test Slurm, two srun steps running in a batch job.
+    assert parse_step_ids("4.0\n4.1\n4.batch\n", "4") == ["4.0", "4.1"]
+    assert parse_step_ids("4.extern\n14.0\n", "4") == []
+    assert parse_step_ids("", "4") == []

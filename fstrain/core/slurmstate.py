@@ -1,0 +1,86 @@
+"""A Slurm run's state (``fstrain launch --slurm``), as values: from what Slurm says of its job
+and what the run directory's manifest recorded.
+
+Slurm decides while it knows the job (``scontrol show job``); the manifest, which the job's own
+``fstrain launch`` writes when it ends, refines the end (a stalled run, the first failed rank's
+code) and decides alone once Slurm has forgotten the job (MinJobAge). Pure: the I/O edge
+(fstrain/io/runs.py) gathers the inputs.
+
+| Slurm JobState                                                              | state     |
+|-----------------------------------------------------------------------------|-----------|
+| PENDING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED, RESV_DEL_HOLD                  | pending   |
+| CONFIGURING                                                                 | starting  |
+| RUNNING, SUSPENDED, COMPLETING, STOPPED, SIGNALING, RESIZING, STAGE_OUT      | running   |
+| COMPLETED                                                                   | succeeded |
+| FAILED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, TIMEOUT, SPECIAL_EXIT | failed    |
+| CANCELLED, PREEMPTED, REVOKED                                               | stopped   |
+| another state Slurm calls final / not final                                 | failed / running |
+| (unknown to Slurm)                                                          | the manifest's end, else lost |
+
+A run that ``fstrain stop`` ended is ``stopped`` whatever Slurm calls the end (the job's script
+exits 143 on the SIGTERM, which Slurm records as FAILED).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fstrain.core.runstate import FINAL, RunState, from_manifest
+from fstrain.core.slurm import JobStatus
+
+PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
+RUNNING = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "STOPPED", "SIGNALING", "RESIZING", "STAGE_OUT"})
+SUCCEEDED = frozenset({"COMPLETED"})
+FAILED = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "TIMEOUT", "SPECIAL_EXIT"})
+STOPPED = frozenset({"CANCELLED", "PREEMPTED", "REVOKED"})
+# Words for the reason column where Slurm's state alone says why.
+_WHY = {"TIMEOUT": "the job reached its time limit (TIMEOUT)", "NODE_FAIL": "a node failed (NODE_FAIL)",
+        "OUT_OF_MEMORY": "out of memory (OUT_OF_MEMORY)", "BOOT_FAIL": "a node failed to boot (BOOT_FAIL)",
+        "DEADLINE": "the job missed its deadline (DEADLINE)", "PREEMPTED": "preempted by Slurm (PREEMPTED)",
+        "SUSPENDED": "suspended by Slurm", "COMPLETING": "Slurm is ending the job (COMPLETING)"}
+
+
+def slurm_run_state(job: JobStatus | None, manifest: Mapping[str, Any] | None, *,
+                    stop_requested: bool = False) -> RunState:
+    """The run's state from its job (``None``: Slurm no longer knows it) and its manifest
+    (``None``: not written yet, or the job died before writing it)."""
+    ended = manifest.get("ended") if manifest and manifest.get("ended") else None
+    if job is None:
+        if ended:
+            state = from_manifest(manifest or {})
+            return _stopped(state) if stop_requested else state
+        return RunState("lost", None, "Slurm no longer knows the job and the run directory holds no final "
+                                      "manifest")
+    if job.state in PENDING:
+        return RunState("pending", None, f"waiting in Slurm's queue ({job.reason or job.state})")
+    if job.state == "CONFIGURING":
+        return RunState("starting", None, "Slurm is starting the nodes (CONFIGURING)")
+    if job.state in RUNNING:
+        return RunState("running", None, _WHY.get(job.state, ""))
+    code = job.shell_exit_code
+    if job.state in SUCCEEDED:
+        state = RunState("succeeded", code, "")
+    elif job.state in STOPPED:
+        state = RunState("stopped", code, _WHY.get(job.state, f"cancelled ({job.state})"))
+    elif job.state in FAILED:
+        state = RunState("failed", code, _WHY.get(job.state, ""))
+    else:  # a state this table does not know: Slurm says it is not over
+        return RunState("running", None, f"Slurm job state {job.state}") if not job.final else \
+            RunState("failed", code, f"Slurm job state {job.state}")
+    if ended:  # the job's own launcher recorded the end: a stall, the failing rank's own code
+        recorded = from_manifest(manifest or {})
+        why = state.reason or ("" if recorded.reason in ("ok", "failed") else recorded.reason)
+        if recorded.state == "stalled" or (state.state == "failed" and recorded.state == "failed"):
+            exit_code = recorded.exit_code if recorded.exit_code is not None else code
+            state = RunState(recorded.state, exit_code, why, recorded.ended)
+        else:
+            state = RunState(state.state, state.exit_code, why, recorded.ended)
+    return _stopped(state) if stop_requested else state
+
+
+def _stopped(state: RunState) -> RunState:
+    """A run `fstrain stop` ended: stopped, with the exit code it ended with."""
+    if state.state not in FINAL:
+        return state
+    return RunState("stopped", state.exit_code, "fstrain stop", state.ended)
