@@ -170,6 +170,8 @@ class StageShape:
     fsdp_unit: int  # biggest FSDP unit on this rank (a block, or the embedding / head)
     has_head: bool  # the stage computes the logits and the loss
     in_flight: int  # micro-batches whose activations it holds at once (1F1B)
+    outside_blocks: int = 0  # embeddings, final norm and head on this rank: FSDP2's root unit
+    block: int = 0  # one transformer block on this rank (0: not known, use fsdp_unit)
 
 
 def stage_shapes(params: ParamCount, tp: int, pp: int, micro_batches: int, tied: bool) -> list[StageShape]:
@@ -188,10 +190,13 @@ def stage_shapes(params: ParamCount, tp: int, pp: int, micro_batches: int, tied:
     first_params = layers * block_rank + embedding
     if pp == 1:
         total = first_params + head + params.final_norm
-        return [StageShape(total, layers, largest, max(block_rank, embedding, head), True, 1)]
-    first = StageShape(first_params, layers, largest, max(block_rank, embedding), False, min(pp, micro_batches))
+        return [StageShape(total, layers, largest, max(block_rank, embedding, head), True, 1,
+                           embedding + head + params.final_norm, block_rank)]
+    first = StageShape(first_params, layers, largest, max(block_rank, embedding), False, min(pp, micro_batches),
+                       embedding, block_rank)
     last_params = layers * block_rank + head + params.final_norm
-    last = StageShape(last_params, layers, largest, max(block_rank, head), True, 1)
+    last = StageShape(last_params, layers, largest, max(block_rank, head), True, 1, head + params.final_norm,
+                      block_rank)
     return [first, last]
 
 
@@ -371,10 +376,16 @@ def buffer_items(
             ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)
         )
     elif strategy in ("fsdp-full", "fsdp-hybrid"):
-        gathered = stage.fsdp_unit * w * (1 + assumptions.fsdp_prefetch_units)
-        items.append((f"FSDP gathered units (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered))
+        # Each block is its own unit; the root unit (embeddings, final norm, head) is not resharded
+        # after forward (FSDP2 keeps the root gathered for the backward that follows), so it is
+        # gathered beside the current and the prefetched block.
+        block = stage.block or stage.fsdp_unit
+        gathered = block * w * (1 + assumptions.fsdp_prefetch_units)
+        items.append((f"FSDP gathered blocks (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered))
+        if stage.outside_blocks:
+            items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * w))
         items.append(
-            ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)
+            ("FSDP unsharded gradient (one block)", block * assumptions.fsdp_reduce_bytes_per_element)
         )
     if knobs.pp > 1:
         p2p = 2 * knobs.micro_batch_size * knobs.seq_len * hidden_size * w // knobs.tp

@@ -138,3 +138,26 @@ def test_the_loss_travels_in_the_plan_file_and_unknown_ones_are_refused() -> Non
     with pytest.raises(ConfigError, match="unknown loss 'chunked'"):
         gpt2 = PlanModel.from_spec(load_shipped_recipe("gpt2-1.5b").model)
         plan(gpt2, TrainingSpec(1024, 64, loss="chunked"), uniform_cluster(1, 8, "h100-sxm"))
+
+
+def test_fsdp2_keeps_the_root_unit_gathered_beside_two_blocks() -> None:
+    """Llama 3.1 405B, full-shard over 512 ranks, full AC, 1 x 8192: PyTorch's fake-tensor trace
+    of the bundled model (`fstrain plan --trace`) holds, at the backward peak, the root unit
+    (embedding, final norm, head: 7.84 GiB in bf16) and the current block gathered, the prefetched
+    block's all-gather buffer (5.94 GiB) and one block's fp32 gradient for the reduce-scatter
+    (11.875 GiB): 31.594 GiB of buffers."""
+    model = load_shipped_recipe("llama3.1-405b").model
+    params = count_parameters(model)
+    [stage] = stage_shapes(params, 1, 1, 1, model.tied_embeddings)
+    block = params.per_layer
+    root = params.embedding + params.head + params.final_norm
+    assert (stage.block, stage.outside_blocks) == (block, root)
+    knobs = dataclasses.replace(TUTORIAL, strategy="fsdp-full", dp=512, micro_batch_size=1, offload="none",
+                                precision="bf16", seq_len=8192)
+    items = dict(buffer_items("fsdp-full", stage, knobs, model.hidden_size))
+    assert items == {
+        "FSDP gathered blocks (1 + 1 prefetched)": 2 * 2 * block,
+        "FSDP root unit, gathered (embeddings, final norm, head)": 2 * root,
+        "FSDP unsharded gradient (one block)": 4 * block,
+    }
+    assert sum(items.values()) / GIB == pytest.approx(31.594, abs=0.02)  # the trace, to within FSDP's padding
