@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import REPO
 from tests.slurm.conftest import SlurmCluster
 from tests.slurm.test_slurm_launch import assert_nodes_idle, fstrain, scontrol_job
 
@@ -33,12 +34,13 @@ STEP_PROGRAM = "\n".join([
 RANK_LINE = re.compile(r"^\[(node\d) r(\d)\] rank \d step (\d+)/\d+ loss ", re.MULTILINE)
 
 
-def submit(slurm: SlurmCluster, home: Path, run_dir: Path, *env: str) -> tuple[str, str]:
-    """`launch --slurm --detach`: (run id, job id)."""
+def submit(slurm: SlurmCluster, home: Path, run_dir: Path, *env: str, grace_s: float = GRACE_S,
+           program: tuple[str, ...] = ("python3", "-c", STEP_PROGRAM)) -> tuple[str, str]:
+    """`launch --slurm --detach` of ``program`` on 2 nodes of 2 ranks: (run id, job id)."""
     args = [a for pair in (("--env", e) for e in env) for a in pair]
     result = fstrain(slurm, home, "launch", "--slurm", "--detach", "--nodes", "2", "--nproc-per-node", "2",
-                     "--backend", "deepspeed", "--no-local-rank", "--grace", str(GRACE_S), "--run-dir", str(run_dir),
-                     *args, "--", "python3", "-c", STEP_PROGRAM, timeout=60)
+                     "--backend", "deepspeed", "--no-local-rank", "--grace", str(grace_s), "--run-dir", str(run_dir),
+                     *args, "--", *program, timeout=60)
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.strip()
     match = re.search(r"submitted Slurm job (\d+) as run (\S+):", result.stderr)
@@ -154,3 +156,32 @@ def test_stop_of_a_pending_job_and_stop_force(slurm: SlurmCluster, tmp_path: Pat
     assert time.monotonic() - started < GRACE_S + 5
     assert_nodes_idle(slurm, 2)
     assert runs(slurm, tmp_path)[run_id]["state"] == "stopped"
+
+
+def test_stop_of_a_job_whose_ranks_ignore_sigterm_kills_it_after_the_grace(slurm: SlurmCluster,
+                                                                           tmp_path: Path) -> None:
+    # The run's own --grace (60 s) is far longer than stop's: the job's fstrain, which would
+    # SIGKILL the ranks after it, does not end the run; stop's SIGKILL to every srun step does.
+    stop_grace_s = 3
+    worker = ("python3", str(REPO / "tests" / "cluster" / "programs" / "worker.py"))
+    run_id, job_id = submit(slurm, tmp_path, tmp_path / "run", "FSTRAIN_TEST_IGNORE_TERM=1", grace_s=60,
+                            program=worker)
+    wait_for(slurm, tmp_path, run_id, {"running"}, 120)
+    deadline = time.monotonic() + 120
+    while len(set(re.findall(r"^\[node\d r\d\] ready rank=(\d) ", fstrain(slurm, tmp_path, "logs", run_id).stdout,
+                             re.MULTILINE))) < 4:  # every rank ignores SIGTERM from its first line on
+        assert time.monotonic() < deadline, fstrain(slurm, tmp_path, "logs", run_id).stdout
+        time.sleep(1)
+    started = time.monotonic()
+    stop = fstrain(slurm, tmp_path, "stop", run_id, "--grace", str(stop_grace_s), timeout=120)
+    took_s = time.monotonic() - started
+    assert stop.returncode == 0 and f"run {run_id} stopped" in stop.stderr, stop.stderr
+    # Not before the grace (SIGTERM alone ended nothing), and soon after: SIGKILL to the steps at
+    # once, then Slurm's cancellation of the batch script, whose fstrain exits as its steps end.
+    assert stop_grace_s <= took_s < stop_grace_s + 15, took_s
+    assert_nodes_idle(slurm, 2)  # no process of the job is left on any node
+    row = runs(slurm, tmp_path)[run_id]
+    assert (row["state"], row["reason"]) == ("stopped", "fstrain stop"), row
+    status = json.loads(fstrain(slurm, tmp_path, "status", run_id, "--json").stdout)
+    assert [n["exit_code"] for n in status["nodes"]] == [137, 137]  # each node's step got SIGKILL
+    assert scontrol_job(slurm, tmp_path, job_id).state == "CANCELLED"  # then Slurm's cancellation
