@@ -208,15 +208,20 @@ def test_typo_in_an_nccl_variable(misconfigured: dict[str, Any]) -> None:
     assert found["fix"] == "rename it to NCCL_SOCKET_IFNAME"
 
 
+@pytest.mark.parametrize("job_ignores_sigterm", [True, False])
 def test_orphans_of_a_lost_watchdog_are_listed_then_ended(cluster: NamespaceCluster, homes: dict[int, Path],
-                                                          tmp_path: Path) -> None:
+                                                          tmp_path: Path, job_ignores_sigterm: bool) -> None:
+    """A watchdog killed with SIGKILL cleans nothing up. Its job gets SIGTERM from the kernel (a
+    parent-death signal): a job that ignores it is left whole; one that dies leaves the child it
+    started. Either way `doctor --orphans` lists what is left, by the run's id, and ends it."""
     run_id = f"doctor-test-{os.urandom(3).hex()}"
     state = homes[1] / ".fstrain" / "active"
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if job_ignores_sigterm else ""
     header = {"source": source("watchdog"), "run_id": run_id, "node_rank": 0, "state_dir": str(state),
               "run_dir": str(tmp_path / "run"), "workdir": None, "files": {}, "env": {}, "grace_s": 1,
               "heartbeat_timeout_s": 600,
-              "argv": [sys.executable, "-c", "import subprocess,time; subprocess.Popen(['sleep','600']); "
-                                             "time.sleep(600)"]}
+              "argv": [sys.executable, "-c", f"import signal,subprocess,time; {ignore}"
+                                             "subprocess.Popen(['sleep','600']); time.sleep(600)"]}
     watchdog = subprocess.Popen(["ip", "netns", "exec", cluster.namespace(1), sys.executable, "-u", "-c", BOOTSTRAP],
                                 stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert watchdog.stdin is not None
@@ -232,12 +237,23 @@ def test_orphans_of_a_lost_watchdog_are_listed_then_ended(cluster: NamespaceClus
         time.sleep(0.5)  # the job starts its child
         os.kill(watchdog.pid, signal.SIGKILL)  # the watchdog dies without cleaning up: its job is orphaned
         watchdog.wait()
+        if not job_ignores_sigterm:  # the parent-death signal ends the job itself
+            gone_by = time.monotonic() + 5
+            while Path(f"/proc/{job}").exists() and "Z" not in _state(job) and time.monotonic() < gone_by:
+                time.sleep(0.05)
+            assert not Path(f"/proc/{job}").exists() or "Z" in _state(job)
         code, listed = doctor(cluster, "--hosts", "node1", "--orphans")
         orphans = [o for o in listed["orphans"] if o["run_id"] == run_id]
         pids = orphans[0]["pids"]
-        assert code == 2 and orphans[0]["state"] == "orphan" and pids[0] == job and len(pids) == 2
+        assert code == 2 and orphans[0]["state"] == "orphan"
         found = row(listed, "proc.orphans", "node1")
-        assert found["verdict"] == "fail" and f"run {run_id} node 0 (pids {pids[0]},{pids[1]})" in found["message"]
+        assert found["verdict"] == "fail"
+        if job_ignores_sigterm:  # the job and its child
+            assert pids[0] == job and len(pids) == 2
+            assert f"run {run_id} node 0 (pids {pids[0]},{pids[1]})" in found["message"]
+        else:  # the job died of its parent-death signal; its child is left
+            assert job not in pids and len(pids) == 1
+            assert f"run {run_id} node 0 (pids {pids[0]})" in found["message"]
         assert found["fix"] == "end them: `fstrain doctor --kill-orphans` (by the recorded ids only)"
         code, ended = doctor(cluster, "--hosts", "node1", "--kill-orphans")
         assert code == 0, ended

@@ -198,9 +198,20 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def end_run(job: int, run_id: str, grace_s: float) -> tuple[list[int], list[int]]:
-    """SIGTERM the job and its descendants, SIGKILL what is left after ``grace_s``."""
-    victims = [job, *descendants(job)]
+def run_processes(run_id: str) -> list[int]:
+    """Live processes whose environment carries the run's id: what a job that died without its
+    watchdog left behind (its children, re-parented away)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        pid = int(entry) if entry.isdigit() else 0
+        if pid and pid != os.getpid() and proc_stat(pid) is not None and has_run_id(pid, run_id):
+            found.append(pid)
+    return sorted(found)
+
+
+def end_run(job: int, run_id: str, grace_s: float, victims: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """SIGTERM the job and its descendants (or ``victims``), SIGKILL what is left after ``grace_s``."""
+    victims = victims if victims is not None else [job, *descendants(job)]
     for pid in victims:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
@@ -234,12 +245,16 @@ def classify(path: str, record: dict[str, Any], kill: bool, grace_s: float) -> d
     elif job_alive:
         out["state"] = "unverified"
         out["note"] = f"pid {job} cannot be read" if verified is None else f"pid {job} is not that run's process"
-    else:
-        out["state"] = "stale"
+    else:  # the job is gone (its watchdog's death takes it along); what it started may not be
+        left = run_processes(run_id)
+        out["state"] = "orphan" if left else "stale"
+        out["pids"] = left
+        if left:
+            out["note"] = f"the job (pid {job}) is gone; processes it started are left"
     if out["state"] in ("running", "orphan") and isinstance(job, int) and job_alive and verified:
         out["pids"] = [job, *descendants(job)]
     if kill and out["state"] == "orphan" and isinstance(job, int):
-        out["killed"], out["survivors"] = end_run(job, run_id, grace_s)
+        out["killed"], out["survivors"] = end_run(job, run_id, grace_s, None if job_alive else out["pids"])
     if kill and (out["state"] == "stale" or (out["state"] == "orphan" and not out["survivors"])):
         try:
             os.unlink(path)
