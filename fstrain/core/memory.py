@@ -355,9 +355,9 @@ def buffer_items(
 ) -> list[tuple[str, int]]:
     """Transient buffers the framework keeps through forward and backward, on top of the model
     states (the ones allocated once for good are :func:`persistent_buffer_items`, the ones only
-    backward allocates :func:`backward_buffer_items`). FSDP's unsharded gradient of one unit is
-    among them: the head's (often the largest unit) is computed from the logits' gradient, at the
-    end of the loss."""
+    backward allocates :func:`backward_buffer_items`). For FSDP: the root unit (embeddings, final
+    norm, head; FSDP2 does not reshard it after forward), the current and the prefetched block,
+    and one block's unsharded gradient in the reduce dtype."""
     w = weight_bytes(knobs.precision)
     rendered = bucket_sizes(hidden_size)
     reduce_bucket = assumptions.reduce_bucket_elements or rendered["reduce_bucket_size"]
