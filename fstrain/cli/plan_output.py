@@ -147,9 +147,10 @@ def _plans_table(plans: tuple[Plan, ...], training: TrainingSpec, fitting: bool)
     from rich.table import Table
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
-    numeric = ("#", "tp", "pp", "dp", "mbs", "gas", "GiB", "tokens/s", "MFU", "step s", "to train")
+    numeric = ("#", "tp", "pp", "dp", "mbs", "gas", "GiB", "tokens/s", "MFU", "step s", "to train",
+               "tokens/s if it fit")
     columns = ["#", "strategy", "tp", "pp", "dp", "mbs", "gas", "AC", "offload", "GiB"]
-    columns += ["tokens/s", "MFU", "step s", "to train"] if fitting else ["why it does not fit"]
+    columns += ["tokens/s", "MFU", "step s", "to train"] if fitting else ["tokens/s if it fit", "why it does not fit"]
     for name in columns:
         table.add_column(name, justify="right" if name in numeric else "left", no_wrap=name != "why it does not fit")
     for index, p in enumerate(plans, 1):
@@ -163,6 +164,7 @@ def _plans_table(plans: tuple[Plan, ...], training: TrainingSpec, fitting: bool)
         elif fitting:
             row += ["-", "-", "-", "-"]
         else:
+            row.append(f"{p.time.tokens_per_s:,.0f}" if p.time is not None else "-")
             row.append(p.rejected_because.split(": ", 1)[-1])
         table.add_row(*row)
     return table

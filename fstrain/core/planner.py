@@ -34,6 +34,7 @@ from fstrain.core.timemodel import StepTime, step_time
 from fstrain.errors import ConfigError
 
 MAX_MICRO_BATCH = 64
+CLOSEST_TIMED = 10  # when nothing fits, the closest configurations get a step time (had they fitted)
 _NO_PIPELINE = ("zero2", "zero3")  # DeepSpeed's pipeline engine supports ZeRO-1 only
 _ORDER = {name: index for index, name in enumerate((*STRATEGIES, *OFFLOAD))}
 
@@ -176,10 +177,22 @@ def plan(
     plans.sort(key=_rank_key)
     rejected.sort(key=lambda p: (round(p.overshoot, 2), p.memory.peak, *_tie_key(p)))
     suggestions: tuple[str, ...] = ()
+    if not plans:  # what the closest would run at, had they fitted
+        rejected[:CLOSEST_TIMED] = [_timed(p, model, training, cluster, assumptions) for p in rejected[:CLOSEST_TIMED]]
     if not plans and suggest:
         suggestions = tuple(_suggest(model, training, cluster, pins, assumptions))
     bounded = cluster.bounded_by(training.precision, assumptions.mfu)
     return PlanResult(tuple(plans), tuple(rejected), suggestions, bounded, considered)
+
+
+def _timed(p: Plan, model: PlanModel, training: TrainingSpec, cluster: PlanCluster, assumptions: Assumptions) -> Plan:
+    """A configuration that does not fit, with the step time it would have if it did."""
+    if model.spec is None:
+        return p
+    timing = step_time(model.spec, rank_params(model, p.knobs), p.knobs,
+                       cluster.effective_flops(training.precision, assumptions.mfu),
+                       cluster.peak_flops(training.precision), cluster.links(), assumptions)
+    return dataclasses.replace(p, time=timing)
 
 
 def plan_file(result: PlanResult, model: PlanModel, cluster: PlanCluster, train_tokens: int | None = None) -> PlanFile:
@@ -502,7 +515,8 @@ def _suggest(
         bigger = cluster.scaled(factor)
         hit = first_fit(training, bigger, pins)
         if hit:
-            yield f"on {bigger.num_nodes} nodes ({bigger.world_size} GPUs), e.g. {hit.describe()}"
+            speed = f" ({hit.time.tokens_per_s:,.0f} tokens/s)" if hit.time else ""
+            yield f"on {bigger.num_nodes} nodes ({bigger.world_size} GPUs), e.g. {hit.describe()}{speed}"
             break
     flags = {
         "strategy": "--strategy",

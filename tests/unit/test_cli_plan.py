@@ -94,8 +94,10 @@ def test_nothing_fits_exits_1_and_says_what_would() -> None:
     document = json.loads(result.stdout)
     assert document["fitting_total"] == 0 and all(not p["fits"] for p in document["plans"])
     assert any("nodes (" in s for s in document["suggestions"])
+    assert all(p["tokens_per_s"] > 0 and p["step_time_s"] > 0 for p in document["plans"])  # had they fitted
     human = run_fstrain("plan", "--model", "llama3.1-405b", "--gpu", "a100-40gb")
     assert human.returncode == 1 and "nothing fits" in human.stderr and "would fit on " in human.stderr
+    assert "tokens/s if it fit" in human.stderr
 
 
 def test_heterogeneous_nodes_name_the_bound() -> None:

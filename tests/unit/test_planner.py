@@ -11,7 +11,7 @@ from fstrain.core.assumptions import Assumptions
 from fstrain.core.memory import model_states
 from fstrain.core.plancluster import NodeGpus, PlanCluster, build_cluster, uniform_cluster
 from fstrain.core.planfile import PlanFile
-from fstrain.core.planner import Pins, PlanModel, PlanResult, TrainingSpec, plan, plan_file
+from fstrain.core.planner import CLOSEST_TIMED, Pins, PlanModel, PlanResult, TrainingSpec, plan, plan_file
 from fstrain.errors import ConfigError
 from fstrain.io.recipes import load_shipped_recipe
 
@@ -174,7 +174,11 @@ def test_nothing_fits_says_what_would() -> None:
     name = "llama3.1-405b"
     result = plan(model(name), training(name, 1024), uniform_cluster(1, 8, "a100-40gb"))
     assert not result.plans and result.rejected
-    assert any(re.match(r"on \d+ nodes \(\d+ GPUs\), e.g. ", s) for s in result.suggestions)
+    assert any(re.match(r"on \d+ nodes \(\d+ GPUs\), e.g. .* \([\d,]+ tokens/s\)$", s) for s in result.suggestions)
+    # The closest still get a speed, had they fitted; they stay rejected.
+    closest = result.rejected[:CLOSEST_TIMED]
+    assert all(p.time is not None and p.time.tokens_per_s > 0 and not p.fits for p in closest)
+    assert all(p.time is None for p in result.rejected[CLOSEST_TIMED:])
 
 
 def test_params_only_plans_model_states() -> None:
