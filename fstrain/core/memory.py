@@ -597,10 +597,12 @@ def _stage_breakdown(
     def moment_peak(live: int) -> int:
         return live + fixed + int(live * assumptions.fragmentation_fraction)
 
+    lives = [moment_live(name, items) for name, items in moments]  # each moment summed once
     # The peak is the highest moment; a tie goes to the earlier one.
-    phase, live_items = max(moments, key=lambda m: moment_live(*m))
+    chosen = max(range(len(moments)), key=lives.__getitem__)
+    phase, live_items = moments[chosen]
     gradients = states.gradients if phase == "optimizer step" else compute_gradients
-    live = moment_live(phase, live_items)
+    live = lives[chosen]
     activation_names = {name for name, _ in activation_items}
     activations = sum(v for name, v in live_items if name in activation_names)
     buffer_total = sum(v for name, v in live_items if name not in activation_names)
@@ -628,7 +630,7 @@ def _stage_breakdown(
         host_bytes_per_node=host,
         details=details,
         phase=phase,
-        moments=tuple((name, moment_peak(moment_live(name, items))) for name, items in moments),
+        moments=tuple((name, moment_peak(value)) for (name, _), value in zip(moments, lives, strict=True)),
     )
 
 
