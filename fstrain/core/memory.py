@@ -171,7 +171,7 @@ class StageShape:
     has_head: bool  # the stage computes the logits and the loss
     in_flight: int  # micro-batches whose activations it holds at once (1F1B)
     outside_blocks: int = 0  # embeddings, final norm and head on this rank: FSDP2's root unit
-    block: int = 0  # one transformer block on this rank (0: not known, use fsdp_unit)
+    block: int = 0  # one transformer block on this rank (0 when the architecture is not known)
 
 
 def stage_shapes(params: ParamCount, tp: int, pp: int, micro_batches: int, tied: bool) -> list[StageShape]:
@@ -379,7 +379,7 @@ def buffer_items(
         # Each block is its own unit; the root unit (embeddings, final norm, head) is not resharded
         # after forward (FSDP2 keeps the root gathered for the backward that follows), so it is
         # gathered beside the current and the prefetched block.
-        block = stage.block or stage.fsdp_unit
+        block = stage.block
         gathered = block * w * (1 + assumptions.fsdp_prefetch_units)
         items.append((f"FSDP gathered blocks (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered))
         if stage.outside_blocks:

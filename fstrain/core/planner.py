@@ -177,22 +177,14 @@ def plan(
     plans.sort(key=_rank_key)
     rejected.sort(key=lambda p: (round(p.overshoot, 2), p.memory.peak, *_tie_key(p)))
     suggestions: tuple[str, ...] = ()
-    if not plans:  # what the closest would run at, had they fitted
-        rejected[:CLOSEST_TIMED] = [_timed(p, model, training, cluster, assumptions) for p in rejected[:CLOSEST_TIMED]]
+    if not plans and model.spec is not None:  # what the closest would run at, had they fitted
+        timer = _Evaluator(model, training, cluster, assumptions)
+        closest = rejected[:CLOSEST_TIMED]
+        rejected[:CLOSEST_TIMED] = [dataclasses.replace(p, time=timer.timing(p.knobs)) for p in closest]
     if not plans and suggest:
         suggestions = tuple(_suggest(model, training, cluster, pins, assumptions))
     bounded = cluster.bounded_by(training.precision, assumptions.mfu)
     return PlanResult(tuple(plans), tuple(rejected), suggestions, bounded, considered)
-
-
-def _timed(p: Plan, model: PlanModel, training: TrainingSpec, cluster: PlanCluster, assumptions: Assumptions) -> Plan:
-    """A configuration that does not fit, with the step time it would have if it did."""
-    if model.spec is None:
-        return p
-    timing = step_time(model.spec, rank_params(model, p.knobs), p.knobs,
-                       cluster.effective_flops(training.precision, assumptions.mfu),
-                       cluster.peak_flops(training.precision), cluster.links(), assumptions)
-    return dataclasses.replace(p, time=timing)
 
 
 def plan_file(result: PlanResult, model: PlanModel, cluster: PlanCluster, train_tokens: int | None = None) -> PlanFile:
@@ -372,10 +364,15 @@ class _Evaluator:
             overshoot = max(overshoot, memory.host_bytes_per_node / self.host_limit)
         if reason or m.spec is None:
             return Plan(knobs, memory, self.usable, None, reason, overshoot)
-        timing = step_time(
+        return Plan(knobs, memory, self.usable, self.timing(knobs), "", overshoot)
+
+    def timing(self, knobs: PlanKnobs) -> StepTime:
+        """The step time of ``knobs`` (the model's architecture must be known)."""
+        m = self.model
+        assert m.spec is not None
+        return step_time(
             m.spec, rank_params(m, knobs), knobs, self.effective, self.cluster_peak, self.links, self.assumptions
         )
-        return Plan(knobs, memory, self.usable, timing, "", overshoot)
 
 
 def _search(

@@ -141,7 +141,7 @@ def node_failure(backend: str, node_exit_code: int | None, root_cause: RankFailu
             rank = rank_offset + root_cause.local_rank
         return RankFailure(rank, root_cause.local_rank, root_cause.exit_code, root_cause.host)
     if root_cause is not None:  # the watchdog saw which rank exited first, and with what
-        return RankFailure(root_cause.rank, root_cause.local_rank, root_cause.exit_code, root_cause.host)
+        return root_cause
     return RankFailure(None, None, deepspeed_launcher_code(node_exit_code))
 
 

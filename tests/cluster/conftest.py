@@ -34,10 +34,9 @@ def _hosts_left_clean(request: pytest.FixtureRequest) -> Iterator[None]:
     stopped = stop_started_launches()
     if stopped:
         problems.append(f"the test left `fstrain launch` running (stopped now): {stopped}")
-    if stopped or job_processes(cluster):
-        try:
-            wait_until_none(lambda: job_processes(cluster), SETTLE_S)
-        except AssertionError:
-            problems.append(f"job processes outlived the test (killed now): {kill_job_processes(cluster)}")
+    try:  # returns at once when nothing is left
+        wait_until_none(lambda: job_processes(cluster), SETTLE_S)
+    except AssertionError:
+        problems.append(f"job processes outlived the test (killed now): {kill_job_processes(cluster)}")
     if problems:
         pytest.fail("; ".join(problems))

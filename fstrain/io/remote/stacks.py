@@ -107,18 +107,26 @@ def _environ(pid: int) -> dict[str, str]:
     return env
 
 
-def _parent(pid: int) -> int:
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``[0]`` is the state, field 3);
+    None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             stat = handle.read()
-        return int(stat[stat.rfind(")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split() or None
 
 
-def rank_processes(pids: list[int]) -> dict[int, int]:
-    """Global rank -> pid of the rank's own process (not its children, which inherit RANK)."""
-    ranks: dict[int, int] = {}
+def _parent(pid: int) -> int:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else 0
+
+
+def _rank_envs(pids: list[int]) -> dict[int, tuple[int, dict[str, str]]]:
+    """Global rank -> (pid, environment) of the rank's own process (not its children, which
+    inherit RANK)."""
+    ranks: dict[int, tuple[int, dict[str, str]]] = {}
     envs = {pid: _environ(pid) for pid in pids}
     for pid, env in envs.items():
         rank = env.get("RANK")
@@ -127,20 +135,25 @@ def rank_processes(pids: list[int]) -> dict[int, int]:
         parent = _parent(pid)
         if parent in envs and envs[parent].get("RANK") == rank:
             continue  # a data loader worker or other child of the rank
-        ranks[int(rank)] = pid
+        ranks[int(rank)] = (pid, env)
     return ranks
+
+
+def rank_processes(pids: list[int]) -> dict[int, int]:
+    """Global rank -> pid of the rank's own process (not its children, which inherit RANK)."""
+    return {rank: pid for rank, (pid, _) in _rank_envs(pids).items()}
+
+
+def _wait_status(fields: list[str]) -> int | None:
+    """A zombie's wait status (``exit_code``, field 52), else None."""
+    return int(fields[49]) if fields[0] == "Z" and len(fields) > 49 and fields[49].isdigit() else None
 
 
 def zombie_wait_status(pid: int) -> int | None:
     """The wait status of ``pid`` if it has exited and is not yet collected by its parent
     (state Z; ``exit_code``, field 52 of ``/proc/<pid>/stat``), else None."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            stat = handle.read()
-        fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3, the state
-        return int(fields[49]) if fields[0] == "Z" and len(fields) > 49 else None
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = _stat_fields(pid)
+    return _wait_status(fields) if fields else None
 
 
 class FirstFailedRank:
@@ -159,15 +172,15 @@ class FirstFailedRank:
     def poll(self, pids: list[int] | None) -> dict[str, Any] | None:
         """``pids``: live descendants, or None to check only the ranks already known."""
         if pids is not None:
-            for rank, pid in rank_processes(pids).items():
-                if pid not in self.known:
-                    local = _environ(pid).get("LOCAL_RANK", "")
-                    self.known[pid] = (rank, int(local) if local.isdigit() else None)
+            for rank, (pid, env) in _rank_envs(pids).items():
+                local = env.get("LOCAL_RANK", "")
+                self.known.setdefault(pid, (rank, int(local) if local.isdigit() else None))
         failed = []
         for pid, (rank, local_rank) in list(self.known.items()):
-            status = zombie_wait_status(pid)
+            fields = _stat_fields(pid)
+            status = _wait_status(fields) if fields else None
             if status is None:
-                if not os.path.exists(f"/proc/{pid}"):
+                if fields is None:  # gone (collected) before it was seen as a zombie
                     del self.known[pid]
                 continue
             del self.known[pid]
