@@ -48,6 +48,18 @@ def node_files(cluster: NamespaceCluster, run_dir: Path) -> list[dict]:
     return found
 
 
+def wait_finals(cluster: NamespaceCluster, run_dir: Path, timeout: float, nodes: int = 2) -> list[dict]:
+    """The run's final record as each of the first ``nodes`` nodes wrote it. A run reads as ended
+    once one node has the record; the others write their copy moments later."""
+    deadline = time.monotonic() + timeout
+    while True:
+        finals = [f.get("final") for f in node_files(cluster, run_dir)[:nodes]]
+        if all(finals) or time.monotonic() > deadline:
+            assert all(finals), f"no final record on every node after {timeout} s: {finals}"
+            return finals
+        time.sleep(1)
+
+
 def wait_state(home: Path, run_id: str, states: set[str], timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -89,7 +101,7 @@ def test_detached_training_outlives_the_client_and_is_followed_to_its_end(
     assert status["state"] == "succeeded" and status["exit_code"] == 0
     rank0 = status["nodes"][0]["ranks"][0]
     assert rank0["progress"]["step"] == 6 and rank0["progress"]["loss"] > 0
-    assert [f["final"]["state"] for f in node_files(cluster, run_dir)] == ["succeeded", "succeeded"]
+    assert [f["state"] for f in wait_finals(cluster, run_dir, 30)] == ["succeeded", "succeeded"]
     assert_no_job_processes(cluster, 10)
     assert json.loads(fstrain(home, "runs", "--json").stdout)["runs"] == []  # --all lists finished runs
     assert json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"][0]["state"] == "succeeded"
@@ -123,13 +135,7 @@ def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
     run_id = detach(cluster, home, run_dir, "--env", "FSTRAIN_TEST_FAULT=exit7", "--env", "FSTRAIN_TEST_FAULT_RANK=3",
                     "--", "python3", WORKER)
     # No client is connected: the nodes tear the job down themselves.
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        files = node_files(cluster, run_dir)
-        if all(f.get("final") for f in files):
-            break
-        time.sleep(2)
-    finals = [f["final"] for f in node_files(cluster, run_dir)]
+    finals = wait_finals(cluster, run_dir, 180)
     assert [(f["state"], f["exit_code"]) for f in finals] == [("failed", 7), ("failed", 7)]
     assert finals[0]["first_failure"] == {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None}
     assert_no_job_processes(cluster, GRACE_S + 5)
@@ -152,7 +158,7 @@ def test_a_detached_deepspeed_run_names_the_rank_that_failed(cluster: NamespaceC
                     "--env", "FSTRAIN_TEST_FAULT=segv", "--env", "FSTRAIN_TEST_FAULT_RANK=3", "--", "python3", WORKER)
     status = wait_state(home, run_id, {"failed", "succeeded", "stopped", "lost", "stalled"}, 180)
     assert (status["state"], status["exit_code"]) == ("failed", 139), status
-    finals = [f["final"] for f in node_files(cluster, run_dir)]
+    finals = wait_finals(cluster, run_dir, 30)
     assert finals[1]["first_failure"] == {"rank": 3, "local_rank": 1, "exit_code": 139, "signal": "SIGSEGV"}
     assert_no_job_processes(cluster, GRACE_S + 5)
 
@@ -183,12 +189,7 @@ def test_a_detached_run_with_a_blocked_rank_ends_stalled(
     hang = str(REPO / "tests" / "cluster" / "programs" / "hang.py")
     run_id = detach(cluster, home, run_dir, flag, "20s", "--env", "FSTRAIN_TEST_HANG_RANK=3",
                     "--env", f"FSTRAIN_TEST_OTHERS={others}", "--", "python3", hang)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if all(f.get("final") for f in node_files(cluster, run_dir)):
-            break
-        time.sleep(2)
-    final = node_files(cluster, run_dir)[1]["final"]
+    final = wait_finals(cluster, run_dir, 300)[1]
     assert (final["state"], final["exit_code"]) == ("stalled", 124)
     assert final["stall"]["odd_ranks"] == [3]
     if others == "collective":  # the three others wait in the same all_reduce
@@ -219,9 +220,9 @@ def test_a_node_cut_off_tears_the_detached_run_down(cluster: NamespaceCluster, t
         assert_no_job_processes(cluster, 4 + 2 * GRACE_S + 15)
     finally:
         subprocess.run(["ip", "link", "set", cluster.veth(2), "up"], check=True)
-    node1 = node_files(cluster, run_dir)[0]
-    assert (node1["final"]["state"], node1["final"]["exit_code"]) == ("lost", 255)
-    assert "node 1 was lost: no heartbeat for 4 s" in node1["final"]["reason"]
+    node1 = wait_finals(cluster, run_dir, 30, nodes=1)[0]
+    assert (node1["state"], node1["exit_code"]) == ("lost", 255)
+    assert "node 1 was lost: no heartbeat for 4 s" in node1["reason"]
     assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "lost"
 
 
