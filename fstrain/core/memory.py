@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.acpolicy import checkpointed_blocks, recomputes
+from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, recomputes
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.buckets import bucket_sizes
 from fstrain.core.modelsize import ParamCount
@@ -293,6 +293,64 @@ def layer_activation_bytes(
     return replicated // split_replicated + sharded // tp
 
 
+# How long the compute-dtype weight gradients autograd writes stay on the GPU: FSDP keeps a
+# block's until the block's backward ends (then copies them for the reduce-scatter); DeepSpeed
+# ZeRO-2/3 copies each into its reduce bucket from the parameter's gradient hook; DDP's and
+# ZeRO-1's gradients are a buffer that stays (counted with the model states).
+WEIGHT_GRADS_IN_FLIGHT = {"fsdp-full": "block", "fsdp-grad-op": "block", "fsdp-hybrid": "block",
+                          "zero2": "each", "zero3": "each"}
+
+
+def block_backward_extra_bytes(
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int = 1,
+    precision: str = "bf16",
+    sequence_parallel: bool = True,
+    weight_grads: str = "block",
+) -> int:
+    """What one block's backward holds at its highest point beyond the tensors it saved (the
+    ``none`` set, recomputed or kept): the gradient arriving from the next block, the gradients
+    of its intermediate tensors, the fp32 temporaries of an eager RMSNorm's backward, and the
+    weights' gradients in the compute dtype while they wait to be reduced (``weight_grads``:
+    ``block`` keeps a whole block's, ``each`` one weight's at a time, ``none`` none in flight).
+    Followed op by op on PyTorch's eager kernels (fake tensors, the bundled trainer's block);
+    the peak is at one of two points:
+
+    - in the FFN's backward, after the down projection: its weight gradient, the gradient of its
+      input, and (SwiGLU) the gradients of the gate and up outputs;
+    - SwiGLU with RMSNorm: in the second norm's backward, after the FFN: the FFN weights'
+      gradients, the FFN's saved tensors freed, two hidden-wide input gradients (gate and up
+      projections) and three fp32 hidden-wide temporaries of the norm's backward.
+
+    Wide, short blocks (Llama 3.1 405B at 8K tokens) peak at the second point, narrow ones with
+    many tokens (8B) at the first. ``fstrain plan --trace`` checks both against PyTorch.
+    """
+    a = weight_bytes(precision)
+    tokens = seq_len * micro_batch
+    split = tp if (sequence_parallel and tp > 1) else 1
+    ffn = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
+    hidden = tokens * model.hidden_size * a // split  # one hidden-wide tensor
+    wide = tokens * ffn * a // tp  # one FFN-wide tensor
+    weight = model.hidden_size * ffn * a // tp if weight_grads != "none" else 0  # one FFN weight's gradient
+    if model.activation != "swiglu":
+        return hidden + wide + weight
+    kept = weight if weight_grads == "block" else 0  # the down projection's, while its input's flow on
+    in_ffn = hidden + max(weight + wide, kept + 2 * wide)
+    if model.norm != "rmsnorm":
+        return in_ffn
+    fp32_hidden = tokens * model.hidden_size * 4 // split
+    ffn_weights = 3 * weight if weight_grads == "block" else 0
+    in_norm = hidden + ffn_weights - 4 * wide + 2 * hidden + 3 * fp32_hidden
+    return max(in_ffn, in_norm)
+
+
+# Buffers holding one block's gradient for its reduction, which only exist from the second
+# block's backward on (see _moments).
+BLOCK_REDUCE_ITEMS = ("FSDP unsharded gradient (one block)", "FSDP unsharded gradient (one unit)")
+
+
 def stage_activation_bytes(
     model: ModelSpec,
     stage: StageShape,
@@ -325,6 +383,16 @@ def stage_activation_bytes(
         # A recomputed block's backward rebuilds what it did not keep.
         working = per_layer("none") - (per_layer(ac) if ac == "selective-op" else 0)
         items.append(("recompute working set (one layer)", working))
+    items.append((
+        "backward temporaries (one block)",
+        block_backward_extra_bytes(model, knobs.micro_batch_size, knobs.seq_len, knobs.tp, knobs.precision,
+                                   assumptions.sequence_parallel, WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none")),
+    ))
+    if stage.has_head and knobs.strategy.startswith("fsdp"):
+        # FSDP2 reduce-scatters the root unit's gradients after the whole backward, so the head's
+        # weight gradient (compute dtype) is live through every block's backward.
+        head = (model.vocab_size * model.hidden_size // knobs.tp + model.hidden_size) * weight_bytes(knobs.precision)
+        items.append(("FSDP root unit's gradient (head, compute dtype)", head))
     if stage.has_head:
         logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
         per_logit = loss_bytes_per_logit(knobs.loss, knobs.precision, assumptions)
@@ -561,6 +629,7 @@ def _stage_breakdown(
             memo,
             (
                 "activations",
+                k.strategy,
                 stage,
                 k.micro_batch_size,
                 k.seq_len,
@@ -586,7 +655,14 @@ def _stage_breakdown(
     fsdp = k.strategy.startswith("fsdp")
     compute_gradients = 0 if fsdp and k.grad_accum_steps == 1 else states.gradients
     step_items = [*persistent, *optimizer_step_items(k, states)]
-    moments = _moments(activation_items, buffers, backward_buffers, step_items)
+    first_block_stored = 0
+    if model is not None and stage.layers:
+        last = k.activation_checkpointing
+        if every_k(last) > 1:
+            last = "full" if block_is_checkpointed(last, stage.layers - 1) else "none"
+        first_block_stored = layer_activation_bytes(model, k.micro_batch_size, k.seq_len, k.tp, last,
+                                                    k.flash_attention, k.precision, assumptions.sequence_parallel)
+    moments = _moments(activation_items, buffers, backward_buffers, step_items, first_block_stored)
     communicators = communicator_count(k)
     fixed = assumptions.cuda_context_bytes + communicators * assumptions.nccl_bytes_per_communicator
 
@@ -603,7 +679,8 @@ def _stage_breakdown(
     phase, live_items = moments[chosen]
     gradients = states.gradients if phase == "optimizer step" else compute_gradients
     live = lives[chosen]
-    activation_names = {name for name, _ in activation_items}
+    activation_names = {name for name, _ in activation_items} | {name for name, _ in live_items
+                                                                 if name.startswith("activations (")}
     activations = sum(v for name, v in live_items if name in activation_names)
     buffer_total = sum(v for name, v in live_items if name not in activation_names)
     fragmentation = int(live * assumptions.fragmentation_fraction)
@@ -639,6 +716,7 @@ def _moments(
     buffers: list[tuple[str, int]],
     backward_buffers: list[tuple[str, int]],
     step_items: list[tuple[str, int]],
+    first_block_stored: int = 0,
 ) -> list[tuple[str, list[tuple[str, int]]]]:
     """What is live besides the model states at each moment that can hold the peak.
 
@@ -647,14 +725,26 @@ def _moments(
     ``backward``: the stored activations (all of them at its start), a recomputed block's working
     set, those buffers and the ones only backward allocates (DeepSpeed's reduce buckets).
     ``optimizer step``: the activations are freed; the update's temporaries. Items of different
-    moments are never added together.
+    moments are never added together. ``first_block_stored``: what the block whose backward
+    comes first stored (freed when its gradient is reduced: FSDP's per-block reduce-scatter).
     """
     stored = activation_items[:1]
     logits = [item for item in activation_items[1:] if item[0] == LOGITS_ITEM]
     working = [item for item in activation_items[1:] if item[0] != LOGITS_ITEM]
+    backward = [*stored, *working, *buffers, *backward_buffers]
+    reduce = [item for item in buffers if item[0] in BLOCK_REDUCE_ITEMS]
+    if reduce and stored and first_block_stored:
+        # The first block's backward has no gradient to reduce yet; from the second on, the
+        # previous block's unsharded gradient is being reduced but that block's activations are
+        # freed. Whichever is higher is the backward peak.
+        first = [*stored, *working, *[b for b in buffers if b not in reduce], *backward_buffers]
+        name, value = stored[0]
+        later = [(f"{name} less one block's, freed", value - first_block_stored), *working, *buffers,
+                 *backward_buffers]
+        backward = max(first, later, key=lambda items: sum(v for _, v in items))
     moments = [
         ("loss", [*stored, *logits, *buffers]),
-        ("backward", [*stored, *working, *buffers, *backward_buffers]),
+        ("backward", backward),
         ("optimizer step", list(step_items)),
     ]
     return moments if logits else moments[1:]

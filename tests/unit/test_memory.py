@@ -9,6 +9,7 @@ import pytest
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.memory import (
     GIB,
+    block_backward_extra_bytes,
     communicator_count,
     host_bytes_per_node,
     layer_activation_bytes,
@@ -264,7 +265,10 @@ def test_pipeline_first_stage_holds_in_flight_micro_batches() -> None:
     knobs = tiny_knobs(strategy="zero1", zero_stage=1, dp=2, pp=4, shard_group_size=2, grad_accum_steps=16)
     memory = memory_breakdown(LLAMA_8B, params, params.total, knobs, 8)
     per_layer = layer_activation_bytes(LLAMA_8B, 2, 8192)
-    first, last = 8 * 4 * per_layer, 8 * per_layer + 2 * 8192 * 128256 * 10
+    # The first stage's backward: 4 micro-batches of 8 layers and one block's backward
+    # temporaries (ZeRO-1's gradients are a buffer that stays: no weight gradients in flight).
+    in_flight = block_backward_extra_bytes(LLAMA_8B, 2, 8192, weight_grads="none")
+    first, last = 8 * 4 * per_layer + in_flight, 8 * per_layer + 2 * 8192 * 128256 * 10
     assert memory.activations == max(first, last)
     fewer = tiny_knobs(strategy="zero1", zero_stage=1, dp=2, pp=4, shard_group_size=2, grad_accum_steps=2)
     assert memory_breakdown(LLAMA_8B, params, params.total, fewer, 8).activations < memory.activations

@@ -36,31 +36,37 @@ DS_DEFAULT_BUCKETS = Assumptions(reduce_bucket_elements=500_000_000)
 V100_32GB_USABLE = 31.7 * GIB
 
 
-def test_zero2_offload_tutorial_fits_because_its_transients_never_meet() -> None:
+def test_zero2_offload_tutorial_charges_each_transient_at_its_own_moment() -> None:
     params = count_parameters(GPT2_10B)
     m = memory_breakdown(GPT2_10B, params, params.total, TUTORIAL, 1, DS_DEFAULT_BUCKETS)
     items = dict(m.details)
     stored = 50 * 1024 * 10 * 4096 * 2  # each block's fp16 input
     logits = 1024 * 10 * 50304 * 10  # full loss: fp16 logits + fp32 copy + fp32 gradient
     working = layer_activation_bytes(GPT2_10B, 10, 1024, ac="none", flash_attention=False, precision="fp16")
+    # The FFN's backward: the gradient from the next block, the gradient of the down projection's
+    # input and that projection's weight gradient until its hook copies it to the bucket.
+    in_flight = 10 * 1024 * 4096 * 2 + 10 * 1024 * 16384 * 2 + 4096 * 16384 * 2
     buckets = 2 * 2 * 500_000_000  # overlap_comm double-buffers the fp16 reduce bucket
     staging = 2 * params.largest_module  # temp_grad_buffer_for_gpu_offload
     weights = model_states(params.total, "zero2", 1, "fp16", "adamw", "optimizer").total
     assert weights == 2 * params.total  # gradients and optimizer states live on the host
     live = {
         "loss": weights + stored + logits + staging,
-        "backward": weights + stored + working + staging + buckets,
+        "backward": weights + stored + working + in_flight + staging + buckets,
         "optimizer step": weights + staging,  # DeepSpeed's fused Adam runs on the host
     }
     overhead = 512 << 20  # CUDA context; one GPU: no NCCL communicator
     expected = {name: value + overhead + int(value * 0.10) for name, value in live.items()}
     assert dict(m.moments) == expected
-    assert m.phase == "loss" and m.peak == expected["loss"] == max(expected.values())
-    assert items["logits and loss"] == logits and "DeepSpeed reduce buckets (2, overlap_comm)" not in items
-    # Charging the logits, the recompute working set and the buckets at once (as if they met) would
-    # not fit the V100; the moments do.
-    summed = weights + stored + logits + working + buckets + staging
-    assert summed + overhead + int(summed * 0.10) > V100_32GB_USABLE > m.peak
+    assert m.phase == "backward" and m.peak == expected["backward"] == max(expected.values())
+    assert items["backward temporaries (one block)"] == in_flight and "logits and loss" not in items
+    # Charging the logits, the recompute working set and the buckets at once (as if they met)
+    # would be 3 GiB more. The run trained on the 31.7 GiB the V100 leaves; the backward moment is
+    # 0.4 GiB over it, inside the 2.9 GiB fragmentation allowance (the accuracy harness lists
+    # this verdict as a known disagreement).
+    summed = weights + stored + logits + working + in_flight + buckets + staging
+    assert summed + overhead + int(summed * 0.10) - m.peak > 2.5 * GIB
+    assert 0 < m.peak - V100_32GB_USABLE < 0.5 * GIB
 
 
 def test_backward_moment_carries_the_reduce_buckets() -> None:
