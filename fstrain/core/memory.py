@@ -17,7 +17,8 @@ Four parts, each a function that can be tested alone:
   logits/loss spike.
 - transient buffers (:func:`buffer_items`, :func:`backward_buffer_items`): DDP buckets, DeepSpeed
   reduce buckets and offload staging, ZeRO-3 gathered layer + prefetch, FSDP unsharded units +
-  prefetch, pipeline send/recv.
+  prefetch (the whole stage, with unsharded gradients, under pipeline parallelism:
+  :func:`pipeline_fsdp_gradient_bytes`), pipeline send/recv.
 - moments (:func:`_moments`): the peak is the highest of the end of forward (logits and loss),
   backward and the optimizer step, each charging only what is live then.
 - overhead: CUDA context, NCCL communicators, allocator fragmentation.
@@ -39,6 +40,7 @@ from fstrain.core.planfile import ModelSpec, PlanKnobs
 
 GIB = 1 << 30
 LOGITS_ITEM = "logits and loss"  # the activation item of the loss moment (see _moments)
+PP_GATHERED_ITEM = "FSDP stage parameters, gathered across micro-batches (pp > 1)"
 
 STRATEGY_LABELS = {
     "ddp": "DDP",
@@ -375,6 +377,16 @@ def buffer_items(
         items.append(
             ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)
         )
+    elif strategy in ("fsdp-full", "fsdp-hybrid") and knobs.pp > 1:
+        # Under pipeline parallelism torchtitan shards each stage with reshard_after_forward=False
+        # (parallelize.py: `reshard_after_forward = not pp_enabled`), and torch's pipeline stage
+        # runs every micro-batch's backward with set_reshard_after_backward(False) until
+        # perform_reduce_grad after the last one (torch/distributed/pipelining/stage.py): the whole
+        # stage stays gathered in the compute dtype through forward and backward.
+        items.append((PP_GATHERED_ITEM, stage.params * w))
+        items.append(
+            ("FSDP unsharded gradient (one block)", stage.block * assumptions.fsdp_reduce_bytes_per_element)
+        )
     elif strategy in ("fsdp-full", "fsdp-hybrid"):
         # Each block is its own unit; the root unit (embeddings, final norm, head) is not resharded
         # after forward (FSDP2 keeps the root gathered for the backward that follows), so it is
@@ -442,6 +454,23 @@ def optimizer_step_items(knobs: PlanKnobs, states: ModelStates) -> list[tuple[st
     if knobs.optimizer != "adamw" or knobs.offload != "none" or knobs.strategy.startswith("zero"):
         return []
     return [("AdamW foreach temporaries", states.optimizer_states // 2)]
+
+
+def pipeline_fsdp_gradient_bytes(stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> int:
+    """FSDP gradients live during forward and backward of a pipeline stage (pp > 1).
+
+    torch's pipeline stage (torch/distributed/pipelining/stage.py, ``backward_maybe_with_nosync``)
+    runs each micro-batch's backward with ``set_requires_gradient_sync(False)``: FSDP2 keeps the
+    stage's gradients unsharded, accumulated in the reduce dtype (``to_accumulated_grad_if_needed``
+    in _fsdp_param.py), and reduce-scatters them once, in ``perform_reduce_grad`` after the last
+    micro-batch. They are live while the stage holds another micro-batch's activations, that is
+    when it runs more micro-batches than it keeps in flight: always on the last stage (one in
+    flight) once m > 1, on the first stage once m > pp. With one micro-batch the gradients grow
+    while the activations are freed, so they are not added to the activation peak.
+    """
+    if knobs.grad_accum_steps <= stage.in_flight:
+        return 0
+    return stage.params * assumptions.fsdp_reduce_bytes_per_element
 
 
 def communicator_count(knobs: PlanKnobs) -> int:
@@ -585,6 +614,8 @@ def _stage_breakdown(
     # and DDP's gradient buffers are allocated once and stay.
     fsdp = k.strategy.startswith("fsdp")
     compute_gradients = 0 if fsdp and k.grad_accum_steps == 1 else states.gradients
+    if fsdp and k.pp > 1:
+        compute_gradients = pipeline_fsdp_gradient_bytes(stage, k, assumptions)
     step_items = [*persistent, *optimizer_step_items(k, states)]
     moments = _moments(activation_items, buffers, backward_buffers, step_items)
     communicators = communicator_count(k)

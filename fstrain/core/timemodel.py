@@ -274,6 +274,16 @@ def _data_parallel_time(
         hidden, window, exposed_only = move(w, count=m), 2 / 3 * all_compute, move(w)
     elif strategy == "zero3":
         hidden, window = move(3 * w, count=m, passes=3), all_compute
+    elif strategy.startswith("fsdp") and knobs.pp > 1:
+        # Under PP the stage stays gathered across micro-batches (reshard_after_forward=False in
+        # torchtitan) and reduces its gradients once, after the last micro-batch's backward
+        # (torch.distributed.pipelining's perform_reduce_grad): one all-gather a step, prefetched
+        # block by block behind the first micro-batch's forward, and one exposed reduce-scatter.
+        hidden, window, exposed_only = move(w), compute_mb / 3, move(red)
+        if strategy == "fsdp-hybrid":
+            replicas = d // group
+            across = group_bandwidth(replicas, t * group, links) * eff
+            exposed_only += move(2 * red / group, size=replicas, bw=across)
     elif strategy == "fsdp-grad-op":
         hidden, window = move(w + red, count=m, passes=2), all_compute
     else:  # fsdp-full, fsdp-hybrid
