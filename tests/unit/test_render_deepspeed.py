@@ -329,9 +329,8 @@ def test_which_deepspeed_optimizer_wraps_a_bf16_plan(
     picks it for ZeRO-1 with ``data_types.grad_accum_dtype: fp32`` or for stage 0 under its
     pipeline engine. fstrain renders neither for a zero1 plan (so the planner's zero1 is the ZeRO
     optimizer's 2 + 2 + 16/N); a ddp plan's primary file is fsdp.yaml (torch DDP)."""
-    import torch
-
     import deepspeed.runtime.engine  # noqa: F401  (the module the wrapper is picked in)
+    import torch
 
     rendered = render_deepspeed(make_plan(strategy, dp=2, pp=pp, precision="bf16")).config
     if grad_accum_dtype:
