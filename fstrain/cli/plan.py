@@ -87,7 +87,7 @@ def plan_command(
         "1f1b on DeepSpeed (zero1).",
     ),
     pp_virtual_stages: int | None = typer.Option(
-        None, "--pp-virtual-stages", metavar="V",
+        None, "--pp-virtual-stages",
         help="Model chunks per pipeline rank for --pp-schedule interleaved (default 2).",
     ),
     offload: str | None = typer.Option(None, "--offload", help="Pin CPU offload: none, optimizer, optimizer+params."),
