@@ -16,11 +16,11 @@ Three schedules (``planfile.PP_SCHEDULES``), each with its source:
   schedules.py: rank ``r`` runs ``2 (p - r - 1) + (v - 1) p`` warm-up chunks, plus one in the
   steady state; with ``m == p`` every chunk of every micro-batch is in flight at once).
 - ``zero-bubble``: ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv 2401.10241,
-  section 3.1): the backward is split into the input gradient (B) and the weight gradient (W),
-  and W passes fill the bubble, which falls from ``(p - 1)(T_F + T_B + T_W)`` to
+  section 2.1, "memory efficient schedule"): the backward is split into the input gradient (B)
+  and the weight gradient (W), and W passes fill the bubble, which falls from ``(p - 1)(T_F + T_B + T_W)`` to
   ``(p - 1)(T_F + T_B - T_W)``: a third of 1F1B's with ``T_F = T_B = T_W``. Its peak
   activation memory is 1F1B's (the paper's ZB-H1 holds at most ``p`` micro-batches; ZB-H2,
-  which removes the bubble, needs about twice that and is not modelled). torch implements it as
+  which removes the bubble, holds up to ``2p - 1`` and is not modelled). torch implements it as
   ``ScheduleInterleavedZeroBubble`` ("the ZB1P schedule in the paper").
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-ZB_H1_BUBBLE_FRACTION = 1 / 3  # of 1F1B's bubble, with T_F = T_B = T_W (Qi et al. 2023, section 3.1)
+ZB_H1_BUBBLE_FRACTION = 1 / 3  # of 1F1B's bubble, with T_F = T_B = T_W (Qi et al. 2023, section 2.1)
 
 
 def bubble_slots(schedule: str, pp: int, virtual_stages: int = 1) -> float:

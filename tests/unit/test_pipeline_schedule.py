@@ -36,7 +36,7 @@ def test_interleaving_divides_the_bubble_and_multiplies_the_traffic_by_v(pp: int
     assert bubble_slots("1f1b", pp) == pp - 1
     assert bubble_slots("interleaved", pp, v) == pytest.approx((pp - 1) / v)
     assert boundary_crossings("interleaved", v) == v and boundary_crossings("1f1b") == 1
-    # Qi et al. 2023 (arXiv 2401.10241) section 3.1 with T_F = T_B = T_W: 1F1B idles
+    # Qi et al. 2023 (arXiv 2401.10241) section 2.1 with T_F = T_B = T_W: 1F1B idles
     # (p - 1)(T_F + T_B + T_W) = 3(p - 1)T, ZB-H1 (p - 1)(T_F + T_B - T_W) = (p - 1)T.
     assert bubble_slots("zero-bubble", pp) == pytest.approx((pp - 1) * (1 + 1 - 1) / (1 + 1 + 1))
     assert bubble_slots("zero-bubble", 1) == bubble_slots("interleaved", 1, v) == 0.0
