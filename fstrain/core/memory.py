@@ -12,9 +12,10 @@ Four parts, each a function that can be tested alone:
   al. 2022 per layer, generalised to GQA, SwiGLU, MoE and no dropout; FlashAttention removes the
   s^2 terms; Megatron's selective recompute drops the attention core, op-level selective AC
   keeps every other matmul output and the attention output, full recompute keeps each layer's
-  input, every-k:N does that for every N-th layer; tensor (+ sequence) parallel divides; 1F1B
-  keeps ``min(pp, micro-batches)`` in flight on the first stage; the last stage adds the
-  logits/loss spike.
+  input, every-k:N does that for every N-th layer; tensor (+ sequence) parallel divides; the
+  pipeline schedule sets what each rank keeps in flight (1F1B and ZB-H1 ``min(pp, micro-batches)``
+  on the first stage, interleaved Megatron's warm-up: :mod:`fstrain.core.pipeline`); the last
+  stage adds the logits/loss spike.
 - transient buffers (:func:`buffer_items`, :func:`backward_buffer_items`): DDP buckets, DeepSpeed
   reduce buckets and offload staging, ZeRO-3 gathered layer + prefetch, FSDP unsharded units +
   prefetch (the whole stage, with unsharded gradients, under pipeline parallelism:
