@@ -76,18 +76,20 @@ def schedule_label(schedule: str, virtual_stages: int = 1) -> str:
 
 
 def schedule_problem(schedule: str, pp: int, micro_batches: int, num_layers: int, virtual_stages: int = 1) -> str:
-    """Why ``schedule`` cannot run this pipeline ('' when it can), as torch's schedules check it."""
+    """Why ``schedule`` cannot run this pipeline as modelled ('' when it can): interleaved and ZB-H1
+    need a steady state (at least pp micro-batches) and torch's round rule; 1F1B takes any count
+    (DeepSpeed's engine runs fewer micro-batches than stages)."""
     if pp <= 1:
         return "" if schedule == "1f1b" else f"the {schedule} schedule needs a pipeline (pp > 1)"
     if schedule == "1f1b":
         return ""
     if micro_batches < pp:
         return f"{micro_batches} micro-batch(es) for {pp} stages: the {schedule} schedule needs at least pp"
-    if schedule == "interleaved":
-        if pp * virtual_stages > num_layers:
-            return f"pp={pp} x {virtual_stages} virtual stages is more than the {num_layers} layers"
-        rounds = max(1, micro_batches // pp)
-        if micro_batches % rounds:
-            # torch's ScheduleInterleaved1F1B: micro-batches must be a multiple of the rounds.
-            return f"{micro_batches} micro-batches are not a multiple of {rounds} rounds of {pp}"
+    if schedule == "interleaved" and pp * virtual_stages > num_layers:
+        return f"pp={pp} x {virtual_stages} virtual stages is more than the {num_layers} layers"
+    rounds = max(1, micro_batches // pp)
+    if micro_batches % rounds:
+        # torch's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble: micro-batches must be a
+        # multiple of the rounds of pp.
+        return f"{micro_batches} micro-batches are not a multiple of {rounds} rounds of {pp}"
     return ""

@@ -68,6 +68,8 @@ def test_layers_per_rank_and_what_a_schedule_needs() -> None:
     # torch's ScheduleInterleaved1F1B: micro-batches a multiple of max(1, m // p) rounds.
     assert schedule_problem("interleaved", 4, 12, 32, 2) == ""
     assert "not a multiple of 2 rounds" in schedule_problem("interleaved", 4, 9, 32, 2)
+    assert "not a multiple of 2 rounds" in schedule_problem("zero-bubble", 4, 9, 32)  # ScheduleInterleavedZeroBubble
+    assert schedule_problem("1f1b", 4, 9, 32) == ""
     assert "needs a pipeline" in schedule_problem("interleaved", 1, 8, 32, 2)
 
 
