@@ -498,8 +498,10 @@ def _search(
             for group in _shard_groups(strategy, dp, tp, cluster, pins):
                 failed: set[tuple[str, str, tuple[str, int]]] = set()
                 for mbs, gas in batches:
-                    layers = model.spec.num_layers if model.spec else 1
-                    for schedule in _schedules(pins, strategy, pp, gas, layers):
+                    # Without an architecture there is no step time for a schedule to change.
+                    schedules = _schedules(pins, strategy, pp, gas, model.spec.num_layers) if model.spec else [
+                        ("1f1b", 1)]
+                    for schedule in schedules:
                         for ac in acs:
                             if ac == "selective-op" and strategy == "zero3":
                                 continue  # DeepSpeed ZeRO-3 cannot replay op-level checkpointing
