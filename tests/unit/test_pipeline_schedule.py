@@ -141,7 +141,8 @@ def test_the_search_tries_schedules_only_with_a_pipeline() -> None:
     assert {p.knobs.pp_schedule for p in (*flat.plans, *flat.rejected)} == {"1f1b"}
     counted = plan(PlanModel(model.num_params), TrainingSpec(8192, None), cluster,
                    Pins(strategy="fsdp-full", pp=2, micro_batch_size=1, grad_accum_steps=8))
-    assert {p.knobs.pp_schedule for p in counted.plans} == {"1f1b"}  # no architecture, no step time to change
+    # No architecture, no step time for a schedule to change.
+    assert {p.knobs.pp_schedule for p in (*counted.plans, *counted.rejected)} == {"1f1b"}
     four = plan(model, training, cluster, dataclasses.replace(pinned, pp_schedule="interleaved", pp_virtual_stages=4))
     [chosen] = four.plans
     assert (chosen.knobs.pp_schedule, chosen.knobs.pp_virtual_stages) == ("interleaved", 4)
