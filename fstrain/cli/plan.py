@@ -80,6 +80,16 @@ def plan_command(
     tp: int | None = typer.Option(None, "--tp", min=1, help="Pin the tensor-parallel degree."),
     pp: int | None = typer.Option(None, "--pp", min=1, help="Pin the pipeline-parallel degree."),
     shard_group_size: int | None = typer.Option(None, "--shard-group-size", min=1, help="Pin the fsdp-hybrid group."),
+    pp_schedule: str | None = typer.Option(
+        None, "--pp-schedule",
+        help="Pin the pipeline schedule: 1f1b, interleaved (interleaved 1F1B, with --pp-virtual-stages) or "
+        "zero-bubble (ZB-H1). Default with --pp > 1: zero-bubble where torch runs the pipeline (ddp, fsdp-*), "
+        "1f1b on DeepSpeed (zero1).",
+    ),
+    pp_virtual_stages: int | None = typer.Option(
+        None, "--pp-virtual-stages",
+        help="Model chunks per pipeline rank for --pp-schedule interleaved (default 2).",
+    ),
     offload: str | None = typer.Option(None, "--offload", help="Pin CPU offload: none, optimizer, optimizer+params."),
     train_tokens: str | None = typer.Option(None, "--train-tokens", help="Token budget for time to train (2e12, 15T)."),
     mfu: float | None = typer.Option(None, "--mfu", min=0.01, max=1.0, help="Achievable MFU (default per GPU type)."),
@@ -139,7 +149,8 @@ def plan_command(
         train_tokens,
         loss,
     )
-    pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload)
+    pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
+                        pp_schedule, pp_virtual_stages)
     cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed,
                               gpu_memory, gpu_tflops)
     base = Assumptions()
@@ -305,6 +316,8 @@ def resolve_pins(
     grad_accum: int | None,
     ac: str | None,
     offload: str | None,
+    pp_schedule: str | None = None,
+    pp_virtual_stages: int | None = None,
 ) -> Pins:
     from fstrain.core.acpolicy import parse_ac
     from fstrain.core.planfile import OFFLOAD, STRATEGIES
@@ -333,7 +346,24 @@ def resolve_pins(
         grad_accum_steps=grad_accum,
         activation_checkpointing=parse_ac(ac, "--ac") if ac else None,
         offload=_choice(offload, OFFLOAD, "--offload") if offload else None,
+        pp_schedule=_pp_schedule(pp_schedule) if pp_schedule is not None else None,
+        pp_virtual_stages=pp_virtual_stages,
     )
+
+
+def _pp_schedule(value: str) -> str:
+    """--pp-schedule, with the names torchtitan and the papers use for the same schedules."""
+    from fstrain.core.planfile import PP_SCHEDULES
+    from fstrain.errors import InputError
+
+    aliases = {"interleaved-1f1b": "interleaved", "interleaved1f1b": "interleaved", "zb-h1": "zero-bubble",
+               "zbh1": "zero-bubble", "zero-bubble-h1": "zero-bubble"}
+    chosen = aliases.get(value.lower(), value.lower())
+    if chosen not in PP_SCHEDULES:
+        raise InputError(f"{value!r} is not a pipeline schedule",
+                         f"use one of {', '.join(PP_SCHEDULES)} (interleaved takes --pp-virtual-stages V)",
+                         "--pp-schedule")
+    return chosen
 
 
 def resolve_cluster(

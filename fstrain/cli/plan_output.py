@@ -146,17 +146,24 @@ def _plans_table(plans: tuple[Plan, ...], training: TrainingSpec, fitting: bool)
     from rich import box
     from rich.table import Table
 
+    from fstrain.core.pipeline import schedule_label
+
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
     numeric = ("#", "tp", "pp", "dp", "mbs", "gas", "GiB", "tokens/s", "MFU", "step s", "to train",
                "tokens/s if it fit")
-    columns = ["#", "strategy", "tp", "pp", "dp", "mbs", "gas", "AC", "offload", "GiB"]
+    pipelined = any(p.knobs.pp > 1 for p in plans)  # the schedule column only when a pipeline is shown
+    columns = ["#", "strategy", "tp", "pp", *(["schedule"] if pipelined else []), "dp", "mbs", "gas", "AC",
+               "offload", "GiB"]
     columns += ["tokens/s", "MFU", "step s", "to train"] if fitting else ["tokens/s if it fit", "why it does not fit"]
     for name in columns:
         table.add_column(name, justify="right" if name in numeric else "left", no_wrap=name != "why it does not fit")
     for index, p in enumerate(plans, 1):
         k = p.knobs
         label = _SHORT_STRATEGY[k.strategy] + (f" g{k.shard_group_size}" if k.strategy == "fsdp-hybrid" else "")
-        row = [str(index), label, str(k.tp), str(k.pp), str(k.dp), str(k.micro_batch_size), str(k.grad_accum_steps)]
+        row = [str(index), label, str(k.tp), str(k.pp)]
+        if pipelined:
+            row.append(schedule_label(k.pp_schedule, k.pp_virtual_stages) if k.pp > 1 else "-")
+        row += [str(k.dp), str(k.micro_batch_size), str(k.grad_accum_steps)]
         row += [k.activation_checkpointing, _SHORT_OFFLOAD[k.offload], f"{p.memory.peak / GIB:.1f}"]
         if fitting and p.time is not None:
             to_train = duration(p.time.seconds_for(training.train_tokens)) if training.train_tokens else "-"

@@ -12,12 +12,14 @@ Four parts, each a function that can be tested alone:
   al. 2022 per layer, generalised to GQA, SwiGLU, MoE and no dropout; FlashAttention removes the
   s^2 terms; Megatron's selective recompute drops the attention core, op-level selective AC
   keeps every other matmul output and the attention output, full recompute keeps each layer's
-  input, every-k:N does that for every N-th layer; tensor (+ sequence) parallel divides; 1F1B
-  keeps ``min(pp, micro-batches)`` in flight on the first stage; the last stage adds the
-  logits/loss spike.
+  input, every-k:N does that for every N-th layer; tensor (+ sequence) parallel divides; the
+  pipeline schedule sets what each rank keeps in flight (1F1B and ZB-H1 ``min(pp, micro-batches)``
+  on the first stage, interleaved Megatron's warm-up: :mod:`fstrain.core.pipeline`); the last
+  stage adds the logits/loss spike.
 - transient buffers (:func:`buffer_items`, :func:`backward_buffer_items`): DDP buckets, DeepSpeed
   reduce buckets and offload staging, ZeRO-3 gathered layer + prefetch, FSDP unsharded units +
-  prefetch, pipeline send/recv.
+  prefetch (the whole stage, with unsharded gradients, under pipeline parallelism:
+  :func:`pipeline_fsdp_gradient_bytes`), pipeline send/recv.
 - moments (:func:`_moments`): the peak is the highest of the end of forward (logits and loss),
   backward and the optimizer step, each charging only what is live then.
 - overhead: CUDA context, NCCL communicators, allocator fragmentation.
@@ -27,7 +29,6 @@ Every number that is not arithmetic comes from :class:`~fstrain.core.assumptions
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +36,12 @@ from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, ev
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.buckets import bucket_sizes
 from fstrain.core.modelsize import ParamCount
+from fstrain.core.pipeline import in_flight_chunks, layers_per_rank
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
 GIB = 1 << 30
 LOGITS_ITEM = "logits and loss"  # the activation item of the loss moment (see _moments)
+PP_GATHERED_ITEM = "FSDP stage parameters, gathered across micro-batches (pp > 1)"
 
 STRATEGY_LABELS = {
     "ddp": "DDP",
@@ -169,18 +172,30 @@ class StageShape:
     largest_layer: int  # biggest single module on this rank (DeepSpeed's "largest layer")
     fsdp_unit: int  # biggest FSDP unit on this rank (a block, or the embedding / head)
     has_head: bool  # the stage computes the logits and the loss
-    in_flight: int  # micro-batches whose activations it holds at once (1F1B)
+    in_flight: int  # (micro-batch, model chunk) pairs whose activations it holds at once
     outside_blocks: int = 0  # embeddings, final norm and head on this rank: FSDP2's root unit
     block: int = 0  # one transformer block on this rank (0 when the architecture is not known)
+    chunks: int = 1  # model chunks on this rank (the interleaved schedule's virtual stages)
 
 
-def stage_shapes(params: ParamCount, tp: int, pp: int, micro_batches: int, tied: bool) -> list[StageShape]:
-    """The first and (when pp > 1) last pipeline stage; the middle ones are never heavier.
+def stage_shapes(
+    params: ParamCount,
+    tp: int,
+    pp: int,
+    micro_batches: int,
+    tied: bool,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+) -> list[StageShape]:
+    """The first and (when pp > 1) last pipeline rank; the middle ones are never heavier.
 
-    Layers split as evenly as they can (the heaviest stage gets ceil(L/pp)). Linears, the
-    embedding and the head are split over TP (vocab-parallel); norms are replicated.
+    Layers split as evenly as they can (the heaviest rank gets ceil(L/pp), or ``v`` chunks of
+    ceil(L/(pp v)) when interleaved). Linears, the embedding and the head are split over TP
+    (vocab-parallel); norms are replicated. What each rank holds in flight follows the
+    schedule (:func:`fstrain.core.pipeline.in_flight_chunks`).
     """
-    layers = math.ceil(params.num_layers / pp)
+    chunks = virtual_stages if pp > 1 else 1
+    layers = layers_per_rank(params.num_layers, pp, chunks)
     block_sharded = params.per_layer - params.norms_per_layer
     block_rank = block_sharded // tp + params.norms_per_layer
     embedding = (params.embedding + params.position_embedding) // tp
@@ -192,11 +207,12 @@ def stage_shapes(params: ParamCount, tp: int, pp: int, micro_batches: int, tied:
         total = first_params + head + params.final_norm
         return [StageShape(total, layers, largest, max(block_rank, embedding, head), True, 1,
                            embedding + head + params.final_norm, block_rank)]
-    first = StageShape(first_params, layers, largest, max(block_rank, embedding), False, min(pp, micro_batches),
-                       embedding, block_rank)
+    first = StageShape(first_params, layers, largest, max(block_rank, embedding), False,
+                       in_flight_chunks(schedule, pp, micro_batches, 0, chunks), embedding, block_rank, chunks)
     last_params = layers * block_rank + head + params.final_norm
-    last = StageShape(last_params, layers, largest, max(block_rank, head), True, 1, head + params.final_norm,
-                      block_rank)
+    last = StageShape(last_params, layers, largest, max(block_rank, head), True,
+                      in_flight_chunks(schedule, pp, micro_batches, pp - 1, chunks), head + params.final_norm,
+                      block_rank, chunks)
     return [first, last]
 
 
@@ -372,12 +388,16 @@ def stage_activation_bytes(
             assumptions.sequence_parallel,
         )
 
-    whole = checkpointed_blocks(ac, stage.layers)
+    # One chunk's blocks per (micro-batch, chunk) pair in flight; with one chunk, the rank's blocks.
+    chunk_layers = stage.layers // stage.chunks
+    whole = checkpointed_blocks(ac, chunk_layers)
     if ac.startswith("every-k:"):
-        stored = (whole * per_layer("full") + (stage.layers - whole) * per_layer("none")) * stage.in_flight
+        stored = (whole * per_layer("full") + (chunk_layers - whole) * per_layer("none")) * stage.in_flight
     else:
-        stored = per_layer(ac) * stage.layers * stage.in_flight
+        stored = per_layer(ac) * chunk_layers * stage.in_flight
     label = f"{stage.layers} layers x {stage.in_flight} micro-batch" + ("es" if stage.in_flight > 1 else "")
+    if stage.chunks > 1:
+        label = f"{stage.chunks} chunks of {chunk_layers} layers, {stage.in_flight} chunk micro-batches in flight"
     items = [(f"activations ({label}, AC {ac})", stored)]
     if recomputes(ac) and ac != "megatron-selective":
         # A recomputed block's backward rebuilds what it did not keep.
@@ -443,6 +463,16 @@ def buffer_items(
         items.append(
             ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)
         )
+    elif strategy in ("fsdp-full", "fsdp-hybrid") and knobs.pp > 1:
+        # Under pipeline parallelism torchtitan shards each stage with reshard_after_forward=False
+        # (parallelize.py: `reshard_after_forward = not pp_enabled`), and torch's pipeline stage
+        # runs every micro-batch's backward with set_reshard_after_backward(False) until
+        # perform_reduce_grad after the last one (torch/distributed/pipelining/stage.py): the whole
+        # stage stays gathered in the compute dtype through forward and backward.
+        items.append((PP_GATHERED_ITEM, stage.params * w))
+        items.append(
+            ("FSDP unsharded gradient (one block)", stage.block * assumptions.fsdp_reduce_bytes_per_element)
+        )
     elif strategy in ("fsdp-full", "fsdp-hybrid"):
         # Each block is its own unit; the root unit (embeddings, final norm, head) is not resharded
         # after forward (FSDP2 keeps the root gathered for the backward that follows), so it is
@@ -456,7 +486,8 @@ def buffer_items(
             ("FSDP unsharded gradient (one block)", block * assumptions.fsdp_reduce_bytes_per_element)
         )
     if knobs.pp > 1:
-        p2p = 2 * knobs.micro_batch_size * knobs.seq_len * hidden_size * w // knobs.tp
+        # A send and a receive buffer of one micro-batch's boundary activations per model chunk.
+        p2p = 2 * knobs.micro_batch_size * knobs.seq_len * hidden_size * w // knobs.tp * stage.chunks
         items.append(("pipeline send/recv", p2p))
     return items
 
@@ -510,6 +541,23 @@ def optimizer_step_items(knobs: PlanKnobs, states: ModelStates) -> list[tuple[st
     if knobs.optimizer != "adamw" or knobs.offload != "none" or knobs.strategy.startswith("zero"):
         return []
     return [("AdamW foreach temporaries", states.optimizer_states // 2)]
+
+
+def pipeline_fsdp_gradient_bytes(stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> int:
+    """FSDP gradients live during forward and backward of a pipeline stage (pp > 1).
+
+    torch's pipeline stage (torch/distributed/pipelining/stage.py, ``backward_maybe_with_nosync``)
+    runs each micro-batch's backward with ``set_requires_gradient_sync(False)``: FSDP2 keeps the
+    stage's gradients unsharded, accumulated in the reduce dtype (``to_accumulated_grad_if_needed``
+    in _fsdp_param.py), and reduce-scatters them once, in ``perform_reduce_grad`` after the last
+    micro-batch. They are live while the stage holds another micro-batch's activations, that is
+    when it runs more micro-batches than it keeps in flight: always on the last stage (one in
+    flight) once m > 1, on the first stage once m > pp. With one micro-batch the gradients grow
+    while the activations are freed, so they are not added to the activation peak.
+    """
+    if knobs.grad_accum_steps * stage.chunks <= stage.in_flight:
+        return 0
+    return stage.params * assumptions.fsdp_reduce_bytes_per_element
 
 
 def communicator_count(knobs: PlanKnobs) -> int:
@@ -584,11 +632,14 @@ def memory_breakdown(
     """
     memo: dict[Any, Any] = {} if cache is None else cache
     if model is not None and params is not None:
-        in_flight = min(knobs.pp, knobs.grad_accum_steps)
+        k = knobs
+        # 1F1B and ZB-H1 depend on the micro-batches only up to pp of them (shares the cache).
+        micro_batches = k.grad_accum_steps if k.pp_schedule == "interleaved" else min(k.pp, k.grad_accum_steps)
         stages = _memo(
             memo,
-            ("stages", knobs.tp, knobs.pp, in_flight),
-            lambda: stage_shapes(params, knobs.tp, knobs.pp, knobs.grad_accum_steps, model.tied_embeddings),
+            ("stages", k.tp, k.pp, micro_batches, k.pp_schedule, k.pp_virtual_stages),
+            lambda: stage_shapes(params, k.tp, k.pp, k.grad_accum_steps, model.tied_embeddings, k.pp_schedule,
+                                 k.pp_virtual_stages),
         )
     else:
         stages = [StageShape(num_params // (knobs.tp * knobs.pp), 0, 0, 0, False, 1)]
@@ -654,6 +705,8 @@ def _stage_breakdown(
     # and DDP's gradient buffers are allocated once and stay.
     fsdp = k.strategy.startswith("fsdp")
     compute_gradients = 0 if fsdp and k.grad_accum_steps == 1 else states.gradients
+    if fsdp and k.pp > 1:
+        compute_gradients = pipeline_fsdp_gradient_bytes(stage, k, assumptions)
     step_items = [*persistent, *optimizer_step_items(k, states)]
     first_block_stored = 0
     if model is not None and stage.layers:

@@ -28,6 +28,13 @@ OPTIMIZERS = ("adamw", "sgd", "adam8bit")
 # the bundled trainer, torchtitan, Hugging Face); "fused": a fused cross-entropy kernel on the
 # logits in the compute dtype (flash-attn's, llm-foundry's default `fused_crossentropy`).
 LOSSES = ("full", "fused")
+# Pipeline schedules (fstrain/core/pipeline.py): "1f1b" (PipeDream-Flush, DeepSpeed's and torch's
+# Schedule1F1B), "interleaved" (Narayanan et al. 2021's interleaved 1F1B, ``pp_virtual_stages``
+# model chunks per rank), "zero-bubble" (Qi et al. 2023's ZB-H1).
+PP_SCHEDULES = ("1f1b", "interleaved", "zero-bubble")
+# DeepSpeed's pipeline engine runs its own 1F1B schedule (deepspeed/runtime/pipe/schedule.py,
+# TrainSchedule) and nothing else.
+DEEPSPEED_STRATEGIES = ("zero1", "zero2", "zero3")
 ACTIVATIONS = ("gelu", "swiglu")
 
 
@@ -89,6 +96,8 @@ class PlanKnobs:
     seq_len: int = 0
     flash_attention: bool = True
     loss: str = "full"  # one of LOSSES
+    pp_schedule: str = "1f1b"  # one of PP_SCHEDULES (meaningful with pp > 1)
+    pp_virtual_stages: int = 1  # model chunks per pipeline rank: >= 2 for "interleaved", else 1
 
     @property
     def world_size(self) -> int:
@@ -199,10 +208,36 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
     if not isinstance(knobs.flash_attention, bool):
         raise InputError(f"plan.flash_attention must be true or false, got {knobs.flash_attention!r}",
                          _PLAN_HINT, where)
+    validate_pp_schedule(knobs, where)
     if knobs.dp % knobs.shard_group_size != 0:
         raise InputError(
             f"plan.shard_group_size({knobs.shard_group_size}) does not divide dp({knobs.dp})",
             "hybrid shard groups must tile the data-parallel ranks",
+            where,
+        )
+
+
+def validate_pp_schedule(knobs: PlanKnobs, where: str) -> None:
+    """Refuse a pipeline schedule the plan's pipeline cannot run, naming the key."""
+    schedule, chunks = knobs.pp_schedule, knobs.pp_virtual_stages
+    if schedule not in PP_SCHEDULES:
+        raise InputError(f"plan.pp_schedule is {schedule!r}", f"use one of {', '.join(PP_SCHEDULES)}", where)
+    if not _is_int(chunks) or chunks < 1:
+        raise InputError(f"plan.pp_virtual_stages must be a positive integer, got {chunks!r}", _PLAN_HINT, where)
+    if schedule == "interleaved" and chunks < 2:
+        raise InputError(f"plan.pp_virtual_stages is {chunks} with the interleaved schedule",
+                         "interleaving needs at least 2 model chunks per pipeline rank", where)
+    if schedule != "interleaved" and chunks != 1:
+        raise InputError(f"plan.pp_virtual_stages is {chunks} with the {schedule} schedule",
+                         "virtual stages belong to pp_schedule interleaved; use 1 otherwise", where)
+    if schedule != "1f1b" and knobs.pp == 1:
+        raise InputError(f"plan.pp_schedule is {schedule!r} without a pipeline (pp=1)", "use 1f1b with pp=1",
+                         where)
+    if schedule != "1f1b" and knobs.strategy in DEEPSPEED_STRATEGIES:
+        raise InputError(
+            f"plan.pp_schedule is {schedule!r} with {knobs.strategy}",
+            "DeepSpeed's pipeline engine runs its own 1F1B schedule only: use pp_schedule 1f1b, or an fsdp-* "
+            "strategy (torch.distributed.pipelining)",
             where,
         )
 

@@ -28,8 +28,18 @@ from fstrain.core.memory import (
     stage_shapes,
 )
 from fstrain.core.modelsize import ParamCount, count_parameters
+from fstrain.core.pipeline import schedule_label, schedule_problem
 from fstrain.core.plancluster import PlanCluster
-from fstrain.core.planfile import LOSSES, OFFLOAD, STRATEGIES, ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.planfile import (
+    DEEPSPEED_STRATEGIES,
+    LOSSES,
+    OFFLOAD,
+    PP_SCHEDULES,
+    STRATEGIES,
+    ModelSpec,
+    PlanFile,
+    PlanKnobs,
+)
 from fstrain.core.timemodel import StepTime, step_time
 from fstrain.errors import ConfigError
 
@@ -37,6 +47,7 @@ MAX_MICRO_BATCH = 64
 CLOSEST_TIMED = 10  # when nothing fits, the closest configurations get a step time (had they fitted)
 _NO_PIPELINE = ("zero2", "zero3")  # DeepSpeed's pipeline engine supports ZeRO-1 only
 _ORDER = {name: index for index, name in enumerate((*STRATEGIES, *OFFLOAD))}
+_SCHEDULE_ORDER = {"1f1b": 0, "zero-bubble": 1, "interleaved": 2}  # on a tie, the simpler schedule
 
 
 def _ac_order(ac: str) -> float:
@@ -88,6 +99,8 @@ class Pins:
     grad_accum_steps: int | None = None
     activation_checkpointing: str | None = None
     offload: str | None = None
+    pp_schedule: str | None = None  # planfile.PP_SCHEDULES
+    pp_virtual_stages: int | None = None  # model chunks per rank, with pp_schedule "interleaved"
 
     def pinned(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
@@ -125,6 +138,8 @@ class Plan:
             "global_batch_size": k.global_batch_size,
             "activation_checkpointing": k.activation_checkpointing,
             "offload": k.offload,
+            "pp_schedule": k.pp_schedule,
+            "pp_virtual_stages": k.pp_virtual_stages,
             "memory": self.memory.to_dict(),
             "usable_bytes": self.usable_bytes,
             "fits": self.fits,
@@ -159,6 +174,8 @@ def describe_knobs(k: PlanKnobs) -> str:
     text += f", mbs={k.micro_batch_size}, gas={k.grad_accum_steps}, AC {k.activation_checkpointing}"
     if k.offload != "none":
         text += f", offload {k.offload}"
+    if k.pp > 1 and k.pp_schedule != "1f1b":
+        text += f", {schedule_label(k.pp_schedule, k.pp_virtual_stages)}"
     return text
 
 
@@ -248,6 +265,7 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             "DeepSpeed's pipeline engine supports ZeRO-1 only: use --strategy zero1 or fsdp-*, or --pp 1",
             "--pp",
         )
+    _check_schedule_pins(model, pins)
     if pins.shard_group_size is not None and pins.strategy not in (None, "fsdp-hybrid"):
         raise ConfigError(
             f"--shard-group-size applies to fsdp-hybrid, not {pins.strategy}",
@@ -260,6 +278,58 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             f"it supports: {', '.join(OFFLOAD_ALLOWED[pins.strategy])}",
             "--offload",
         )
+
+
+def _check_schedule_pins(model: PlanModel, pins: Pins) -> None:
+    """A pinned pipeline schedule must have a pipeline, a runtime that runs it and enough layers."""
+    schedule, chunks = pins.pp_schedule, pins.pp_virtual_stages
+    if schedule is not None and schedule not in PP_SCHEDULES:
+        raise ConfigError(f"unknown pipeline schedule {schedule!r}", f"use one of {', '.join(PP_SCHEDULES)}",
+                          "--pp-schedule")
+    if chunks is not None and schedule != "interleaved":
+        raise ConfigError(f"--pp-virtual-stages {chunks} without the interleaved schedule",
+                          "add --pp-schedule interleaved, or drop --pp-virtual-stages", "--pp-virtual-stages")
+    if chunks is not None and chunks < 2:
+        raise ConfigError(f"--pp-virtual-stages {chunks}: interleaving needs at least 2 model chunks per rank",
+                          "give 2 or more", "--pp-virtual-stages")
+    if schedule in (None, "1f1b"):
+        return
+    if pins.pp == 1:
+        raise ConfigError(f"the {schedule} schedule needs a pipeline, and --pp is 1",
+                          "give --pp 2 or more, or drop --pp-schedule", "--pp-schedule")
+    if pins.strategy in DEEPSPEED_STRATEGIES:
+        raise ConfigError(
+            f"{STRATEGY_LABELS[pins.strategy]} runs on DeepSpeed's pipeline engine, which has its own 1F1B "
+            f"schedule only, not {schedule}",
+            "use --pp-schedule 1f1b, or an fsdp-* strategy (torch.distributed.pipelining runs all three)",
+            "--pp-schedule",
+        )
+    if model.spec is None:
+        raise ConfigError(f"the {schedule} schedule needs the model's layers",
+                          "use --model or --recipe instead of --model-params", "--pp-schedule")
+    if schedule == "interleaved" and pins.pp and pins.pp * (chunks or 2) > model.spec.num_layers:
+        raise ConfigError(
+            f"pp={pins.pp} x {chunks or 2} virtual stages is more than the {model.spec.num_layers} layers",
+            "use fewer virtual stages or a smaller --pp", "--pp-virtual-stages")
+
+
+def _schedules(pins: Pins, strategy: str, pp: int, micro_batches: int, num_layers: int) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) to evaluate: the pinned one, else the fastest that can run.
+
+    Unpinned, a pipeline that torch.distributed.pipelining runs (ddp, fsdp-*) gets ZB-H1: it keeps
+    1F1B's activations and a third of its bubble, so it dominates 1F1B, and it dominates
+    interleaved x2 too (more activations, more traffic, a bubble of a half). Larger interleavings
+    and 1F1B itself are evaluated when pinned. DeepSpeed's engine runs 1F1B only.
+    """
+    if pp == 1:
+        return [("1f1b", 1)] if pins.pp_schedule in (None, "1f1b") else []
+    if pins.pp_schedule is not None:
+        chunks = pins.pp_virtual_stages or (2 if pins.pp_schedule == "interleaved" else 1)
+        pinned = not schedule_problem(pins.pp_schedule, pp, micro_batches, num_layers, chunks)
+        return [(pins.pp_schedule, chunks)] if pinned else []
+    if strategy not in DEEPSPEED_STRATEGIES and not schedule_problem("zero-bubble", pp, micro_batches, num_layers):
+        return [("zero-bubble", 1)]
+    return [("1f1b", 1)]
 
 
 def _layouts(model: PlanModel, cluster: PlanCluster, pins: Pins) -> Iterator[tuple[int, int, int]]:
@@ -333,7 +403,17 @@ class _Evaluator:
         self.considered = 0
 
     def __call__(
-        self, strategy: str, dp: int, tp: int, pp: int, group: int, mbs: int, gas: int, ac: str, offload: str
+        self,
+        strategy: str,
+        dp: int,
+        tp: int,
+        pp: int,
+        group: int,
+        mbs: int,
+        gas: int,
+        ac: str,
+        offload: str,
+        schedule: tuple[str, int] = ("1f1b", 1),
     ) -> Plan:
         t = self.training
         knobs = PlanKnobs(
@@ -352,6 +432,7 @@ class _Evaluator:
             t.seq_len,
             t.flash_attention,
             t.loss,
+            *schedule,
         )
         self.considered += 1
         m = self.model
@@ -415,27 +496,31 @@ def _search(
             if dp == 1 and strategy != "ddp" and not pins.strategy:
                 offloads = [o for o in offloads if o != "none"]
             for group in _shard_groups(strategy, dp, tp, cluster, pins):
-                failed: set[tuple[str, str]] = set()
+                failed: set[tuple[str, str, tuple[str, int]]] = set()
                 for mbs, gas in batches:
-                    for ac in acs:
-                        if ac == "selective-op" and strategy == "zero3":
-                            continue  # DeepSpeed ZeRO-3 cannot replay op-level checkpointing
-                        for offload in offloads:
-                            if (ac, offload) in failed:
+                    # Without an architecture there is no step time for a schedule to change.
+                    schedules = _schedules(pins, strategy, pp, gas, model.spec.num_layers) if model.spec else [
+                        ("1f1b", 1)]
+                    for schedule in schedules:
+                        for ac in acs:
+                            if ac == "selective-op" and strategy == "zero3":
+                                continue  # DeepSpeed ZeRO-3 cannot replay op-level checkpointing
+                            for offload in offloads:
+                                if (ac, offload, schedule) in failed:
+                                    continue
+                                result = evaluate(strategy, dp, tp, pp, group, mbs, gas, ac, offload, schedule)
+                                if not result.fits:
+                                    failed.add((ac, offload, schedule))
+                                    rejected.append(result)
+                                    continue
+                                plans.append(result)
+                                if first_fit:
+                                    return plans, rejected, evaluate.considered
+                                break  # more offload at this AC would only be slower
+                            else:
                                 continue
-                            result = evaluate(strategy, dp, tp, pp, group, mbs, gas, ac, offload)
-                            if not result.fits:
-                                failed.add((ac, offload))
-                                rejected.append(result)
-                                continue
-                            plans.append(result)
-                            if first_fit:
-                                return plans, rejected, evaluate.considered
-                            break  # more offload at this AC would only be slower
-                        else:
-                            continue
-                        if offload == offloads[0]:
-                            break  # fits without offload: more recompute would only be slower
+                            if offload == offloads[0]:
+                                break  # fits without offload: more recompute would only be slower
     if evaluate.considered == 0:
         raise ConfigError(_nothing_matches(model, training, cluster, pins), "relax a pinned knob", "fstrain plan")
     return plans, rejected, evaluate.considered
@@ -445,7 +530,8 @@ def rank_params(model: PlanModel, knobs: PlanKnobs) -> int:
     """Parameters on the rank with the most (what data-parallel traffic moves)."""
     if model.params is None or model.spec is None:
         return model.num_params // (knobs.tp * knobs.pp)
-    shapes = stage_shapes(model.params, knobs.tp, knobs.pp, knobs.grad_accum_steps, model.spec.tied_embeddings)
+    shapes = stage_shapes(model.params, knobs.tp, knobs.pp, knobs.grad_accum_steps, model.spec.tied_embeddings,
+                          knobs.pp_schedule, knobs.pp_virtual_stages)
     return max(shape.params for shape in shapes)
 
 
@@ -470,10 +556,17 @@ def _nothing_matches(model: PlanModel, training: TrainingSpec, cluster: PlanClus
     if training.global_batch_size is not None:
         return (
             f"no configuration of {world} GPUs makes a global batch of {training.global_batch_size} sequences "
-            f"with {pinned} (dp x micro-batch x grad-accum must equal the global batch)"
+            f"with {pinned} (dp x micro-batch x grad-accum must equal the global batch{_schedule_note(pins)})"
         )
     fix = "give --global-batch, or both --micro-batch and --grad-accum"
-    return f"no configuration of {world} GPUs matches {pinned}: {fix}"
+    return f"no configuration of {world} GPUs matches {pinned}{_schedule_note(pins)}: {fix}"
+
+
+def _schedule_note(pins: Pins) -> str:
+    if pins.pp_schedule in (None, "1f1b"):
+        return ""
+    return (f"; the {pins.pp_schedule} schedule needs pp > 1, at least pp micro-batches (--grad-accum) and, "
+            "interleaved, pp x virtual stages <= layers")
 
 
 def _rank_key(p: Plan) -> tuple[Any, ...]:
@@ -488,6 +581,8 @@ def _tie_key(p: Plan) -> tuple[Any, ...]:
         _ORDER[k.strategy],
         k.tp,
         k.pp,
+        _SCHEDULE_ORDER[k.pp_schedule],
+        k.pp_virtual_stages,
         _ac_order(k.activation_checkpointing),
         _ORDER[k.offload],
         p.memory.peak,
@@ -524,6 +619,8 @@ def _suggest(
         "grad_accum_steps": "--grad-accum",
         "activation_checkpointing": "--ac",
         "offload": "--offload",
+        "pp_schedule": "--pp-schedule",
+        "pp_virtual_stages": "--pp-virtual-stages",
     }
     released = False
     for key, value in pins.pinned().items():

@@ -8,8 +8,10 @@
   Megatron's selective the attention core; FlashAttention's backward recomputes QK^T.
 - Compute time: hardware FLOPs / (peak x achievable MFU) on the slowest GPU of the cluster.
 - Tensor parallel: 4 all-reduces of ``b s h`` per layer and micro-batch (2 forward, 2 backward;
-  +2 with full recompute) over NVLink. Pipeline: 1F1B, ``(m + p - 1)`` micro-batch slots, so the
-  bubble is ``(p - 1)/m``; activations sent point-to-point at each stage boundary.
+  +2 with full recompute) over NVLink. Pipeline: ``m`` micro-batch slots plus the schedule's
+  bubble (:mod:`fstrain.core.pipeline`: ``p - 1`` slots for 1F1B, ``(p - 1)/v`` interleaved, a
+  third of ``p - 1`` for ZB-H1); activations sent point-to-point at each stage boundary, ``v``
+  times as often when interleaved.
 - Data parallel: DDP all-reduce (2 Psi) once a step; ZeRO-1 reduce-scatter + all-gather once a
   step; ZeRO-2 reduce-scatter every micro-batch, all-gather once; ZeRO-3 and FSDP full-shard
   all-gather (forward, backward) and reduce-scatter every micro-batch (3 Psi); grad-op gathers
@@ -29,6 +31,7 @@ from typing import Any
 from fstrain.core.acpolicy import every_k
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.memory import block_matmuls, weight_bytes
+from fstrain.core.pipeline import boundary_crossings, bubble_slots, layers_per_rank
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
 
@@ -203,7 +206,8 @@ def step_time(
     w = weight_bytes(knobs.precision)
     eff = assumptions.collective_efficiency
     flops = flops_per_token(model, s)
-    layers = math.ceil(model.num_layers / p)
+    chunks = knobs.pp_virtual_stages if p > 1 else 1
+    layers = layers_per_rank(model.num_layers, p, chunks)
     per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
     per_token += 3 * flops.head  # the last stage (or the only one) also computes the logits
     compute_mb = b * s * per_token / t / effective_flops_per_gpu + layers * assumptions.layer_overhead_s
@@ -218,9 +222,11 @@ def step_time(
     pp_mb = 0.0
     if p > 1:
         boundary = group_bandwidth(p, t * d, links)
-        pp_mb = 2 * b * s * model.hidden_size * w / t / (boundary * eff)
+        crossings = boundary_crossings(knobs.pp_schedule, chunks)  # v times the traffic, interleaved
+        pp_mb = crossings * 2 * b * s * model.hidden_size * w / t / (boundary * eff)
     slot = compute_mb + tp_mb + pp_mb
-    pipeline = (m + p - 1) * slot
+    bubble = bubble_slots(knobs.pp_schedule, p, chunks) * slot
+    pipeline = m * slot + bubble
 
     dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions, layers)
     offload = _offload_time(knobs, stage_params, links, assumptions)
@@ -230,7 +236,7 @@ def step_time(
     return StepTime(
         step_time_s=total,
         compute_s=m * compute_mb,
-        bubble_s=(p - 1) * slot,
+        bubble_s=bubble,
         tp_comm_s=m * tp_mb,
         pp_comm_s=m * pp_mb,
         dp_comm_s=dp_total,
@@ -274,6 +280,16 @@ def _data_parallel_time(
         hidden, window, exposed_only = move(w, count=m), 2 / 3 * all_compute, move(w)
     elif strategy == "zero3":
         hidden, window = move(3 * w, count=m, passes=3), all_compute
+    elif strategy.startswith("fsdp") and knobs.pp > 1:
+        # Under PP the stage stays gathered across micro-batches (reshard_after_forward=False in
+        # torchtitan) and reduces its gradients once, after the last micro-batch's backward
+        # (torch.distributed.pipelining's perform_reduce_grad): one all-gather a step, prefetched
+        # block by block behind the first micro-batch's forward, and one exposed reduce-scatter.
+        hidden, window, exposed_only = move(w), compute_mb / 3, move(red)
+        if strategy == "fsdp-hybrid":
+            replicas = d // group
+            across = group_bandwidth(replicas, t * group, links) * eff
+            exposed_only += move(2 * red / group, size=replicas, bw=across)
     elif strategy == "fsdp-grad-op":
         hidden, window = move(w + red, count=m, passes=2), all_compute
     else:  # fsdp-full, fsdp-hybrid

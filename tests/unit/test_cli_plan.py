@@ -148,6 +148,28 @@ def test_model_params_only() -> None:
             "error: --offload: 'disk' is not one of none, optimizer, optimizer+params",
         ),
         (("--model", "tiny", "--recipe", "x.yaml", "--gpu", "l4"), "error: fstrain plan: give exactly one of --model"),
+        (
+            ("--model", "llama3.1-70b", "--gpu", "h100-sxm", "--pp-schedule", "gpipe"),
+            "error: --pp-schedule: 'gpipe' is not a pipeline schedule (hint: use one of 1f1b, interleaved, zero-bubble",
+        ),
+        (
+            ("--model", "llama3.1-70b", "--gpu", "h100-sxm", "--pp-virtual-stages", "3"),
+            "error: --pp-virtual-stages: --pp-virtual-stages 3 without the interleaved schedule (hint: add",
+        ),
+        (
+            ("--model", "llama3.1-70b", "--gpu", "h100-sxm", "--pp-schedule", "interleaved", "--pp-virtual-stages",
+             "1"),
+            "error: --pp-virtual-stages: --pp-virtual-stages 1: interleaving needs at least 2 model chunks",
+        ),
+        (
+            ("--model", "llama3.1-70b", "--gpu", "h100-sxm", "--strategy", "zero1", "--pp", "2", "--pp-schedule",
+             "interleaved"),
+            "error: --pp-schedule: ZeRO-1 runs on DeepSpeed's pipeline engine, which has its own 1F1B schedule only",
+        ),
+        (
+            ("--model", "llama3.1-70b", "--gpu", "h100-sxm", "--pp", "1", "--pp-schedule", "zero-bubble"),
+            "error: --pp-schedule: the zero-bubble schedule needs a pipeline, and --pp is 1 (hint: give --pp 2",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], line: str) -> None:
@@ -194,3 +216,20 @@ def test_loss_flag_sets_the_logits_memory_and_the_output_names_the_peak_moment()
     wrong = run_fstrain(*pinned, "--loss", "chunked")
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "--loss" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def test_pipeline_schedule_flags_reach_the_plan_the_json_and_the_table(tmp_path: Path) -> None:
+    pinned = ("plan", "--model", "llama3.1-70b", *H100_64, "--strategy", "fsdp-full", "--tp", "8", "--pp", "4",
+              "--micro-batch", "1", "--ac", "full", "--offload", "none", "--global-batch", "256")
+    assert "--pp-schedule" in run_fstrain("plan", "--help").stdout
+    result = run_fstrain(*pinned, "--pp-schedule", "interleaved-1f1b", "--pp-virtual-stages", "4", "--json",
+                         "--out", str(tmp_path / "plan.yaml"))
+    assert result.returncode == 0, result.stderr
+    [best] = json.loads(result.stdout)["plans"]
+    assert (best["pp_schedule"], best["pp_virtual_stages"]) == ("interleaved", 4)
+    saved = PlanFile.from_dict(yaml.safe_load((tmp_path / "plan.yaml").read_text()), "plan.yaml")
+    assert (saved.knobs.pp_schedule, saved.knobs.pp_virtual_stages) == ("interleaved", 4)
+    unpinned = run_fstrain(*pinned, "--json")
+    assert [p["pp_schedule"] for p in json.loads(unpinned.stdout)["plans"]] == ["zero-bubble"]
+    human = run_fstrain(*pinned, "--pp-schedule", "1f1b")
+    assert human.returncode == 0 and "schedule" in human.stderr and "1f1b" in human.stderr

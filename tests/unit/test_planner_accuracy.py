@@ -295,6 +295,8 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--shard-group-size", str(f["shard_group_size"])]
     if f.get("loss"):
         argv += ["--loss", f["loss"]]
+    if f.get("pp_schedule"):
+        argv += ["--pp-schedule", f["pp_schedule"]]
     for key, value in (f.get("assume") or {}).items():
         argv += ["--assume", f"{key}={value}"]
     return [*argv, "--json"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import warnings
 from typing import Any
 
 import pytest
@@ -299,3 +300,47 @@ def test_bad_options_are_refused(options: TrainingOptions, message: str) -> None
 def test_render_is_deterministic() -> None:
     plan = make_plan("zero3", offload="optimizer", activation_checkpointing="full")
     assert render_deepspeed(plan) == render_deepspeed(plan)
+
+
+class _EngineConfigView:
+    """The part of ``DeepSpeedEngine`` that picks the optimizer wrapper, over a loaded config."""
+
+    def __init__(self, ds: Any, config: Any, pipeline: bool) -> None:
+        engine = ds.runtime.engine.DeepSpeedEngine
+        self._config, self.pipeline_parallelism, self.global_rank = config, pipeline, 0
+        for name in ("get_data_types", "fp16_enabled", "bfloat16_enabled", "zero_optimization",
+                     "zero_optimization_stage", "zero_cpu_offload", "zero_compute_grad_norm",
+                     "zero_allow_untested_optimizer", "_do_optimizer_sanity_check"):
+            setattr(self, name, getattr(engine, name).__get__(self))
+
+
+@pytest.mark.parametrize(("strategy", "pp", "grad_accum_dtype", "wrapper"), [
+    ("zero1", 1, None, "ZERO_OPTIMIZATION"),
+    ("zero1", 2, None, "ZERO_OPTIMIZATION"),  # what fstrain renders: the ZeRO optimizer, not BF16_Optimizer
+    ("zero1", 2, "fp32", "BFLOAT16"),  # data_types.grad_accum_dtype fp32 (not rendered): BF16_Optimizer
+    ("ddp", 2, None, "BFLOAT16"),  # stage 0 + bf16 + DeepSpeed's pipeline engine: BF16_Optimizer
+    ("ddp", 1, None, "DDP_BFLOAT16"),  # stage 0 + bf16: FP16_Optimizer over bf16
+])
+def test_which_deepspeed_optimizer_wraps_a_bf16_plan(
+    ds: Any, monkeypatch: pytest.MonkeyPatch, strategy: str, pp: int, grad_accum_dtype: str | None, wrapper: str
+) -> None:
+    """DeepSpeed's BF16_Optimizer keeps a full fp32 gradient buffer (runtime/bf16_optimizer.py:
+    ``fp32_groups_gradients_flat``, the size of the whole 16-bit flat group), but the engine only
+    picks it for ZeRO-1 with ``data_types.grad_accum_dtype: fp32`` or for stage 0 under its
+    pipeline engine. fstrain renders neither for a zero1 plan (so the planner's zero1 is the ZeRO
+    optimizer's 2 + 2 + 16/N); a ddp plan's primary file is fsdp.yaml (torch DDP)."""
+    import deepspeed.runtime.engine  # noqa: F401  (the module the wrapper is picked in)
+    import torch
+
+    rendered = render_deepspeed(make_plan(strategy, dp=2, pp=pp, precision="bf16")).config
+    if grad_accum_dtype:
+        rendered = {**rendered, "data_types": {"grad_accum_dtype": grad_accum_dtype}}
+    loaded, _ = load_with_deepspeed(ds, rendered, 2, monkeypatch)
+    view = _EngineConfigView(ds, loaded, pipeline=pp > 1)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    with warnings.catch_warnings():
+        # The check imports DeepSpeed's Muon optimizer, which compiles with torch.compile at import;
+        # inductor's modules use torch.jit.script_method, deprecated in this torch.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        picked = view._do_optimizer_sanity_check(optimizer)
+    assert picked == getattr(ds.runtime.engine, wrapper)

@@ -182,6 +182,13 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
             f"tp={knobs.tp} pp={knobs.pp}: train_batch_size counts data-parallel ranks only; the training "
             "script must pass its model-parallel groups (mpu) to deepspeed.initialize"
         )
+    if knobs.pp > 1 and knobs.pp_schedule != "1f1b":
+        notes.append(
+            f"pp_schedule {knobs.pp_schedule}: DeepSpeed's pipeline engine runs its own 1F1B schedule "
+            "(deepspeed.runtime.pipe.schedule.TrainSchedule) only, so under DeepSpeed this plan runs 1F1B, with "
+            "more bubble than predicted; fsdp.yaml's pipeline section names the torch.distributed.pipelining "
+            "schedule the plan was made for"
+        )
     if knobs.strategy == "fsdp-hybrid":
         notes.append(
             f"the plan's strategy is fsdp-hybrid; this file is its ZeRO-{knobs.zero_stage} equivalent, sharded over "

@@ -12,6 +12,9 @@
 - ``wrap``: the module classes each given their own ``fully_shard`` call, then the root.
 - ``activation_checkpointing``: the policy (:mod:`fstrain.core.acpolicy`) the trainer applies to
   each wrapped block before sharding it.
+- ``pipeline`` (only with pp > 1): the schedule, torch.distributed.pipelining's class for it,
+  stages per rank and micro-batches; ``reshard_after_forward`` is then ``False`` for every
+  strategy, as torchtitan shards pipeline stages.
 
 ``accelerate.yaml`` is the same layout in Accelerate's FSDP version 2 keys (the names
 ``accelerate config`` writes and ``accelerate launch`` maps to ``FSDP_*`` variables).
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fstrain.core.planfile import PlanFile
+from fstrain.core.planfile import PlanFile, PlanKnobs
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.options import TrainingOptions
 
@@ -71,8 +74,16 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
         notes.append("FSDP2's CPUOffloadPolicy offloads parameters and gradients with the optimizer states")
     if knobs.tp > 1 or knobs.pp > 1:
         notes.append(
-            f"tp={knobs.tp} pp={knobs.pp}: this file describes the data-parallel mesh only; "
-            "the bundled trainer runs tp=1 pp=1 plans"
+            f"tp={knobs.tp} pp={knobs.pp}: this file describes the data-parallel mesh (and the pipeline schedule) "
+            "only; the bundled trainer runs tp=1 pp=1 plans"
+        )
+    if knobs.pp > 1:
+        # torchtitan shards each pipeline stage with reshard_after_forward=False (its default with PP),
+        # which is what the planner's memory model counts.
+        reshard = False
+        notes.append(
+            f"pp={knobs.pp}: reshard_after_forward false, as torchtitan does under pipeline parallelism (each "
+            "stage stays gathered across micro-batches, and fstrain plan counts it so)"
         )
     config: dict[str, Any] = {
         "fstrain_fsdp": FSDP_FILE_VERSION,
@@ -105,7 +116,30 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
         "gradient_clipping": options.gradient_clipping,
         "seed": options.seed,
     }
+    if knobs.pp > 1:
+        config["pipeline"] = pipeline_section(knobs)
     return Rendered(config=config, notes=tuple(notes))
+
+
+# torch.distributed.pipelining's class for each fstrain schedule (torchtitan names them without
+# the "Schedule" prefix in `pipeline_parallel_schedule`). ScheduleInterleavedZeroBubble is torch's
+# ZB-H1 ("the ZB1P schedule in the paper", arXiv 2401.10241); it also runs one stage per rank.
+TORCH_SCHEDULES = {
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zero-bubble": "ScheduleInterleavedZeroBubble",
+}
+
+
+def pipeline_section(knobs: PlanKnobs) -> dict[str, Any]:
+    """The pipeline schedule of a pp > 1 plan, in fstrain's and torch's names."""
+    return {
+        "stages": knobs.pp,
+        "schedule": knobs.pp_schedule,
+        "torch_schedule": TORCH_SCHEDULES[knobs.pp_schedule],
+        "stages_per_rank": knobs.pp_virtual_stages,
+        "microbatches": knobs.grad_accum_steps,
+    }
 
 
 def _optimizer(name: str, options: TrainingOptions) -> dict[str, Any]:
