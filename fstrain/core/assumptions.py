@@ -78,6 +78,14 @@ class Assumptions:
         "Bytes per element of FSDP's gradient reduce-scatter (MixedPrecision reduce_dtype=float32).",
     )
 
+    autocast_weight_cache: bool = _stated(
+        True,
+        "amp-bf16/amp-fp16: torch.autocast caches the cast of each weight until the forward's "
+        "autocast region exits, checkpointed blocks included (aten autocast_mode.h cached_cast; "
+        "seen on plain modules and FSDP2 with torch's CPU autocast, and in ATorch's FSDP runs as "
+        "a full-model 16-bit copy at 8 to 64 GPUs). False for torch.autocast(cache_enabled=False).",
+    )
+
     ddp_bucket_bytes: int = _stated(
         25 * _MIB,
         "DDP ``bucket_cap_mb``; two buckets in flight (gradient_as_bucket_view assumed).",
