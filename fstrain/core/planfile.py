@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fstrain.core.acpolicy import AC_NAMES, parse_ac
-from fstrain.core.precision import PRECISIONS
+from fstrain.core.precision import PRECISIONS, check_strategy
 from fstrain.errors import InputError
 
 PLAN_FORMAT_VERSION = 1
@@ -181,6 +181,7 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         value = getattr(knobs, key)
         if value not in allowed:
             raise InputError(f"plan.{key} is {value!r}", f"use one of {', '.join(allowed)}", where)
+    check_strategy(knobs.precision, knobs.strategy, f"{where}: plan.precision")
     if parse_ac(knobs.activation_checkpointing, where) != knobs.activation_checkpointing:
         raise InputError(
             f"plan.activation_checkpointing is {knobs.activation_checkpointing!r}",

@@ -30,7 +30,8 @@ Sources:
 Not every framework runs every mode (:func:`check_strategy`): DeepSpeed's ZeRO optimizers keep a
 master copy of their own (fp32, or bf16 with ``bf16_master_weights_and_grads`` and
 ``bf16_optimizer_states``, a second bf16 copy this model does not count), so ``bf16-pure`` is
-planned for DDP and FSDP only; DeepSpeed runs ``amp-*`` through its ``torch_autocast`` section.
+planned for DDP and FSDP only. DeepSpeed runs ``amp-*`` through its ``torch_autocast`` section, but
+gives a loss scaler only to ZeRO stage 0 there, so ``amp-fp16`` under ZeRO-1/2/3 is refused.
 """
 
 from __future__ import annotations
@@ -69,11 +70,20 @@ MODES = {
 }
 PRECISIONS = tuple(MODES)
 
-# Where each mode is refused, and why (the strategies are planfile.STRATEGIES).
+# Where each mode is refused: (why, what to use instead). The strategies are planfile.STRATEGIES.
+_PURE_UNDER_ZERO = (
+    "DeepSpeed's ZeRO optimizers keep a master copy beside bf16 parameters",
+    "use --strategy ddp or fsdp-full/fsdp-grad-op/fsdp-hybrid (torchtune's pure bf16), or --precision bf16 "
+    "for DeepSpeed",
+)
+_AMP_FP16_UNDER_ZERO = (
+    "DeepSpeed's torch_autocast has no loss scaler with ZeRO (engine.py gives its GradScaler to stage 0 only), "
+    "and fp16 gradients underflow without one",
+    "use --precision fp16 (DeepSpeed's fp16 optimizer scales the loss), amp-bf16, or --strategy ddp or fsdp-*",
+)
 _REFUSED = {
-    ("bf16-pure", "zero1"): "DeepSpeed's ZeRO optimizers keep a master copy beside bf16 parameters",
-    ("bf16-pure", "zero2"): "DeepSpeed's ZeRO optimizers keep a master copy beside bf16 parameters",
-    ("bf16-pure", "zero3"): "DeepSpeed's ZeRO optimizers keep a master copy beside bf16 parameters",
+    **{("bf16-pure", zero): _PURE_UNDER_ZERO for zero in ("zero1", "zero2", "zero3")},
+    **{("amp-fp16", zero): _AMP_FP16_UNDER_ZERO for zero in ("zero1", "zero2", "zero3")},
 }
 
 
@@ -105,11 +115,7 @@ def strategy_runs(precision: str, strategy: str) -> bool:
 
 def check_strategy(precision: str, strategy: str, where: str = "--precision") -> None:
     """Refuse a mode the strategy's framework does not run (or the planner does not model)."""
-    reason = _REFUSED.get((precision, strategy))
-    if reason:
-        raise InputError(
-            f"precision {precision} with strategy {strategy}: {reason}",
-            "use --strategy ddp or fsdp-full/fsdp-grad-op/fsdp-hybrid (torchtune's pure bf16), "
-            "or --precision bf16 for DeepSpeed",
-            where,
-        )
+    refused = _REFUSED.get((precision, strategy))
+    if refused:
+        reason, hint = refused
+        raise InputError(f"precision {precision} with strategy {strategy}: {reason}", hint, where)

@@ -95,7 +95,11 @@ def test_pure_bf16_is_refused_for_deepspeed_zero_with_a_hint() -> None:
         check_strategy("bf16-pure", strategy)
     for strategy in ("ddp", "zero1", "zero2", "zero3", "fsdp-full"):
         check_strategy("amp-bf16", strategy)
+    for strategy in ("ddp", "fsdp-full", "fsdp-hybrid"):
         check_strategy("amp-fp16", strategy)
+    with pytest.raises(FstrainError, match="no loss scaler") as scaler:
+        check_strategy("amp-fp16", "zero2")
+    assert "--precision fp16" in scaler.value.hint
 
 
 def test_communication_dtypes() -> None:
