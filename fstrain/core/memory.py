@@ -194,12 +194,14 @@ def host_bytes_per_node(
     largest_layer_params: int,
     gpus_per_node: int,
     assumptions: Assumptions = Assumptions(),
+    precision: str = "bf16",
 ) -> int:
-    """Host memory a node needs: start-up (each process builds its fp32 model, or one layer of it
-    under zero.Init / meta-device init) or the offloaded state, whichever is larger, times
-    DeepSpeed's additional buffer factor."""
+    """Host memory a node needs: start-up (each process builds its model, or one layer of it
+    under zero.Init / meta-device init: fp32, or bf16 for pure bf16) or the offloaded state,
+    whichever is larger, times DeepSpeed's additional buffer factor."""
     sharded_init = assumptions.sharded_init and strategy in ("zero3", "fsdp-full", "fsdp-hybrid", "fsdp-grad-op")
-    init = 4 * (largest_layer_params if sharded_init else rank_params) * gpus_per_node
+    built = 2 if precision == "bf16-pure" else 4  # the model's dtype at construction
+    init = built * (largest_layer_params if sharded_init else rank_params) * gpus_per_node
     steady = states.host_bytes * gpus_per_node
     return int(max(init, steady) * assumptions.cpu_buffer_factor)
 
@@ -716,7 +718,9 @@ def _stage_breakdown(
         *live_items,
         *overhead,
     )
-    host = host_bytes_per_node(states, k.strategy, stage.params, stage.largest_layer, gpus_per_node, assumptions)
+    host = host_bytes_per_node(
+        states, k.strategy, stage.params, stage.largest_layer, gpus_per_node, assumptions, k.precision
+    )
     return MemoryBreakdown(
         parameters=states.parameters,
         gradients=gradients,

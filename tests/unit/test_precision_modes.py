@@ -222,3 +222,17 @@ def test_v100_amp_bf16_points_to_amp_fp16() -> None:
         plan(PlanModel.from_spec(spec), TrainingSpec(spec.seq_len, 64, precision="amp-bf16"),
              uniform_cluster(1, 8, "v100-32gb"), Pins())
     assert "amp-fp16" in caught.value.hint
+
+
+def test_host_start_up_and_checkpoint_bytes_follow_the_mode() -> None:
+    from fstrain.core.doctor.plan import checkpoint_bytes
+    from fstrain.core.memory import host_bytes_per_node
+
+    states = model_states(N, "ddp", 1, "bf16-pure")
+    a = Assumptions(cpu_buffer_factor=1.0)
+    assert host_bytes_per_node(states, "ddp", N, N, 8, a, "bf16-pure") == 2 * N * 8  # built in bf16
+    assert host_bytes_per_node(states, "ddp", N, N, 8, a, "amp-bf16") == 4 * N * 8
+    # params + master + AdamW states, summed over ranks
+    assert checkpoint_bytes(N, "bf16-pure", "adamw") == (2 + 0 + 4) * N
+    assert checkpoint_bytes(N, "amp-bf16", "adamw") == (4 + 0 + 8) * N
+    assert checkpoint_bytes(N, "bf16", "adamw") == (2 + 4 + 8) * N
