@@ -299,10 +299,12 @@ def layer_activation_bytes(
     no SP. With it: PyTorch eager with SDPA, op by op (what the bundled trainer and torchtitan
     run; ``fstrain plan --trace`` checks it); ``megatron-selective`` then stores what ``none`` does.
 
-    Under autocast (``amp-*``) the matmuls and SDPA save their inputs' low-precision casts, but
+    Under autocast (``amp-*``) the matmuls and SDPA save their inputs' low-precision casts (each
+    linear its own cast of a shared input: q, k and v three, SwiGLU's gate and up two), but
     the residual stream stays fp32 (so does a checkpointed block's input), and the norms run in
     fp32 (``layer_norm`` is on autocast's fp32 list; an RMSNorm over an fp32 input computes in
-    fp32): each keeps an fp32 output where the other modes keep a compute-dtype one; eager
+    fp32): each keeps an fp32 output where the other modes keep a compute-dtype one (a LayerNorm
+    both fp32 statistics); eager
     attention's ``softmax`` (fp32 list) keeps an fp32 output beside the cast its matmul saves.
     Pure bf16 saves what bf16 mixed precision does (the same compute dtype, the same ops).
     """
@@ -317,6 +319,9 @@ def layer_activation_bytes(
     if ac == "selective-op":
         return sbh * r // split_replicated + _selective_op_saved(model, s, b, a, flash_attention) // tp
     mask = 1 if model.dropout > 0 else 0
+    # The q/k/v and FFN inputs: one tensor each, but under autocast every linear saves its own
+    # cast of the shared input (q, k and v; gate and up), since only weights are cached.
+    linear_inputs = (3 + (2 if model.activation == "swiglu" else 1)) if autocast else 2
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
     ffn_width = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
@@ -332,8 +337,8 @@ def layer_activation_bytes(
         # fp32 statistic); the q/k/v and FFN inputs; SDPA keeps q, K and V repeated to all heads
         # (GQA), its output and the fp32 log-sum-exp; the out-projection input is a contiguous
         # copy of that output; rotary positions add a rotated copy of q.
-        norm = (4 * h + 4 + r * h) if model.norm == "rmsnorm" else (r * h + 4)
-        replicated = s * b * (2 * norm + 2 * a * h) + 2 * mask * sbh
+        norm = (4 * h + 4 + r * h) if model.norm == "rmsnorm" else (r * h + 4 + (4 if autocast else 0))
+        replicated = s * b * (2 * norm + linear_inputs * a * h) + 2 * mask * sbh
         q_copies = 5 if model.position_embedding == "rope" else 4
         sharded = q_copies * s * b * q_width * a + 4 * model.num_heads * s * b + ffn_saved + moe_extra
         return replicated // split_replicated + sharded // tp
@@ -341,7 +346,7 @@ def layer_activation_bytes(
     # kept whole under TP without SP; Q, K, V, the out-projection input, the FFN tensors and the
     # attention core are split. Eager attention keeps the softmax output (and, with dropout, its
     # mask and the dropped-out output).
-    replicated = 2 * sbh * r + 2 * sbh * a + 2 * mask * sbh
+    replicated = 2 * sbh * r + linear_inputs * sbh * a + 2 * mask * sbh
     sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved + moe_extra
     if ac == "none":
         probs = 4 + a if autocast else a  # fp32 softmax output + the cast its matmul saves

@@ -119,8 +119,9 @@ def test_autocast_keeps_the_residual_stream_and_norms_in_fp32() -> None:
     assert (full_bf16, full_amp) == (2 * s * h, 4 * s * h)
     none_bf16 = layer_activation_bytes(LLAMA_8B, 1, s, 1, "none", precision="bf16")
     none_amp = layer_activation_bytes(LLAMA_8B, 1, s, 1, "none", precision="amp-bf16")
-    # two RMSNorms whose outputs are fp32 instead of bf16: 2 x 2sh more
-    assert none_amp - none_bf16 == 2 * 2 * s * h
+    # two RMSNorms whose outputs are fp32 instead of bf16 (2 x 2sh), and q, k, v, gate and up each
+    # save their own cast of the shared input (5 casts instead of 2 tensors: 3 x 2sh)
+    assert none_amp - none_bf16 == 2 * 2 * s * h + 3 * 2 * s * h
     # pure bf16 saves what bf16 mixed precision saves
     assert layer_activation_bytes(LLAMA_8B, 1, s, 1, "none", precision="bf16-pure") == none_bf16
 
@@ -130,8 +131,9 @@ def test_autocast_eager_softmax_is_fp32() -> None:
     s = 1024
     bf16 = layer_activation_bytes(gpt, 1, s, 1, "none", flash_attention=False, precision="fp16")
     amp = layer_activation_bytes(gpt, 1, s, 1, "none", flash_attention=False, precision="amp-fp16")
-    # norm inputs 2 x (4 - 2) sh; softmax: fp32 output beside the fp16 cast (4 + 2 instead of 2)
-    assert amp - bf16 == 2 * 2 * s * 1024 + 16 * s * s * 4
+    # norm inputs 2 x (4 - 2) sh; q, k, v and up cast the shared inputs each (4 casts instead of 2
+    # tensors); softmax: an fp32 output beside the fp16 cast (4 + 2 instead of 2)
+    assert amp - bf16 == 2 * 2 * s * 1024 + 2 * 2 * s * 1024 + 16 * s * s * 4
 
 
 def _knobs(**changes: object) -> PlanKnobs:
