@@ -349,8 +349,11 @@ def layer_activation_bytes(
     replicated = 2 * sbh * r + linear_inputs * sbh * a + 2 * mask * sbh
     sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved + moe_extra
     if ac == "none":
-        probs = 4 + a if autocast else a  # fp32 softmax output + the cast its matmul saves
-        sharded += model.num_heads * s * s * b * (probs + mask * (1 + (4 if autocast else a)))
+        # Softmax saves its output, dropout its mask, and the AV matmul its input (the dropped-out
+        # probabilities); under autocast the softmax output is fp32 and the matmul saves a 16-bit
+        # cast of whichever tensor feeds it, so dropout's fp32 output is not kept.
+        probs = 4 + a if autocast else a
+        sharded += model.num_heads * s * s * b * (probs + mask * (1 if autocast else 1 + a))
     return replicated // split_replicated + sharded // tp
 
 

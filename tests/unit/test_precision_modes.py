@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fstrain.core.assumptions import Assumptions
@@ -134,6 +136,12 @@ def test_autocast_eager_softmax_is_fp32() -> None:
     # norm inputs 2 x (4 - 2) sh; q, k, v and up cast the shared inputs each (4 casts instead of 2
     # tensors); softmax: an fp32 output beside the fp16 cast (4 + 2 instead of 2)
     assert amp - bf16 == 2 * 2 * s * 1024 + 2 * 2 * s * 1024 + 16 * s * s * 4
+    # With attention dropout: fp16 keeps the softmax output, the mask and the dropped-out output
+    # (2 + 1 + 2); autocast the fp32 softmax output, the mask and the AV matmul's cast (4 + 1 + 2).
+    dropped = dataclasses.replace(gpt, dropout=0.1)
+    bf16_d = layer_activation_bytes(dropped, 1, s, 1, "none", flash_attention=False, precision="fp16")
+    amp_d = layer_activation_bytes(dropped, 1, s, 1, "none", flash_attention=False, precision="amp-fp16")
+    assert (amp_d - amp) - (bf16_d - bf16) == 16 * s * s * (1 - 3)
 
 
 def _knobs(**changes: object) -> PlanKnobs:
