@@ -67,7 +67,8 @@ def launch_command(
     strategy: str | None = typer.Option(None, "--strategy", help="With --model/--recipe: ddp, zero1-3, fsdp-full, "
                                         "fsdp-grad-op, fsdp-hybrid (default fsdp-full; zero3 for deepspeed)."),
     micro_batch: int = typer.Option(4, "--micro-batch", min=1, help="With --model/--recipe: sequences per rank."),
-    precision: str = typer.Option("bf16", "--precision", help="With --model/--recipe: bf16, fp16 or fp32."),
+    precision: str = typer.Option(
+        "bf16", "--precision", help="With --model/--recipe: bf16, fp16, fp32, bf16-pure, amp-bf16 or amp-fp16."),
     steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps for the bundled trainer."),
     stall_timeout: str | None = typer.Option(None, "--stall-timeout", metavar="DURATION",
                                              help="No rank output for this long (e.g. 20m): collect every rank's "

@@ -56,7 +56,9 @@ def plan_command(
     micro_batch: int | None = typer.Option(None, "--micro-batch", min=1, help="Pin the micro-batch size."),
     grad_accum: int | None = typer.Option(None, "--grad-accum", min=1, help="Pin gradient-accumulation steps."),
     seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="Sequence length (default: the recipe's)."),
-    precision: str | None = typer.Option(None, "--precision", help="bf16, fp16 (loss scaling) or fp32."),
+    precision: str | None = typer.Option(
+        None, "--precision", help="bf16, fp16 (loss scaling), fp32, bf16-pure (no fp32 master: torchtune), "
+        "amp-bf16 or amp-fp16 (torch.autocast over fp32 weights)."),
     optimizer: str | None = typer.Option(None, "--optimizer", help="adamw, sgd (momentum) or adam8bit."),
     ac: str | None = typer.Option(
         None,

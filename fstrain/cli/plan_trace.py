@@ -38,6 +38,7 @@ def analytic_categories(chosen: Plan) -> dict[str, int]:
 
 def run_trace(result: PlanResult, plan_model: PlanModel, cluster: PlanCluster) -> dict[str, Any]:
     """Trace the chosen plan; the comparison as a JSON-ready dict."""
+    from fstrain.core.memory import AUTOCAST_CACHE_ITEM
     from fstrain.core.planfile import PlanFile
     from fstrain.core.render.fsdp import render_fsdp
     from fstrain.errors import ConfigError
@@ -54,7 +55,15 @@ def run_trace(result: PlanResult, plan_model: PlanModel, cluster: PlanCluster) -
     traced = trace_plan(plan, render_fsdp(plan).config)
     analytic = analytic_categories(chosen)
     analytic_total = sum(analytic.values())
+    notes = []
+    cached = dict(chosen.memory.details).get(AUTOCAST_CACHE_ITEM, 0)
+    if cached and chosen.memory.phase == "loss":
+        # Checked by counting the live casts in the same fake-tensor setup: they are there at the
+        # end of forward, but FSDPMemTracker's snapshots do not count them.
+        notes.append(f"the analytic activations include autocast's cached weight casts ({cached / GIB:.2f} GiB), "
+                     "which torch's FSDPMemTracker does not count")
     return {
+        "notes": notes,
         "plan": chosen.describe(),
         "analytic": {**analytic, "total": analytic_total},
         "traced": traced.to_dict(),
@@ -95,3 +104,5 @@ def print_trace(doc: dict[str, Any]) -> None:
     out.print(f"trace of: {doc['plan']}")
     out.print(table)
     out.print("not traced: CUDA context, NCCL buffers, allocator fragmentation (the planner's overhead row)")
+    for note in doc.get("notes", ()):
+        out.print(f"note: {note}")

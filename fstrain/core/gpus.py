@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fstrain.core.precision import compute_dtype
 from fstrain.errors import InputError
 
 _MIB = 1 << 20
@@ -54,10 +55,10 @@ class GpuSpec:
     nvml_names: tuple[str, ...] = ()
 
     def peak_flops(self, precision: str) -> float:
-        """Dense peak FLOP/s for ``bf16``, ``fp16``, ``fp8`` or ``fp32`` compute."""
-        return {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops, "fp32": self.fp32_flops}[
-            precision
-        ]
+        """Dense peak FLOP/s for ``bf16``, ``fp16``, ``fp8`` or ``fp32`` compute; a precision mode
+        (``amp-bf16``, ``bf16-pure``...) computes in its compute dtype (fstrain.core.precision)."""
+        key = precision if precision == "fp8" else compute_dtype(precision)
+        return {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops, "fp32": self.fp32_flops}[key]
 
 
 # Scale-out defaults: DGX-1 4x100 Gb/s per 8 V100; DGX A100 8x200 Gb/s HDR; DGX/HGX H100, H200,

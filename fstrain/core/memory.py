@@ -38,10 +38,15 @@ from fstrain.core.buckets import bucket_sizes
 from fstrain.core.modelsize import ParamCount
 from fstrain.core.pipeline import in_flight_chunks, layers_per_rank
 from fstrain.core.planfile import ModelSpec, PlanKnobs
+from fstrain.core.precision import mode, optimizer_state_bytes
 
 GIB = 1 << 30
 LOGITS_ITEM = "logits and loss"  # the activation item of the loss moment (see _moments)
 PP_GATHERED_ITEM = "FSDP stage parameters, gathered across micro-batches (pp > 1)"
+# torch.autocast's cache of the casts of the weights, kept to the end of the autocast region
+# (the forward and the loss): an item of the loss moment only (see _moments).
+AUTOCAST_CACHE_ITEM = "autocast weight casts (cached to the end of forward)"
+AUTOCAST_SAVED_ITEM = "autocast weight casts (saved for backward)"  # loss and backward moments
 
 STRATEGY_LABELS = {
     "ddp": "DDP",
@@ -69,8 +74,42 @@ OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4, "adam8bit": 2}  # m + v fp32; mom
 
 
 def weight_bytes(precision: str) -> int:
-    """Bytes of a compute-dtype element: 2 for bf16/fp16, 4 for fp32."""
-    return 4 if precision == "fp32" else 2
+    """Bytes of a compute-dtype element (what matmuls read and save): 2 for bf16/fp16 and the
+    modes that compute in them (bf16-pure, amp-*), 4 for fp32."""
+    return mode(precision).compute_bytes
+
+
+def residual_bytes(precision: str) -> int:
+    """Bytes of the residual stream between blocks: the compute dtype, but fp32 under autocast
+    (the fp32 embeddings plus each block's low-precision output promote to fp32)."""
+    m = mode(precision)
+    return 4 if m.autocast else m.compute_bytes
+
+
+def param_bytes(precision: str) -> int:
+    """Bytes of a parameter as the model holds it (DDP / ZeRO replicas, FSDP gathered units):
+    2 for bf16/fp16/bf16-pure, 4 for fp32 and amp-* (autocast runs over fp32 weights)."""
+    return mode(precision).param_bytes
+
+
+def comm_bytes(precision: str, strategy: str, assumptions: Assumptions = Assumptions()) -> tuple[int, int]:
+    """(parameter all-gather, gradient reduction) bytes per element of the data-parallel traffic.
+
+    FSDP: units are gathered in the parameter dtype (MixedPrecisionPolicy param_dtype; fp32 under
+    autocast, where no policy is set) and gradients reduced in ``fsdp_reduce_bytes_per_element``
+    (reduce_dtype) -- or, without a policy, in the gradient dtype (4 under autocast, 2 in pure
+    bf16). DeepSpeed under ``torch_autocast`` tags the parameters of ``torch.nn.Linear`` (nearly
+    all of them) with the autocast dtype as their communication dtype, and ZeRO reduces and
+    gathers them in it (deepspeed/runtime/torch_autocast.py ``init_autocast_params``). DDP and
+    ZeRO otherwise move the parameter dtype.
+    """
+    m = mode(precision)
+    if strategy.startswith("fsdp"):
+        no_policy = m.master_bytes == 0 and precision != "fp32"  # pure bf16, autocast: no MixedPrecisionPolicy
+        return m.param_bytes, m.grad_bytes if no_policy else assumptions.fsdp_reduce_bytes_per_element
+    if m.autocast and strategy != "ddp":
+        return m.compute_bytes, m.compute_bytes
+    return m.param_bytes, m.grad_bytes
 
 
 @dataclass(frozen=True)
@@ -98,14 +137,18 @@ def model_states(
 ) -> ModelStates:
     """Model states of ``num_params`` parameters (one rank's TP/PP share) sharded ``shard`` ways.
 
-    Mixed precision keeps 2-byte weights and gradients for compute and an fp32 master copy (4)
-    plus the optimizer's state (Adam 8) for the update: the ZeRO paper's 2 + 2 + K, K = 12.
-    FSDP's sharded flat parameter *is* the fp32 master, and its gradient is fp32 too.
+    Mixed precision (bf16, fp16) keeps 2-byte weights and gradients for compute and an fp32
+    master copy (4) plus the optimizer's state (Adam 8) for the update: the ZeRO paper's
+    2 + 2 + K, K = 12. FSDP's sharded flat parameter *is* the fp32 master, and its gradient is
+    fp32 too. Pure bf16 has no master: 2 + 2 + 4 (AdamW's m and v in bf16). Autocast (amp-*)
+    trains fp32 parameters: 4 + 4 + 8, the same as fp32 (its per-forward casts of the weights
+    are activations: :func:`autocast_weight_copies`). See :mod:`fstrain.core.precision`.
     """
-    mixed = precision != "fp32"
-    w = weight_bytes(precision)
-    master = 4 if mixed else 0
-    states = OPTIMIZER_STATE_BYTES[optimizer]
+    m = mode(precision)
+    mixed = m.master_bytes > 0
+    w = m.param_bytes
+    master = m.master_bytes
+    states = optimizer_state_bytes(precision, optimizer, OPTIMIZER_STATE_BYTES[optimizer])
     n = 1 if strategy == "ddp" else shard
 
     def sharded(bytes_per_param: int) -> int:
@@ -113,7 +156,8 @@ def model_states(
 
     if strategy.startswith("fsdp"):
         full_params = w * num_params if strategy == "fsdp-grad-op" else 0  # gathered forward -> backward
-        shard_states = ModelStates(sharded(4), sharded(4), sharded(states))
+        shard_bytes = max(master, w)  # the fp32 master under a MixedPrecisionPolicy, else the params
+        shard_states = ModelStates(sharded(shard_bytes), sharded(shard_bytes), sharded(states))
         if offload == "optimizer+params":
             return ModelStates(full_params, 0, 0, shard_states.total)
         return ModelStates(shard_states.parameters + full_params, shard_states.gradients, shard_states.optimizer_states)
@@ -142,8 +186,8 @@ def model_states(
 
 
 def zero3_gathered_layer_bytes(largest_layer_params: int, precision: str = "bf16") -> int:
-    """ZeRO-3's gathered largest layer: its full parameters and gradients in the compute dtype."""
-    return 2 * weight_bytes(precision) * largest_layer_params
+    """ZeRO-3's gathered largest layer: its full parameters and gradients in the parameter dtype."""
+    return 2 * param_bytes(precision) * largest_layer_params
 
 
 def host_bytes_per_node(
@@ -153,12 +197,14 @@ def host_bytes_per_node(
     largest_layer_params: int,
     gpus_per_node: int,
     assumptions: Assumptions = Assumptions(),
+    precision: str = "bf16",
 ) -> int:
-    """Host memory a node needs: start-up (each process builds its fp32 model, or one layer of it
-    under zero.Init / meta-device init) or the offloaded state, whichever is larger, times
-    DeepSpeed's additional buffer factor."""
+    """Host memory a node needs: start-up (each process builds its model, or one layer of it
+    under zero.Init / meta-device init: fp32, or bf16 for pure bf16) or the offloaded state,
+    whichever is larger, times DeepSpeed's additional buffer factor."""
     sharded_init = assumptions.sharded_init and strategy in ("zero3", "fsdp-full", "fsdp-hybrid", "fsdp-grad-op")
-    init = 4 * (largest_layer_params if sharded_init else rank_params) * gpus_per_node
+    built = 2 if precision == "bf16-pure" else 4  # the model's dtype at construction
+    init = built * (largest_layer_params if sharded_init else rank_params) * gpus_per_node
     steady = states.host_bytes * gpus_per_node
     return int(max(init, steady) * assumptions.cpu_buffer_factor)
 
@@ -268,16 +314,30 @@ def layer_activation_bytes(
     GeLU 4h, dropout) this is ``sbh(34 + 5as/h)``, and ``sbh(10 + 24/t + 5as/(ht))`` with TP but
     no SP. With it: PyTorch eager with SDPA, op by op (what the bundled trainer and torchtitan
     run; ``fstrain plan --trace`` checks it); ``megatron-selective`` then stores what ``none`` does.
+
+    Under autocast (``amp-*``) the matmuls and SDPA save their inputs' low-precision casts (each
+    linear its own cast of a shared input: q, k and v three, SwiGLU's gate and up two), but
+    the residual stream stays fp32 (so does a checkpointed block's input), and the norms run in
+    fp32 (``layer_norm`` is on autocast's fp32 list; an RMSNorm over an fp32 input computes in
+    fp32): each keeps an fp32 output where the other modes keep a compute-dtype one (a LayerNorm
+    both fp32 statistics); eager
+    attention's ``softmax`` (fp32 list) keeps an fp32 output beside the cast its matmul saves.
+    Pure bf16 saves what bf16 mixed precision does (the same compute dtype, the same ops).
     """
     a = weight_bytes(precision)
+    autocast = mode(precision).autocast
+    r = residual_bytes(precision)  # block inputs and norm outputs
     s, b, h = seq_len, micro_batch, model.hidden_size
     sbh = s * b * h
     split_replicated = tp if (sequence_parallel and tp > 1) else 1
     if ac == "full" or ac.startswith("every-k:"):
-        return sbh * a // split_replicated  # only the block's input is kept
+        return sbh * r // split_replicated  # only the block's input is kept
     if ac == "selective-op":
-        return sbh * a // split_replicated + _selective_op_saved(model, s, b, a, flash_attention) // tp
+        return sbh * r // split_replicated + _selective_op_saved(model, s, b, a, flash_attention) // tp
     mask = 1 if model.dropout > 0 else 0
+    # The q/k/v and FFN inputs: one tensor each, but under autocast every linear saves its own
+    # cast of the shared input (q, k and v; gate and up), since only weights are cached.
+    linear_inputs = (3 + (2 if model.activation == "swiglu" else 1)) if autocast else 2
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
     ffn_width = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
@@ -293,8 +353,8 @@ def layer_activation_bytes(
         # fp32 statistic); the q/k/v and FFN inputs; SDPA keeps q, K and V repeated to all heads
         # (GQA), its output and the fp32 log-sum-exp; the out-projection input is a contiguous
         # copy of that output; rotary positions add a rotated copy of q.
-        norm = (4 * h + 4 + a * h) if model.norm == "rmsnorm" else (a * h + 4)
-        replicated = s * b * (2 * norm + 2 * a * h) + 2 * mask * sbh
+        norm = (4 * h + 4 + r * h) if model.norm == "rmsnorm" else (r * h + 4 + (4 if autocast else 0))
+        replicated = s * b * (2 * norm + linear_inputs * a * h) + 2 * mask * sbh
         q_copies = 5 if model.position_embedding == "rope" else 4
         sharded = q_copies * s * b * q_width * a + 4 * model.num_heads * s * b + ffn_saved + moe_extra
         return replicated // split_replicated + sharded // tp
@@ -302,10 +362,14 @@ def layer_activation_bytes(
     # kept whole under TP without SP; Q, K, V, the out-projection input, the FFN tensors and the
     # attention core are split. Eager attention keeps the softmax output (and, with dropout, its
     # mask and the dropped-out output).
-    replicated = 4 * sbh * a + 2 * mask * sbh
+    replicated = 2 * sbh * r + linear_inputs * sbh * a + 2 * mask * sbh
     sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved + moe_extra
     if ac == "none":
-        sharded += model.num_heads * s * s * b * (a + mask * (1 + a))
+        # Softmax saves its output, dropout its mask, and the AV matmul its input (the dropped-out
+        # probabilities); under autocast the softmax output is fp32 and the matmul saves a 16-bit
+        # cast of whichever tensor feeds it, so dropout's fp32 output is not kept.
+        probs = 4 + a if autocast else a
+        sharded += model.num_heads * s * s * b * (probs + mask * (1 if autocast else 1 + a))
     return replicated // split_replicated + sharded // tp
 
 
@@ -325,12 +389,14 @@ def block_backward_extra_bytes(
     precision: str = "bf16",
     sequence_parallel: bool = True,
     weight_grads: str = "block",
+    grad_bytes: int | None = None,
 ) -> int:
     """What one block's backward holds at its highest point beyond the tensors it saved (the
     ``none`` set, recomputed or kept): the gradient arriving from the next block, the gradients
     of its intermediate tensors, the fp32 temporaries of an eager RMSNorm's backward, and the
     weights' gradients in the compute dtype while they wait to be reduced (``weight_grads``:
-    ``block`` keeps a whole block's, ``each`` one weight's at a time, ``none`` none in flight).
+    ``block`` keeps a whole block's, ``each`` one weight's at a time, ``none`` none in flight;
+    ``grad_bytes``: their dtype, the parameters' as the model holds them, default the compute dtype).
     Followed op by op on PyTorch's eager kernels (fake tensors, the bundled trainer's block);
     the peak is at one of two points:
 
@@ -349,7 +415,7 @@ def block_backward_extra_bytes(
     ffn = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
     hidden = tokens * model.hidden_size * a // split  # one hidden-wide tensor
     wide = tokens * ffn * a // tp  # one FFN-wide tensor
-    weight = model.hidden_size * ffn * a // tp if weight_grads != "none" else 0  # one FFN weight's gradient
+    weight = model.hidden_size * ffn * (grad_bytes or a) // tp if weight_grads != "none" else 0  # one FFN weight's
     if model.activation != "swiglu":
         return hidden + wide + weight
     kept = weight if weight_grads == "block" else 0  # the down projection's, while its input's flow on
@@ -406,17 +472,65 @@ def stage_activation_bytes(
     items.append((
         "backward temporaries (one block)",
         block_backward_extra_bytes(model, knobs.micro_batch_size, knobs.seq_len, knobs.tp, knobs.precision,
-                                   assumptions.sequence_parallel, WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none")),
+                                   assumptions.sequence_parallel, WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none"),
+                                   param_bytes(knobs.precision)),
     ))
     if stage.has_head and knobs.strategy.startswith("fsdp"):
         # FSDP2 reduce-scatters the root unit's gradients after the whole backward, so the head's
         # weight gradient (compute dtype) is live through every block's backward.
-        head = (model.vocab_size * model.hidden_size // knobs.tp + model.hidden_size) * weight_bytes(knobs.precision)
+        head = (model.vocab_size * model.hidden_size // knobs.tp + model.hidden_size) * param_bytes(knobs.precision)
         items.append(("FSDP root unit's gradient (head, compute dtype)", head))
+    if mode(knobs.precision).autocast:
+        items += autocast_weight_copies(model, stage, knobs, assumptions)
     if stage.has_head:
         logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
         per_logit = loss_bytes_per_logit(knobs.loss, knobs.precision, assumptions)
         items.append((LOGITS_ITEM, logits * per_logit))
+    return items
+
+
+def block_matmul_params(model: ModelSpec) -> int:
+    """Weights of one block's matmuls (every expert of an MoE block)."""
+    mms = block_matmuls(model)
+    experts = 1 if model.moe is None else model.moe.num_experts
+    return sum(i * o for i, o in mms[:4]) + experts * sum(i * o for i, o in mms[4:])
+
+
+def autocast_weight_copies(
+    model: ModelSpec, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
+) -> list[tuple[str, int]]:
+    """The low-precision casts of the matmul weights that autocast makes each forward.
+
+    A matmul under autocast saves its cast weight for backward, so a block that is not
+    checkpointed (and the head) keeps one compute-dtype copy of its weights until its backward.
+    Inside a checkpointed block nothing is saved, but autocast caches the cast of every leaf
+    weight that requires grad until the autocast region (forward and loss) exits
+    (``cached_cast`` in aten/src/ATen/autocast_mode.h), so a copy of every block's weights is
+    live at the loss: seen with torch's CPU autocast on plain modules and FSDP2 (whose unsharded
+    parameters are leaves); ATorch's FSDP runs (tests/fixtures/planner/measured) measure within
+    3 % with it and 33-42 % under without it. A script that passes
+    ``torch.autocast(cache_enabled=False)`` keeps none:
+    ``--assume autocast_weight_cache=false``.
+    """
+    a = weight_bytes(knobs.precision)
+    per_block = block_matmul_params(model) // knobs.tp
+    ac = knobs.activation_checkpointing
+    if ac in ("none", "megatron-selective"):
+        checkpointed = 0
+    elif ac.startswith("every-k:"):
+        checkpointed = checkpointed_blocks(ac, stage.layers)
+    else:  # full, selective-op
+        checkpointed = stage.layers
+    head = model.vocab_size * model.hidden_size // knobs.tp if stage.has_head else 0
+    saved = a * ((stage.layers - checkpointed) * per_block * stage.in_flight + head)
+    items = []
+    if saved:
+        items.append((AUTOCAST_SAVED_ITEM, saved))
+    if checkpointed:
+        # A recomputed block casts its weights again and saves them for its own backward.
+        items.append(("autocast weight casts (recomputed block)", a * per_block))
+        if assumptions.autocast_weight_cache:
+            items.append((AUTOCAST_CACHE_ITEM, a * checkpointed * per_block))
     return items
 
 
@@ -446,7 +560,8 @@ def buffer_items(
     backward allocates :func:`backward_buffer_items`). For FSDP: the root unit (embeddings, final
     norm, head; FSDP2 does not reshard it after forward), the current and the prefetched block,
     and one block's unsharded gradient in the reduce dtype."""
-    w = weight_bytes(knobs.precision)
+    w = param_bytes(knobs.precision)
+    gather, reduce = comm_bytes(knobs.precision, strategy, assumptions)
     rendered = bucket_sizes(hidden_size)
     reduce_bucket = assumptions.reduce_bucket_elements or rendered["reduce_bucket_size"]
     prefetch_bucket = assumptions.zero3_prefetch_bucket_elements or rendered["stage3_prefetch_bucket_size"]
@@ -458,36 +573,33 @@ def buffer_items(
         room = max(0, assumptions.zero3_max_live_parameters - stage.largest_layer)
         prefetch = min(prefetch_bucket, room, stage.params)
         items.append(("ZeRO-3 prefetch", w * prefetch))
-        items.append(("DeepSpeed reduce bucket", w * min(reduce_bucket, stage.params)))
+        items.append(("DeepSpeed reduce bucket", reduce * min(reduce_bucket, stage.params)))
     elif strategy == "fsdp-grad-op":
-        items.append(
-            ("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)
-        )
+        items.append(("FSDP unsharded gradient (one unit)", stage.fsdp_unit * reduce))
     elif strategy in ("fsdp-full", "fsdp-hybrid") and knobs.pp > 1:
         # Under pipeline parallelism torchtitan shards each stage with reshard_after_forward=False
         # (parallelize.py: `reshard_after_forward = not pp_enabled`), and torch's pipeline stage
         # runs every micro-batch's backward with set_reshard_after_backward(False) until
         # perform_reduce_grad after the last one (torch/distributed/pipelining/stage.py): the whole
         # stage stays gathered in the compute dtype through forward and backward.
-        items.append((PP_GATHERED_ITEM, stage.params * w))
+        items.append((PP_GATHERED_ITEM, stage.params * gather))
         items.append(
-            ("FSDP unsharded gradient (one block)", stage.block * assumptions.fsdp_reduce_bytes_per_element)
+            ("FSDP unsharded gradient (one block)", stage.block * reduce)
         )
     elif strategy in ("fsdp-full", "fsdp-hybrid"):
         # Each block is its own unit; the root unit (embeddings, final norm, head) is not resharded
         # after forward (FSDP2 keeps the root gathered for the backward that follows), so it is
         # gathered beside the current and the prefetched block.
         block = stage.block
-        gathered = block * w * (1 + assumptions.fsdp_prefetch_units)
+        gathered = block * gather * (1 + assumptions.fsdp_prefetch_units)
         items.append((f"FSDP gathered blocks (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered))
         if stage.outside_blocks:
-            items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * w))
-        items.append(
-            ("FSDP unsharded gradient (one block)", block * assumptions.fsdp_reduce_bytes_per_element)
-        )
+            items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * gather))
+        items.append(("FSDP unsharded gradient (one block)", block * reduce))
     if knobs.pp > 1:
         # A send and a receive buffer of one micro-batch's boundary activations per model chunk.
-        p2p = 2 * knobs.micro_batch_size * knobs.seq_len * hidden_size * w // knobs.tp * stage.chunks
+        boundary = knobs.micro_batch_size * knobs.seq_len * hidden_size * residual_bytes(knobs.precision)
+        p2p = 2 * boundary // knobs.tp * stage.chunks
         items.append(("pipeline send/recv", p2p))
     return items
 
@@ -496,7 +608,7 @@ def persistent_buffer_items(
     strategy: str, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
 ) -> list[tuple[str, int]]:
     """Buffers allocated once that stay through every moment, the optimizer step included."""
-    w = weight_bytes(knobs.precision)
+    w = param_bytes(knobs.precision)
     if strategy == "ddp":
         return [("DDP gradient buckets", min(2 * assumptions.ddp_bucket_bytes, w * stage.params))]
     if strategy in ("zero1", "zero2") and knobs.offload != "none":
@@ -526,7 +638,7 @@ def backward_buffer_items(
     """
     if strategy not in ("zero1", "zero2"):
         return []
-    w = weight_bytes(knobs.precision)
+    _, w = comm_bytes(knobs.precision, strategy, assumptions)
     reduce_bucket = assumptions.reduce_bucket_elements or bucket_sizes(hidden_size)["reduce_bucket_size"]
     copies = 1 if knobs.pp > 1 else 2
     label = "DeepSpeed reduce bucket" if copies == 1 else "DeepSpeed reduce buckets (2, overlap_comm)"
@@ -709,7 +821,7 @@ def _stage_breakdown(
         compute_gradients = pipeline_fsdp_gradient_bytes(stage, k, assumptions)
     step_items = [*persistent, *optimizer_step_items(k, states)]
     first_block_stored = 0
-    if model is not None and stage.layers:
+    if model is not None and stage.layers and k.pp == 1:  # FSDP under PP reduces once, after the last micro-batch
         last = k.activation_checkpointing
         if every_k(last) > 1:
             last = "full" if block_is_checkpointed(last, stage.layers - 1) else "none"
@@ -749,7 +861,9 @@ def _stage_breakdown(
         *live_items,
         *overhead,
     )
-    host = host_bytes_per_node(states, k.strategy, stage.params, stage.largest_layer, gpus_per_node, assumptions)
+    host = host_bytes_per_node(
+        states, k.strategy, stage.params, stage.largest_layer, gpus_per_node, assumptions, k.precision
+    )
     return MemoryBreakdown(
         parameters=states.parameters,
         gradients=gradients,
@@ -782,8 +896,10 @@ def _moments(
     comes first stored (freed when its gradient is reduced: FSDP's per-block reduce-scatter).
     """
     stored = activation_items[:1]
-    logits = [item for item in activation_items[1:] if item[0] == LOGITS_ITEM]
-    working = [item for item in activation_items[1:] if item[0] != LOGITS_ITEM]
+    loss_only = (LOGITS_ITEM, AUTOCAST_CACHE_ITEM)
+    logits = [item for item in activation_items[1:] if item[0] in loss_only]
+    working = [item for item in activation_items[1:] if item[0] not in loss_only]
+    saved = [item for item in working if item[0] == AUTOCAST_SAVED_ITEM]
     backward = [*stored, *working, *buffers, *backward_buffers]
     reduce = [item for item in buffers if item[0] in BLOCK_REDUCE_ITEMS]
     if reduce and stored and first_block_stored:
@@ -796,9 +912,9 @@ def _moments(
                  *backward_buffers]
         backward = max(first, later, key=lambda items: sum(v for _, v in items))
     moments = [
-        ("loss", [*stored, *logits, *buffers]),
+        ("loss", [*stored, *saved, *logits, *buffers]),
         ("backward", backward),
         ("optimizer step", list(step_items)),
     ]
-    return moments if logits else moments[1:]
+    return moments if any(name == LOGITS_ITEM for name, _ in logits) else moments[1:]
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fstrain.core.acpolicy import AC_NAMES, parse_ac
+from fstrain.core.precision import PRECISIONS, check_strategy
 from fstrain.errors import InputError
 
 PLAN_FORMAT_VERSION = 1
@@ -21,7 +22,6 @@ _PLAN_HINT = "fix the value, or write the plan again with `fstrain plan --out pl
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
 ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N takes a number)
 OFFLOAD = ("none", "optimizer", "optimizer+params")
-PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
 # How the loss is computed over the logits, which sets their memory (fstrain/core/memory.py):
 # "full": cross-entropy on an fp32 copy of the logits (torch's F.cross_entropy(logits.float()):
@@ -190,6 +190,7 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         value = getattr(knobs, key)
         if value not in allowed:
             raise InputError(f"plan.{key} is {value!r}", f"use one of {', '.join(allowed)}", where)
+    check_strategy(knobs.precision, knobs.strategy, f"{where}: plan.precision")
     if parse_ac(knobs.activation_checkpointing, where) != knobs.activation_checkpointing:
         raise InputError(
             f"plan.activation_checkpointing is {knobs.activation_checkpointing!r}",

@@ -40,6 +40,7 @@ from fstrain.core.planfile import (
     PlanFile,
     PlanKnobs,
 )
+from fstrain.core.precision import check_strategy, strategy_runs
 from fstrain.core.timemodel import StepTime, step_time
 from fstrain.errors import ConfigError
 
@@ -230,7 +231,9 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
     for node in cluster.nodes:
         if node.gpu.peak_flops(training.precision) <= 0:
             raise ConfigError(
-                f"{node.gpu.label} has no {training.precision} support", "use --precision fp16 (or fp32)", "--precision"
+                f"{node.gpu.label} has no {training.precision} support",
+                "use --precision amp-fp16" if training.precision == "amp-bf16" else "use --precision fp16 (or fp32)",
+                "--precision",
             )
     if training.loss not in LOSSES:
         raise ConfigError(f"unknown loss {training.loss!r}", f"use one of {', '.join(LOSSES)}", "--loss")
@@ -272,6 +275,8 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             "drop it, or use --strategy fsdp-hybrid",
             "--shard-group-size",
         )
+    if pins.strategy:
+        check_strategy(training.precision, pins.strategy, "--strategy")
     if pins.strategy and pins.offload and pins.offload not in OFFLOAD_ALLOWED[pins.strategy]:
         raise ConfigError(
             f"{STRATEGY_LABELS[pins.strategy]} cannot offload {pins.offload!r}",
@@ -364,12 +369,14 @@ def _batches(training: TrainingSpec, dp: int, pins: Pins) -> list[tuple[int, int
     return [(d, local // d) for d in divisors(local) if d <= MAX_MICRO_BATCH]
 
 
-def _strategies(pins: Pins, pp: int) -> Iterator[str]:
+def _strategies(pins: Pins, pp: int, precision: str = "bf16") -> Iterator[str]:
     # A pinned shard group only means something for hybrid sharding.
     chosen = pins.strategy or ("fsdp-hybrid" if pins.shard_group_size else None)
     for strategy in [chosen] if chosen else STRATEGIES:
         if pp > 1 and strategy in _NO_PIPELINE:
             continue
+        if not chosen and not strategy_runs(precision, strategy):
+            continue  # e.g. pure bf16 under DeepSpeed's ZeRO (fstrain.core.precision)
         yield strategy
 
 
@@ -486,7 +493,7 @@ def _search(
         batches = (
             _batches(training, dp, pins) if model.spec else [(pins.micro_batch_size or 1, pins.grad_accum_steps or 1)]
         )
-        for strategy in _strategies(pins, pp):
+        for strategy in _strategies(pins, pp, training.precision):
             # With dp = 1 sharding is DDP, unless it is there to offload.
             offloads = [
                 o

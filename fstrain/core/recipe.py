@@ -30,7 +30,7 @@ Schema (every key is checked; unknown keys are errors, so a typo never passes si
     training:                       # optional defaults, each overridable on the command line
       global_batch_size: 1024       # sequences (or global_batch_tokens, not both)
       micro_batch_size: 1
-      precision: bf16               # bf16 | fp16 | fp32
+      precision: bf16               # bf16 | fp16 | fp32 | bf16-pure | amp-bf16 | amp-fp16
       optimizer: adamw              # adamw | sgd | adam8bit
       activation_checkpointing: none    # none | selective-op | every-k:N | full | megatron-selective
       flash_attention: true

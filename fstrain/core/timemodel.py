@@ -30,7 +30,7 @@ from typing import Any
 
 from fstrain.core.acpolicy import every_k
 from fstrain.core.assumptions import Assumptions
-from fstrain.core.memory import block_matmuls, weight_bytes
+from fstrain.core.memory import block_matmuls, comm_bytes, param_bytes, residual_bytes, weight_bytes
 from fstrain.core.pipeline import boundary_crossings, bubble_slots, layers_per_rank
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
@@ -223,7 +223,7 @@ def step_time(
     if p > 1:
         boundary = group_bandwidth(p, t * d, links)
         crossings = boundary_crossings(knobs.pp_schedule, chunks)  # v times the traffic, interleaved
-        pp_mb = crossings * 2 * b * s * model.hidden_size * w / t / (boundary * eff)
+        pp_mb = crossings * 2 * b * s * model.hidden_size * residual_bytes(knobs.precision) / t / (boundary * eff)
     slot = compute_mb + tp_mb + pp_mb
     bubble = bubble_slots(knobs.pp_schedule, p, chunks) * slot
     pipeline = m * slot + bubble
@@ -251,12 +251,16 @@ def step_time(
 def _data_parallel_time(
     knobs: PlanKnobs, params: int, compute_mb: float, links: Links, assumptions: Assumptions, layers: int = 1
 ) -> tuple[float, float]:
-    """(total, exposed) seconds of data-parallel communication in one step."""
-    d, m, w, t = knobs.dp, knobs.grad_accum_steps, weight_bytes(knobs.precision), knobs.tp
+    """(total, exposed) seconds of data-parallel communication in one step.
+
+    Parameters move in their gather dtype ``w`` and gradients in their reduce dtype (``red``,
+    ``memory.comm_bytes``): under autocast DDP and FSDP move fp32 (twice bf16's bytes),
+    DeepSpeed the autocast dtype; pure bf16 moves bf16 everywhere."""
+    d, m, t = knobs.dp, knobs.grad_accum_steps, knobs.tp
     if d == 1:
         return 0.0, 0.0
+    w, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
     eff = assumptions.collective_efficiency
-    red = assumptions.fsdp_reduce_bytes_per_element
     group = knobs.shard_group_size if knobs.strategy == "fsdp-hybrid" else d
     bandwidth = group_bandwidth(group, t, links) * eff
 
@@ -273,13 +277,13 @@ def _data_parallel_time(
     strategy = knobs.strategy
     exposed_only = 0.0
     if strategy == "ddp":
-        hidden, window = move(2 * w), backward_last
+        hidden, window = move(2 * red), backward_last
     elif strategy == "zero1":
-        hidden, window, exposed_only = move(w), backward_last, move(w)
+        hidden, window, exposed_only = move(red), backward_last, move(w)
     elif strategy == "zero2":
-        hidden, window, exposed_only = move(w, count=m), 2 / 3 * all_compute, move(w)
+        hidden, window, exposed_only = move(red, count=m), 2 / 3 * all_compute, move(w)
     elif strategy == "zero3":
-        hidden, window = move(3 * w, count=m, passes=3), all_compute
+        hidden, window = move(2 * w + red, count=m, passes=3), all_compute
     elif strategy.startswith("fsdp") and knobs.pp > 1:
         # Under PP the stage stays gathered across micro-batches (reshard_after_forward=False in
         # torchtitan) and reduces its gradients once, after the last micro-batch's backward
@@ -306,7 +310,7 @@ def _offload_time(knobs: PlanKnobs, params: int, links: Links, assumptions: Assu
     """PCIe traffic and the CPU optimizer step of an offloaded configuration (not overlapped)."""
     if knobs.offload == "none":
         return 0.0
-    w = weight_bytes(knobs.precision)
+    w = param_bytes(knobs.precision)
     shard = params / knobs.shard_group_size
     pcie = links.host_link_bytes_per_s / 2  # one direction
     cpu_step = shard * links.gpus_per_node / assumptions.cpu_adam_params_per_s_per_node

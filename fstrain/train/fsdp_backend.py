@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,6 +33,14 @@ from fstrain.train.settings import TrainSettings, fsdp_precision, fsdp_training_
 from fstrain.train.steps import adamw8bit, lm_loss, read_latest, step_tag, write_latest
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def autocast_context(cfg: Mapping[str, Any], device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` around forward and loss when the FSDP file asks for it (amp-bf16/-fp16)."""
+    dtype = cfg.get("autocast")
+    if not dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=_DTYPES[str(dtype)])
 
 
 class FSDPEngine:
@@ -65,6 +74,7 @@ class FSDPEngine:
             ShardedGradScaler(device=runtime.device.type) if cfg.get("loss_scaling") == "dynamic" else None
         )
         self.precision = fsdp_precision(cfg)
+        self.cfg = cfg
 
     def train_step(self, micro_batches: Sequence[torch.Tensor]) -> tuple[float, float]:
         lr = float(self.optimizer.param_groups[0]["lr"])
@@ -74,7 +84,8 @@ class FSDPEngine:
             # skipping the sync would keep every parameter's full unsharded gradient between
             # micro-batches (the whole model's, not a shard), which is what the planner and the
             # memory trace do not count.
-            loss = lm_loss(self.model(tokens.to(self.runtime.device)), tokens.to(self.runtime.device))
+            with autocast_context(self.cfg, self.runtime.device.type):
+                loss = lm_loss(self.model(tokens.to(self.runtime.device)), tokens.to(self.runtime.device))
             scaled = loss / self.grad_accum_steps
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             total += float(loss.detach())
@@ -158,7 +169,14 @@ def build_sharded_model(
             module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload_policy
         )
 
-    model = GPT(spec, ac)
+    # Pure bf16 builds the model in bf16 as torchtune does (its recipes instantiate the model under
+    # training.set_default_dtype); AdamW's states then follow the parameters' dtype.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(_DTYPES[str(cfg.get("model_dtype", "float32"))])
+    try:
+        model = GPT(spec, ac)
+    finally:
+        torch.set_default_dtype(previous)
     for module in list(model.modules()):
         if type(module).__name__ in wrap_classes:
             shard(module)

@@ -247,6 +247,10 @@ def _check_fsdp(fsdp: Mapping[str, Any], world_size: int, where: str) -> None:
         )
     if param_dtype not in _PRECISION_OF_DTYPE:
         raise InputError(f"mixed_precision.param_dtype {param_dtype!r}", "use bfloat16, float16 or float32", where)
+    if fsdp.get("model_dtype", "float32") not in ("float32", "bfloat16"):
+        raise InputError(f"model_dtype {fsdp.get('model_dtype')!r}", "use float32, or bfloat16 for pure bf16", where)
+    if fsdp.get("autocast") not in (None, "bfloat16", "float16"):
+        raise InputError(f"autocast {fsdp.get('autocast')!r}", "use bfloat16, float16 or null", where)
     parse_ac(fsdp.get("activation_checkpointing", "none"), f"{where}: activation_checkpointing")
 
 
@@ -279,6 +283,12 @@ def check_deepspeed_ac(ac: str, ds: Mapping[str, Any], where: str) -> None:
 
 
 def fsdp_precision(fsdp: Mapping[str, Any]) -> str:
+    """The plan's precision mode (fstrain.core.precision) the FSDP file describes."""
+    autocast = fsdp.get("autocast")
+    if autocast:
+        return "amp-" + _PRECISION_OF_DTYPE[str(autocast)]
+    if fsdp.get("model_dtype") == "bfloat16":
+        return "bf16-pure"
     return _PRECISION_OF_DTYPE[str(fsdp["mixed_precision"]["param_dtype"])]
 
 

@@ -180,7 +180,7 @@ class _Tracer:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModState
 
-        from fstrain.train.fsdp_backend import build_optimizer, build_sharded_model
+        from fstrain.train.fsdp_backend import autocast_context, build_optimizer, build_sharded_model
         from fstrain.train.steps import lm_loss
 
         knobs = self.plan.knobs
@@ -199,7 +199,9 @@ class _Tracer:
             with tracker:
                 for step in range(2):
                     for _ in range(micro_batches):
-                        (lm_loss(model(tokens), tokens) / micro_batches).backward()
+                        with autocast_context(cfg, "cpu"):
+                            loss = lm_loss(model(tokens), tokens) / micro_batches
+                        loss.backward()
                         if step == 1:  # the second step has optimizer state from the start
                             stats = tracker.memory_tracking[model]
                             _keep_max(moments, "forward", stats.snapshots[_FSDPModState.PEAK_FW])

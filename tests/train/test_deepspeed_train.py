@@ -19,6 +19,7 @@ STEPS = 8
     [
         ("zero1", "bf16", "none", "none"),
         ("zero2", "fp32", "optimizer", "full"),  # DeepSpeedCPUAdam; DeepSpeed's checkpoint function
+        ("zero2", "amp-bf16", "none", "none"),  # DeepSpeed's torch_autocast section
     ],
 )
 def test_zero_stage_trains(tmp_path: Path, strategy: str, precision: str, offload: str, ac: str) -> None:

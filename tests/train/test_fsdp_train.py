@@ -23,6 +23,9 @@ STEPS = 8
     [
         (2, "fsdp-grad-op", 2, "fp16", "optimizer", "none", [2]),  # ShardedGradScaler, CPUOffloadPolicy
         (4, "fsdp-hybrid", 2, "bf16", "none", "full", [2, 2]),
+        (2, "fsdp-full", 2, "bf16-pure", "none", "none", [2]),  # a bf16 model, AdamW states in bf16
+        (2, "fsdp-full", 2, "amp-bf16", "none", "full", [2]),  # torch.autocast over fp32 weights
+        (2, "fsdp-grad-op", 2, "amp-fp16", "none", "none", [2]),  # autocast(float16) + ShardedGradScaler
     ],
 )
 def test_fsdp_layout_trains(

@@ -46,3 +46,45 @@ def test_block_activations_match_autograd(norm: str, activation: str, position: 
                    linear_bias=bias, hidden_size=128, num_heads=8, num_kv_heads=kv_heads, ffn_hidden_size=352)
     predicted = layer_activation_bytes(spec, 2, 64, ac="none", flash_attention=True, precision="bf16")
     assert predicted == pytest.approx(saved_bytes(spec, 64, 2), rel=0.05)
+
+
+def saved_bytes_under_autocast(spec: ModelSpec, seq_len: int, micro_batch: int) -> tuple[int, int]:
+    """(activations, weight casts) one fp32 block saves under ``torch.autocast(bfloat16)``: the
+    16-bit casts of its weights are told apart by their shapes (``seq_len x micro_batch`` must
+    not equal a weight dimension)."""
+    block = TransformerBlock(spec)
+    x = torch.randn(micro_batch, seq_len, spec.hidden_size, requires_grad=True)
+    cos, sin = rotary_tables(seq_len, spec.head_dim)
+    shared = {t.untyped_storage().data_ptr() for t in (*block.parameters(), cos, sin)}
+    weight_shapes = {tuple(p.shape) for p in block.parameters() if p.dim() == 2}
+    activations: dict[int, int] = {}
+    casts: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        pointer = t.untyped_storage().data_ptr()
+        if pointer not in shared:
+            is_cast = t.dtype == torch.bfloat16 and t.dim() == 2 and (
+                tuple(t.shape) in weight_shapes or tuple(t.t().shape) in weight_shapes)
+            (casts if is_cast else activations)[pointer] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x, cos, sin)
+    return sum(activations.values()), sum(casts.values())
+
+
+@pytest.mark.parametrize(("norm", "activation", "position", "bias", "kv_heads"),
+                         [g for g in GRID if g[-1] == 2 or g[:3] == ("rmsnorm", "swiglu", "rope")])
+def test_autocast_block_activations_and_weight_casts_match_autograd(
+    norm: str, activation: str, position: str, bias: bool, kv_heads: int
+) -> None:
+    """amp-bf16: fp32 norms and residual inputs, one cast of the shared input per linear, and one
+    16-bit copy of every weight (the planner's autocast weight casts)."""
+    from fstrain.core.memory import block_matmul_params
+
+    spec = replace(TINY_MODEL, dropout=0.0, norm=norm, activation=activation, position_embedding=position,
+                   linear_bias=bias, hidden_size=128, num_heads=8, num_kv_heads=kv_heads, ffn_hidden_size=352)
+    activations, casts = saved_bytes_under_autocast(spec, 64, 3)
+    predicted = layer_activation_bytes(spec, 3, 64, ac="none", flash_attention=True, precision="amp-bf16")
+    assert predicted == pytest.approx(activations, rel=0.05)
+    assert casts == 2 * block_matmul_params(spec)

@@ -233,3 +233,32 @@ def test_pipeline_schedule_flags_reach_the_plan_the_json_and_the_table(tmp_path:
     assert [p["pp_schedule"] for p in json.loads(unpinned.stdout)["plans"]] == ["zero-bubble"]
     human = run_fstrain(*pinned, "--pp-schedule", "1f1b")
     assert human.returncode == 0 and "schedule" in human.stderr and "1f1b" in human.stderr
+
+
+@pytest.mark.parametrize(
+    ("precision", "strategy", "autocast", "ds_section"),
+    [
+        ("bf16-pure", "fsdp-full", None, "bf16"),  # DeepSpeed's equivalent keeps a master: its note says so
+        ("amp-bf16", "zero2", "bfloat16", "torch_autocast"),
+        ("amp-fp16", "ddp", "float16", "torch_autocast"),
+    ],
+)
+def test_precision_modes_plan_save_and_render(
+    tmp_path: Path, precision: str, strategy: str, autocast: str | None, ds_section: str
+) -> None:
+    plan_path = tmp_path / "plan.yaml"
+    planned = run_fstrain("plan", "--model", "llama3.1-8b", "--num-nodes", "1", "--gpus-per-node", "8", "--gpu",
+                          "h100-sxm", "--strategy", strategy, "--precision", precision, "--json", "--out",
+                          str(plan_path))
+    assert planned.returncode == 0, planned.stderr
+    document = json.loads(planned.stdout)
+    assert document["training"]["precision"] == precision and document["plans"][0]["strategy"] == strategy
+    saved = PlanFile.from_dict(yaml.safe_load(plan_path.read_text()), str(plan_path))
+    assert saved.knobs.precision == precision and saved.knobs.strategy == strategy
+    rendered = run_fstrain("render", "--plan", str(plan_path), "-o", str(tmp_path / "out"), "--json")
+    assert rendered.returncode == 0, rendered.stderr
+    fsdp = yaml.safe_load((tmp_path / "out" / "fsdp.yaml").read_text())
+    assert fsdp["autocast"] == autocast
+    assert fsdp["model_dtype"] == ("bfloat16" if precision == "bf16-pure" else "float32")
+    ds = json.loads((tmp_path / "out" / "ds_config.json").read_text())
+    assert ds_section in ds

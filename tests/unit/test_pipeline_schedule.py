@@ -7,7 +7,13 @@ import dataclasses
 
 import pytest
 
-from fstrain.core.memory import layer_activation_bytes, memory_breakdown, stage_activation_bytes, stage_shapes
+from fstrain.core.memory import (
+    block_backward_extra_bytes,
+    layer_activation_bytes,
+    memory_breakdown,
+    stage_activation_bytes,
+    stage_shapes,
+)
 from fstrain.core.modelsize import count_parameters
 from fstrain.core.pipeline import (
     boundary_crossings,
@@ -90,6 +96,7 @@ def test_interleaved_first_stage_activations_on_values() -> None:
     assert dict(stage_activation_bytes(L8B, first, knobs())) == {
         "activations (8 layers x 4 micro-batches, AC full)": 8 * 4 * per_layer,
         "recompute working set (one layer)": layer_activation_bytes(L8B, 1, 8192),
+        "backward temporaries (one block)": block_backward_extra_bytes(L8B, 1, 8192, grad_bytes=2),
     }
     chunked, last = stage_shapes(P8B, 1, 4, 16, False, "interleaved", 2)
     assert (chunked.chunks, chunked.in_flight, last.in_flight) == (2, 11, 5)

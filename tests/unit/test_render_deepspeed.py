@@ -17,7 +17,7 @@ import pytest
 
 from fstrain.core.render import TrainingOptions, render_deepspeed
 from fstrain.core.render.deepspeed import bucket_sizes
-from fstrain.errors import ConfigError, InputError
+from fstrain.errors import ConfigError, FstrainError, InputError
 from tests.plans import make_plan, with_model
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -35,6 +35,13 @@ def variants() -> list[tuple[str, str, str, str, str]]:
         if offload == "optimizer+params" and strategy != "zero3":
             continue
         out.append((strategy, precision, offload, ac, optimizer))
+    # Autocast (DeepSpeed's torch_autocast section): every stage for bf16, stage 0 for fp16 (the
+    # engine's GradScaler is stage 0's only; ZeRO refuses amp-fp16).
+    for strategy, offload in itertools.product(STRATEGIES, ("none", "optimizer")):
+        if offload != "none" and strategy == "ddp":
+            continue
+        out.append((strategy, "amp-bf16", offload, "full", "adamw"))
+    out.append(("ddp", "amp-fp16", "none", "full", "adamw"))
     return out
 
 
@@ -133,6 +140,9 @@ def test_deepspeed_reads_every_rendered_key(
     assert loaded.zero_optimization_stage == plan.knobs.zero_stage
     assert loaded.bfloat16_config.enabled == (precision == "bf16")
     assert loaded.float16_config.enabled == (precision == "fp16")
+    assert loaded.torch_autocast_enabled == precision.startswith("amp-")
+    if precision.startswith("amp-"):
+        assert loaded.torch_autocast_dtype == {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}[precision]
     zero = loaded.zero_config
     if offload != "none":
         assert zero.offload_optimizer.device == "cpu" and zero.offload_optimizer.pin_memory
@@ -227,6 +237,24 @@ def test_precision_sections_and_notes() -> None:
     assert "bf16" not in fp16.config
     fp32 = render_deepspeed(make_plan("zero2", precision="fp32"))
     assert "bf16" not in fp32.config and "fp16" not in fp32.config
+    amp = render_deepspeed(make_plan("zero3", precision="amp-bf16"))
+    assert amp.config["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert "bf16" not in amp.config and "fp16" not in amp.config
+    assert render_deepspeed(make_plan("ddp", precision="amp-fp16")).config["torch_autocast"]["dtype"] == "float16"
+
+
+def test_modes_deepspeed_does_not_run_are_refused_or_marked() -> None:
+    for strategy in ("zero1", "zero3"):
+        with pytest.raises(FstrainError, match="bf16-pure with strategy"):
+            render_deepspeed(make_plan(strategy, precision="bf16-pure"))
+        with pytest.raises(FstrainError, match="amp-fp16 with strategy"):
+            render_deepspeed(make_plan(strategy, precision="amp-fp16"))
+    # An FSDP plan's DeepSpeed file is an equivalent: the nearest mode DeepSpeed runs, said in a note.
+    pure = render_deepspeed(make_plan("fsdp-full", precision="bf16-pure"))
+    assert pure.config["bf16"] == {"enabled": True} and any("fsdp.yaml runs pure bf16" in n for n in pure.notes)
+    amp16 = render_deepspeed(make_plan("fsdp-full", precision="amp-fp16"))
+    assert amp16.config["fp16"]["enabled"] and "torch_autocast" not in amp16.config
+    assert any("no loss scaler with ZeRO" in n for n in amp16.notes)
 
 
 def test_optimizer_and_scheduler_blocks() -> None:

@@ -38,13 +38,32 @@ def test_mesh_and_resharding(strategy: str, dp: int, group: int, mesh: dict[str,
 
 
 @pytest.mark.parametrize(
-    ("precision", "param_dtype", "loss_scaling"),
-    [("bf16", "bfloat16", "none"), ("fp16", "float16", "dynamic"), ("fp32", "float32", "none")],
+    ("precision", "model_dtype", "param_dtype", "reduce_dtype", "autocast", "loss_scaling"),
+    [
+        ("bf16", "float32", "bfloat16", "float32", None, "none"),
+        ("fp16", "float32", "float16", "float32", None, "dynamic"),
+        ("fp32", "float32", "float32", "float32", None, "none"),
+        # torchtune's pure bf16: a bf16 model, nothing cast, gradients reduced in bf16
+        ("bf16-pure", "bfloat16", "bfloat16", "bfloat16", None, "none"),
+        # autocast over fp32 weights: no MixedPrecisionPolicy cast
+        ("amp-bf16", "float32", "float32", "float32", "bfloat16", "none"),
+        ("amp-fp16", "float32", "float32", "float32", "float16", "dynamic"),
+    ],
 )
-def test_mixed_precision_policy(precision: str, param_dtype: str, loss_scaling: str) -> None:
-    config = render_fsdp(make_plan("fsdp-full", precision=precision)).config
-    assert config["mixed_precision"] == {"param_dtype": param_dtype, "reduce_dtype": "float32"}
+def test_mixed_precision_policy(
+    precision: str, model_dtype: str, param_dtype: str, reduce_dtype: str, autocast: str | None, loss_scaling: str
+) -> None:
+    rendered = render_fsdp(make_plan("fsdp-full", precision=precision))
+    config = rendered.config
+    assert config["model_dtype"] == model_dtype
+    assert config["mixed_precision"] == {"param_dtype": param_dtype, "reduce_dtype": reduce_dtype}
+    assert config["autocast"] == autocast
     assert config["loss_scaling"] == loss_scaling
+    if autocast:
+        assert any(f"torch.autocast(dtype=torch.{autocast})" in note for note in rendered.notes)
+    accelerate = render_accelerate(make_plan("fsdp-full", precision=precision)).config["mixed_precision"]
+    assert accelerate == {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "bf16-pure": "no", "amp-bf16": "bf16",
+                          "amp-fp16": "fp16"}[precision]
 
 
 def test_offload_wrap_batch_optimizer_and_notes() -> None:

@@ -140,6 +140,21 @@ def test_data_parallel_volume_per_strategy() -> None:
     assert zero3_accum.dp_comm_s / ddp_accum.dp_comm_s == pytest.approx(1.5 * 4)
 
 
+def test_data_parallel_volume_per_precision_mode() -> None:
+    """Gradients move in their dtype: fp32 under autocast (DDP, FSDP without a policy), bf16 in
+    pure bf16; DeepSpeed's torch_autocast moves Linear parameters in the autocast dtype."""
+    ring = 127 / 128
+    assert run(knobs(precision="amp-bf16")).dp_comm_s == pytest.approx(2 * ring * 4 * 8e9 / 400e9)
+    assert run(knobs(precision="bf16-pure")).dp_comm_s == pytest.approx(run(knobs()).dp_comm_s)
+    fsdp = {"strategy": "fsdp-full", "zero_stage": 3, "shard_group_size": 128}
+    bf16 = run(knobs(**fsdp)).dp_comm_s  # gather 2 + 2, reduce-scatter fp32 (4)
+    amp = run(knobs(**fsdp, precision="amp-bf16")).dp_comm_s  # 4 + 4 + 4
+    pure = run(knobs(**fsdp, precision="bf16-pure")).dp_comm_s  # 2 + 2 + 2
+    assert (bf16, amp, pure) == pytest.approx((ring * 8 * 8e9 / 400e9, ring * 12 * 8e9 / 400e9, ring * 6 * 8e9 / 400e9))
+    zero3 = {"strategy": "zero3", "zero_stage": 3, "shard_group_size": 128}
+    assert run(knobs(**zero3, precision="amp-bf16")).dp_comm_s == pytest.approx(run(knobs(**zero3)).dp_comm_s)
+
+
 def test_overlap_hides_data_parallel_time_behind_compute() -> None:
     k = knobs(strategy="zero3", zero_stage=3, shard_group_size=128)
     hidden = run(k, Assumptions(dp_overlap=1.0, collective_efficiency=1.0))

@@ -68,3 +68,22 @@ def test_cli_trace_json_and_table() -> None:
     assert human.returncode == 0 and "analytic vs PyTorch's trace" in human.stderr
     bad = run_fstrain("plan", "--model", "tiny", "--gpu", "h100-sxm", "--strategy", "zero3", "--trace")
     assert bad.returncode == 2 and "--trace" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(("precision", "param_bytes", "state_bytes"), [
+    ("bf16-pure", 2, 4),  # a bf16 model: bf16 shards, AdamW's m and v in bf16 (torchtune)
+    ("amp-bf16", 4, 8),  # autocast over fp32 weights: fp32 shards and states
+])
+def test_traced_states_per_precision_mode(precision: str, param_bytes: int, state_bytes: int) -> None:
+    from fstrain.core.memory import model_states
+    from fstrain.core.modelsize import count_parameters
+
+    model = replace(MODEL, num_layers=3)  # traced whole, no extrapolation
+    plan = make_plan("fsdp-full", dp=2, model=model, activation_checkpointing="full", seq_len=64, precision=precision)
+    traced = trace_plan(plan, render_fsdp(plan).config)
+    params = count_parameters(model).total
+    analytic = model_states(params, "fsdp-full", 2, precision)
+    assert analytic.parameters == params * param_bytes // 2
+    assert analytic.parameters <= traced.categories["parameters"] <= analytic.parameters + 4096
+    assert traced.raw["OptState"] == pytest.approx(analytic.optimizer_states, rel=1e-2)
+    assert analytic.optimizer_states == params * state_bytes // 2

@@ -75,3 +75,29 @@ def test_the_command_prints_one_line_and_exits_2(rendered: Path) -> None:
         f"error: [rank 0] {rendered / 'fsdp.yaml'}: mesh 2 x 2 = 4 ranks, but WORLD_SIZE is 3 "
         "(hint: launch as many processes as the plan's dp, or re-plan for this world size)"
     ]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32", "bf16-pure", "amp-bf16", "amp-fp16"])
+def test_the_fsdp_file_says_the_precision_mode(tmp_path: Path, precision: str) -> None:
+    from fstrain.train.settings import fsdp_precision
+
+    render_and_write(make_plan("fsdp-full", dp=2, precision=precision), tmp_path / "r", force=False)
+    settings = load_settings(["--plan", str(tmp_path / "r" / "plan.yaml"), "--fsdp-config",
+                              str(tmp_path / "r" / "fsdp.yaml")], 2)
+    assert settings.fsdp is not None and fsdp_precision(settings.fsdp) == precision
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("model_dtype", "float16", "model_dtype 'float16'"),
+    ("autocast", "float32", "autocast 'float32'"),
+])
+def test_bad_precision_keys_are_refused(tmp_path: Path, key: str, value: str, message: str) -> None:
+    import yaml
+
+    render_and_write(make_plan("fsdp-full", dp=2, precision="amp-bf16"), tmp_path / "r", force=False)
+    path = tmp_path / "r" / "fsdp.yaml"
+    data = yaml.safe_load(path.read_text())
+    data[key] = value
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match=message):
+        load_settings(["--plan", str(tmp_path / "r" / "plan.yaml"), "--fsdp-config", str(path)], 2)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from fstrain.core.doctor.facts import PlanNeeds
-from fstrain.core.memory import OPTIMIZER_STATE_BYTES, weight_bytes
+from fstrain.core.memory import OPTIMIZER_STATE_BYTES, param_bytes
 from fstrain.core.planfile import PlanFile
+from fstrain.core.precision import mode, optimizer_state_bytes
 
 
 def checkpoint_bytes(num_params: int, precision: str, optimizer: str) -> int:
-    """A full training checkpoint: the weights in the compute dtype, the fp32 master copy under mixed
-    precision, and the optimizer states (Adam: m and v in fp32), summed over all ranks."""
-    master = 4 if precision != "fp32" else 0
-    return num_params * (weight_bytes(precision) + master + OPTIMIZER_STATE_BYTES.get(optimizer, 8))
+    """A full training checkpoint: the weights in their dtype, the fp32 master copy under mixed
+    precision, and the optimizer states (Adam: m and v, in fp32 or, pure bf16, in bf16), summed
+    over all ranks."""
+    states = optimizer_state_bytes(precision, optimizer, OPTIMIZER_STATE_BYTES.get(optimizer, 8))
+    return num_params * (param_bytes(precision) + mode(precision).master_bytes + states)
 
 
 def plan_needs(plan: PlanFile, source: str) -> PlanNeeds:

@@ -61,18 +61,36 @@ def _zero_section(plan: PlanFile) -> dict[str, Any]:
     return zero
 
 
-def _precision(precision: str) -> tuple[dict[str, Any], str]:
-    if precision == "bf16":
-        return (
-            {"bf16": {"enabled": True}},
-            "bf16: no loss scaling section, because bf16 has fp32's exponent range and gradients do not underflow",
-        )
-    if precision == "fp16":
-        return (
-            {"fp16": {"enabled": True, **FP16_LOSS_SCALING}},
-            "fp16: dynamic loss scaling (loss_scale 0) starting at 2^16, halved on overflow",
-        )
-    return {}, "fp32: no mixed precision; parameters, gradients and optimizer states are fp32"
+def _precision(precision: str, zero_stage: int) -> tuple[dict[str, Any], list[str]]:
+    """DeepSpeed's precision sections for ``precision`` at ``zero_stage``.
+
+    ``amp-*`` is DeepSpeed's ``torch_autocast`` section (deepspeed/runtime/constants.py
+    ``TORCH_AUTOCAST``): fp32 parameters and optimizer, forward under ``torch.autocast``; the
+    engine adds a GradScaler for float16 at stage 0 only. What DeepSpeed does not run (pure bf16;
+    amp-fp16 with ZeRO) is refused for DeepSpeed strategies (fstrain.core.precision); for a
+    ddp/fsdp plan, whose DeepSpeed file is only an equivalent, the nearest mode is written and
+    the note says so.
+    """
+    if precision in ("bf16", "bf16-pure"):
+        notes = ["bf16: no loss scaling section, because bf16 has fp32's exponent range and gradients do not underflow"]
+        if precision == "bf16-pure":
+            notes.append("bf16-pure: DeepSpeed keeps an fp32 master copy beside bf16 parameters, so this file runs "
+                         "bf16 mixed precision; fsdp.yaml runs pure bf16")
+        return {"bf16": {"enabled": True}}, notes
+    if precision == "fp16" or (precision == "amp-fp16" and zero_stage > 0):
+        notes = ["fp16: dynamic loss scaling (loss_scale 0) starting at 2^16, halved on overflow"]
+        if precision == "amp-fp16":
+            notes.append("amp-fp16: DeepSpeed's torch_autocast has no loss scaler with ZeRO, so this file runs "
+                         "DeepSpeed's fp16 optimizer; fsdp.yaml runs autocast")
+        return {"fp16": {"enabled": True, **FP16_LOSS_SCALING}}, notes
+    if precision in ("amp-bf16", "amp-fp16"):
+        dtype = "bfloat16" if precision == "amp-bf16" else "float16"
+        scaler = ", with DeepSpeed's GradScaler (ZeRO stage 0)" if precision == "amp-fp16" else ""
+        return {"torch_autocast": {"enabled": True, "dtype": dtype}}, [
+            f"{precision}: torch_autocast ({dtype}) over fp32 parameters, gradients and optimizer states{scaler}; "
+            "Linear layers communicate in the autocast dtype"
+        ]
+    return {}, ["fp32: no mixed precision; parameters, gradients and optimizer states are fp32"]
 
 
 def _optimizer(plan: PlanFile, options: TrainingOptions) -> tuple[dict[str, Any], list[str]]:
@@ -153,7 +171,7 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
     check_plan(plan)
     options.validate()
     knobs = plan.knobs
-    precision, precision_note = _precision(knobs.precision)
+    precision, precision_notes = _precision(knobs.precision, knobs.zero_stage)
     optimizer, optimizer_notes = _optimizer(plan, options)
     config: dict[str, Any] = {
         # DeepSpeed asserts train_batch_size == micro x accumulation x data-parallel size.
@@ -170,7 +188,7 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
         **_scheduler(options),
         **_activation_checkpointing(plan),
     }
-    notes = [precision_note, *optimizer_notes]
+    notes = [*precision_notes, *optimizer_notes]
     if knobs.activation_checkpointing == "selective-op":
         notes.append(
             "activation checkpointing selective-op: torch's op-level selective checkpoint "

@@ -7,7 +7,10 @@
   ``shard_group_size`` (an NVLink domain or a node) so all-gathers stay on the fast links.
 - ``reshard_after_forward``: ``True`` frees gathered parameters after forward (ZeRO-3 /
   FULL_SHARD); ``False`` keeps them until backward (ZeRO-2 / SHARD_GRAD_OP).
-- ``mixed_precision``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``.
+- ``model_dtype``: the dtype the model is built in (``bfloat16`` for pure bf16, else ``float32``).
+- ``mixed_precision``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` (the model's own dtype
+  for pure bf16 and autocast: no casting by FSDP).
+- ``autocast``: ``torch.autocast(dtype)`` around forward and loss (``amp-*``), or ``null``.
 - ``cpu_offload``: ``CPUOffloadPolicy(pin_memory)``.
 - ``wrap``: the module classes each given their own ``fully_shard`` call, then the root.
 - ``activation_checkpointing``: the policy (:mod:`fstrain.core.acpolicy`) the trainer applies to
@@ -42,8 +45,21 @@ _LAYOUT = {
     "fsdp-hybrid": (True, True),
     "ddp": (True, False),  # replicate over every rank, shard over a group of 1
 }
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-_ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+# precision mode -> (model dtype, FSDP param dtype, FSDP reduce dtype, autocast dtype)
+_PRECISION_LAYOUT: dict[str, tuple[str, str, str, str | None]] = {
+    # Reduce gradients in fp32: bf16/fp16 sums over many ranks lose precision.
+    "bf16": ("float32", "bfloat16", "float32", None),
+    "fp16": ("float32", "float16", "float32", None),
+    "fp32": ("float32", "float32", "float32", None),
+    # torchtune: the model is bf16 and FSDP casts nothing (gradients reduce in bf16).
+    "bf16-pure": ("bfloat16", "bfloat16", "bfloat16", None),
+    # autocast over fp32 weights: FSDP gathers and reduces fp32.
+    "amp-bf16": ("float32", "float32", "float32", "bfloat16"),
+    "amp-fp16": ("float32", "float32", "float32", "float16"),
+}
+# Accelerate's mixed_precision: "bf16"/"fp16" is autocast (plus a GradScaler for fp16).
+_ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "bf16-pure": "no", "amp-bf16": "bf16",
+                         "amp-fp16": "fp16"}
 
 
 def fsdp_mesh(plan: PlanFile) -> dict[str, Any]:
@@ -72,6 +88,12 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
         notes.append("zero1: FSDP2 has no optimizer-only sharding; this is the SHARD_GRAD_OP (ZeRO-2) layout")
     if knobs.offload == "optimizer":
         notes.append("FSDP2's CPUOffloadPolicy offloads parameters and gradients with the optimizer states")
+    model_dtype, param_dtype, reduce_dtype, autocast = _PRECISION_LAYOUT[knobs.precision]
+    if autocast:
+        notes.append(f"{knobs.precision}: fp32 parameters without a MixedPrecisionPolicy cast; forward and loss run "
+                     f"under torch.autocast(dtype=torch.{autocast})")
+    elif knobs.precision == "bf16-pure":
+        notes.append("bf16-pure: the model is built in bf16 and AdamW keeps its states in bf16; no fp32 copy")
     if knobs.tp > 1 or knobs.pp > 1:
         notes.append(
             f"tp={knobs.tp} pp={knobs.pp}: this file describes the data-parallel mesh (and the pipeline schedule) "
@@ -91,13 +113,11 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
         "world_size": knobs.world_size,
         "mesh": mesh,
         "reshard_after_forward": reshard,
-        "mixed_precision": {
-            "param_dtype": _DTYPES[knobs.precision],
-            # Reduce gradients in fp32: bf16/fp16 sums over many ranks lose precision.
-            "reduce_dtype": "float32",
-        },
+        "model_dtype": model_dtype,
+        "mixed_precision": {"param_dtype": param_dtype, "reduce_dtype": reduce_dtype},
+        "autocast": autocast,
         # fp16's narrow exponent needs a gradient scaler; bf16 and fp32 do not.
-        "loss_scaling": "dynamic" if knobs.precision == "fp16" else "none",
+        "loss_scaling": "dynamic" if knobs.precision in ("fp16", "amp-fp16") else "none",
         "cpu_offload": {"enabled": knobs.offload != "none", "pin_memory": True},
         "wrap": {"module_classes": list(WRAP_MODULE_CLASSES), "root": True},
         # none | selective-op | every-k:N | full | megatron-selective (fstrain.core.acpolicy)
@@ -186,6 +206,8 @@ def render_accelerate(plan: PlanFile) -> Rendered:
         "accelerate.yaml names fstrain's TransformerBlock as the wrap unit; set "
         "fsdp_transformer_layer_cls_to_wrap to your model's block class",
     ]
+    if knobs.precision == "bf16-pure":
+        notes.append("bf16-pure: mixed_precision 'no'; load the model in bf16 (torch_dtype=torch.bfloat16)")
     if num_machines > 1:
         notes.append("multi-node: pass --machine_rank, --main_process_ip and --main_process_port on each node")
         if plan.cluster.hosts:
