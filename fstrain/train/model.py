@@ -175,9 +175,11 @@ class MoE(nn.Module):
             counts = torch.histc(chosen.float(), bins=self.num_experts, min=0, max=self.num_experts - 1)
             offsets = torch.cumsum(counts, dim=0).to(torch.int32)
             token = order // self.top_k
-        out = self._experts(flat.index_select(0, token), offsets)
-        out = out * weights.reshape(-1).index_select(0, order).unsqueeze(-1)
-        return torch.zeros_like(flat).index_add(0, token, out).reshape(shape)
+            unsort = torch.argsort(order)  # each (token, slot) copy's row among the sorted ones
+        out = self._experts(flat.index_select(0, token), offsets).index_select(0, unsort)
+        # Weighted sum of each token's top_k outputs (index_add would save its source as well).
+        out = out.view(-1, self.top_k, shape[-1]) * weights.unsqueeze(-1)
+        return out.sum(dim=1).reshape(shape)
 
 
 def _norm(spec: ModelSpec) -> nn.Module:

@@ -10,7 +10,7 @@ import yaml
 
 from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, parse_ac
 from fstrain.core.memory import StageShape, block_matmuls, layer_activation_bytes, stage_activation_bytes
-from fstrain.core.planfile import PlanFile
+from fstrain.core.planfile import MoESpec, PlanFile
 from fstrain.core.recipe import parse_recipe
 from fstrain.core.timemodel import flops_per_token, layer_hardware_flops
 from fstrain.errors import InputError
@@ -56,6 +56,18 @@ def test_selective_op_keeps_q_v_gate_down_and_the_attention_output() -> None:
     expected = s * b * kept * 2 + 4 * 32 * s * b  # bf16, plus the fp32 log-sum-exp per head
     assert layer_activation_bytes(LLAMA8B, b, s, ac="selective-op") == expected
     assert layer_activation_bytes(LLAMA8B, b, s, ac="full") == s * b * 4096 * 2
+
+
+def test_selective_op_keeps_no_moe_tensor() -> None:
+    # torchtitan's policy: the router matmul is always recomputed and grouped matmuls are not saved.
+    mixtral = replace(LLAMA8B, vocab_size=32000, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336))
+    s, b = 4096, 1
+    kept = 4096 + 4096 + 1024 + 4096  # input, q, v, attention output
+    assert layer_activation_bytes(mixtral, b, s, ac="selective-op") == s * b * kept * 2 + 4 * 32 * s * b
+    # Without checkpointing each token keeps top-2 copies of the experts' tensors and routing state.
+    dense = layer_activation_bytes(replace(mixtral, moe=None), b, s, ac="none")
+    extra = 4 * 2 * 14336 * 2 - 4 * 14336 * 2 + (2 * 2 * 4096 * 2 + 4 * 8 + 24 * 2 + 4 * 2 + 4 + 2 * 2)
+    assert layer_activation_bytes(mixtral, b, s, ac="none") == dense + s * b * extra
 
 
 def test_every_k_mixes_full_and_none_layers() -> None:
