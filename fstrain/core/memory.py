@@ -340,11 +340,31 @@ def stage_activation_bytes(
         # A recomputed block's backward rebuilds what it did not keep.
         working = per_layer("none") - (per_layer(ac) if ac == "selective-op" else 0)
         items.append(("recompute working set (one layer)", working))
+    experts = moe_expert_gradient_bytes(model, knobs)
+    if experts:
+        items.append(("MoE expert gradients in the compute dtype (one block)", experts))
     if stage.has_head:
         logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
         per_logit = loss_bytes_per_logit(knobs.loss, knobs.precision, assumptions)
         items.append((LOGITS_ITEM, logits * per_logit))
     return items
+
+
+def moe_expert_gradient_bytes(model: ModelSpec, knobs: PlanKnobs) -> int:
+    """One block's expert weight gradients in the compute dtype, live through the rest of the
+    block's backward under FSDP mixed precision (0 for dense models, fp32 or other strategies).
+
+    The MoE layer runs last in a block's forward, so its backward comes first: the experts'
+    gradients (the bulk of an MoE block's parameters, unsharded, in bf16/fp16) exist while the
+    router's and the attention's backward still run, and until FSDP casts the block's gradients
+    into its fp32 reduce-scatter buffer. The trace of Mixtral 8x7B (16-way FSDP, full AC, 1 x 1024
+    and 1 x 4096 tokens) shows them as the backward peak's temporaries besides the recomputed
+    block's working set; a dense block's FFN gradients are a small part of its backward peak."""
+    if model.moe is None or not knobs.strategy.startswith("fsdp") or knobs.precision == "fp32":
+        return 0
+    matrices = 3 if model.activation == "swiglu" else 2
+    expert = matrices * model.hidden_size * model.moe.expert_ffn_hidden_size
+    return model.moe.num_experts * expert * weight_bytes(knobs.precision) // knobs.tp
 
 
 def loss_bytes_per_logit(loss: str, precision: str, assumptions: Assumptions = Assumptions()) -> int:

@@ -148,3 +148,18 @@ def test_gpu_memory_and_tflops_describe_any_gpu() -> None:
     assert fast_plan["tokens_per_s"] > slow_plan["tokens_per_s"]
     unknown = run_fstrain(*base, "--gpu", "acme-x1")
     assert unknown.returncode == 2 and "--gpu-tflops" in unknown.stderr
+
+
+def test_moe_expert_gradients_count_in_backward_only() -> None:
+    from fstrain.core.memory import moe_expert_gradient_bytes
+
+    mixtral = replace(LLAMA8B, vocab_size=32000, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336))
+    knobs = make_plan("fsdp-full", dp=16, model=mixtral, activation_checkpointing="full", seq_len=4096,
+                      micro_batch_size=1, grad_accum_steps=1, precision="bf16").knobs
+    assert moe_expert_gradient_bytes(mixtral, knobs) == 8 * 3 * 4096 * 14336 * 2  # 2.625 GiB in bf16
+    assert moe_expert_gradient_bytes(LLAMA8B, knobs) == 0
+    assert moe_expert_gradient_bytes(mixtral, replace(knobs, precision="fp32")) == 0
+    assert moe_expert_gradient_bytes(mixtral, replace(knobs, strategy="zero3")) == 0
+    stage = StageShape(params=1, layers=32, largest_layer=1, fsdp_unit=1, has_head=True, in_flight=1)
+    items = stage_activation_bytes(mixtral, stage, knobs)
+    assert items[0][0].startswith("activations") and "MoE expert gradients" in items[2][0]
