@@ -280,17 +280,34 @@ def block_matmuls(model: ModelSpec) -> list[tuple[int, int]]:
 
 def _selective_op_saved(model: ModelSpec, s: int, b: int, a: int, flash_attention: bool) -> int:
     """Bytes op-level SAC saves inside one block (sharded by TP): every other matmul output and
-    the attention kernel's outputs (output + fp32 log-sum-exp); MoE experts see top_k copies."""
+    the attention kernel's outputs (output + fp32 log-sum-exp). A mixture of experts saves none of
+    its own: torchtitan recomputes the router's matmul without counting it, and the experts'
+    grouped matmuls are not in its save list (fstrain.train.checkpointing)."""
     mms = block_matmuls(model)
-    top_k = 1 if model.moe is None else model.moe.top_k
+    if model.moe is not None:
+        mms = mms[:4]  # q, k, v, o
     saved = 0
     for index, (_, out) in enumerate(mms):
         if index % 2 == 0:  # 1st, 3rd, ... (counting from 1: odd)
-            saved += out * (top_k if index >= 4 else 1)
+            saved += out
     saved *= s * b * a
     if flash_attention:
         saved += s * b * model.num_heads * model.head_dim * a + 4 * model.num_heads * s * b
     return saved
+
+
+def moe_routing_bytes_per_token(model: ModelSpec, a: int) -> int:
+    """What a mixture-of-experts block keeps per token besides its normalised input (which the
+    router reads, as a dense FFN's first matmul does) and the experts' FFN-wide tensors, in the
+    bundled trainer's dropless dispatch (fstrain.train.model.MoE, torchtitan's): the top_k routed
+    copies of the input the experts read and their top_k outputs before weighting (each
+    ``top_k x hidden`` in the compute dtype), the router's fp32 probabilities (experts), the top-k
+    indices, the sort order and each copy's token (three int64 per copy), the fp32 top-k weights
+    and their sum (the renormalisation) and the weights in the compute dtype. 0 for a dense model."""
+    if model.moe is None:
+        return 0
+    k, experts = model.moe.top_k, model.moe.num_experts
+    return 2 * k * model.hidden_size * a + 4 * experts + 3 * 8 * k + 4 * k + 4 + a * k
 
 
 def layer_activation_bytes(
@@ -343,9 +360,7 @@ def layer_activation_bytes(
     ffn_width = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
     tokens_per_expert_slot = 1 if model.moe is None else model.moe.top_k
     ffn_saved = (4 if model.activation == "swiglu" else 2) * s * b * ffn_width * tokens_per_expert_slot * a
-    moe_extra = 0
-    if model.moe is not None:  # routed copies of the token and fp32 router probabilities
-        moe_extra = (model.moe.top_k - 1) * sbh * a + 4 * s * b * model.moe.num_experts
+    moe_extra = s * b * moe_routing_bytes_per_token(model, a)
     if flash_attention:
         # PyTorch eager with SDPA (the bundled trainer, torchtitan), counted op by op and checked
         # against what autograd saves (tests/unit/test_activation_grid.py): an RMSNorm keeps its
@@ -406,16 +421,20 @@ def block_backward_extra_bytes(
       gradients, the FFN's saved tensors freed, two hidden-wide input gradients (gate and up
       projections) and three fp32 hidden-wide temporaries of the norm's backward.
 
-    Wide, short blocks (Llama 3.1 405B at 8K tokens) peak at the second point, narrow ones with
-    many tokens (8B) at the first. ``fstrain plan --trace`` checks both against PyTorch.
+    Wide, short blocks (Llama 3.1 405B at 8K tokens) and mixtures of experts (Mixtral: every
+    expert's gradients, against the FFN tensors of the top-k routed copies) peak at the second
+    point, narrow ones with many tokens (8B) at the first. ``fstrain plan --trace`` checks both
+    against PyTorch.
     """
     a = weight_bytes(precision)
     tokens = seq_len * micro_batch
     split = tp if (sequence_parallel and tp > 1) else 1
     ffn = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
+    experts, top_k = (1, 1) if model.moe is None else (model.moe.num_experts, model.moe.top_k)
     hidden = tokens * model.hidden_size * a // split  # one hidden-wide tensor
-    wide = tokens * ffn * a // tp  # one FFN-wide tensor
-    weight = model.hidden_size * ffn * (grad_bytes or a) // tp if weight_grads != "none" else 0  # one FFN weight's
+    wide = tokens * top_k * ffn * a // tp  # one FFN-wide tensor (MoE: of every routed copy)
+    # One FFN matrix's gradient (MoE: every expert's; the grouped matmul computes them at once).
+    weight = experts * model.hidden_size * ffn * (grad_bytes or a) // tp if weight_grads != "none" else 0
     if model.activation != "swiglu":
         return hidden + wide + weight
     kept = weight if weight_grads == "block" else 0  # the down projection's, while its input's flow on
@@ -469,12 +488,11 @@ def stage_activation_bytes(
         # A recomputed block's backward rebuilds what it did not keep.
         working = per_layer("none") - (per_layer(ac) if ac == "selective-op" else 0)
         items.append(("recompute working set (one layer)", working))
-    items.append((
-        "backward temporaries (one block)",
-        block_backward_extra_bytes(model, knobs.micro_batch_size, knobs.seq_len, knobs.tp, knobs.precision,
-                                   assumptions.sequence_parallel, WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none"),
-                                   param_bytes(knobs.precision)),
-    ))
+    in_flight = WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none")
+    temporaries = block_backward_extra_bytes(model, knobs.micro_batch_size, knobs.seq_len, knobs.tp,
+                                             knobs.precision, assumptions.sequence_parallel, in_flight,
+                                             param_bytes(knobs.precision))
+    items.append(("backward temporaries (one block)", temporaries))
     if stage.has_head and knobs.strategy.startswith("fsdp"):
         # FSDP2 reduce-scatters the root unit's gradients after the whole backward, so the head's
         # weight gradient (compute dtype) is live through every block's backward.

@@ -70,12 +70,13 @@ def flops_per_token(model: ModelSpec, seq_len: int) -> FlopsPerToken:
     else:
         ffn = model.moe.top_k * matrices * h * model.moe.expert_ffn_hidden_size + h * model.moe.num_experts
     linears = 2 * h * q_width + 2 * h * kv_width + ffn
-    top_k = 1 if model.moe is None else model.moe.top_k
-    recomputed = sum(
-        2.0 * n_in * n_out * (top_k if index >= 4 else 1)
-        for index, (n_in, n_out) in enumerate(block_matmuls(model))
-        if index % 2 == 1
-    )
+    mms = block_matmuls(model)
+    recomputed = sum(2.0 * n_in * n_out for index, (n_in, n_out) in enumerate(mms) if index % 2 == 1)
+    if model.moe is not None:
+        # Op-level SAC saves none of an MoE layer's matmuls (the router's is forced to recompute,
+        # the experts' grouped matmuls are not in torchtitan's save list): all of it runs again.
+        attention = sum(2.0 * n_in * n_out for index, (n_in, n_out) in enumerate(mms[:4]) if index % 2 == 1)
+        recomputed = attention + 2.0 * ffn
     return FlopsPerToken(
         layer_matmuls=2.0 * linears,
         attention_core=4.0 * seq_len * q_width,

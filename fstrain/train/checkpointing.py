@@ -7,7 +7,10 @@ DeepSpeed's). Op-level selective AC (``selective-op``) is always torch's
 (torchtitan/distributed/activation_checkpoint.py): save the attention kernels' outputs, the
 reduce-scatters and ``max``, and every other matmul; recompute the rest. The matmul count
 restarts for each checkpointed block (a new context per call) and is kept apart for the
-forward and the recompute, so both pass the same ops through the same decisions.
+forward and the recompute, so both pass the same ops through the same decisions. A mixture of
+experts' router matmul (hidden x experts) is always recomputed and not counted, torchtitan's
+``per_op_sac_force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]``; the experts' grouped
+matmuls (``aten._grouped_mm``) are not in the save list there either, so they are recomputed.
 """
 
 from __future__ import annotations
@@ -45,8 +48,12 @@ SAVE_OPS = (
 )
 
 
-def _policy(counts: dict[str, int]) -> Callable[..., CheckpointPolicy]:
+def _policy(
+    counts: dict[str, int], recompute_shapes: frozenset[tuple[int, ...]] = frozenset()
+) -> Callable[..., CheckpointPolicy]:
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func in MATMUL_OPS and recompute_shapes and tuple(args[-1].shape) in recompute_shapes:
+            return CheckpointPolicy.PREFER_RECOMPUTE  # (in, out) of a weight forced to recompute
         if func in MATMUL_OPS:
             mode = "recompute" if ctx.is_recompute else "forward"
             counts[mode] += 1
@@ -57,14 +64,20 @@ def _policy(counts: dict[str, int]) -> Callable[..., CheckpointPolicy]:
     return policy
 
 
-def selective_op_context() -> Any:
+def selective_op_context(recompute_shapes: frozenset[tuple[int, ...]] = frozenset()) -> Any:
     """A fresh (forward, recompute) context pair for one checkpointed call."""
-    return create_selective_checkpoint_contexts(_policy(defaultdict(int)))
+    return create_selective_checkpoint_contexts(_policy(defaultdict(int), recompute_shapes))
 
 
-def selective_op_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
-    """Run ``function`` under torchtitan's op-level selective activation checkpointing."""
-    return checkpoint(function, *args, use_reentrant=False, context_fn=selective_op_context)
+def selective_op_checkpoint(
+    function: Callable[..., Any], *args: Any, recompute_shapes: frozenset[tuple[int, ...]] = frozenset()
+) -> Any:
+    """Run ``function`` under torchtitan's op-level selective activation checkpointing; matmuls
+    whose second operand has a shape in ``recompute_shapes`` (a transposed weight: (in, out))
+    are always recomputed and not counted."""
+    return checkpoint(
+        function, *args, use_reentrant=False, context_fn=lambda: selective_op_context(recompute_shapes)
+    )
 
 
 def torch_checkpoint(function: Callable[..., Any], *args: Any) -> Any:

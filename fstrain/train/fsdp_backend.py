@@ -24,6 +24,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import Shard
 
 from fstrain.core.planfile import ModelSpec
 from fstrain.core.render.options import lr_multiplier
@@ -163,10 +164,24 @@ def build_sharded_model(
     )
     wrap_classes = set(cfg.get("wrap", {}).get("module_classes", ["TransformerBlock"]))
     reshard = bool(cfg["reshard_after_forward"])
+    shard_size = mesh.size(mesh.ndim - 1)  # the shard dimension is the last (hybrid: [replicate, shard])
+
+    def placement(param: torch.nn.Parameter) -> Shard | None:
+        # Stacked expert weights (experts, out, in): FSDP2 shards dim 0 with padding, so 8 experts
+        # over 64 ranks would leave each rank a whole expert (8x its share). torchtitan's
+        # _experts_shard_placement_fn shards them on dim 1 when the experts do not divide evenly.
+        if param.dim() == 3 and param.shape[0] % shard_size != 0:
+            return Shard(1)
+        return None  # FSDP2's default, Shard(0)
 
     def shard(module: torch.nn.Module) -> FSDPModule:
         return fully_shard(
-            module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload_policy
+            module,
+            mesh=mesh,
+            reshard_after_forward=reshard,
+            shard_placement_fn=placement,
+            mp_policy=mp_policy,
+            offload_policy=offload_policy,
         )
 
     # Pure bf16 builds the model in bf16 as torchtune does (its recipes instantiate the model under

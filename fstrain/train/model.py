@@ -9,6 +9,10 @@ projections are separate matrices in torchtitan's Llama order (q, k, v, o; gate,
 op-level selective checkpointing saves the same matmul outputs it saves there. The transformer
 block class is :class:`TransformerBlock`; the rendered FSDP file names it as the unit to shard,
 and the activation checkpointing policy (:mod:`fstrain.core.acpolicy`) applies per block.
+
+A recipe with ``moe`` gets a mixture-of-experts block (:class:`MoE`) in place of the MLP, in
+Hugging Face Mixtral's layout: a bias-free router (hidden -> experts), softmax over the experts,
+the top-k renormalised, each expert a SwiGLU (w1, w3, w2) or GeLU (w1, w2) FFN.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import nn
 from fstrain.core.acpolicy import block_is_checkpointed, parse_ac
 from fstrain.core.planfile import ModelSpec
 from fstrain.train.checkpointing import selective_op_checkpoint, torch_checkpoint
+from fstrain.train.grouped_mm import grouped_mm
 from fstrain.train.settings import check_supported
 
 CheckpointFn = Callable[..., Any]
@@ -114,6 +119,69 @@ class MLP(nn.Module):
         return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
 
 
+class MoE(nn.Module):
+    """Token-choice top-k mixture of experts, dropless, with static shapes.
+
+    Routing follows Hugging Face's ``MixtralSparseMoeBlock``: ``softmax(router(x))`` in fp32, the
+    top-k probabilities renormalised to sum to one, cast to the compute dtype, and each expert's
+    output scaled by its weight. The dispatch follows torchtitan's MoE
+    (torchtitan/models/moe/moe.py): the token copies (tokens x top_k) are sorted by expert and every
+    expert's matmul runs as one grouped matmul (``torch._grouped_mm`` in bf16, see
+    :mod:`fstrain.train.grouped_mm`) over its contiguous slice, given as offsets in a tensor.
+    Every shape is a function of the batch alone (no token is dropped and no Python int depends
+    on the routing), so the block runs for real on CPU and traces under
+    ``FakeTensorMode``. What it stores for backward, per token: the router's fp32 probabilities,
+    its top-k indices and weights, top_k routed copies of the input, the experts' FFN-wide
+    tensors for top_k copies (SwiGLU 4, GeLU 2, as the dense MLP keeps per token) and top_k
+    expert outputs before they are weighted and summed (see ``fstrain.core.memory``).
+
+    The experts' weights are stacked per matrix, torchtitan's ``GroupedExperts`` layout: ``w1``
+    and ``w3`` (experts, expert_ffn, hidden) are the stacked ``nn.Linear`` weights of Hugging
+    Face's ``experts.{e}.w1``/``w3``, ``w2`` (experts, hidden, expert_ffn) those of ``w2``; the
+    parameter count is the same. No auxiliary load-balancing loss is added (Mixtral's default
+    ``output_router_logits: false`` leaves it out of the loss too).
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        assert spec.moe is not None
+        self.num_experts = spec.moe.num_experts
+        self.top_k = spec.moe.top_k
+        h, width, experts = spec.hidden_size, spec.moe.expert_ffn_hidden_size, spec.moe.num_experts
+        self.router = nn.Linear(h, experts, bias=False)  # Hugging Face's `gate`
+        self.w1 = nn.Parameter(torch.empty(experts, width, h))
+        self.w3 = nn.Parameter(torch.empty(experts, width, h)) if spec.activation == "swiglu" else None
+        self.w2 = nn.Parameter(torch.empty(experts, h, width))
+
+    def _experts(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        # x: (token copies sorted by expert, hidden); offsets: where each expert's rows end.
+        up = grouped_mm(x, self.w1.transpose(-2, -1), offsets)
+        if self.w3 is not None:
+            inner = F.silu(up) * grouped_mm(x, self.w3.transpose(-2, -1), offsets)
+        else:
+            inner = F.gelu(up, approximate="tanh")
+        return grouped_mm(inner, self.w2.transpose(-2, -1), offsets)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        # Sort the token copies by expert; the sort and the counts carry no gradient.
+        with torch.no_grad():
+            chosen = experts.reshape(-1)
+            order = torch.argsort(chosen, stable=True)
+            counts = torch.histc(chosen.float(), bins=self.num_experts, min=0, max=self.num_experts - 1)
+            offsets = torch.cumsum(counts, dim=0).to(torch.int32)
+            token = order // self.top_k
+            unsort = torch.argsort(order)  # each (token, slot) copy's row among the sorted ones
+        out = self._experts(flat.index_select(0, token), offsets).index_select(0, unsort)
+        # Weighted sum of each token's top_k outputs (index_add would save its source as well).
+        out = out.view(-1, self.top_k, shape[-1]) * weights.unsqueeze(-1)
+        return out.sum(dim=1).reshape(shape)
+
+
 def _norm(spec: ModelSpec) -> nn.Module:
     return RMSNorm(spec.hidden_size) if spec.norm == "rmsnorm" else nn.LayerNorm(spec.hidden_size)
 
@@ -136,8 +204,11 @@ class TransformerBlock(nn.Module):
         self.attn_norm = _norm(spec)
         self.attn = Attention(spec, ac == "megatron-selective", checkpoint_fn)
         self.mlp_norm = _norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp: nn.Module = MoE(spec) if spec.moe is not None else MLP(spec)
         self.dropout = nn.Dropout(spec.dropout)
+        # torchtitan recomputes the MoE router's matmul under op-level SAC (see checkpointing).
+        router = frozenset({(spec.hidden_size, spec.moe.num_experts)}) if spec.moe is not None else frozenset()
+        self.recompute_shapes = router
 
     def _block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin))
@@ -148,7 +219,7 @@ class TransformerBlock(nn.Module):
         if self.whole_checkpoint and self.training:
             out = self.checkpoint_fn(self._block, x, cos, sin)
         elif self.selective_op and self.training:
-            out = selective_op_checkpoint(self._block, x, cos, sin)
+            out = selective_op_checkpoint(self._block, x, cos, sin, recompute_shapes=self.recompute_shapes)
         else:
             out = self._block(x, cos, sin)
         return out
@@ -185,7 +256,7 @@ class GPT(nn.Module):
         for name, param in self.named_parameters():
             if param.dim() < 2:
                 continue
-            residual = name.endswith(("out_proj.weight", "down_proj.weight"))
+            residual = name.endswith(("out_proj.weight", "down_proj.weight", "mlp.w2"))
             scale = 1.0 / math.sqrt(2 * self.spec.num_layers) if residual else 1.0
             nn.init.normal_(param, mean=0.0, std=std * scale)
         for module in self.modules():
@@ -197,8 +268,12 @@ class GPT(nn.Module):
         if self.pos_embeddings is not None:
             x = x + self.pos_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
         x = self.embed_dropout(x)
+        # Only this batch's positions: FSDP's mixed precision casts each block's inputs, and a
+        # block saves its (cast) tables for backward, so passing the recipe's whole length would
+        # keep a copy of it per block.
+        cos, sin = self.rope_cos[: tokens.shape[1]], self.rope_sin[: tokens.shape[1]]
         for block in self.blocks:
-            x = block(x, self.rope_cos, self.rope_sin)
+            x = block(x, cos, sin)
         logits: torch.Tensor = self.lm_head(self.final_norm(x))
         return logits
 

@@ -9,8 +9,14 @@ import pytest
 import yaml
 
 from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, parse_ac
-from fstrain.core.memory import StageShape, block_matmuls, layer_activation_bytes, stage_activation_bytes
-from fstrain.core.planfile import PlanFile
+from fstrain.core.memory import (
+    StageShape,
+    block_backward_extra_bytes,
+    block_matmuls,
+    layer_activation_bytes,
+    stage_activation_bytes,
+)
+from fstrain.core.planfile import MoESpec, PlanFile
 from fstrain.core.recipe import parse_recipe
 from fstrain.core.timemodel import flops_per_token, layer_hardware_flops
 from fstrain.errors import InputError
@@ -56,6 +62,18 @@ def test_selective_op_keeps_q_v_gate_down_and_the_attention_output() -> None:
     expected = s * b * kept * 2 + 4 * 32 * s * b  # bf16, plus the fp32 log-sum-exp per head
     assert layer_activation_bytes(LLAMA8B, b, s, ac="selective-op") == expected
     assert layer_activation_bytes(LLAMA8B, b, s, ac="full") == s * b * 4096 * 2
+
+
+def test_selective_op_keeps_no_moe_tensor() -> None:
+    # torchtitan's policy: the router matmul is always recomputed and grouped matmuls are not saved.
+    mixtral = replace(LLAMA8B, vocab_size=32000, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336))
+    s, b = 4096, 1
+    kept = 4096 + 4096 + 1024 + 4096  # input, q, v, attention output
+    assert layer_activation_bytes(mixtral, b, s, ac="selective-op") == s * b * kept * 2 + 4 * 32 * s * b
+    # Without checkpointing each token keeps top-2 copies of the experts' tensors and routing state.
+    dense = layer_activation_bytes(replace(mixtral, moe=None), b, s, ac="none")
+    extra = 4 * 2 * 14336 * 2 - 4 * 14336 * 2 + (2 * 2 * 4096 * 2 + 4 * 8 + 24 * 2 + 4 * 2 + 4 + 2 * 2)
+    assert layer_activation_bytes(mixtral, b, s, ac="none") == dense + s * b * extra
 
 
 def test_every_k_mixes_full_and_none_layers() -> None:
@@ -136,3 +154,23 @@ def test_gpu_memory_and_tflops_describe_any_gpu() -> None:
     assert fast_plan["tokens_per_s"] > slow_plan["tokens_per_s"]
     unknown = run_fstrain(*base, "--gpu", "acme-x1")
     assert unknown.returncode == 2 and "--gpu-tflops" in unknown.stderr
+
+
+def test_moe_backward_holds_every_experts_gradients() -> None:
+    """Mixtral's block backward (PyTorch's eager kernels, traced): after the experts' backward all
+    three stacked expert matrices' gradients are live, the routed copies' FFN tensors are freed,
+    and the second RMSNorm's backward adds three fp32 hidden-wide temporaries."""
+    mixtral = replace(LLAMA8B, vocab_size=32000, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336))
+    tokens, hidden = 4096, 4096 * 4096 * 2
+    weights = 3 * 8 * 4096 * 14336 * 2  # 2.625 GiB in bf16
+    routed_ffn = 4 * tokens * 2 * 14336 * 2
+    expected = hidden + weights - routed_ffn + 2 * hidden + 3 * tokens * 4096 * 4
+    assert block_backward_extra_bytes(mixtral, 1, 4096, weight_grads="block") == expected
+    # DeepSpeed's hooks take each gradient away as it is made: the FFN point is then the peak.
+    each = block_backward_extra_bytes(mixtral, 1, 4096, weight_grads="each")
+    assert each == hidden + max(weights // 3 + routed_ffn // 4, 2 * routed_ffn // 4)
+    knobs = make_plan("fsdp-full", dp=16, model=mixtral, activation_checkpointing="full", seq_len=4096,
+                      micro_batch_size=1, grad_accum_steps=1, precision="bf16").knobs
+    stage = StageShape(params=1, layers=32, largest_layer=1, fsdp_unit=1, has_head=True, in_flight=1)
+    items = dict(stage_activation_bytes(mixtral, stage, knobs))
+    assert items["backward temporaries (one block)"] == expected

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fstrain.core.memory import layer_activation_bytes
-from fstrain.core.planfile import ModelSpec
+from fstrain.core.planfile import ModelSpec, MoESpec
 from fstrain.train.model import TransformerBlock, rotary_tables
 from tests.plans import TINY_MODEL
 
@@ -88,3 +88,20 @@ def test_autocast_block_activations_and_weight_casts_match_autograd(
     predicted = layer_activation_bytes(spec, 3, 64, ac="none", flash_attention=True, precision="amp-bf16")
     assert predicted == pytest.approx(activations, rel=0.05)
     assert casts == 2 * block_matmul_params(spec)
+
+
+MOE_GRID = list(itertools.product(("swiglu", "gelu"), ((8, 2), (4, 1), (8, 4)), ("rmsnorm", "layernorm")))
+
+
+@pytest.mark.parametrize(("activation", "experts_top_k", "norm"), MOE_GRID)
+def test_moe_block_activations_match_autograd(activation: str, experts_top_k: tuple[int, int], norm: str) -> None:
+    # Dropless routing: top_k routed copies, their FFN-wide tensors and outputs, router state.
+    experts, top_k = experts_top_k
+    spec = replace(TINY_MODEL, dropout=0.0, norm=norm, activation=activation, position_embedding="rope",
+                   linear_bias=False, hidden_size=128, num_heads=8, num_kv_heads=2,
+                   moe=MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=160))
+    predicted = layer_activation_bytes(spec, 2, 64, ac="none", flash_attention=True, precision="bf16")
+    assert predicted == pytest.approx(saved_bytes(spec, 64, 2), rel=0.05)
+    dense = replace(spec, moe=None, ffn_hidden_size=160 * top_k)
+    # A dense FFN as wide as the active experts saves the same FFN-wide tensors; MoE adds its routing.
+    assert predicted > layer_activation_bytes(dense, 2, 64, ac="none", flash_attention=True, precision="bf16")

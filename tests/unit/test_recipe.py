@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 # the exact count), Mixtral paper (46.7B total, 12.9B active), GPT-2 XL (1,557,611,200).
 PUBLISHED = {
     "tiny": (875_264, None),
+    "tiny-moe": (205_632, None),  # fstrain's own test MoE: the built model's count (test_train_model)
     "gpt2-1.5b": (1_557_611_200, None),
     "llama2-7b": (6_738_415_616, "6.74B"),
     "llama2-13b": (13_015_864_320, "13.0B"),

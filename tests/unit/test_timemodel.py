@@ -58,6 +58,9 @@ def test_moe_counts_only_the_routed_experts() -> None:
     f = flops_per_token(mixtral, 4096)
     attention_scores = 32 * 4 * 4096 * 4096
     assert f.forward - attention_scores == pytest.approx(2 * (active - 32000 * 4096), rel=1e-4)
+    # Op-level SAC recomputes k, o and the whole MoE layer (router and the top-2 experts' matmuls).
+    moe_layer = 2 * (4096 * 8 + 2 * 3 * 4096 * 14336)
+    assert f.selective_op_recompute == 2 * (4096 * 1024 + 4096 * 4096) + moe_layer
 
 
 def test_narayanan_equation_4_training_time() -> None:

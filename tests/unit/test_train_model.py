@@ -18,6 +18,7 @@ from tests.plans import TINY_MODEL
 
 LLAMA_LIKE = replace(TINY_MODEL, activation="swiglu", norm="rmsnorm", position_embedding="rope", linear_bias=False,
                      tied_embeddings=False, ffn_hidden_size=172)
+MIXTRAL_LIKE = replace(LLAMA_LIKE, moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=96))
 
 
 @pytest.mark.parametrize(
@@ -28,8 +29,10 @@ LLAMA_LIKE = replace(TINY_MODEL, activation="swiglu", norm="rmsnorm", position_e
         replace(LLAMA_LIKE, num_kv_heads=1),  # multi-query attention
         replace(LLAMA_LIKE, num_kv_heads=4, tied_embeddings=True),
         replace(TINY_MODEL, tied_embeddings=False, linear_bias=False, norm="rmsnorm"),
+        MIXTRAL_LIKE,
+        replace(TINY_MODEL, linear_bias=False, moe=MoESpec(num_experts=3, top_k=1, expert_ffn_hidden_size=80)),
     ],
-    ids=["gpt2-like-gqa", "llama-like-gqa", "mqa", "mha-tied", "gelu-rmsnorm"],
+    ids=["gpt2-like-gqa", "llama-like-gqa", "mqa", "mha-tied", "gelu-rmsnorm", "mixtral-like", "gelu-moe-top1"],
 )
 def test_parameter_count_matches_the_planner(spec: ModelSpec) -> None:
     model = GPT(spec)
@@ -46,7 +49,7 @@ def test_gqa_shapes_and_tied_head() -> None:
     assert sum(isinstance(m, TransformerBlock) for m in model.modules()) == 2
 
 
-@pytest.mark.parametrize("spec", [LLAMA_LIKE, TINY_MODEL], ids=["llama", "gpt2-bias-dropout"])
+@pytest.mark.parametrize("spec", [LLAMA_LIKE, TINY_MODEL, MIXTRAL_LIKE], ids=["llama", "gpt2-bias-dropout", "moe"])
 @pytest.mark.parametrize("ac", ["selective-op", "every-k:2", "full", "megatron-selective", "selective"])
 def test_activation_checkpointing_gives_the_same_gradients(ac: str, spec: ModelSpec) -> None:
     tokens = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
@@ -78,6 +81,63 @@ def test_selective_op_saves_every_other_matmul() -> None:
     assert policy(Ctx(), torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default) == save
 
 
+def test_moe_block_is_mixtrals_routing() -> None:
+    # Hugging Face's MixtralSparseMoeBlock, written as its loop over experts, on the same weights.
+    torch.manual_seed(0)
+    moe = GPT(MIXTRAL_LIKE).blocks[0].mlp
+    x = torch.randn(2, 16, MIXTRAL_LIKE.hidden_size)
+    flat = x.reshape(-1, x.shape[-1])
+    probs = torch.softmax(moe.router(flat), dim=-1, dtype=torch.float32)
+    weights, chosen = probs.topk(2, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    expected = torch.zeros_like(flat)
+    for e in range(4):
+        rows, slot = torch.where(chosen == e)
+        h = torch.nn.functional.silu(flat[rows] @ moe.w1[e].T) * (flat[rows] @ moe.w3[e].T)
+        expected.index_add_(0, rows, (h @ moe.w2[e].T) * weights[rows, slot, None])
+    torch.testing.assert_close(moe(x), expected.reshape(x.shape))
+    assert (chosen == 0).any() and (chosen == 3).any()  # more than one expert is really used
+
+
+def test_moe_trains_and_traces_under_fake_tensors() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    model = GPT(MIXTRAL_LIKE)
+    tokens = torch.randint(0, 256, (4, 32))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        loss = lm_loss(model(tokens), tokens)
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert losses[-1] < losses[0] - 0.5
+    assert model.blocks[0].mlp.w1.grad is not None and model.blocks[0].mlp.router.weight.grad is not None
+    with FakeTensorMode():  # data-dependent routing, but every shape is static
+        fake = GPT(replace(MIXTRAL_LIKE, num_layers=1), activation_checkpointing="selective-op")
+        fake_tokens = torch.randint(0, 256, (2, 64))
+        lm_loss(fake(fake_tokens), fake_tokens).backward()
+        assert fake.blocks[0].mlp.w2.grad is not None
+
+
+def test_selective_op_recomputes_the_router() -> None:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from fstrain.train.checkpointing import MATMUL_OPS, _policy
+
+    class Ctx:
+        is_recompute = False
+
+    policy = _policy({"forward": 0, "recompute": 0}, frozenset({(64, 4)}))
+    mm = next(iter(MATMUL_OPS))
+    weights = [torch.empty(64, 64), torch.empty(64, 32), torch.empty(64, 4), torch.empty(64, 32)]  # q, k, router, v
+    decisions = [policy(Ctx(), mm, torch.empty(8, 64), w) for w in weights]
+    save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    assert decisions == [save, recompute, recompute, save]
+
+
 def test_unknown_policy_is_one_clear_error() -> None:
     from fstrain.errors import InputError
 
@@ -86,7 +146,7 @@ def test_unknown_policy_is_one_clear_error() -> None:
 
 
 def test_unsupported_models_are_refused() -> None:
-    with pytest.raises(ConfigError, match="mixture of experts"):
+    with pytest.raises(ConfigError, match="experts have no biases"):
         GPT(replace(TINY_MODEL, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=128)))
     with pytest.raises(ConfigError, match="num_kv_heads"):
         GPT(replace(TINY_MODEL, num_kv_heads=3))
@@ -114,3 +174,32 @@ def test_lr_multiplier() -> None:
     assert values[7] == pytest.approx(0.55)  # halfway through the decay
     assert values[12] == values[13] == pytest.approx(0.1)
     assert lr_multiplier(0, TrainingOptions(warmup_steps=0)) == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_mm_and_its_gradients_are_a_loop_over_groups(dtype: torch.dtype) -> None:
+    from fstrain.train.grouped_mm import grouped_mm
+
+    torch.manual_seed(0)
+    x = torch.randn(10, 16, requires_grad=True)
+    w = torch.randn(4, 16, 8, requires_grad=True)
+    offsets = torch.tensor([3, 5, 5, 10], dtype=torch.int32)  # group 2 has no rows
+    grad = torch.randn(10, 8)
+    y = grouped_mm(x.to(dtype), w.to(dtype), offsets)
+    y.backward(grad.to(dtype))
+    expected = torch.cat([x[0:3] @ w[0], x[3:5] @ w[1], x[5:10] @ w[3]])
+    gx, gw = x.grad, w.grad
+    x.grad = w.grad = None
+    expected.backward(grad)
+    tol = {"rtol": 2e-2, "atol": 1e-1} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(y.float(), expected, **tol)
+    torch.testing.assert_close(gx, x.grad, **tol)
+    torch.testing.assert_close(gw, w.grad, **tol)
+    assert gw is not None and not gw[2].any()  # the empty group gets a zero gradient
+
+
+def test_tiny_moe_recipe_builds_its_stated_count() -> None:
+    from fstrain.io.recipes import load_shipped_recipe
+
+    recipe = load_shipped_recipe("tiny-moe")
+    assert num_parameters(GPT(recipe.model)) == count_parameters(recipe.model).total == recipe.stated_params
