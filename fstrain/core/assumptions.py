@@ -84,8 +84,9 @@ class Assumptions:
     )
 
     logits_bytes_per_element: int = _stated(
-        10,
-        "Loss spike per logit: bf16 logits (2) + fp32 upcast (4) + fp32 softmax gradient (4).",
+        0,
+        "Bytes per logit at the loss's peak; 0 = what --loss holds, read off its source "
+        "(fstrain/core/losses.py: full 12 in backward, fused 2x the compute dtype, megatron 12, chunked:N).",
     )
 
     sequence_parallel: bool = _stated(

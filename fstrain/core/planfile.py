@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fstrain.core.acpolicy import AC_NAMES, parse_ac
+from fstrain.core.losses import LOSS_KINDS, parse_loss
 from fstrain.errors import InputError
 
 PLAN_FORMAT_VERSION = 1
@@ -23,11 +24,9 @@ ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N take
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
-# How the loss is computed over the logits, which sets their memory (fstrain/core/memory.py):
-# "full": cross-entropy on an fp32 copy of the logits (torch's F.cross_entropy(logits.float()):
-# the bundled trainer, torchtitan, Hugging Face); "fused": a fused cross-entropy kernel on the
-# logits in the compute dtype (flash-attn's, llm-foundry's default `fused_crossentropy`).
-LOSSES = ("full", "fused")
+# How the loss is computed over the logits, which sets their memory (fstrain/core/losses.py):
+# full, fused, megatron, or chunked:N (validated by losses.parse_loss).
+LOSSES = LOSS_KINDS
 ACTIVATIONS = ("gelu", "swiglu")
 
 
@@ -175,12 +174,17 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         "offload": OFFLOAD,
         "precision": PRECISIONS,
         "optimizer": OPTIMIZERS,
-        "loss": LOSSES,
     }
     for key, allowed in choices.items():
         value = getattr(knobs, key)
         if value not in allowed:
             raise InputError(f"plan.{key} is {value!r}", f"use one of {', '.join(allowed)}", where)
+    try:
+        loss = parse_loss(knobs.loss, where)
+    except InputError:
+        raise InputError(f"plan.loss is {knobs.loss!r}", f"use one of {', '.join(LOSSES)} (chunked:N)", where) from None
+    if loss != knobs.loss:
+        raise InputError(f"plan.loss is {knobs.loss!r}", f"write it as {loss!r}", where)
     if parse_ac(knobs.activation_checkpointing, where) != knobs.activation_checkpointing:
         raise InputError(
             f"plan.activation_checkpointing is {knobs.activation_checkpointing!r}",

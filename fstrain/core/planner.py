@@ -18,6 +18,7 @@ from typing import Any
 
 from fstrain.core.acpolicy import AC_SEARCHED, every_k
 from fstrain.core.assumptions import Assumptions
+from fstrain.core.losses import parse_loss
 from fstrain.core.memory import (
     GIB,
     OFFLOAD_ALLOWED,
@@ -29,7 +30,7 @@ from fstrain.core.memory import (
 )
 from fstrain.core.modelsize import ParamCount, count_parameters
 from fstrain.core.plancluster import PlanCluster
-from fstrain.core.planfile import LOSSES, OFFLOAD, STRATEGIES, ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.planfile import OFFLOAD, STRATEGIES, ModelSpec, PlanFile, PlanKnobs
 from fstrain.core.timemodel import StepTime, step_time
 from fstrain.errors import ConfigError
 
@@ -73,7 +74,7 @@ class TrainingSpec:
     optimizer: str = "adamw"
     flash_attention: bool = True
     train_tokens: int | None = None
-    loss: str = "full"  # planfile.LOSSES: what the loss holds per logit (memory.loss_bytes_per_logit)
+    loss: str = "full"  # losses.parse_loss's canonical name: what the loss holds per logit (losses.loss_peaks)
 
 
 @dataclass(frozen=True)
@@ -215,8 +216,9 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             raise ConfigError(
                 f"{node.gpu.label} has no {training.precision} support", "use --precision fp16 (or fp32)", "--precision"
             )
-    if training.loss not in LOSSES:
-        raise ConfigError(f"unknown loss {training.loss!r}", f"use one of {', '.join(LOSSES)}", "--loss")
+    if training.loss != parse_loss(training.loss, "--loss"):
+        raise ConfigError(f"loss {training.loss!r} is not canonical", f"pass {parse_loss(training.loss, '--loss')!r}",
+                          "--loss")
     if training.flash_attention and training.precision == "fp32":
         raise ConfigError(
             "FlashAttention needs fp16 or bf16", "use --no-flash-attention with fp32", "--flash-attention"
@@ -359,7 +361,7 @@ class _Evaluator:
             m.spec, m.params, m.num_params, knobs, self.cluster.gpus_per_node, self.assumptions, self.cache
         )
         reason = _rejection(knobs, memory, self.usable, self.gpu_label, self.host_limit)
-        overshoot = memory.peak / self.usable
+        overshoot = memory.required / self.usable
         if self.host_limit:
             overshoot = max(overshoot, memory.host_bytes_per_node / self.host_limit)
         if reason or m.spec is None:
@@ -450,11 +452,11 @@ def rank_params(model: PlanModel, knobs: PlanKnobs) -> int:
 
 
 def _rejection(knobs: PlanKnobs, memory: MemoryBreakdown, usable: int, gpu_label: str, host_limit: int | None) -> str:
-    if memory.peak > usable:
+    if memory.required > usable:  # the allocator's cache margin can shrink (MemoryBreakdown.required)
         name, value = memory.largest_item()
         return (
-            f"{describe_knobs(knobs)}: needs {memory.peak / GIB:.1f} GiB of {usable / GIB:.1f} GiB usable on "
-            f"{gpu_label}: {name} {value / GIB:.1f} GiB"
+            f"{describe_knobs(knobs)}: needs {memory.required / GIB:.1f} GiB of {usable / GIB:.1f} GiB usable on "
+            f"{gpu_label} (peak {memory.peak / GIB:.1f} with the allocator's margin): {name} {value / GIB:.1f} GiB"
         )
     if host_limit is not None and memory.host_bytes_per_node > host_limit:
         return (

@@ -48,7 +48,8 @@ class FSDPEngine:
         )
         # Pinned memory needs a CUDA driver; on a CPU-only host the policy still runs, unpinned.
         model, self.sharded = build_sharded_model(
-            settings.plan.model, cfg, self.mesh, settings.activation_checkpointing, runtime.device.type == "cuda"
+            settings.plan.model, cfg, self.mesh, settings.activation_checkpointing, runtime.device.type == "cuda",
+            settings.loss_chunks,
         )
         self.model = model
         self.optimizer = build_optimizer(model, cfg.get("optimizer", {}), self.options.lr)
@@ -136,7 +137,7 @@ class FSDPEngine:
 
 
 def build_sharded_model(
-    spec: ModelSpec, cfg: Mapping[str, Any], mesh: DeviceMesh, ac: str, pin_memory: bool
+    spec: ModelSpec, cfg: Mapping[str, Any], mesh: DeviceMesh, ac: str, pin_memory: bool, loss_chunks: int = 1
 ) -> tuple[GPT, FSDPModule]:
     """The model with the FSDP file's layout: each wrapped block its own ``fully_shard`` unit
     (all-gathered alone), then the root (embeddings, final norm, head). ``fully_shard`` moves
@@ -158,7 +159,7 @@ def build_sharded_model(
             module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload_policy
         )
 
-    model = GPT(spec, ac)
+    model = GPT(spec, ac, loss_chunks=loss_chunks)
     for module in list(model.modules()):
         if type(module).__name__ in wrap_classes:
             shard(module)

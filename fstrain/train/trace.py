@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fstrain.core.acpolicy import every_k
+from fstrain.core.losses import loss_chunks
 from fstrain.core.planfile import PlanFile
 from fstrain.errors import ConfigError
 
@@ -190,7 +191,9 @@ class _Tracer:
         cfg = {**self.fsdp, "cpu_offload": {"enabled": False}}
         moments: dict[str, dict[str, int]] = {}
         with FakeTensorMode():
-            model, _ = build_sharded_model(spec, cfg, self.mesh, knobs.activation_checkpointing, False)
+            model, _ = build_sharded_model(
+                spec, cfg, self.mesh, knobs.activation_checkpointing, False, loss_chunks(knobs.loss)
+            )
             optimizer_cfg = {**cfg.get("optimizer", {}), "foreach": False}
             optimizer = build_optimizer(model, optimizer_cfg, 1e-4)
             tokens = torch.randint(0, spec.vocab_size, (knobs.micro_batch_size, knobs.seq_len or spec.seq_len))

@@ -62,18 +62,19 @@ def test_tensor_parallel_never_crosses_an_nvlink_domain(scenario: tuple[PlanClus
 def test_fitting_plans_fit_and_rejected_ones_say_why(scenario: tuple[PlanCluster, PlanResult]) -> None:
     cluster, result = scenario
     for p in result.plans:
-        assert p.fits and p.memory.peak <= cluster.usable_memory_bytes and p.time is not None
+        assert p.fits and p.memory.required <= cluster.usable_memory_bytes and p.time is not None
     for p in result.rejected:
         assert not p.fits and p.time is None
         assert (
             re.match(
                 r".+, tp=\d+, pp=\d+, dp=\d+, .*mbs=\d+.*: "
-                r"needs [\d.]+ GiB of [\d.]+ GiB usable on \S+: .+ [\d.]+ GiB$",
+                r"needs [\d.]+ GiB of [\d.]+ GiB usable on \S+ "
+                r"\(peak [\d.]+ with the allocator's margin\): .+ [\d.]+ GiB$",
                 p.rejected_because,
             )
             or "host memory" in p.rejected_because
         )
-        assert p.memory.peak > cluster.usable_memory_bytes or "host memory" in p.rejected_because
+        assert p.memory.required > cluster.usable_memory_bytes or "host memory" in p.rejected_because
 
 
 def test_plans_are_ranked_by_throughput(scenario: tuple[PlanCluster, PlanResult]) -> None:
@@ -111,7 +112,7 @@ def test_the_reason_reads_like_the_issue() -> None:
     assert result.considered == 1 and not result.plans
     reason = result.rejected[0].rejected_because
     assert reason.startswith("ZeRO-2, tp=1, pp=1, dp=64, mbs=4, gas=2, AC none: needs ")
-    assert " GiB of 79.6 GiB usable on H100-SXM: " in reason
+    assert " GiB of 79.6 GiB usable on H100-SXM (peak " in reason
     assert result.suggestions  # what would fit instead
 
 
@@ -165,7 +166,7 @@ def test_heterogeneous_cluster_is_bounded_by_its_smallest_and_slowest_node() -> 
     assert result.bounded_by == (
         "memory bounded by a1 8x A100-SXM4-40GB (39.6 GiB); speed bounded by a1 8x A100-SXM4-40GB (39.6 GiB)"
     )
-    assert all(p.memory.peak <= 40536 * 2**20 for p in result.plans)
+    assert all(p.memory.required <= 40536 * 2**20 for p in result.plans)
     uniform_a100 = plan(model("llama2-7b"), training("llama2-7b", 256), uniform_cluster(2, 8, "a100-40gb"))
     assert result.plans[0].knobs == uniform_a100.plans[0].knobs  # the fast nodes cannot help
 
