@@ -109,6 +109,12 @@ class Plan:
     def fits(self) -> bool:
         return not self.rejected_because
 
+    @property
+    def tight(self) -> bool:
+        """Fits only if the allocator gives up its cache margin (``MemoryBreakdown.required``):
+        ranked after every plan that fits with it, and never a reason to stop searching."""
+        return self.fits and self.memory.peak > self.usable_bytes
+
     def describe(self) -> str:
         return describe_knobs(self.knobs)
 
@@ -129,6 +135,7 @@ class Plan:
             "memory": self.memory.to_dict(),
             "usable_bytes": self.usable_bytes,
             "fits": self.fits,
+            "tight": self.tight,
             "step_time_s": self.time.step_time_s if self.time else None,
             "tokens_per_s": self.time.tokens_per_s if self.time else None,
             "mfu": self.time.mfu if self.time else None,
@@ -174,6 +181,7 @@ def plan(
 ) -> PlanResult:
     """Search every configuration the pins allow; rank those that fit by throughput."""
     _check_inputs(model, training, cluster, pins)
+    training = dataclasses.replace(training, loss=parse_loss(training.loss, "--loss"))  # chunked: chunked:8
     plans, rejected, considered = _search(model, training, cluster, pins, assumptions, first_fit=False)
     plans.sort(key=_rank_key)
     rejected.sort(key=lambda p: (round(p.overshoot, 2), p.memory.peak, *_tie_key(p)))
@@ -216,9 +224,7 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             raise ConfigError(
                 f"{node.gpu.label} has no {training.precision} support", "use --precision fp16 (or fp32)", "--precision"
             )
-    if training.loss != parse_loss(training.loss, "--loss"):
-        raise ConfigError(f"loss {training.loss!r} is not canonical", f"pass {parse_loss(training.loss, '--loss')!r}",
-                          "--loss")
+    parse_loss(training.loss, "--loss")
     if training.flash_attention and training.precision == "fp32":
         raise ConfigError(
             "FlashAttention needs fp16 or bf16", "use --no-flash-attention with fp32", "--flash-attention"
@@ -433,6 +439,8 @@ def _search(
                             plans.append(result)
                             if first_fit:
                                 return plans, rejected, evaluate.considered
+                            if result.tight:
+                                continue  # more offload may fit with the margin
                             break  # more offload at this AC would only be slower
                         else:
                             continue
@@ -480,8 +488,9 @@ def _nothing_matches(model: PlanModel, training: TrainingSpec, cluster: PlanClus
 
 def _rank_key(p: Plan) -> tuple[Any, ...]:
     speed = p.time.tokens_per_s if p.time else 0.0
-    # Four significant digits: near-equal throughput falls to the simpler, smaller plan.
-    return (-float(f"{speed:.4g}"), *_tie_key(p))
+    # Plans that fit with the allocator's margin first; then four significant digits of speed:
+    # near-equal throughput falls to the simpler, smaller plan.
+    return (p.tight, -float(f"{speed:.4g}"), *_tie_key(p))
 
 
 def _tie_key(p: Plan) -> tuple[Any, ...]:

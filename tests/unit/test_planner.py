@@ -79,8 +79,10 @@ def test_fitting_plans_fit_and_rejected_ones_say_why(scenario: tuple[PlanCluster
 
 def test_plans_are_ranked_by_throughput(scenario: tuple[PlanCluster, PlanResult]) -> None:
     _, result = scenario
-    speeds = [float(f"{p.time.tokens_per_s:.4g}") for p in result.plans if p.time]
-    assert speeds == sorted(speeds, reverse=True)
+    for tight in (False, True):  # the tight plans after the others, each by throughput
+        speeds = [float(f"{p.time.tokens_per_s:.4g}") for p in result.plans if p.time and p.tight == tight]
+        assert speeds == sorted(speeds, reverse=True)
+    assert [p.tight for p in result.plans] == sorted(p.tight for p in result.plans)
 
 
 def test_search_is_deterministic() -> None:
@@ -247,3 +249,13 @@ def test_tiny_fits_one_gpu_and_the_plan_file_round_trips() -> None:
     assert restored.model == tiny.spec
     assert restored.cluster.gpu == "l4" and restored.cluster.gpu_memory_bytes == 23034 * 2**20
     assert restored.predicted["memory"]["peak"] == best.memory.peak
+
+
+def test_tight_plans_rank_after_the_ones_that_fit_with_the_allocator_margin() -> None:
+    # A plan whose peak overflows the GPU only by the allocator's cache margin still trains (the
+    # allocator frees its cache and retries before it fails), but it is never preferred.
+    result = plan(model("llama3.1-70b"), training("llama3.1-70b", 512), uniform_cluster(8, 8, "h100-sxm"))
+    tight = [p.tight for p in result.plans]
+    assert any(tight) and not tight[0] and tight == sorted(tight)
+    for p in result.plans:
+        assert p.memory.required <= p.usable_bytes and p.tight == (p.memory.peak > p.usable_bytes)
