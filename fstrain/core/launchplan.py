@@ -58,8 +58,9 @@ def check_trainer_loss(plan: PlanFile, where: str) -> None:
     kind = plan.knobs.loss.partition(":")[0]
     if kind not in TRAINER_LOSSES:
         raise ConfigError(
-            f"the plan is for --loss {plan.knobs.loss}, but the bundled trainer computes {' or '.join(TRAINER_LOSSES)} "
-            "(an fp32 copy of the logits, whole or a chunk at a time), which takes more memory than the plan counts",
+            f"the plan is for --loss {plan.knobs.loss}, but the bundled trainer computes "
+            f"{' or '.join(TRAINER_LOSSES)} (an fp32 copy of the logits, whole or a chunk at a time), "
+            "whose logits take other memory than the plan counts",
             "re-plan with --loss full (the default) or --loss chunked:N to train the bundled model",
             where,
         )

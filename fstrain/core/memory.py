@@ -18,8 +18,10 @@ Four parts, each a function that can be tested alone:
 - transient buffers (:func:`buffer_items`, :func:`backward_buffer_items`): DDP buckets, DeepSpeed
   reduce buckets and offload staging, ZeRO-3 gathered layer + prefetch, FSDP unsharded units +
   prefetch, pipeline send/recv.
-- moments (:func:`_moments`): the peak is the highest of the end of forward (logits and loss),
-  backward and the optimizer step, each charging only what is live then.
+- moments (:func:`_moments`): the peak is the highest of the loss (between forward and backward,
+  at the higher of the loss's own forward and backward peaks: :mod:`fstrain.core.losses`),
+  backward and the optimizer step, each charging only what is live then; a plan fits when the
+  peak less the allocator's cache margin does (:attr:`MemoryBreakdown.required`).
 - overhead: CUDA context, NCCL communicators, allocator fragmentation.
 
 Every number that is not arithmetic comes from :class:`~fstrain.core.assumptions.Assumptions`.
@@ -392,10 +394,11 @@ def fsdp_unit_items(
 ) -> list[tuple[str, int]]:
     """FSDP's gathered units and unsharded gradient, live while a unit's forward or backward runs.
 
-    None of them is live in the loss: the rendered FSDP file reshards every unit after its forward,
-    the root unit included (torch's FSDP2 keeps the root gathered only when
-    ``reshard_after_forward`` is left unset), and the first gradient comes after the loss. The
-    root unit is gathered again for the head's backward and stays so to the end of backward.
+    None of them is live in the loss: for full and hybrid sharding the rendered FSDP file reshards
+    every unit after its forward, the root unit included (torch's FSDP2 keeps the root gathered
+    only when ``reshard_after_forward`` is left unset; grad-op's gathered parameters are counted
+    with the model states), and the first gradient comes after the loss. The root unit is gathered
+    again for the head's backward and stays so to the end of backward.
     """
     w = weight_bytes(knobs.precision)
     if strategy == "fsdp-grad-op":
