@@ -72,7 +72,8 @@ def plan_command(
         help="How the training code computes the loss, which sets the logits' memory: full (cross-entropy on "
         "an fp32 copy: the bundled trainer, torchtitan, Hugging Face), fused (a fused kernel on the "
         "compute-dtype logits, e.g. flash-attn's: llm-foundry's default), megatron (Megatron-LM's "
-        "vocab-parallel cross-entropy as DeepSpeed's Megatron-LM examples run it) or chunked[:N] "
+        "vocab-parallel cross-entropy as DeepSpeed's Megatron-LM examples run it), megatron-core "
+        "(Megatron-LM core's, as ATorch's fork runs it) or chunked[:N] "
         "(torchtune's CEWithChunkedOutputLoss, N chunks of tokens, default 8; the bundled trainer runs it too).",
     ),
     strategy: str | None = typer.Option(

@@ -21,6 +21,11 @@ dtype's size (2 for bf16/fp16, 4 for fp32); ``n`` the logit elements (tokens x v
   in fp32 (4, held by ``forward_step`` through the loss), the loss clones them (4) and takes
   ``exp`` of the clone out of place (4); backward works in place on the saved softmax (4) and
   casts it to the compute dtype (w). Peak: forward, 12.
+- ``megatron-core``: Megatron-LM core's version (``megatron/core/tensor_parallel/cross_entropy.py``
+  at 19a9b780, as ATorch's ``vocab_parallel_cross_entropy`` forks it): called on
+  ``logits.float()`` while the caller still holds the logits (w), it subtracts the row maximum
+  out of place (4 beside the fp32 copy's 4) and takes ``exp`` in place; backward as above. Peak:
+  forward, w + 8. (Later Megatron-LM versions subtract in place.)
 - ``chunked:N``: torchtune's ``CEWithChunkedOutputLoss`` (default 8 chunks), eager: the output
   projection runs per chunk of tokens (``chunked_output``), so every chunk's logits are
   materialised at once (w); each chunk is upcast (4c) and its log-softmax saved (4 per logit over
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 
 from fstrain.errors import InputError
 
-LOSS_KINDS = ("full", "fused", "megatron", "chunked")
+LOSS_KINDS = ("full", "fused", "megatron", "megatron-core", "chunked")
 DEFAULT_CHUNKS = 8  # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8)
 TRAINER_LOSSES = ("full", "chunked")  # what the bundled trainer computes (fstrain/train/steps.py)
 
@@ -86,6 +91,8 @@ def loss_peaks(loss: str, logits: int, compute_bytes: int) -> LossPeaks:
         return LossPeaks(w * n, 2 * w * n)
     if kind == "megatron":
         return LossPeaks(12 * n, (4 + w) * n)
+    if kind == "megatron-core":
+        return LossPeaks((w + 4 + 4) * n, (4 + w) * n)
     chunks = loss_chunks(loss)
     c = -(-n // chunks)  # the largest chunk
     upcast = 4 if w != 4 else 0  # .float() of an fp32 chunk is the chunk itself

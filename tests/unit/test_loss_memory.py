@@ -67,8 +67,8 @@ def measure(run_forward: Callable[[], torch.Tensor], existing: tuple[torch.Tenso
 
 
 def test_parse_loss() -> None:
-    assert [parse_loss(v, "--loss") for v in ("full", "fused", "megatron", "chunked", "chunked:3")] == [
-        "full", "fused", "megatron", "chunked:8", "chunked:3"]
+    assert [parse_loss(v, "--loss") for v in ("full", "fused", "megatron-core", "chunked", "chunked:3")] == [
+        "full", "fused", "megatron-core", "chunked:8", "chunked:3"]
     assert [loss_chunks(v) for v in ("full", "chunked:8", "chunked:3")] == [1, 8, 3]
     for bad in ("liger", "chunked:0", "chunked:x", "full:2"):
         with pytest.raises(InputError, match="--loss"):
@@ -102,6 +102,7 @@ def test_the_peaks_by_loss_on_values() -> None:
     assert loss_peaks("full", n, 2) == LossPeaks(10 * n, 12 * n)  # backward: log-softmax, its two gradients
     assert loss_peaks("fused", n, 2) == LossPeaks(2 * n, 4 * n)
     assert loss_peaks("megatron", n, 2) == LossPeaks(12 * n, 6 * n)  # forward: fp32 logits, clone, exp
+    assert loss_peaks("megatron-core", n, 2) == LossPeaks(10 * n, 6 * n)  # logits, fp32 copy, shifted copy
     assert loss_peaks("chunked:8", n, 2) == LossPeaks(2 * n + 4 * n + 4 * 125, 4 * n + 8 * 125)
     assert loss_peaks("chunked:1", n, 2) == loss_peaks("full", n, 2)
     assert loss_peaks("megatron", n, 2).moment == "forward" and loss_peaks("full", n, 2).moment == "backward"
@@ -125,7 +126,7 @@ def test_chunked_loss_is_the_full_loss() -> None:
 def test_the_trainer_runs_full_and_chunked_only() -> None:
     for loss in ("full", "chunked:8"):
         check_trainer_loss(make_plan("fsdp-full", loss=loss), "plan.yaml")
-    for loss in ("fused", "megatron"):
+    for loss in ("fused", "megatron", "megatron-core"):
         with pytest.raises(ConfigError, match=f"--loss {loss}.*re-plan with --loss full"):
             check_trainer_loss(make_plan("fsdp-full", loss=loss), "plan.yaml")
 
