@@ -40,7 +40,8 @@ class Assumptions:
     fragmentation_fraction: float = _stated(
         0.10,
         "Allocator reserve above the live tensors (reserved/allocated 1.05-1.15 with the default "
-        "caching allocator; ZeRO section 3.2 saw more in extreme cases).",
+        "caching allocator; ZeRO section 3.2 saw more in extreme cases). Part of the peak, not of "
+        "what must fit: the allocator frees its cache and retries before it fails an allocation.",
     )
 
     deepspeed_fp32_grad_partition: bool = _stated(
