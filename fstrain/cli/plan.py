@@ -72,8 +72,11 @@ def plan_command(
     loss: str = typer.Option(
         "full", "--loss",
         help="How the training code computes the loss, which sets the logits' memory: full (cross-entropy on "
-        "an fp32 copy: the bundled trainer, torchtitan, Hugging Face) or fused (a fused kernel on the "
-        "compute-dtype logits, e.g. flash-attn's: llm-foundry's default).",
+        "an fp32 copy: the bundled trainer, torchtitan, Hugging Face), fused (a fused kernel on the "
+        "compute-dtype logits, e.g. flash-attn's: llm-foundry's default), megatron (Megatron-LM's "
+        "vocab-parallel cross-entropy as DeepSpeed's Megatron-LM examples run it), megatron-core "
+        "(Megatron-LM core's, as ATorch's fork runs it) or chunked[:N] "
+        "(torchtune's CEWithChunkedOutputLoss, N chunks of tokens, default 8; the bundled trainer runs it too).",
     ),
     strategy: str | None = typer.Option(
         None, "--strategy", help="Pin: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-hybrid (no-shard = ddp)."
@@ -262,7 +265,8 @@ def resolve_training(
     loss: str = "full",
 ) -> tuple[TrainingSpec, str]:
     """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
-    from fstrain.core.planfile import LOSSES, OPTIMIZERS, PRECISIONS
+    from fstrain.core.losses import parse_loss
+    from fstrain.core.planfile import OPTIMIZERS, PRECISIONS
     from fstrain.core.planner import TrainingSpec
     from fstrain.core.recipe import TrainingDefaults, parse_count
     from fstrain.errors import InputError
@@ -291,7 +295,7 @@ def resolve_training(
         batch = max(1, DEFAULT_BATCH_TOKENS // seq) if seq else 1
         note = "fstrain's default of 4M tokens (set --global-batch)"
     budget = parse_count(train_tokens, "--train-tokens") if train_tokens else defaults.train_tokens
-    chosen_loss = _choice(loss, LOSSES, "--loss")
+    chosen_loss = parse_loss(loss, "--loss")
     spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss)
     return spec, note
 

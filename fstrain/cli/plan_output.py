@@ -52,6 +52,10 @@ def print_plans(
         best = result.plans[0]
         emit(f"\n[bold]chosen:[/bold] {best.describe()}")
         emit(memory_bar(best.memory, best.usable_bytes))
+        if best.memory.peak > best.usable_bytes:
+            emit(f"[yellow]tight:[/yellow] the live tensors, CUDA context and NCCL buffers "
+                 f"({best.memory.required / GIB:.1f} GiB) fit, the allocator's cache margin does not: "
+                 "PyTorch frees cached blocks and retries before it fails (expect slower steps)")
         emit(_details_lines(best.memory))
         if best.time is not None:
             t = best.time

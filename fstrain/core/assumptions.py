@@ -40,7 +40,8 @@ class Assumptions:
     fragmentation_fraction: float = _stated(
         0.10,
         "Allocator reserve above the live tensors (reserved/allocated 1.05-1.15 with the default "
-        "caching allocator; ZeRO section 3.2 saw more in extreme cases).",
+        "caching allocator; ZeRO section 3.2 saw more in extreme cases). Part of the peak, not of "
+        "what must fit: the allocator frees its cache and retries before it fails an allocation.",
     )
 
     deepspeed_fp32_grad_partition: bool = _stated(
@@ -92,8 +93,9 @@ class Assumptions:
     )
 
     logits_bytes_per_element: int = _stated(
-        10,
-        "Loss spike per logit: bf16 logits (2) + fp32 upcast (4) + fp32 softmax gradient (4).",
+        0,
+        "Bytes per logit at the loss's peak; 0 = what --loss holds, read off its source "
+        "(fstrain/core/losses.py: full 12 in backward, fused 2x the compute dtype, megatron 12, chunked:N).",
     )
 
     sequence_parallel: bool = _stated(

@@ -8,6 +8,7 @@ searched, GPU-aware plan, run ``fstrain plan --out`` first.
 
 from __future__ import annotations
 
+from fstrain.core.losses import TRAINER_LOSSES
 from fstrain.core.planfile import ClusterSummary, ModelSpec, PlanFile, PlanKnobs, validate_knobs
 from fstrain.errors import ConfigError
 
@@ -52,13 +53,15 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
 
 
 def check_trainer_loss(plan: PlanFile, where: str) -> None:
-    """The bundled trainer computes the loss on an fp32 copy of the logits (``full``); a plan
-    made for another loss under-counts the logits' memory for it."""
-    if plan.knobs.loss != "full":
+    """The bundled trainer computes ``full`` (cross-entropy on an fp32 copy of the logits) or
+    ``chunked:N``; a plan made for another loss counts the logits' memory of another program."""
+    kind = plan.knobs.loss.partition(":")[0]
+    if kind not in TRAINER_LOSSES:
         raise ConfigError(
-            f"the plan is for --loss {plan.knobs.loss}, but the bundled trainer computes the full loss "
-            "(fp32 logits), which takes more memory than the plan counts",
-            "re-plan with --loss full (the default) to train the bundled model",
+            f"the plan is for --loss {plan.knobs.loss}, but the bundled trainer computes "
+            f"{' or '.join(TRAINER_LOSSES)} (an fp32 copy of the logits, whole or a chunk at a time), "
+            "whose logits take other memory than the plan counts",
+            "re-plan with --loss full (the default) or --loss chunked:N to train the bundled model",
             where,
         )
 

@@ -20,8 +20,10 @@ Four parts, each a function that can be tested alone:
   reduce buckets and offload staging, ZeRO-3 gathered layer + prefetch, FSDP unsharded units +
   prefetch (the whole stage, with unsharded gradients, under pipeline parallelism:
   :func:`pipeline_fsdp_gradient_bytes`), pipeline send/recv.
-- moments (:func:`_moments`): the peak is the highest of the end of forward (logits and loss),
-  backward and the optimizer step, each charging only what is live then.
+- moments (:func:`_moments`): the peak is the highest of the loss (between forward and backward,
+  at the higher of the loss's own forward and backward peaks: :mod:`fstrain.core.losses`),
+  backward and the optimizer step, each charging only what is live then; a plan fits when the
+  peak less the allocator's cache margin does (:attr:`MemoryBreakdown.required`).
 - overhead: CUDA context, NCCL communicators, allocator fragmentation.
 
 Every number that is not arithmetic comes from :class:`~fstrain.core.assumptions.Assumptions`.
@@ -35,6 +37,7 @@ from typing import Any
 from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, recomputes
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.buckets import bucket_sizes
+from fstrain.core.losses import LossPeaks, loss_peaks
 from fstrain.core.modelsize import ParamCount
 from fstrain.core.pipeline import in_flight_chunks, layers_per_rank
 from fstrain.core.planfile import ModelSpec, PlanKnobs
@@ -47,6 +50,7 @@ PP_GATHERED_ITEM = "FSDP stage parameters, gathered across micro-batches (pp > 1
 # (the forward and the loss): an item of the loss moment only (see _moments).
 AUTOCAST_CACHE_ITEM = "autocast weight casts (cached to the end of forward)"
 AUTOCAST_SAVED_ITEM = "autocast weight casts (saved for backward)"  # loss and backward moments
+HEAD_INPUT_ITEM = "final norm and head input"
 
 STRATEGY_LABELS = {
     "ddp": "DDP",
@@ -452,6 +456,19 @@ def block_backward_extra_bytes(
 BLOCK_REDUCE_ITEMS = ("FSDP unsharded gradient (one block)", "FSDP unsharded gradient (one unit)")
 
 
+def is_fsdp_unit_item(name: str) -> bool:
+    """FSDP's gathered units and unsharded gradient, live while a unit's forward or backward runs.
+
+    None of them is live in the loss: for full and hybrid sharding the rendered FSDP file reshards
+    every unit after its forward, the root unit included (torch's FSDP2 keeps the root gathered
+    only when ``reshard_after_forward`` is left unset; grad-op's gathered parameters are counted
+    with the model states), and the first gradient comes after the loss. The root unit is gathered
+    again for the head's backward and stays so to the end of backward. Under pipeline parallelism
+    the whole stage stays gathered (its item is not one of these).
+    """
+    return name.startswith(("FSDP gathered blocks", "FSDP root unit, gathered")) or name in BLOCK_REDUCE_ITEMS
+
+
 def stage_activation_bytes(
     model: ModelSpec,
     stage: StageShape,
@@ -501,9 +518,8 @@ def stage_activation_bytes(
     if mode(knobs.precision).autocast:
         items += autocast_weight_copies(model, stage, knobs, assumptions)
     if stage.has_head:
-        logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
-        per_logit = loss_bytes_per_logit(knobs.loss, knobs.precision, assumptions)
-        items.append((LOGITS_ITEM, logits * per_logit))
+        items.append((HEAD_INPUT_ITEM, head_input_bytes(model, knobs, assumptions.sequence_parallel)))
+        items.append((LOGITS_ITEM, loss_bytes(model, knobs, assumptions).peak))
     return items
 
 
@@ -552,18 +568,26 @@ def autocast_weight_copies(
     return items
 
 
-def loss_bytes_per_logit(loss: str, precision: str, assumptions: Assumptions = Assumptions()) -> int:
-    """Bytes per logit at the loss's peak, by how the loss is computed (planfile.LOSSES).
+def head_input_bytes(model: ModelSpec, knobs: PlanKnobs, sequence_parallel: bool = True) -> int:
+    """What the final norm and the output projection keep for backward (the stage with the head):
+    the norm's saved tensors, counted as in a block (RMSNorm: its fp32 input, 1/rms and its output;
+    LayerNorm: its input and one fp32 statistic), and the head's input in the compute dtype."""
+    a = weight_bytes(knobs.precision)
+    h = model.hidden_size
+    norm = (4 * h + 4 + a * h) if model.norm == "rmsnorm" else (a * h + 4)
+    split = knobs.tp if (sequence_parallel and knobs.tp > 1) else 1
+    return knobs.seq_len * knobs.micro_batch_size * (norm + a * h) // split
 
-    ``full``: cross-entropy on an fp32 copy of the logits, the bundled trainer's, torchtitan's and
-    Hugging Face's ``F.cross_entropy(logits.float(), ...)``: ``logits_bytes_per_element``.
-    ``fused``: a fused kernel reading the logits in the compute dtype and keeping only per-row
-    fp32 statistics (flash-attn's ``CrossEntropyLoss``, llm-foundry's default
-    ``fused_crossentropy``): the logits and their gradient, both in the compute dtype.
-    """
-    if loss == "fused":
-        return 2 * weight_bytes(precision)
-    return int(assumptions.logits_bytes_per_element)
+
+def loss_bytes(model: ModelSpec, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> LossPeaks:
+    """The loss's forward and backward peaks over this rank's logits (``s x b x V / t``), by
+    ``--loss`` (:func:`fstrain.core.losses.loss_peaks`); ``logits_bytes_per_element``, when set,
+    replaces both with that many bytes per logit."""
+    logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
+    if assumptions.logits_bytes_per_element:
+        stated = logits * int(assumptions.logits_bytes_per_element)
+        return LossPeaks(stated, stated)
+    return loss_peaks(knobs.loss, logits, weight_bytes(knobs.precision))
 
 
 def buffer_items(
@@ -619,6 +643,33 @@ def buffer_items(
         boundary = knobs.micro_batch_size * knobs.seq_len * hidden_size * residual_bytes(knobs.precision)
         p2p = 2 * boundary // knobs.tp * stage.chunks
         items.append(("pipeline send/recv", p2p))
+    return items
+
+
+def fsdp_unit_items(
+    strategy: str, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
+) -> list[tuple[str, int]]:
+    """FSDP's gathered units and unsharded gradient, live while a unit's forward or backward runs.
+
+    None of them is live in the loss: for full and hybrid sharding the rendered FSDP file reshards
+    every unit after its forward, the root unit included (torch's FSDP2 keeps the root gathered
+    only when ``reshard_after_forward`` is left unset; grad-op's gathered parameters are counted
+    with the model states), and the first gradient comes after the loss. The root unit is gathered
+    again for the head's backward and stays so to the end of backward.
+    """
+    w = weight_bytes(knobs.precision)
+    if strategy == "fsdp-grad-op":
+        return [("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)]
+    if strategy not in ("fsdp-full", "fsdp-hybrid"):
+        return []
+    # Each block is its own unit; in backward the root unit (embeddings, final norm, head) is
+    # gathered beside the current and the prefetched block.
+    block = stage.block
+    gathered = block * w * (1 + assumptions.fsdp_prefetch_units)
+    items = [(f"FSDP gathered blocks (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered)]
+    if stage.outside_blocks:
+        items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * w))
+    items.append(("FSDP unsharded gradient (one block)", block * assumptions.fsdp_reduce_bytes_per_element))
     return items
 
 
@@ -716,6 +767,7 @@ class MemoryBreakdown:
     details: tuple[tuple[str, int], ...]
     phase: str = "backward"  # the moment of the peak: "loss", "backward" or "optimizer step"
     moments: tuple[tuple[str, int], ...] = ()  # the peak each moment would have (bytes)
+    fragmentation: int = 0  # the allocator's cache margin (part of overhead)
 
     @property
     def model_states(self) -> int:
@@ -724,6 +776,16 @@ class MemoryBreakdown:
     @property
     def peak(self) -> int:
         return self.model_states + self.activations + self.buffers + self.overhead
+
+    @property
+    def required(self) -> int:
+        """What must fit on the GPU: the peak less the allocator's cache margin. PyTorch's caching
+        allocator frees its cached blocks and retries before it fails an allocation
+        (``CUDACachingAllocator``: ``release_cached_blocks``), so a run whose reserve would
+        overflow still trains with the GPU full (DeepSpeed's ZeRO-Offload tutorial: nvidia-smi
+        32,290 of 32,480 MiB); the live tensors, the CUDA context and NCCL's buffers cannot
+        shrink."""
+        return self.peak - self.fragmentation
 
     def largest_item(self) -> tuple[str, int]:
         return max(self.details, key=lambda item: item[1])
@@ -740,6 +802,7 @@ class MemoryBreakdown:
             "peak": self.peak,
             "host_bytes_per_node": self.host_bytes_per_node,
             "phase": self.phase,
+            "required": self.required,
             "moments": {name: value for name, value in self.moments},
             "details": {name: value for name, value in self.details},
         }
@@ -829,6 +892,7 @@ def _stage_breakdown(
         lambda: buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions),
     )
     buffers = [*persistent, *shared]
+    loss_buffers = [item for item in buffers if not is_fsdp_unit_item(item[0])]
     backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
     # FSDP2 creates its sharded gradients during backward (after set_to_none), so they are not
     # there during forward and backward unless micro-batches accumulate into them; DeepSpeed's
@@ -845,7 +909,7 @@ def _stage_breakdown(
             last = "full" if block_is_checkpointed(last, stage.layers - 1) else "none"
         first_block_stored = layer_activation_bytes(model, k.micro_batch_size, k.seq_len, k.tp, last,
                                                     k.flash_attention, k.precision, assumptions.sequence_parallel)
-    moments = _moments(activation_items, buffers, backward_buffers, step_items, first_block_stored)
+    moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored)
     communicators = communicator_count(k)
     fixed = assumptions.cuda_context_bytes + communicators * assumptions.nccl_bytes_per_communicator
 
@@ -893,11 +957,13 @@ def _stage_breakdown(
         details=details,
         phase=phase,
         moments=tuple((name, moment_peak(value)) for (name, _), value in zip(moments, lives, strict=True)),
+        fragmentation=fragmentation,
     )
 
 
 def _moments(
     activation_items: list[tuple[str, int]],
+    loss_buffers: list[tuple[str, int]],
     buffers: list[tuple[str, int]],
     backward_buffers: list[tuple[str, int]],
     step_items: list[tuple[str, int]],
@@ -905,17 +971,19 @@ def _moments(
 ) -> list[tuple[str, list[tuple[str, int]]]]:
     """What is live besides the model states at each moment that can hold the peak.
 
-    ``loss``: the end of forward, every stored activation plus the logits and the loss (its
-    backward included: the logits' gradient), with the buffers forward and backward share.
-    ``backward``: the stored activations (all of them at its start), a recomputed block's working
-    set, those buffers and the ones only backward allocates (DeepSpeed's reduce buckets).
-    ``optimizer step``: the activations are freed; the update's temporaries. Items of different
-    moments are never added together. ``first_block_stored``: what the block whose backward
-    comes first stored (freed when its gradient is reduced: FSDP's per-block reduce-scatter).
+    ``loss``: between the model's forward and its backward, every stored activation, what the
+    final norm and the head keep, and the loss at the higher of its forward and backward peaks
+    (:func:`fstrain.core.losses.loss_peaks`), with the buffers live then (not FSDP's units: see
+    :func:`fsdp_unit_items`). ``backward``: the stored activations (all of them at its start), a
+    recomputed block's working set, the buffers forward and backward share and the ones only
+    backward allocates (DeepSpeed's reduce buckets). ``optimizer step``: the activations are freed;
+    the update's temporaries. Items of different moments are never added together.
+    ``first_block_stored``: what the block whose backward comes first stored (freed when its
+    gradient is reduced: FSDP's per-block reduce-scatter).
     """
     stored = activation_items[:1]
-    loss_only = (LOGITS_ITEM, AUTOCAST_CACHE_ITEM)
-    logits = [item for item in activation_items[1:] if item[0] in loss_only]
+    loss_only = (LOGITS_ITEM, HEAD_INPUT_ITEM, AUTOCAST_CACHE_ITEM)
+    loss = [item for item in activation_items[1:] if item[0] in loss_only]
     working = [item for item in activation_items[1:] if item[0] not in loss_only]
     saved = [item for item in working if item[0] == AUTOCAST_SAVED_ITEM]
     backward = [*stored, *working, *buffers, *backward_buffers]
@@ -930,9 +998,8 @@ def _moments(
                  *backward_buffers]
         backward = max(first, later, key=lambda items: sum(v for _, v in items))
     moments = [
-        ("loss", [*stored, *saved, *logits, *buffers]),
+        ("loss", [*stored, *saved, *loss, *loss_buffers]),
         ("backward", backward),
         ("optimizer step", list(step_items)),
     ]
-    return moments if any(name == LOGITS_ITEM for name, _ in logits) else moments[1:]
-
+    return moments if any(name == LOGITS_ITEM for name, _ in loss) else moments[1:]

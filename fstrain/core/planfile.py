@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fstrain.core.acpolicy import AC_NAMES, parse_ac
+from fstrain.core.losses import LOSS_KINDS, parse_loss
 from fstrain.core.precision import PRECISIONS, check_strategy
 from fstrain.errors import InputError
 
@@ -23,11 +24,9 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fs
 ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N takes a number)
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
-# How the loss is computed over the logits, which sets their memory (fstrain/core/memory.py):
-# "full": cross-entropy on an fp32 copy of the logits (torch's F.cross_entropy(logits.float()):
-# the bundled trainer, torchtitan, Hugging Face); "fused": a fused cross-entropy kernel on the
-# logits in the compute dtype (flash-attn's, llm-foundry's default `fused_crossentropy`).
-LOSSES = ("full", "fused")
+# How the loss is computed over the logits, which sets their memory (fstrain/core/losses.py):
+# full, fused, megatron, or chunked:N (validated by losses.parse_loss).
+LOSSES = LOSS_KINDS
 # Pipeline schedules (fstrain/core/pipeline.py): "1f1b" (PipeDream-Flush, DeepSpeed's and torch's
 # Schedule1F1B), "interleaved" (Narayanan et al. 2021's interleaved 1F1B, ``pp_virtual_stages``
 # model chunks per rank), "zero-bubble" (Qi et al. 2023's ZB-H1).
@@ -184,13 +183,18 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         "offload": OFFLOAD,
         "precision": PRECISIONS,
         "optimizer": OPTIMIZERS,
-        "loss": LOSSES,
     }
     for key, allowed in choices.items():
         value = getattr(knobs, key)
         if value not in allowed:
             raise InputError(f"plan.{key} is {value!r}", f"use one of {', '.join(allowed)}", where)
     check_strategy(knobs.precision, knobs.strategy, f"{where}: plan.precision")
+    try:
+        loss = parse_loss(knobs.loss, where)
+    except InputError:
+        raise InputError(f"plan.loss is {knobs.loss!r}", f"use one of {', '.join(LOSSES)} (chunked:N)", where) from None
+    if loss != knobs.loss:
+        raise InputError(f"plan.loss is {knobs.loss!r}", f"write it as {loss!r}", where)
     if parse_ac(knobs.activation_checkpointing, where) != knobs.activation_checkpointing:
         raise InputError(
             f"plan.activation_checkpointing is {knobs.activation_checkpointing!r}",

@@ -18,6 +18,7 @@ from typing import Any
 
 from fstrain.core.acpolicy import AC_SEARCHED, every_k
 from fstrain.core.assumptions import Assumptions
+from fstrain.core.losses import parse_loss
 from fstrain.core.memory import (
     GIB,
     OFFLOAD_ALLOWED,
@@ -32,7 +33,6 @@ from fstrain.core.pipeline import schedule_label, schedule_problem
 from fstrain.core.plancluster import PlanCluster
 from fstrain.core.planfile import (
     DEEPSPEED_STRATEGIES,
-    LOSSES,
     OFFLOAD,
     PP_SCHEDULES,
     STRATEGIES,
@@ -85,7 +85,7 @@ class TrainingSpec:
     optimizer: str = "adamw"
     flash_attention: bool = True
     train_tokens: int | None = None
-    loss: str = "full"  # planfile.LOSSES: what the loss holds per logit (memory.loss_bytes_per_logit)
+    loss: str = "full"  # losses.parse_loss's canonical name: what the loss holds per logit (losses.loss_peaks)
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,12 @@ class Plan:
     def fits(self) -> bool:
         return not self.rejected_because
 
+    @property
+    def tight(self) -> bool:
+        """Fits only if the allocator gives up its cache margin (``MemoryBreakdown.required``):
+        ranked after every plan that fits with it, and never a reason to stop searching."""
+        return self.fits and self.memory.peak > self.usable_bytes
+
     def describe(self) -> str:
         return describe_knobs(self.knobs)
 
@@ -144,6 +150,7 @@ class Plan:
             "memory": self.memory.to_dict(),
             "usable_bytes": self.usable_bytes,
             "fits": self.fits,
+            "tight": self.tight,
             "step_time_s": self.time.step_time_s if self.time else None,
             "tokens_per_s": self.time.tokens_per_s if self.time else None,
             "mfu": self.time.mfu if self.time else None,
@@ -191,6 +198,7 @@ def plan(
 ) -> PlanResult:
     """Search every configuration the pins allow; rank those that fit by throughput."""
     _check_inputs(model, training, cluster, pins)
+    training = dataclasses.replace(training, loss=parse_loss(training.loss, "--loss"))  # chunked: chunked:8
     plans, rejected, considered = _search(model, training, cluster, pins, assumptions, first_fit=False)
     plans.sort(key=_rank_key)
     rejected.sort(key=lambda p: (round(p.overshoot, 2), p.memory.peak, *_tie_key(p)))
@@ -235,8 +243,7 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
                 "use --precision amp-fp16" if training.precision == "amp-bf16" else "use --precision fp16 (or fp32)",
                 "--precision",
             )
-    if training.loss not in LOSSES:
-        raise ConfigError(f"unknown loss {training.loss!r}", f"use one of {', '.join(LOSSES)}", "--loss")
+    parse_loss(training.loss, "--loss")
     if training.flash_attention and training.precision == "fp32":
         raise ConfigError(
             "FlashAttention needs fp16 or bf16", "use --no-flash-attention with fp32", "--flash-attention"
@@ -447,7 +454,7 @@ class _Evaluator:
             m.spec, m.params, m.num_params, knobs, self.cluster.gpus_per_node, self.assumptions, self.cache
         )
         reason = _rejection(knobs, memory, self.usable, self.gpu_label, self.host_limit)
-        overshoot = memory.peak / self.usable
+        overshoot = memory.required / self.usable
         if self.host_limit:
             overshoot = max(overshoot, memory.host_bytes_per_node / self.host_limit)
         if reason or m.spec is None:
@@ -523,6 +530,8 @@ def _search(
                                 plans.append(result)
                                 if first_fit:
                                     return plans, rejected, evaluate.considered
+                                if result.tight:
+                                    continue  # more offload may fit with the margin
                                 break  # more offload at this AC would only be slower
                             else:
                                 continue
@@ -543,11 +552,11 @@ def rank_params(model: PlanModel, knobs: PlanKnobs) -> int:
 
 
 def _rejection(knobs: PlanKnobs, memory: MemoryBreakdown, usable: int, gpu_label: str, host_limit: int | None) -> str:
-    if memory.peak > usable:
+    if memory.required > usable:  # the allocator's cache margin can shrink (MemoryBreakdown.required)
         name, value = memory.largest_item()
         return (
-            f"{describe_knobs(knobs)}: needs {memory.peak / GIB:.1f} GiB of {usable / GIB:.1f} GiB usable on "
-            f"{gpu_label}: {name} {value / GIB:.1f} GiB"
+            f"{describe_knobs(knobs)}: needs {memory.required / GIB:.1f} GiB of {usable / GIB:.1f} GiB usable on "
+            f"{gpu_label} (peak {memory.peak / GIB:.1f} with the allocator's margin): {name} {value / GIB:.1f} GiB"
         )
     if host_limit is not None and memory.host_bytes_per_node > host_limit:
         return (
@@ -578,8 +587,9 @@ def _schedule_note(pins: Pins) -> str:
 
 def _rank_key(p: Plan) -> tuple[Any, ...]:
     speed = p.time.tokens_per_s if p.time else 0.0
-    # Four significant digits: near-equal throughput falls to the simpler, smaller plan.
-    return (-float(f"{speed:.4g}"), *_tie_key(p))
+    # Plans that fit with the allocator's margin first; then four significant digits of speed:
+    # near-equal throughput falls to the simpler, smaller plan.
+    return (p.tight, -float(f"{speed:.4g}"), *_tie_key(p))
 
 
 def _tie_key(p: Plan) -> tuple[Any, ...]:

@@ -84,6 +84,8 @@ def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
         "device": runtime.device.type,
         "model": spec.name,
         "strategy": settings.plan.knobs.strategy,
+        "loss": settings.plan.knobs.loss,
+        "loss_chunks": settings.loss_chunks,  # what the model's head splits the tokens into
         "micro_batch_size": mbs,
         "grad_accum_steps": accum,
         "start_step": start_step,

@@ -227,11 +227,18 @@ class TransformerBlock(nn.Module):
 
 class GPT(nn.Module):
     def __init__(
-        self, spec: ModelSpec, activation_checkpointing: str = "none", checkpoint_fn: CheckpointFn = torch_checkpoint
+        self,
+        spec: ModelSpec,
+        activation_checkpointing: str = "none",
+        checkpoint_fn: CheckpointFn = torch_checkpoint,
+        loss_chunks: int = 1,
     ) -> None:
         super().__init__()
         check_supported(spec)
         self.spec = spec
+        # More than one: the head runs per chunk of tokens and forward returns the chunks' logits
+        # (torchtune's chunked_output, for the plan's --loss chunked:N; steps.lm_loss takes both).
+        self.loss_chunks = loss_chunks
         self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
         # GPT-2 learns absolute positions; Llama uses rotary tables (no parameters).
         learned = spec.position_embedding == "learned"
@@ -263,7 +270,7 @@ class GPT(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
         x = self.tok_embeddings(tokens)
         if self.pos_embeddings is not None:
             x = x + self.pos_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
@@ -271,11 +278,21 @@ class GPT(nn.Module):
         # Only this batch's positions: FSDP's mixed precision casts each block's inputs, and a
         # block saves its (cast) tables for backward, so passing the recipe's whole length would
         # keep a copy of it per block.
-        cos, sin = self.rope_cos[: tokens.shape[1]], self.rope_sin[: tokens.shape[1]]
+        tables: tuple[torch.Tensor, torch.Tensor] = (self.rope_cos, self.rope_sin)  # type: ignore[assignment]
+        cos, sin = (table[: tokens.shape[1]] for table in tables)
         for block in self.blocks:
             x = block(x, cos, sin)
-        logits: torch.Tensor = self.lm_head(self.final_norm(x))
-        return logits
+        return head_logits(self.lm_head, self.final_norm(x), self.loss_chunks)
+
+
+def head_logits(head: nn.Module, hidden: torch.Tensor, chunks: int = 1) -> torch.Tensor | list[torch.Tensor]:
+    """The output projection: the logits, or with ``chunks`` > 1 a list of each chunk of tokens'
+    logits (torchtune's ``chunked_output``: every chunk is materialised, only the loss's fp32 copy
+    is made a chunk at a time)."""
+    if chunks > 1:
+        return [head(chunk) for chunk in hidden.tensor_split(chunks, dim=1)]
+    logits: torch.Tensor = head(hidden)
+    return logits
 
 
 def num_parameters(model: nn.Module) -> int:

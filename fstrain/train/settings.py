@@ -15,6 +15,7 @@ from typing import Any
 
 from fstrain.core.acpolicy import parse_ac
 from fstrain.core.launchplan import check_trainer_loss
+from fstrain.core.losses import loss_chunks
 from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import FSDP_FILE_VERSION, render_fsdp
@@ -54,6 +55,11 @@ class TrainSettings:
             return int(self.deepspeed["gradient_accumulation_steps"])
         assert self.fsdp is not None
         return int(self.fsdp["batch"]["grad_accum_steps"])
+
+    @property
+    def loss_chunks(self) -> int:
+        """Chunks of tokens the loss is computed in: the plan's ``--loss chunked:N``, else 1."""
+        return loss_chunks(self.plan.knobs.loss)
 
     @property
     def activation_checkpointing(self) -> str:

@@ -13,10 +13,32 @@ from fstrain.errors import ConfigError
 LATEST = "latest"  # DeepSpeed's own name for the file holding the newest tag
 
 
-def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy, computed in fp32 whatever the compute dtype."""
-    vocab = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+IGNORE_INDEX = -100  # F.cross_entropy's default: a label that predicts nothing
+
+
+def lm_loss(output: torch.Tensor | list[torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy, computed in fp32 whatever the compute dtype.
+
+    ``output`` is the model's: the logits (the plan's ``--loss full``: one fp32 copy of them), or
+    a list of per-chunk logits (``--loss chunked:N``: torchtune's ``CEWithChunkedOutputLoss``, one
+    chunk upcast at a time). Their memory is :func:`fstrain.core.losses.loss_peaks`.
+    """
+    if isinstance(output, list):
+        return chunked_lm_loss(output, tokens)
+    vocab = output.shape[-1]
+    return F.cross_entropy(output[:, :-1].float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+
+
+def chunked_lm_loss(chunks: list[torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    """The mean cross entropy over chunks of tokens, each chunk's logits upcast on its own (as
+    torchtune's ``CEWithChunkedOutputLoss``); the last position has no next token, so its label is
+    ignored, and the chunks split the labels as :meth:`GPT.forward` split the tokens."""
+    labels = F.pad(tokens[:, 1:], (0, 1), value=IGNORE_INDEX)
+    total = torch.zeros((), dtype=torch.float32, device=tokens.device)
+    for logits, target in zip(chunks, labels.tensor_split(len(chunks), dim=1), strict=True):
+        flat = logits.reshape(-1, logits.shape[-1]).float()
+        total = total + F.cross_entropy(flat, target.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (labels != IGNORE_INDEX).sum()
 
 
 def step_tag(step: int) -> str:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fstrain.core.acpolicy import every_k
+from fstrain.core.losses import loss_chunks
 from fstrain.core.planfile import PlanFile
 from fstrain.errors import ConfigError
 
@@ -80,9 +81,11 @@ class TracedMemory:
 
 def check_traceable(plan: PlanFile) -> None:
     """Refuse what the bundled trainer (and so the trace) does not run, before importing torch."""
+    from fstrain.core.launchplan import check_trainer_loss
     from fstrain.train.settings import check_supported
 
     check_supported(plan.model)
+    check_trainer_loss(plan, "--trace")  # the trace runs the trainer's loss, not another program's
     k = plan.knobs
     if k.tp > 1 or k.pp > 1:
         raise ConfigError(
@@ -190,7 +193,9 @@ class _Tracer:
         cfg = {**self.fsdp, "cpu_offload": {"enabled": False}}
         moments: dict[str, dict[str, int]] = {}
         with FakeTensorMode():
-            model, _ = build_sharded_model(spec, cfg, self.mesh, knobs.activation_checkpointing, False)
+            model, _ = build_sharded_model(
+                spec, cfg, self.mesh, knobs.activation_checkpointing, False, loss_chunks(knobs.loss)
+            )
             optimizer_cfg = {**cfg.get("optimizer", {}), "foreach": False}
             optimizer = build_optimizer(model, optimizer_cfg, 1e-4)
             tokens = torch.randint(0, spec.vocab_size, (knobs.micro_batch_size, knobs.seq_len or spec.seq_len))

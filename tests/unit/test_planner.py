@@ -62,24 +62,27 @@ def test_tensor_parallel_never_crosses_an_nvlink_domain(scenario: tuple[PlanClus
 def test_fitting_plans_fit_and_rejected_ones_say_why(scenario: tuple[PlanCluster, PlanResult]) -> None:
     cluster, result = scenario
     for p in result.plans:
-        assert p.fits and p.memory.peak <= cluster.usable_memory_bytes and p.time is not None
+        assert p.fits and p.memory.required <= cluster.usable_memory_bytes and p.time is not None
     for p in result.rejected:
         assert not p.fits and p.time is None
         assert (
             re.match(
                 r".+, tp=\d+, pp=\d+, dp=\d+, .*mbs=\d+.*: "
-                r"needs [\d.]+ GiB of [\d.]+ GiB usable on \S+: .+ [\d.]+ GiB$",
+                r"needs [\d.]+ GiB of [\d.]+ GiB usable on \S+ "
+                r"\(peak [\d.]+ with the allocator's margin\): .+ [\d.]+ GiB$",
                 p.rejected_because,
             )
             or "host memory" in p.rejected_because
         )
-        assert p.memory.peak > cluster.usable_memory_bytes or "host memory" in p.rejected_because
+        assert p.memory.required > cluster.usable_memory_bytes or "host memory" in p.rejected_because
 
 
 def test_plans_are_ranked_by_throughput(scenario: tuple[PlanCluster, PlanResult]) -> None:
     _, result = scenario
-    speeds = [float(f"{p.time.tokens_per_s:.4g}") for p in result.plans if p.time]
-    assert speeds == sorted(speeds, reverse=True)
+    for tight in (False, True):  # the tight plans after the others, each by throughput
+        speeds = [float(f"{p.time.tokens_per_s:.4g}") for p in result.plans if p.time and p.tight == tight]
+        assert speeds == sorted(speeds, reverse=True)
+    assert [p.tight for p in result.plans] == sorted(p.tight for p in result.plans)
 
 
 def test_search_is_deterministic() -> None:
@@ -111,7 +114,7 @@ def test_the_reason_reads_like_the_issue() -> None:
     assert result.considered == 1 and not result.plans
     reason = result.rejected[0].rejected_because
     assert reason.startswith("ZeRO-2, tp=1, pp=1, dp=64, mbs=4, gas=2, AC none: needs ")
-    assert " GiB of 79.6 GiB usable on H100-SXM: " in reason
+    assert " GiB of 79.6 GiB usable on H100-SXM (peak " in reason
     assert result.suggestions  # what would fit instead
 
 
@@ -165,7 +168,7 @@ def test_heterogeneous_cluster_is_bounded_by_its_smallest_and_slowest_node() -> 
     assert result.bounded_by == (
         "memory bounded by a1 8x A100-SXM4-40GB (39.6 GiB); speed bounded by a1 8x A100-SXM4-40GB (39.6 GiB)"
     )
-    assert all(p.memory.peak <= 40536 * 2**20 for p in result.plans)
+    assert all(p.memory.required <= 40536 * 2**20 for p in result.plans)
     uniform_a100 = plan(model("llama2-7b"), training("llama2-7b", 256), uniform_cluster(2, 8, "a100-40gb"))
     assert result.plans[0].knobs == uniform_a100.plans[0].knobs  # the fast nodes cannot help
 
@@ -246,3 +249,13 @@ def test_tiny_fits_one_gpu_and_the_plan_file_round_trips() -> None:
     assert restored.model == tiny.spec
     assert restored.cluster.gpu == "l4" and restored.cluster.gpu_memory_bytes == 23034 * 2**20
     assert restored.predicted["memory"]["peak"] == best.memory.peak
+
+
+def test_tight_plans_rank_after_the_ones_that_fit_with_the_allocator_margin() -> None:
+    # A plan whose peak overflows the GPU only by the allocator's cache margin still trains (the
+    # allocator frees its cache and retries before it fails), but it is never preferred.
+    result = plan(model("llama3.1-70b"), training("llama3.1-70b", 512), uniform_cluster(8, 8, "h100-sxm"))
+    tight = [p.tight for p in result.plans]
+    assert any(tight) and not tight[0] and tight == sorted(tight)
+    for p in result.plans:
+        assert p.memory.required <= p.usable_bytes and p.tight == (p.memory.peak > p.usable_bytes)

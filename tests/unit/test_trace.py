@@ -56,6 +56,8 @@ def test_what_the_trainer_does_not_run_is_refused_before_torch() -> None:
         check_traceable(make_plan("fsdp-full", dp=2, tp=2))
     with pytest.raises(ConfigError, match="pin --strategy fsdp-full"):
         check_traceable(make_plan("zero3", dp=2))
+    with pytest.raises(ConfigError, match="--loss fused"):
+        check_traceable(make_plan("fsdp-full", dp=2, loss="fused"))
 
 
 def test_cli_trace_json_and_table() -> None:
