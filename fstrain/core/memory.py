@@ -51,6 +51,7 @@ PP_GATHERED_ITEM = "FSDP stage parameters, gathered across micro-batches (pp > 1
 AUTOCAST_CACHE_ITEM = "autocast weight casts (cached to the end of forward)"
 AUTOCAST_SAVED_ITEM = "autocast weight casts (saved for backward)"  # loss and backward moments
 HEAD_INPUT_ITEM = "final norm and head input"
+RECOMPUTE_ITEM = "recompute working set (one layer)"  # what a recomputed block's backward rebuilds
 
 STRATEGY_LABELS = {
     "ddp": "DDP",
@@ -504,7 +505,7 @@ def stage_activation_bytes(
     if recomputes(ac) and ac != "megatron-selective":
         # A recomputed block's backward rebuilds what it did not keep.
         working = per_layer("none") - (per_layer(ac) if ac == "selective-op" else 0)
-        items.append(("recompute working set (one layer)", working))
+        items.append((RECOMPUTE_ITEM, working))
     in_flight = WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none")
     temporaries = block_backward_extra_bytes(model, knobs.micro_batch_size, knobs.seq_len, knobs.tp,
                                              knobs.precision, assumptions.sequence_parallel, in_flight,
@@ -903,13 +904,16 @@ def _stage_breakdown(
         compute_gradients = pipeline_fsdp_gradient_bytes(stage, k, assumptions)
     step_items = [*persistent, *optimizer_step_items(k, states)]
     first_block_stored = 0
+    recomputing = (True, True)
     if model is not None and stage.layers and k.pp == 1:  # FSDP under PP reduces once, after the last micro-batch
         last = k.activation_checkpointing
-        if every_k(last) > 1:
-            last = "full" if block_is_checkpointed(last, stage.layers - 1) else "none"
+        if every_k(last) > 1:  # only every N-th block recomputes: the first two in backward may not
+            recomputing = (block_is_checkpointed(last, stage.layers - 1), block_is_checkpointed(last, stage.layers - 2))
+            last = "full" if recomputing[0] else "none"
         first_block_stored = layer_activation_bytes(model, k.micro_batch_size, k.seq_len, k.tp, last,
                                                     k.flash_attention, k.precision, assumptions.sequence_parallel)
-    moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored)
+    moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored,
+                       recomputing)
     communicators = communicator_count(k)
     fixed = assumptions.cuda_context_bytes + communicators * assumptions.nccl_bytes_per_communicator
 
@@ -968,6 +972,7 @@ def _moments(
     backward_buffers: list[tuple[str, int]],
     step_items: list[tuple[str, int]],
     first_block_stored: int = 0,
+    recomputing: tuple[bool, bool] = (True, True),
 ) -> list[tuple[str, list[tuple[str, int]]]]:
     """What is live besides the model states at each moment that can hold the peak.
 
@@ -979,7 +984,8 @@ def _moments(
     backward allocates (DeepSpeed's reduce buckets). ``optimizer step``: the activations are freed;
     the update's temporaries. Items of different moments are never added together.
     ``first_block_stored``: what the block whose backward comes first stored (freed when its
-    gradient is reduced: FSDP's per-block reduce-scatter).
+    gradient is reduced: FSDP's per-block reduce-scatter); ``recomputing``: whether that block and
+    the next one run their forward again (``every-k:N`` recomputes every N-th block only).
     """
     stored = activation_items[:1]
     loss_only = (LOGITS_ITEM, HEAD_INPUT_ITEM, AUTOCAST_CACHE_ITEM)
@@ -992,9 +998,12 @@ def _moments(
         # The first block's backward has no gradient to reduce yet; from the second on, the
         # previous block's unsharded gradient is being reduced but that block's activations are
         # freed. Whichever is higher is the backward peak.
-        first = [*stored, *working, *[b for b in buffers if b not in reduce], *backward_buffers]
+        first_working, later_working = (
+            [w for w in working if again or w[0] != RECOMPUTE_ITEM] for again in recomputing
+        )
+        first = [*stored, *first_working, *[b for b in buffers if b not in reduce], *backward_buffers]
         name, value = stored[0]
-        later = [(f"{name} less one block's, freed", value - first_block_stored), *working, *buffers,
+        later = [(f"{name} less one block's, freed", value - first_block_stored), *later_working, *buffers,
                  *backward_buffers]
         backward = max(first, later, key=lambda items: sum(v for _, v in items))
     moments = [

@@ -19,7 +19,8 @@ window slides up (3, 4, 5, then 4, 5, 6); if no window is affine, the full depth
 What a trace cannot see: the CUDA context, NCCL buffers, allocator fragmentation, and ``foreach``
 optimizer temporaries (the trace steps AdamW one tensor at a time; its ``foreach`` kernels allocate
 temporaries the tracker does not free on fake tensors). The CPU attention kernel stores the output
-and the log-sum-exp, as the GPU flash kernel does.
+and the log-sum-exp, as the GPU flash kernel does; it cannot drop out, so with FlashAttention the
+trace runs attention without dropout, as the GPU kernel stores nothing for it.
 """
 
 from __future__ import annotations
@@ -196,6 +197,8 @@ class _Tracer:
             model, _ = build_sharded_model(
                 spec, cfg, self.mesh, knobs.activation_checkpointing, False, loss_chunks(knobs.loss)
             )
+            if knobs.flash_attention:
+                _flash_attention_dropout(model)
             optimizer_cfg = {**cfg.get("optimizer", {}), "foreach": False}
             optimizer = build_optimizer(model, optimizer_cfg, 1e-4)
             tokens = torch.randint(0, spec.vocab_size, (knobs.micro_batch_size, knobs.seq_len or spec.seq_len))
@@ -223,6 +226,18 @@ class _Tracer:
         else:  # the overall peak is one of the three moments already read
             moments["loss or elsewhere"] = {key: 0 for key in overall}
         return moments
+
+
+def _flash_attention_dropout(model: Any) -> None:
+    """Trace attention dropout as the GPU's flash kernel runs it: it regenerates its mask from the
+    RNG state in backward and stores nothing. The CPU kernel cannot drop out, so with dropout
+    SDPA falls back to the math path, which stores every s x s probability and mask; the trace
+    turns attention dropout off instead (the residual dropouts, whose masks are stored, stay)."""
+    from fstrain.train.model import Attention
+
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.dropout = 0.0
 
 
 def _keep_max(moments: dict[str, dict[str, int]], moment: str, snapshots: list[Any]) -> None:

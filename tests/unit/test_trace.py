@@ -135,3 +135,42 @@ def test_mixtral_traces_at_full_size() -> None:
     assert (analytic.phase, traced.moment) == ("backward", "backward")
     for category, value in traced.categories.items():
         assert getattr(analytic, category) == pytest.approx(value, rel=0.05), category
+
+
+def test_attention_dropout_is_traced_as_the_flash_kernel_runs_it() -> None:
+    # The CPU attention kernel cannot drop out (SDPA would fall back to the math path and store
+    # every s x s probability); the GPU flash kernel stores nothing for dropout, so the trace turns
+    # attention dropout off. What dropout adds is then only the residual and embedding dropouts'
+    # noise, which CPU dropout keeps in the input's dtype (2 bytes; CUDA's fused kernel a 1-byte mask).
+    layers, s, b, h = 4, 512, 4, 128
+    traced = {}
+    for dropout in (0.0, 0.1):
+        model = replace(TINY_MODEL, num_layers=layers, dropout=dropout, hidden_size=h, num_heads=4, num_kv_heads=4,
+                        ffn_hidden_size=4 * h, seq_len=s)
+        plan = make_plan("fsdp-full", dp=4, model=model, activation_checkpointing="none", seq_len=s,
+                         micro_batch_size=b, grad_accum_steps=1)
+        traced[dropout] = trace_plan(plan, render_fsdp(plan).config).categories["activations"]
+    assert traced[0.1] - traced[0.0] == (2 * layers + 1) * s * b * h * 2
+
+
+@pytest.mark.parametrize(("recipe", "dp", "micro_batch", "ac"), [
+    ("llama3.1-8b", 8, 2, "selective-op"),  # peaks in the loss's backward
+    ("llama3.1-70b", 64, 1, "every-k:2"),  # the first block in backward is checkpointed, the next is not
+    ("llama3.1-405b", 512, 1, "full"),  # wide blocks: the peak is in the second norm's backward
+])
+def test_shipped_recipes_trace_like_the_planner_counts(recipe: str, dp: int, micro_batch: int, ac: str) -> None:
+    """Full size, 8K tokens: every category of the planner's breakdown within 5 % of PyTorch's trace."""
+    from fstrain.core.memory import memory_breakdown
+    from fstrain.core.modelsize import count_parameters
+    from fstrain.io.recipes import load_shipped_recipe
+
+    model = load_shipped_recipe(recipe).model
+    plan = make_plan("fsdp-full", dp=dp, model=model, activation_checkpointing=ac, seq_len=8192,
+                     micro_batch_size=micro_batch, grad_accum_steps=2, precision="bf16")
+    traced = trace_plan(plan, render_fsdp(plan).config)
+    params = count_parameters(model)
+    analytic = memory_breakdown(model, params, params.total, plan.knobs, 8)
+    assert analytic.phase == {"loss or elsewhere": "loss"}.get(traced.moment, traced.moment)
+    for category, value in traced.categories.items():
+        if value >= 64 << 20:  # under 64 MiB (the rotary tables) there is nothing to compare
+            assert getattr(analytic, category) == pytest.approx(value, rel=0.05), category
