@@ -24,10 +24,12 @@ METAVARS = {
     # plan
     "--model-params": "COUNT", "--num-nodes": "N", "--gpu": "GPU", "--node": "GPU:COUNT[xNODES]",
     "--nvlink-domain-size": "N", "--inter-node-gbps": "GBPS", "--global-batch": "N", "--global-batch-tokens": "N",
-    "--grad-accum": "N", "--seq-len": "N", "--optimizer": "adamw|sgd|adam8bit", "--ac": "none|selective-op|every-k:N|full",
+    "--grad-accum": "N", "--seq-len": "N", "--optimizer": "adamw|sgd|adam8bit",
+    "--ac": "none|selective-op|every-k:N|full",
     "--zero-stage": "0-3", "--tp": "N", "--pp": "N", "--shard-group-size": "N",
-    "--pp-schedule": "1f1b|interleaved|zero-bubble", "--pp-virtual-stages": "V",
-    "--offload": "none|optimizer|optimizer+params", "--loss": "full|fused|megatron|megatron-core|chunked[:N]", "--train-tokens": "COUNT",
+    "--pp-schedule": "1f1b|interleaved|zero-bubble", "--pp-virtual-stages": "V", "--ep": "N",
+    "--offload": "none|optimizer|optimizer+params", "--loss": "full|fused|megatron|megatron-core|chunked[:N]",
+    "--train-tokens": "COUNT",
     "--mfu": "FRACTION",
     "--assume": "KEY=VALUE", "--top": "N", "--render": "DIR", "--gpu-memory": "GIB", "--gpu-tflops": "TFLOPS",
     # render, topo

@@ -95,6 +95,11 @@ def plan_command(
         None, "--pp-virtual-stages",
         help="Model chunks per pipeline rank for --pp-schedule interleaved (default 2).",
     ),
+    ep: int | None = typer.Option(
+        None, "--ep",
+        help="Pin the expert-parallel degree (mixture-of-experts models): each rank holds num_experts/EP experts. "
+        "Default: searched over the divisors of the experts that divide the data-parallel degree.",
+    ),
     offload: str | None = typer.Option(None, "--offload", help="Pin CPU offload: none, optimizer, optimizer+params."),
     train_tokens: str | None = typer.Option(None, "--train-tokens", help="Token budget for time to train (2e12, 15T)."),
     mfu: float | None = typer.Option(None, "--mfu", min=0.01, max=1.0, help="Achievable MFU (default per GPU type)."),
@@ -155,7 +160,7 @@ def plan_command(
         loss,
     )
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
-                        pp_schedule, pp_virtual_stages)
+                        pp_schedule, pp_virtual_stages, ep)
     cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed,
                               gpu_memory, gpu_tflops)
     base = Assumptions()
@@ -324,6 +329,7 @@ def resolve_pins(
     offload: str | None,
     pp_schedule: str | None = None,
     pp_virtual_stages: int | None = None,
+    ep: int | None = None,
 ) -> Pins:
     from fstrain.core.acpolicy import parse_ac
     from fstrain.core.planfile import OFFLOAD, STRATEGIES
@@ -354,6 +360,7 @@ def resolve_pins(
         offload=_choice(offload, OFFLOAD, "--offload") if offload else None,
         pp_schedule=_pp_schedule(pp_schedule) if pp_schedule is not None else None,
         pp_virtual_stages=pp_virtual_stages,
+        ep=ep,
     )
 
 

@@ -61,7 +61,9 @@ def print_plans(
             t = best.time
             emit(
                 f"step {t.step_time_s:.2f} s = compute {t.compute_s:.2f} + bubble {t.bubble_s:.2f}"
-                f" + TP {t.tp_comm_s:.2f} + PP {t.pp_comm_s:.2f} + exposed DP {t.dp_exposed_s:.2f}"
+                f" + TP {t.tp_comm_s:.2f} + PP {t.pp_comm_s:.2f}"
+                + (f" + EP all-to-all {t.ep_comm_s:.2f}" if t.ep_comm_s else "")
+                + f" + exposed DP {t.dp_exposed_s:.2f}"
                 f" (of {t.dp_comm_s:.2f}) + offload {t.offload_s:.2f}"
             )
     else:
@@ -153,10 +155,12 @@ def _plans_table(plans: tuple[Plan, ...], training: TrainingSpec, fitting: bool)
     from fstrain.core.pipeline import schedule_label
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
-    numeric = ("#", "tp", "pp", "dp", "mbs", "gas", "GiB", "tokens/s", "MFU", "step s", "to train",
+    numeric = ("#", "tp", "pp", "ep", "dp", "mbs", "gas", "GiB", "tokens/s", "MFU", "step s", "to train",
                "tokens/s if it fit")
     pipelined = any(p.knobs.pp > 1 for p in plans)  # the schedule column only when a pipeline is shown
-    columns = ["#", "strategy", "tp", "pp", *(["schedule"] if pipelined else []), "dp", "mbs", "gas", "AC",
+    moe = any(p.moe for p in plans)  # the expert-parallel column only for a mixture of experts
+    columns = ["#", "strategy", "tp", "pp", *(["schedule"] if pipelined else []), *(["ep"] if moe else []), "dp",
+               "mbs", "gas", "AC",
                "offload", "GiB"]
     columns += ["tokens/s", "MFU", "step s", "to train"] if fitting else ["tokens/s if it fit", "why it does not fit"]
     for name in columns:
@@ -167,6 +171,8 @@ def _plans_table(plans: tuple[Plan, ...], training: TrainingSpec, fitting: bool)
         row = [str(index), label, str(k.tp), str(k.pp)]
         if pipelined:
             row.append(schedule_label(k.pp_schedule, k.pp_virtual_stages) if k.pp > 1 else "-")
+        if moe:
+            row.append(str(k.ep))
         row += [str(k.dp), str(k.micro_batch_size), str(k.grad_accum_steps)]
         row += [k.activation_checkpointing, _SHORT_OFFLOAD[k.offload], f"{p.memory.peak / GIB:.1f}"]
         if fitting and p.time is not None:

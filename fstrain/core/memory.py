@@ -51,7 +51,8 @@ PP_GATHERED_ITEM = "FSDP stage parameters, gathered across micro-batches (pp > 1
 AUTOCAST_CACHE_ITEM = "autocast weight casts (cached to the end of forward)"
 AUTOCAST_SAVED_ITEM = "autocast weight casts (saved for backward)"  # loss and backward moments
 HEAD_INPUT_ITEM = "final norm and head input"
-RECOMPUTE_ITEM = "recompute working set (one layer)"  # what a recomputed block's backward rebuilds
+RECOMPUTE_ITEM = "recompute working set (one layer)"
+EP_ALL_TO_ALL_ITEM = "MoE all-to-all send/recv (one layer, ep > 1)"  # what a recomputed block's backward rebuilds
 
 STRATEGY_LABELS = {
     "ddp": "DDP",
@@ -190,6 +191,43 @@ def model_states(
     return ModelStates(parameters, device_gradients, 0, host)
 
 
+def stage_model_states(stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> ModelStates:
+    """Model states of one rank of ``stage``: :func:`model_states`, with expert parallelism split
+    in two. The non-expert parameters are sharded over the data-parallel shard group as usual;
+    the rank's ``num_experts/ep`` experts (``stage.experts``) only over the expert-data-parallel
+    group, ``shard/ep`` ranks: the ranks holding the same experts (DeepSpeed-MoE, arXiv
+    2201.05596 sec. 5.1, expert + data parallelism; torchtitan parallel_dims.py shards experts
+    with FSDP over dp_shard/ep)."""
+    k = knobs
+
+    def states(count: int, shard: int) -> ModelStates:
+        return model_states(count, k.strategy, shard, k.precision, k.optimizer, k.offload, assumptions)
+
+    dense = states(stage.params - stage.experts, k.shard_group_size)
+    if not stage.experts:
+        return dense
+    experts = states(stage.experts, max(1, k.shard_group_size // k.ep))
+    return ModelStates(
+        dense.parameters + experts.parameters,
+        dense.gradients + experts.gradients,
+        dense.optimizer_states + experts.optimizer_states,
+        dense.host_bytes + experts.host_bytes,
+    )
+
+
+def moe_all_to_all_bytes(model: ModelSpec, knobs: PlanKnobs) -> int:
+    """The send and receive buffers of one MoE layer's expert-parallel all-to-all: each of the
+    rank's ``b s / tp`` tokens (sequence parallel shards them over TP) goes out as ``top_k``
+    hidden-wide copies in the compute dtype, and as many come back (torchtitan
+    expert_parallel.py: ``all_to_all_single_autograd`` into a new tensor for dispatch and
+    combine). One layer's worth is in flight at a time; the routed copies the experts then
+    compute on are the activations counted by :func:`moe_routing_bytes_per_token`."""
+    if model.moe is None or knobs.ep <= 1:
+        return 0
+    tokens = knobs.micro_batch_size * (knobs.seq_len or model.seq_len) // knobs.tp
+    return 2 * tokens * model.moe.top_k * model.hidden_size * weight_bytes(knobs.precision)
+
+
 def zero3_gathered_layer_bytes(largest_layer_params: int, precision: str = "bf16") -> int:
     """ZeRO-3's gathered largest layer: its full parameters and gradients in the parameter dtype."""
     return 2 * param_bytes(precision) * largest_layer_params
@@ -227,6 +265,7 @@ class StageShape:
     outside_blocks: int = 0  # embeddings, final norm and head on this rank: FSDP2's root unit
     block: int = 0  # one transformer block on this rank (0 when the architecture is not known)
     chunks: int = 1  # model chunks on this rank (the interleaved schedule's virtual stages)
+    experts: int = 0  # of ``params``, the expert parameters (num_experts/ep experts' share under EP)
 
 
 def stage_shapes(
@@ -237,18 +276,25 @@ def stage_shapes(
     tied: bool,
     schedule: str = "1f1b",
     virtual_stages: int = 1,
+    ep: int = 1,
 ) -> list[StageShape]:
     """The first and (when pp > 1) last pipeline rank; the middle ones are never heavier.
 
     Layers split as evenly as they can (the heaviest rank gets ceil(L/pp), or ``v`` chunks of
     ceil(L/(pp v)) when interleaved). Linears, the embedding and the head are split over TP
     (vocab-parallel); norms are replicated. What each rank holds in flight follows the
-    schedule (:func:`fstrain.core.pipeline.in_flight_chunks`).
+    schedule (:func:`fstrain.core.pipeline.in_flight_chunks`). Expert parallelism keeps
+    ``num_experts/ep`` experts per rank (DeepSpeed-MoE, arXiv 2201.05596 sec. 5.1): a block's
+    expert parameters are divided by ``ep`` (the router stays whole on every rank).
     """
     chunks = virtual_stages if pp > 1 else 1
     layers = layers_per_rank(params.num_layers, pp, chunks)
+    # 0 without EP: the experts are then sharded like any other parameter (and counted as such).
+    experts_rank = params.ffn_per_layer // tp // ep if params.router_per_layer and ep > 1 else 0
     block_sharded = params.per_layer - params.norms_per_layer
     block_rank = block_sharded // tp + params.norms_per_layer
+    if experts_rank:
+        block_rank = (block_sharded - params.ffn_per_layer) // tp + experts_rank + params.norms_per_layer
     embedding = (params.embedding + params.position_embedding) // tp
     # A tied head on its own stage keeps a copy of the embedding (Megatron syncs their grads).
     head = (params.head if not tied or pp == 1 else params.embedding) // tp
@@ -257,13 +303,14 @@ def stage_shapes(
     if pp == 1:
         total = first_params + head + params.final_norm
         return [StageShape(total, layers, largest, max(block_rank, embedding, head), True, 1,
-                           embedding + head + params.final_norm, block_rank)]
+                           embedding + head + params.final_norm, block_rank, experts=layers * experts_rank)]
     first = StageShape(first_params, layers, largest, max(block_rank, embedding), False,
-                       in_flight_chunks(schedule, pp, micro_batches, 0, chunks), embedding, block_rank, chunks)
+                       in_flight_chunks(schedule, pp, micro_batches, 0, chunks), embedding, block_rank, chunks,
+                       layers * experts_rank)
     last_params = layers * block_rank + head + params.final_norm
     last = StageShape(last_params, layers, largest, max(block_rank, head), True,
                       in_flight_chunks(schedule, pp, micro_batches, pp - 1, chunks), head + params.final_norm,
-                      block_rank, chunks)
+                      block_rank, chunks, layers * experts_rank)
     return [first, last]
 
 
@@ -751,6 +798,8 @@ def communicator_count(knobs: PlanKnobs) -> int:
         groups += 1 if 1 < size < knobs.world_size else 0
     if knobs.strategy == "fsdp-hybrid" and 1 < knobs.shard_group_size < knobs.dp:
         groups += 2  # shard group and replicate group
+    if knobs.ep > 1:
+        groups += 1 + (1 if knobs.dp > knobs.ep else 0)  # the all-to-all group and the experts' dp group
     return groups
 
 
@@ -831,9 +880,9 @@ def memory_breakdown(
         micro_batches = k.grad_accum_steps if k.pp_schedule == "interleaved" else min(k.pp, k.grad_accum_steps)
         stages = _memo(
             memo,
-            ("stages", k.tp, k.pp, micro_batches, k.pp_schedule, k.pp_virtual_stages),
+            ("stages", k.tp, k.pp, micro_batches, k.pp_schedule, k.pp_virtual_stages, k.ep),
             lambda: stage_shapes(params, k.tp, k.pp, k.grad_accum_steps, model.tied_embeddings, k.pp_schedule,
-                                 k.pp_virtual_stages),
+                                 k.pp_virtual_stages, k.ep),
         )
     else:
         stages = [StageShape(num_params // (knobs.tp * knobs.pp), 0, 0, 0, False, 1)]
@@ -863,10 +912,9 @@ def _stage_breakdown(
     k = knobs
     states: ModelStates = _memo(
         memo,
-        ("states", stage.params, k.strategy, k.shard_group_size, k.precision, k.optimizer, k.offload),
-        lambda: model_states(
-            stage.params, k.strategy, k.shard_group_size, k.precision, k.optimizer, k.offload, assumptions
-        ),
+        ("states", stage.params, stage.experts, k.ep, k.strategy, k.shard_group_size, k.precision, k.optimizer,
+         k.offload),
+        lambda: stage_model_states(stage, k, assumptions),
     )
     activation_items: list[tuple[str, int]] = []
     if model is not None:
@@ -893,6 +941,8 @@ def _stage_breakdown(
         lambda: buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions),
     )
     buffers = [*persistent, *shared]
+    if model is not None and model.moe is not None and k.ep > 1:
+        buffers.append((EP_ALL_TO_ALL_ITEM, moe_all_to_all_bytes(model, k)))
     loss_buffers = [item for item in buffers if not is_fsdp_unit_item(item[0])]
     backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
     # FSDP2 creates its sharded gradients during backward (after set_to_none), so they are not

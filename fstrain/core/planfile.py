@@ -97,6 +97,11 @@ class PlanKnobs:
     loss: str = "full"  # one of LOSSES
     pp_schedule: str = "1f1b"  # one of PP_SCHEDULES (meaningful with pp > 1)
     pp_virtual_stages: int = 1  # model chunks per pipeline rank: >= 2 for "interleaved", else 1
+    # Expert parallelism (MoE only): each rank of an ``ep``-rank group holds num_experts/ep
+    # experts; ``ep`` divides dp (the group is carved out of the data-parallel ranks, as
+    # torchtitan's parallel_dims.py borrows it from dp_shard), so expert states are data-parallel
+    # over dp/ep ranks. 1: every rank holds its FSDP/ZeRO shard of every expert.
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -172,6 +177,7 @@ class PlanFile:
         predicted = data.get("predicted") or {}
         plan = cls(model=model, knobs=knobs, cluster=cluster, predicted=_as_mapping(predicted, f"{where}: predicted"))
         validate_knobs(plan.knobs, where)
+        validate_ep(plan.knobs, plan.model, where)
         validate_cluster(plan.cluster, where)
         return plan
 
@@ -220,6 +226,37 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
             "hybrid shard groups must tile the data-parallel ranks",
             where,
         )
+
+
+def validate_ep(knobs: PlanKnobs, model: ModelSpec | None, where: str) -> None:
+    """Refuse an expert-parallel degree the model or the data-parallel ranks cannot take.
+
+    ``model`` None (only a parameter count is known) allows ep 1 only. The EP group is carved
+    out of the data-parallel ranks (torchtitan parallel_dims.py: EP borrows from dp_shard), so
+    ``ep`` divides ``dp``, the hybrid shard group (experts are sharded over group/ep ranks) and
+    the number of experts (each rank holds num_experts/ep whole experts).
+    """
+    ep = knobs.ep
+    if not _is_int(ep) or ep < 1:
+        raise InputError(f"plan.ep must be a positive integer, got {ep!r}", "use 1 for no expert parallelism", where)
+    if ep == 1:
+        return
+    if model is None or model.moe is None:
+        name = model.name if model is not None else "a model given by its parameter count"
+        raise InputError(f"plan.ep is {ep} but {name} has no experts", "use ep 1 (expert parallelism is for MoE "
+                         "models)", where)
+    experts = model.moe.num_experts
+    if experts % ep:
+        raise InputError(f"plan.ep({ep}) does not divide num_experts({experts})",
+                         f"use a divisor of {experts} that divides dp({knobs.dp})", where)
+    if knobs.dp % ep:
+        raise InputError(f"plan.ep({ep}) does not divide dp({knobs.dp})",
+                         "the expert-parallel group is carved out of the data-parallel ranks: use a divisor of dp",
+                         where)
+    if knobs.strategy == "fsdp-hybrid" and knobs.shard_group_size % ep:
+        raise InputError(f"plan.ep({ep}) does not divide shard_group_size({knobs.shard_group_size})",
+                         "with hybrid sharding experts are sharded over group/ep ranks: use a divisor of the group",
+                         where)
 
 
 def validate_pp_schedule(knobs: PlanKnobs, where: str) -> None:

@@ -25,6 +25,7 @@ from fstrain.core.memory import (
     STRATEGY_LABELS,
     ZERO_STAGE,
     MemoryBreakdown,
+    StageShape,
     memory_breakdown,
     stage_shapes,
 )
@@ -102,6 +103,7 @@ class Pins:
     offload: str | None = None
     pp_schedule: str | None = None  # planfile.PP_SCHEDULES
     pp_virtual_stages: int | None = None  # model chunks per rank, with pp_schedule "interleaved"
+    ep: int | None = None  # expert-parallel degree (MoE models only)
 
     def pinned(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
@@ -117,6 +119,7 @@ class Plan:
     time: StepTime | None
     rejected_because: str = ""
     overshoot: float = 0.0  # need / have for the tightest limit (GPU or host memory)
+    moe: bool = False  # the model has experts: its plans show their expert-parallel degree
 
     @property
     def fits(self) -> bool:
@@ -147,6 +150,7 @@ class Plan:
             "offload": k.offload,
             "pp_schedule": k.pp_schedule,
             "pp_virtual_stages": k.pp_virtual_stages,
+            **({"ep": k.ep} if self.moe else {}),
             "memory": self.memory.to_dict(),
             "usable_bytes": self.usable_bytes,
             "fits": self.fits,
@@ -177,6 +181,8 @@ class PlanResult:
 def describe_knobs(k: PlanKnobs) -> str:
     """'ZeRO-2, tp=1, pp=1, dp=64, mbs=4, gas=2, AC none' (+ offload, hybrid group)."""
     text = f"{STRATEGY_LABELS[k.strategy]}, tp={k.tp}, pp={k.pp}, dp={k.dp}"
+    if k.ep > 1:
+        text += f", ep={k.ep}"
     if k.strategy == "fsdp-hybrid":
         text += f", group={k.shard_group_size}"
     text += f", mbs={k.micro_batch_size}, gas={k.grad_accum_steps}, AC {k.activation_checkpointing}"
@@ -276,6 +282,7 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             "--pp",
         )
     _check_schedule_pins(model, pins)
+    _check_ep_pin(model, pins)
     if pins.shard_group_size is not None and pins.strategy not in (None, "fsdp-hybrid"):
         raise ConfigError(
             f"--shard-group-size applies to fsdp-hybrid, not {pins.strategy}",
@@ -290,6 +297,22 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             f"it supports: {', '.join(OFFLOAD_ALLOWED[pins.strategy])}",
             "--offload",
         )
+
+
+def _check_ep_pin(model: PlanModel, pins: Pins) -> None:
+    """A pinned expert-parallel degree needs experts to split and a data-parallel degree it divides."""
+    ep = pins.ep
+    if ep is not None and ep < 1:
+        raise ConfigError(f"ep={ep} is not a positive integer", "use 1 for no expert parallelism", "--ep")
+    if ep is None or ep == 1:
+        return
+    moe = model.spec.moe if model.spec is not None else None
+    if moe is None:
+        raise ConfigError(f"ep={ep} but {model.name} has no experts",
+                          "expert parallelism is for mixture-of-experts models: drop --ep", "--ep")
+    if moe.num_experts % ep:
+        raise ConfigError(f"ep={ep} does not divide the {moe.num_experts} experts",
+                          f"use a divisor of {moe.num_experts}", "--ep")
 
 
 def _check_schedule_pins(model: PlanModel, pins: Pins) -> None:
@@ -399,6 +422,19 @@ def _shard_groups(strategy: str, dp: int, tp: int, cluster: PlanCluster, pins: P
     return [g for g in divisors(dp) if 1 < g < dp and g * tp in aligned]
 
 
+def _groups_and_eps(
+    model: PlanModel, strategy: str, dp: int, tp: int, cluster: PlanCluster, pins: Pins
+) -> Iterator[tuple[int, int]]:
+    """(shard group, expert-parallel degree) pairs: the pinned ``ep``, else every divisor of the
+    number of experts that divides dp (and the hybrid shard group), for MoE models only."""
+    experts = model.spec.moe.num_experts if model.spec is not None and model.spec.moe is not None else 1
+    for group in _shard_groups(strategy, dp, tp, cluster, pins):
+        shard = group if strategy == "fsdp-hybrid" else dp
+        for ep in [pins.ep] if pins.ep else divisors(experts):
+            if experts % ep == 0 and dp % ep == 0 and shard % ep == 0:
+                yield group, ep
+
+
 class _Evaluator:
     """Evaluates one configuration; holds what every evaluation of a search shares."""
 
@@ -428,6 +464,7 @@ class _Evaluator:
         ac: str,
         offload: str,
         schedule: tuple[str, int] = ("1f1b", 1),
+        ep: int = 1,
     ) -> Plan:
         t = self.training
         knobs = PlanKnobs(
@@ -447,6 +484,7 @@ class _Evaluator:
             t.flash_attention,
             t.loss,
             *schedule,
+            ep,
         )
         self.considered += 1
         m = self.model
@@ -457,16 +495,18 @@ class _Evaluator:
         overshoot = memory.required / self.usable
         if self.host_limit:
             overshoot = max(overshoot, memory.host_bytes_per_node / self.host_limit)
+        moe = m.spec is not None and m.spec.moe is not None
         if reason or m.spec is None:
-            return Plan(knobs, memory, self.usable, None, reason, overshoot)
-        return Plan(knobs, memory, self.usable, self.timing(knobs), "", overshoot)
+            return Plan(knobs, memory, self.usable, None, reason, overshoot, moe)
+        return Plan(knobs, memory, self.usable, self.timing(knobs), "", overshoot, moe)
 
     def timing(self, knobs: PlanKnobs) -> StepTime:
         """The step time of ``knobs`` (the model's architecture must be known)."""
         m = self.model
         assert m.spec is not None
         return step_time(
-            m.spec, rank_params(m, knobs), knobs, self.effective, self.cluster_peak, self.links, self.assumptions
+            m.spec, rank_params(m, knobs), knobs, self.effective, self.cluster_peak, self.links, self.assumptions,
+            rank_expert_params(m, knobs),
         )
 
 
@@ -509,7 +549,7 @@ def _search(
             ]
             if dp == 1 and strategy != "ddp" and not pins.strategy:
                 offloads = [o for o in offloads if o != "none"]
-            for group in _shard_groups(strategy, dp, tp, cluster, pins):
+            for group, ep in _groups_and_eps(model, strategy, dp, tp, cluster, pins):
                 failed: set[tuple[str, str, tuple[str, int]]] = set()
                 for mbs, gas in batches:
                     # Without an architecture there is no step time for a schedule to change.
@@ -522,7 +562,7 @@ def _search(
                             for offload in offloads:
                                 if (ac, offload, schedule) in failed:
                                     continue
-                                result = evaluate(strategy, dp, tp, pp, group, mbs, gas, ac, offload, schedule)
+                                result = evaluate(strategy, dp, tp, pp, group, mbs, gas, ac, offload, schedule, ep)
                                 if not result.fits:
                                     failed.add((ac, offload, schedule))
                                     rejected.append(result)
@@ -546,9 +586,21 @@ def rank_params(model: PlanModel, knobs: PlanKnobs) -> int:
     """Parameters on the rank with the most (what data-parallel traffic moves)."""
     if model.params is None or model.spec is None:
         return model.num_params // (knobs.tp * knobs.pp)
-    shapes = stage_shapes(model.params, knobs.tp, knobs.pp, knobs.grad_accum_steps, model.spec.tied_embeddings,
-                          knobs.pp_schedule, knobs.pp_virtual_stages)
-    return max(shape.params for shape in shapes)
+    return max(shape.params for shape in _shapes(model, knobs))
+
+
+def rank_expert_params(model: PlanModel, knobs: PlanKnobs) -> int:
+    """Of :func:`rank_params`, the experts' parameters under expert parallelism (0 without EP):
+    what is reduced over the dp/ep expert-data-parallel ranks instead of dp."""
+    if model.params is None or model.spec is None or knobs.ep == 1:
+        return 0
+    return max(_shapes(model, knobs), key=lambda shape: shape.params).experts
+
+
+def _shapes(model: PlanModel, knobs: PlanKnobs) -> list[StageShape]:
+    assert model.params is not None and model.spec is not None
+    return stage_shapes(model.params, knobs.tp, knobs.pp, knobs.grad_accum_steps, model.spec.tied_embeddings,
+                        knobs.pp_schedule, knobs.pp_virtual_stages, knobs.ep)
 
 
 def _rejection(knobs: PlanKnobs, memory: MemoryBreakdown, usable: int, gpu_label: str, host_limit: int | None) -> str:
@@ -598,6 +650,7 @@ def _tie_key(p: Plan) -> tuple[Any, ...]:
         _ORDER[k.strategy],
         k.tp,
         k.pp,
+        k.ep,
         _SCHEDULE_ORDER[k.pp_schedule],
         k.pp_virtual_stages,
         _ac_order(k.activation_checkpointing),

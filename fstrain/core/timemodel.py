@@ -19,13 +19,19 @@
   collectives move ``(n-1)/n`` of the buffer per step of the ring; bandwidth is NVLink inside a
   domain, PCIe inside a node without it, the node's NICs shared by its GPUs across nodes.
   What can overlap with compute hides behind it (assumption ``dp_overlap``).
+- Expert parallelism (``ep > 1``, MoE): each MoE layer dispatches and combines its tokens with
+  an all-to-all in forward and again in backward (4 per layer and micro-batch, each moving
+  ``b s / tp x top_k x h`` compute-dtype elements, ``(ep-1)/ep`` of them to other ranks), over
+  the EP group's bandwidth, not overlapped with compute (torchtitan expert_parallel.py runs them
+  synchronously between the router and the experts). Expert gradients are reduced over the
+  ``dp/ep`` ranks holding the same experts (DeepSpeed-MoE, arXiv 2201.05596 sec. 5.1).
 - CPU offload: PCIe transfers and the CPU optimizer step, not overlapped.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fstrain.core.acpolicy import every_k
@@ -168,6 +174,7 @@ class StepTime:
     tokens_per_step: int
     model_flops_per_step: float
     mfu: float
+    ep_comm_s: float = 0.0  # MoE all-to-all of the step (ep > 1), inside the pipeline slots
 
     @property
     def tokens_per_s(self) -> float:
@@ -186,6 +193,7 @@ class StepTime:
             "dp_comm_s": self.dp_comm_s,
             "dp_exposed_s": self.dp_exposed_s,
             "offload_s": self.offload_s,
+            **({"ep_comm_s": self.ep_comm_s} if self.ep_comm_s else {}),
         }
 
 
@@ -197,8 +205,10 @@ def step_time(
     cluster_peak_flops: float,
     links: Links,
     assumptions: Assumptions = Assumptions(),
+    expert_params: int = 0,
 ) -> StepTime:
-    """Step time of ``knobs`` for ``model``; ``stage_params`` is the heaviest rank's parameter share.
+    """Step time of ``knobs`` for ``model``; ``stage_params`` is the heaviest rank's parameter share,
+    ``expert_params`` the part of it that is experts under expert parallelism (reduced over dp/ep).
 
     ``effective_flops_per_gpu`` is the slowest GPU's peak x achievable MFU; MFU is reported
     against ``cluster_peak_flops``, the sum of every GPU's peak.
@@ -225,11 +235,13 @@ def step_time(
         boundary = group_bandwidth(p, t * d, links)
         crossings = boundary_crossings(knobs.pp_schedule, chunks)  # v times the traffic, interleaved
         pp_mb = crossings * 2 * b * s * model.hidden_size * residual_bytes(knobs.precision) / t / (boundary * eff)
-    slot = compute_mb + tp_mb + pp_mb
+    ep_mb = layers * moe_all_to_all_time(model, knobs, links, assumptions)
+    slot = compute_mb + tp_mb + pp_mb + ep_mb
     bubble = bubble_slots(knobs.pp_schedule, p, chunks) * slot
     pipeline = m * slot + bubble
 
-    dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions, layers)
+    dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions, layers,
+                                               expert_params)
     offload = _offload_time(knobs, stage_params, links, assumptions)
     total = pipeline + dp_exposed + offload
     tokens = knobs.global_batch_size * s
@@ -246,20 +258,63 @@ def step_time(
         tokens_per_step=tokens,
         model_flops_per_step=model_flops,
         mfu=model_flops / (total * cluster_peak_flops),
+        ep_comm_s=m * ep_mb,
     )
 
 
+def moe_all_to_all_time(model: ModelSpec, knobs: PlanKnobs, links: Links, assumptions: Assumptions) -> float:
+    """Seconds of one MoE layer's expert-parallel all-to-alls for one micro-batch (0 without EP).
+
+    Forward dispatch and combine, and both again in backward: 4 all-to-alls, each sending
+    ``(ep-1)/ep`` of the rank's ``b s / tp x top_k`` routed copies (``h`` compute-dtype elements
+    each) to the other ranks of its EP group: ``ep`` consecutive data-parallel ranks (stride
+    ``tp``), inside a node when ``ep x tp`` fits one. Each pays the group's latency.
+    """
+    if model.moe is None or knobs.ep <= 1:
+        return 0.0
+    ep, t = knobs.ep, knobs.tp
+    tokens = knobs.micro_batch_size * knobs.seq_len / t
+    volume = tokens * model.moe.top_k * model.hidden_size * weight_bytes(knobs.precision) * _ring(ep)
+    bandwidth = group_bandwidth(ep, t, links) * assumptions.collective_efficiency
+    return 4 * (volume / bandwidth + collective_latency(ep, t, links, assumptions))
+
+
 def _data_parallel_time(
-    knobs: PlanKnobs, params: int, compute_mb: float, links: Links, assumptions: Assumptions, layers: int = 1
+    knobs: PlanKnobs,
+    params: int,
+    compute_mb: float,
+    links: Links,
+    assumptions: Assumptions,
+    layers: int = 1,
+    expert_params: int = 0,
 ) -> tuple[float, float]:
     """(total, exposed) seconds of data-parallel communication in one step.
 
     Parameters move in their gather dtype ``w`` and gradients in their reduce dtype (``red``,
     ``memory.comm_bytes``): under autocast DDP and FSDP move fp32 (twice bf16's bytes),
-    DeepSpeed the autocast dtype; pure bf16 moves bf16 everywhere."""
-    d, m, t = knobs.dp, knobs.grad_accum_steps, knobs.tp
-    if d == 1:
-        return 0.0, 0.0
+    DeepSpeed the autocast dtype; pure bf16 moves bf16 everywhere. Under expert parallelism the
+    ``expert_params`` move over their own data-parallel group, ``dp/ep`` ranks ``ep x tp`` apart,
+    in the same collectives; both hide behind the same compute."""
+    parts = [_dp_parts(knobs, params - expert_params, compute_mb, links, assumptions, layers, knobs.tp)]
+    if expert_params:
+        ep = knobs.ep
+        expert_knobs = replace(knobs, dp=knobs.dp // ep, shard_group_size=max(1, knobs.shard_group_size // ep))
+        parts.append(_dp_parts(expert_knobs, expert_params, compute_mb, links, assumptions, layers, knobs.tp * ep))
+    hidden = sum(part[0] for part in parts)
+    exposed_only = sum(part[2] for part in parts)
+    exposed = exposed_only + max(0.0, hidden - assumptions.dp_overlap * parts[0][1])
+    return hidden + exposed_only, exposed
+
+
+def _dp_parts(
+    knobs: PlanKnobs, params: int, compute_mb: float, links: Links, assumptions: Assumptions, layers: int,
+    stride: int,
+) -> tuple[float, float, float]:
+    """(overlappable seconds, compute window they can hide behind, exposed-only seconds) of the
+    data-parallel traffic of ``params`` over ``knobs.dp`` ranks ``stride`` apart."""
+    d, m, t = knobs.dp, knobs.grad_accum_steps, stride
+    if d == 1 or params == 0:
+        return 0.0, 0.0, 0.0
     w, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
     eff = assumptions.collective_efficiency
     group = knobs.shard_group_size if knobs.strategy == "fsdp-hybrid" else d
@@ -303,8 +358,7 @@ def _data_parallel_time(
             replicas = d // group
             across = group_bandwidth(replicas, t * group, links) * eff
             hidden += move(2 * red / group, size=replicas, bw=across, count=m)
-    exposed = exposed_only + max(0.0, hidden - assumptions.dp_overlap * window)
-    return hidden + exposed_only, exposed
+    return hidden, window, exposed_only
 
 
 def _offload_time(knobs: PlanKnobs, params: int, links: Links, assumptions: Assumptions) -> float:
