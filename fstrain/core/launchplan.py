@@ -49,7 +49,21 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
     if plan.knobs.tp != 1 or plan.knobs.pp != 1:
         raise ConfigError(f"the bundled trainer runs tp=1, pp=1 only; the plan has tp={plan.knobs.tp}, "
                           f"pp={plan.knobs.pp}", "plan with --tp 1 --pp 1", where)
+    check_trainer_ep(plan, where)
     check_trainer_loss(plan, where)
+
+
+def check_trainer_ep(plan: PlanFile, where: str) -> None:
+    """The bundled trainer keeps every expert on every rank (sharded by FSDP): it has no
+    expert-parallel all-to-all, so a plan whose memory counts num_experts/ep experts per rank
+    would not fit as predicted."""
+    if plan.knobs.ep != 1:
+        raise ConfigError(
+            f"the plan has ep={plan.knobs.ep}, but the bundled trainer does not run expert parallelism",
+            "plan with --ep 1 (every rank holds its shard of every expert), or train with a program that runs "
+            "expert parallelism (torchtitan, DeepSpeed-MoE, Megatron-LM)",
+            where,
+        )
 
 
 def check_trainer_loss(plan: PlanFile, where: str) -> None:

@@ -691,6 +691,7 @@ def _suggest(
         "offload": "--offload",
         "pp_schedule": "--pp-schedule",
         "pp_virtual_stages": "--pp-virtual-stages",
+        "ep": "--ep",
     }
     released = False
     for key, value in pins.pinned().items():

@@ -200,6 +200,13 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
             f"tp={knobs.tp} pp={knobs.pp}: train_batch_size counts data-parallel ranks only; the training "
             "script must pass its model-parallel groups (mpu) to deepspeed.initialize"
         )
+    if knobs.ep > 1:
+        notes.append(
+            f"ep={knobs.ep}: DeepSpeed's config has no expert-parallel key; DeepSpeed-MoE takes it in the model "
+            f"code (deepspeed.moe.layer.MoE(..., ep_size={knobs.ep})) and the optimizer needs the expert parameter "
+            "groups (deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer); the bundled "
+            "trainer does not run expert parallelism"
+        )
     if knobs.pp > 1 and knobs.pp_schedule != "1f1b":
         notes.append(
             f"pp_schedule {knobs.pp_schedule}: DeepSpeed's pipeline engine runs its own 1F1B schedule "

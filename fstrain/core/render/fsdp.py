@@ -99,6 +99,11 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
             f"tp={knobs.tp} pp={knobs.pp}: this file describes the data-parallel mesh (and the pipeline schedule) "
             "only; the bundled trainer runs tp=1 pp=1 plans"
         )
+    if knobs.ep > 1:
+        notes.append(
+            f"ep={knobs.ep}: expert parallelism is for the training program to set up (torchtitan: "
+            f"parallelism.expert_parallel_degree = {knobs.ep}); the bundled trainer does not run it"
+        )
     if knobs.pp > 1:
         # torchtitan shards each pipeline stage with reshard_after_forward=False (its default with PP),
         # which is what the planner's memory model counts.
