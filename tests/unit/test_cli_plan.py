@@ -170,6 +170,18 @@ def test_model_params_only() -> None:
             ("--model", "llama3.1-70b", "--gpu", "h100-sxm", "--pp", "1", "--pp-schedule", "zero-bubble"),
             "error: --pp-schedule: the zero-bubble schedule needs a pipeline, and --pp is 1 (hint: give --pp 2",
         ),
+        (
+            ("--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--ep", "3"),
+            "error: --ep: ep=3 does not divide the 8 experts (hint: use a divisor of 8)",
+        ),
+        (
+            ("--model", "llama3.1-8b", "--gpu", "h100-sxm", "--ep", "2"),
+            "error: --ep: ep=2 but llama3.1-8b has no experts (hint: expert parallelism is for mixture-of-experts",
+        ),
+        (
+            ("--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--ep", "0"),
+            "error: --ep: ep=0 is not a positive integer (hint: use 1 for no expert parallelism)",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], line: str) -> None:
@@ -283,3 +295,35 @@ def test_a_tight_plan_says_so() -> None:
     assert best["memory"]["peak"] - best["memory"]["required"] == best["memory"]["details"]["allocator fragmentation"]
     human = run_fstrain(*pinned)
     assert human.returncode == 0 and "tight: the live tensors" in human.stderr
+
+
+def test_ep_flag_reaches_the_plan_the_json_the_table_and_the_plan_file(tmp_path: Path) -> None:
+    pinned = ("plan", "--model", "mixtral-8x7b", *H100_64, "--strategy", "zero2", "--tp", "1", "--pp", "1",
+              "--seq-len", "4096", "--global-batch", "128")
+    assert "--ep N" in run_fstrain("plan", "--help").stdout
+    result = run_fstrain(*pinned, "--ep", "4", "--json", "--out", str(tmp_path / "plan.yaml"))
+    assert result.returncode == 0, result.stderr
+    plans = json.loads(result.stdout)["plans"]
+    assert {p["ep"] for p in plans} == {4}
+    # mbs x 4096 tokens x top-2 x hidden 4096 x 2 bytes, sent and received
+    tokens = plans[0]["micro_batch_size"] * 4096
+    assert plans[0]["memory"]["details"]["MoE all-to-all send/recv (one layer, ep > 1)"] == 2 * tokens * 2 * 4096 * 2
+    assert plans[0]["time_breakdown"]["ep_comm_s"] > 0
+    saved = PlanFile.from_dict(yaml.safe_load((tmp_path / "plan.yaml").read_text()), "plan.yaml")
+    assert saved.knobs.ep == 4
+    # Unpinned, ZeRO-2 fits only with the experts split: 93 GB of bf16 parameters do not fit whole.
+    unpinned = json.loads(run_fstrain(*pinned, "--json").stdout)["plans"]
+    assert unpinned[0]["fits"] and unpinned[0]["ep"] > 1
+    human = run_fstrain(*pinned, "--ep", "8")
+    assert human.returncode == 0 and " ep " in human.stderr and "ep=8" in human.stderr
+    assert "EP all-to-all" in human.stderr
+    no_fit = run_fstrain(*pinned, "--ep", "1")
+    assert no_fit.returncode == 1 and "without --ep 1" in no_fit.stderr
+    # A saved ep > 1 plan is refused by the bundled trainer's launch before anything starts.
+    tiny = run_fstrain("plan", "--model", "tiny-moe", "--num-nodes", "1", "--gpus-per-node", "4", "--gpu", "h100-sxm",
+                       "--ep", "2", "--out", str(tmp_path / "tiny.yaml"))
+    assert tiny.returncode == 0, tiny.stderr
+    launch = run_fstrain("launch", "--plan", str(tmp_path / "tiny.yaml"), "--dry-run", "--hosts", "localhost",
+                         "--nproc-per-node", "4")
+    assert launch.returncode == 2, launch.stderr
+    assert "does not run expert parallelism" in launch.stderr and launch.stderr.count("\n") == 1
