@@ -242,7 +242,7 @@ def step_time(
 
     dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions, layers,
                                                expert_params)
-    offload = _offload_time(knobs, stage_params, links, assumptions)
+    offload = _offload_time(knobs, stage_params, links, assumptions, expert_params)
     total = pipeline + dp_exposed + offload
     tokens = knobs.global_batch_size * s
     model_flops = flops.training * tokens
@@ -361,12 +361,16 @@ def _dp_parts(
     return hidden, window, exposed_only
 
 
-def _offload_time(knobs: PlanKnobs, params: int, links: Links, assumptions: Assumptions) -> float:
-    """PCIe traffic and the CPU optimizer step of an offloaded configuration (not overlapped)."""
+def _offload_time(
+    knobs: PlanKnobs, params: int, links: Links, assumptions: Assumptions, expert_params: int = 0
+) -> float:
+    """PCIe traffic and the CPU optimizer step of an offloaded configuration (not overlapped).
+    Under expert parallelism the experts' shard is of ``shard/ep`` ranks (see ``_data_parallel_time``)."""
     if knobs.offload == "none":
         return 0.0
     w = param_bytes(knobs.precision)
-    shard = params / knobs.shard_group_size
+    expert_shard = max(1, knobs.shard_group_size // knobs.ep)
+    shard = (params - expert_params) / knobs.shard_group_size + expert_params / expert_shard
     pcie = links.host_link_bytes_per_s / 2  # one direction
     cpu_step = shard * links.gpus_per_node / assumptions.cpu_adam_params_per_s_per_node
     if knobs.strategy.startswith("fsdp"):

@@ -188,3 +188,12 @@ def test_assumptions_are_what_the_time_model_divides_by() -> None:
     volume = 7 / 8 * 4096 * 2 * 4096 * 2
     expected = 4 * (volume / (450e9 * assumptions.collective_efficiency) + 7 * assumptions.nvlink_latency_s)
     assert moe_all_to_all_time(MIXTRAL, k, LINKS, assumptions) == pytest.approx(expected)
+
+
+def test_offloaded_expert_shards_are_of_dp_over_ep_ranks() -> None:
+    k = knobs(offload="optimizer")
+    timed = step_time(MIXTRAL, DENSE + EXPERTS // 8, k, 400e12, 64 * 989e12, LINKS, NO_OVERLAP, EXPERTS // 8)
+    shard = DENSE / 64 + (EXPERTS // 8) / 8  # parameters whose update this rank's host runs
+    pcie = 128e9 / 2
+    expected = 2 * 2 * shard / pcie + shard * 8 / NO_OVERLAP.cpu_adam_params_per_s_per_node
+    assert timed.offload_s == pytest.approx(expected)

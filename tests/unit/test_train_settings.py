@@ -65,6 +65,15 @@ def test_a_tensor_parallel_plan_is_refused(tmp_path: Path) -> None:
         load_settings(["--plan", str(tmp_path / "r" / "plan.yaml")], 4)
 
 
+def test_an_expert_parallel_plan_is_refused(tmp_path: Path) -> None:
+    from fstrain.io.recipes import load_shipped_recipe
+
+    moe = load_shipped_recipe("tiny-moe").model
+    render_and_write(make_plan("fsdp-full", dp=4, model=moe, ep=2), tmp_path / "r", force=False)
+    with pytest.raises(ConfigError, match="the plan has ep=2, but the bundled trainer does not run expert"):
+        load_settings(["--plan", str(tmp_path / "r" / "plan.yaml")], 4)
+
+
 def test_the_command_prints_one_line_and_exits_2(rendered: Path) -> None:
     env = {**os.environ, "WORLD_SIZE": "3"}
     env.pop("FSTRAIN_DEBUG", None)

@@ -96,7 +96,8 @@ def render_readme(
         "Rendered by `fstrain render`: the files a training job reads for this plan.",
         "",
         f"Plan: {model.name} ({model.num_layers} layers, hidden {model.hidden_size}, seq {model.seq_len}), "
-        f"strategy {knobs.strategy}, ZeRO stage {knobs.zero_stage}, dp={knobs.dp} tp={knobs.tp} pp={knobs.pp}, "
+        f"strategy {knobs.strategy}, ZeRO stage {knobs.zero_stage}, dp={knobs.dp} tp={knobs.tp} pp={knobs.pp}"
+        f"{f' ep={knobs.ep}' if knobs.ep > 1 else ''}, "
         f"shard group {knobs.shard_group_size}",
         f"Batch: micro-batch {knobs.micro_batch_size} x grad-accum {knobs.grad_accum_steps} x dp {knobs.dp} "
         f"= {knobs.global_batch_size} sequences per step; precision {knobs.precision}; "
