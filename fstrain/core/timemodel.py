@@ -20,7 +20,8 @@
   domain, PCIe inside a node without it, the node's NICs shared by its GPUs across nodes.
   What can overlap with compute hides behind it (assumption ``dp_overlap``).
 - Expert parallelism (``ep > 1``, MoE): each MoE layer dispatches and combines its tokens with
-  an all-to-all in forward and again in backward (4 per layer and micro-batch, each moving
+  an all-to-all in forward and again in backward (4 per layer and micro-batch, +2 when its
+  forward is recomputed, each moving
   ``b s / tp x top_k x h`` compute-dtype elements, ``(ep-1)/ep`` of them to other ranks), over
   the EP group's bandwidth, not overlapped with compute (torchtitan expert_parallel.py runs them
   synchronously between the router and the experts). Expert gradients are reduced over the
@@ -268,15 +269,20 @@ def moe_all_to_all_time(model: ModelSpec, knobs: PlanKnobs, links: Links, assump
     Forward dispatch and combine, and both again in backward: 4 all-to-alls, each sending
     ``(ep-1)/ep`` of the rank's ``b s / tp x top_k`` routed copies (``h`` compute-dtype elements
     each) to the other ranks of its EP group: ``ep`` consecutive data-parallel ranks (stride
-    ``tp``), inside a node when ``ep x tp`` fits one. Each pays the group's latency.
+    ``tp``), inside a node when ``ep x tp`` fits one. Each pays the group's latency. A layer whose
+    forward is recomputed (full, every-k:N) dispatches and combines again (2 more, averaged over
+    the layers like TP's all-reduces); op-level selective AC is counted as keeping the
+    all-to-all's outputs, as it keeps the other collectives' (torchtitan's save list).
     """
     if model.moe is None or knobs.ep <= 1:
         return 0.0
     ep, t = knobs.ep, knobs.tp
+    k = every_k(knobs.activation_checkpointing)
+    collectives = 4 + (2 / k if k else 0)
     tokens = knobs.micro_batch_size * knobs.seq_len / t
     volume = tokens * model.moe.top_k * model.hidden_size * weight_bytes(knobs.precision) * _ring(ep)
     bandwidth = group_bandwidth(ep, t, links) * assumptions.collective_efficiency
-    return 4 * (volume / bandwidth + collective_latency(ep, t, links, assumptions))
+    return collectives * (volume / bandwidth + collective_latency(ep, t, links, assumptions))
 
 
 def _data_parallel_time(
