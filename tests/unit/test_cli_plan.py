@@ -327,3 +327,11 @@ def test_ep_flag_reaches_the_plan_the_json_the_table_and_the_plan_file(tmp_path:
                          "--nproc-per-node", "4")
     assert launch.returncode == 2, launch.stderr
     assert "does not run expert parallelism" in launch.stderr and launch.stderr.count("\n") == 1
+
+
+def test_trace_refuses_an_expert_parallel_plan_in_one_line() -> None:
+    result = run_fstrain("plan", "--model", "tiny-moe", "--num-nodes", "1", "--gpus-per-node", "4", "--gpu",
+                         "h100-sxm", "--ep", "2", "--strategy", "fsdp-full", "--trace", "--json")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: --trace: the plan has ep=2, but the bundled trainer does not run expert")
+    assert result.stderr.count("\n") == 1
