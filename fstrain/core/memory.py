@@ -922,7 +922,8 @@ def _stage_breakdown(
             memo,
             (
                 "activations",
-                k.strategy,
+                WEIGHT_GRADS_IN_FLIGHT.get(k.strategy, "none"),  # what the strategy changes here
+                k.strategy.startswith("fsdp"),
                 stage,
                 k.micro_batch_size,
                 k.seq_len,
@@ -960,8 +961,12 @@ def _stage_breakdown(
         if every_k(last) > 1:  # only every N-th block recomputes: the first two in backward may not
             recomputing = (block_is_checkpointed(last, stage.layers - 1), block_is_checkpointed(last, stage.layers - 2))
             last = "full" if recomputing[0] else "none"
-        first_block_stored = layer_activation_bytes(model, k.micro_batch_size, k.seq_len, k.tp, last,
-                                                    k.flash_attention, k.precision, assumptions.sequence_parallel)
+        first_block_stored = _memo(
+            memo,
+            ("block", k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention, k.precision),
+            lambda: layer_activation_bytes(model, k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention,
+                                           k.precision, assumptions.sequence_parallel),
+        )
     moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored,
                        recomputing)
     communicators = communicator_count(k)
