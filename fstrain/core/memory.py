@@ -314,6 +314,17 @@ def stage_shapes(
     return [first, last]
 
 
+def ffn_width(model: ModelSpec) -> int:
+    """The width of one FFN: the dense one's, or one expert's."""
+    return model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
+
+
+def replicated_split(tp: int, sequence_parallel: bool) -> int:
+    """How many ways the tensors TP replicates (norm inputs, the residual stream) are split:
+    ``tp`` with sequence parallelism, else none."""
+    return tp if (sequence_parallel and tp > 1) else 1
+
+
 def block_matmuls(model: ModelSpec) -> list[tuple[int, int]]:
     """(in, out) widths of a block's matmuls in forward order, per token (MoE: one expert).
 
@@ -324,7 +335,7 @@ def block_matmuls(model: ModelSpec) -> list[tuple[int, int]]:
     h = model.hidden_size
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
-    ffn = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
+    ffn = ffn_width(model)
     attention = [(h, q_width), (h, kv_width), (h, kv_width), (q_width, h)]
     mlp = [(h, ffn), (h, ffn), (ffn, h)] if model.activation == "swiglu" else [(h, ffn), (ffn, h)]
     return attention + mlp
@@ -398,7 +409,7 @@ def layer_activation_bytes(
     r = residual_bytes(precision)  # block inputs and norm outputs
     s, b, h = seq_len, micro_batch, model.hidden_size
     sbh = s * b * h
-    split_replicated = tp if (sequence_parallel and tp > 1) else 1
+    split_replicated = replicated_split(tp, sequence_parallel)
     if ac == "full" or ac.startswith("every-k:"):
         return sbh * r // split_replicated  # only the block's input is kept
     if ac == "selective-op":
@@ -409,9 +420,9 @@ def layer_activation_bytes(
     linear_inputs = (3 + (2 if model.activation == "swiglu" else 1)) if autocast else 2
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
-    ffn_width = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
+    ffn = ffn_width(model)
     tokens_per_expert_slot = 1 if model.moe is None else model.moe.top_k
-    ffn_saved = (4 if model.activation == "swiglu" else 2) * s * b * ffn_width * tokens_per_expert_slot * a
+    ffn_saved = (4 if model.activation == "swiglu" else 2) * s * b * ffn * tokens_per_expert_slot * a
     moe_extra = s * b * moe_routing_bytes_per_token(model, a)
     if flash_attention:
         # PyTorch eager with SDPA (the bundled trainer, torchtitan), counted op by op and checked
@@ -480,8 +491,8 @@ def block_backward_extra_bytes(
     """
     a = weight_bytes(precision)
     tokens = seq_len * micro_batch
-    split = tp if (sequence_parallel and tp > 1) else 1
-    ffn = model.ffn_hidden_size if model.moe is None else model.moe.expert_ffn_hidden_size
+    split = replicated_split(tp, sequence_parallel)
+    ffn = ffn_width(model)
     experts, top_k = (1, 1) if model.moe is None else (model.moe.num_experts, model.moe.top_k)
     hidden = tokens * model.hidden_size * a // split  # one hidden-wide tensor
     wide = tokens * top_k * ffn * a // tp  # one FFN-wide tensor (MoE: of every routed copy)
@@ -502,19 +513,6 @@ def block_backward_extra_bytes(
 # Buffers holding one block's gradient for its reduction, which only exist from the second
 # block's backward on (see _moments).
 BLOCK_REDUCE_ITEMS = ("FSDP unsharded gradient (one block)", "FSDP unsharded gradient (one unit)")
-
-
-def is_fsdp_unit_item(name: str) -> bool:
-    """FSDP's gathered units and unsharded gradient, live while a unit's forward or backward runs.
-
-    None of them is live in the loss: for full and hybrid sharding the rendered FSDP file reshards
-    every unit after its forward, the root unit included (torch's FSDP2 keeps the root gathered
-    only when ``reshard_after_forward`` is left unset; grad-op's gathered parameters are counted
-    with the model states), and the first gradient comes after the loss. The root unit is gathered
-    again for the head's backward and stays so to the end of backward. Under pipeline parallelism
-    the whole stage stays gathered (its item is not one of these).
-    """
-    return name.startswith(("FSDP gathered blocks", "FSDP root unit, gathered")) or name in BLOCK_REDUCE_ITEMS
 
 
 def stage_activation_bytes(
@@ -623,7 +621,7 @@ def head_input_bytes(model: ModelSpec, knobs: PlanKnobs, sequence_parallel: bool
     a = weight_bytes(knobs.precision)
     h = model.hidden_size
     norm = (4 * h + 4 + a * h) if model.norm == "rmsnorm" else (a * h + 4)
-    split = knobs.tp if (sequence_parallel and knobs.tp > 1) else 1
+    split = replicated_split(knobs.tp, sequence_parallel)
     return knobs.seq_len * knobs.micro_batch_size * (norm + a * h) // split
 
 
@@ -647,9 +645,8 @@ def buffer_items(
 ) -> list[tuple[str, int]]:
     """Transient buffers the framework keeps through forward and backward, on top of the model
     states (the ones allocated once for good are :func:`persistent_buffer_items`, the ones only
-    backward allocates :func:`backward_buffer_items`). For FSDP: the root unit (embeddings, final
-    norm, head; FSDP2 does not reshard it after forward), the current and the prefetched block,
-    and one block's unsharded gradient in the reduce dtype."""
+    backward allocates :func:`backward_buffer_items`). For FSDP: :func:`fsdp_unit_items`, and
+    under pipeline parallelism the whole stage gathered."""
     w = param_bytes(knobs.precision)
     gather, reduce = comm_bytes(knobs.precision, strategy, assumptions)
     rendered = bucket_sizes(hidden_size)
@@ -664,8 +661,6 @@ def buffer_items(
         prefetch = min(prefetch_bucket, room, stage.params)
         items.append(("ZeRO-3 prefetch", w * prefetch))
         items.append(("DeepSpeed reduce bucket", reduce * min(reduce_bucket, stage.params)))
-    elif strategy == "fsdp-grad-op":
-        items.append(("FSDP unsharded gradient (one unit)", stage.fsdp_unit * reduce))
     elif strategy in ("fsdp-full", "fsdp-hybrid") and knobs.pp > 1:
         # Under pipeline parallelism torchtitan shards each stage with reshard_after_forward=False
         # (parallelize.py: `reshard_after_forward = not pp_enabled`), and torch's pipeline stage
@@ -673,19 +668,7 @@ def buffer_items(
         # perform_reduce_grad after the last one (torch/distributed/pipelining/stage.py): the whole
         # stage stays gathered in the compute dtype through forward and backward.
         items.append((PP_GATHERED_ITEM, stage.params * gather))
-        items.append(
-            ("FSDP unsharded gradient (one block)", stage.block * reduce)
-        )
-    elif strategy in ("fsdp-full", "fsdp-hybrid"):
-        # Each block is its own unit; the root unit (embeddings, final norm, head) is not resharded
-        # after forward (FSDP2 keeps the root gathered for the backward that follows), so it is
-        # gathered beside the current and the prefetched block.
-        block = stage.block
-        gathered = block * gather * (1 + assumptions.fsdp_prefetch_units)
-        items.append((f"FSDP gathered blocks (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered))
-        if stage.outside_blocks:
-            items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * gather))
-        items.append(("FSDP unsharded gradient (one block)", block * reduce))
+    items += fsdp_unit_items(strategy, stage, knobs, assumptions)
     if knobs.pp > 1:
         # A send and a receive buffer of one micro-batch's boundary activations per model chunk.
         boundary = knobs.micro_batch_size * knobs.seq_len * hidden_size * residual_bytes(knobs.precision)
@@ -697,27 +680,30 @@ def buffer_items(
 def fsdp_unit_items(
     strategy: str, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
 ) -> list[tuple[str, int]]:
-    """FSDP's gathered units and unsharded gradient, live while a unit's forward or backward runs.
+    """FSDP's gathered units and unsharded gradient, live while a unit's forward or backward runs
+    (gathered in the mode's gather dtype, reduced in its reduce dtype: :func:`comm_bytes`).
 
     None of them is live in the loss: for full and hybrid sharding the rendered FSDP file reshards
     every unit after its forward, the root unit included (torch's FSDP2 keeps the root gathered
     only when ``reshard_after_forward`` is left unset; grad-op's gathered parameters are counted
     with the model states), and the first gradient comes after the loss. The root unit is gathered
-    again for the head's backward and stays so to the end of backward.
+    again for the head's backward and stays so to the end of backward; in backward it is gathered
+    beside the current and the prefetched block. Under pipeline parallelism the whole stage stays
+    gathered (:data:`PP_GATHERED_ITEM`, not one of these) and only a block's gradient is added.
     """
-    w = weight_bytes(knobs.precision)
+    gather, reduce = comm_bytes(knobs.precision, strategy, assumptions)
     if strategy == "fsdp-grad-op":
-        return [("FSDP unsharded gradient (one unit)", stage.fsdp_unit * assumptions.fsdp_reduce_bytes_per_element)]
+        return [("FSDP unsharded gradient (one unit)", stage.fsdp_unit * reduce)]
     if strategy not in ("fsdp-full", "fsdp-hybrid"):
         return []
-    # Each block is its own unit; in backward the root unit (embeddings, final norm, head) is
-    # gathered beside the current and the prefetched block.
     block = stage.block
-    gathered = block * w * (1 + assumptions.fsdp_prefetch_units)
+    if knobs.pp > 1:
+        return [("FSDP unsharded gradient (one block)", block * reduce)]
+    gathered = block * gather * (1 + assumptions.fsdp_prefetch_units)
     items = [(f"FSDP gathered blocks (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered)]
     if stage.outside_blocks:
-        items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * w))
-    items.append(("FSDP unsharded gradient (one block)", block * assumptions.fsdp_reduce_bytes_per_element))
+        items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * gather))
+    items.append(("FSDP unsharded gradient (one block)", block * reduce))
     return items
 
 
@@ -944,7 +930,9 @@ def _stage_breakdown(
     buffers = [*persistent, *shared]
     if model is not None and model.moe is not None and k.ep > 1:
         buffers.append((EP_ALL_TO_ALL_ITEM, moe_all_to_all_bytes(model, k)))
-    loss_buffers = [item for item in buffers if not is_fsdp_unit_item(item[0])]
+    units = _memo(memo, ("units", k.strategy, stage, k.precision, k.pp),
+                  lambda: fsdp_unit_items(k.strategy, stage, k, assumptions))
+    loss_buffers = [item for item in buffers if item not in units]
     backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
     # FSDP2 creates its sharded gradients during backward (after set_to_none), so they are not
     # there during forward and backward unless micro-batches accumulate into them; DeepSpeed's
