@@ -139,6 +139,19 @@ def test_checkpoint_space_and_speed_against_a_plan() -> None:
     assert run("ckpt.space", facts(HostFacts("a")))[()][:2] == ("skipped", "--checkpoint-dir not given")
 
 
+def test_checkpoint_space_puts_every_roomy_host_in_one_row() -> None:
+    # hosts on one file system probed a moment apart see free space move under other jobs' writes
+    def disk(free_gib: float) -> DiskFacts:
+        return DiskFacts("/ckpt", True, "/ckpt", True, int(free_gib * (1 << 30)), 1 << 40, 256 << 20, 0.5)
+
+    space = run("ckpt.space", facts(HostFacts("a", disk=disk(12.4)), HostFacts("b", disk=disk(12.6)),
+                                    HostFacts("c", disk=disk(12.45)), checkpoint_dir="/ckpt"))
+    assert space == {("a", "b", "c"): ("ok", "writable, 12-13 GiB free", "")}
+    same = run("ckpt.space", facts(HostFacts("a", disk=disk(12.4)), HostFacts("b", disk=disk(12.1)),
+                                   checkpoint_dir="/ckpt"))
+    assert same == {("a", "b"): ("ok", "writable, 12 GiB free", "")}
+
+
 def test_checkpoint_directory_sharing() -> None:
     base = {"checkpoint_dir": "/ckpt"}
     shared = run("ckpt.shared", facts(shared=SharedDir("a", ("b", "c"), ()), **base))

@@ -66,6 +66,7 @@ def check_ckpt_space(facts: DoctorFacts) -> list[CheckResult]:
         return skipped("ckpt.space", "--checkpoint-dir not given")
     need = facts.plan.checkpoint_bytes if facts.plan is not None else None
     findings = []
+    roomy: dict[str, int] = {}  # host -> free bytes, reported together in one row
     for host in _disk_hosts(facts):
         disk = host.disk
         assert disk is not None
@@ -84,11 +85,22 @@ def check_ckpt_space(facts: DoctorFacts) -> list[CheckResult]:
                                     f"{need / GIB:.1f} GiB checkpoint, not for the next one beside it",
                                     "free space: keeping the last good checkpoint while writing needs two"))
         else:
-            plan_note = f", at least two of the plan's {need / GIB:.1f} GiB checkpoints" if need else ""
-            findings.append(Finding(host.name, "ok", f"writable, {free / GIB:.0f} GiB free{plan_note}"))
+            roomy[host.name] = free
+    findings.extend(_roomy_findings(roomy, need))
     if not findings:
         return skipped("ckpt.space", "no host could be checked")
     return group("ckpt.space", findings)
+
+
+def _roomy_findings(free_bytes_by_host: dict[str, int], need_bytes: int | None) -> list[Finding]:
+    """One ok row for every host with room: free space moves between probes (other jobs write), and
+    hosts that share a file system would otherwise split into rows a GiB apart."""
+    if not free_bytes_by_host:
+        return []
+    low, high = (round(f(free_bytes_by_host.values()) / GIB) for f in (min, max))
+    amount = f"{low} GiB" if low == high else f"{low}-{high} GiB"
+    plan_note = f", at least two of the plan's {need_bytes / GIB:.1f} GiB checkpoints" if need_bytes else ""
+    return [Finding(host, "ok", f"writable, {amount} free{plan_note}") for host in free_bytes_by_host]
 
 
 def check_ckpt_throughput(facts: DoctorFacts) -> list[CheckResult]:
