@@ -78,6 +78,13 @@ def plan_command(
         "(Megatron-LM core's, as ATorch's fork runs it) or chunked[:N] "
         "(torchtune's CEWithChunkedOutputLoss, N chunks of tokens, default 8; the bundled trainer runs it too).",
     ),
+    fp8: bool = typer.Option(
+        False, "--fp8",
+        help="The blocks' linear layers compute in fp8 (torchao Float8Linear with tensorwise scaling, as "
+        "torchtitan's `--model.converters float8` runs it, or Transformer Engine's Linear); attention, norms "
+        "and the output layer stay bf16. Needs fp8 tensor cores (H100, H200, B200, L40S, MI300X...). "
+        "Not run by the bundled trainer.",
+    ),
     strategy: str | None = typer.Option(
         None, "--strategy", help="Pin: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-hybrid (no-shard = ddp)."
     ),
@@ -158,6 +165,7 @@ def plan_command(
         flash_attention,
         train_tokens,
         loss,
+        fp8,
     )
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
                         pp_schedule, pp_virtual_stages, ep)
@@ -268,6 +276,7 @@ def resolve_training(
     flash_attention: bool | None,
     train_tokens: str | None,
     loss: str = "full",
+    fp8: bool = False,
 ) -> tuple[TrainingSpec, str]:
     """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
     from fstrain.core.losses import parse_loss
@@ -301,7 +310,7 @@ def resolve_training(
         note = "fstrain's default of 4M tokens (set --global-batch)"
     budget = parse_count(train_tokens, "--train-tokens") if train_tokens else defaults.train_tokens
     chosen_loss = parse_loss(loss, "--loss")
-    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss)
+    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss, fp8)
     return spec, note
 
 

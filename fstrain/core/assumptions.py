@@ -165,6 +165,28 @@ class Assumptions:
         "Achievable MFU; 0 uses the GPU table's value for the GPU type.",
     )
 
+    gemm_peak_fraction: float = _stated(
+        0.6,
+        "Fraction of the tensor-core peak a large linear layer's matmul reaches, bf16 and fp8 alike "
+        "(--fp8 only): torchao's float8 roofline, H100_PCT_ACHIEVABLE_GEMM_TOPS = 0.6 (pytorch/ao "
+        "torchao/float8/roofline_utils.py @d370196). The achievable MFU is lower because it also "
+        "pays for attention, norms and elementwise kernels, which fp8 does not speed up; never "
+        "taken below the achievable MFU.",
+    )
+
+    hbm_peak_fraction: float = _stated(
+        0.92,
+        "Fraction of the HBM bandwidth fp8's cast and amax kernels reach (--fp8 only): torchao's "
+        "float8 roofline, H100_PCT_ACHIEVABLE_MEM_BW = 0.92 (roofline_utils.py @d370196).",
+    )
+
+    fp8_scale_kernel_s: float = _stated(
+        2e-6,
+        "Time of the second-stage amax reduction kernel of one dynamic fp8 scale, three per "
+        "converted linear and pass (input, weight, gradient): torchao's float8 roofline, "
+        "TRITON_KERNEL_1_ELEMENT_TIME_SEC = 0.002 ms (roofline_utils.py @d370196).",
+    )
+
 
 def assumption_docs() -> dict[str, str]:
     """Each assumption's explanation, for the CLI listing and docs."""

@@ -102,6 +102,10 @@ class PlanKnobs:
     # torchtitan's parallel_dims.py borrows it from dp_shard), so expert states are data-parallel
     # over dp/ep ranks. 1: every rank holds its FSDP/ZeRO shard of every expert.
     ep: int = 1
+    # fp8 compute of the transformer blocks' linear layers (torchao Float8Linear with tensorwise
+    # scaling as torchtitan converts them, or Transformer Engine's Linear): their matmuls run on
+    # the fp8 tensor cores; attention, norms and the output layer stay in the compute dtype.
+    fp8: bool = False
 
     @property
     def world_size(self) -> int:
@@ -219,6 +223,8 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
     if not isinstance(knobs.flash_attention, bool):
         raise InputError(f"plan.flash_attention must be true or false, got {knobs.flash_attention!r}",
                          _PLAN_HINT, where)
+    if not isinstance(knobs.fp8, bool):
+        raise InputError(f"plan.fp8 must be true or false, got {knobs.fp8!r}", _PLAN_HINT, where)
     validate_pp_schedule(knobs, where)
     if knobs.dp % knobs.shard_group_size != 0:
         raise InputError(

@@ -41,8 +41,8 @@ from fstrain.core.planfile import (
     PlanFile,
     PlanKnobs,
 )
-from fstrain.core.precision import check_strategy, strategy_runs
-from fstrain.core.timemodel import StepTime, step_time
+from fstrain.core.precision import check_strategy, compute_dtype, strategy_runs
+from fstrain.core.timemodel import Fp8Rates, StepTime, step_time
 from fstrain.errors import ConfigError
 
 MAX_MICRO_BATCH = 64
@@ -87,6 +87,7 @@ class TrainingSpec:
     flash_attention: bool = True
     train_tokens: int | None = None
     loss: str = "full"  # losses.parse_loss's canonical name: what the loss holds per logit (losses.loss_peaks)
+    fp8: bool = False  # the blocks' linears compute in fp8 (PlanKnobs.fp8)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ class Plan:
             "pp_schedule": k.pp_schedule,
             "pp_virtual_stages": k.pp_virtual_stages,
             **({"ep": k.ep} if self.moe else {}),
+            "fp8": k.fp8,
             "memory": self.memory.to_dict(),
             "usable_bytes": self.usable_bytes,
             "fits": self.fits,
@@ -190,6 +192,8 @@ def describe_knobs(k: PlanKnobs) -> str:
         text += f", offload {k.offload}"
     if k.pp > 1 and k.pp_schedule != "1f1b":
         text += f", {schedule_label(k.pp_schedule, k.pp_virtual_stages)}"
+    if k.fp8:
+        text += ", fp8 linears"
     return text
 
 
@@ -239,6 +243,25 @@ def divisors(n: int) -> list[int]:
     return sorted({*small, *(n // d for d in small)})
 
 
+def _check_fp8(training: TrainingSpec, cluster: PlanCluster) -> None:
+    """fp8 linears need fp8 tensor cores on every GPU (Ada, Hopper, Blackwell, MI300: the GPU
+    table's fp8 peak) and a 16-bit compute dtype to cast from and to."""
+    for node in cluster.nodes:
+        if node.gpu.fp8_flops <= 0:
+            raise ConfigError(
+                f"{node.gpu.label} has no fp8 tensor cores (fp8 needs Ada, Hopper, Blackwell or MI300)",
+                "drop --fp8; a GPU outside the table: name the nearest one with --gpu and scale it with --gpu-tflops",
+                "--fp8",
+            )
+    if compute_dtype(training.precision) == "fp32":
+        raise ConfigError(
+            f"--fp8 casts the linears' inputs from a 16-bit compute dtype; --precision {training.precision} "
+            "computes in fp32",
+            "use --precision bf16 (or amp-bf16, bf16-pure) with --fp8",
+            "--fp8",
+        )
+
+
 def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster, pins: Pins) -> None:
     """Refuse, with the reason, what no configuration could satisfy."""
     gpu = cluster.speed_node(training.precision).gpu
@@ -250,6 +273,8 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
                 "--precision",
             )
     parse_loss(training.loss, "--loss")
+    if training.fp8:
+        _check_fp8(training, cluster)
     if training.flash_attention and training.precision == "fp32":
         raise ConfigError(
             "FlashAttention needs fp16 or bf16", "use --no-flash-attention with fp32", "--flash-attention"
@@ -449,6 +474,10 @@ class _Evaluator:
         self.effective = cluster.effective_flops(training.precision, assumptions.mfu)
         self.cluster_peak = cluster.peak_flops(training.precision)
         self.links = cluster.links()
+        gpu = cluster.speed_node(training.precision, assumptions.mfu).gpu
+        peak = gpu.peak_flops(training.precision)
+        self.fp8 = Fp8Rates(peak, gpu.fp8_flops, gpu.hbm_bandwidth_bytes_per_s,
+                            assumptions.mfu or gpu.achievable_mfu) if training.fp8 else None
         self.cache: dict[Any, Any] = {}
         self.considered = 0
 
@@ -485,6 +514,7 @@ class _Evaluator:
             t.loss,
             *schedule,
             ep,
+            fp8=t.fp8,
         )
         self.considered += 1
         m = self.model
@@ -506,7 +536,7 @@ class _Evaluator:
         assert m.spec is not None
         return step_time(
             m.spec, rank_params(m, knobs), knobs, self.effective, self.cluster_peak, self.links, self.assumptions,
-            rank_expert_params(m, knobs),
+            rank_expert_params(m, knobs), self.fp8,
         )
 
 

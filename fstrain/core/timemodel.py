@@ -27,6 +27,9 @@
   synchronously between the router and the experts). Expert gradients are reduced over the
   ``dp/ep`` ranks holding the same experts (DeepSpeed-MoE, arXiv 2201.05596 sec. 5.1).
 - CPU offload: PCIe transfers and the CPU optimizer step, not overlapped.
+- fp8 (``knobs.fp8``): the blocks' linear layers run their three matmuls on the fp8 tensor cores
+  and pay for the casts, after torchao's float8 roofline (:func:`fp8_linear_saving_s`); the
+  attention core, the output layer and everything else keep the compute dtype's time.
 """
 
 from __future__ import annotations
@@ -106,6 +109,68 @@ def layer_hardware_flops(flops: FlopsPerToken, ac: str, flash_attention: bool) -
     elif ac == "megatron-selective" and not flash_attention:
         total += flops.attention_core
     return total
+
+
+@dataclass(frozen=True)
+class Fp8Rates:
+    """What fp8's time depends on, of the GPU that bounds the step (the slowest)."""
+
+    peak_flops: float  # dense tensor-core peak of the compute dtype (bf16/fp16)
+    fp8_peak_flops: float  # dense fp8 tensor-core peak
+    hbm_bytes_per_s: float
+    achievable_mfu: float  # effective / peak: what the whole step reaches in the compute dtype
+
+
+def converted_linears(model: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) widths of the linears an fp8 converter swaps, per block, in forward order.
+
+    torchtitan's float8 converter swaps every ``nn.Linear`` its filter lets through, and its
+    Llama configs filter the output layer (torchtitan models/llama3/train_configs/llama3_8b.toml
+    @01424cb: ``filter_fqns = "output"``; converters skip dims not divisible by 16, which no
+    shipped shape has); llm-foundry's ``fc_type: te`` swaps the blocks' attention and FFN
+    linears, and MPT's head is the tied embedding. So: the blocks' linears. A mixture of
+    experts converts its attention projections only: the experts are grouped matmuls, not
+    ``nn.Linear`` (torchtitan converts them with a separate, rowwise converter).
+    """
+    matmuls = block_matmuls(model)
+    return matmuls[:4] if model.moe is not None else matmuls
+
+
+def fp8_linear_saving_s(model: ModelSpec, knobs: PlanKnobs, rates: Fp8Rates, assumptions: Assumptions) -> float:
+    """Seconds one block's converted linears save on one rank and micro-batch with fp8 (negative
+    when fp8 is slower: small shapes).
+
+    torchao's float8 roofline (pytorch/ao torchao/float8/roofline_utils.py @d370196,
+    ``get_gemm_time_sympy`` and ``get_float8_mem_sympy``), per linear of forward shape
+    ``M x K -> N`` (``M = b s`` tokens): the forward, grad-input and grad-weight matmuls
+    (``6 M K N`` FLOPs, plus ``2 M K N`` for a recomputed forward) run at
+    ``gemm_peak_fraction`` of the bf16 or the fp8 peak; fp8 adds its dynamic tensorwise casts,
+    memory-bound: the input ``4 M K`` bytes (bf16 read, row- and column-major fp8 written; its
+    amax fused into the previous op), the weight ``6 K N`` (amax read, then the cast), the
+    output gradient ``4 M N``, the forward's two again when recomputed, each pass's second-stage
+    amax kernels (``fp8_scale_kernel_s`` each). What a tensor-parallel rank holds is ``1/tp``
+    of each. The rest of the step (attention, norms, elementwise) is unchanged.
+    """
+    tokens = knobs.micro_batch_size * knobs.seq_len
+    ac = knobs.activation_checkpointing
+    k = every_k(ac)
+    gemm = max(assumptions.gemm_peak_fraction, rates.achievable_mfu)  # bf16's linears fit inside the step
+    matmul_flops = 0.0
+    cast_bytes = 0.0
+    kernels = 0.0
+    for index, (n_in, n_out) in enumerate(converted_linears(model)):
+        again = 1.0 / k if k else (1.0 if ac == "selective-op" and index % 2 == 1 else 0.0)
+        forward = 2.0 * tokens * n_in * n_out
+        matmul_flops += (3 + again) * forward
+        forward_casts = 4.0 * tokens * n_in + 6.0 * n_in * n_out
+        cast_bytes += (1 + again) * forward_casts + 4.0 * tokens * n_out
+        kernels += 3 + 2 * again
+    matmul_flops /= knobs.tp
+    cast_bytes /= knobs.tp
+    bf16_s = matmul_flops / (rates.peak_flops * gemm)
+    fp8_s = matmul_flops / (rates.fp8_peak_flops * gemm)
+    casts_s = cast_bytes / (rates.hbm_bytes_per_s * assumptions.hbm_peak_fraction)
+    return bf16_s - fp8_s - casts_s - kernels * assumptions.fp8_scale_kernel_s
 
 
 @dataclass(frozen=True)
@@ -207,12 +272,15 @@ def step_time(
     links: Links,
     assumptions: Assumptions = Assumptions(),
     expert_params: int = 0,
+    fp8_rates: Fp8Rates | None = None,
 ) -> StepTime:
     """Step time of ``knobs`` for ``model``; ``stage_params`` is the heaviest rank's parameter share,
     ``expert_params`` the part of it that is experts under expert parallelism (reduced over dp/ep).
 
     ``effective_flops_per_gpu`` is the slowest GPU's peak x achievable MFU; MFU is reported
-    against ``cluster_peak_flops``, the sum of every GPU's peak.
+    against ``cluster_peak_flops``, the sum of every GPU's peak in the compute dtype (with fp8
+    too: its MFU is not well defined, torchtitan benchmarks/llama3_h100_202412_torchtitan.md).
+    ``fp8_rates``: that GPU's rates, needed when ``knobs.fp8``.
     """
     s, b, m, t, p, d = (knobs.seq_len, knobs.micro_batch_size, knobs.grad_accum_steps, knobs.tp, knobs.pp, knobs.dp)
     w = weight_bytes(knobs.precision)
@@ -223,6 +291,10 @@ def step_time(
     per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
     per_token += 3 * flops.head  # the last stage (or the only one) also computes the logits
     compute_mb = b * s * per_token / t / effective_flops_per_gpu + layers * assumptions.layer_overhead_s
+    if knobs.fp8:
+        if fp8_rates is None:
+            raise ValueError("knobs.fp8 needs the GPU's fp8 rates")
+        compute_mb -= layers * fp8_linear_saving_s(model, knobs, fp8_rates, assumptions)
 
     tp_mb = 0.0
     if t > 1:
