@@ -127,8 +127,8 @@ def header_lines(
         flash = "FlashAttention" if training.flash_attention else "no FlashAttention"
         loss = "" if training.loss == "full" else f", {training.loss} loss"  # the bundled trainer's: full
         lines.append(
-            f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision},"
-            f" {training.optimizer}, {flash}{loss}"
+            f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision}"
+            f"{FP8_NOTE if training.fp8 else ''}, {training.optimizer}, {flash}{loss}"
         )
     fit, rejected = len(result.plans), len(result.rejected)
     plural = "s" if result.considered != 1 else ""
@@ -146,6 +146,11 @@ _SHORT_STRATEGY = {
     "fsdp-hybrid": "FSDP-hybrid",
 }
 _SHORT_OFFLOAD = {"none": "-", "optimizer": "opt", "optimizer+params": "opt+par"}
+
+
+# MFU stays against the compute dtype's peak: with fp8 linears two peaks are in play and MFU is
+# not well defined (torchtitan benchmarks/llama3_h100_202412_torchtitan.md says so).
+FP8_NOTE = " with fp8 linears (MFU against the bf16 peak)"
 
 
 def _plans_table(plans: tuple[Plan, ...], training: TrainingSpec, fitting: bool) -> object:

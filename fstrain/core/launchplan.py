@@ -50,6 +50,7 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
         raise ConfigError(f"the bundled trainer runs tp=1, pp=1 only; the plan has tp={plan.knobs.tp}, "
                           f"pp={plan.knobs.pp}", "plan with --tp 1 --pp 1", where)
     check_trainer_ep(plan, where)
+    check_trainer_fp8(plan, where)
     check_trainer_loss(plan, where)
 
 
@@ -62,6 +63,18 @@ def check_trainer_ep(plan: PlanFile, where: str) -> None:
             f"the plan has ep={plan.knobs.ep}, but the bundled trainer does not run expert parallelism",
             "plan with --ep 1 (every rank holds its shard of every expert), or train with a program that runs "
             "expert parallelism (torchtitan, DeepSpeed-MoE, Megatron-LM)",
+            where,
+        )
+
+
+def check_trainer_fp8(plan: PlanFile, where: str) -> None:
+    """The bundled trainer's linears are torch's ``nn.Linear`` in the compute dtype: it has no fp8
+    conversion, so a plan timed with fp8 linears would run slower than predicted."""
+    if plan.knobs.fp8:
+        raise ConfigError(
+            "the plan has fp8 linears, but the bundled trainer computes them in bf16",
+            "plan without --fp8 to train the bundled model, or train with a program that runs fp8 linears "
+            "(torchtitan --model.converters float8, llm-foundry precision amp_fp8)",
             where,
         )
 

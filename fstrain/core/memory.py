@@ -52,6 +52,7 @@ AUTOCAST_CACHE_ITEM = "autocast weight casts (cached to the end of forward)"
 AUTOCAST_SAVED_ITEM = "autocast weight casts (saved for backward)"  # loss and backward moments
 HEAD_INPUT_ITEM = "final norm and head input"
 RECOMPUTE_ITEM = "recompute working set (one layer)"
+FP8_CASTS_ITEM = "fp8 casts of one linear's backward (--fp8)"
 EP_ALL_TO_ALL_ITEM = "MoE all-to-all send/recv (one layer, ep > 1)"  # what a recomputed block's backward rebuilds
 
 STRATEGY_LABELS = {
@@ -339,6 +340,37 @@ def block_matmuls(model: ModelSpec) -> list[tuple[int, int]]:
     attention = [(h, q_width), (h, kv_width), (h, kv_width), (q_width, h)]
     mlp = [(h, ffn), (h, ffn), (ffn, h)] if model.activation == "swiglu" else [(h, ffn), (ffn, h)]
     return attention + mlp
+
+
+def converted_linears(model: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) widths of the linears an fp8 converter swaps, per block, in forward order.
+
+    torchtitan's float8 converter swaps every ``nn.Linear`` its filter lets through, and its
+    Llama configs filter the output layer (torchtitan models/llama3/train_configs/llama3_8b.toml
+    @01424cb: ``filter_fqns = "output"``; converters skip dims not divisible by 16, which no
+    shipped shape has); llm-foundry's ``fc_type: te`` swaps the blocks' attention and FFN
+    linears, and MPT's head is the tied embedding. So: the blocks' linears. A mixture of
+    experts converts its attention projections only: the experts are grouped matmuls, not
+    ``nn.Linear`` (torchtitan converts them with a separate, rowwise converter).
+    """
+    matmuls = block_matmuls(model)
+    return matmuls[:4] if model.moe is not None else matmuls
+
+
+def fp8_cast_bytes(model: ModelSpec, knobs: PlanKnobs) -> int:
+    """Bytes of the fp8 copies one converted linear's backward holds at once (the largest).
+
+    torchao's ``matmul_with_hp_or_float8_args`` (pytorch/ao torchao/float8/float8_linear.py
+    @7ca1bfb) saves the high-precision input and weight for backward
+    (``ctx.save_for_backward(input_hp, weight_hp_t)``), so the stored activations are bf16's. Its
+    backward casts, one byte per element, the output gradient twice (for grad-input and for
+    grad-weight), the weight and the input again, and holds all four until it returns:
+    ``2 M N + K N + M K`` bytes for ``M = b s`` tokens, ``1/tp`` of them on a tensor-parallel
+    rank. The forward's casts (input and weight) are fewer and freed before backward.
+    """
+    tokens = knobs.micro_batch_size * knobs.seq_len
+    largest = max(2 * tokens * n_out + n_in * n_out + tokens * n_in for n_in, n_out in converted_linears(model))
+    return largest // knobs.tp
 
 
 def _selective_op_saved(model: ModelSpec, s: int, b: int, a: int, flash_attention: bool) -> int:
@@ -934,6 +966,8 @@ def _stage_breakdown(
                   lambda: fsdp_unit_items(k.strategy, stage, k, assumptions))
     loss_buffers = [item for item in buffers if item not in units]
     backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
+    if model is not None and k.fp8:
+        backward_buffers = [*backward_buffers, (FP8_CASTS_ITEM, fp8_cast_bytes(model, k))]
     # FSDP2 creates its sharded gradients during backward (after set_to_none), so they are not
     # there during forward and backward unless micro-batches accumulate into them; DeepSpeed's
     # and DDP's gradient buffers are allocated once and stay.

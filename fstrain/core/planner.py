@@ -246,17 +246,26 @@ def divisors(n: int) -> list[int]:
 def _check_fp8(training: TrainingSpec, cluster: PlanCluster) -> None:
     """fp8 linears need fp8 tensor cores on every GPU (Ada, Hopper, Blackwell, MI300: the GPU
     table's fp8 peak) and a 16-bit compute dtype to cast from and to."""
+    from fstrain.core.gpus import known_gpu_names
+
     for node in cluster.nodes:
-        if node.gpu.fp8_flops <= 0:
+        if node.gpu.fp8_flops > 0:
+            continue
+        if node.gpu.name not in known_gpu_names():  # described by --gpu-memory and --gpu-tflops
             raise ConfigError(
-                f"{node.gpu.label} has no fp8 tensor cores (fp8 needs Ada, Hopper, Blackwell or MI300)",
-                "drop --fp8; a GPU outside the table: name the nearest one with --gpu and scale it with --gpu-tflops",
+                f"the fp8 peak of {node.gpu.label} is unknown (a GPU outside fstrain's table)",
+                "name the table GPU of the same architecture with --gpu (its fp8 peak scales with --gpu-tflops "
+                "at the table's fp8/bf16 ratio), or drop --fp8",
                 "--fp8",
             )
+        raise ConfigError(
+            f"{node.gpu.label} has no fp8 tensor cores (fp8 needs Ada, Hopper, Blackwell or MI300)",
+            "drop --fp8, or plan for a GPU with fp8 (H100, H200, B200, L40S, MI300X...)",
+            "--fp8",
+        )
     if compute_dtype(training.precision) == "fp32":
         raise ConfigError(
-            f"--fp8 casts the linears' inputs from a 16-bit compute dtype; --precision {training.precision} "
-            "computes in fp32",
+            f"fp8 linears cast from a 16-bit compute dtype, but --precision {training.precision} computes in fp32",
             "use --precision bf16 (or amp-bf16, bf16-pure) with --fp8",
             "--fp8",
         )

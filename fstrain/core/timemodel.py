@@ -40,7 +40,7 @@ from typing import Any
 
 from fstrain.core.acpolicy import every_k
 from fstrain.core.assumptions import Assumptions
-from fstrain.core.memory import block_matmuls, comm_bytes, param_bytes, residual_bytes, weight_bytes
+from fstrain.core.memory import block_matmuls, comm_bytes, converted_linears, param_bytes, residual_bytes, weight_bytes
 from fstrain.core.pipeline import boundary_crossings, bubble_slots, layers_per_rank
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
@@ -119,21 +119,6 @@ class Fp8Rates:
     fp8_peak_flops: float  # dense fp8 tensor-core peak
     hbm_bytes_per_s: float
     achievable_mfu: float  # effective / peak: what the whole step reaches in the compute dtype
-
-
-def converted_linears(model: ModelSpec) -> list[tuple[int, int]]:
-    """(in, out) widths of the linears an fp8 converter swaps, per block, in forward order.
-
-    torchtitan's float8 converter swaps every ``nn.Linear`` its filter lets through, and its
-    Llama configs filter the output layer (torchtitan models/llama3/train_configs/llama3_8b.toml
-    @01424cb: ``filter_fqns = "output"``; converters skip dims not divisible by 16, which no
-    shipped shape has); llm-foundry's ``fc_type: te`` swaps the blocks' attention and FFN
-    linears, and MPT's head is the tied embedding. So: the blocks' linears. A mixture of
-    experts converts its attention projections only: the experts are grouped matmuls, not
-    ``nn.Linear`` (torchtitan converts them with a separate, rowwise converter).
-    """
-    matmuls = block_matmuls(model)
-    return matmuls[:4] if model.moe is not None else matmuls
 
 
 def fp8_linear_saving_s(model: ModelSpec, knobs: PlanKnobs, rates: Fp8Rates, assumptions: Assumptions) -> float:

@@ -298,6 +298,8 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--loss", f["loss"]]
     if f.get("pp_schedule"):
         argv += ["--pp-schedule", f["pp_schedule"]]
+    if f.get("fp8"):
+        argv += ["--fp8"]
     for key, value in (f.get("assume") or {}).items():
         argv += ["--assume", f"{key}={value}"]
     return [*argv, "--json"]
@@ -496,7 +498,8 @@ def test_median_memory_error(outcomes: list[Outcome]) -> None:
     assert median_abs(errors) <= MEMORY_TARGET_PCT, markdown_table(outcomes)
 
 
-@pytest.mark.parametrize("case_id", ["tt24-l2-70b-fsdp64-full", "atorch-l2-7b-ds3d-tp2-pp2-dp2"])
+@pytest.mark.parametrize("case_id", ["tt24-l2-70b-fsdp64-full", "atorch-l2-7b-ds3d-tp2-pp2-dp2",
+                                     "foundry-3b-s2048-8xh100-fp8-mbs10"])
 def test_the_harness_plans_what_the_command_line_plans(case_id: str, tmp_path: Path) -> None:
     """The harness's plan is the one ``fstrain plan ... --json`` prints for the same flags."""
     case = next(c for c in CASES if c.id == case_id)

@@ -100,7 +100,8 @@ def render_readme(
         f"{f' ep={knobs.ep}' if knobs.ep > 1 else ''}, "
         f"shard group {knobs.shard_group_size}",
         f"Batch: micro-batch {knobs.micro_batch_size} x grad-accum {knobs.grad_accum_steps} x dp {knobs.dp} "
-        f"= {knobs.global_batch_size} sequences per step; precision {knobs.precision}; "
+        f"= {knobs.global_batch_size} sequences per step; precision {knobs.precision}"
+        f"{' with fp8 linears' if knobs.fp8 else ''}; "
         f"activation checkpointing {knobs.activation_checkpointing}; offload {knobs.offload}",
         f"Cluster: {plan.cluster.num_nodes} node(s) x {plan.cluster.gpus_per_node} {plan.cluster.gpu}",
         f"The plan's strategy is {knobs.strategy}: {primary} is the primary file; the other backend's file "

@@ -207,6 +207,12 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
             "groups (deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer); the bundled "
             "trainer does not run expert parallelism"
         )
+    if knobs.fp8:
+        notes.append(
+            "fp8: DeepSpeed's config has no fp8 compute key; the training script swaps the blocks' linears itself "
+            "(Transformer Engine's te.Linear under te.fp8_autocast, as llm-foundry's amp_fp8 does, or torchao's "
+            "convert_to_float8_training, skipping the output layer); the bundled trainer computes them in bf16"
+        )
     if knobs.pp > 1 and knobs.pp_schedule != "1f1b":
         notes.append(
             f"pp_schedule {knobs.pp_schedule}: DeepSpeed's pipeline engine runs its own 1F1B schedule "

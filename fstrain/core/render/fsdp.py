@@ -104,6 +104,11 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
             f"ep={knobs.ep}: expert parallelism is for the training program to set up (torchtitan: "
             f"parallelism.expert_parallel_degree = {knobs.ep}); the bundled trainer does not run it"
         )
+    if knobs.fp8:
+        notes.append(
+            "fp8: this file has no fp8 key (the bundled trainer computes its linears in bf16); torchtitan: "
+            "--model.converters float8 --float8.filter_fqns output (torchao Float8Linear, tensorwise)"
+        )
     if knobs.pp > 1:
         # torchtitan shards each pipeline stage with reshard_after_forward=False (its default with PP),
         # which is what the planner's memory model counts.
@@ -213,6 +218,16 @@ def render_accelerate(plan: PlanFile) -> Rendered:
     ]
     if knobs.precision == "bf16-pure":
         notes.append("bf16-pure: mixed_precision 'no'; load the model in bf16 (torch_dtype=torch.bfloat16)")
+    if knobs.fp8:
+        # Accelerate's fp8 with the torchao backend (AORecipeKwargs, accelerate/utils/ao.py) converts
+        # nn.Linear layers to torchao's Float8Linear and runs the rest under bf16 autocast.
+        config["mixed_precision"] = "fp8"
+        config["fp8_config"] = {"backend": "AO"}
+        notes.append(
+            "fp8: mixed_precision fp8 with the torchao backend (Accelerate's AORecipeKwargs); its default filter "
+            "skips the model's first and last linear layers (filter_first_and_last_linear_layers), the plan only "
+            "the output layer"
+        )
     if num_machines > 1:
         notes.append("multi-node: pass --machine_rank, --main_process_ip and --main_process_port on each node")
         if plan.cluster.hosts:
