@@ -3,6 +3,10 @@
 Sources (see docs/planner.md and ../shared/references/planner.md section 3): NVIDIA datasheets,
 with the dense Tensor-Core figures (the datasheets print "with sparsity", twice the dense
 number) as torchtitan ``get_peak_flops`` and MosaicML composer ``GPU_AVAILABLE_FLOPS`` use them.
+The fp8 column is the datasheets' "FP8 Tensor Core" figure halved the same way (H100 SXM 3,958
+with sparsity: 1,979 dense; B200 9 PFLOPS: 4,500; MI300X 5,229.8: 2,614.9; Ada's with FP32
+accumulate, which ``torch._scaled_mm`` uses); 0 for Ampere and Volta, which have no fp8 tensor
+cores (``fstrain plan --fp8`` refuses them).
 ``memory_bytes`` is what NVML reports as ``memory.total`` (MiB x 2**20; captured nvidia-smi
 output where we have it: 81559 MiB for H100 80GB HBM3, 81920 MiB for A100-SXM4-80GB, 32480 MiB
 for V100-PCIE-32GB), so "usable" in a plan means the number ``nvidia-smi`` shows; the CUDA
