@@ -85,6 +85,11 @@ def plan_command(
         "and the output layer stay bf16. Needs fp8 tensor cores (H100, H200, B200, L40S, MI300X...). "
         "Not run by the bundled trainer.",
     ),
+    fp8_all_gather: bool = typer.Option(
+        False, "--fp8-all-gather",
+        help="With --fp8: FSDP gathers the fp8 linears' weights in fp8 (torchao enable_fsdp_float8_all_gather, "
+        "torchtitan --float8.enable_fsdp_float8_all_gather); plans fsdp-* strategies only.",
+    ),
     strategy: str | None = typer.Option(
         None, "--strategy", help="Pin: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-hybrid (no-shard = ddp)."
     ),
@@ -166,6 +171,7 @@ def plan_command(
         train_tokens,
         loss,
         fp8,
+        fp8_all_gather,
     )
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
                         pp_schedule, pp_virtual_stages, ep)
@@ -277,6 +283,7 @@ def resolve_training(
     train_tokens: str | None,
     loss: str = "full",
     fp8: bool = False,
+    fp8_all_gather: bool = False,
 ) -> tuple[TrainingSpec, str]:
     """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
     from fstrain.core.losses import parse_loss
@@ -310,7 +317,8 @@ def resolve_training(
         note = "fstrain's default of 4M tokens (set --global-batch)"
     budget = parse_count(train_tokens, "--train-tokens") if train_tokens else defaults.train_tokens
     chosen_loss = parse_loss(loss, "--loss")
-    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss, fp8)
+    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss, fp8,
+                        fp8_all_gather)
     return spec, note
 
 

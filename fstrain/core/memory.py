@@ -357,6 +357,16 @@ def converted_linears(model: ModelSpec) -> list[tuple[int, int]]:
     return matmuls[:4] if model.moe is not None else matmuls
 
 
+def fp8_gathered_block_params(model: ModelSpec | None, knobs: PlanKnobs) -> int:
+    """Parameters of one block on this rank that FSDP gathers in fp8 (``knobs.fp8_all_gather``):
+    the converted linears' weights. torchao's ``WeightWithDynamicFloat8CastTensor``
+    (torchao/float8/fsdp_utils.py) casts the local shard to fp8 in ``fsdp_pre_all_gather``, so the
+    all-gather and the gathered weight are one byte an element."""
+    if model is None or not knobs.fp8_all_gather:
+        return 0
+    return sum(n_in * n_out for n_in, n_out in converted_linears(model)) // knobs.tp
+
+
 def fp8_cast_bytes(model: ModelSpec, knobs: PlanKnobs) -> int:
     """Bytes of the fp8 copies one converted linear's backward holds at once (the largest).
 
@@ -674,11 +684,13 @@ def buffer_items(
     knobs: PlanKnobs,
     hidden_size: int,
     assumptions: Assumptions = Assumptions(),
+    fp8_block_params: int = 0,
 ) -> list[tuple[str, int]]:
     """Transient buffers the framework keeps through forward and backward, on top of the model
     states (the ones allocated once for good are :func:`persistent_buffer_items`, the ones only
     backward allocates :func:`backward_buffer_items`). For FSDP: :func:`fsdp_unit_items`, and
-    under pipeline parallelism the whole stage gathered."""
+    under pipeline parallelism the whole stage gathered (``fp8_block_params`` of each block in
+    fp8: :func:`fp8_gathered_block_params`)."""
     w = param_bytes(knobs.precision)
     gather, reduce = comm_bytes(knobs.precision, strategy, assumptions)
     rendered = bucket_sizes(hidden_size)
@@ -699,8 +711,8 @@ def buffer_items(
         # runs every micro-batch's backward with set_reshard_after_backward(False) until
         # perform_reduce_grad after the last one (torch/distributed/pipelining/stage.py): the whole
         # stage stays gathered in the compute dtype through forward and backward.
-        items.append((PP_GATHERED_ITEM, stage.params * gather))
-    items += fsdp_unit_items(strategy, stage, knobs, assumptions)
+        items.append((PP_GATHERED_ITEM, stage.params * gather - stage.layers * fp8_block_params * (gather - 1)))
+    items += fsdp_unit_items(strategy, stage, knobs, assumptions, fp8_block_params)
     if knobs.pp > 1:
         # A send and a receive buffer of one micro-batch's boundary activations per model chunk.
         boundary = knobs.micro_batch_size * knobs.seq_len * hidden_size * residual_bytes(knobs.precision)
@@ -710,7 +722,8 @@ def buffer_items(
 
 
 def fsdp_unit_items(
-    strategy: str, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
+    strategy: str, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions(),
+    fp8_block_params: int = 0,
 ) -> list[tuple[str, int]]:
     """FSDP's gathered units and unsharded gradient, live while a unit's forward or backward runs
     (gathered in the mode's gather dtype, reduced in its reduce dtype: :func:`comm_bytes`).
@@ -731,7 +744,7 @@ def fsdp_unit_items(
     block = stage.block
     if knobs.pp > 1:
         return [("FSDP unsharded gradient (one block)", block * reduce)]
-    gathered = block * gather * (1 + assumptions.fsdp_prefetch_units)
+    gathered = (block * gather - fp8_block_params * (gather - 1)) * (1 + assumptions.fsdp_prefetch_units)
     items = [(f"FSDP gathered blocks (1 + {assumptions.fsdp_prefetch_units} prefetched)", gathered)]
     if stage.outside_blocks:
         items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * gather))
@@ -954,16 +967,17 @@ def _stage_breakdown(
             lambda: stage_activation_bytes(model, stage, k, assumptions),
         )
     persistent = persistent_buffer_items(k.strategy, stage, k, assumptions)
+    fp8_block = fp8_gathered_block_params(model, k)
     shared: list[tuple[str, int]] = _memo(
         memo,
-        ("buffers", k.strategy, stage, k.precision, k.micro_batch_size, k.seq_len, k.tp, k.pp),
-        lambda: buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions),
+        ("buffers", k.strategy, stage, k.precision, k.micro_batch_size, k.seq_len, k.tp, k.pp, fp8_block),
+        lambda: buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions, fp8_block),
     )
     buffers = [*persistent, *shared]
     if model is not None and model.moe is not None and k.ep > 1:
         buffers.append((EP_ALL_TO_ALL_ITEM, moe_all_to_all_bytes(model, k)))
-    units = _memo(memo, ("units", k.strategy, stage, k.precision, k.pp),
-                  lambda: fsdp_unit_items(k.strategy, stage, k, assumptions))
+    units = _memo(memo, ("units", k.strategy, stage, k.precision, k.pp, fp8_block),
+                  lambda: fsdp_unit_items(k.strategy, stage, k, assumptions, fp8_block))
     loss_buffers = [item for item in buffers if item not in units]
     backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
     if model is not None and k.fp8:

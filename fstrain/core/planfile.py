@@ -106,6 +106,9 @@ class PlanKnobs:
     # scaling as torchtitan converts them, or Transformer Engine's Linear): their matmuls run on
     # the fp8 tensor cores; attention, norms and the output layer stay in the compute dtype.
     fp8: bool = False
+    # FSDP2 gathers the converted linears' weights in fp8 (torchao's enable_fsdp_float8_all_gather):
+    # one byte a weight in the all-gathers and the gathered blocks. Needs fp8 and an fsdp-* strategy.
+    fp8_all_gather: bool = False
 
     @property
     def world_size(self) -> int:
@@ -225,6 +228,15 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
                          _PLAN_HINT, where)
     if not isinstance(knobs.fp8, bool):
         raise InputError(f"plan.fp8 must be true or false, got {knobs.fp8!r}", _PLAN_HINT, where)
+    if not isinstance(knobs.fp8_all_gather, bool):
+        raise InputError(f"plan.fp8_all_gather must be true or false, got {knobs.fp8_all_gather!r}", _PLAN_HINT,
+                         where)
+    if knobs.fp8_all_gather and not (knobs.fp8 and knobs.strategy.startswith("fsdp")):
+        raise InputError(
+            f"plan.fp8_all_gather is true with fp8 {str(knobs.fp8).lower()} and strategy {knobs.strategy}",
+            "FSDP's float8 all-gather needs fp8 linears and an fsdp-* strategy: set it false",
+            where,
+        )
     validate_pp_schedule(knobs, where)
     if knobs.dp % knobs.shard_group_size != 0:
         raise InputError(

@@ -88,6 +88,7 @@ class TrainingSpec:
     train_tokens: int | None = None
     loss: str = "full"  # losses.parse_loss's canonical name: what the loss holds per logit (losses.loss_peaks)
     fp8: bool = False  # the blocks' linears compute in fp8 (PlanKnobs.fp8)
+    fp8_all_gather: bool = False  # FSDP gathers their weights in fp8 (PlanKnobs.fp8_all_gather)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ class Plan:
             "pp_virtual_stages": k.pp_virtual_stages,
             **({"ep": k.ep} if self.moe else {}),
             "fp8": k.fp8,
+            "fp8_all_gather": k.fp8_all_gather,
             "memory": self.memory.to_dict(),
             "usable_bytes": self.usable_bytes,
             "fits": self.fits,
@@ -193,7 +195,7 @@ def describe_knobs(k: PlanKnobs) -> str:
     if k.pp > 1 and k.pp_schedule != "1f1b":
         text += f", {schedule_label(k.pp_schedule, k.pp_virtual_stages)}"
     if k.fp8:
-        text += ", fp8 linears"
+        text += ", fp8 linears" + (" (fp8 all-gather)" if k.fp8_all_gather else "")
     return text
 
 
@@ -271,6 +273,20 @@ def _check_fp8(training: TrainingSpec, cluster: PlanCluster) -> None:
         )
 
 
+def _check_fp8_all_gather(training: TrainingSpec, pins: Pins) -> None:
+    """FSDP's float8 all-gather casts the fp8 linears' weight shards (torchao's FSDP2 extension):
+    it needs --fp8 and plans fsdp-* strategies only."""
+    if not training.fp8:
+        raise ConfigError("--fp8-all-gather gathers the weights of fp8 linears, but --fp8 is not given",
+                          "add --fp8, or drop --fp8-all-gather", "--fp8-all-gather")
+    if pins.strategy is not None and not pins.strategy.startswith("fsdp"):
+        raise ConfigError(
+            f"--fp8-all-gather is FSDP's float8 all-gather; {STRATEGY_LABELS[pins.strategy]} gathers no fp8 weights",
+            "use --strategy fsdp-full, fsdp-hybrid or fsdp-grad-op, or drop --fp8-all-gather",
+            "--fp8-all-gather",
+        )
+
+
 def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster, pins: Pins) -> None:
     """Refuse, with the reason, what no configuration could satisfy."""
     gpu = cluster.speed_node(training.precision).gpu
@@ -284,6 +300,8 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
     parse_loss(training.loss, "--loss")
     if training.fp8:
         _check_fp8(training, cluster)
+    if training.fp8_all_gather:
+        _check_fp8_all_gather(training, pins)
     if training.flash_attention and training.precision == "fp32":
         raise ConfigError(
             "FlashAttention needs fp16 or bf16", "use --no-flash-attention with fp32", "--flash-attention"
@@ -524,6 +542,7 @@ class _Evaluator:
             *schedule,
             ep,
             fp8=t.fp8,
+            fp8_all_gather=t.fp8_all_gather,
         )
         self.considered += 1
         m = self.model
@@ -580,6 +599,8 @@ def _search(
             _batches(training, dp, pins) if model.spec else [(pins.micro_batch_size or 1, pins.grad_accum_steps or 1)]
         )
         for strategy in _strategies(pins, pp, training.precision):
+            if training.fp8_all_gather and not strategy.startswith("fsdp"):
+                continue  # FSDP's float8 all-gather: FSDP strategies only
             # With dp = 1 sharding is DDP, unless it is there to offload.
             offloads = [
                 o

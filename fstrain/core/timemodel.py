@@ -40,7 +40,15 @@ from typing import Any
 
 from fstrain.core.acpolicy import every_k
 from fstrain.core.assumptions import Assumptions
-from fstrain.core.memory import block_matmuls, comm_bytes, converted_linears, param_bytes, residual_bytes, weight_bytes
+from fstrain.core.memory import (
+    block_matmuls,
+    comm_bytes,
+    converted_linears,
+    fp8_gathered_block_params,
+    param_bytes,
+    residual_bytes,
+    weight_bytes,
+)
 from fstrain.core.pipeline import boundary_crossings, bubble_slots, layers_per_rank
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
@@ -134,7 +142,9 @@ def fp8_linear_saving_s(model: ModelSpec, knobs: PlanKnobs, rates: Fp8Rates, ass
     amax fused into the previous op), the weight ``6 K N`` (amax read, then the cast), the
     output gradient ``4 M N``, the forward's two again when recomputed, each pass's second-stage
     amax kernels (``fp8_scale_kernel_s`` each). What a tensor-parallel rank holds is ``1/tp``
-    of each. The rest of the step (attention, norms, elementwise) is unchanged.
+    of each; under FSDP's float8 all-gather each rank casts its weight shard before the gather
+    (``1/shard`` of the weight's cast). The rest of the step (attention, norms, elementwise) is
+    unchanged.
     """
     tokens = knobs.micro_batch_size * knobs.seq_len
     ac = knobs.activation_checkpointing
@@ -143,11 +153,12 @@ def fp8_linear_saving_s(model: ModelSpec, knobs: PlanKnobs, rates: Fp8Rates, ass
     matmul_flops = 0.0
     cast_bytes = 0.0
     kernels = 0.0
+    weight_share = 1.0 / knobs.shard_group_size if knobs.fp8_all_gather else 1.0
     for index, (n_in, n_out) in enumerate(converted_linears(model)):
         again = 1.0 / k if k else (1.0 if ac == "selective-op" and index % 2 == 1 else 0.0)
         forward = 2.0 * tokens * n_in * n_out
         matmul_flops += (3 + again) * forward
-        forward_casts = 4.0 * tokens * n_in + 6.0 * n_in * n_out
+        forward_casts = 4.0 * tokens * n_in + 6.0 * n_in * n_out * weight_share
         cast_bytes += (1 + again) * forward_casts + 4.0 * tokens * n_out
         kernels += 3 + 2 * again
     matmul_flops /= knobs.tp
@@ -298,8 +309,12 @@ def step_time(
     bubble = bubble_slots(knobs.pp_schedule, p, chunks) * slot
     pipeline = m * slot + bubble
 
+    dense_params = stage_params - expert_params
+    fp8_gathered = 0.0  # of the non-expert parameters, the share FSDP gathers in fp8
+    if knobs.fp8_all_gather and dense_params > 0:
+        fp8_gathered = min(1.0, layers * fp8_gathered_block_params(model, knobs) / dense_params)
     dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions, layers,
-                                               expert_params)
+                                               expert_params, fp8_gathered)
     offload = _offload_time(knobs, stage_params, links, assumptions, expert_params)
     total = pipeline + dp_exposed + offload
     tokens = knobs.global_batch_size * s
@@ -350,6 +365,7 @@ def _data_parallel_time(
     assumptions: Assumptions,
     layers: int = 1,
     expert_params: int = 0,
+    fp8_gathered: float = 0.0,
 ) -> tuple[float, float]:
     """(total, exposed) seconds of data-parallel communication in one step.
 
@@ -357,8 +373,10 @@ def _data_parallel_time(
     ``memory.comm_bytes``): under autocast DDP and FSDP move fp32 (twice bf16's bytes),
     DeepSpeed the autocast dtype; pure bf16 moves bf16 everywhere. Under expert parallelism the
     ``expert_params`` move over their own data-parallel group, ``dp/ep`` ranks ``ep x tp`` apart,
-    in the same collectives; both hide behind the same compute."""
-    parts = [_dp_parts(knobs, params - expert_params, compute_mb, links, assumptions, layers, knobs.tp)]
+    in the same collectives; both hide behind the same compute. FSDP's float8 all-gather moves
+    the ``fp8_gathered`` share of the non-expert parameters in one byte."""
+    parts = [_dp_parts(knobs, params - expert_params, compute_mb, links, assumptions, layers, knobs.tp,
+                       fp8_gathered)]
     if expert_params:
         ep = knobs.ep
         expert_knobs = replace(knobs, dp=knobs.dp // ep, shard_group_size=max(1, knobs.shard_group_size // ep))
@@ -372,13 +390,16 @@ def _data_parallel_time(
 def _dp_parts(
     knobs: PlanKnobs, params: int, compute_mb: float, links: Links, assumptions: Assumptions, layers: int,
     stride: int,
+    fp8_gathered: float = 0.0,
 ) -> tuple[float, float, float]:
     """(overlappable seconds, compute window they can hide behind, exposed-only seconds) of the
-    data-parallel traffic of ``params`` over ``knobs.dp`` ranks ``stride`` apart."""
+    data-parallel traffic of ``params`` over ``knobs.dp`` ranks ``stride`` apart (FSDP gathers the
+    ``fp8_gathered`` share of them in one byte)."""
     d, m, t = knobs.dp, knobs.grad_accum_steps, stride
     if d == 1 or params == 0:
         return 0.0, 0.0, 0.0
-    w, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
+    w_int, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
+    w = w_int - (w_int - 1) * fp8_gathered if knobs.strategy.startswith("fsdp") else float(w_int)
     eff = assumptions.collective_efficiency
     group = knobs.shard_group_size if knobs.strategy == "fsdp-hybrid" else d
     bandwidth = group_bandwidth(group, t, links) * eff

@@ -13,7 +13,14 @@ import yaml
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.gpus import GPUS, lookup_gpu
 from fstrain.core.launchplan import check_plan_fits_launch, check_trainer_fp8
-from fstrain.core.memory import FP8_CASTS_ITEM, block_matmuls, converted_linears, fp8_cast_bytes, memory_breakdown
+from fstrain.core.memory import (
+    FP8_CASTS_ITEM,
+    block_matmuls,
+    converted_linears,
+    fp8_cast_bytes,
+    fp8_gathered_block_params,
+    memory_breakdown,
+)
 from fstrain.core.modelsize import count_parameters
 from fstrain.core.plancluster import uniform_cluster
 from fstrain.core.planfile import PlanFile, PlanKnobs
@@ -184,10 +191,14 @@ def test_the_trainer_launch_and_trace_refuse_fp8_and_renderers_say_what_runs_it(
     assert render_accelerate(make_plan("fsdp-full", dp=2)).config["mixed_precision"] == "bf16"
     assert "te.Linear" in " ".join(render_deepspeed(make_plan("zero3", dp=2, fp8=True)).notes)
     assert "--model.converters float8" in " ".join(render_fsdp(chosen).notes)
+    gathering = make_plan("fsdp-full", dp=2, fp8=True, fp8_all_gather=True)
+    assert "--float8.enable_fsdp_float8_all_gather" in " ".join(render_fsdp(gathering).notes)
+    assert "enable_fsdp_float8_all_gather=True" in " ".join(render_accelerate(gathering).notes)
 
 
 def test_the_command_line_plans_fp8_and_says_so(tmp_path: Path) -> None:
-    assert "--fp8" in run_fstrain("plan", "--help").stdout
+    help_text = run_fstrain("plan", "--help").stdout
+    assert "--fp8 " in help_text and "--fp8-all-gather" in help_text
     argv = ["plan", "--model", "tiny", "--num-nodes", "1", "--gpus-per-node", "8", "--gpu", "h100-sxm",
             "--global-batch", "16", "--precision", "bf16"]
     out = tmp_path / "plan.yaml"
@@ -206,3 +217,51 @@ def test_the_command_line_plans_fp8_and_says_so(tmp_path: Path) -> None:
     bad = run_fstrain("render", "--plan", str(out), "-o", str(tmp_path / "out"))
     assert bad.returncode == 2 and "plan.fp8 must be true or false, got 1" in bad.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_fsdp_float8_all_gather_moves_the_converted_weights_in_one_byte() -> None:
+    # Llama 3.1 8B: a block's linears are 2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336 = 218,103,808
+    # weights, 32 blocks of the 8,030,261,248 parameters: that share gathers at 1 byte instead of 2.
+    params = count_parameters(LLAMA8B).total
+    share = 32 * 218_103_808 / params
+    k = tiny_knobs(seq_len=8192, micro_batch_size=2)  # AC none: each forward cast once
+    bf16 = step_time(LLAMA8B, params, k, 400e12, 8e15, LINKS, NO_OVERLAP, fp8_rates=RATES)
+    gathered = step_time(LLAMA8B, params, dataclasses.replace(k, fp8_all_gather=True), 400e12, 8e15, LINKS,
+                         NO_OVERLAP, fp8_rates=RATES)
+    # FSDP full shard moves 2 all-gathers (2 bytes each) and a reduce-scatter (4 bytes) per parameter.
+    assert gathered.dp_comm_s / bf16.dp_comm_s == pytest.approx((2 * (2 - share) + 4) / 8)
+    # Each rank casts its 1/8 weight shard before the gather instead of the whole weight after it.
+    weights = 218_103_808
+    assert gathered.compute_s - bf16.compute_s == pytest.approx(
+        -32 * 6 * weights * (1 - 1 / 8) / (2e12 * 0.92), rel=1e-6)
+
+
+def test_fsdp_float8_all_gather_halves_the_gathered_blocks_linears() -> None:
+    # TINY_MODEL: 45,056 linear weights a block gathered at 1 byte instead of 2, current + prefetched.
+    params = count_parameters(TINY_MODEL)
+    k = tiny_knobs()
+    assert fp8_gathered_block_params(TINY_MODEL, k) == 0
+    assert fp8_gathered_block_params(TINY_MODEL, dataclasses.replace(k, fp8_all_gather=True, tp=2)) == 22_528
+    moments = dict(memory_breakdown(TINY_MODEL, params, params.total, k, 8).moments)
+    gathered = dict(memory_breakdown(TINY_MODEL, params, params.total, dataclasses.replace(k, fp8_all_gather=True),
+                                     8).moments)
+    saved = moments["backward"] - gathered["backward"]
+    assert abs(saved - 2 * 45_056 * (1 + Assumptions().fragmentation_fraction)) <= 1
+    assert moments["optimizer step"] == gathered["optimizer step"]
+
+
+def test_fp8_all_gather_needs_fp8_and_fsdp_and_plans_fsdp_only() -> None:
+    model = PlanModel.from_spec(TINY_MODEL)
+    cluster = uniform_cluster(1, 8, "h100-sxm")
+    with pytest.raises(ConfigError, match="but --fp8 is not given"):
+        plan(model, TrainingSpec(64, 16, fp8_all_gather=True), cluster)
+    with pytest.raises(ConfigError, match="ZeRO-3 gathers no fp8 weights") as caught:
+        plan(model, TrainingSpec(64, 16, fp8=True, fp8_all_gather=True), cluster, Pins(strategy="zero3"))
+    assert caught.value.where == "--fp8-all-gather"
+    result = plan(model, TrainingSpec(64, 16, fp8=True, fp8_all_gather=True), cluster)
+    assert result.plans and all(p.knobs.strategy.startswith("fsdp") and p.knobs.fp8_all_gather for p in result.plans)
+    document = plan_file(result, model, cluster).to_dict()
+    assert PlanFile.from_dict(document, "plan.yaml").knobs.fp8_all_gather is True
+    document["plan"]["fp8"] = False
+    with pytest.raises(InputError, match="fp8_all_gather is true with fp8 false"):
+        PlanFile.from_dict(document, "plan.yaml")

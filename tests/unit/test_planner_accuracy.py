@@ -52,6 +52,7 @@ EXTRA_KNOBS: dict[str, Any] = {
     "loss": "full",
     "compile": False,
     "fp8": False,
+    "fp8_all_gather": False,
     "cp": 1,
     "async_tp": False,
     "pp_schedule": "1f1b",
@@ -300,6 +301,8 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--pp-schedule", f["pp_schedule"]]
     if f.get("fp8"):
         argv += ["--fp8"]
+    if f.get("fp8_all_gather"):
+        argv += ["--fp8-all-gather"]
     for key, value in (f.get("assume") or {}).items():
         argv += ["--assume", f"{key}={value}"]
     return [*argv, "--json"]

@@ -108,6 +108,7 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
         notes.append(
             "fp8: this file has no fp8 key (the bundled trainer computes its linears in bf16); torchtitan: "
             "--model.converters float8 --float8.filter_fqns output (torchao Float8Linear, tensorwise)"
+            + (" --float8.enable_fsdp_float8_all_gather" if knobs.fp8_all_gather else "")
         )
     if knobs.pp > 1:
         # torchtitan shards each pipeline stage with reshard_after_forward=False (its default with PP),
@@ -228,6 +229,9 @@ def render_accelerate(plan: PlanFile) -> Rendered:
             "skips the model's first and last linear layers (filter_first_and_last_linear_layers), the plan only "
             "the output layer"
         )
+        if knobs.fp8_all_gather:
+            notes.append("fp8_all_gather: accelerate.yaml has no key for it; pass "
+                         "AORecipeKwargs(config=Float8LinearConfig(enable_fsdp_float8_all_gather=True))")
     if num_machines > 1:
         notes.append("multi-node: pass --machine_rank, --main_process_ip and --main_process_port on each node")
         if plan.cluster.hosts:
