@@ -78,6 +78,16 @@ def plan_command(
         "(Megatron-LM core's, as ATorch's fork runs it) or chunked[:N] "
         "(torchtune's CEWithChunkedOutputLoss, N chunks of tokens, default 8; the bundled trainer runs it too).",
     ),
+    compile_blocks: bool = typer.Option(
+        False, "--compile/--no-compile",
+        help="The training code runs torch.compile on each block (torchtitan --training.compile): fused "
+        "elementwise ops keep fewer activations and move fewer bytes.",
+    ),
+    fused_rmsnorm: bool = typer.Option(
+        False, "--fused-rmsnorm",
+        help="An eager model whose RMSNorm is one fused kernel (torchtitan's norm_type fused_rmsnorm): it keeps "
+        "its input, not an fp32 copy.",
+    ),
     strategy: str | None = typer.Option(
         None, "--strategy", help="Pin: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-hybrid (no-shard = ddp)."
     ),
@@ -158,6 +168,8 @@ def plan_command(
         flash_attention,
         train_tokens,
         loss,
+        compile_blocks,
+        fused_rmsnorm,
     )
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
                         pp_schedule, pp_virtual_stages, ep)
@@ -268,6 +280,8 @@ def resolve_training(
     flash_attention: bool | None,
     train_tokens: str | None,
     loss: str = "full",
+    compiled: bool = False,
+    fused_rmsnorm: bool = False,
 ) -> tuple[TrainingSpec, str]:
     """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
     from fstrain.core.losses import parse_loss
@@ -301,7 +315,11 @@ def resolve_training(
         note = "fstrain's default of 4M tokens (set --global-batch)"
     budget = parse_count(train_tokens, "--train-tokens") if train_tokens else defaults.train_tokens
     chosen_loss = parse_loss(loss, "--loss")
-    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss)
+    if fused_rmsnorm and plan_model.spec is not None and plan_model.spec.norm != "rmsnorm":
+        raise InputError(f"{plan_model.spec.name} normalises with {plan_model.spec.norm}, not RMSNorm",
+                         "leave --fused-rmsnorm out for this model", "--fused-rmsnorm")
+    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss,
+                        compile=compiled, fused_rmsnorm=fused_rmsnorm)
     return spec, note
 
 

@@ -51,6 +51,7 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
                           f"pp={plan.knobs.pp}", "plan with --tp 1 --pp 1", where)
     check_trainer_ep(plan, where)
     check_trainer_loss(plan, where)
+    check_trainer_eager(plan, where)
 
 
 def check_trainer_ep(plan: PlanFile, where: str) -> None:
@@ -62,6 +63,19 @@ def check_trainer_ep(plan: PlanFile, where: str) -> None:
             f"the plan has ep={plan.knobs.ep}, but the bundled trainer does not run expert parallelism",
             "plan with --ep 1 (every rank holds its shard of every expert), or train with a program that runs "
             "expert parallelism (torchtitan, DeepSpeed-MoE, Megatron-LM)",
+            where,
+        )
+
+
+def check_trainer_eager(plan: PlanFile, where: str) -> None:
+    """The bundled trainer runs eager PyTorch: a plan made for ``torch.compile`` counts a compiled
+    block's activations and speed (fstrain.core.kernels), which the eager model does not reach."""
+    if plan.knobs.compile:
+        raise ConfigError(
+            "the plan is for torch.compile (--compile), but the bundled trainer runs the model eagerly, "
+            "which keeps more activations than the plan counts",
+            "re-plan without --compile (--fused-rmsnorm is what the bundled trainer fuses), or train with a "
+            "program that compiles its blocks (torchtitan --training.compile)",
             where,
         )
 

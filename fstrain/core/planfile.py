@@ -102,6 +102,12 @@ class PlanKnobs:
     # torchtitan's parallel_dims.py borrows it from dp_shard), so expert states are data-parallel
     # over dp/ep ranks. 1: every rank holds its FSDP/ZeRO shard of every expert.
     ep: int = 1
+    # Kernels, not layout: torch.compile of each transformer block (Inductor fuses the elementwise
+    # ops and its min-cut partitioner picks what backward keeps), or only the norms as one fused
+    # RMSNorm kernel (torchtitan's norm_type "fused_rmsnorm"). Both change the activations a
+    # block saves and the time of its memory-bound ops (fstrain.core.kernels).
+    compile: bool = False
+    fused_rmsnorm: bool = False
 
     @property
     def world_size(self) -> int:
@@ -216,9 +222,9 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
     if not _is_int(knobs.seq_len) or knobs.seq_len < 0:
         raise InputError(f"plan.seq_len must be 0 (the model's) or a positive integer, got {knobs.seq_len!r}",
                          _PLAN_HINT, where)
-    if not isinstance(knobs.flash_attention, bool):
-        raise InputError(f"plan.flash_attention must be true or false, got {knobs.flash_attention!r}",
-                         _PLAN_HINT, where)
+    for key in ("flash_attention", "compile", "fused_rmsnorm"):
+        if not isinstance(getattr(knobs, key), bool):
+            raise InputError(f"plan.{key} must be true or false, got {getattr(knobs, key)!r}", _PLAN_HINT, where)
     validate_pp_schedule(knobs, where)
     if knobs.dp % knobs.shard_group_size != 0:
         raise InputError(

@@ -87,6 +87,8 @@ class TrainingSpec:
     flash_attention: bool = True
     train_tokens: int | None = None
     loss: str = "full"  # losses.parse_loss's canonical name: what the loss holds per logit (losses.loss_peaks)
+    compile: bool = False  # torch.compile of each block (fstrain.core.kernels)
+    fused_rmsnorm: bool = False  # a fused RMSNorm kernel in an otherwise eager model
 
 
 @dataclass(frozen=True)
@@ -485,6 +487,8 @@ class _Evaluator:
             t.loss,
             *schedule,
             ep,
+            compile=t.compile,
+            fused_rmsnorm=t.fused_rmsnorm,
         )
         self.considered += 1
         m = self.model

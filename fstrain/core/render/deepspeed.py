@@ -207,6 +207,11 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
             "groups (deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer); the bundled "
             "trainer does not run expert parallelism"
         )
+    if knobs.compile:
+        notes.append(
+            "compile: DeepSpeed's config has no key for it; the training script calls engine.compile() after "
+            "deepspeed.initialize (torch.compile of the module); the bundled trainer runs eagerly"
+        )
     if knobs.pp > 1 and knobs.pp_schedule != "1f1b":
         notes.append(
             f"pp_schedule {knobs.pp_schedule}: DeepSpeed's pipeline engine runs its own 1F1B schedule "
