@@ -78,6 +78,16 @@ def plan_command(
         "(Megatron-LM core's, as ATorch's fork runs it) or chunked[:N] "
         "(torchtune's CEWithChunkedOutputLoss, N chunks of tokens, default 8; the bundled trainer runs it too).",
     ),
+    compile_blocks: bool = typer.Option(
+        False, "--compile/--no-compile",
+        help="The training code runs torch.compile on each block (torchtitan --training.compile): fused "
+        "elementwise ops keep fewer activations and move fewer bytes.",
+    ),
+    fused_rmsnorm: bool = typer.Option(
+        False, "--fused-rmsnorm",
+        help="An eager model whose RMSNorm is one fused kernel (torchtitan's norm_type fused_rmsnorm): it keeps "
+        "its input, not an fp32 copy.",
+    ),
     fp8: bool = typer.Option(
         False, "--fp8",
         help="The blocks' linear layers compute in fp8 (torchao Float8Linear with tensorwise scaling, as "
@@ -170,6 +180,8 @@ def plan_command(
         flash_attention,
         train_tokens,
         loss,
+        compile_blocks,
+        fused_rmsnorm,
         fp8,
         fp8_all_gather,
     )
@@ -282,6 +294,8 @@ def resolve_training(
     flash_attention: bool | None,
     train_tokens: str | None,
     loss: str = "full",
+    compiled: bool = False,
+    fused_rmsnorm: bool = False,
     fp8: bool = False,
     fp8_all_gather: bool = False,
 ) -> tuple[TrainingSpec, str]:
@@ -317,8 +331,12 @@ def resolve_training(
         note = "fstrain's default of 4M tokens (set --global-batch)"
     budget = parse_count(train_tokens, "--train-tokens") if train_tokens else defaults.train_tokens
     chosen_loss = parse_loss(loss, "--loss")
-    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss, fp8,
-                        fp8_all_gather)
+    if fused_rmsnorm and plan_model.spec is not None and plan_model.spec.norm != "rmsnorm":
+        raise InputError(f"{plan_model.spec.name} normalises with {plan_model.spec.norm}, not RMSNorm",
+                         "leave --fused-rmsnorm out for this model", "--fused-rmsnorm")
+    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss,
+                        compile=compiled, fused_rmsnorm=fused_rmsnorm, fp8=fp8,
+                        fp8_all_gather=fp8_all_gather)
     return spec, note
 
 

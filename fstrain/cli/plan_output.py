@@ -126,9 +126,10 @@ def header_lines(
             batch = f"global batch = {batch_note}"
         flash = "FlashAttention" if training.flash_attention else "no FlashAttention"
         loss = "" if training.loss == "full" else f", {training.loss} loss"  # the bundled trainer's: full
+        kernels = ", torch.compile" if training.compile else ", fused RMSNorm" if training.fused_rmsnorm else ""
         lines.append(
             f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision}"
-            f"{FP8_NOTE if training.fp8 else ''}, {training.optimizer}, {flash}{loss}"
+            f"{FP8_NOTE if training.fp8 else ''}, {training.optimizer}, {flash}{loss}{kernels}"
         )
     fit, rejected = len(result.plans), len(result.rejected)
     plural = "s" if result.considered != 1 else ""

@@ -155,6 +155,14 @@ class Assumptions:
         "micro-batches (seq 1) do not reach the GPU's FLOPs.",
     )
 
+    hbm_efficiency: float = _stated(
+        0.89,
+        "Fraction of the GPU's HBM bandwidth that large memory-bound kernels (elementwise ops, "
+        "copies) reach: fstrain bench measured a 1 GiB device-to-device copy at 4,265 GB/s on an "
+        "H200 (datasheet 4.8 TB/s; tests/fixtures/gpu/h200-2026-11-30/bench-compute.json). Prices "
+        "the elementwise traffic that --compile and --fused-rmsnorm remove.",
+    )
+
     cpu_adam_params_per_s_per_node: float = _stated(
         2e9,
         "Parameters per second a node's CPUs update with DeepSpeed CPU-Adam (offloaded optimizer).",

@@ -52,6 +52,7 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
     check_trainer_ep(plan, where)
     check_trainer_fp8(plan, where)
     check_trainer_loss(plan, where)
+    check_trainer_eager(plan, where)
 
 
 def check_trainer_ep(plan: PlanFile, where: str) -> None:
@@ -75,6 +76,19 @@ def check_trainer_fp8(plan: PlanFile, where: str) -> None:
             "the plan has fp8 linears, but the bundled trainer computes them in bf16",
             "plan without --fp8 to train the bundled model, or train with a program that runs fp8 linears "
             "(torchtitan --model.converters float8, llm-foundry precision amp_fp8)",
+            where,
+        )
+
+
+def check_trainer_eager(plan: PlanFile, where: str) -> None:
+    """The bundled trainer runs eager PyTorch: a plan made for ``torch.compile`` counts a compiled
+    block's activations and speed (fstrain.core.kernels), which the eager model does not reach."""
+    if plan.knobs.compile:
+        raise ConfigError(
+            "the plan is for torch.compile (--compile), but the bundled trainer runs the model eagerly, "
+            "which keeps more activations than the plan counts",
+            "re-plan without --compile (--fused-rmsnorm is what the bundled trainer fuses), or train with a "
+            "program that compiles its blocks (torchtitan --training.compile)",
             where,
         )
 

@@ -37,6 +37,7 @@ from typing import Any
 from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, recomputes
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.buckets import bucket_sizes
+from fstrain.core.kernels import norm_is_fused
 from fstrain.core.losses import LossPeaks, loss_peaks
 from fstrain.core.modelsize import ParamCount
 from fstrain.core.pipeline import in_flight_chunks, layers_per_rank
@@ -383,14 +384,19 @@ def fp8_cast_bytes(model: ModelSpec, knobs: PlanKnobs) -> int:
     return largest // knobs.tp
 
 
-def _selective_op_saved(model: ModelSpec, s: int, b: int, a: int, flash_attention: bool) -> int:
+def _selective_op_saved(model: ModelSpec, s: int, b: int, a: int, flash_attention: bool,
+                        compiled: bool = False) -> int:
     """Bytes op-level SAC saves inside one block (sharded by TP): every other matmul output and
     the attention kernel's outputs (output + fp32 log-sum-exp). A mixture of experts saves none of
     its own: torchtitan recomputes the router's matmul without counting it, and the experts'
-    grouped matmuls are not in its save list (fstrain.train.checkpointing)."""
+    grouped matmuls are not in its save list (fstrain.train.checkpointing). Compiled, the block's
+    last matmul (the down projection, read only by the residual add) is not kept even when the
+    policy marks it saved: the partitioner drops what backward never reads."""
     mms = block_matmuls(model)
     if model.moe is not None:
         mms = mms[:4]  # q, k, v, o
+    elif compiled:
+        mms = mms[:-1]
     saved = 0
     for index, (_, out) in enumerate(mms):
         if index % 2 == 0:  # 1st, 3rd, ... (counting from 1: odd)
@@ -424,6 +430,8 @@ def layer_activation_bytes(
     flash_attention: bool = True,
     precision: str = "bf16",
     sequence_parallel: bool = True,
+    compiled: bool = False,
+    fused_rmsnorm: bool = False,
 ) -> int:
     """Activations one transformer block saves for backward, per GPU, under policy ``ac``
     (``none``, ``selective-op``, ``megatron-selective`` or ``full``; see
@@ -445,6 +453,10 @@ def layer_activation_bytes(
     both fp32 statistics); eager
     attention's ``softmax`` (fp32 list) keeps an fp32 output beside the cast its matmul saves.
     Pure bf16 saves what bf16 mixed precision does (the same compute dtype, the same ops).
+
+    ``compiled`` (torch.compile of the block) and ``fused_rmsnorm`` (a fused norm kernel) keep
+    less, as :mod:`fstrain.core.kernels` describes: a fused RMSNorm keeps what a LayerNorm does,
+    compiled SwiGLU three FFN-wide tensors, compiled op-level SAC no down-projection output.
     """
     a = weight_bytes(precision)
     autocast = mode(precision).autocast
@@ -455,7 +467,8 @@ def layer_activation_bytes(
     if ac == "full" or ac.startswith("every-k:"):
         return sbh * r // split_replicated  # only the block's input is kept
     if ac == "selective-op":
-        return sbh * r // split_replicated + _selective_op_saved(model, s, b, a, flash_attention) // tp
+        saved = _selective_op_saved(model, s, b, a, flash_attention, compiled)
+        return sbh * r // split_replicated + saved // tp
     mask = 1 if model.dropout > 0 else 0
     # The q/k/v and FFN inputs: one tensor each, but under autocast every linear saves its own
     # cast of the shared input (q, k and v; gate and up), since only weights are cached.
@@ -464,7 +477,8 @@ def layer_activation_bytes(
     kv_width = model.num_kv_heads * model.head_dim
     ffn = ffn_width(model)
     tokens_per_expert_slot = 1 if model.moe is None else model.moe.top_k
-    ffn_saved = (4 if model.activation == "swiglu" else 2) * s * b * ffn * tokens_per_expert_slot * a
+    swiglu_saved = 3 if compiled else 4  # gate, up, product (and silu(gate) when eager)
+    ffn_saved = (swiglu_saved if model.activation == "swiglu" else 2) * s * b * ffn * tokens_per_expert_slot * a
     moe_extra = s * b * moe_routing_bytes_per_token(model, a)
     if flash_attention:
         # PyTorch eager with SDPA (the bundled trainer, torchtitan), counted op by op and checked
@@ -473,7 +487,8 @@ def layer_activation_bytes(
         # fp32 statistic); the q/k/v and FFN inputs; SDPA keeps q, K and V repeated to all heads
         # (GQA), its output and the fp32 log-sum-exp; the out-projection input is a contiguous
         # copy of that output; rotary positions add a rotated copy of q.
-        norm = (4 * h + 4 + r * h) if model.norm == "rmsnorm" else (r * h + 4 + (4 if autocast else 0))
+        eager_rmsnorm = model.norm == "rmsnorm" and not norm_is_fused(compiled, fused_rmsnorm)
+        norm = (4 * h + 4 + r * h) if eager_rmsnorm else (r * h + 4 + (4 if autocast else 0))
         replicated = s * b * (2 * norm + linear_inputs * a * h) + 2 * mask * sbh
         q_copies = 5 if model.position_embedding == "rope" else 4
         sharded = q_copies * s * b * q_width * a + 4 * model.num_heads * s * b + ffn_saved + moe_extra
@@ -510,6 +525,8 @@ def block_backward_extra_bytes(
     sequence_parallel: bool = True,
     weight_grads: str = "block",
     grad_bytes: int | None = None,
+    compiled: bool = False,
+    fused_rmsnorm: bool = False,
 ) -> int:
     """What one block's backward holds at its highest point beyond the tensors it saved (the
     ``none`` set, recomputed or kept): the gradient arriving from the next block, the gradients
@@ -529,7 +546,8 @@ def block_backward_extra_bytes(
     Wide, short blocks (Llama 3.1 405B at 8K tokens) and mixtures of experts (Mixtral: every
     expert's gradients, against the FFN tensors of the top-k routed copies) peak at the second
     point, narrow ones with many tokens (8B) at the first. ``fstrain plan --trace`` checks both
-    against PyTorch.
+    against PyTorch. A fused norm (``compiled``, ``fused_rmsnorm``) computes its backward in one
+    kernel without the fp32 temporaries; compiled SwiGLU frees three saved FFN-wide tensors, not four.
     """
     a = weight_bytes(precision)
     tokens = seq_len * micro_batch
@@ -546,9 +564,10 @@ def block_backward_extra_bytes(
     in_ffn = hidden + max(weight + wide, kept + 2 * wide)
     if model.norm != "rmsnorm":
         return in_ffn
-    fp32_hidden = tokens * model.hidden_size * 4 // split
+    fp32_hidden = 0 if norm_is_fused(compiled, fused_rmsnorm) else tokens * model.hidden_size * 4 // split
     ffn_weights = 3 * weight if weight_grads == "block" else 0
-    in_norm = hidden + ffn_weights - 4 * wide + 2 * hidden + 3 * fp32_hidden
+    ffn_saved = 3 if compiled else 4
+    in_norm = hidden + ffn_weights - ffn_saved * wide + 2 * hidden + 3 * fp32_hidden
     return max(in_ffn, in_norm)
 
 
@@ -576,6 +595,8 @@ def stage_activation_bytes(
             knobs.flash_attention,
             knobs.precision,
             assumptions.sequence_parallel,
+            knobs.compile,
+            knobs.fused_rmsnorm,
         )
 
     # One chunk's blocks per (micro-batch, chunk) pair in flight; with one chunk, the rank's blocks.
@@ -596,7 +617,7 @@ def stage_activation_bytes(
     in_flight = WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none")
     temporaries = block_backward_extra_bytes(model, knobs.micro_batch_size, knobs.seq_len, knobs.tp,
                                              knobs.precision, assumptions.sequence_parallel, in_flight,
-                                             param_bytes(knobs.precision))
+                                             param_bytes(knobs.precision), knobs.compile, knobs.fused_rmsnorm)
     items.append(("backward temporaries (one block)", temporaries))
     if stage.has_head and knobs.strategy.startswith("fsdp"):
         # FSDP2 reduce-scatters the root unit's gradients after the whole backward, so the head's
@@ -963,6 +984,8 @@ def _stage_breakdown(
                 k.flash_attention,
                 k.precision,
                 k.loss,
+                k.compile,
+                k.fused_rmsnorm,
             ),
             lambda: stage_activation_bytes(model, stage, k, assumptions),
         )
@@ -999,9 +1022,10 @@ def _stage_breakdown(
             last = "full" if recomputing[0] else "none"
         first_block_stored = _memo(
             memo,
-            ("block", k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention, k.precision),
+            ("block", k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention, k.precision, k.compile,
+             k.fused_rmsnorm),
             lambda: layer_activation_bytes(model, k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention,
-                                           k.precision, assumptions.sequence_parallel),
+                                           k.precision, assumptions.sequence_parallel, k.compile, k.fused_rmsnorm),
         )
     moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored,
                        recomputing)

@@ -122,6 +122,7 @@ class PlanCluster:
             nvlink_domain_size=self.nvlink_domain_size,
             gpus_per_node=self.gpus_per_node,
             num_nodes=self.num_nodes,
+            hbm_bytes_per_s=min(n.gpu.hbm_bandwidth_bytes_per_s for n in self.nodes),
         )
 
     def bounded_by(self, precision: str, mfu: float = 0.0) -> str:

@@ -109,6 +109,12 @@ class PlanKnobs:
     # FSDP2 gathers the converted linears' weights in fp8 (torchao's enable_fsdp_float8_all_gather):
     # one byte a weight in the all-gathers and the gathered blocks. Needs fp8 and an fsdp-* strategy.
     fp8_all_gather: bool = False
+    # Kernels, not layout: torch.compile of each transformer block (Inductor fuses the elementwise
+    # ops and its min-cut partitioner picks what backward keeps), or only the norms as one fused
+    # RMSNorm kernel (torchtitan's norm_type "fused_rmsnorm"). Both change the activations a
+    # block saves and the time of its memory-bound ops (fstrain.core.kernels).
+    compile: bool = False
+    fused_rmsnorm: bool = False
 
     @property
     def world_size(self) -> int:
@@ -223,14 +229,9 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
     if not _is_int(knobs.seq_len) or knobs.seq_len < 0:
         raise InputError(f"plan.seq_len must be 0 (the model's) or a positive integer, got {knobs.seq_len!r}",
                          _PLAN_HINT, where)
-    if not isinstance(knobs.flash_attention, bool):
-        raise InputError(f"plan.flash_attention must be true or false, got {knobs.flash_attention!r}",
-                         _PLAN_HINT, where)
-    if not isinstance(knobs.fp8, bool):
-        raise InputError(f"plan.fp8 must be true or false, got {knobs.fp8!r}", _PLAN_HINT, where)
-    if not isinstance(knobs.fp8_all_gather, bool):
-        raise InputError(f"plan.fp8_all_gather must be true or false, got {knobs.fp8_all_gather!r}", _PLAN_HINT,
-                         where)
+    for key in ("flash_attention", "compile", "fused_rmsnorm", "fp8", "fp8_all_gather"):
+        if not isinstance(getattr(knobs, key), bool):
+            raise InputError(f"plan.{key} must be true or false, got {getattr(knobs, key)!r}", _PLAN_HINT, where)
     if knobs.fp8_all_gather and not (knobs.fp8 and knobs.strategy.startswith("fsdp")):
         raise InputError(
             f"plan.fp8_all_gather is true with fp8 {str(knobs.fp8).lower()} and strategy {knobs.strategy}",

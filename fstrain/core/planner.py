@@ -87,6 +87,8 @@ class TrainingSpec:
     flash_attention: bool = True
     train_tokens: int | None = None
     loss: str = "full"  # losses.parse_loss's canonical name: what the loss holds per logit (losses.loss_peaks)
+    compile: bool = False  # torch.compile of each block (fstrain.core.kernels)
+    fused_rmsnorm: bool = False  # a fused RMSNorm kernel in an otherwise eager model
     fp8: bool = False  # the blocks' linears compute in fp8 (PlanKnobs.fp8)
     fp8_all_gather: bool = False  # FSDP gathers their weights in fp8 (PlanKnobs.fp8_all_gather)
 
@@ -541,6 +543,8 @@ class _Evaluator:
             t.loss,
             *schedule,
             ep,
+            compile=t.compile,
+            fused_rmsnorm=t.fused_rmsnorm,
             fp8=t.fp8,
             fp8_all_gather=t.fp8_all_gather,
         )

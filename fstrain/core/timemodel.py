@@ -6,7 +6,9 @@
   activation checkpointing repeats every layer's forward (Narayanan eq. 3's 96 instead of 72),
   every-k:N every N-th layer's, op-level selective AC every other matmul of each layer,
   Megatron's selective the attention core; FlashAttention's backward recomputes QK^T.
-- Compute time: hardware FLOPs / (peak x achievable MFU) on the slowest GPU of the cluster.
+- Compute time: hardware FLOPs / (peak x achievable MFU) on the slowest GPU of the cluster, an
+  eager PyTorch figure; ``--compile`` and ``--fused-rmsnorm`` take off the HBM time of the
+  elementwise traffic they fuse away (:mod:`fstrain.core.kernels`).
 - Tensor parallel: 4 all-reduces of ``b s h`` per layer and micro-batch (2 forward, 2 backward;
   +2 with full recompute) over NVLink. Pipeline: ``m`` micro-batch slots plus the schedule's
   bubble (:mod:`fstrain.core.pipeline`: ``p - 1`` slots for 1F1B, ``(p - 1)/v`` interleaved, a
@@ -40,12 +42,14 @@ from typing import Any
 
 from fstrain.core.acpolicy import every_k
 from fstrain.core.assumptions import Assumptions
+from fstrain.core.kernels import fusion_seconds_saved_per_token
 from fstrain.core.memory import (
     block_matmuls,
     comm_bytes,
     converted_linears,
     fp8_gathered_block_params,
     param_bytes,
+    replicated_split,
     residual_bytes,
     weight_bytes,
 )
@@ -180,6 +184,7 @@ class Links:
     nvlink_domain_size: int
     gpus_per_node: int
     num_nodes: int
+    hbm_bytes_per_s: float = 0.0  # the slowest GPU's memory bandwidth (0: not known)
 
 
 def group_bandwidth(size: int, stride: int, links: Links) -> float:
@@ -287,6 +292,7 @@ def step_time(
     per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
     per_token += 3 * flops.head  # the last stage (or the only one) also computes the logits
     compute_mb = b * s * per_token / t / effective_flops_per_gpu + layers * assumptions.layer_overhead_s
+    compute_mb -= b * s * layers * _fusion_saved_s(model, knobs, links, assumptions)
     if knobs.fp8:
         if fp8_rates is None:
             raise ValueError("knobs.fp8 needs the GPU's fp8 rates")
@@ -333,6 +339,15 @@ def step_time(
         mfu=model_flops / (total * cluster_peak_flops),
         ep_comm_s=m * ep_mb,
     )
+
+
+def _fusion_saved_s(model: ModelSpec, knobs: PlanKnobs, links: Links, assumptions: Assumptions) -> float:
+    """Seconds per token and block that --compile / --fused-rmsnorm save against eager PyTorch
+    (the achievable MFU is eager PyTorch's; fstrain.core.kernels counts the traffic removed)."""
+    return fusion_seconds_saved_per_token(
+        model, weight_bytes(knobs.precision), knobs.tp, replicated_split(knobs.tp, assumptions.sequence_parallel),
+        knobs.activation_checkpointing, every_k(knobs.activation_checkpointing), knobs.compile, knobs.fused_rmsnorm,
+        links.hbm_bytes_per_s * assumptions.hbm_efficiency)
 
 
 def moe_all_to_all_time(model: ModelSpec, knobs: PlanKnobs, links: Links, assumptions: Assumptions) -> float:

@@ -15,6 +15,7 @@ matmuls (``aten._grouped_mm``) are not in the save list there either, so they ar
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -76,8 +77,8 @@ def selective_op_checkpoint(
     whose second operand has a shape in ``recompute_shapes`` (a transposed weight: (in, out))
     are always recomputed and not counted."""
     return checkpoint(
-        function, *args, use_reentrant=False, context_fn=lambda: selective_op_context(recompute_shapes)
-    )
+        function, *args, use_reentrant=False, context_fn=functools.partial(selective_op_context, recompute_shapes)
+    )  # a partial of a module-level function, not a lambda: torch.compile (dynamo) can trace only that
 
 
 def torch_checkpoint(function: Callable[..., Any], *args: Any) -> Any:

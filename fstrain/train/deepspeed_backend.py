@@ -43,7 +43,8 @@ class DeepSpeedEngine:
             # and Megatron's attention core; selective-op stays torch's (no section rendered).
             deepspeed.checkpointing.configure(None, deepspeed_config=config)
             checkpoint_fn = deepspeed.checkpointing.checkpoint
-        model = GPT(settings.plan.model, settings.activation_checkpointing, checkpoint_fn, settings.loss_chunks)
+        model = GPT(settings.plan.model, settings.activation_checkpointing, checkpoint_fn, settings.loss_chunks,
+                    settings.plan.knobs.fused_rmsnorm)
         client_optimizer = None
         if "optimizer" not in config:
             # The renderer leaves the optimizer block out for adam8bit: DeepSpeed has none.

@@ -59,7 +59,7 @@ class FSDPEngine:
         # Pinned memory needs a CUDA driver; on a CPU-only host the policy still runs, unpinned.
         model, self.sharded = build_sharded_model(
             settings.plan.model, cfg, self.mesh, settings.activation_checkpointing, runtime.device.type == "cuda",
-            settings.loss_chunks,
+            settings.loss_chunks, settings.plan.knobs.fused_rmsnorm,
         )
         self.model = model
         self.optimizer = build_optimizer(model, cfg.get("optimizer", {}), self.options.lr)
@@ -149,7 +149,8 @@ class FSDPEngine:
 
 
 def build_sharded_model(
-    spec: ModelSpec, cfg: Mapping[str, Any], mesh: DeviceMesh, ac: str, pin_memory: bool, loss_chunks: int = 1
+    spec: ModelSpec, cfg: Mapping[str, Any], mesh: DeviceMesh, ac: str, pin_memory: bool, loss_chunks: int = 1,
+    fused_rmsnorm: bool = False,
 ) -> tuple[GPT, FSDPModule]:
     """The model with the FSDP file's layout: each wrapped block its own ``fully_shard`` unit
     (all-gathered alone), then the root (embeddings, final norm, head). ``fully_shard`` moves
@@ -190,7 +191,7 @@ def build_sharded_model(
     previous = torch.get_default_dtype()
     torch.set_default_dtype(_DTYPES[str(cfg.get("model_dtype", "float32"))])
     try:
-        model = GPT(spec, ac, loss_chunks=loss_chunks)
+        model = GPT(spec, ac, loss_chunks=loss_chunks, fused_rmsnorm=fused_rmsnorm)
     finally:
         torch.set_default_dtype(previous)
     for module in list(model.modules()):

@@ -47,6 +47,39 @@ class RMSNorm(nn.Module):
         return normed.to(x.dtype) * self.weight
 
 
+class _FusedRMSNormFunction(torch.autograd.Function):
+    """RMSNorm as one fused kernel keeps it (torchtitan's Triton ``fused_rmsnorm``,
+    ``torchtitan/models/norms.py`` of 2024: ``ctx.save_for_backward(x, weight, rstd)``): the input
+    in its own dtype and the fp32 ``1/rms`` per row are all backward reads; the fp32 copies are
+    temporaries of forward and of backward, never saved."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.float()
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x32 * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        grad32 = grad.float()
+        grad_weight = (grad32 * normed.to(x.dtype).float()).reshape(-1, x.shape[-1]).sum(0)
+        scaled = grad32 * weight.float()
+        grad_x = rstd * (scaled - normed * (scaled * normed).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
+
+
+class FusedRMSNorm(RMSNorm):
+    """The same parameters and output as :class:`RMSNorm`, with a fused kernel's saved tensors
+    (the plan's ``--fused-rmsnorm``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _FusedRMSNormFunction.apply(x, self.weight, self.eps)
+        return out
+
+
 def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
@@ -182,8 +215,10 @@ class MoE(nn.Module):
         return out.sum(dim=1).reshape(shape)
 
 
-def _norm(spec: ModelSpec) -> nn.Module:
-    return RMSNorm(spec.hidden_size) if spec.norm == "rmsnorm" else nn.LayerNorm(spec.hidden_size)
+def _norm(spec: ModelSpec, fused_rmsnorm: bool = False) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return FusedRMSNorm(spec.hidden_size) if fused_rmsnorm else RMSNorm(spec.hidden_size)
+    return nn.LayerNorm(spec.hidden_size)
 
 
 class TransformerBlock(nn.Module):
@@ -195,15 +230,16 @@ class TransformerBlock(nn.Module):
         activation_checkpointing: str = "none",
         checkpoint_fn: CheckpointFn = torch_checkpoint,
         index: int = 0,
+        fused_rmsnorm: bool = False,
     ) -> None:
         super().__init__()
         ac = parse_ac(activation_checkpointing, "activation_checkpointing")
         self.whole_checkpoint = block_is_checkpointed(ac, index)  # full, or every-k's k-th blocks
         self.selective_op = ac == "selective-op"
         self.checkpoint_fn = checkpoint_fn
-        self.attn_norm = _norm(spec)
+        self.attn_norm = _norm(spec, fused_rmsnorm)
         self.attn = Attention(spec, ac == "megatron-selective", checkpoint_fn)
-        self.mlp_norm = _norm(spec)
+        self.mlp_norm = _norm(spec, fused_rmsnorm)
         self.mlp: nn.Module = MoE(spec) if spec.moe is not None else MLP(spec)
         self.dropout = nn.Dropout(spec.dropout)
         # torchtitan recomputes the MoE router's matmul under op-level SAC (see checkpointing).
@@ -232,6 +268,7 @@ class GPT(nn.Module):
         activation_checkpointing: str = "none",
         checkpoint_fn: CheckpointFn = torch_checkpoint,
         loss_chunks: int = 1,
+        fused_rmsnorm: bool = False,
     ) -> None:
         super().__init__()
         check_supported(spec)
@@ -245,9 +282,10 @@ class GPT(nn.Module):
         self.pos_embeddings = nn.Embedding(spec.seq_len, spec.hidden_size) if learned else None
         self.embed_dropout = nn.Dropout(spec.dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(spec, activation_checkpointing, checkpoint_fn, index) for index in range(spec.num_layers)
+            TransformerBlock(spec, activation_checkpointing, checkpoint_fn, index, fused_rmsnorm)
+            for index in range(spec.num_layers)
         )
-        self.final_norm = _norm(spec)
+        self.final_norm = _norm(spec, fused_rmsnorm)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight

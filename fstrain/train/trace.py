@@ -82,12 +82,18 @@ class TracedMemory:
 
 def check_traceable(plan: PlanFile) -> None:
     """Refuse what the bundled trainer (and so the trace) does not run, before importing torch."""
-    from fstrain.core.launchplan import check_trainer_ep, check_trainer_fp8, check_trainer_loss
+    from fstrain.core.launchplan import (
+        check_trainer_eager,
+        check_trainer_ep,
+        check_trainer_fp8,
+        check_trainer_loss,
+    )
     from fstrain.train.settings import check_supported
 
     check_supported(plan.model)
     check_trainer_loss(plan, "--trace")  # the trace runs the trainer's loss, not another program's
     check_trainer_ep(plan, "--trace")  # the trace runs the trainer's experts: all of them on every rank
+    check_trainer_eager(plan, "--trace")  # the trace runs the eager model
     check_trainer_fp8(plan, "--trace")  # and its bf16 linears
     k = plan.knobs
     if k.tp > 1 or k.pp > 1:
@@ -197,7 +203,8 @@ class _Tracer:
         moments: dict[str, dict[str, int]] = {}
         with FakeTensorMode():
             model, _ = build_sharded_model(
-                spec, cfg, self.mesh, knobs.activation_checkpointing, False, loss_chunks(knobs.loss)
+                spec, cfg, self.mesh, knobs.activation_checkpointing, False, loss_chunks(knobs.loss),
+                knobs.fused_rmsnorm,
             )
             if knobs.flash_attention:
                 _flash_attention_dropout(model)

@@ -58,6 +58,8 @@ def test_what_the_trainer_does_not_run_is_refused_before_torch() -> None:
         check_traceable(make_plan("zero3", dp=2))
     with pytest.raises(ConfigError, match="--loss fused"):
         check_traceable(make_plan("fsdp-full", dp=2, loss="fused"))
+    with pytest.raises(ConfigError, match="re-plan without --compile"):
+        check_traceable(make_plan("fsdp-full", dp=2, compile=True))
 
 
 def test_cli_trace_json_and_table() -> None:
@@ -153,12 +155,14 @@ def test_attention_dropout_is_traced_as_the_flash_kernel_runs_it() -> None:
     assert traced[0.1] - traced[0.0] == (2 * layers + 1) * s * b * h * 2
 
 
-@pytest.mark.parametrize(("recipe", "dp", "micro_batch", "ac"), [
-    ("llama3.1-8b", 8, 2, "selective-op"),  # peaks in the loss's backward
-    ("llama3.1-70b", 64, 1, "every-k:2"),  # the first block in backward is checkpointed, the next is not
-    ("llama3.1-405b", 512, 1, "full"),  # wide blocks: the peak is in the second norm's backward
+@pytest.mark.parametrize(("recipe", "dp", "micro_batch", "ac", "fused_rmsnorm"), [
+    ("llama3.1-8b", 8, 2, "selective-op", False),  # peaks in the loss's backward
+    ("llama3.1-70b", 64, 1, "every-k:2", False),  # the first block in backward is checkpointed, the next is not
+    ("llama3.1-405b", 512, 1, "full", False),  # wide blocks: the peak is in the second norm's backward
+    ("llama3.1-8b", 8, 1, "none", True),  # --fused-rmsnorm: each norm keeps its bf16 input, not an fp32 copy
 ])
-def test_shipped_recipes_trace_like_the_planner_counts(recipe: str, dp: int, micro_batch: int, ac: str) -> None:
+def test_shipped_recipes_trace_like_the_planner_counts(recipe: str, dp: int, micro_batch: int, ac: str,
+                                                       fused_rmsnorm: bool) -> None:
     """Full size, 8K tokens: every category of the planner's breakdown within 5 % of PyTorch's trace."""
     from fstrain.core.memory import memory_breakdown
     from fstrain.core.modelsize import count_parameters
@@ -166,7 +170,7 @@ def test_shipped_recipes_trace_like_the_planner_counts(recipe: str, dp: int, mic
 
     model = load_shipped_recipe(recipe).model
     plan = make_plan("fsdp-full", dp=dp, model=model, activation_checkpointing=ac, seq_len=8192,
-                     micro_batch_size=micro_batch, grad_accum_steps=2, precision="bf16")
+                     micro_batch_size=micro_batch, grad_accum_steps=2, precision="bf16", fused_rmsnorm=fused_rmsnorm)
     traced = trace_plan(plan, render_fsdp(plan).config)
     params = count_parameters(model)
     analytic = memory_breakdown(model, params, params.total, plan.knobs, 8)

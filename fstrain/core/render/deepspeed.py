@@ -213,6 +213,11 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
             "(Transformer Engine's te.Linear under te.fp8_autocast, as llm-foundry's amp_fp8 does, or torchao's "
             "convert_to_float8_training, skipping the output layer); the bundled trainer computes them in bf16"
         )
+    if knobs.compile:
+        notes.append(
+            "compile: DeepSpeed's config has no key for it; the training script calls engine.compile() after "
+            "deepspeed.initialize (torch.compile of the module); the bundled trainer runs eagerly"
+        )
     if knobs.pp > 1 and knobs.pp_schedule != "1f1b":
         notes.append(
             f"pp_schedule {knobs.pp_schedule}: DeepSpeed's pipeline engine runs its own 1F1B schedule "

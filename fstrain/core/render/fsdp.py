@@ -104,6 +104,14 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
             f"ep={knobs.ep}: expert parallelism is for the training program to set up (torchtitan: "
             f"parallelism.expert_parallel_degree = {knobs.ep}); the bundled trainer does not run it"
         )
+    if knobs.compile:
+        notes.append(
+            "compile: the plan counts torch.compile of each block (torchtitan: training.compile = true); the "
+            "bundled trainer runs eagerly and refuses this plan"
+        )
+    if knobs.fused_rmsnorm:
+        notes.append("fused_rmsnorm: the norms run as one fused kernel each (the bundled trainer's FusedRMSNorm; "
+                     "torchtitan 2024: model.norm_type = \"fused_rmsnorm\")")
     if knobs.fp8:
         notes.append(
             "fp8: this file has no fp8 key (the bundled trainer computes its linears in bf16); torchtitan: "
