@@ -208,6 +208,9 @@ def test_the_command_line_plans_fp8_and_says_so(tmp_path: Path) -> None:
     assert yaml.safe_load(out.read_text())["plan"]["fp8"] is True
     human = run_fstrain(*argv, "--fp8")
     assert "with fp8 linears" in human.stderr and "fp8 linears" in human.stderr.split("chosen:")[1].splitlines()[0]
+    traced = run_fstrain(*argv, "--fp8", "--strategy", "fsdp-full", "--tp", "1", "--pp", "1", "--trace")
+    assert traced.returncode == 2 and "Traceback" not in traced.stderr
+    assert traced.stderr.strip().splitlines()[-1].startswith("error: --trace: the plan has fp8 linears")
     refused = run_fstrain(*[a if a != "h100-sxm" else "a100-80gb" for a in argv], "--fp8")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.strip().splitlines()[-1].startswith("error: --fp8: A100-SXM4-80GB has no fp8 tensor cores")
