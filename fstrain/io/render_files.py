@@ -46,8 +46,9 @@ def to_yaml(data: Any) -> str:
 
 
 def bundle_files(bundle: RenderBundle) -> dict[str, bytes]:
-    """File name -> content for everything but the NCCL XML copies."""
-    return {
+    """File name -> content for everything but the NCCL XML copies (no ds_config.json for a plan
+    DeepSpeed cannot run)."""
+    files = {
         ACCELERATE_CONFIG: to_yaml(bundle.accelerate).encode(),
         DS_CONFIG: to_json(bundle.deepspeed).encode(),
         ENV_FILE: format_env_file(bundle.env).encode(),
@@ -55,6 +56,9 @@ def bundle_files(bundle: RenderBundle) -> dict[str, bytes]:
         PLAN_FILE: to_yaml(bundle.plan).encode(),
         README: bundle.readme.encode(),
     }
+    if bundle.deepspeed is None:
+        del files[DS_CONFIG]
+    return files
 
 
 def read_plan_file(path: Path) -> PlanFile:
