@@ -251,3 +251,10 @@ def test_plan_cli_shows_takes_and_refuses_cp(tmp_path: Path) -> None:
                          "--nproc-per-node", "8")
     assert launch.returncode == 2 and "does not run context parallelism" in launch.stderr
     assert launch.stderr.count("\n") == 1
+    traced = run_fstrain(*base, "--cp", "2", "--trace", "--json")
+    assert traced.returncode == 2 and traced.stdout == "" and "does not run context parallelism" in traced.stderr
+    rendered = run_fstrain("render", "--plan", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "out"))
+    assert rendered.returncode == 0, rendered.stderr
+    written = sorted(path.name for path in (tmp_path / "out").iterdir())
+    assert "fsdp.yaml" in written and "ds_config.json" not in written
+    assert "context_parallel" in (tmp_path / "out" / "fsdp.yaml").read_text()
