@@ -22,7 +22,8 @@ from fstrain.core.render.fsdp import render_accelerate, render_fsdp
 from fstrain.core.timemodel import ring_attention_time, step_time
 from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
-from fstrain.io.render_files import bundle_files
+from fstrain.io.render_files import bundle_files, render_and_write
+from fstrain.train.settings import load_settings
 from fstrain.train.trace import check_traceable
 from tests.helpers import run_fstrain
 from tests.plans import make_plan
@@ -228,6 +229,14 @@ def test_the_trainer_launch_trace_and_renderers_say_what_cp_means(tmp_path: Path
     bundle = render_bundle(chosen, out_dir=str(tmp_path))
     assert bundle.deepspeed is None and "ds_config.json" not in bundle_files(bundle)
     assert "Ulysses" in " ".join(bundle.notes["ds_config.json"]) and "cp=2" in bundle.readme
+
+
+def test_the_bundled_trainer_refuses_a_cp_plan_before_torch(tmp_path: Path) -> None:
+    render_and_write(make_plan("fsdp-full", dp=2, model=TINY, cp=2), tmp_path / "r", force=False)
+    assert not (tmp_path / "r" / "ds_config.json").exists()
+    args = ["--plan", str(tmp_path / "r" / "plan.yaml"), "--fsdp-config", str(tmp_path / "r" / "fsdp.yaml")]
+    with pytest.raises(ConfigError, match="does not run context parallelism"):
+        load_settings(args, 4)
 
 
 def test_plan_cli_shows_takes_and_refuses_cp(tmp_path: Path) -> None:
