@@ -27,6 +27,7 @@ from fstrain.core.render.bundle import (
     FSDP_CONFIG,
     PLAN_FILE,
     README,
+    RENDERED_FILES,
     RenderBundle,
     render_bundle,
 )
@@ -100,6 +101,10 @@ def write_render(out_dir: Path, files: dict[str, bytes], *, force: bool) -> list
         else:
             for name in sorted(files):
                 os.replace(staging / name, out_dir / name)
+            # A rendered file this plan has none of (ds_config.json for a cp > 1 plan) would be
+            # another plan's: --force replaces the rendered files, so it goes too.
+            for name in sorted(set(RENDERED_FILES) - set(files)):
+                (out_dir / name).unlink(missing_ok=True)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -234,6 +234,11 @@ def test_the_trainer_launch_trace_and_renderers_say_what_cp_means(tmp_path: Path
 def test_the_bundled_trainer_refuses_a_cp_plan_before_torch(tmp_path: Path) -> None:
     render_and_write(make_plan("fsdp-full", dp=2, model=TINY, cp=2), tmp_path / "r", force=False)
     assert not (tmp_path / "r" / "ds_config.json").exists()
+    # Rendered again over a cp = 1 plan's files (--force), the old ds_config.json does not stay behind.
+    render_and_write(make_plan("fsdp-full", dp=2, model=TINY), tmp_path / "again", force=False)
+    assert (tmp_path / "again" / "ds_config.json").exists()
+    render_and_write(make_plan("fsdp-full", dp=2, model=TINY, cp=2), tmp_path / "again", force=True)
+    assert not (tmp_path / "again" / "ds_config.json").exists() and (tmp_path / "again" / "fsdp.yaml").exists()
     args = ["--plan", str(tmp_path / "r" / "plan.yaml"), "--fsdp-config", str(tmp_path / "r" / "fsdp.yaml")]
     with pytest.raises(ConfigError, match="does not run context parallelism"):
         load_settings(args, 4)
