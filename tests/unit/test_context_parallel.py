@@ -272,3 +272,25 @@ def test_plan_cli_shows_takes_and_refuses_cp(tmp_path: Path) -> None:
     written = sorted(path.name for path in (tmp_path / "out").iterdir())
     assert "fsdp.yaml" in written and "ds_config.json" not in written
     assert "context_parallel" in (tmp_path / "out" / "fsdp.yaml").read_text()
+
+
+def test_torchtitans_context_parallel_runs_hold_their_cp_1_siblings_memory() -> None:
+    """torchtitan's 2024 Llama 3.1 8B long-context runs (FSDP 8 CP 1 at 32K, FSDP 4 CP 2 at 64K, FSDP 2
+    CP 4 at 128K, FSDP 1 CP 8 at 256K) all hold 32K tokens and 8-way sharded states per GPU: the
+    model predicts one memory for all four (measured: 83.9, 84.2, 84.0, 84.5 GiB). They also ran
+    torch.compile and fp8, which this comparison leaves out on every run alike."""
+    from tests.unit.test_planner_accuracy import deep_merge, evaluate, load_cases
+
+    ids = ("tt2412-8b-fsdp8-cp1-32k", "tt2412-8b-fsdp4-cp2-64k", "tt2412-8b-fsdp2-cp4-128k", "tt2412-8b-fsdp1-cp8-256k")
+    cases = {case.id: case for case in load_cases() if case.id in ids}
+    outcomes = []
+    for run_id in ids:
+        case = cases[run_id]
+        eager = dataclasses.replace(case, run=deep_merge(case.run, {"fstrain": {"compile": False, "fp8": False}}))
+        outcome = evaluate(eager)
+        assert outcome.plan is not None and outcome.plan.fits, outcome.error or outcome.unsupported
+        assert outcome.plan.knobs.cp == case.flags.get("cp", 1)
+        outcomes.append(outcome)
+    assert len({o.predicted_memory_bytes for o in outcomes}) == 1
+    speeds = [o.predicted_tokens_per_s_per_gpu for o in outcomes]
+    assert speeds == sorted(speeds, reverse=True)  # attention grows with the sequence
