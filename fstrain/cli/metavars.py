@@ -27,7 +27,7 @@ METAVARS = {
     "--grad-accum": "N", "--seq-len": "N", "--optimizer": "adamw|sgd|adam8bit",
     "--ac": "none|selective-op|every-k:N|full",
     "--zero-stage": "0-3", "--tp": "N", "--pp": "N", "--shard-group-size": "N",
-    "--pp-schedule": "1f1b|interleaved|zero-bubble", "--pp-virtual-stages": "V", "--ep": "N",
+    "--pp-schedule": "1f1b|interleaved|zero-bubble", "--pp-virtual-stages": "V", "--ep": "N", "--cp": "N",
     "--offload": "none|optimizer|optimizer+params", "--loss": "full|fused|megatron|megatron-core|chunked[:N]",
     "--train-tokens": "COUNT",
     "--mfu": "FRACTION",

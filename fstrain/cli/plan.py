@@ -110,6 +110,12 @@ def plan_command(
         help="Pin the expert-parallel degree (mixture-of-experts models): each rank holds num_experts/EP experts. "
         "Default: searched over the divisors of the experts that divide the data-parallel degree.",
     ),
+    cp: int | None = typer.Option(
+        None, "--cp", min=1,
+        help="Context-parallel degree (torchtitan's ring attention): each sequence is split over CP GPUs, "
+        "dp x cp x tp x pp = GPUs; needs an fsdp-* strategy, --pp 1 and a sequence divisible by 2 x CP. "
+        "Default 1 (never searched).",
+    ),
     offload: str | None = typer.Option(None, "--offload", help="Pin CPU offload: none, optimizer, optimizer+params."),
     train_tokens: str | None = typer.Option(None, "--train-tokens", help="Token budget for time to train (2e12, 15T)."),
     mfu: float | None = typer.Option(None, "--mfu", min=0.01, max=1.0, help="Achievable MFU (default per GPU type)."),
@@ -172,7 +178,7 @@ def plan_command(
         fused_rmsnorm,
     )
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
-                        pp_schedule, pp_virtual_stages, ep)
+                        pp_schedule, pp_virtual_stages, ep, cp)
     cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed,
                               gpu_memory, gpu_tflops)
     base = Assumptions()
@@ -348,6 +354,7 @@ def resolve_pins(
     pp_schedule: str | None = None,
     pp_virtual_stages: int | None = None,
     ep: int | None = None,
+    cp: int | None = None,
 ) -> Pins:
     from fstrain.core.acpolicy import parse_ac
     from fstrain.core.planfile import OFFLOAD, STRATEGIES
@@ -379,6 +386,7 @@ def resolve_pins(
         pp_schedule=_pp_schedule(pp_schedule) if pp_schedule is not None else None,
         pp_virtual_stages=pp_virtual_stages,
         ep=ep,
+        cp=cp,
     )
 
 

@@ -41,7 +41,7 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
     if plan.knobs.world_size != world_size:
         k = plan.knobs
         raise ConfigError(
-            f"the plan is for dp({k.dp}) * tp({k.tp}) * pp({k.pp}) = {k.world_size} processes, "
+            f"the plan is for dp({k.dp}) * cp({k.cp}) * tp({k.tp}) * pp({k.pp}) = {k.world_size} processes, "
             f"but this launch starts {world_size}",
             "re-plan for these hosts (fstrain plan --out), or change --nproc-per-node or the hosts",
             where,
@@ -50,6 +50,7 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
         raise ConfigError(f"the bundled trainer runs tp=1, pp=1 only; the plan has tp={plan.knobs.tp}, "
                           f"pp={plan.knobs.pp}", "plan with --tp 1 --pp 1", where)
     check_trainer_ep(plan, where)
+    check_trainer_cp(plan, where)
     check_trainer_loss(plan, where)
     check_trainer_eager(plan, where)
 
@@ -76,6 +77,18 @@ def check_trainer_eager(plan: PlanFile, where: str) -> None:
             "which keeps more activations than the plan counts",
             "re-plan without --compile (--fused-rmsnorm is what the bundled trainer fuses), or train with a "
             "program that compiles its blocks (torchtitan --training.compile)",
+            where,
+        )
+
+
+def check_trainer_cp(plan: PlanFile, where: str) -> None:
+    """The bundled trainer gives every rank whole sequences: it has no ring attention, so a plan
+    whose memory counts seq_len/cp tokens per rank would not fit as predicted."""
+    if plan.knobs.cp != 1:
+        raise ConfigError(
+            f"the plan has cp={plan.knobs.cp}, but the bundled trainer does not run context parallelism",
+            "plan with --cp 1, or train with a program that runs ring attention (torchtitan: "
+            f"parallelism.context_parallel_degree = {plan.knobs.cp})",
             where,
         )
 

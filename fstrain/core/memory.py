@@ -37,6 +37,7 @@ from typing import Any
 from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, recomputes
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.buckets import bucket_sizes
+from fstrain.core.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes
 from fstrain.core.kernels import norm_is_fused
 from fstrain.core.losses import LossPeaks, loss_peaks
 from fstrain.core.modelsize import ParamCount
@@ -801,8 +802,10 @@ def communicator_count(knobs: PlanKnobs) -> int:
     if knobs.world_size == 1:
         return 0
     groups = 1  # the default (world) group
-    for size in (knobs.tp, knobs.pp, knobs.dp):
+    for size in (knobs.tp, knobs.pp, knobs.dp, knobs.cp):
         groups += 1 if 1 < size < knobs.world_size else 0
+    if knobs.cp > 1 and knobs.dp > 1 and knobs.dp * knobs.cp < knobs.world_size:
+        groups += 1  # FSDP's flattened dp x cp mesh (torchtitan's dp_shard_cp)
     if knobs.strategy == "fsdp-hybrid" and 1 < knobs.shard_group_size < knobs.dp:
         groups += 2  # shard group and replicate group
     if knobs.ep > 1:
@@ -879,8 +882,16 @@ def memory_breakdown(
     Without an architecture (``model`` None: ``--model-params``) only model states, buffers and
     overhead are counted; activations are not modelled. ``cache`` (a dict the caller keeps for
     one model and assumption set) reuses the parts that many configurations share.
+
+    Under context parallelism (``cp > 1``) every part is that of one CP rank as FSDP sees it
+    (:func:`fstrain.core.contextparallel.cp_rank_view`: ``seq_len / cp`` tokens, states sharded
+    over ``dp x cp`` ranks), plus the ring attention's buffers in the backward moment and the
+    CP process groups' communicators.
     """
     memo: dict[Any, Any] = {} if cache is None else cache
+    communicators = communicator_count(knobs)
+    ring = [(RING_BUFFER_ITEM, ring_buffer_bytes(model, knobs))] if model is not None and knobs.cp > 1 else []
+    knobs = cp_rank_view(knobs)
     if model is not None and params is not None:
         k = knobs
         # 1F1B and ZB-H1 depend on the micro-batches only up to pp of them (shares the cache).
@@ -895,7 +906,7 @@ def memory_breakdown(
         stages = [StageShape(num_params // (knobs.tp * knobs.pp), 0, 0, 0, False, 1)]
     best: MemoryBreakdown | None = None
     for stage in stages:
-        candidate = _stage_breakdown(model, stage, knobs, gpus_per_node, assumptions, memo)
+        candidate = _stage_breakdown(model, stage, knobs, gpus_per_node, assumptions, memo, communicators, ring)
         if best is None or candidate.peak > best.peak:
             best = candidate
     assert best is not None
@@ -915,6 +926,8 @@ def _stage_breakdown(
     gpus_per_node: int,
     assumptions: Assumptions,
     memo: dict[Any, Any],
+    communicators: int,
+    ring: list[tuple[str, int]],
 ) -> MemoryBreakdown:
     k = knobs
     states: ModelStates = _memo(
@@ -957,6 +970,7 @@ def _stage_breakdown(
                   lambda: fsdp_unit_items(k.strategy, stage, k, assumptions))
     loss_buffers = [item for item in buffers if item not in units]
     backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
+    backward_buffers += ring
     # FSDP2 creates its sharded gradients during backward (after set_to_none), so they are not
     # there during forward and backward unless micro-batches accumulate into them; DeepSpeed's
     # and DDP's gradient buffers are allocated once and stay.
@@ -981,7 +995,6 @@ def _stage_breakdown(
         )
     moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored,
                        recomputing)
-    communicators = communicator_count(k)
     fixed = assumptions.cuda_context_bytes + communicators * assumptions.nccl_bytes_per_communicator
 
     def moment_live(name: str, items: list[tuple[str, int]]) -> int:

@@ -75,9 +75,10 @@ class ModelSpec:
 class PlanKnobs:
     """One parallel configuration: every knob the planner chooses and the renderers read.
 
-    ``dp * tp * pp`` is the world size. ``shard_group_size`` is the number of data-parallel
+    ``dp * cp * tp * pp`` is the world size. ``shard_group_size`` is the number of data-parallel
     ranks a model state is sharded over: ``dp`` for ZeRO-1/2/3 and FSDP full/grad-op, the
-    hybrid group (an NVLink domain or a node) for ``fsdp-hybrid``, 1 for ``ddp``.
+    hybrid group (an NVLink domain or a node) for ``fsdp-hybrid``, 1 for ``ddp``. With context
+    parallelism FSDP shards over those ranks times ``cp`` (see ``cp`` below).
     """
 
     strategy: str
@@ -102,6 +103,12 @@ class PlanKnobs:
     # torchtitan's parallel_dims.py borrows it from dp_shard), so expert states are data-parallel
     # over dp/ep ranks. 1: every rank holds its FSDP/ZeRO shard of every expert.
     ep: int = 1
+    # Context parallelism (torchtitan's ring attention, fstrain/core/contextparallel.py): each
+    # sequence is split over ``cp`` ranks, each holding and computing seq_len/cp of its tokens.
+    # The cp ranks of one sequence are not data-parallel replicas (``dp`` and the global batch
+    # do not count them), but FSDP shards the parameters and reduces the gradients over
+    # ``dp x cp`` ranks (torchtitan's "dp_shard_cp" mesh). 1: no context parallelism.
+    cp: int = 1
     # Kernels, not layout: torch.compile of each transformer block (Inductor fuses the elementwise
     # ops and its min-cut partitioner picks what backward keeps), or only the norms as one fused
     # RMSNorm kernel (torchtitan's norm_type "fused_rmsnorm"). Both change the activations a
@@ -111,7 +118,7 @@ class PlanKnobs:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def global_batch_size(self) -> int:
@@ -184,6 +191,7 @@ class PlanFile:
         plan = cls(model=model, knobs=knobs, cluster=cluster, predicted=_as_mapping(predicted, f"{where}: predicted"))
         validate_knobs(plan.knobs, where)
         validate_ep(plan.knobs, plan.model, where)
+        validate_cp(plan.knobs, plan.model, where)
         validate_cluster(plan.cluster, where)
         return plan
 
@@ -263,6 +271,23 @@ def validate_ep(knobs: PlanKnobs, model: ModelSpec | None, where: str) -> None:
         raise InputError(f"plan.ep({ep}) does not divide shard_group_size({knobs.shard_group_size})",
                          "with hybrid sharding experts are sharded over group/ep ranks: use a divisor of the group",
                          where)
+
+
+def validate_cp(knobs: PlanKnobs, model: ModelSpec | None, where: str) -> None:
+    """Refuse a context-parallel degree the plan cannot run (fstrain/core/contextparallel.py):
+    torchtitan's ring attention runs under FSDP2 only, without pipeline or expert parallelism in
+    the configurations fstrain models, with FlashAttention-style SDPA, and its load-balanced
+    causal sharding cuts each sequence into 2 x cp equal chunks."""
+    from fstrain.core.contextparallel import cp_problem  # builds on this module
+
+    cp = knobs.cp
+    if not _is_int(cp) or cp < 1:
+        raise InputError(f"plan.cp must be a positive integer, got {cp!r}", "use 1 for no context parallelism", where)
+    seq_len = knobs.seq_len or (model.seq_len if model is not None else 0)
+    problem = cp_problem(cp, knobs.strategy, knobs.pp, knobs.ep, knobs.flash_attention, seq_len)
+    if problem:
+        what, hint = problem
+        raise InputError(f"plan.cp is {cp}: {what}", hint, where)
 
 
 def validate_pp_schedule(knobs: PlanKnobs, where: str) -> None:

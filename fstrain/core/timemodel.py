@@ -28,6 +28,13 @@
   the EP group's bandwidth, not overlapped with compute (torchtitan expert_parallel.py runs them
   synchronously between the router and the experts). Expert gradients are reduced over the
   ``dp/ep`` ranks holding the same experts (DeepSpeed-MoE, arXiv 2201.05596 sec. 5.1).
+- Context parallelism (``cp > 1``, :mod:`fstrain.core.contextparallel`): each rank computes
+  ``s / cp`` tokens of every sequence, with attention at the full ``s`` per token (load-balanced
+  causal sharding gives every rank ``1/cp`` of the attention work), and moves them through TP and
+  PP; FSDP's traffic is that of ``dp x cp`` ranks (:func:`~fstrain.core.contextparallel.cp_rank_view`).
+  Ring attention's K/V all-gather (forward, and again in backward) hides behind the first (local)
+  chunk's SDPA; backward's fp32 dK/dV rotation hides each step behind the next chunk's SDPA, the
+  last one exposed (:func:`ring_attention_time`).
 - CPU offload: PCIe transfers and the CPU optimizer step, not overlapped.
 """
 
@@ -39,6 +46,7 @@ from typing import Any
 
 from fstrain.core.acpolicy import every_k
 from fstrain.core.assumptions import Assumptions
+from fstrain.core.contextparallel import cp_rank_view, ring_chunk_bytes
 from fstrain.core.kernels import fusion_seconds_saved_per_token
 from fstrain.core.memory import (
     block_matmuls,
@@ -187,6 +195,7 @@ class StepTime:
     model_flops_per_step: float
     mfu: float
     ep_comm_s: float = 0.0  # MoE all-to-all of the step (ep > 1), inside the pipeline slots
+    cp_comm_s: float = 0.0  # ring attention's exposed K/V and dK/dV traffic (cp > 1), inside the slots
 
     @property
     def tokens_per_s(self) -> float:
@@ -206,6 +215,7 @@ class StepTime:
             "dp_exposed_s": self.dp_exposed_s,
             "offload_s": self.offload_s,
             **({"ep_comm_s": self.ep_comm_s} if self.ep_comm_s else {}),
+            **({"cp_comm_s": self.cp_comm_s} if self.cp_comm_s else {}),
         }
 
 
@@ -225,10 +235,13 @@ def step_time(
     ``effective_flops_per_gpu`` is the slowest GPU's peak x achievable MFU; MFU is reported
     against ``cluster_peak_flops``, the sum of every GPU's peak.
     """
-    s, b, m, t, p, d = (knobs.seq_len, knobs.micro_batch_size, knobs.grad_accum_steps, knobs.tp, knobs.pp, knobs.dp)
+    # One context-parallel rank computes s / cp tokens of each sequence (attention over all s)
+    # and is one of dp x cp ranks to FSDP; without CP this is knobs itself.
+    rank = cp_rank_view(knobs)
+    s, b, m, t, p, d = (rank.seq_len, knobs.micro_batch_size, knobs.grad_accum_steps, knobs.tp, knobs.pp, rank.dp)
     w = weight_bytes(knobs.precision)
     eff = assumptions.collective_efficiency
-    flops = flops_per_token(model, s)
+    flops = flops_per_token(model, knobs.seq_len)
     chunks = knobs.pp_virtual_stages if p > 1 else 1
     layers = layers_per_rank(model.num_layers, p, chunks)
     per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
@@ -248,16 +261,17 @@ def step_time(
         boundary = group_bandwidth(p, t * d, links)
         crossings = boundary_crossings(knobs.pp_schedule, chunks)  # v times the traffic, interleaved
         pp_mb = crossings * 2 * b * s * model.hidden_size * residual_bytes(knobs.precision) / t / (boundary * eff)
-    ep_mb = layers * moe_all_to_all_time(model, knobs, links, assumptions)
-    slot = compute_mb + tp_mb + pp_mb + ep_mb
+    ep_mb = layers * moe_all_to_all_time(model, rank, links, assumptions)
+    cp_mb = layers * ring_attention_time(model, knobs, flops, effective_flops_per_gpu, links, assumptions)
+    slot = compute_mb + tp_mb + pp_mb + ep_mb + cp_mb
     bubble = bubble_slots(knobs.pp_schedule, p, chunks) * slot
     pipeline = m * slot + bubble
 
-    dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions, layers,
+    dp_total, dp_exposed = _data_parallel_time(rank, stage_params, compute_mb, links, assumptions, layers,
                                                expert_params)
-    offload = _offload_time(knobs, stage_params, links, assumptions, expert_params)
+    offload = _offload_time(rank, stage_params, links, assumptions, expert_params)
     total = pipeline + dp_exposed + offload
-    tokens = knobs.global_batch_size * s
+    tokens = knobs.global_batch_size * knobs.seq_len
     model_flops = flops.training * tokens
     return StepTime(
         step_time_s=total,
@@ -272,6 +286,7 @@ def step_time(
         model_flops_per_step=model_flops,
         mfu=model_flops / (total * cluster_peak_flops),
         ep_comm_s=m * ep_mb,
+        cp_comm_s=m * cp_mb,
     )
 
 
@@ -282,6 +297,43 @@ def _fusion_saved_s(model: ModelSpec, knobs: PlanKnobs, links: Links, assumption
         model, weight_bytes(knobs.precision), knobs.tp, replicated_split(knobs.tp, assumptions.sequence_parallel),
         knobs.activation_checkpointing, every_k(knobs.activation_checkpointing), knobs.compile, knobs.fused_rmsnorm,
         links.hbm_bytes_per_s * assumptions.hbm_efficiency)
+
+
+def ring_attention_time(
+    model: ModelSpec,
+    knobs: PlanKnobs,
+    flops: FlopsPerToken,
+    effective_flops_per_gpu: float,
+    links: Links,
+    assumptions: Assumptions,
+) -> float:
+    """Exposed seconds of one layer's ring attention traffic for one micro-batch (0 without CP).
+
+    torch's ring attention with torchtitan's all-gather rotater (:mod:`fstrain.core.contextparallel`):
+    forward all-gathers the ``cp`` K/V chunks (``(cp-1)`` chunks arrive, ``cp - 1`` ring steps of
+    latency) while the local chunk's SDPA runs, ``1/cp`` of the rank's attention, and waits for it
+    before the next chunk; backward all-gathers K/V again behind the first chunk's SDPA backward,
+    then sends the fp32 dK/dV accumulator to the next rank once per step (``cp`` times), each
+    hidden behind the next chunk's SDPA backward except the last. Exposed = max(0, traffic -
+    the compute it overlaps), per step. A layer whose forward is recomputed (full AC, every-k:N)
+    runs the forward ring again. The CP group is ``cp`` consecutive ranks ``tp`` apart (torchtitan's
+    mesh order ... dp_shard, cp, tp): NVLink inside a node, else the cross-node group bandwidth.
+    """
+    cp, t = knobs.cp, knobs.tp
+    if cp == 1:
+        return 0.0
+    tokens = knobs.micro_batch_size * knobs.seq_len / cp
+    attention = tokens * flops.attention_core / t / effective_flops_per_gpu  # this rank's forward attention
+    backward = attention * (2.5 if knobs.flash_attention else 2.0)  # FlashAttention's backward recomputes QK^T
+    bandwidth = group_bandwidth(cp, t, links) * assumptions.collective_efficiency
+    latency = collective_latency(cp, t, links, assumptions)  # (cp - 1) steps
+    gather = (cp - 1) * ring_chunk_bytes(model, knobs) / bandwidth + latency
+    dkv = ring_chunk_bytes(model, knobs, 4) / bandwidth + latency / (cp - 1)
+    forward = max(0.0, gather - attention / cp)
+    step = backward / cp
+    exposed_backward = max(0.0, gather - step) + (cp - 1) * max(0.0, dkv - step) + dkv
+    k = every_k(knobs.activation_checkpointing)
+    return forward * (1 + (1 / k if k else 0)) + exposed_backward
 
 
 def moe_all_to_all_time(model: ModelSpec, knobs: PlanKnobs, links: Links, assumptions: Assumptions) -> float:

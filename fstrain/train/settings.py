@@ -181,9 +181,10 @@ def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:
                 "the reference trainer is data-parallel only; plan with --tp 1 --pp 1",
                 str(args.plan),
             )
-        from fstrain.core.launchplan import check_trainer_eager, check_trainer_ep
+        from fstrain.core.launchplan import check_trainer_cp, check_trainer_eager, check_trainer_ep
 
         check_trainer_ep(plan, str(args.plan))
+        check_trainer_cp(plan, str(args.plan))
         check_trainer_eager(plan, str(args.plan))
         return plan
     # No plan: the recipe's model and training defaults, data-parallel over this world.

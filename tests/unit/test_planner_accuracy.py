@@ -298,6 +298,8 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--loss", f["loss"]]
     if f.get("pp_schedule"):
         argv += ["--pp-schedule", f["pp_schedule"]]
+    if f.get("cp", 1) != 1:
+        argv += ["--cp", str(f["cp"])]
     for key, value in (f.get("assume") or {}).items():
         argv += ["--assume", f"{key}={value}"]
     return [*argv, "--json"]

@@ -16,6 +16,7 @@ from fstrain.core.buckets import bucket_sizes
 from fstrain.core.planfile import PlanFile
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.options import TrainingOptions
+from fstrain.errors import ConfigError
 
 # fp16 dynamic loss scaling: DeepSpeed's documented defaults, written out so the file says what
 # it does. loss_scale 0 selects dynamic scaling; the scale starts at 2**initial_scale_power.
@@ -165,10 +166,22 @@ def _activation_checkpointing(plan: PlanFile) -> dict[str, Any]:
     }
 
 
+def check_no_context_parallel(plan: PlanFile, where: str = "plan") -> None:
+    """DeepSpeed's ZeRO engine has no ring-attention context parallelism."""
+    if plan.knobs.cp > 1:
+        raise ConfigError(
+            f"the plan has cp={plan.knobs.cp}: DeepSpeed has no ring-attention context parallelism "
+            "(DeepSpeed-Ulysses is a different sequence-parallel scheme, with other memory and traffic)",
+            "render the FSDP files (fsdp.yaml) for this plan, or re-plan with --cp 1 for DeepSpeed",
+            f"{where}: plan.cp",
+        )
+
+
 def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, debug: bool = False) -> Rendered:
     """The DeepSpeed config for ``plan``; ``debug`` turns on timers and the comms logger."""
     options = options or TrainingOptions()
     check_plan(plan)
+    check_no_context_parallel(plan)
     options.validate()
     knobs = plan.knobs
     precision, precision_notes = _precision(knobs.precision, knobs.zero_stage)

@@ -63,14 +63,16 @@ _ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "bf16-pur
 
 
 def fsdp_mesh(plan: PlanFile) -> dict[str, Any]:
-    """The data-parallel device mesh: ``{"dim_names": [...], "shape": [...]}``."""
+    """The data-parallel device mesh: ``{"dim_names": [...], "shape": [...]}``. With context
+    parallelism FSDP shards over ``dp x cp`` ranks (torchtitan's flattened dp_shard_cp mesh)."""
     knobs = plan.knobs
     hybrid, _ = _LAYOUT[knobs.strategy]
+    cp = knobs.cp
     shard = 1 if knobs.strategy == "ddp" else knobs.shard_group_size if hybrid else knobs.dp
     replicate = knobs.dp // shard
     if hybrid and replicate > 1:
-        return {"dim_names": ["replicate", "shard"], "shape": [replicate, shard]}
-    return {"dim_names": ["shard"], "shape": [knobs.dp]}
+        return {"dim_names": ["replicate", "shard"], "shape": [replicate, shard * cp]}
+    return {"dim_names": ["shard"], "shape": [knobs.dp * cp]}
 
 
 def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rendered:
@@ -112,6 +114,13 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
     if knobs.fused_rmsnorm:
         notes.append("fused_rmsnorm: the norms run as one fused kernel each (the bundled trainer's FusedRMSNorm; "
                      "torchtitan 2024: model.norm_type = \"fused_rmsnorm\")")
+    if knobs.cp > 1:
+        notes.append(
+            f"cp={knobs.cp}: the mesh shards over dp x cp = {knobs.dp * knobs.cp} ranks (torchtitan's dp_shard_cp); "
+            "ring attention is for the training program to set up (torchtitan: parallelism.context_parallel_degree "
+            f"= {knobs.cp}, torch.distributed.tensor.experimental.context_parallel); the bundled trainer does not "
+            "run it"
+        )
     if knobs.pp > 1:
         # torchtitan shards each pipeline stage with reshard_after_forward=False (its default with PP),
         # which is what the planner's memory model counts.
@@ -151,6 +160,10 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
     }
     if knobs.pp > 1:
         config["pipeline"] = pipeline_section(knobs)
+    if knobs.cp > 1:
+        # What fstrain plan modelled: torch's ring attention, load-balanced causal sharding, K/V
+        # all-gathered (torchtitan's default rotate method); fstrain.core.contextparallel.
+        config["context_parallel"] = {"degree": knobs.cp, "rotate_method": "allgather", "load_balance": True}
     return Rendered(config=config, notes=tuple(notes))
 
 
@@ -219,6 +232,9 @@ def render_accelerate(plan: PlanFile) -> Rendered:
         "accelerate.yaml names fstrain's TransformerBlock as the wrap unit; set "
         "fsdp_transformer_layer_cls_to_wrap to your model's block class",
     ]
+    if knobs.cp > 1:
+        notes.append(f"cp={knobs.cp}: this file describes FSDP over dp x cp ranks only; set up context parallelism "
+                     "in the training program")
     if knobs.precision == "bf16-pure":
         notes.append("bf16-pure: mixed_precision 'no'; load the model in bf16 (torch_dtype=torch.bfloat16)")
     if num_machines > 1:
