@@ -126,6 +126,8 @@ def header_lines(
             batch = f"global batch = {batch_note}"
         flash = "FlashAttention" if training.flash_attention else "no FlashAttention"
         loss = "" if training.loss == "full" else f", {training.loss} loss"  # the bundled trainer's: full
+        if training.loss == "none":
+            loss = ", no vocabulary head (loss none)"
         lines.append(
             f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision},"
             f" {training.optimizer}, {flash}{loss}"
