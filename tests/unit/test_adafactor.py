@@ -13,7 +13,7 @@ import yaml
 
 from fstrain.core.adafactor import check_adafactor, factored, state_elements, step_temporary_bytes
 from fstrain.core.assumptions import Assumptions
-from fstrain.core.launchplan import check_trainer_optimizer
+from fstrain.core.launchplan import check_plan_fits_launch, check_trainer_optimizer
 from fstrain.core.memory import memory_breakdown, optimizer_step_items, stage_model_states, stage_shapes
 from fstrain.core.modelsize import count_parameters, parameter_shapes
 from fstrain.core.plancluster import uniform_cluster
@@ -22,6 +22,7 @@ from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
+from fstrain.train.trace import check_traceable
 from tests.helpers import run_fstrain
 from tests.plans import make_plan
 from tests.unit.test_loss_none import MINI_BERT, MINI_BERT_PARAMS
@@ -142,6 +143,10 @@ def test_deepspeed_render_leaves_the_optimizer_to_the_script_and_the_trainer_ref
     assert any("transformers.optimization.Adafactor" in note for note in rendered.notes)
     with pytest.raises(ConfigError, match="--optimizer adafactor"):
         check_trainer_optimizer(make_plan("zero2", optimizer="adafactor"), "--plan")
+    with pytest.raises(ConfigError, match="--optimizer adafactor"):  # fstrain launch --plan
+        check_plan_fits_launch(make_plan("zero2", optimizer="adafactor"), 2, "--plan")
+    with pytest.raises(ConfigError, match="--optimizer adafactor"):  # fstrain plan --trace
+        check_traceable(make_plan("ddp", dp=1, optimizer="adafactor"))
 
 
 def test_cli(tmp_path: Path) -> None:

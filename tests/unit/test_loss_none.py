@@ -28,6 +28,7 @@ from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.core.recipe import parse_recipe
 from fstrain.core.timemodel import flops_per_token
 from fstrain.errors import ConfigError, InputError
+from fstrain.train.trace import check_traceable
 from tests.helpers import run_fstrain
 from tests.plans import make_plan
 
@@ -153,6 +154,8 @@ def test_plan_file_round_trip_and_bad_values() -> None:
 def test_the_bundled_trainer_refuses_a_plan_without_a_vocabulary_head() -> None:
     with pytest.raises(ConfigError, match="--loss none"):
         check_trainer_loss(make_plan("ddp", dp=1, loss="none"), "--plan")
+    with pytest.raises(ConfigError, match="--loss none"):  # fstrain plan --trace
+        check_traceable(make_plan("fsdp-full", dp=2, loss="none"))
 
 
 def test_cli_plans_loss_none_and_writes_it(tmp_path: Path) -> None:
