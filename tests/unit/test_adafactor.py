@@ -20,6 +20,8 @@ from fstrain.core.plancluster import uniform_cluster
 from fstrain.core.planfile import PlanFile, PlanKnobs
 from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.core.render.deepspeed import render_deepspeed
+from fstrain.core.render.fsdp import render_fsdp
+from fstrain.core.render.options import TrainingOptions
 from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
 from fstrain.train.trace import check_traceable
@@ -141,6 +143,10 @@ def test_deepspeed_render_leaves_the_optimizer_to_the_script_and_the_trainer_ref
     rendered = render_deepspeed(make_plan("zero2", optimizer="adafactor"))
     assert "optimizer" not in rendered.config and rendered.config["zero_allow_untested_optimizer"] is True
     assert any("transformers.optimization.Adafactor" in note for note in rendered.notes)
+    fsdp_file = render_fsdp(make_plan("ddp", dp=1, optimizer="adafactor"))  # the file a ddp plan gets
+    assert fsdp_file.config["optimizer"] == {"name": "adafactor", "lr": TrainingOptions().lr, "scale_parameter": False,
+                                             "relative_step": False, "weight_decay": TrainingOptions().weight_decay}
+    assert any("transformers.optimization.Adafactor" in note for note in fsdp_file.notes)
     with pytest.raises(ConfigError, match="--optimizer adafactor"):
         check_trainer_optimizer(make_plan("zero2", optimizer="adafactor"), "--plan")
     with pytest.raises(ConfigError, match="--optimizer adafactor"):  # fstrain launch --plan
