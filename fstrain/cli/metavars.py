@@ -24,11 +24,11 @@ METAVARS = {
     # plan
     "--model-params": "COUNT", "--num-nodes": "N", "--gpu": "GPU", "--node": "GPU:COUNT[xNODES]",
     "--nvlink-domain-size": "N", "--inter-node-gbps": "GBPS", "--global-batch": "N", "--global-batch-tokens": "N",
-    "--grad-accum": "N", "--seq-len": "N", "--optimizer": "adamw|sgd|adam8bit",
+    "--grad-accum": "N", "--seq-len": "N", "--optimizer": "adamw|sgd|adam8bit|adafactor",
     "--ac": "none|selective-op|every-k:N|full",
     "--zero-stage": "0-3", "--tp": "N", "--pp": "N", "--shard-group-size": "N",
     "--pp-schedule": "1f1b|interleaved|zero-bubble", "--pp-virtual-stages": "V", "--ep": "N", "--cp": "N",
-    "--offload": "none|optimizer|optimizer+params", "--loss": "full|fused|megatron|megatron-core|chunked[:N]",
+    "--offload": "none|optimizer|optimizer+params", "--loss": "full|fused|megatron|megatron-core|chunked[:N]|none",
     "--train-tokens": "COUNT",
     "--mfu": "FRACTION",
     "--assume": "KEY=VALUE", "--top": "N", "--render": "DIR", "--gpu-memory": "GIB", "--gpu-tflops": "TFLOPS",

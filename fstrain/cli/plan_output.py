@@ -128,6 +128,8 @@ def header_lines(
         flash = "FlashAttention" if training.flash_attention else "no FlashAttention"
         loss = "" if training.loss == "full" else f", {training.loss} loss"  # the bundled trainer's: full
         kernels = ", torch.compile" if training.compile else ", fused RMSNorm" if training.fused_rmsnorm else ""
+        if training.loss == "none":
+            loss = ", no vocabulary head (loss none)"
         lines.append(
             f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision},"
             f" {training.optimizer}, {flash}{loss}{kernels}"

@@ -12,6 +12,8 @@ from fstrain.core.losses import TRAINER_LOSSES
 from fstrain.core.planfile import ClusterSummary, ModelSpec, PlanFile, PlanKnobs, validate_knobs
 from fstrain.errors import ConfigError
 
+# What the bundled trainer builds (fstrain/train/fsdp_backend.py build_optimizer, deepspeed_backend.py).
+TRAINER_OPTIMIZERS = ("adamw", "sgd", "adam8bit")
 ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3,
               "fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
 DEFAULT_STRATEGY = {"torchrun": "fsdp-full", "deepspeed": "zero3"}
@@ -53,6 +55,7 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
     check_trainer_cp(plan, where)
     check_trainer_loss(plan, where)
     check_trainer_eager(plan, where)
+    check_trainer_optimizer(plan, where)
 
 
 def check_trainer_ep(plan: PlanFile, where: str) -> None:
@@ -103,6 +106,19 @@ def check_trainer_loss(plan: PlanFile, where: str) -> None:
             f"{' or '.join(TRAINER_LOSSES)} (an fp32 copy of the logits, whole or a chunk at a time), "
             "whose logits take other memory than the plan counts",
             "re-plan with --loss full (the default) or --loss chunked:N to train the bundled model",
+            where,
+        )
+
+
+def check_trainer_optimizer(plan: PlanFile, where: str) -> None:
+    """The bundled trainer builds AdamW, SGD or bitsandbytes' 8-bit AdamW; a plan for Adafactor
+    counts the states of an optimizer it does not run."""
+    if plan.knobs.optimizer not in TRAINER_OPTIMIZERS:
+        raise ConfigError(
+            f"the plan is for --optimizer {plan.knobs.optimizer}, but the bundled trainer runs "
+            f"{', '.join(TRAINER_OPTIMIZERS)}",
+            "re-plan with --optimizer adamw (or sgd, adam8bit) to train the bundled model, or train with a program "
+            "that builds it (the Hugging Face Trainer's optim='adafactor')",
             where,
         )
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fstrain.core.acpolicy import AC_NAMES, parse_ac
+from fstrain.core.adafactor import check_adafactor
 from fstrain.core.losses import LOSS_KINDS, parse_loss
 from fstrain.core.precision import PRECISIONS, check_strategy
 from fstrain.errors import InputError
@@ -23,9 +24,10 @@ _PLAN_HINT = "fix the value, or write the plan again with `fstrain plan --out pl
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
 ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N takes a number)
 OFFLOAD = ("none", "optimizer", "optimizer+params")
-OPTIMIZERS = ("adamw", "sgd", "adam8bit")
+OPTIMIZERS = ("adamw", "sgd", "adam8bit", "adafactor")  # adafactor: Hugging Face's (fstrain/core/adafactor.py)
 # How the loss is computed over the logits, which sets their memory (fstrain/core/losses.py):
-# full, fused, megatron, or chunked:N (validated by losses.parse_loss).
+# full, fused, megatron, megatron-core, chunked:N, or none (no vocabulary head: a classification
+# or regression head; validated by losses.parse_loss).
 LOSSES = LOSS_KINDS
 # Pipeline schedules (fstrain/core/pipeline.py): "1f1b" (PipeDream-Flush, DeepSpeed's and torch's
 # Schedule1F1B), "interleaved" (Narayanan et al. 2021's interleaved 1F1B, ``pp_virtual_stages``
@@ -65,6 +67,11 @@ class ModelSpec:
     linear_bias: bool = False  # biases on the attention and FFN linears (GPT-2: true)
     position_embedding: str = "rope"  # "rope" (no parameters) or "learned" (seq_len x hidden)
     dropout: float = 0.0  # > 0 keeps 1-byte dropout masks in the activations
+    # A sequence-classification head (trained with loss "none": no vocabulary logits): BERT's
+    # pooler, a hidden x hidden linear + tanh on the first token, and a hidden x num_labels
+    # classifier; biases follow linear_bias. 0 / false: none (fstrain.core.modelsize).
+    pooler: bool = False
+    num_labels: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -209,6 +216,7 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         if value not in allowed:
             raise InputError(f"plan.{key} is {value!r}", f"use one of {', '.join(allowed)}", where)
     check_strategy(knobs.precision, knobs.strategy, f"{where}: plan.precision")
+    check_adafactor(knobs.optimizer, knobs.strategy, knobs.offload, f"{where}: plan.optimizer")
     try:
         loss = parse_loss(knobs.loss, where)
     except InputError:

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fstrain.core.acpolicy import AC_SEARCHED, every_k
+from fstrain.core.adafactor import adafactor_problem, check_adafactor
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.contextparallel import CP_STRATEGIES, cp_problem
-from fstrain.core.losses import parse_loss
+from fstrain.core.losses import has_vocab_head, parse_loss
 from fstrain.core.memory import (
     GIB,
     OFFLOAD_ALLOWED,
@@ -69,9 +70,15 @@ class PlanModel:
     params: ParamCount | None = None
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec) -> PlanModel:
-        params = count_parameters(spec)
+    def from_spec(cls, spec: ModelSpec, loss: str = "full") -> PlanModel:
+        params = count_parameters(spec, vocab_head=has_vocab_head(loss))
         return cls(params.total, spec, params)
+
+    def for_loss(self, loss: str) -> PlanModel:
+        """The model as ``loss`` trains it: without a vocabulary head for ``none``."""
+        if self.spec is None or self.params is None or self.params.vocab_head == has_vocab_head(loss):
+            return self
+        return PlanModel.from_spec(self.spec, loss)
 
     @property
     def name(self) -> str:
@@ -213,6 +220,7 @@ def plan(
     """Search every configuration the pins allow; rank those that fit by throughput."""
     _check_inputs(model, training, cluster, pins)
     training = dataclasses.replace(training, loss=parse_loss(training.loss, "--loss"))  # chunked: chunked:8
+    model = model.for_loss(training.loss)
     plans, rejected, considered = _search(model, training, cluster, pins, assumptions, first_fit=False)
     plans.sort(key=_rank_key)
     rejected.sort(key=lambda p: (round(p.overshoot, 2), p.memory.peak, *_tie_key(p)))
@@ -301,6 +309,9 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
         )
     if pins.strategy:
         check_strategy(training.precision, pins.strategy, "--strategy")
+        check_adafactor(training.optimizer, pins.strategy, pins.offload or "none", "--optimizer")
+    if training.optimizer == "adafactor" and pins.offload not in (None, "none"):
+        check_adafactor(training.optimizer, "ddp", pins.offload, "--offload")
     if pins.strategy and pins.offload and pins.offload not in OFFLOAD_ALLOWED[pins.strategy]:
         raise ConfigError(
             f"{STRATEGY_LABELS[pins.strategy]} cannot offload {pins.offload!r}",
@@ -436,7 +447,7 @@ def _batches(training: TrainingSpec, dp: int, pins: Pins) -> list[tuple[int, int
     return [(d, local // d) for d in divisors(local) if d <= MAX_MICRO_BATCH]
 
 
-def _strategies(pins: Pins, pp: int, precision: str = "bf16") -> Iterator[str]:
+def _strategies(pins: Pins, pp: int, precision: str = "bf16", optimizer: str = "adamw") -> Iterator[str]:
     # A pinned shard group only means something for hybrid sharding.
     chosen = pins.strategy or ("fsdp-hybrid" if pins.shard_group_size else None)
     for strategy in [chosen] if chosen else STRATEGIES:
@@ -446,6 +457,8 @@ def _strategies(pins: Pins, pp: int, precision: str = "bf16") -> Iterator[str]:
             continue  # ring attention runs under FSDP2 only
         if not chosen and not strategy_runs(precision, strategy):
             continue  # e.g. pure bf16 under DeepSpeed's ZeRO (fstrain.core.precision)
+        if not chosen and optimizer == "adafactor" and adafactor_problem(strategy, "none"):
+            continue  # Adafactor is not modelled under FSDP (fstrain.core.adafactor)
         yield strategy
 
 
@@ -584,7 +597,7 @@ def _search(
         batches = (
             _batches(training, dp, pins) if model.spec else [(pins.micro_batch_size or 1, pins.grad_accum_steps or 1)]
         )
-        for strategy in _strategies(pins, pp, training.precision):
+        for strategy in _strategies(pins, pp, training.precision, training.optimizer):
             # With dp = 1 (and no CP ranks to shard over) sharding is DDP, unless it is there to offload.
             offloads = [
                 o
@@ -593,6 +606,8 @@ def _search(
             ]
             if dp * cp == 1 and strategy != "ddp" and not pins.strategy:
                 offloads = [o for o in offloads if o != "none"]
+            if training.optimizer == "adafactor":
+                offloads = [o for o in offloads if not adafactor_problem(strategy, o)]
             for group, ep in _groups_and_eps(model, strategy, dp, tp, cluster, pins):
                 failed: set[tuple[str, str, tuple[str, int]]] = set()
                 for mbs, gas in batches:

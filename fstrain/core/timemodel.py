@@ -1,7 +1,9 @@
 """Step time of one parallel configuration: compute, pipeline bubble and communication.
 
 - FLOPs: matmul FLOPs from the architecture (2 per multiply-add), attention scores ``4 s q``
-  per token and layer (QK^T and AV, full s x s like Megatron and torchtitan), logits ``2 V h``;
+  per token and layer (QK^T and AV, full s x s like Megatron and torchtitan: a causal mask is not
+  credited, and a bidirectional encoder's attention is the same count), logits ``2 V h`` (none
+  with ``--loss none``: a classification head's instead);
   training = 3 x forward (Kaplan's 6N plus attention). Hardware FLOPs add recompute: full
   activation checkpointing repeats every layer's forward (Narayanan eq. 3's 96 instead of 72),
   every-k:N every N-th layer's, op-level selective AC every other matmul of each layer,
@@ -48,6 +50,7 @@ from fstrain.core.acpolicy import every_k
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.contextparallel import cp_rank_view, ring_chunk_bytes
 from fstrain.core.kernels import fusion_seconds_saved_per_token
+from fstrain.core.losses import has_vocab_head
 from fstrain.core.memory import (
     block_matmuls,
     comm_bytes,
@@ -84,8 +87,13 @@ class FlopsPerToken:
         return 3 * self.forward
 
 
-def flops_per_token(model: ModelSpec, seq_len: int) -> FlopsPerToken:
-    """Forward FLOPs per token of ``model`` at ``seq_len`` (biases and norms are negligible)."""
+def flops_per_token(model: ModelSpec, seq_len: int, loss: str = "full") -> FlopsPerToken:
+    """Forward FLOPs per token of ``model`` at ``seq_len`` (biases and norms are negligible).
+
+    ``loss`` ``none`` has no logits over the vocabulary: the head is the recipe's classification
+    head, a pooler (hidden x hidden) and a classifier (hidden x num_labels) run once per sequence
+    on its first token (BERT), or the classifier on every token without a pooler
+    (``LlamaForSequenceClassification``'s ``score``)."""
     h = model.hidden_size
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
@@ -105,10 +113,21 @@ def flops_per_token(model: ModelSpec, seq_len: int) -> FlopsPerToken:
     return FlopsPerToken(
         layer_matmuls=2.0 * linears,
         attention_core=4.0 * seq_len * q_width,
-        head=2.0 * model.vocab_size * h,
+        head=_head_flops(model, seq_len, loss),
         num_layers=model.num_layers,
         selective_op_recompute=recomputed,
     )
+
+
+def _head_flops(model: ModelSpec, seq_len: int, loss: str) -> float:
+    """Forward FLOPs per token of the output head (see :func:`flops_per_token`)."""
+    h = model.hidden_size
+    if has_vocab_head(loss):
+        return 2.0 * model.vocab_size * h
+    classifier = 2.0 * h * model.num_labels
+    if model.pooler:
+        return (2.0 * h * h + classifier) / max(1, seq_len)
+    return classifier
 
 
 def layer_hardware_flops(flops: FlopsPerToken, ac: str, flash_attention: bool) -> float:
@@ -241,7 +260,7 @@ def step_time(
     s, b, m, t, p, d = (rank.seq_len, knobs.micro_batch_size, knobs.grad_accum_steps, knobs.tp, knobs.pp, rank.dp)
     w = weight_bytes(knobs.precision)
     eff = assumptions.collective_efficiency
-    flops = flops_per_token(model, knobs.seq_len)
+    flops = flops_per_token(model, knobs.seq_len, knobs.loss)
     chunks = knobs.pp_virtual_stages if p > 1 else 1
     layers = layers_per_rank(model.num_layers, p, chunks)
     per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)

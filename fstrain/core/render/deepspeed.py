@@ -116,11 +116,14 @@ def _optimizer(plan: PlanFile, options: TrainingOptions) -> tuple[dict[str, Any]
         # torch.optim.SGD is outside DeepSpeed's list of ZeRO-tested optimizers.
         extra: dict[str, Any] = {"zero_allow_untested_optimizer": True} if knobs.zero_stage > 0 else {}
         return {"optimizer": {"type": "SGD", "params": params}, **extra}, []
-    # adam8bit: DeepSpeed has no 8-bit Adam; the training script must pass one in.
+    # adam8bit, adafactor: DeepSpeed has neither; the training script must pass one in.
     extra = {"zero_allow_untested_optimizer": True} if knobs.zero_stage > 0 else {}
-    return extra, [
-        "adam8bit: no optimizer block; pass bitsandbytes.optim.AdamW8bit to deepspeed.initialize(optimizer=...)"
-    ]
+    client = {
+        "adam8bit": "bitsandbytes.optim.AdamW8bit",
+        "adafactor": "transformers.optimization.Adafactor(params, lr=..., scale_parameter=False, "
+        "relative_step=False) (what the Hugging Face Trainer's optim='adafactor' builds)",
+    }[knobs.optimizer]
+    return extra, [f"{knobs.optimizer}: no optimizer block; pass {client} to deepspeed.initialize(optimizer=...)"]
 
 
 def _scheduler(options: TrainingOptions) -> dict[str, Any]:

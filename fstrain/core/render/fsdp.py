@@ -101,6 +101,12 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
             f"tp={knobs.tp} pp={knobs.pp}: this file describes the data-parallel mesh (and the pipeline schedule) "
             "only; the bundled trainer runs tp=1 pp=1 plans"
         )
+    if knobs.optimizer == "adafactor":  # ddp only: FSDP with Adafactor is refused (fstrain.core.adafactor)
+        notes.append(
+            "adafactor: Hugging Face's transformers.optimization.Adafactor with scale_parameter and relative_step "
+            "off, as the Trainer's optim='adafactor' builds it; the training script builds it (the bundled trainer "
+            "does not)"
+        )
     if knobs.ep > 1:
         notes.append(
             f"ep={knobs.ep}: expert parallelism is for the training program to set up (torchtitan: "
@@ -191,6 +197,9 @@ def pipeline_section(knobs: PlanKnobs) -> dict[str, Any]:
 def _optimizer(name: str, options: TrainingOptions) -> dict[str, Any]:
     if name == "sgd":
         return {"name": "sgd", "lr": options.lr, "momentum": options.momentum, "weight_decay": options.weight_decay}
+    if name == "adafactor":  # no first moment (beta1 None), an external learning rate
+        return {"name": "adafactor", "lr": options.lr, "scale_parameter": False, "relative_step": False,
+                "weight_decay": options.weight_decay}
     return {
         "name": name,
         "lr": options.lr,
