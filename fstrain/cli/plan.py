@@ -59,7 +59,10 @@ def plan_command(
     precision: str | None = typer.Option(
         None, "--precision", help="bf16, fp16 (loss scaling), fp32, bf16-pure (no fp32 master: torchtune), "
         "amp-bf16 or amp-fp16 (torch.autocast over fp32 weights)."),
-    optimizer: str | None = typer.Option(None, "--optimizer", help="adamw, sgd (momentum) or adam8bit."),
+    optimizer: str | None = typer.Option(
+        None, "--optimizer",
+        help="adamw, sgd (momentum), adam8bit or adafactor (Hugging Face's, as the Trainer's optim='adafactor' "
+        "runs it: factored fp32 second moment, no first moment; ddp and zero1/2/3 only)."),
     ac: str | None = typer.Option(
         None,
         "--ac",
@@ -76,7 +79,9 @@ def plan_command(
         "compute-dtype logits, e.g. flash-attn's: llm-foundry's default), megatron (Megatron-LM's "
         "vocab-parallel cross-entropy as DeepSpeed's Megatron-LM examples run it), megatron-core "
         "(Megatron-LM core's, as ATorch's fork runs it) or chunked[:N] "
-        "(torchtune's CEWithChunkedOutputLoss, N chunks of tokens, default 8; the bundled trainer runs it too).",
+        "(torchtune's CEWithChunkedOutputLoss, N chunks of tokens, default 8; the bundled trainer runs it too), "
+        "or none (no vocabulary head: a classification or regression head, e.g. BERT fine-tuning; the recipe's "
+        "pooler and num_labels describe it).",
     ),
     compile_blocks: bool = typer.Option(
         False, "--compile/--no-compile",
@@ -121,6 +126,12 @@ def plan_command(
         None, "--ep",
         help="Pin the expert-parallel degree (mixture-of-experts models): each rank holds num_experts/EP experts. "
         "Default: searched over the divisors of the experts that divide the data-parallel degree.",
+    ),
+    cp: int | None = typer.Option(
+        None, "--cp", min=1,
+        help="Context-parallel degree (torchtitan's ring attention): each sequence is split over CP GPUs, "
+        "dp x cp x tp x pp = GPUs; needs an fsdp-* strategy, --pp 1 and a sequence divisible by 2 x CP. "
+        "Default 1 (never searched).",
     ),
     offload: str | None = typer.Option(None, "--offload", help="Pin CPU offload: none, optimizer, optimizer+params."),
     train_tokens: str | None = typer.Option(None, "--train-tokens", help="Token budget for time to train (2e12, 15T)."),
@@ -185,8 +196,9 @@ def plan_command(
         fp8,
         fp8_all_gather,
     )
+    plan_model = plan_model.for_loss(training.loss)  # --loss none: no vocabulary head
     pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
-                        pp_schedule, pp_virtual_stages, ep)
+                        pp_schedule, pp_virtual_stages, ep, cp)
     cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed,
                               gpu_memory, gpu_tflops)
     base = Assumptions()
@@ -365,6 +377,7 @@ def resolve_pins(
     pp_schedule: str | None = None,
     pp_virtual_stages: int | None = None,
     ep: int | None = None,
+    cp: int | None = None,
 ) -> Pins:
     from fstrain.core.acpolicy import parse_ac
     from fstrain.core.planfile import OFFLOAD, STRATEGIES
@@ -396,6 +409,7 @@ def resolve_pins(
         pp_schedule=_pp_schedule(pp_schedule) if pp_schedule is not None else None,
         pp_virtual_stages=pp_virtual_stages,
         ep=ep,
+        cp=cp,
     )
 
 

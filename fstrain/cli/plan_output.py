@@ -63,6 +63,7 @@ def print_plans(
                 f"step {t.step_time_s:.2f} s = compute {t.compute_s:.2f} + bubble {t.bubble_s:.2f}"
                 f" + TP {t.tp_comm_s:.2f} + PP {t.pp_comm_s:.2f}"
                 + (f" + EP all-to-all {t.ep_comm_s:.2f}" if t.ep_comm_s else "")
+                + (f" + CP ring {t.cp_comm_s:.2f}" if t.cp_comm_s else "")
                 + f" + exposed DP {t.dp_exposed_s:.2f}"
                 f" (of {t.dp_comm_s:.2f}) + offload {t.offload_s:.2f}"
             )
@@ -127,6 +128,8 @@ def header_lines(
         flash = "FlashAttention" if training.flash_attention else "no FlashAttention"
         loss = "" if training.loss == "full" else f", {training.loss} loss"  # the bundled trainer's: full
         kernels = ", torch.compile" if training.compile else ", fused RMSNorm" if training.fused_rmsnorm else ""
+        if training.loss == "none":
+            loss = ", no vocabulary head (loss none)"
         lines.append(
             f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision}"
             f"{FP8_NOTE if training.fp8 else ''}, {training.optimizer}, {flash}{loss}{kernels}"
@@ -161,11 +164,13 @@ def _plans_table(plans: tuple[Plan, ...], training: TrainingSpec, fitting: bool)
     from fstrain.core.pipeline import schedule_label
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
-    numeric = ("#", "tp", "pp", "ep", "dp", "mbs", "gas", "GiB", "tokens/s", "MFU", "step s", "to train",
+    numeric = ("#", "tp", "pp", "ep", "cp", "dp", "mbs", "gas", "GiB", "tokens/s", "MFU", "step s", "to train",
                "tokens/s if it fit")
     pipelined = any(p.knobs.pp > 1 for p in plans)  # the schedule column only when a pipeline is shown
     moe = any(p.moe for p in plans)  # the expert-parallel column only for a mixture of experts
-    columns = ["#", "strategy", "tp", "pp", *(["schedule"] if pipelined else []), *(["ep"] if moe else []), "dp",
+    context = any(p.knobs.cp > 1 for p in plans)  # the context-parallel column only when pinned
+    columns = ["#", "strategy", "tp", "pp", *(["schedule"] if pipelined else []), *(["ep"] if moe else []),
+               *(["cp"] if context else []), "dp",
                "mbs", "gas", "AC",
                "offload", "GiB"]
     columns += ["tokens/s", "MFU", "step s", "to train"] if fitting else ["tokens/s if it fit", "why it does not fit"]
@@ -179,6 +184,8 @@ def _plans_table(plans: tuple[Plan, ...], training: TrainingSpec, fitting: bool)
             row.append(schedule_label(k.pp_schedule, k.pp_virtual_stages) if k.pp > 1 else "-")
         if moe:
             row.append(str(k.ep))
+        if context:
+            row.append(str(k.cp))
         row += [str(k.dp), str(k.micro_batch_size), str(k.grad_accum_steps)]
         row += [k.activation_checkpointing, _SHORT_OFFLOAD[k.offload], f"{p.memory.peak / GIB:.1f}"]
         if fitting and p.time is not None:

@@ -87,6 +87,13 @@ class Assumptions:
         "3 % with it, 33-42 % under without). False for torch.autocast(cache_enabled=False).",
     )
 
+    adamw_foreach: bool = _stated(
+        True,
+        "AdamW's update runs torch's foreach kernels (torch.optim.AdamW's default on CUDA): one fp32 "
+        "copy of the local second moment at once. False: a per-parameter loop, one parameter's copy at "
+        "a time (Hugging Face's AdamW, the Trainer's optim='adamw_hf' of transformers 4.x).",
+    )
+
     ddp_bucket_bytes: int = _stated(
         25 * _MIB,
         "DDP ``bucket_cap_mb``; two buckets in flight (gradient_as_bucket_view assumed).",
@@ -180,12 +187,6 @@ class Assumptions:
         "torchao/float8/roofline_utils.py @d370196). The achievable MFU is lower because it also "
         "pays for attention, norms and elementwise kernels, which fp8 does not speed up; never "
         "taken below the achievable MFU.",
-    )
-
-    hbm_peak_fraction: float = _stated(
-        0.92,
-        "Fraction of the HBM bandwidth fp8's cast and amax kernels reach (--fp8 only): torchao's "
-        "float8 roofline, H100_PCT_ACHIEVABLE_MEM_BW = 0.92 (roofline_utils.py @d370196).",
     )
 
     fp8_scale_kernel_s: float = _stated(

@@ -12,6 +12,8 @@ from fstrain.core.losses import TRAINER_LOSSES
 from fstrain.core.planfile import ClusterSummary, ModelSpec, PlanFile, PlanKnobs, validate_knobs
 from fstrain.errors import ConfigError
 
+# What the bundled trainer builds (fstrain/train/fsdp_backend.py build_optimizer, deepspeed_backend.py).
+TRAINER_OPTIMIZERS = ("adamw", "sgd", "adam8bit")
 ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3,
               "fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
 DEFAULT_STRATEGY = {"torchrun": "fsdp-full", "deepspeed": "zero3"}
@@ -41,7 +43,7 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
     if plan.knobs.world_size != world_size:
         k = plan.knobs
         raise ConfigError(
-            f"the plan is for dp({k.dp}) * tp({k.tp}) * pp({k.pp}) = {k.world_size} processes, "
+            f"the plan is for dp({k.dp}) * cp({k.cp}) * tp({k.tp}) * pp({k.pp}) = {k.world_size} processes, "
             f"but this launch starts {world_size}",
             "re-plan for these hosts (fstrain plan --out), or change --nproc-per-node or the hosts",
             where,
@@ -51,8 +53,10 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
                           f"pp={plan.knobs.pp}", "plan with --tp 1 --pp 1", where)
     check_trainer_ep(plan, where)
     check_trainer_fp8(plan, where)
+    check_trainer_cp(plan, where)
     check_trainer_loss(plan, where)
     check_trainer_eager(plan, where)
+    check_trainer_optimizer(plan, where)
 
 
 def check_trainer_ep(plan: PlanFile, where: str) -> None:
@@ -93,6 +97,18 @@ def check_trainer_eager(plan: PlanFile, where: str) -> None:
         )
 
 
+def check_trainer_cp(plan: PlanFile, where: str) -> None:
+    """The bundled trainer gives every rank whole sequences: it has no ring attention, so a plan
+    whose memory counts seq_len/cp tokens per rank would not fit as predicted."""
+    if plan.knobs.cp != 1:
+        raise ConfigError(
+            f"the plan has cp={plan.knobs.cp}, but the bundled trainer does not run context parallelism",
+            "plan with --cp 1, or train with a program that runs ring attention (torchtitan: "
+            f"parallelism.context_parallel_degree = {plan.knobs.cp})",
+            where,
+        )
+
+
 def check_trainer_loss(plan: PlanFile, where: str) -> None:
     """The bundled trainer computes ``full`` (cross-entropy on an fp32 copy of the logits) or
     ``chunked:N``; a plan made for another loss counts the logits' memory of another program."""
@@ -103,6 +119,19 @@ def check_trainer_loss(plan: PlanFile, where: str) -> None:
             f"{' or '.join(TRAINER_LOSSES)} (an fp32 copy of the logits, whole or a chunk at a time), "
             "whose logits take other memory than the plan counts",
             "re-plan with --loss full (the default) or --loss chunked:N to train the bundled model",
+            where,
+        )
+
+
+def check_trainer_optimizer(plan: PlanFile, where: str) -> None:
+    """The bundled trainer builds AdamW, SGD or bitsandbytes' 8-bit AdamW; a plan for Adafactor
+    counts the states of an optimizer it does not run."""
+    if plan.knobs.optimizer not in TRAINER_OPTIMIZERS:
+        raise ConfigError(
+            f"the plan is for --optimizer {plan.knobs.optimizer}, but the bundled trainer runs "
+            f"{', '.join(TRAINER_OPTIMIZERS)}",
+            "re-plan with --optimizer adamw (or sgd, adam8bit) to train the bundled model, or train with a program "
+            "that builds it (the Hugging Face Trainer's optim='adafactor')",
             where,
         )
 

@@ -32,6 +32,12 @@ dtype's size (2 for bf16/fp16, 4 for fp32); ``n`` the logit elements (tokens x v
   all chunks). Forward peaks at the last chunk: ``wn + 4n + 4c``. Backward runs the chunks' losses
   last to first, each with ``nll_loss``'s and ``log_softmax``'s fp32 gradients (8c) while the
   saved log-softmaxes are still there: ``4n + 8c``. ``chunked:1`` is ``full`` in bf16/fp16.
+- ``none``: no vocabulary head at all: a model trained on a pooled or per-token head of its own
+  (sequence classification or regression, e.g. Hugging Face's ``BertForSequenceClassification``:
+  ``BertPooler`` (hidden x hidden, tanh) on the first token, then ``nn.Linear(hidden,
+  num_labels)``, ``modeling_bert.py``). There are no logits over the vocabulary, so no logits
+  spike (0 bytes here), no LM-head matmul, and no untied output matrix; the model's own head is
+  described by ``pooler`` and ``num_labels`` in the recipe (``fstrain.core.modelsize``).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from dataclasses import dataclass
 
 from fstrain.errors import InputError
 
-LOSS_KINDS = ("full", "fused", "megatron", "megatron-core", "chunked")
+LOSS_KINDS = ("full", "fused", "megatron", "megatron-core", "chunked", "none")
 DEFAULT_CHUNKS = 8  # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8)
 TRAINER_LOSSES = ("full", "chunked")  # what the bundled trainer computes (fstrain/train/steps.py)
 
@@ -58,6 +64,11 @@ def parse_loss(value: str, where: str) -> str:
     if not count.isdigit() or int(count) < 1:
         raise InputError(f"loss {value!r}: the chunk count must be a positive integer", "e.g. chunked:8", where)
     return f"chunked:{int(count)}"
+
+
+def has_vocab_head(loss: str) -> bool:
+    """Whether the model computes logits over its vocabulary (every loss but ``none``)."""
+    return loss != "none"
 
 
 def loss_chunks(loss: str) -> int:
@@ -87,6 +98,8 @@ def loss_peaks(loss: str, logits: int, compute_bytes: int) -> LossPeaks:
     """What ``loss`` holds over ``logits`` elements (see the module docstring for each source)."""
     n, w = logits, compute_bytes
     kind = loss.partition(":")[0]
+    if kind == "none":
+        return LossPeaks(0, 0)
     if kind == "fused":
         return LossPeaks(w * n, 2 * w * n)
     if kind == "megatron":

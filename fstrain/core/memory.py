@@ -35,11 +35,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, recomputes
+from fstrain.core.adafactor import state_bytes_per_param, step_temporary_bytes
 from fstrain.core.assumptions import Assumptions
 from fstrain.core.buckets import bucket_sizes
+from fstrain.core.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes
 from fstrain.core.kernels import norm_is_fused
-from fstrain.core.losses import LossPeaks, loss_peaks
-from fstrain.core.modelsize import ParamCount
+from fstrain.core.losses import LossPeaks, has_vocab_head, loss_peaks
+from fstrain.core.modelsize import ParamCount, parameter_shapes
 from fstrain.core.pipeline import in_flight_chunks, layers_per_rank
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 from fstrain.core.precision import mode, optimizer_state_bytes
@@ -52,6 +54,7 @@ PP_GATHERED_ITEM = "FSDP stage parameters, gathered across micro-batches (pp > 1
 AUTOCAST_CACHE_ITEM = "autocast weight casts (cached to the end of forward)"
 AUTOCAST_SAVED_ITEM = "autocast weight casts (saved for backward)"  # loss and backward moments
 HEAD_INPUT_ITEM = "final norm and head input"
+CLASSIFIER_ITEM = "classification head input (loss none)"  # the loss moment's item without a vocabulary head
 RECOMPUTE_ITEM = "recompute working set (one layer)"
 FP8_CASTS_ITEM = "fp8 casts of one linear's backward (--fp8)"
 EP_ALL_TO_ALL_ITEM = "MoE all-to-all send/recv (one layer, ep > 1)"  # what a recomputed block's backward rebuilds
@@ -78,7 +81,8 @@ OFFLOAD_ALLOWED = {
     "fsdp-grad-op": ("none", "optimizer+params"),
     "fsdp-hybrid": ("none", "optimizer+params"),
 }
-OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4, "adam8bit": 2}  # m + v fp32; momentum; 8-bit m + v
+# m + v fp32; momentum; 8-bit m + v; Adafactor's full fp32 second moment (factored: see adafactor.py)
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4, "adam8bit": 2, "adafactor": 4}
 
 
 def weight_bytes(precision: str) -> int:
@@ -142,8 +146,11 @@ def model_states(
     optimizer: str = "adamw",
     offload: str = "none",
     assumptions: Assumptions = Assumptions(),
+    state_bytes: float | None = None,
 ) -> ModelStates:
     """Model states of ``num_params`` parameters (one rank's TP/PP share) sharded ``shard`` ways.
+    ``state_bytes`` replaces the optimizer's bytes per parameter (Adafactor's factored states
+    depend on the tensors' shapes: :func:`fstrain.core.adafactor.state_bytes_per_param`).
 
     Mixed precision (bf16, fp16) keeps 2-byte weights and gradients for compute and an fp32
     master copy (4) plus the optimizer's state (Adam 8) for the update: the ZeRO paper's
@@ -156,11 +163,13 @@ def model_states(
     mixed = m.master_bytes > 0
     w = m.param_bytes
     master = m.master_bytes
-    states = optimizer_state_bytes(precision, optimizer, OPTIMIZER_STATE_BYTES[optimizer])
+    states: float = optimizer_state_bytes(precision, optimizer, OPTIMIZER_STATE_BYTES[optimizer])
+    if state_bytes is not None:
+        states = state_bytes
     n = 1 if strategy == "ddp" else shard
 
-    def sharded(bytes_per_param: int) -> int:
-        return bytes_per_param * num_params // n
+    def sharded(bytes_per_param: float) -> int:
+        return round(bytes_per_param * num_params) // n
 
     if strategy.startswith("fsdp"):
         full_params = w * num_params if strategy == "fsdp-grad-op" else 0  # gathered forward -> backward
@@ -193,7 +202,9 @@ def model_states(
     return ModelStates(parameters, device_gradients, 0, host)
 
 
-def stage_model_states(stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> ModelStates:
+def stage_model_states(
+    stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions(), state_bytes: float | None = None
+) -> ModelStates:
     """Model states of one rank of ``stage``: :func:`model_states`, with expert parallelism split
     in two. The non-expert parameters are sharded over the data-parallel shard group as usual;
     the rank's ``num_experts/ep`` experts (``stage.experts``) only over the expert-data-parallel
@@ -203,7 +214,7 @@ def stage_model_states(stage: StageShape, knobs: PlanKnobs, assumptions: Assumpt
     k = knobs
 
     def states(count: int, shard: int) -> ModelStates:
-        return model_states(count, k.strategy, shard, k.precision, k.optimizer, k.offload, assumptions)
+        return model_states(count, k.strategy, shard, k.precision, k.optimizer, k.offload, assumptions, state_bytes)
 
     dense = states(stage.params - stage.experts, k.shard_group_size)
     if not stage.experts:
@@ -299,7 +310,9 @@ def stage_shapes(
         block_rank = (block_sharded - params.ffn_per_layer) // tp + experts_rank + params.norms_per_layer
     embedding = (params.embedding + params.position_embedding) // tp
     # A tied head on its own stage keeps a copy of the embedding (Megatron syncs their grads).
-    head = (params.head if not tied or pp == 1 else params.embedding) // tp
+    # A classification head (loss "none") is small and kept whole on the last stage.
+    tied_copy = tied and pp > 1 and params.vocab_head
+    head = (params.embedding if tied_copy else params.head) // tp + params.classifier
     largest = params.largest_module // tp
     first_params = layers * block_rank + embedding
     if pp == 1:
@@ -619,17 +632,37 @@ def stage_activation_bytes(
                                              knobs.precision, assumptions.sequence_parallel, in_flight,
                                              param_bytes(knobs.precision), knobs.compile, knobs.fused_rmsnorm)
     items.append(("backward temporaries (one block)", temporaries))
-    if stage.has_head and knobs.strategy.startswith("fsdp"):
+    vocab = has_vocab_head(knobs.loss)
+    if stage.has_head and vocab and knobs.strategy.startswith("fsdp"):
         # FSDP2 reduce-scatters the root unit's gradients after the whole backward, so the head's
         # weight gradient (compute dtype) is live through every block's backward.
         head = (model.vocab_size * model.hidden_size // knobs.tp + model.hidden_size) * param_bytes(knobs.precision)
         items.append(("FSDP root unit's gradient (head, compute dtype)", head))
     if mode(knobs.precision).autocast:
         items += autocast_weight_copies(model, stage, knobs, assumptions)
-    if stage.has_head:
+    if stage.has_head and vocab:
         items.append((HEAD_INPUT_ITEM, head_input_bytes(model, knobs, assumptions.sequence_parallel)))
         items.append((LOGITS_ITEM, loss_bytes(model, knobs, assumptions).peak))
+    elif stage.has_head:
+        items.append((CLASSIFIER_ITEM, classifier_head_bytes(model, knobs, assumptions.sequence_parallel)))
     return items
+
+
+def classifier_head_bytes(model: ModelSpec, knobs: PlanKnobs, sequence_parallel: bool = True) -> int:
+    """What a model without a vocabulary head (``--loss none``) keeps for its own head's backward.
+
+    The last block's output (``s b h`` in the residual dtype) stays: BERT's pooler reads the
+    first token through a view (``hidden_states[:, 0]``), which keeps the whole tensor alive, and a
+    per-token head (``LlamaForSequenceClassification``'s ``score``) reads all of it. The pooler
+    adds its tanh output and the classifier's input (dropout's output), ``b h`` each in the
+    compute dtype, and a 1-byte dropout mask (transformers ``modeling_bert.py``: ``BertPooler``,
+    ``BertForSequenceClassification``). The logits (``b x num_labels``) are negligible."""
+    a = weight_bytes(knobs.precision)
+    h, b = model.hidden_size, knobs.micro_batch_size
+    last_hidden = knobs.seq_len * b * h * residual_bytes(knobs.precision) // replicated_split(knobs.tp,
+                                                                                               sequence_parallel)
+    pooled = b * h * (2 * a + (1 if model.dropout > 0 else 0)) if model.pooler else 0
+    return last_hidden + pooled
 
 
 def block_matmul_params(model: ModelSpec) -> int:
@@ -664,7 +697,11 @@ def autocast_weight_copies(
         checkpointed = checkpointed_blocks(ac, stage.layers)
     else:  # full, selective-op
         checkpointed = stage.layers
-    head = model.vocab_size * model.hidden_size // knobs.tp if stage.has_head else 0
+    head = 0
+    if stage.has_head:  # the output head's weights, or (loss none) the classification head's
+        h = model.hidden_size
+        vocab = model.vocab_size * h // knobs.tp
+        head = vocab if has_vocab_head(knobs.loss) else (h * h if model.pooler else 0) + h * model.num_labels
     saved = a * ((stage.layers - checkpointed) * per_block * stage.in_flight + head)
     items = []
     if saved:
@@ -814,13 +851,30 @@ def backward_buffer_items(
     return [(label, copies * w * min(reduce_bucket, stage.params))]
 
 
-def optimizer_step_items(knobs: PlanKnobs, states: ModelStates) -> list[tuple[str, int]]:
+def optimizer_step_items(
+    knobs: PlanKnobs,
+    states: ModelStates,
+    stage: StageShape | None = None,
+    assumptions: Assumptions = Assumptions(),
+) -> list[tuple[str, int]]:
     """Temporaries of the optimizer update. torch's AdamW (FSDP, DDP) runs ``foreach`` kernels on
     GPU, whose ``_foreach_sqrt`` of the second moment is one fp32 copy of the local shard; measured
     on an H200 (the bundled trainer, Llama 3.1 8B with 8 layers: optimizer-step peak = parameters +
-    gradients + states + 4 bytes per local parameter). DeepSpeed's fused Adam updates in place."""
-    if knobs.optimizer != "adamw" or knobs.offload != "none" or knobs.strategy.startswith("zero"):
+    gradients + states + 4 bytes per local parameter). DeepSpeed's fused Adam updates in place.
+    A per-parameter AdamW (``--assume adamw_foreach=false``: Hugging Face's ``AdamW``, the
+    Trainer's ``optim="adamw_hf"``, ``denom = exp_avg_sq.sqrt().add_(eps)``) holds one fp32 copy
+    of one parameter at a time: the largest (``stage.largest_layer``, a module's weight with its
+    bias). Adafactor: :func:`fstrain.core.adafactor.step_temporary_bytes`."""
+    if knobs.offload != "none":
         return []
+    if knobs.optimizer == "adafactor" and stage is not None:
+        local = stage.params // (1 if knobs.strategy == "ddp" else knobs.shard_group_size)
+        temporaries = step_temporary_bytes(knobs.strategy, knobs.precision, stage.largest_layer, local)
+        return [("Adafactor update temporaries", temporaries)]
+    if knobs.optimizer != "adamw" or knobs.strategy.startswith("zero"):
+        return []
+    if not assumptions.adamw_foreach and stage is not None:
+        return [("AdamW temporaries (one parameter)", 4 * stage.largest_layer)]
     return [("AdamW foreach temporaries", states.optimizer_states // 2)]
 
 
@@ -846,8 +900,10 @@ def communicator_count(knobs: PlanKnobs) -> int:
     if knobs.world_size == 1:
         return 0
     groups = 1  # the default (world) group
-    for size in (knobs.tp, knobs.pp, knobs.dp):
+    for size in (knobs.tp, knobs.pp, knobs.dp, knobs.cp):
         groups += 1 if 1 < size < knobs.world_size else 0
+    if knobs.cp > 1 and knobs.dp > 1 and knobs.dp * knobs.cp < knobs.world_size:
+        groups += 1  # FSDP's flattened dp x cp mesh (torchtitan's dp_shard_cp)
     if knobs.strategy == "fsdp-hybrid" and 1 < knobs.shard_group_size < knobs.dp:
         groups += 2  # shard group and replicate group
     if knobs.ep > 1:
@@ -924,8 +980,16 @@ def memory_breakdown(
     Without an architecture (``model`` None: ``--model-params``) only model states, buffers and
     overhead are counted; activations are not modelled. ``cache`` (a dict the caller keeps for
     one model and assumption set) reuses the parts that many configurations share.
+
+    Under context parallelism (``cp > 1``) every part is that of one CP rank as FSDP sees it
+    (:func:`fstrain.core.contextparallel.cp_rank_view`: ``seq_len / cp`` tokens, states sharded
+    over ``dp x cp`` ranks), plus the ring attention's buffers in the backward moment and the
+    CP process groups' communicators.
     """
     memo: dict[Any, Any] = {} if cache is None else cache
+    communicators = communicator_count(knobs)
+    ring = [(RING_BUFFER_ITEM, ring_buffer_bytes(model, knobs))] if model is not None and knobs.cp > 1 else []
+    knobs = cp_rank_view(knobs)
     if model is not None and params is not None:
         k = knobs
         # 1F1B and ZB-H1 depend on the micro-batches only up to pp of them (shares the cache).
@@ -940,11 +1004,20 @@ def memory_breakdown(
         stages = [StageShape(num_params // (knobs.tp * knobs.pp), 0, 0, 0, False, 1)]
     best: MemoryBreakdown | None = None
     for stage in stages:
-        candidate = _stage_breakdown(model, stage, knobs, gpus_per_node, assumptions, memo)
+        candidate = _stage_breakdown(model, stage, knobs, gpus_per_node, assumptions, memo, communicators, ring)
         if best is None or candidate.peak > best.peak:
             best = candidate
     assert best is not None
     return best
+
+
+def adafactor_bytes(model: ModelSpec | None, knobs: PlanKnobs, memo: dict[Any, Any]) -> float | None:
+    """Adafactor's state bytes per parameter for ``model`` under ``knobs`` (None for the other
+    optimizers, and without an architecture, where its full fp32 second moment is counted)."""
+    if knobs.optimizer != "adafactor" or model is None:
+        return None
+    shapes = _memo(memo, ("shapes", knobs.loss), lambda: parameter_shapes(model, has_vocab_head(knobs.loss)))
+    return state_bytes_per_param(knobs.strategy, knobs.precision, shapes)
 
 
 def _memo(cache: dict[Any, Any], key: tuple[Any, ...], compute: Any) -> Any:
@@ -960,13 +1033,15 @@ def _stage_breakdown(
     gpus_per_node: int,
     assumptions: Assumptions,
     memo: dict[Any, Any],
+    communicators: int,
+    ring: list[tuple[str, int]],
 ) -> MemoryBreakdown:
     k = knobs
     states: ModelStates = _memo(
         memo,
         ("states", stage.params, stage.experts, k.ep, k.strategy, k.shard_group_size, k.precision, k.optimizer,
          k.offload),
-        lambda: stage_model_states(stage, k, assumptions),
+        lambda: stage_model_states(stage, k, assumptions, adafactor_bytes(model, k, memo)),
     )
     activation_items: list[tuple[str, int]] = []
     if model is not None:
@@ -1003,6 +1078,7 @@ def _stage_breakdown(
                   lambda: fsdp_unit_items(k.strategy, stage, k, assumptions, fp8_block))
     loss_buffers = [item for item in buffers if item not in units]
     backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
+    backward_buffers += ring
     if model is not None and k.fp8:
         backward_buffers = [*backward_buffers, (FP8_CASTS_ITEM, fp8_cast_bytes(model, k))]
     # FSDP2 creates its sharded gradients during backward (after set_to_none), so they are not
@@ -1012,7 +1088,7 @@ def _stage_breakdown(
     compute_gradients = 0 if fsdp and k.grad_accum_steps == 1 else states.gradients
     if fsdp and k.pp > 1:
         compute_gradients = pipeline_fsdp_gradient_bytes(stage, k, assumptions)
-    step_items = [*persistent, *optimizer_step_items(k, states)]
+    step_items = [*persistent, *optimizer_step_items(k, states, stage, assumptions)]
     first_block_stored = 0
     recomputing = (True, True)
     if model is not None and stage.layers and k.pp == 1:  # FSDP under PP reduces once, after the last micro-batch
@@ -1029,7 +1105,6 @@ def _stage_breakdown(
         )
     moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored,
                        recomputing)
-    communicators = communicator_count(k)
     fixed = assumptions.cuda_context_bytes + communicators * assumptions.nccl_bytes_per_communicator
 
     def moment_live(name: str, items: list[tuple[str, int]]) -> int:
@@ -1103,7 +1178,7 @@ def _moments(
     the next one run their forward again (``every-k:N`` recomputes every N-th block only).
     """
     stored = activation_items[:1]
-    loss_only = (LOGITS_ITEM, HEAD_INPUT_ITEM, AUTOCAST_CACHE_ITEM)
+    loss_only = (LOGITS_ITEM, HEAD_INPUT_ITEM, AUTOCAST_CACHE_ITEM, CLASSIFIER_ITEM)
     loss = [item for item in activation_items[1:] if item[0] in loss_only]
     working = [item for item in activation_items[1:] if item[0] not in loss_only]
     saved = [item for item in working if item[0] == AUTOCAST_SAVED_ITEM]
@@ -1126,4 +1201,4 @@ def _moments(
         ("backward", backward),
         ("optimizer step", list(step_items)),
     ]
-    return moments if any(name == LOGITS_ITEM for name, _ in loss) else moments[1:]
+    return moments if any(name in (LOGITS_ITEM, CLASSIFIER_ITEM) for name, _ in loss) else moments[1:]

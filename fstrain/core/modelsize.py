@@ -7,6 +7,15 @@ and an output head unless it is tied to the token embedding. For a GPT with GeLU
 LayerNorm and learned positions this is Narayanan et al. 2021 eq. 2,
 ``12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h))``, plus the final LayerNorm (2h).
 
+A model trained without a vocabulary head (``--loss none``: sequence classification or
+regression) has no output head even when it is not tied (Hugging Face's ``*ForSequenceClassification``
+classes build none), and a classification head of its own when the recipe names one: BERT's
+``BertPooler`` (``pooler: true``: hidden x hidden + bias, tanh, on the first token) and the
+classifier ``nn.Linear(hidden, num_labels)`` (``num_labels``), with biases as ``linear_bias``
+(transformers ``src/transformers/models/bert/modeling_bert.py``: ``BertPooler``,
+``BertForSequenceClassification``). BERT's token-type embeddings (2 x hidden) are not counted:
+2,048 parameters of bert-large's 335 million.
+
 A mixture-of-experts layer replaces the FFN by ``num_experts`` FFNs of ``expert_ffn_hidden_size``
 and a bias-free router (hidden x num_experts); a token runs through ``top_k`` of them.
 """
@@ -30,9 +39,11 @@ class ParamCount:
     router_per_layer: int
     norms_per_layer: int
     final_norm: int
-    head: int  # 0 when tied to the embedding
+    head: int  # 0 when tied to the embedding, or without a vocabulary head
     num_layers: int
     largest_module: int  # the biggest single nn.Module (DeepSpeed's "largest layer")
+    classifier: int = 0  # a classification head: pooler + classifier (with the last stage's head)
+    vocab_head: bool = True  # the model computes logits over its vocabulary (loss is not "none")
 
     @property
     def per_layer(self) -> int:
@@ -44,7 +55,7 @@ class ParamCount:
 
     @property
     def total(self) -> int:
-        return self.embedding + self.position_embedding + self.layers + self.final_norm + self.head
+        return self.embedding + self.position_embedding + self.layers + self.final_norm + self.head + self.classifier
 
     @property
     def active_per_token(self) -> int:
@@ -61,8 +72,17 @@ def _ffn_params(hidden: int, ffn: int, activation: str, bias: bool) -> tuple[int
     return weights + biases, hidden * ffn + (ffn if bias else 0)
 
 
-def count_parameters(model: ModelSpec) -> ParamCount:
-    """Derive the parameter count of ``model`` part by part."""
+def classifier_params(model: ModelSpec) -> int:
+    """Parameters of the recipe's classification head: the pooler and the classifier."""
+    h, bias = model.hidden_size, model.linear_bias
+    pooler = h * h + (h if bias else 0) if model.pooler else 0
+    labels = model.num_labels
+    return pooler + h * labels + (labels if bias else 0)
+
+
+def count_parameters(model: ModelSpec, vocab_head: bool = True) -> ParamCount:
+    """Derive the parameter count of ``model`` part by part; ``vocab_head`` False (``--loss none``)
+    leaves out the output head over the vocabulary."""
     h = model.hidden_size
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
@@ -89,7 +109,49 @@ def count_parameters(model: ModelSpec) -> ParamCount:
         router_per_layer=router,
         norms_per_layer=2 * norm_params,
         final_norm=norm_params,
-        head=0 if model.tied_embeddings else embedding,
+        head=0 if model.tied_embeddings or not vocab_head else embedding,
         num_layers=model.num_layers,
         largest_module=largest,
+        classifier=classifier_params(model),
+        vocab_head=vocab_head,
     )
+
+
+def parameter_shapes(model: ModelSpec, vocab_head: bool = True) -> list[tuple[int, ...]]:
+    """The shape of every parameter tensor, as ``torch.nn.Linear`` (out, in) and ``nn.Embedding``
+    (rows, hidden) hold them, in the layout :func:`count_parameters` counts (its total is the sum
+    of their sizes). An optimizer that works per tensor (Adafactor's factored second moment)
+    needs these, not the count. A mixture of experts' expert weights are one (out, in) matrix per
+    expert (Hugging Face's Mixtral; a grouped 3-D weight factors the same way)."""
+    h = model.hidden_size
+    q_width = model.num_heads * model.head_dim
+    kv_width = model.num_kv_heads * model.head_dim
+    bias = model.linear_bias
+    Shape = tuple[int, ...]
+    norm: list[Shape] = [(h,)] * (2 if model.norm == "layernorm" else 1)
+    block: list[Shape] = [(q_width, h), (kv_width, h), (kv_width, h), (h, q_width)]
+    if bias:
+        block += [(q_width,), (kv_width,), (kv_width,), (h,)]
+    experts = 1
+    ffn = model.ffn_hidden_size
+    if model.moe is not None:
+        experts, ffn = model.moe.num_experts, model.moe.expert_ffn_hidden_size
+        block.append((experts, h))  # the router, bias-free
+    ffn_in = 2 if model.activation == "swiglu" else 1
+    weights: list[Shape] = [(ffn, h)] * ffn_in
+    expert: list[Shape] = [*weights, (h, ffn)]
+    if bias:
+        biases: list[Shape] = [(ffn,)] * ffn_in
+        expert += [*biases, (h,)]
+    block += expert * experts + norm * 2
+    shapes: list[Shape] = [(model.vocab_size, h)]
+    if model.position_embedding == "learned":
+        shapes.append((model.seq_len, h))
+    shapes += block * model.num_layers + norm
+    if vocab_head and not model.tied_embeddings:
+        shapes.append((model.vocab_size, h))
+    if model.pooler:
+        shapes += [(h, h)] + ([(h,)] if bias else [])
+    if model.num_labels:
+        shapes += [(model.num_labels, h)] + ([(model.num_labels,)] if bias else [])
+    return shapes

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fstrain.core.acpolicy import AC_NAMES, parse_ac
+from fstrain.core.adafactor import check_adafactor
 from fstrain.core.losses import LOSS_KINDS, parse_loss
 from fstrain.core.precision import PRECISIONS, check_strategy
 from fstrain.errors import InputError
@@ -23,9 +24,10 @@ _PLAN_HINT = "fix the value, or write the plan again with `fstrain plan --out pl
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
 ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N takes a number)
 OFFLOAD = ("none", "optimizer", "optimizer+params")
-OPTIMIZERS = ("adamw", "sgd", "adam8bit")
+OPTIMIZERS = ("adamw", "sgd", "adam8bit", "adafactor")  # adafactor: Hugging Face's (fstrain/core/adafactor.py)
 # How the loss is computed over the logits, which sets their memory (fstrain/core/losses.py):
-# full, fused, megatron, or chunked:N (validated by losses.parse_loss).
+# full, fused, megatron, megatron-core, chunked:N, or none (no vocabulary head: a classification
+# or regression head; validated by losses.parse_loss).
 LOSSES = LOSS_KINDS
 # Pipeline schedules (fstrain/core/pipeline.py): "1f1b" (PipeDream-Flush, DeepSpeed's and torch's
 # Schedule1F1B), "interleaved" (Narayanan et al. 2021's interleaved 1F1B, ``pp_virtual_stages``
@@ -65,6 +67,11 @@ class ModelSpec:
     linear_bias: bool = False  # biases on the attention and FFN linears (GPT-2: true)
     position_embedding: str = "rope"  # "rope" (no parameters) or "learned" (seq_len x hidden)
     dropout: float = 0.0  # > 0 keeps 1-byte dropout masks in the activations
+    # A sequence-classification head (trained with loss "none": no vocabulary logits): BERT's
+    # pooler, a hidden x hidden linear + tanh on the first token, and a hidden x num_labels
+    # classifier; biases follow linear_bias. 0 / false: none (fstrain.core.modelsize).
+    pooler: bool = False
+    num_labels: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -75,9 +82,10 @@ class ModelSpec:
 class PlanKnobs:
     """One parallel configuration: every knob the planner chooses and the renderers read.
 
-    ``dp * tp * pp`` is the world size. ``shard_group_size`` is the number of data-parallel
+    ``dp * cp * tp * pp`` is the world size. ``shard_group_size`` is the number of data-parallel
     ranks a model state is sharded over: ``dp`` for ZeRO-1/2/3 and FSDP full/grad-op, the
-    hybrid group (an NVLink domain or a node) for ``fsdp-hybrid``, 1 for ``ddp``.
+    hybrid group (an NVLink domain or a node) for ``fsdp-hybrid``, 1 for ``ddp``. With context
+    parallelism FSDP shards over those ranks times ``cp`` (see ``cp`` below).
     """
 
     strategy: str
@@ -102,6 +110,12 @@ class PlanKnobs:
     # torchtitan's parallel_dims.py borrows it from dp_shard), so expert states are data-parallel
     # over dp/ep ranks. 1: every rank holds its FSDP/ZeRO shard of every expert.
     ep: int = 1
+    # Context parallelism (torchtitan's ring attention, fstrain/core/contextparallel.py): each
+    # sequence is split over ``cp`` ranks, each holding and computing seq_len/cp of its tokens.
+    # The cp ranks of one sequence are not data-parallel replicas (``dp`` and the global batch
+    # do not count them), but FSDP shards the parameters and reduces the gradients over
+    # ``dp x cp`` ranks (torchtitan's "dp_shard_cp" mesh). 1: no context parallelism.
+    cp: int = 1
     # fp8 compute of the transformer blocks' linear layers (torchao Float8Linear with tensorwise
     # scaling as torchtitan converts them, or Transformer Engine's Linear): their matmuls run on
     # the fp8 tensor cores; attention, norms and the output layer stay in the compute dtype.
@@ -118,7 +132,7 @@ class PlanKnobs:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def global_batch_size(self) -> int:
@@ -191,6 +205,7 @@ class PlanFile:
         plan = cls(model=model, knobs=knobs, cluster=cluster, predicted=_as_mapping(predicted, f"{where}: predicted"))
         validate_knobs(plan.knobs, where)
         validate_ep(plan.knobs, plan.model, where)
+        validate_cp(plan.knobs, plan.model, where)
         validate_cluster(plan.cluster, where)
         return plan
 
@@ -208,6 +223,7 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         if value not in allowed:
             raise InputError(f"plan.{key} is {value!r}", f"use one of {', '.join(allowed)}", where)
     check_strategy(knobs.precision, knobs.strategy, f"{where}: plan.precision")
+    check_adafactor(knobs.optimizer, knobs.strategy, knobs.offload, f"{where}: plan.optimizer")
     try:
         loss = parse_loss(knobs.loss, where)
     except InputError:
@@ -276,6 +292,23 @@ def validate_ep(knobs: PlanKnobs, model: ModelSpec | None, where: str) -> None:
         raise InputError(f"plan.ep({ep}) does not divide shard_group_size({knobs.shard_group_size})",
                          "with hybrid sharding experts are sharded over group/ep ranks: use a divisor of the group",
                          where)
+
+
+def validate_cp(knobs: PlanKnobs, model: ModelSpec | None, where: str) -> None:
+    """Refuse a context-parallel degree the plan cannot run (fstrain/core/contextparallel.py):
+    torchtitan's ring attention runs under FSDP2 only, without pipeline or expert parallelism in
+    the configurations fstrain models, with FlashAttention-style SDPA, and its load-balanced
+    causal sharding cuts each sequence into 2 x cp equal chunks."""
+    from fstrain.core.contextparallel import cp_problem  # builds on this module
+
+    cp = knobs.cp
+    if not _is_int(cp) or cp < 1:
+        raise InputError(f"plan.cp must be a positive integer, got {cp!r}", "use 1 for no context parallelism", where)
+    seq_len = knobs.seq_len or (model.seq_len if model is not None else 0)
+    problem = cp_problem(cp, knobs.strategy, knobs.pp, knobs.ep, knobs.flash_attention, seq_len)
+    if problem:
+        what, hint = problem
+        raise InputError(f"plan.cp is {cp}: {what}", hint, where)
 
 
 def validate_pp_schedule(knobs: PlanKnobs, where: str) -> None:

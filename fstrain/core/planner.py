@@ -2,9 +2,10 @@
 
 Enumerates strategy x (dp, tp, pp) x hybrid shard group x micro-batch (which fixes gradient
 accumulation for a given global batch) x activation checkpointing x offload. Tensor parallelism
-stays inside an NVLink domain; ``dp * tp * pp`` is the world size. Every configuration gets a
-memory breakdown; those that fit get a step time and are ranked by throughput, the rest carry
-the reason. Any knob can be pinned (:class:`Pins`); with all of them pinned exactly one
+stays inside an NVLink domain; ``dp * cp * tp * pp`` is the world size (context parallelism ``cp``
+only when pinned: it trades throughput for a longer sequence, which the search does not choose).
+Every configuration gets a memory breakdown; those that fit get a step time and are ranked by
+throughput, the rest carry the reason. Any knob can be pinned (:class:`Pins`); with all of them pinned exactly one
 configuration is evaluated. Pure and deterministic: same input, same output, no globals.
 """
 
@@ -17,8 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fstrain.core.acpolicy import AC_SEARCHED, every_k
+from fstrain.core.adafactor import adafactor_problem, check_adafactor
 from fstrain.core.assumptions import Assumptions
-from fstrain.core.losses import parse_loss
+from fstrain.core.contextparallel import CP_STRATEGIES, cp_problem
+from fstrain.core.losses import has_vocab_head, parse_loss
 from fstrain.core.memory import (
     GIB,
     OFFLOAD_ALLOWED,
@@ -67,9 +70,15 @@ class PlanModel:
     params: ParamCount | None = None
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec) -> PlanModel:
-        params = count_parameters(spec)
+    def from_spec(cls, spec: ModelSpec, loss: str = "full") -> PlanModel:
+        params = count_parameters(spec, vocab_head=has_vocab_head(loss))
         return cls(params.total, spec, params)
+
+    def for_loss(self, loss: str) -> PlanModel:
+        """The model as ``loss`` trains it: without a vocabulary head for ``none``."""
+        if self.spec is None or self.params is None or self.params.vocab_head == has_vocab_head(loss):
+            return self
+        return PlanModel.from_spec(self.spec, loss)
 
     @property
     def name(self) -> str:
@@ -108,6 +117,7 @@ class Pins:
     pp_schedule: str | None = None  # planfile.PP_SCHEDULES
     pp_virtual_stages: int | None = None  # model chunks per rank, with pp_schedule "interleaved"
     ep: int | None = None  # expert-parallel degree (MoE models only)
+    cp: int | None = None  # context-parallel degree (ring attention); None: 1, never searched
 
     def pinned(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
@@ -155,6 +165,7 @@ class Plan:
             "pp_schedule": k.pp_schedule,
             "pp_virtual_stages": k.pp_virtual_stages,
             **({"ep": k.ep} if self.moe else {}),
+            "cp": k.cp,
             "fp8": k.fp8,
             "fp8_all_gather": k.fp8_all_gather,
             "memory": self.memory.to_dict(),
@@ -189,6 +200,8 @@ def describe_knobs(k: PlanKnobs) -> str:
     text = f"{STRATEGY_LABELS[k.strategy]}, tp={k.tp}, pp={k.pp}, dp={k.dp}"
     if k.ep > 1:
         text += f", ep={k.ep}"
+    if k.cp > 1:
+        text += f", cp={k.cp}"
     if k.strategy == "fsdp-hybrid":
         text += f", group={k.shard_group_size}"
     text += f", mbs={k.micro_batch_size}, gas={k.grad_accum_steps}, AC {k.activation_checkpointing}"
@@ -213,6 +226,7 @@ def plan(
     """Search every configuration the pins allow; rank those that fit by throughput."""
     _check_inputs(model, training, cluster, pins)
     training = dataclasses.replace(training, loss=parse_loss(training.loss, "--loss"))  # chunked: chunked:8
+    model = model.for_loss(training.loss)
     plans, rejected, considered = _search(model, training, cluster, pins, assumptions, first_fit=False)
     plans.sort(key=_rank_key)
     rejected.sort(key=lambda p: (round(p.overshoot, 2), p.memory.peak, *_tie_key(p)))
@@ -309,6 +323,7 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             "FlashAttention needs fp16 or bf16", "use --no-flash-attention with fp32", "--flash-attention"
         )
     world, domain = cluster.world_size, cluster.nvlink_domain_size
+    _check_cp_pin(model, training, cluster, pins)
     if pins.tp is not None:
         if world % pins.tp:
             raise ConfigError(f"tp={pins.tp} does not divide the world size {world}", "pick a divisor", "--tp")
@@ -325,8 +340,9 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
                 "--tp",
             )
     if pins.pp is not None:
-        if world % (pins.pp * (pins.tp or 1)):
-            raise ConfigError(f"pp={pins.pp} (x tp={pins.tp or 1}) does not divide the world size {world}", "", "--pp")
+        if world % (pins.pp * (pins.tp or 1) * (pins.cp or 1)):
+            raise ConfigError(f"pp={pins.pp} (x tp={pins.tp or 1} x cp={pins.cp or 1}) does not divide the world "
+                              f"size {world}", "", "--pp")
         if model.spec and pins.pp > model.spec.num_layers:
             raise ConfigError(f"pp={pins.pp} is more than the {model.spec.num_layers} layers", "", "--pp")
     if pins.strategy in _NO_PIPELINE and pins.pp is not None and pins.pp > 1:
@@ -345,12 +361,38 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
         )
     if pins.strategy:
         check_strategy(training.precision, pins.strategy, "--strategy")
+        check_adafactor(training.optimizer, pins.strategy, pins.offload or "none", "--optimizer")
+    if training.optimizer == "adafactor" and pins.offload not in (None, "none"):
+        check_adafactor(training.optimizer, "ddp", pins.offload, "--offload")
     if pins.strategy and pins.offload and pins.offload not in OFFLOAD_ALLOWED[pins.strategy]:
         raise ConfigError(
             f"{STRATEGY_LABELS[pins.strategy]} cannot offload {pins.offload!r}",
             f"it supports: {', '.join(OFFLOAD_ALLOWED[pins.strategy])}",
             "--offload",
         )
+
+
+def _check_cp_pin(model: PlanModel, training: TrainingSpec, cluster: PlanCluster, pins: Pins) -> None:
+    """A pinned context-parallel degree must divide the GPUs with the other pinned degrees, cut
+    the sequence into 2 x cp chunks, and run under FSDP2 without pipeline or expert parallelism
+    (fstrain.core.contextparallel)."""
+    cp = pins.cp
+    if cp is None or cp == 1:
+        return
+    if cp < 1:
+        raise ConfigError(f"cp={cp} is not a positive integer", "use 1 for no context parallelism", "--cp")
+    if model.spec is None:
+        raise ConfigError("context parallelism needs the model's layers (it splits the activations)",
+                          "use --model or --recipe instead of --model-params", "--cp")
+    world = cluster.world_size
+    others = cp * (pins.tp or 1) * (pins.pp or 1)
+    if world % others:
+        raise ConfigError(f"cp={cp} (x tp={pins.tp or 1} x pp={pins.pp or 1}) does not divide the {world} GPUs",
+                          "dp x cp x tp x pp must equal the GPU count: pick a divisor", "--cp")
+    problem = cp_problem(cp, pins.strategy, pins.pp, pins.ep, training.flash_attention, training.seq_len)
+    if problem:
+        what, hint = problem
+        raise ConfigError(f"cp={cp}: {what}", hint, "--cp")
 
 
 def _check_ep_pin(model: PlanModel, pins: Pins) -> None:
@@ -422,8 +464,10 @@ def _schedules(pins: Pins, strategy: str, pp: int, micro_batches: int, num_layer
 
 
 def _layouts(model: PlanModel, cluster: PlanCluster, pins: Pins) -> Iterator[tuple[int, int, int]]:
-    """(tp, pp, dp) with tp inside an NVLink domain and tp * pp * dp = world size."""
-    world, domain = cluster.world_size, cluster.nvlink_domain_size
+    """(tp, pp, dp) with tp inside an NVLink domain and tp * pp * dp * cp = world size (cp pinned,
+    1 by default; with cp > 1 no pipeline)."""
+    cp = pins.cp or 1
+    world, domain = cluster.world_size // cp, cluster.nvlink_domain_size
     spec = model.spec
     for tp in [pins.tp] if pins.tp else divisors(domain):
         if world % tp or (spec and (spec.num_heads % tp or spec.num_kv_heads % tp)):
@@ -432,6 +476,8 @@ def _layouts(model: PlanModel, cluster: PlanCluster, pins: Pins) -> Iterator[tup
             continue  # without an architecture, TP/PP only when asked for
         for pp in [pins.pp] if pins.pp else divisors(world // tp):
             if (world // tp) % pp or (spec and pp > spec.num_layers) or (spec is None and pins.pp is None and pp > 1):
+                continue
+            if cp > 1 and pp > 1:
                 continue
             yield tp, pp, world // (tp * pp)
 
@@ -453,14 +499,18 @@ def _batches(training: TrainingSpec, dp: int, pins: Pins) -> list[tuple[int, int
     return [(d, local // d) for d in divisors(local) if d <= MAX_MICRO_BATCH]
 
 
-def _strategies(pins: Pins, pp: int, precision: str = "bf16") -> Iterator[str]:
+def _strategies(pins: Pins, pp: int, precision: str = "bf16", optimizer: str = "adamw") -> Iterator[str]:
     # A pinned shard group only means something for hybrid sharding.
     chosen = pins.strategy or ("fsdp-hybrid" if pins.shard_group_size else None)
     for strategy in [chosen] if chosen else STRATEGIES:
         if pp > 1 and strategy in _NO_PIPELINE:
             continue
+        if (pins.cp or 1) > 1 and strategy not in CP_STRATEGIES:
+            continue  # ring attention runs under FSDP2 only
         if not chosen and not strategy_runs(precision, strategy):
             continue  # e.g. pure bf16 under DeepSpeed's ZeRO (fstrain.core.precision)
+        if not chosen and optimizer == "adafactor" and adafactor_problem(strategy, "none"):
+            continue  # Adafactor is not modelled under FSDP (fstrain.core.adafactor)
         yield strategy
 
 
@@ -471,9 +521,9 @@ def _shard_groups(strategy: str, dp: int, tp: int, cluster: PlanCluster, pins: P
         return [dp]
     if pins.shard_group_size:
         return [pins.shard_group_size] if dp % pins.shard_group_size == 0 else []
-    # Align the shard group with an NVLink domain or with whole nodes.
+    # Align the shard group (times cp: FSDP shards over dp x cp) with an NVLink domain or whole nodes.
     aligned = {cluster.nvlink_domain_size} | {cluster.gpus_per_node * k for k in divisors(cluster.num_nodes)}
-    return [g for g in divisors(dp) if 1 < g < dp and g * tp in aligned]
+    return [g for g in divisors(dp) if 1 < g < dp and g * tp * (pins.cp or 1) in aligned]
 
 
 def _groups_and_eps(
@@ -523,6 +573,7 @@ class _Evaluator:
         offload: str,
         schedule: tuple[str, int] = ("1f1b", 1),
         ep: int = 1,
+        cp: int = 1,
     ) -> Plan:
         t = self.training
         knobs = PlanKnobs(
@@ -543,6 +594,7 @@ class _Evaluator:
             t.loss,
             *schedule,
             ep,
+            cp,
             compile=t.compile,
             fused_rmsnorm=t.fused_rmsnorm,
             fp8=t.fp8,
@@ -591,6 +643,7 @@ def _search(
     plans: list[Plan] = []
     rejected: list[Plan] = []
     evaluate = _Evaluator(model, training, cluster, assumptions)
+    cp = pins.cp or 1
     acs = [pins.activation_checkpointing] if pins.activation_checkpointing else list(AC_SEARCHED)
     if model.spec is None:
         acs = acs[:1]  # activations are not modelled without an architecture
@@ -602,17 +655,19 @@ def _search(
         batches = (
             _batches(training, dp, pins) if model.spec else [(pins.micro_batch_size or 1, pins.grad_accum_steps or 1)]
         )
-        for strategy in _strategies(pins, pp, training.precision):
+        for strategy in _strategies(pins, pp, training.precision, training.optimizer):
             if training.fp8_all_gather and not strategy.startswith("fsdp"):
                 continue  # FSDP's float8 all-gather: FSDP strategies only
-            # With dp = 1 sharding is DDP, unless it is there to offload.
+            # With dp = 1 (and no CP ranks to shard over) sharding is DDP, unless it is there to offload.
             offloads = [
                 o
                 for o in ([pins.offload] if pins.offload else OFFLOAD_ALLOWED[strategy])
                 if o in OFFLOAD_ALLOWED[strategy]
             ]
-            if dp == 1 and strategy != "ddp" and not pins.strategy:
+            if dp * cp == 1 and strategy != "ddp" and not pins.strategy:
                 offloads = [o for o in offloads if o != "none"]
+            if training.optimizer == "adafactor":
+                offloads = [o for o in offloads if not adafactor_problem(strategy, o)]
             for group, ep in _groups_and_eps(model, strategy, dp, tp, cluster, pins):
                 failed: set[tuple[str, str, tuple[str, int]]] = set()
                 for mbs, gas in batches:
@@ -626,7 +681,8 @@ def _search(
                             for offload in offloads:
                                 if (ac, offload, schedule) in failed:
                                     continue
-                                result = evaluate(strategy, dp, tp, pp, group, mbs, gas, ac, offload, schedule, ep)
+                                result = evaluate(strategy, dp, tp, pp, group, mbs, gas, ac, offload, schedule, ep,
+                                                  cp)
                                 if not result.fits:
                                     failed.add((ac, offload, schedule))
                                     rejected.append(result)
@@ -715,6 +771,7 @@ def _tie_key(p: Plan) -> tuple[Any, ...]:
         k.tp,
         k.pp,
         k.ep,
+        k.cp,
         _SCHEDULE_ORDER[k.pp_schedule],
         k.pp_virtual_stages,
         _ac_order(k.activation_checkpointing),
@@ -756,6 +813,7 @@ def _suggest(
         "pp_schedule": "--pp-schedule",
         "pp_virtual_stages": "--pp-virtual-stages",
         "ep": "--ep",
+        "cp": "--cp",
     }
     released = False
     for key, value in pins.pinned().items():
@@ -770,6 +828,8 @@ def _suggest(
     if model.spec is not None:
         seq = training.seq_len // 2
         while seq >= 128:
+            if seq % (2 * (pins.cp or 1)):
+                break  # no shorter sequence splits into the 2 x cp chunks
             shorter = dataclasses.replace(training, seq_len=seq)
             hit = first_fit(shorter, cluster, pins)
             if hit:

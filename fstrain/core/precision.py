@@ -102,8 +102,9 @@ def compute_dtype(precision: str) -> str:
 
 def optimizer_state_bytes(precision: str, optimizer: str, fp32_state_bytes: int) -> int:
     """Bytes per parameter of the optimizer's states: ``fp32_state_bytes`` (adamw 8, sgd 4) in
-    the state dtype; 8-bit Adam's quantised states do not follow the parameter dtype."""
-    if optimizer == "adam8bit":
+    the state dtype; 8-bit Adam's quantised states and Adafactor's (fp32 after ``grad.float()``) do
+    not follow the parameter dtype."""
+    if optimizer in ("adam8bit", "adafactor"):
         return fp32_state_bytes
     return fp32_state_bytes * mode(precision).state_bytes // 4
 

@@ -80,6 +80,8 @@ _MODEL_KEYS = (
     "linear_bias",
     "position_embedding",
     "dropout",
+    "pooler",
+    "num_labels",
     "moe",
     "params",
 )
@@ -198,6 +200,8 @@ def _parse_model(section: Mapping[str, Any], where: str, name: str) -> tuple[Mod
         linear_bias=_bool(section, "linear_bias", where, "model.", False),
         position_embedding=_choice(section, "position_embedding", POSITION_EMBEDDINGS, where, "model.", "rope"),
         dropout=_dropout(section, where),
+        pooler=_bool(section, "pooler", where, "model.", False),
+        num_labels=_count(section, "num_labels", where),
     )
     _check_shapes(model, where)
     stated = parse_count(section["params"], _at(where, "model.params")) if "params" in section else None
@@ -334,6 +338,14 @@ def _bool(section: Mapping[str, Any], key: str, where: str, prefix: str, default
     value = section[key]
     if not isinstance(value, bool):
         raise InputError(f"expected true or false, got {value!r}", "write true or false", _at(where, prefix + key))
+    return value
+
+
+def _count(section: Mapping[str, Any], key: str, where: str) -> int:
+    value = section.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"expected a whole number >= 0, got {value!r}", "write e.g. 2, or 0 for none",
+                         _at(where, f"model.{key}"))
     return value
 
 

@@ -1,7 +1,9 @@
 """Step time of one parallel configuration: compute, pipeline bubble and communication.
 
 - FLOPs: matmul FLOPs from the architecture (2 per multiply-add), attention scores ``4 s q``
-  per token and layer (QK^T and AV, full s x s like Megatron and torchtitan), logits ``2 V h``;
+  per token and layer (QK^T and AV, full s x s like Megatron and torchtitan: a causal mask is not
+  credited, and a bidirectional encoder's attention is the same count), logits ``2 V h`` (none
+  with ``--loss none``: a classification head's instead);
   training = 3 x forward (Kaplan's 6N plus attention). Hardware FLOPs add recompute: full
   activation checkpointing repeats every layer's forward (Narayanan eq. 3's 96 instead of 72),
   every-k:N every N-th layer's, op-level selective AC every other matmul of each layer,
@@ -28,6 +30,13 @@
   the EP group's bandwidth, not overlapped with compute (torchtitan expert_parallel.py runs them
   synchronously between the router and the experts). Expert gradients are reduced over the
   ``dp/ep`` ranks holding the same experts (DeepSpeed-MoE, arXiv 2201.05596 sec. 5.1).
+- Context parallelism (``cp > 1``, :mod:`fstrain.core.contextparallel`): each rank computes
+  ``s / cp`` tokens of every sequence, with attention at the full ``s`` per token (load-balanced
+  causal sharding gives every rank ``1/cp`` of the attention work), and moves them through TP and
+  PP; FSDP's traffic is that of ``dp x cp`` ranks (:func:`~fstrain.core.contextparallel.cp_rank_view`).
+  Ring attention's K/V all-gather (forward, and again in backward) hides behind the first (local)
+  chunk's SDPA; backward's fp32 dK/dV rotation hides each step behind the next chunk's SDPA, the
+  last one exposed (:func:`ring_attention_time`).
 - CPU offload: PCIe transfers and the CPU optimizer step, not overlapped.
 - fp8 (``knobs.fp8``): the blocks' linear layers run their three matmuls on the fp8 tensor cores
   and pay for the casts, after torchao's float8 roofline (:func:`fp8_linear_saving_s`); the
@@ -42,7 +51,9 @@ from typing import Any
 
 from fstrain.core.acpolicy import every_k
 from fstrain.core.assumptions import Assumptions
+from fstrain.core.contextparallel import cp_rank_view, ring_chunk_bytes
 from fstrain.core.kernels import fusion_seconds_saved_per_token
+from fstrain.core.losses import has_vocab_head
 from fstrain.core.memory import (
     block_matmuls,
     comm_bytes,
@@ -81,8 +92,13 @@ class FlopsPerToken:
         return 3 * self.forward
 
 
-def flops_per_token(model: ModelSpec, seq_len: int) -> FlopsPerToken:
-    """Forward FLOPs per token of ``model`` at ``seq_len`` (biases and norms are negligible)."""
+def flops_per_token(model: ModelSpec, seq_len: int, loss: str = "full") -> FlopsPerToken:
+    """Forward FLOPs per token of ``model`` at ``seq_len`` (biases and norms are negligible).
+
+    ``loss`` ``none`` has no logits over the vocabulary: the head is the recipe's classification
+    head, a pooler (hidden x hidden) and a classifier (hidden x num_labels) run once per sequence
+    on its first token (BERT), or the classifier on every token without a pooler
+    (``LlamaForSequenceClassification``'s ``score``)."""
     h = model.hidden_size
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
@@ -102,10 +118,21 @@ def flops_per_token(model: ModelSpec, seq_len: int) -> FlopsPerToken:
     return FlopsPerToken(
         layer_matmuls=2.0 * linears,
         attention_core=4.0 * seq_len * q_width,
-        head=2.0 * model.vocab_size * h,
+        head=_head_flops(model, seq_len, loss),
         num_layers=model.num_layers,
         selective_op_recompute=recomputed,
     )
+
+
+def _head_flops(model: ModelSpec, seq_len: int, loss: str) -> float:
+    """Forward FLOPs per token of the output head (see :func:`flops_per_token`)."""
+    h = model.hidden_size
+    if has_vocab_head(loss):
+        return 2.0 * model.vocab_size * h
+    classifier = 2.0 * h * model.num_labels
+    if model.pooler:
+        return (2.0 * h * h + classifier) / max(1, seq_len)
+    return classifier
 
 
 def layer_hardware_flops(flops: FlopsPerToken, ac: str, flash_attention: bool) -> float:
@@ -139,15 +166,17 @@ def fp8_linear_saving_s(model: ModelSpec, knobs: PlanKnobs, rates: Fp8Rates, ass
 
     torchao's float8 roofline (pytorch/ao torchao/float8/roofline_utils.py @d370196,
     ``get_gemm_time_sympy`` and ``get_float8_mem_sympy``), per linear of forward shape
-    ``M x K -> N`` (``M = b s`` tokens): the forward, grad-input and grad-weight matmuls
-    (``6 M K N`` FLOPs, plus ``2 M K N`` for a recomputed forward) run at
+    ``M x K -> N`` (``M = b s`` tokens; ``b s / cp`` on a context-parallel rank, whose knobs
+    :func:`fstrain.core.contextparallel.cp_rank_view` gives): the forward, grad-input and
+    grad-weight matmuls (``6 M K N`` FLOPs, plus ``2 M K N`` for a recomputed forward) run at
     ``gemm_peak_fraction`` of the bf16 or the fp8 peak; fp8 adds its dynamic tensorwise casts,
-    memory-bound: the input ``4 M K`` bytes (bf16 read, row- and column-major fp8 written; its
-    amax fused into the previous op), the weight ``6 K N`` (amax read, then the cast), the
-    output gradient ``4 M N``, the forward's two again when recomputed, each pass's second-stage
-    amax kernels (``fp8_scale_kernel_s`` each). What a tensor-parallel rank holds is ``1/tp``
-    of each; under FSDP's float8 all-gather each rank casts its weight shard before the gather
-    (``1/shard`` of the weight's cast). The rest of the step (attention, norms, elementwise) is
+    memory-bound at ``hbm_efficiency`` of the HBM bandwidth (the roofline assumes 0.92): the
+    input ``4 M K`` bytes (bf16 read, row- and column-major fp8 written; its amax fused into the
+    previous op), the weight ``6 K N`` (amax read, then the cast), the output gradient
+    ``4 M N``, the forward's two again when recomputed, each pass's second-stage amax kernels
+    (``fp8_scale_kernel_s`` each). What a tensor-parallel rank holds is ``1/tp`` of each; under
+    FSDP's float8 all-gather each rank casts its weight shard before the gather (``1/shard`` of
+    the weight's cast). The rest of the step (attention, norms, elementwise) is
     unchanged.
     """
     tokens = knobs.micro_batch_size * knobs.seq_len
@@ -169,7 +198,7 @@ def fp8_linear_saving_s(model: ModelSpec, knobs: PlanKnobs, rates: Fp8Rates, ass
     cast_bytes /= knobs.tp
     bf16_s = matmul_flops / (rates.peak_flops * gemm)
     fp8_s = matmul_flops / (rates.fp8_peak_flops * gemm)
-    casts_s = cast_bytes / (rates.hbm_bytes_per_s * assumptions.hbm_peak_fraction)
+    casts_s = cast_bytes / (rates.hbm_bytes_per_s * assumptions.hbm_efficiency)
     return bf16_s - fp8_s - casts_s - kernels * assumptions.fp8_scale_kernel_s
 
 
@@ -242,6 +271,7 @@ class StepTime:
     model_flops_per_step: float
     mfu: float
     ep_comm_s: float = 0.0  # MoE all-to-all of the step (ep > 1), inside the pipeline slots
+    cp_comm_s: float = 0.0  # ring attention's exposed K/V and dK/dV traffic (cp > 1), inside the slots
 
     @property
     def tokens_per_s(self) -> float:
@@ -261,6 +291,7 @@ class StepTime:
             "dp_exposed_s": self.dp_exposed_s,
             "offload_s": self.offload_s,
             **({"ep_comm_s": self.ep_comm_s} if self.ep_comm_s else {}),
+            **({"cp_comm_s": self.cp_comm_s} if self.cp_comm_s else {}),
         }
 
 
@@ -283,10 +314,13 @@ def step_time(
     too: its MFU is not well defined, torchtitan benchmarks/llama3_h100_202412_torchtitan.md).
     ``fp8_rates``: that GPU's rates, needed when ``knobs.fp8``.
     """
-    s, b, m, t, p, d = (knobs.seq_len, knobs.micro_batch_size, knobs.grad_accum_steps, knobs.tp, knobs.pp, knobs.dp)
+    # One context-parallel rank computes s / cp tokens of each sequence (attention over all s)
+    # and is one of dp x cp ranks to FSDP; without CP this is knobs itself.
+    rank = cp_rank_view(knobs)
+    s, b, m, t, p, d = (rank.seq_len, knobs.micro_batch_size, knobs.grad_accum_steps, knobs.tp, knobs.pp, rank.dp)
     w = weight_bytes(knobs.precision)
     eff = assumptions.collective_efficiency
-    flops = flops_per_token(model, s)
+    flops = flops_per_token(model, knobs.seq_len, knobs.loss)
     chunks = knobs.pp_virtual_stages if p > 1 else 1
     layers = layers_per_rank(model.num_layers, p, chunks)
     per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
@@ -296,7 +330,7 @@ def step_time(
     if knobs.fp8:
         if fp8_rates is None:
             raise ValueError("knobs.fp8 needs the GPU's fp8 rates")
-        compute_mb -= layers * fp8_linear_saving_s(model, knobs, fp8_rates, assumptions)
+        compute_mb -= layers * fp8_linear_saving_s(model, rank, fp8_rates, assumptions)
 
     tp_mb = 0.0
     if t > 1:
@@ -310,20 +344,21 @@ def step_time(
         boundary = group_bandwidth(p, t * d, links)
         crossings = boundary_crossings(knobs.pp_schedule, chunks)  # v times the traffic, interleaved
         pp_mb = crossings * 2 * b * s * model.hidden_size * residual_bytes(knobs.precision) / t / (boundary * eff)
-    ep_mb = layers * moe_all_to_all_time(model, knobs, links, assumptions)
-    slot = compute_mb + tp_mb + pp_mb + ep_mb
+    ep_mb = layers * moe_all_to_all_time(model, rank, links, assumptions)
+    cp_mb = layers * ring_attention_time(model, knobs, flops, effective_flops_per_gpu, links, assumptions)
+    slot = compute_mb + tp_mb + pp_mb + ep_mb + cp_mb
     bubble = bubble_slots(knobs.pp_schedule, p, chunks) * slot
     pipeline = m * slot + bubble
 
     dense_params = stage_params - expert_params
     fp8_gathered = 0.0  # of the non-expert parameters, the share FSDP gathers in fp8
     if knobs.fp8_all_gather and dense_params > 0:
-        fp8_gathered = min(1.0, layers * fp8_gathered_block_params(model, knobs) / dense_params)
-    dp_total, dp_exposed = _data_parallel_time(knobs, stage_params, compute_mb, links, assumptions, layers,
+        fp8_gathered = min(1.0, layers * fp8_gathered_block_params(model, rank) / dense_params)
+    dp_total, dp_exposed = _data_parallel_time(rank, stage_params, compute_mb, links, assumptions, layers,
                                                expert_params, fp8_gathered)
-    offload = _offload_time(knobs, stage_params, links, assumptions, expert_params)
+    offload = _offload_time(rank, stage_params, links, assumptions, expert_params)
     total = pipeline + dp_exposed + offload
-    tokens = knobs.global_batch_size * s
+    tokens = knobs.global_batch_size * knobs.seq_len
     model_flops = flops.training * tokens
     return StepTime(
         step_time_s=total,
@@ -338,6 +373,7 @@ def step_time(
         model_flops_per_step=model_flops,
         mfu=model_flops / (total * cluster_peak_flops),
         ep_comm_s=m * ep_mb,
+        cp_comm_s=m * cp_mb,
     )
 
 
@@ -348,6 +384,43 @@ def _fusion_saved_s(model: ModelSpec, knobs: PlanKnobs, links: Links, assumption
         model, weight_bytes(knobs.precision), knobs.tp, replicated_split(knobs.tp, assumptions.sequence_parallel),
         knobs.activation_checkpointing, every_k(knobs.activation_checkpointing), knobs.compile, knobs.fused_rmsnorm,
         links.hbm_bytes_per_s * assumptions.hbm_efficiency)
+
+
+def ring_attention_time(
+    model: ModelSpec,
+    knobs: PlanKnobs,
+    flops: FlopsPerToken,
+    effective_flops_per_gpu: float,
+    links: Links,
+    assumptions: Assumptions,
+) -> float:
+    """Exposed seconds of one layer's ring attention traffic for one micro-batch (0 without CP).
+
+    torch's ring attention with torchtitan's all-gather rotater (:mod:`fstrain.core.contextparallel`):
+    forward all-gathers the ``cp`` K/V chunks (``(cp-1)`` chunks arrive, ``cp - 1`` ring steps of
+    latency) while the local chunk's SDPA runs, ``1/cp`` of the rank's attention, and waits for it
+    before the next chunk; backward all-gathers K/V again behind the first chunk's SDPA backward,
+    then sends the fp32 dK/dV accumulator to the next rank once per step (``cp`` times), each
+    hidden behind the next chunk's SDPA backward except the last. Exposed = max(0, traffic -
+    the compute it overlaps), per step. A layer whose forward is recomputed (full AC, every-k:N)
+    runs the forward ring again. The CP group is ``cp`` consecutive ranks ``tp`` apart (torchtitan's
+    mesh order ... dp_shard, cp, tp): NVLink inside a node, else the cross-node group bandwidth.
+    """
+    cp, t = knobs.cp, knobs.tp
+    if cp == 1:
+        return 0.0
+    tokens = knobs.micro_batch_size * knobs.seq_len / cp
+    attention = tokens * flops.attention_core / t / effective_flops_per_gpu  # this rank's forward attention
+    backward = attention * (2.5 if knobs.flash_attention else 2.0)  # FlashAttention's backward recomputes QK^T
+    bandwidth = group_bandwidth(cp, t, links) * assumptions.collective_efficiency
+    latency = collective_latency(cp, t, links, assumptions)  # (cp - 1) steps
+    gather = (cp - 1) * ring_chunk_bytes(model, knobs) / bandwidth + latency
+    dkv = ring_chunk_bytes(model, knobs, 4) / bandwidth + latency / (cp - 1)
+    forward = max(0.0, gather - attention / cp)
+    step = backward / cp
+    exposed_backward = max(0.0, gather - step) + (cp - 1) * max(0.0, dkv - step) + dkv
+    k = every_k(knobs.activation_checkpointing)
+    return forward * (1 + (1 / k if k else 0)) + exposed_backward
 
 
 def moe_all_to_all_time(model: ModelSpec, knobs: PlanKnobs, links: Links, assumptions: Assumptions) -> float:

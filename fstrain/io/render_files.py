@@ -27,6 +27,7 @@ from fstrain.core.render.bundle import (
     FSDP_CONFIG,
     PLAN_FILE,
     README,
+    RENDERED_FILES,
     RenderBundle,
     render_bundle,
 )
@@ -46,8 +47,9 @@ def to_yaml(data: Any) -> str:
 
 
 def bundle_files(bundle: RenderBundle) -> dict[str, bytes]:
-    """File name -> content for everything but the NCCL XML copies."""
-    return {
+    """File name -> content for everything but the NCCL XML copies (no ds_config.json for a plan
+    DeepSpeed cannot run)."""
+    files = {
         ACCELERATE_CONFIG: to_yaml(bundle.accelerate).encode(),
         DS_CONFIG: to_json(bundle.deepspeed).encode(),
         ENV_FILE: format_env_file(bundle.env).encode(),
@@ -55,6 +57,9 @@ def bundle_files(bundle: RenderBundle) -> dict[str, bytes]:
         PLAN_FILE: to_yaml(bundle.plan).encode(),
         README: bundle.readme.encode(),
     }
+    if bundle.deepspeed is None:
+        del files[DS_CONFIG]
+    return files
 
 
 def read_plan_file(path: Path) -> PlanFile:
@@ -96,6 +101,10 @@ def write_render(out_dir: Path, files: dict[str, bytes], *, force: bool) -> list
         else:
             for name in sorted(files):
                 os.replace(staging / name, out_dir / name)
+            # A rendered file this plan has none of (ds_config.json for a cp > 1 plan) would be
+            # another plan's: --force replaces the rendered files, so it goes too.
+            for name in sorted(set(RENDERED_FILES) - set(files)):
+                (out_dir / name).unlink(missing_ok=True)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fstrain.core.acpolicy import parse_ac
-from fstrain.core.launchplan import check_trainer_loss
+from fstrain.core.launchplan import check_trainer_loss, check_trainer_optimizer
 from fstrain.core.losses import loss_chunks
 from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
 from fstrain.core.render.deepspeed import render_deepspeed
@@ -137,6 +137,7 @@ def load_settings(argv: list[str] | None, world_size: int) -> TrainSettings:
     plan = _plan(args, world_size)
     check_supported(plan.model)
     check_trainer_loss(plan, "--plan")
+    check_trainer_optimizer(plan, "--plan")
     # Without rendered files, render them here with a schedule that fits --steps.
     options = TrainingOptions(warmup_steps=max(1, args.steps // 10), total_steps=args.steps)
     fsdp: Mapping[str, Any] | None = None
@@ -181,9 +182,15 @@ def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:
                 "the reference trainer is data-parallel only; plan with --tp 1 --pp 1",
                 str(args.plan),
             )
-        from fstrain.core.launchplan import check_trainer_eager, check_trainer_ep, check_trainer_fp8
+        from fstrain.core.launchplan import (
+            check_trainer_cp,
+            check_trainer_eager,
+            check_trainer_ep,
+            check_trainer_fp8,
+        )
 
         check_trainer_ep(plan, str(args.plan))
+        check_trainer_cp(plan, str(args.plan))
         check_trainer_eager(plan, str(args.plan))
         check_trainer_fp8(plan, str(args.plan))
         return plan

@@ -299,6 +299,8 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--loss", f["loss"]]
     if f.get("pp_schedule"):
         argv += ["--pp-schedule", f["pp_schedule"]]
+    if f.get("cp", 1) != 1:
+        argv += ["--cp", str(f["cp"])]
     if f.get("fp8"):
         argv += ["--fp8"]
     if f.get("fp8_all_gather"):

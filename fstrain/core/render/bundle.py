@@ -26,7 +26,7 @@ RENDERED_FILES = (ACCELERATE_CONFIG, DS_CONFIG, ENV_FILE, FSDP_CONFIG, PLAN_FILE
 
 @dataclass(frozen=True)
 class RenderBundle:
-    deepspeed: dict[str, object]
+    deepspeed: dict[str, object] | None  # None: DeepSpeed cannot run the plan (context parallelism)
     fsdp: dict[str, object]
     accelerate: dict[str, object]
     env: tuple[EnvVar, ...]
@@ -55,14 +55,18 @@ def render_bundle(
             "rename the XML files",
             "topology",
         )
-    ds = render_deepspeed(plan, options, debug=debug)
+    # DeepSpeed has no ring-attention context parallelism: a cp > 1 plan gets no ds_config.json.
+    ds = render_deepspeed(plan, options, debug=debug) if plan.knobs.cp == 1 else None
     fsdp = render_fsdp(plan, options)
     accelerate = render_accelerate(plan)
     # One XML means one machine shape: every node can point NCCL at it. With several, each
     # node needs its own, which the launcher sets per host.
     topo_path = f"{out_dir.rstrip('/')}/{topo_files[0]}" if len(topo_files) == 1 else None
     env = render_env(ifname=ifname, rdma_devices=rdma_devices, nccl_topo_file=topo_path, debug=debug)
-    notes = {DS_CONFIG: ds.notes, FSDP_CONFIG: fsdp.notes, ACCELERATE_CONFIG: accelerate.notes}
+    ds_notes = ds.notes if ds is not None else (
+        f"not written: the plan has cp={plan.knobs.cp}, and DeepSpeed has no ring-attention context parallelism "
+        "(DeepSpeed-Ulysses is a different scheme); re-plan with --cp 1 for DeepSpeed",)
+    notes = {DS_CONFIG: ds_notes, FSDP_CONFIG: fsdp.notes, ACCELERATE_CONFIG: accelerate.notes}
     readme = render_readme(
         plan,
         notes=notes,
@@ -70,7 +74,7 @@ def render_bundle(
         topo_files=tuple(topo_files),
     )
     return RenderBundle(
-        deepspeed=ds.config,
+        deepspeed=ds.config if ds is not None else None,
         fsdp=fsdp.config,
         accelerate=accelerate.config,
         env=env,
@@ -97,7 +101,7 @@ def render_readme(
         "",
         f"Plan: {model.name} ({model.num_layers} layers, hidden {model.hidden_size}, seq {model.seq_len}), "
         f"strategy {knobs.strategy}, ZeRO stage {knobs.zero_stage}, dp={knobs.dp} tp={knobs.tp} pp={knobs.pp}"
-        f"{f' ep={knobs.ep}' if knobs.ep > 1 else ''}, "
+        f"{f' ep={knobs.ep}' if knobs.ep > 1 else ''}{f' cp={knobs.cp}' if knobs.cp > 1 else ''}, "
         f"shard group {knobs.shard_group_size}",
         f"Batch: micro-batch {knobs.micro_batch_size} x grad-accum {knobs.grad_accum_steps} x dp {knobs.dp} "
         f"= {knobs.global_batch_size} sequences per step; precision {knobs.precision}"

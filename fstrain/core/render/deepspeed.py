@@ -16,6 +16,7 @@ from fstrain.core.buckets import bucket_sizes
 from fstrain.core.planfile import PlanFile
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.options import TrainingOptions
+from fstrain.errors import ConfigError
 
 # fp16 dynamic loss scaling: DeepSpeed's documented defaults, written out so the file says what
 # it does. loss_scale 0 selects dynamic scaling; the scale starts at 2**initial_scale_power.
@@ -115,11 +116,14 @@ def _optimizer(plan: PlanFile, options: TrainingOptions) -> tuple[dict[str, Any]
         # torch.optim.SGD is outside DeepSpeed's list of ZeRO-tested optimizers.
         extra: dict[str, Any] = {"zero_allow_untested_optimizer": True} if knobs.zero_stage > 0 else {}
         return {"optimizer": {"type": "SGD", "params": params}, **extra}, []
-    # adam8bit: DeepSpeed has no 8-bit Adam; the training script must pass one in.
+    # adam8bit, adafactor: DeepSpeed has neither; the training script must pass one in.
     extra = {"zero_allow_untested_optimizer": True} if knobs.zero_stage > 0 else {}
-    return extra, [
-        "adam8bit: no optimizer block; pass bitsandbytes.optim.AdamW8bit to deepspeed.initialize(optimizer=...)"
-    ]
+    client = {
+        "adam8bit": "bitsandbytes.optim.AdamW8bit",
+        "adafactor": "transformers.optimization.Adafactor(params, lr=..., scale_parameter=False, "
+        "relative_step=False) (what the Hugging Face Trainer's optim='adafactor' builds)",
+    }[knobs.optimizer]
+    return extra, [f"{knobs.optimizer}: no optimizer block; pass {client} to deepspeed.initialize(optimizer=...)"]
 
 
 def _scheduler(options: TrainingOptions) -> dict[str, Any]:
@@ -165,10 +169,22 @@ def _activation_checkpointing(plan: PlanFile) -> dict[str, Any]:
     }
 
 
+def check_no_context_parallel(plan: PlanFile, where: str = "plan") -> None:
+    """DeepSpeed's ZeRO engine has no ring-attention context parallelism."""
+    if plan.knobs.cp > 1:
+        raise ConfigError(
+            f"the plan has cp={plan.knobs.cp}: DeepSpeed has no ring-attention context parallelism "
+            "(DeepSpeed-Ulysses is a different sequence-parallel scheme, with other memory and traffic)",
+            "render the FSDP files (fsdp.yaml) for this plan, or re-plan with --cp 1 for DeepSpeed",
+            f"{where}: plan.cp",
+        )
+
+
 def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, debug: bool = False) -> Rendered:
     """The DeepSpeed config for ``plan``; ``debug`` turns on timers and the comms logger."""
     options = options or TrainingOptions()
     check_plan(plan)
+    check_no_context_parallel(plan)
     options.validate()
     knobs = plan.knobs
     precision, precision_notes = _precision(knobs.precision, knobs.zero_stage)

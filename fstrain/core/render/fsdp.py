@@ -63,14 +63,16 @@ _ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "bf16-pur
 
 
 def fsdp_mesh(plan: PlanFile) -> dict[str, Any]:
-    """The data-parallel device mesh: ``{"dim_names": [...], "shape": [...]}``."""
+    """The data-parallel device mesh: ``{"dim_names": [...], "shape": [...]}``. With context
+    parallelism FSDP shards over ``dp x cp`` ranks (torchtitan's flattened dp_shard_cp mesh)."""
     knobs = plan.knobs
     hybrid, _ = _LAYOUT[knobs.strategy]
+    cp = knobs.cp
     shard = 1 if knobs.strategy == "ddp" else knobs.shard_group_size if hybrid else knobs.dp
     replicate = knobs.dp // shard
     if hybrid and replicate > 1:
-        return {"dim_names": ["replicate", "shard"], "shape": [replicate, shard]}
-    return {"dim_names": ["shard"], "shape": [knobs.dp]}
+        return {"dim_names": ["replicate", "shard"], "shape": [replicate, shard * cp]}
+    return {"dim_names": ["shard"], "shape": [knobs.dp * cp]}
 
 
 def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rendered:
@@ -99,6 +101,12 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
             f"tp={knobs.tp} pp={knobs.pp}: this file describes the data-parallel mesh (and the pipeline schedule) "
             "only; the bundled trainer runs tp=1 pp=1 plans"
         )
+    if knobs.optimizer == "adafactor":  # ddp only: FSDP with Adafactor is refused (fstrain.core.adafactor)
+        notes.append(
+            "adafactor: Hugging Face's transformers.optimization.Adafactor with scale_parameter and relative_step "
+            "off, as the Trainer's optim='adafactor' builds it; the training script builds it (the bundled trainer "
+            "does not)"
+        )
     if knobs.ep > 1:
         notes.append(
             f"ep={knobs.ep}: expert parallelism is for the training program to set up (torchtitan: "
@@ -112,6 +120,13 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
     if knobs.fused_rmsnorm:
         notes.append("fused_rmsnorm: the norms run as one fused kernel each (the bundled trainer's FusedRMSNorm; "
                      "torchtitan 2024: model.norm_type = \"fused_rmsnorm\")")
+    if knobs.cp > 1:
+        notes.append(
+            f"cp={knobs.cp}: the mesh shards over dp x cp = {knobs.dp * knobs.cp} ranks (torchtitan's dp_shard_cp); "
+            "ring attention is for the training program to set up (torchtitan: parallelism.context_parallel_degree "
+            f"= {knobs.cp}, torch.distributed.tensor.experimental.context_parallel); the bundled trainer does not "
+            "run it"
+        )
     if knobs.fp8:
         notes.append(
             "fp8: this file has no fp8 key (the bundled trainer computes its linears in bf16); torchtitan: "
@@ -157,6 +172,10 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
     }
     if knobs.pp > 1:
         config["pipeline"] = pipeline_section(knobs)
+    if knobs.cp > 1:
+        # What fstrain plan modelled: torch's ring attention, load-balanced causal sharding, K/V
+        # all-gathered (torchtitan's default rotate method); fstrain.core.contextparallel.
+        config["context_parallel"] = {"degree": knobs.cp, "rotate_method": "allgather", "load_balance": True}
     return Rendered(config=config, notes=tuple(notes))
 
 
@@ -184,6 +203,9 @@ def pipeline_section(knobs: PlanKnobs) -> dict[str, Any]:
 def _optimizer(name: str, options: TrainingOptions) -> dict[str, Any]:
     if name == "sgd":
         return {"name": "sgd", "lr": options.lr, "momentum": options.momentum, "weight_decay": options.weight_decay}
+    if name == "adafactor":  # no first moment (beta1 None), an external learning rate
+        return {"name": "adafactor", "lr": options.lr, "scale_parameter": False, "relative_step": False,
+                "weight_decay": options.weight_decay}
     return {
         "name": name,
         "lr": options.lr,
@@ -225,6 +247,9 @@ def render_accelerate(plan: PlanFile) -> Rendered:
         "accelerate.yaml names fstrain's TransformerBlock as the wrap unit; set "
         "fsdp_transformer_layer_cls_to_wrap to your model's block class",
     ]
+    if knobs.cp > 1:
+        notes.append(f"cp={knobs.cp}: this file describes FSDP over dp x cp ranks only; set up context parallelism "
+                     "in the training program")
     if knobs.precision == "bf16-pure":
         notes.append("bf16-pure: mixed_precision 'no'; load the model in bf16 (torch_dtype=torch.bfloat16)")
     if knobs.fp8:
