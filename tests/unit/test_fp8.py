@@ -268,3 +268,17 @@ def test_fp8_all_gather_needs_fp8_and_fsdp_and_plans_fsdp_only() -> None:
     document["plan"]["fp8"] = False
     with pytest.raises(InputError, match="fp8_all_gather is true with fp8 false"):
         PlanFile.from_dict(document, "plan.yaml")
+
+
+def test_a_context_parallel_rank_saves_what_a_rank_of_its_share_of_the_sequence_saves() -> None:
+    # cp 2 at 2 x 4096 tokens: each CP rank runs the linears on 4096 tokens, as cp 1 at 4096 does.
+    def saved(k: PlanKnobs) -> float:
+        with_fp8 = step_time(LLAMA8B, 8_000_000_000, k, 400e12, 8e15, LINKS, NO_OVERLAP, fp8_rates=RATES)
+        without = step_time(LLAMA8B, 8_000_000_000, dataclasses.replace(k, fp8=False), 400e12, 8e15, LINKS,
+                            NO_OVERLAP)
+        return without.compute_s - with_fp8.compute_s
+
+    one = tiny_knobs(seq_len=4096, micro_batch_size=1, dp=4, shard_group_size=4)
+    two = tiny_knobs(seq_len=8192, micro_batch_size=1, dp=4, shard_group_size=4, cp=2)
+    assert saved(two) == pytest.approx(saved(one))
+    assert saved(one) == pytest.approx(32 * fp8_linear_saving_s(LLAMA8B, one, RATES, NO_OVERLAP))
