@@ -43,8 +43,8 @@ TARGETS = {
 
 def search(recipe: str, nodes: int, gpu: str) -> Callable[[], float]:
     """One full search, timed from a cold cache of the planner (what a CLI run does)."""
-    from fstrain.core.plancluster import uniform_cluster
-    from fstrain.core.planner import PlanModel, TrainingSpec, plan
+    from fstrain.core.plan.plancluster import uniform_cluster
+    from fstrain.core.plan.planner import PlanModel, TrainingSpec, plan
     from fstrain.io.recipes import load_shipped_recipe
 
     loaded = load_shipped_recipe(recipe)

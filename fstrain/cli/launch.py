@@ -322,7 +322,7 @@ def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, 
 
 def print_plan(plan: PlanFile, where: str = "each node's run directory at launch") -> None:
     from fstrain.core.launchplan import trainer_backend
-    from fstrain.core.planner import describe_knobs
+    from fstrain.core.plan.planner import describe_knobs
 
     k = plan.knobs
     console().print(f"plan: {plan.model.name}: {describe_knobs(k)}, {k.precision}, "

@@ -13,10 +13,10 @@ import typer
 from fstrain.cli import hostopts
 
 if TYPE_CHECKING:
-    from fstrain.core.assumptions import Assumptions
-    from fstrain.core.plancluster import NodeGpus, PlanCluster
-    from fstrain.core.planner import Pins, PlanModel, PlanResult, TrainingSpec
-    from fstrain.core.recipe import Recipe
+    from fstrain.core.plan.assumptions import Assumptions
+    from fstrain.core.plan.plancluster import NodeGpus, PlanCluster
+    from fstrain.core.plan.planner import Pins, PlanModel, PlanResult, TrainingSpec
+    from fstrain.core.plan.recipe import Recipe
 
 DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024  # Llama 2 / GPT-3 scale: 4M tokens per optimizer step
 
@@ -158,8 +158,8 @@ def plan_command(
     python: str = typer.Option("python3", "--python", help="With --hostfile/--hosts: the probe's interpreter."),
 ) -> None:
     """Rank the configurations that fit by predicted throughput and explain the ones that do not."""
-    from fstrain.core.assumptions import Assumptions, with_overrides
-    from fstrain.core.planner import plan
+    from fstrain.core.plan.assumptions import Assumptions, with_overrides
+    from fstrain.core.plan.planner import plan
 
     plan_model, recipe_value = resolve_model(model, recipe, model_params)
     if (out or render_dir) and plan_model.spec is None:
@@ -216,7 +216,7 @@ def plan_command(
     if out and result.plans:  # nothing fits: the output says what would, and no file is written
         write_plan_file(out, result, plan_model, cluster, training.train_tokens)
     if render_dir and result.plans:
-        from fstrain.core.planner import plan_file
+        from fstrain.core.plan.planner import plan_file
         from fstrain.io.render_files import render_and_write
 
         _, written = render_and_write(plan_file(result, plan_model, cluster, training.train_tokens), render_dir,
@@ -255,7 +255,7 @@ def probe_cluster(hostfile: str | None, hosts: str | None, include: str | None, 
     """With --hostfile/--hosts: probe every host and describe its GPUs; otherwise None."""
     if not hostfile and not hosts:
         return None
-    from fstrain.core.plancluster import node_gpus_from_report
+    from fstrain.core.plan.plancluster import node_gpus_from_report
     from fstrain.errors import TransportError
     from fstrain.io.connect import make_connector
     from fstrain.io.probe import probe_inventory
@@ -271,8 +271,8 @@ def probe_cluster(hostfile: str | None, hosts: str | None, include: str | None, 
 
 def resolve_model(model: str | None, recipe: str | None, model_params: str | None) -> tuple[PlanModel, Recipe | None]:
     """Exactly one of --model, --recipe, --model-params."""
-    from fstrain.core.planner import PlanModel
-    from fstrain.core.recipe import parse_count
+    from fstrain.core.plan.planner import PlanModel
+    from fstrain.core.plan.recipe import parse_count
     from fstrain.errors import InputError
 
     given = [
@@ -312,10 +312,10 @@ def resolve_training(
     fp8_all_gather: bool = False,
 ) -> tuple[TrainingSpec, str]:
     """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
-    from fstrain.core.losses import parse_loss
+    from fstrain.core.plan.losses import parse_loss
+    from fstrain.core.plan.planner import TrainingSpec
+    from fstrain.core.plan.recipe import TrainingDefaults, parse_count
     from fstrain.core.planfile import OPTIMIZERS, PRECISIONS
-    from fstrain.core.planner import TrainingSpec
-    from fstrain.core.recipe import TrainingDefaults, parse_count
     from fstrain.errors import InputError
 
     defaults = recipe.training if recipe else TrainingDefaults()
@@ -379,9 +379,9 @@ def resolve_pins(
     ep: int | None = None,
     cp: int | None = None,
 ) -> Pins:
-    from fstrain.core.acpolicy import parse_ac
+    from fstrain.core.plan.acpolicy import parse_ac
+    from fstrain.core.plan.planner import Pins
     from fstrain.core.planfile import OFFLOAD, STRATEGIES
-    from fstrain.core.planner import Pins
     from fstrain.errors import InputError
 
     aliases = {"no-shard": "ddp", "fsdp-no-shard": "ddp", "zero0": "ddp"}
@@ -440,7 +440,7 @@ def resolve_cluster(
     gpu_tflops: float | None = None,
 ) -> PlanCluster:
     """The cluster from probed nodes (``probed``), ``--node`` kinds, or --num-nodes x --gpus-per-node x --gpu."""
-    from fstrain.core.plancluster import NodeGpus, build_cluster
+    from fstrain.core.plan.plancluster import NodeGpus, build_cluster
     from fstrain.errors import InputError
 
     if (gpu_memory_gib or gpu_tflops) and (probed is not None or node_specs or not gpu):
@@ -454,7 +454,7 @@ def resolve_cluster(
         nodes = [n for spec in node_specs for n in _parse_node(spec, nvlink_domain_size)]
         return build_cluster(nodes, inter_node_gbps, "--node")
     if not gpu:
-        from fstrain.core.gpus import known_gpu_names
+        from fstrain.core.plan.gpus import known_gpu_names
 
         raise InputError("which GPU? give --gpu", f"one of {', '.join(known_gpu_names())}", "--gpu")
     memory = int(gpu_memory_gib * 2**30) if gpu_memory_gib else None
@@ -465,7 +465,7 @@ def resolve_cluster(
 
 def _parse_node(spec: str, nvlink_domain_size: int | None) -> list[NodeGpus]:
     """'h100-sxm:8x4' -> four nodes of 8 H100-SXM; 'a100-40gb:8' -> one node."""
-    from fstrain.core.plancluster import NodeGpus
+    from fstrain.core.plan.plancluster import NodeGpus
     from fstrain.errors import InputError
 
     name, _, counts = spec.rpartition(":")
@@ -532,7 +532,7 @@ def write_plan_file(
 ) -> None:
     import yaml
 
-    from fstrain.core.planner import plan_file
+    from fstrain.core.plan.planner import plan_file
     from fstrain.errors import InputError
 
     document = plan_file(result, plan_model, cluster, train_tokens).to_dict()

@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 from fstrain.cli.output import console
 
 if TYPE_CHECKING:
-    from fstrain.core.assumptions import Assumptions
-    from fstrain.core.calibrate import Calibration
-    from fstrain.core.plancluster import PlanCluster
+    from fstrain.core.plan.assumptions import Assumptions
+    from fstrain.core.plan.calibrate import Calibration
+    from fstrain.core.plan.plancluster import PlanCluster
     from fstrain.core.planfile import ModelSpec
 
 
 def calibrated(path: str, assumptions: Assumptions, cluster: PlanCluster, precision: str, model: ModelSpec | None,
                inter_node_gbps: float | None, assume: list[str], mfu: float | None, quiet: bool) -> Calibration:
     """The calibration of ``path``; what an explicit flag also sets is kept as the flag says."""
-    from fstrain.core.calibrate import calibrate
+    from fstrain.core.plan.calibrate import calibrate
     from fstrain.io.bench import read_json
 
     result = calibrate(read_json(path), path, assumptions=assumptions, cluster=cluster, precision=precision,

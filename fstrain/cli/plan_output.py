@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 from fstrain.cli.output import console
 
 if TYPE_CHECKING:
-    from fstrain.core.assumptions import Assumptions
-    from fstrain.core.memory import MemoryBreakdown
-    from fstrain.core.plancluster import PlanCluster
-    from fstrain.core.planner import Plan, PlanModel, PlanResult, TrainingSpec
+    from fstrain.core.plan.assumptions import Assumptions
+    from fstrain.core.plan.memory import MemoryBreakdown
+    from fstrain.core.plan.plancluster import PlanCluster
+    from fstrain.core.plan.planner import Plan, PlanModel, PlanResult, TrainingSpec
 
 GIB = 1 << 30
 BAR_WIDTH = 64
@@ -161,7 +161,7 @@ def _plans_table(plans: tuple[Plan, ...], training: TrainingSpec, fitting: bool)
     from rich import box
     from rich.table import Table
 
-    from fstrain.core.pipeline import schedule_label
+    from fstrain.core.plan.pipeline import schedule_label
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
     numeric = ("#", "tp", "pp", "ep", "cp", "dp", "mbs", "gas", "GiB", "tokens/s", "MFU", "step s", "to train",

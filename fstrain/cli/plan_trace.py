@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fstrain.core.plancluster import PlanCluster
-    from fstrain.core.planner import Plan, PlanModel, PlanResult
+    from fstrain.core.plan.plancluster import PlanCluster
+    from fstrain.core.plan.planner import Plan, PlanModel, PlanResult
 
 GIB = 1 << 30
 ROWS = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
@@ -38,7 +38,7 @@ def analytic_categories(chosen: Plan) -> dict[str, int]:
 
 def run_trace(result: PlanResult, plan_model: PlanModel, cluster: PlanCluster) -> dict[str, Any]:
     """Trace the chosen plan; the comparison as a JSON-ready dict."""
-    from fstrain.core.memory import AUTOCAST_CACHE_ITEM
+    from fstrain.core.plan.memory import AUTOCAST_CACHE_ITEM
     from fstrain.core.planfile import PlanFile
     from fstrain.core.render.fsdp import render_fsdp
     from fstrain.errors import ConfigError

@@ -150,7 +150,7 @@ def plan_allocation(num_nodes: int | None, gpus_per_node: int | None, gpu: str |
         console().print(f"[dim]cluster: Slurm job {allocation.job_id}, {nodes} nodes x "
                         f"{gpus if gpus is not None else 'default'} GPUs[/dim]")
         return nodes, gpus, None
-    from fstrain.core.plancluster import node_gpus_from_report
+    from fstrain.core.plan.plancluster import node_gpus_from_report
     from fstrain.errors import TransportError
     from fstrain.io.probe import probe_inventory
     from fstrain.io.slurm import srun_connector

@@ -5,7 +5,7 @@ Everything here is a function of the document: the CLI prints it, ``plan --calib
 
 Compute: a rank is a *straggler* below ``COMPUTE_STRAGGLER_FRACTION`` of the median rank (matmul
 TFLOPS or memory bandwidth), and each rank is compared with its GPU's datasheet peak
-(:mod:`fstrain.core.gpus`) where the GPU is in the table.
+(:mod:`fstrain.core.plan.gpus`) where the GPU is in the table.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fstrain.core.benchpairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table
-from fstrain.core.gpus import GpuSpec, lookup_gpu
+from fstrain.core.plan.gpus import GpuSpec, lookup_gpu
 from fstrain.errors import InputError
 
 SCHEMA = "fstrain.bench/1"

@@ -8,7 +8,7 @@ searched, GPU-aware plan, run ``fstrain plan --out`` first.
 
 from __future__ import annotations
 
-from fstrain.core.losses import TRAINER_LOSSES
+from fstrain.core.plan.losses import TRAINER_LOSSES
 from fstrain.core.planfile import ClusterSummary, ModelSpec, PlanFile, PlanKnobs, validate_knobs
 from fstrain.errors import ConfigError
 
@@ -43,7 +43,8 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
     if plan.knobs.world_size != world_size:
         k = plan.knobs
         raise ConfigError(
-            f"the plan is for dp({k.dp}) * cp({k.cp}) * tp({k.tp}) * pp({k.pp}) = {k.world_size} processes, "
+            f"the plan is for dp({k.dp}){f' * cp({k.cp})' if k.cp > 1 else ''} * tp({k.tp}) * pp({k.pp}) = "
+            f"{k.world_size} processes, "
             f"but this launch starts {world_size}",
             "re-plan for these hosts (fstrain plan --out), or change --nproc-per-node or the hosts",
             where,
@@ -86,7 +87,7 @@ def check_trainer_fp8(plan: PlanFile, where: str) -> None:
 
 def check_trainer_eager(plan: PlanFile, where: str) -> None:
     """The bundled trainer runs eager PyTorch: a plan made for ``torch.compile`` counts a compiled
-    block's activations and speed (fstrain.core.kernels), which the eager model does not reach."""
+    block's activations and speed (fstrain.core.plan.kernels), which the eager model does not reach."""
     if plan.knobs.compile:
         raise ConfigError(
             "the plan is for torch.compile (--compile), but the bundled trainer runs the model eagerly, "

@@ -12,24 +12,24 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from fstrain.core.acpolicy import AC_NAMES, parse_ac
-from fstrain.core.adafactor import check_adafactor
-from fstrain.core.losses import LOSS_KINDS, parse_loss
-from fstrain.core.precision import PRECISIONS, check_strategy
+from fstrain.core.plan.acpolicy import AC_NAMES, parse_ac
+from fstrain.core.plan.adafactor import check_adafactor
+from fstrain.core.plan.losses import LOSS_KINDS, parse_loss
+from fstrain.core.plan.precision import PRECISIONS, check_strategy
 from fstrain.errors import InputError
 
 PLAN_FORMAT_VERSION = 1
 _PLAN_HINT = "fix the value, or write the plan again with `fstrain plan --out plan.yaml`"
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
-ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.acpolicy (every-k:N takes a number)
+ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.plan.acpolicy (every-k:N takes a number)
 OFFLOAD = ("none", "optimizer", "optimizer+params")
-OPTIMIZERS = ("adamw", "sgd", "adam8bit", "adafactor")  # adafactor: Hugging Face's (fstrain/core/adafactor.py)
-# How the loss is computed over the logits, which sets their memory (fstrain/core/losses.py):
+OPTIMIZERS = ("adamw", "sgd", "adam8bit", "adafactor")  # adafactor: Hugging Face's (fstrain/core/plan/adafactor.py)
+# How the loss is computed over the logits, which sets their memory (fstrain/core/plan/losses.py):
 # full, fused, megatron, megatron-core, chunked:N, or none (no vocabulary head: a classification
 # or regression head; validated by losses.parse_loss).
 LOSSES = LOSS_KINDS
-# Pipeline schedules (fstrain/core/pipeline.py): "1f1b" (PipeDream-Flush, DeepSpeed's and torch's
+# Pipeline schedules (fstrain/core/plan/pipeline.py): "1f1b" (PipeDream-Flush, DeepSpeed's and torch's
 # Schedule1F1B), "interleaved" (Narayanan et al. 2021's interleaved 1F1B, ``pp_virtual_stages``
 # model chunks per rank), "zero-bubble" (Qi et al. 2023's ZB-H1).
 PP_SCHEDULES = ("1f1b", "interleaved", "zero-bubble")
@@ -69,7 +69,7 @@ class ModelSpec:
     dropout: float = 0.0  # > 0 keeps 1-byte dropout masks in the activations
     # A sequence-classification head (trained with loss "none": no vocabulary logits): BERT's
     # pooler, a hidden x hidden linear + tanh on the first token, and a hidden x num_labels
-    # classifier; biases follow linear_bias. 0 / false: none (fstrain.core.modelsize).
+    # classifier; biases follow linear_bias. 0 / false: none (fstrain.core.plan.modelsize).
     pooler: bool = False
     num_labels: int = 0
 
@@ -110,7 +110,7 @@ class PlanKnobs:
     # torchtitan's parallel_dims.py borrows it from dp_shard), so expert states are data-parallel
     # over dp/ep ranks. 1: every rank holds its FSDP/ZeRO shard of every expert.
     ep: int = 1
-    # Context parallelism (torchtitan's ring attention, fstrain/core/contextparallel.py): each
+    # Context parallelism (torchtitan's ring attention, fstrain/core/plan/contextparallel.py): each
     # sequence is split over ``cp`` ranks, each holding and computing seq_len/cp of its tokens.
     # The cp ranks of one sequence are not data-parallel replicas (``dp`` and the global batch
     # do not count them), but FSDP shards the parameters and reduces the gradients over
@@ -126,7 +126,7 @@ class PlanKnobs:
     # Kernels, not layout: torch.compile of each transformer block (Inductor fuses the elementwise
     # ops and its min-cut partitioner picks what backward keeps), or only the norms as one fused
     # RMSNorm kernel (torchtitan's norm_type "fused_rmsnorm"). Both change the activations a
-    # block saves and the time of its memory-bound ops (fstrain.core.kernels).
+    # block saves and the time of its memory-bound ops (fstrain.core.plan.kernels).
     compile: bool = False
     fused_rmsnorm: bool = False
 
@@ -183,7 +183,7 @@ class PlanFile:
                 "re-create the plan with this fstrain",
                 where,
             )
-        from fstrain.core.recipe import parse_model_section  # recipe builds on this module
+        from fstrain.core.plan.recipe import parse_model_section  # recipe builds on this module
 
         model_data = dict(_section(data, "model", where))
         name = model_data.pop("name", "")
@@ -295,11 +295,11 @@ def validate_ep(knobs: PlanKnobs, model: ModelSpec | None, where: str) -> None:
 
 
 def validate_cp(knobs: PlanKnobs, model: ModelSpec | None, where: str) -> None:
-    """Refuse a context-parallel degree the plan cannot run (fstrain/core/contextparallel.py):
+    """Refuse a context-parallel degree the plan cannot run (fstrain/core/plan/contextparallel.py):
     torchtitan's ring attention runs under FSDP2 only, without pipeline or expert parallelism in
     the configurations fstrain models, with FlashAttention-style SDPA, and its load-balanced
     causal sharding cuts each sequence into 2 x cp equal chunks."""
-    from fstrain.core.contextparallel import cp_problem  # builds on this module
+    from fstrain.core.plan.contextparallel import cp_problem  # builds on this module
 
     cp = knobs.cp
     if not _is_int(cp) or cp < 1:

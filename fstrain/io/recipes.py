@@ -1,6 +1,6 @@
 """Reading recipes from disk: the shipped ones (``fstrain/recipes/*.yaml``) and the user's own.
 
-The validation is pure (:func:`fstrain.core.recipe.parse_recipe`); this module only finds the
+The validation is pure (:func:`fstrain.core.plan.recipe.parse_recipe`); this module only finds the
 file, reads it (bounded) and parses YAML with :func:`fstrain.io.userfiles.load_yaml`, turning every failure into one
 :class:`~fstrain.errors.InputError` that names the file (and the line, for YAML syntax).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from fstrain.core.hfconfig import is_hf_config, recipe_from_hf_config
-from fstrain.core.recipe import Recipe, parse_recipe
+from fstrain.core.plan.hfconfig import is_hf_config, recipe_from_hf_config
+from fstrain.core.plan.recipe import Recipe, parse_recipe
 from fstrain.errors import InputError
 from fstrain.io.userfiles import load_json, load_yaml, read_text_bounded
 

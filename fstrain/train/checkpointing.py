@@ -1,4 +1,4 @@
-"""The activation checkpointing policies of :mod:`fstrain.core.acpolicy`, in torch.
+"""The activation checkpointing policies of :mod:`fstrain.core.plan.acpolicy`, in torch.
 
 Whole-block policies (``full``, ``every-k:N``) and Megatron's attention-core recompute run
 through a checkpoint function the backend picks (torch's non-reentrant checkpoint, or

@@ -4,11 +4,11 @@ The spec's fields pick the parts: ``norm`` (RMSNorm or LayerNorm), ``position_em
 (rotary, or learned absolute positions), ``activation`` (GeLU MLP with two matrices, SwiGLU
 with three), ``linear_bias``, ``dropout`` and ``tied_embeddings``; attention is grouped-query
 attention whenever ``num_kv_heads < num_heads``. GPT-2 and Llama layouts both come out of it,
-with the parameter count :func:`fstrain.core.modelsize.count_parameters` predicts. The
+with the parameter count :func:`fstrain.core.plan.modelsize.count_parameters` predicts. The
 projections are separate matrices in torchtitan's Llama order (q, k, v, o; gate, up, down), so
 op-level selective checkpointing saves the same matmul outputs it saves there. The transformer
 block class is :class:`TransformerBlock`; the rendered FSDP file names it as the unit to shard,
-and the activation checkpointing policy (:mod:`fstrain.core.acpolicy`) applies per block.
+and the activation checkpointing policy (:mod:`fstrain.core.plan.acpolicy`) applies per block.
 
 A recipe with ``moe`` gets a mixture-of-experts block (:class:`MoE`) in place of the MLP, in
 Hugging Face Mixtral's layout: a bias-free router (hidden -> experts), softmax over the experts,
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fstrain.core.acpolicy import block_is_checkpointed, parse_ac
+from fstrain.core.plan.acpolicy import block_is_checkpointed, parse_ac
 from fstrain.core.planfile import ModelSpec
 from fstrain.train.checkpointing import selective_op_checkpoint, torch_checkpoint
 from fstrain.train.grouped_mm import grouped_mm
@@ -166,7 +166,7 @@ class MoE(nn.Module):
     ``FakeTensorMode``. What it stores for backward, per token: the router's fp32 probabilities,
     its top-k indices and weights, top_k routed copies of the input, the experts' FFN-wide
     tensors for top_k copies (SwiGLU 4, GeLU 2, as the dense MLP keeps per token) and top_k
-    expert outputs before they are weighted and summed (see ``fstrain.core.memory``).
+    expert outputs before they are weighted and summed (see ``fstrain.core.plan.memory``).
 
     The experts' weights are stacked per matrix, torchtitan's ``GroupedExperts`` layout: ``w1``
     and ``w3`` (experts, expert_ffn, hidden) are the stacked ``nn.Linear`` weights of Hugging

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fstrain.core.acpolicy import parse_ac
 from fstrain.core.launchplan import check_trainer_loss, check_trainer_optimizer
-from fstrain.core.losses import loss_chunks
+from fstrain.core.plan.acpolicy import parse_ac
+from fstrain.core.plan.losses import loss_chunks
 from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import FSDP_FILE_VERSION, render_fsdp
@@ -63,7 +63,7 @@ class TrainSettings:
 
     @property
     def activation_checkpointing(self) -> str:
-        """The policy (fstrain.core.acpolicy) the model applies to each block."""
+        """The policy (fstrain.core.plan.acpolicy) the model applies to each block."""
         if self.fsdp is not None:
             return parse_ac(self.fsdp.get("activation_checkpointing", "none"), "fsdp.yaml: activation_checkpointing")
         knob = self.plan.knobs.activation_checkpointing
@@ -301,7 +301,7 @@ def check_deepspeed_ac(ac: str, ds: Mapping[str, Any], where: str) -> None:
 
 
 def fsdp_precision(fsdp: Mapping[str, Any]) -> str:
-    """The plan's precision mode (fstrain.core.precision) the FSDP file describes."""
+    """The plan's precision mode (fstrain.core.plan.precision) the FSDP file describes."""
     autocast = fsdp.get("autocast")
     if autocast:
         return "amp-" + _PRECISION_OF_DTYPE[str(autocast)]

@@ -21,7 +21,7 @@ def lm_loss(output: torch.Tensor | list[torch.Tensor], tokens: torch.Tensor) -> 
 
     ``output`` is the model's: the logits (the plan's ``--loss full``: one fp32 copy of them), or
     a list of per-chunk logits (``--loss chunked:N``: torchtune's ``CEWithChunkedOutputLoss``, one
-    chunk upcast at a time). Their memory is :func:`fstrain.core.losses.loss_peaks`.
+    chunk upcast at a time). Their memory is :func:`fstrain.core.plan.losses.loss_peaks`.
     """
     if isinstance(output, list):
         return chunked_lm_loss(output, tokens)

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fstrain.core.acpolicy import every_k
-from fstrain.core.losses import loss_chunks
+from fstrain.core.plan.acpolicy import every_k
+from fstrain.core.plan.losses import loss_chunks
 from fstrain.core.planfile import PlanFile
 from fstrain.errors import ConfigError
 

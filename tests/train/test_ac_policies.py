@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.losses import loss_chunks
+from fstrain.core.plan.losses import loss_chunks
 from tests.plans import TINY_MODEL, make_plan
 from tests.train.conftest import render, torchrun
 

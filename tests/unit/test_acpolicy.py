@@ -8,17 +8,17 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, parse_ac
-from fstrain.core.memory import (
+from fstrain.core.plan.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, parse_ac
+from fstrain.core.plan.memory import (
     StageShape,
     block_backward_extra_bytes,
     block_matmuls,
     layer_activation_bytes,
     stage_activation_bytes,
 )
+from fstrain.core.plan.recipe import parse_recipe
+from fstrain.core.plan.timemodel import flops_per_token, layer_hardware_flops
 from fstrain.core.planfile import MoESpec, PlanFile
-from fstrain.core.recipe import parse_recipe
-from fstrain.core.timemodel import flops_per_token, layer_hardware_flops
 from fstrain.errors import InputError
 from tests.helpers import run_fstrain
 from tests.plans import TINY_MODEL, make_plan

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fstrain.core.memory import layer_activation_bytes
+from fstrain.core.plan.memory import layer_activation_bytes
 from fstrain.core.planfile import ModelSpec, MoESpec
 from fstrain.train.model import TransformerBlock, rotary_tables
 from tests.plans import TINY_MODEL
@@ -80,7 +80,7 @@ def test_autocast_block_activations_and_weight_casts_match_autograd(
 ) -> None:
     """amp-bf16: fp32 norms and residual inputs, one cast of the shared input per linear, and one
     16-bit copy of every weight (the planner's autocast weight casts)."""
-    from fstrain.core.memory import block_matmul_params
+    from fstrain.core.plan.memory import block_matmul_params
 
     spec = replace(TINY_MODEL, dropout=0.0, norm=norm, activation=activation, position_embedding=position,
                    linear_bias=bias, hidden_size=128, num_heads=8, num_kv_heads=kv_heads, ffn_hidden_size=352)

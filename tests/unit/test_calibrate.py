@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.calibrate import calibrate
-from fstrain.core.plancluster import uniform_cluster
-from fstrain.core.timemodel import flops_per_token
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.calibrate import calibrate
+from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.timemodel import flops_per_token
 from fstrain.errors import InputError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.helpers import run_fstrain

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fstrain.core.memory import layer_activation_bytes
+from fstrain.core.plan.memory import layer_activation_bytes
 from fstrain.core.planfile import ModelSpec
 from fstrain.train.model import TransformerBlock, rotary_tables
 from tests.plans import TINY_MODEL

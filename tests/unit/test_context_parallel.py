@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes, ring_chunk_bytes
 from fstrain.core.launchplan import check_plan_fits_launch, check_trainer_cp
-from fstrain.core.memory import communicator_count, memory_breakdown
-from fstrain.core.modelsize import count_parameters
-from fstrain.core.plancluster import uniform_cluster
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes, ring_chunk_bytes
+from fstrain.core.plan.memory import communicator_count, memory_breakdown
+from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan, plan_file
+from fstrain.core.plan.timemodel import ring_attention_time, step_time
 from fstrain.core.planfile import PlanFile, PlanKnobs, validate_cp
-from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan, plan_file
 from fstrain.core.render.bundle import render_bundle
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import render_accelerate, render_fsdp
-from fstrain.core.timemodel import ring_attention_time, step_time
 from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
 from fstrain.io.render_files import bundle_files, render_and_write
@@ -95,7 +95,7 @@ def test_ring_attention_time_by_hand() -> None:
     attention = 4096 * 4 * 8192 * 4096 / 400e12
     flops = step_time(LLAMA, PARAMS.total, k, 400e12, 8 * 989e12, LINKS, NO_OVERLAP)
     assert flops.tokens_per_step == 4 * 8192
-    from fstrain.core.timemodel import flops_per_token
+    from fstrain.core.plan.timemodel import flops_per_token
 
     per_token = flops_per_token(LLAMA, 8192)
     # The all-gather (64 MiB: 0.15 ms) hides behind the local chunk's SDPA (0.69 ms) both ways, and

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.memory import host_bytes_per_node, model_states, zero3_gathered_layer_bytes
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.memory import host_bytes_per_node, model_states, zero3_gathered_layer_bytes
 
 # (total params, largest layer params): t5-3b and T0_3B from DeepSpeed's and HF's docs, t5-large,
 # Llama 3.1 8B/70B/405B, and an odd count so integer truncation shows.

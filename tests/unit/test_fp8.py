@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.gpus import GPUS, lookup_gpu
 from fstrain.core.launchplan import check_plan_fits_launch, check_trainer_fp8
-from fstrain.core.memory import (
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.gpus import GPUS, lookup_gpu
+from fstrain.core.plan.memory import (
     FP8_CASTS_ITEM,
     block_matmuls,
     converted_linears,
@@ -21,13 +21,13 @@ from fstrain.core.memory import (
     fp8_gathered_block_params,
     memory_breakdown,
 )
-from fstrain.core.modelsize import count_parameters
-from fstrain.core.plancluster import uniform_cluster
+from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan, plan_file
+from fstrain.core.plan.timemodel import Fp8Rates, fp8_linear_saving_s, step_time
 from fstrain.core.planfile import PlanFile, PlanKnobs
-from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan, plan_file
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import render_accelerate, render_fsdp
-from fstrain.core.timemodel import Fp8Rates, fp8_linear_saving_s, step_time
 from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
 from fstrain.train.trace import check_traceable
@@ -153,7 +153,7 @@ def test_fp8_needs_fp8_tensor_cores_and_a_16_bit_compute_dtype(gpu: str, precisi
 
 
 def test_a_gpu_scaled_with_gpu_tflops_keeps_the_tables_fp8_ratio() -> None:
-    from fstrain.core.plancluster import NodeGpus, build_cluster
+    from fstrain.core.plan.plancluster import NodeGpus, build_cluster
 
     scaled = build_cluster([NodeGpus("h100-sxm", 8, peak_tflops=500.0)], None, "--gpu").nodes[0].gpu
     h100 = lookup_gpu("h100-sxm")

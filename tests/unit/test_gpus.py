@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.gpus import GPUS, known_gpu_names, lookup_gpu
+from fstrain.core.plan.gpus import GPUS, known_gpu_names, lookup_gpu
 from fstrain.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "planner" / "gpus"

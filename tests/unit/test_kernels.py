@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.kernels import elementwise_bytes_per_token, elementwise_passes, fusion_seconds_saved_per_token
-from fstrain.core.plancluster import uniform_cluster
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.kernels import elementwise_bytes_per_token, elementwise_passes, fusion_seconds_saved_per_token
+from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.core.planfile import PlanFile
-from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.io.recipes import load_shipped_recipe
 from tests.helpers import run_fstrain
 from tests.plans import TINY_MODEL
@@ -63,7 +63,7 @@ def test_compile_changes_the_plan_by_the_fused_traffic_and_the_saved_tensors() -
     layers, tokens = spec.num_layers, eager.knobs.micro_batch_size * 8192
     hbm = cluster.links().hbm_bytes_per_s * Assumptions().hbm_efficiency
     ac = eager.knobs.activation_checkpointing
-    from fstrain.core.acpolicy import every_k
+    from fstrain.core.plan.acpolicy import every_k
 
     per_micro_batch = tokens * layers * fusion_seconds_saved_per_token(spec, 2, 1, 1, ac, every_k(ac), True, False, hbm)
     assert eager.time.compute_s - compiled.time.compute_s == pytest.approx(

@@ -1,4 +1,4 @@
-"""The loss's memory by ``--loss``: the bytes per logit of fstrain.core.losses against the tensors
+"""The loss's memory by ``--loss``: the bytes per logit of fstrain.core.plan.losses against the tensors
 the bundled trainer's loss really allocates, and the loss moment against PyTorch's own trace."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from fstrain.core.launchplan import check_trainer_loss
-from fstrain.core.losses import LossPeaks, loss_chunks, loss_peaks, parse_loss
-from fstrain.core.memory import memory_breakdown
-from fstrain.core.modelsize import count_parameters
+from fstrain.core.plan.losses import LossPeaks, loss_chunks, loss_peaks, parse_loss
+from fstrain.core.plan.memory import memory_breakdown
+from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.render.fsdp import render_fsdp
 from fstrain.errors import ConfigError, InputError
 from fstrain.train.model import GPT, head_logits

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from fstrain.core.launchplan import check_trainer_loss
-from fstrain.core.losses import LossPeaks, loss_peaks, parse_loss
-from fstrain.core.memory import (
+from fstrain.core.plan.losses import LossPeaks, loss_peaks, parse_loss
+from fstrain.core.plan.memory import (
     CLASSIFIER_ITEM,
     HEAD_INPUT_ITEM,
     LOGITS_ITEM,
@@ -21,12 +21,12 @@ from fstrain.core.memory import (
     stage_activation_bytes,
     stage_shapes,
 )
-from fstrain.core.modelsize import count_parameters
-from fstrain.core.plancluster import uniform_cluster
+from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
+from fstrain.core.plan.recipe import parse_recipe
+from fstrain.core.plan.timemodel import flops_per_token
 from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
-from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan
-from fstrain.core.recipe import parse_recipe
-from fstrain.core.timemodel import flops_per_token
 from fstrain.errors import ConfigError, InputError
 from fstrain.train.trace import check_traceable
 from tests.helpers import run_fstrain

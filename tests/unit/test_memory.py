@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.memory import (
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.memory import (
     GIB,
     block_backward_extra_bytes,
     communicator_count,
@@ -17,7 +17,7 @@ from fstrain.core.memory import (
     model_states,
     zero3_gathered_layer_bytes,
 )
-from fstrain.core.modelsize import count_parameters
+from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
 PAPER = Assumptions(deepspeed_fp32_grad_partition=False)  # the ZeRO paper's K = 12 accounting

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.losses import LossPeaks
-from fstrain.core.memory import (
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.losses import LossPeaks
+from fstrain.core.plan.memory import (
     GIB,
     backward_buffer_items,
     buffer_items,
@@ -19,10 +19,10 @@ from fstrain.core.memory import (
     persistent_buffer_items,
     stage_shapes,
 )
-from fstrain.core.modelsize import count_parameters
-from fstrain.core.plancluster import uniform_cluster
+from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planner import PlanModel, TrainingSpec, plan
 from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
-from fstrain.core.planner import PlanModel, TrainingSpec, plan
 from fstrain.errors import InputError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.plans import make_plan

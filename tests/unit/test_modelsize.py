@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fstrain.core.modelsize import count_parameters
+from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.planfile import ModelSpec
 
 # Narayanan et al. 2021 Table 1: (heads, hidden, layers) -> billions of parameters, V=51200, s=2048.

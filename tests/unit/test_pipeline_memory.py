@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.memory import (
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.memory import (
     PP_GATHERED_ITEM,
     buffer_items,
     memory_breakdown,
@@ -17,9 +17,9 @@ from fstrain.core.memory import (
     pipeline_fsdp_gradient_bytes,
     stage_shapes,
 )
-from fstrain.core.modelsize import count_parameters
+from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.timemodel import step_time
 from fstrain.core.planfile import PlanKnobs
-from fstrain.core.timemodel import step_time
 from fstrain.io.recipes import load_shipped_recipe
 
 from .test_timemodel import LINKS, LLAMA, NO_OVERLAP

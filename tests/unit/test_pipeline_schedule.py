@@ -7,27 +7,27 @@ import dataclasses
 
 import pytest
 
-from fstrain.core.memory import (
+from fstrain.core.plan.memory import (
     block_backward_extra_bytes,
     layer_activation_bytes,
     memory_breakdown,
     stage_activation_bytes,
     stage_shapes,
 )
-from fstrain.core.modelsize import count_parameters
-from fstrain.core.pipeline import (
+from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.pipeline import (
     boundary_crossings,
     bubble_slots,
     in_flight_chunks,
     layers_per_rank,
     schedule_problem,
 )
-from fstrain.core.plancluster import uniform_cluster
+from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
+from fstrain.core.plan.timemodel import step_time
 from fstrain.core.planfile import PlanFile, PlanKnobs
-from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import render_fsdp
-from fstrain.core.timemodel import step_time
 from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.plans import make_plan

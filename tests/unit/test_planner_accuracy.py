@@ -31,10 +31,10 @@ import pytest
 import yaml
 
 from fstrain.cli.plan import resolve_cluster, resolve_pins, resolve_training
-from fstrain.core.assumptions import Assumptions, with_overrides
-from fstrain.core.memory import MemoryBreakdown
-from fstrain.core.planner import Pins, Plan, PlanModel, TrainingSpec, plan
-from fstrain.core.recipe import parse_recipe
+from fstrain.core.plan.assumptions import Assumptions, with_overrides
+from fstrain.core.plan.memory import MemoryBreakdown
+from fstrain.core.plan.planner import Pins, Plan, PlanModel, TrainingSpec, plan
+from fstrain.core.plan.recipe import parse_recipe
 from fstrain.errors import FstrainError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.helpers import run_fstrain
@@ -204,7 +204,7 @@ def needs(case: Case) -> list[str]:
 def planner_gaps(case: Case) -> list[str]:
     """What the run needs that this planner does not accept (checked flag by flag)."""
     from fstrain.core import planfile  # read at call time: the vocabulary grows
-    from fstrain.core.planner import Pins, TrainingSpec
+    from fstrain.core.plan.planner import Pins, TrainingSpec
 
     flags, gaps = case.flags, []
     try:

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.gpus import lookup_gpu
-from fstrain.core.memory import (
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.gpus import lookup_gpu
+from fstrain.core.plan.memory import (
     AUTOCAST_CACHE_ITEM,
     AUTOCAST_SAVED_ITEM,
     block_matmul_params,
@@ -19,9 +19,9 @@ from fstrain.core.memory import (
     stage_activation_bytes,
     stage_shapes,
 )
-from fstrain.core.modelsize import count_parameters
+from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.precision import check_strategy, compute_dtype, optimizer_state_bytes
 from fstrain.core.planfile import PRECISIONS, ModelSpec, PlanKnobs
-from fstrain.core.precision import check_strategy, compute_dtype, optimizer_state_bytes
 from fstrain.errors import FstrainError
 
 LLAMA_8B = ModelSpec("llama3.1-8b", 32, 4096, 32, 8, 14336, "swiglu", 128256, 8192)
@@ -200,8 +200,8 @@ def test_amp_and_pure_use_the_tensor_core_peak() -> None:
 
 
 def _plan(precision: str, pins: object = None, gpus: int = 8) -> object:
-    from fstrain.core.plancluster import uniform_cluster
-    from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan
+    from fstrain.core.plan.plancluster import uniform_cluster
+    from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
     from fstrain.io.recipes import load_shipped_recipe
 
     spec = load_shipped_recipe("llama3.1-8b").model
@@ -211,7 +211,7 @@ def _plan(precision: str, pins: object = None, gpus: int = 8) -> object:
 
 
 def test_the_planner_never_proposes_pure_bf16_under_deepspeed_and_refuses_a_pin() -> None:
-    from fstrain.core.planner import Pins
+    from fstrain.core.plan.planner import Pins
 
     result = _plan("bf16-pure")
     strategies = {p.knobs.strategy for p in (*result.plans, *result.rejected)}  # type: ignore[attr-defined]
@@ -223,8 +223,8 @@ def test_the_planner_never_proposes_pure_bf16_under_deepspeed_and_refuses_a_pin(
 
 
 def test_v100_amp_bf16_points_to_amp_fp16() -> None:
-    from fstrain.core.plancluster import uniform_cluster
-    from fstrain.core.planner import Pins, PlanModel, TrainingSpec, plan
+    from fstrain.core.plan.plancluster import uniform_cluster
+    from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
     from fstrain.io.recipes import load_shipped_recipe
 
     spec = load_shipped_recipe("gpt2-1.5b").model
@@ -236,7 +236,7 @@ def test_v100_amp_bf16_points_to_amp_fp16() -> None:
 
 def test_host_start_up_and_checkpoint_bytes_follow_the_mode() -> None:
     from fstrain.core.doctor.plan import checkpoint_bytes
-    from fstrain.core.memory import host_bytes_per_node
+    from fstrain.core.plan.memory import host_bytes_per_node
 
     states = model_states(N, "ddp", 1, "bf16-pure")
     a = Assumptions(cpu_buffer_factor=1.0)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fstrain.core.recipe import PARAMS_TOLERANCE, parse_count, parse_recipe
+from fstrain.core.plan.recipe import PARAMS_TOLERANCE, parse_count, parse_recipe
 from fstrain.errors import InputError
 from fstrain.io.recipes import load_recipe_file, load_shipped_recipe, shipped_recipe_names
 

@@ -6,10 +6,9 @@ import dataclasses
 
 import pytest
 
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.modelsize import count_parameters
-from fstrain.core.planfile import ModelSpec, MoESpec, PlanKnobs
-from fstrain.core.timemodel import (
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.timemodel import (
     Links,
     StepTime,
     collective_latency,
@@ -18,6 +17,7 @@ from fstrain.core.timemodel import (
     layer_hardware_flops,
     step_time,
 )
+from fstrain.core.planfile import ModelSpec, MoESpec, PlanKnobs
 
 from .test_modelsize import NARAYANAN_TABLE_1, megatron_gpt
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from fstrain.core.memory import layer_activation_bytes, memory_breakdown
+from fstrain.core.plan.memory import layer_activation_bytes, memory_breakdown
 from fstrain.core.planfile import MoESpec
 from fstrain.core.render.fsdp import render_fsdp
 from fstrain.errors import ConfigError
@@ -43,7 +43,7 @@ def test_extrapolation_is_exact(ac: str, gas: int, depths: tuple[int, ...]) -> N
 def test_sharded_states_are_the_planners() -> None:
     plan = make_plan("fsdp-full", dp=2, model=MODEL, activation_checkpointing="selective-op", seq_len=64)
     traced = trace_plan(plan, render_fsdp(plan).config)
-    from fstrain.core.modelsize import count_parameters
+    from fstrain.core.plan.modelsize import count_parameters
 
     params = count_parameters(MODEL).total
     # fp32 shards (FSDP pads each tensor to a multiple of the mesh size) and AdamW's m and v.
@@ -85,8 +85,8 @@ def test_cli_trace_json_and_table() -> None:
     ("amp-bf16", 4, 8),  # autocast over fp32 weights: fp32 shards and states
 ])
 def test_traced_states_per_precision_mode(precision: str, param_bytes: int, state_bytes: int) -> None:
-    from fstrain.core.memory import model_states
-    from fstrain.core.modelsize import count_parameters
+    from fstrain.core.plan.memory import model_states
+    from fstrain.core.plan.modelsize import count_parameters
 
     model = replace(MODEL, num_layers=3)  # traced whole, no extrapolation
     plan = make_plan("fsdp-full", dp=2, model=model, activation_checkpointing="full", seq_len=64, precision=precision)
@@ -121,7 +121,7 @@ def test_moe_blocks_store_what_the_planner_counts(ac: str) -> None:
 def test_mixtral_traces_at_full_size() -> None:
     # Mixtral 8x7B's real layout (46.7B parameters) over 16 ranks: 8 experts do not split by
     # expert, so FSDP shards the stacked expert weights on dim 1; every rank still holds 1/16.
-    from fstrain.core.modelsize import count_parameters
+    from fstrain.core.plan.modelsize import count_parameters
     from fstrain.io.recipes import load_shipped_recipe
 
     mixtral = load_shipped_recipe("mixtral-8x7b").model
@@ -164,8 +164,8 @@ def test_attention_dropout_is_traced_as_the_flash_kernel_runs_it() -> None:
 def test_shipped_recipes_trace_like_the_planner_counts(recipe: str, dp: int, micro_batch: int, ac: str,
                                                        fused_rmsnorm: bool) -> None:
     """Full size, 8K tokens: every category of the planner's breakdown within 5 % of PyTorch's trace."""
-    from fstrain.core.memory import memory_breakdown
-    from fstrain.core.modelsize import count_parameters
+    from fstrain.core.plan.memory import memory_breakdown
+    from fstrain.core.plan.modelsize import count_parameters
     from fstrain.io.recipes import load_shipped_recipe
 
     model = load_shipped_recipe(recipe).model

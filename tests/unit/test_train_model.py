@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fstrain.core.modelsize import count_parameters
+from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.planfile import ModelSpec, MoESpec
 from fstrain.core.render.options import TrainingOptions, lr_multiplier
 from fstrain.errors import ConfigError

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fstrain.core.doctor.facts import PlanNeeds
-from fstrain.core.memory import OPTIMIZER_STATE_BYTES, param_bytes
+from fstrain.core.plan.memory import OPTIMIZER_STATE_BYTES, param_bytes
+from fstrain.core.plan.precision import mode, optimizer_state_bytes
 from fstrain.core.planfile import PlanFile
-from fstrain.core.precision import mode, optimizer_state_bytes
 
 
 def checkpoint_bytes(num_params: int, precision: str, optimizer: str) -> int:

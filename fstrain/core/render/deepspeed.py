@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fstrain.core.acpolicy import every_k
-from fstrain.core.buckets import bucket_sizes
+from fstrain.core.plan.acpolicy import every_k
+from fstrain.core.plan.buckets import bucket_sizes
 from fstrain.core.planfile import PlanFile
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.options import TrainingOptions
@@ -68,7 +68,7 @@ def _precision(precision: str, zero_stage: int) -> tuple[dict[str, Any], list[st
     ``amp-*`` is DeepSpeed's ``torch_autocast`` section (deepspeed/runtime/constants.py
     ``TORCH_AUTOCAST``): fp32 parameters and optimizer, forward under ``torch.autocast``; the
     engine adds a GradScaler for float16 at stage 0 only. What DeepSpeed does not run (pure bf16;
-    amp-fp16 with ZeRO) is refused for DeepSpeed strategies (fstrain.core.precision); for a
+    amp-fp16 with ZeRO) is refused for DeepSpeed strategies (fstrain.core.plan.precision); for a
     ddp/fsdp plan, whose DeepSpeed file is only an equivalent, the nearest mode is written and
     the note says so.
     """

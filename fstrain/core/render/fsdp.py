@@ -13,7 +13,7 @@
 - ``autocast``: ``torch.autocast(dtype)`` around forward and loss (``amp-*``), or ``null``.
 - ``cpu_offload``: ``CPUOffloadPolicy(pin_memory)``.
 - ``wrap``: the module classes each given their own ``fully_shard`` call, then the root.
-- ``activation_checkpointing``: the policy (:mod:`fstrain.core.acpolicy`) the trainer applies to
+- ``activation_checkpointing``: the policy (:mod:`fstrain.core.plan.acpolicy`) the trainer applies to
   each wrapped block before sharding it.
 - ``pipeline`` (only with pp > 1): the schedule, torch.distributed.pipelining's class for it,
   stages per rank and micro-batches; ``reshard_after_forward`` is then ``False`` for every
@@ -101,7 +101,7 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
             f"tp={knobs.tp} pp={knobs.pp}: this file describes the data-parallel mesh (and the pipeline schedule) "
             "only; the bundled trainer runs tp=1 pp=1 plans"
         )
-    if knobs.optimizer == "adafactor":  # ddp only: FSDP with Adafactor is refused (fstrain.core.adafactor)
+    if knobs.optimizer == "adafactor":  # ddp only: FSDP with Adafactor is refused (fstrain.core.plan.adafactor)
         notes.append(
             "adafactor: Hugging Face's transformers.optimization.Adafactor with scale_parameter and relative_step "
             "off, as the Trainer's optim='adafactor' builds it; the training script builds it (the bundled trainer "
@@ -154,7 +154,7 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
         "loss_scaling": "dynamic" if knobs.precision in ("fp16", "amp-fp16") else "none",
         "cpu_offload": {"enabled": knobs.offload != "none", "pin_memory": True},
         "wrap": {"module_classes": list(WRAP_MODULE_CLASSES), "root": True},
-        # none | selective-op | every-k:N | full | megatron-selective (fstrain.core.acpolicy)
+        # none | selective-op | every-k:N | full | megatron-selective (fstrain.core.plan.acpolicy)
         "activation_checkpointing": knobs.activation_checkpointing,
         "batch": {
             "micro_batch_size": knobs.micro_batch_size,
@@ -174,7 +174,7 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
         config["pipeline"] = pipeline_section(knobs)
     if knobs.cp > 1:
         # What fstrain plan modelled: torch's ring attention, load-balanced causal sharding, K/V
-        # all-gathered (torchtitan's default rotate method); fstrain.core.contextparallel.
+        # all-gathered (torchtitan's default rotate method); fstrain.core.plan.contextparallel.
         config["context_parallel"] = {"degree": knobs.cp, "rotate_method": "allgather", "load_balance": True}
     return Rendered(config=config, notes=tuple(notes))
 

@@ -1,6 +1,6 @@
 """A Hugging Face ``config.json`` as a recipe: the architecture fields mapped to the recipe schema.
 
-Pure: takes the parsed JSON object and returns the mapping :func:`fstrain.core.recipe.parse_recipe`
+Pure: takes the parsed JSON object and returns the mapping :func:`fstrain.core.plan.recipe.parse_recipe`
 validates, so a ``config.json`` is checked exactly as a recipe is. Supported ``model_type``:
 
 ==========  ==============================================================================

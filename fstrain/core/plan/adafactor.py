@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from math import prod
 
-from fstrain.core.precision import mode
+from fstrain.core.plan.precision import mode
 from fstrain.errors import InputError
 
 FP32 = 4

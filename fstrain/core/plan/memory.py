@@ -14,19 +14,19 @@ Four parts, each a function that can be tested alone:
   keeps every other matmul output and the attention output, full recompute keeps each layer's
   input, every-k:N does that for every N-th layer; tensor (+ sequence) parallel divides; the
   pipeline schedule sets what each rank keeps in flight (1F1B and ZB-H1 ``min(pp, micro-batches)``
-  on the first stage, interleaved Megatron's warm-up: :mod:`fstrain.core.pipeline`); the last
+  on the first stage, interleaved Megatron's warm-up: :mod:`fstrain.core.plan.pipeline`); the last
   stage adds the logits/loss spike.
 - transient buffers (:func:`buffer_items`, :func:`backward_buffer_items`): DDP buckets, DeepSpeed
   reduce buckets and offload staging, ZeRO-3 gathered layer + prefetch, FSDP unsharded units +
   prefetch (the whole stage, with unsharded gradients, under pipeline parallelism:
   :func:`pipeline_fsdp_gradient_bytes`), pipeline send/recv.
 - moments (:func:`_moments`): the peak is the highest of the loss (between forward and backward,
-  at the higher of the loss's own forward and backward peaks: :mod:`fstrain.core.losses`),
+  at the higher of the loss's own forward and backward peaks: :mod:`fstrain.core.plan.losses`),
   backward and the optimizer step, each charging only what is live then; a plan fits when the
   peak less the allocator's cache margin does (:attr:`MemoryBreakdown.required`).
 - overhead: CUDA context, NCCL communicators, allocator fragmentation.
 
-Every number that is not arithmetic comes from :class:`~fstrain.core.assumptions.Assumptions`.
+Every number that is not arithmetic comes from :class:`~fstrain.core.plan.assumptions.Assumptions`.
 """
 
 from __future__ import annotations
@@ -34,17 +34,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, recomputes
-from fstrain.core.adafactor import state_bytes_per_param, step_temporary_bytes
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.buckets import bucket_sizes
-from fstrain.core.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes
-from fstrain.core.kernels import norm_is_fused
-from fstrain.core.losses import LossPeaks, has_vocab_head, loss_peaks
-from fstrain.core.modelsize import ParamCount, parameter_shapes
-from fstrain.core.pipeline import in_flight_chunks, layers_per_rank
+from fstrain.core.plan.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, recomputes
+from fstrain.core.plan.adafactor import state_bytes_per_param, step_temporary_bytes
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.buckets import bucket_sizes
+from fstrain.core.plan.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes
+from fstrain.core.plan.kernels import norm_is_fused
+from fstrain.core.plan.losses import LossPeaks, has_vocab_head, loss_peaks
+from fstrain.core.plan.modelsize import ParamCount, parameter_shapes
+from fstrain.core.plan.pipeline import in_flight_chunks, layers_per_rank
+from fstrain.core.plan.precision import mode, optimizer_state_bytes
 from fstrain.core.planfile import ModelSpec, PlanKnobs
-from fstrain.core.precision import mode, optimizer_state_bytes
 
 GIB = 1 << 30
 LOGITS_ITEM = "logits and loss"  # the activation item of the loss moment (see _moments)
@@ -150,14 +150,14 @@ def model_states(
 ) -> ModelStates:
     """Model states of ``num_params`` parameters (one rank's TP/PP share) sharded ``shard`` ways.
     ``state_bytes`` replaces the optimizer's bytes per parameter (Adafactor's factored states
-    depend on the tensors' shapes: :func:`fstrain.core.adafactor.state_bytes_per_param`).
+    depend on the tensors' shapes: :func:`fstrain.core.plan.adafactor.state_bytes_per_param`).
 
     Mixed precision (bf16, fp16) keeps 2-byte weights and gradients for compute and an fp32
     master copy (4) plus the optimizer's state (Adam 8) for the update: the ZeRO paper's
     2 + 2 + K, K = 12. FSDP's sharded flat parameter *is* the fp32 master, and its gradient is
     fp32 too. Pure bf16 has no master: 2 + 2 + 4 (AdamW's m and v in bf16). Autocast (amp-*)
     trains fp32 parameters: 4 + 4 + 8, the same as fp32 (its per-forward casts of the weights
-    are activations: :func:`autocast_weight_copies`). See :mod:`fstrain.core.precision`.
+    are activations: :func:`autocast_weight_copies`). See :mod:`fstrain.core.plan.precision`.
     """
     m = mode(precision)
     mixed = m.master_bytes > 0
@@ -296,7 +296,7 @@ def stage_shapes(
     Layers split as evenly as they can (the heaviest rank gets ceil(L/pp), or ``v`` chunks of
     ceil(L/(pp v)) when interleaved). Linears, the embedding and the head are split over TP
     (vocab-parallel); norms are replicated. What each rank holds in flight follows the
-    schedule (:func:`fstrain.core.pipeline.in_flight_chunks`). Expert parallelism keeps
+    schedule (:func:`fstrain.core.plan.pipeline.in_flight_chunks`). Expert parallelism keeps
     ``num_experts/ep`` experts per rank (DeepSpeed-MoE, arXiv 2201.05596 sec. 5.1): a block's
     expert parameters are divided by ``ep`` (the router stays whole on every rank).
     """
@@ -448,7 +448,7 @@ def layer_activation_bytes(
 ) -> int:
     """Activations one transformer block saves for backward, per GPU, under policy ``ac``
     (``none``, ``selective-op``, ``megatron-selective`` or ``full``; see
-    :mod:`fstrain.core.acpolicy`; ``every-k:N`` mixes full and none, see
+    :mod:`fstrain.core.plan.acpolicy`; ``every-k:N`` mixes full and none, see
     :func:`stage_activation_bytes`).
 
     Without FlashAttention: Korthikanti et al. 2022 section 4.1 with 16-bit activations,
@@ -468,7 +468,7 @@ def layer_activation_bytes(
     Pure bf16 saves what bf16 mixed precision does (the same compute dtype, the same ops).
 
     ``compiled`` (torch.compile of the block) and ``fused_rmsnorm`` (a fused norm kernel) keep
-    less, as :mod:`fstrain.core.kernels` describes: a fused RMSNorm keeps what a LayerNorm does,
+    less, as :mod:`fstrain.core.plan.kernels` describes: a fused RMSNorm keeps what a LayerNorm does,
     compiled SwiGLU three FFN-wide tensors, compiled op-level SAC no down-projection output.
     """
     a = weight_bytes(precision)
@@ -727,7 +727,7 @@ def head_input_bytes(model: ModelSpec, knobs: PlanKnobs, sequence_parallel: bool
 
 def loss_bytes(model: ModelSpec, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> LossPeaks:
     """The loss's forward and backward peaks over this rank's logits (``s x b x V / t``), by
-    ``--loss`` (:func:`fstrain.core.losses.loss_peaks`); ``logits_bytes_per_element``, when set,
+    ``--loss`` (:func:`fstrain.core.plan.losses.loss_peaks`); ``logits_bytes_per_element``, when set,
     replaces both with that many bytes per logit."""
     logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
     if assumptions.logits_bytes_per_element:
@@ -864,7 +864,7 @@ def optimizer_step_items(
     A per-parameter AdamW (``--assume adamw_foreach=false``: Hugging Face's ``AdamW``, the
     Trainer's ``optim="adamw_hf"``, ``denom = exp_avg_sq.sqrt().add_(eps)``) holds one fp32 copy
     of one parameter at a time: the largest (``stage.largest_layer``, a module's weight with its
-    bias). Adafactor: :func:`fstrain.core.adafactor.step_temporary_bytes`."""
+    bias). Adafactor: :func:`fstrain.core.plan.adafactor.step_temporary_bytes`."""
     if knobs.offload != "none":
         return []
     if knobs.optimizer == "adafactor" and stage is not None:
@@ -982,7 +982,7 @@ def memory_breakdown(
     one model and assumption set) reuses the parts that many configurations share.
 
     Under context parallelism (``cp > 1``) every part is that of one CP rank as FSDP sees it
-    (:func:`fstrain.core.contextparallel.cp_rank_view`: ``seq_len / cp`` tokens, states sharded
+    (:func:`fstrain.core.plan.contextparallel.cp_rank_view`: ``seq_len / cp`` tokens, states sharded
     over ``dp x cp`` ranks), plus the ring attention's buffers in the backward moment and the
     CP process groups' communicators.
     """
@@ -1168,7 +1168,7 @@ def _moments(
 
     ``loss``: between the model's forward and its backward, every stored activation, what the
     final norm and the head keep, and the loss at the higher of its forward and backward peaks
-    (:func:`fstrain.core.losses.loss_peaks`), with the buffers live then (not FSDP's units: see
+    (:func:`fstrain.core.plan.losses.loss_peaks`), with the buffers live then (not FSDP's units: see
     :func:`fsdp_unit_items`). ``backward``: the stored activations (all of them at its start), a
     recomputed block's working set, the buffers forward and backward share and the ones only
     backward allocates (DeepSpeed's reduce buckets). ``optimizer step``: the activations are freed;

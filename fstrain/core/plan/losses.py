@@ -37,7 +37,7 @@ dtype's size (2 for bf16/fp16, 4 for fp32); ``n`` the logit elements (tokens x v
   ``BertPooler`` (hidden x hidden, tanh) on the first token, then ``nn.Linear(hidden,
   num_labels)``, ``modeling_bert.py``). There are no logits over the vocabulary, so no logits
   spike (0 bytes here), no LM-head matmul, and no untied output matrix; the model's own head is
-  described by ``pooler`` and ``num_labels`` in the recipe (``fstrain.core.modelsize``).
+  described by ``pooler`` and ``num_labels`` in the recipe (``fstrain.core.plan.modelsize``).
 """
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.acpolicy import AC_SEARCHED, every_k
-from fstrain.core.adafactor import adafactor_problem, check_adafactor
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.contextparallel import CP_STRATEGIES, cp_problem
-from fstrain.core.losses import has_vocab_head, parse_loss
-from fstrain.core.memory import (
+from fstrain.core.plan.acpolicy import AC_SEARCHED, every_k
+from fstrain.core.plan.adafactor import adafactor_problem, check_adafactor
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.contextparallel import CP_STRATEGIES, cp_problem
+from fstrain.core.plan.losses import has_vocab_head, parse_loss
+from fstrain.core.plan.memory import (
     GIB,
     OFFLOAD_ALLOWED,
     STRATEGY_LABELS,
@@ -32,9 +32,11 @@ from fstrain.core.memory import (
     memory_breakdown,
     stage_shapes,
 )
-from fstrain.core.modelsize import ParamCount, count_parameters
-from fstrain.core.pipeline import schedule_label, schedule_problem
-from fstrain.core.plancluster import PlanCluster
+from fstrain.core.plan.modelsize import ParamCount, count_parameters
+from fstrain.core.plan.pipeline import schedule_label, schedule_problem
+from fstrain.core.plan.plancluster import PlanCluster
+from fstrain.core.plan.precision import check_strategy, compute_dtype, strategy_runs
+from fstrain.core.plan.timemodel import Fp8Rates, StepTime, step_time
 from fstrain.core.planfile import (
     DEEPSPEED_STRATEGIES,
     OFFLOAD,
@@ -44,8 +46,6 @@ from fstrain.core.planfile import (
     PlanFile,
     PlanKnobs,
 )
-from fstrain.core.precision import check_strategy, compute_dtype, strategy_runs
-from fstrain.core.timemodel import Fp8Rates, StepTime, step_time
 from fstrain.errors import ConfigError
 
 MAX_MICRO_BATCH = 64
@@ -96,7 +96,7 @@ class TrainingSpec:
     flash_attention: bool = True
     train_tokens: int | None = None
     loss: str = "full"  # losses.parse_loss's canonical name: what the loss holds per logit (losses.loss_peaks)
-    compile: bool = False  # torch.compile of each block (fstrain.core.kernels)
+    compile: bool = False  # torch.compile of each block (fstrain.core.plan.kernels)
     fused_rmsnorm: bool = False  # a fused RMSNorm kernel in an otherwise eager model
     fp8: bool = False  # the blocks' linears compute in fp8 (PlanKnobs.fp8)
     fp8_all_gather: bool = False  # FSDP gathers their weights in fp8 (PlanKnobs.fp8_all_gather)
@@ -264,7 +264,7 @@ def divisors(n: int) -> list[int]:
 def _check_fp8(training: TrainingSpec, cluster: PlanCluster) -> None:
     """fp8 linears need fp8 tensor cores on every GPU (Ada, Hopper, Blackwell, MI300: the GPU
     table's fp8 peak) and a 16-bit compute dtype to cast from and to."""
-    from fstrain.core.gpus import known_gpu_names
+    from fstrain.core.plan.gpus import known_gpu_names
 
     for node in cluster.nodes:
         if node.gpu.fp8_flops > 0:
@@ -375,7 +375,7 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
 def _check_cp_pin(model: PlanModel, training: TrainingSpec, cluster: PlanCluster, pins: Pins) -> None:
     """A pinned context-parallel degree must divide the GPUs with the other pinned degrees, cut
     the sequence into 2 x cp chunks, and run under FSDP2 without pipeline or expert parallelism
-    (fstrain.core.contextparallel)."""
+    (fstrain.core.plan.contextparallel)."""
     cp = pins.cp
     if cp is None or cp == 1:
         return
@@ -508,9 +508,9 @@ def _strategies(pins: Pins, pp: int, precision: str = "bf16", optimizer: str = "
         if (pins.cp or 1) > 1 and strategy not in CP_STRATEGIES:
             continue  # ring attention runs under FSDP2 only
         if not chosen and not strategy_runs(precision, strategy):
-            continue  # e.g. pure bf16 under DeepSpeed's ZeRO (fstrain.core.precision)
+            continue  # e.g. pure bf16 under DeepSpeed's ZeRO (fstrain.core.plan.precision)
         if not chosen and optimizer == "adafactor" and adafactor_problem(strategy, "none"):
-            continue  # Adafactor is not modelled under FSDP (fstrain.core.adafactor)
+            continue  # Adafactor is not modelled under FSDP (fstrain.core.plan.adafactor)
         yield strategy
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.precision import compute_dtype
+from fstrain.core.plan.precision import compute_dtype
 from fstrain.errors import InputError
 
 _MIB = 1 << 20
@@ -60,7 +60,7 @@ class GpuSpec:
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for ``bf16``, ``fp16``, ``fp8`` or ``fp32`` compute; a precision mode
-        (``amp-bf16``, ``bf16-pure``...) computes in its compute dtype (fstrain.core.precision)."""
+        (``amp-bf16``, ``bf16-pure``...) computes in its compute dtype (fstrain.core.plan.precision)."""
         key = precision if precision == "fp8" else compute_dtype(precision)
         return {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops, "fp32": self.fp32_flops}[key]
 

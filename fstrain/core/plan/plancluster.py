@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from fstrain.core.gpus import GpuSpec, lookup_gpu
+from fstrain.core.plan.gpus import GpuSpec, lookup_gpu
+from fstrain.core.plan.timemodel import Links
 from fstrain.core.planfile import ClusterSummary
-from fstrain.core.timemodel import Links
 from fstrain.errors import InputError
 
 GIB = 1 << 30

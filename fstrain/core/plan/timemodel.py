@@ -10,10 +10,10 @@
   Megatron's selective the attention core; FlashAttention's backward recomputes QK^T.
 - Compute time: hardware FLOPs / (peak x achievable MFU) on the slowest GPU of the cluster, an
   eager PyTorch figure; ``--compile`` and ``--fused-rmsnorm`` take off the HBM time of the
-  elementwise traffic they fuse away (:mod:`fstrain.core.kernels`).
+  elementwise traffic they fuse away (:mod:`fstrain.core.plan.kernels`).
 - Tensor parallel: 4 all-reduces of ``b s h`` per layer and micro-batch (2 forward, 2 backward;
   +2 with full recompute) over NVLink. Pipeline: ``m`` micro-batch slots plus the schedule's
-  bubble (:mod:`fstrain.core.pipeline`: ``p - 1`` slots for 1F1B, ``(p - 1)/v`` interleaved, a
+  bubble (:mod:`fstrain.core.plan.pipeline`: ``p - 1`` slots for 1F1B, ``(p - 1)/v`` interleaved, a
   third of ``p - 1`` for ZB-H1); activations sent point-to-point at each stage boundary, ``v``
   times as often when interleaved.
 - Data parallel: DDP all-reduce (2 Psi) once a step; ZeRO-1 reduce-scatter + all-gather once a
@@ -30,10 +30,10 @@
   the EP group's bandwidth, not overlapped with compute (torchtitan expert_parallel.py runs them
   synchronously between the router and the experts). Expert gradients are reduced over the
   ``dp/ep`` ranks holding the same experts (DeepSpeed-MoE, arXiv 2201.05596 sec. 5.1).
-- Context parallelism (``cp > 1``, :mod:`fstrain.core.contextparallel`): each rank computes
+- Context parallelism (``cp > 1``, :mod:`fstrain.core.plan.contextparallel`): each rank computes
   ``s / cp`` tokens of every sequence, with attention at the full ``s`` per token (load-balanced
   causal sharding gives every rank ``1/cp`` of the attention work), and moves them through TP and
-  PP; FSDP's traffic is that of ``dp x cp`` ranks (:func:`~fstrain.core.contextparallel.cp_rank_view`).
+  PP; FSDP's traffic is that of ``dp x cp`` ranks (:func:`~fstrain.core.plan.contextparallel.cp_rank_view`).
   Ring attention's K/V all-gather (forward, and again in backward) hides behind the first (local)
   chunk's SDPA; backward's fp32 dK/dV rotation hides each step behind the next chunk's SDPA, the
   last one exposed (:func:`ring_attention_time`).
@@ -49,12 +49,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fstrain.core.acpolicy import every_k
-from fstrain.core.assumptions import Assumptions
-from fstrain.core.contextparallel import cp_rank_view, ring_chunk_bytes
-from fstrain.core.kernels import fusion_seconds_saved_per_token
-from fstrain.core.losses import has_vocab_head
-from fstrain.core.memory import (
+from fstrain.core.plan.acpolicy import every_k
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
+from fstrain.core.plan.kernels import fusion_seconds_saved_per_token
+from fstrain.core.plan.losses import has_vocab_head
+from fstrain.core.plan.memory import (
     block_matmuls,
     comm_bytes,
     converted_linears,
@@ -64,7 +64,7 @@ from fstrain.core.memory import (
     residual_bytes,
     weight_bytes,
 )
-from fstrain.core.pipeline import boundary_crossings, bubble_slots, layers_per_rank
+from fstrain.core.plan.pipeline import boundary_crossings, bubble_slots, layers_per_rank
 from fstrain.core.planfile import ModelSpec, PlanKnobs
 
 
@@ -379,7 +379,7 @@ def step_time(
 
 def _fusion_saved_s(model: ModelSpec, knobs: PlanKnobs, links: Links, assumptions: Assumptions) -> float:
     """Seconds per token and block that --compile / --fused-rmsnorm save against eager PyTorch
-    (the achievable MFU is eager PyTorch's; fstrain.core.kernels counts the traffic removed)."""
+    (the achievable MFU is eager PyTorch's; fstrain.core.plan.kernels counts the traffic removed)."""
     return fusion_seconds_saved_per_token(
         model, weight_bytes(knobs.precision), knobs.tp, replicated_split(knobs.tp, assumptions.sequence_parallel),
         knobs.activation_checkpointing, every_k(knobs.activation_checkpointing), knobs.compile, knobs.fused_rmsnorm,
@@ -396,7 +396,7 @@ def ring_attention_time(
 ) -> float:
     """Exposed seconds of one layer's ring attention traffic for one micro-batch (0 without CP).
 
-    torch's ring attention with torchtitan's all-gather rotater (:mod:`fstrain.core.contextparallel`):
+    torch's ring attention with torchtitan's all-gather rotater (:mod:`fstrain.core.plan.contextparallel`):
     forward all-gathers the ``cp`` K/V chunks (``(cp-1)`` chunks arrive, ``cp - 1`` ring steps of
     latency) while the local chunk's SDPA runs, ``1/cp`` of the rank's attention, and waits for it
     before the next chunk; backward all-gathers K/V again behind the first chunk's SDPA backward,

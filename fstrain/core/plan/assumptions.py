@@ -54,7 +54,7 @@ class Assumptions:
     reduce_bucket_elements: int = _stated(
         0,
         "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype); 0: hidden^2, the value "
-        "`fstrain render` writes (fstrain/core/buckets.py). DeepSpeed's own default is 5e8. ZeRO-1/2 "
+        "`fstrain render` writes (fstrain/core/plan/buckets.py). DeepSpeed's own default is 5e8. ZeRO-1/2 "
         "allocate it twice during backward (overlap_comm).",
     )
 
@@ -102,7 +102,7 @@ class Assumptions:
     logits_bytes_per_element: int = _stated(
         0,
         "Bytes per logit at the loss's peak; 0 = what --loss holds, read off its source "
-        "(fstrain/core/losses.py: full 12 in backward, fused 2x the compute dtype, megatron 12, chunked:N).",
+        "(fstrain/core/plan/losses.py: full 12 in backward, fused 2x the compute dtype, megatron 12, chunked:N).",
     )
 
     sequence_parallel: bool = _stated(

@@ -49,8 +49,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.acpolicy import parse_ac
-from fstrain.core.modelsize import ParamCount, count_parameters
+from fstrain.core.plan.acpolicy import parse_ac
+from fstrain.core.plan.modelsize import ParamCount, count_parameters
 from fstrain.core.planfile import (
     ACTIVATIONS,
     OPTIMIZERS,

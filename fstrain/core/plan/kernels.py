@@ -5,7 +5,7 @@ backward and how many bytes its memory-bound (elementwise) ops move through HBM.
 Saved activations, checked against PyTorch's own partitioner (``torch.compile`` with the
 ``aot_eager_decomp_partition`` backend runs Inductor's decompositions and its min-cut
 rematerialisation partitioner, ``torch/_functorch/partitioners.py``, without generating code;
-tests/unit/test_compiled_activations.py compares it with :func:`fstrain.core.memory.layer_activation_bytes`):
+tests/unit/test_compiled_activations.py compares it with :func:`fstrain.core.plan.memory.layer_activation_bytes`):
 
 - an RMSNorm keeps its input in the compute dtype and the fp32 ``1/rms`` instead of an fp32 copy
   of its input (what a LayerNorm keeps in eager mode): the fused norm recomputes the rest;

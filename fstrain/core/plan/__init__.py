@@ -1,0 +1,15 @@
+"""The planner: what a training configuration needs per GPU and how fast it runs, and the search
+that ranks configurations. Pure: values in, values out (no files, network, processes or GPUs).
+
+- inputs: ``recipe`` (a recipe mapping -> model spec and training defaults; ``hfconfig`` reads a
+  Hugging Face ``config.json`` mapping), ``modelsize`` (parameters by part), ``gpus`` (the GPU
+  table), ``plancluster`` (nodes and links), ``assumptions`` (every assumed number, with its reason);
+- what runs: ``precision`` (dtypes per mode), ``acpolicy`` (activation checkpointing policies),
+  ``losses``, ``kernels`` (torch.compile, fused RMSNorm), ``pipeline`` (schedules),
+  ``contextparallel`` (ring attention), ``adafactor``, ``buckets`` (DeepSpeed/FSDP bucket sizes);
+- models: ``memory`` (per-GPU bytes at each moment of a step), ``timemodel`` (step time);
+- ``planner`` (the search and the plan file), ``calibrate`` (measured numbers -> assumptions).
+
+The plan file's schema (:mod:`fstrain.core.planfile`) stays beside this package: renderers,
+launch and the trainer read it too.
+"""
