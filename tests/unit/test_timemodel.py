@@ -219,3 +219,39 @@ def test_tiny_micro_batches_are_latency_bound() -> None:
     long = step_time(LLAMA, 8_000_000_000, knobs(seq_len=8192, strategy="fsdp-full", zero_stage=3,
                                                    shard_group_size=128), 400e12, 128 * 989e12, LINKS, Assumptions())
     assert long.mfu > 0.2
+
+
+def test_nvls_all_reduce_follows_nccls_cost_model_inside_an_nvswitch_domain() -> None:
+    from fstrain.core.plan.plancluster import NodeGpus, build_cluster, uniform_cluster
+    from fstrain.core.plan.timemodel import all_reduce_bandwidth, group_bandwidth
+
+    h100 = uniform_cluster(2, 8, "h100-sxm").links()
+    assert h100.nvls_efficiency == 0.85 and h100.nvlink_bytes_per_s == 450e9
+    # NVLink 450 GB/s one way x 0.85 x 15/16 channels x 2 (src/tuning/nvls.cc)
+    assert all_reduce_bandwidth(8, 1, h100) == pytest.approx(450e9 * 0.85 * 15 / 16 * 2)
+    assert all_reduce_bandwidth(16, 1, h100) == group_bandwidth(16, 1, h100)  # across nodes: the ring
+    assert all_reduce_bandwidth(8, 1, uniform_cluster(1, 8, "b200").links()) == pytest.approx(900e9 * 0.74 * 15 / 8)
+    for no_nvls in ("a100-80gb", "h200-nvl", "l40s"):  # Ampere, NVL bridge pairs, no NVLink
+        links = uniform_cluster(1, 8, no_nvls).links()
+        assert links.nvls_efficiency == 0.0 and all_reduce_bandwidth(8, 1, links) == group_bandwidth(8, 1, links)
+    # a node whose NVLink domain the user says is 2 (bridged pairs) has no NVSwitch
+    bridged = build_cluster([NodeGpus("h100-sxm", 8, nvlink_domain_size=2)], 400).links()
+    assert bridged.nvls_efficiency == 0.0
+
+
+def test_ddp_all_reduce_and_tp_without_sequence_parallelism_use_nvls() -> None:
+    from fstrain.core.plan.plancluster import uniform_cluster
+
+    links = uniform_cluster(1, 8, "h100-sxm").links()
+    no_nvls = dataclasses.replace(links, nvls_efficiency=0.0)
+    spec = ModelSpec("m", 8, 2048, 16, 16, 8192, "gelu", 32000, 2048)
+    ddp = PlanKnobs("ddp", 0, 8, 1, 1, 1, 1, 1, seq_len=2048)
+    with_nvls = step_time(spec, 400_000_000, ddp, 400e12, 8 * 989e12, links)
+    without = step_time(spec, 400_000_000, ddp, 400e12, 8 * 989e12, no_nvls)
+    assert with_nvls.dp_comm_s == pytest.approx(without.dp_comm_s * 450e9 / (450e9 * 0.85 * 15 / 8), rel=0.05)
+    tp = PlanKnobs("ddp", 0, 1, 8, 1, 1, 1, 1, seq_len=2048)
+    sp = step_time(spec, 50_000_000, tp, 400e12, 8 * 989e12, links)
+    assert sp.tp_comm_s == step_time(spec, 50_000_000, tp, 400e12, 8 * 989e12, no_nvls).tp_comm_s
+    plain = Assumptions(sequence_parallel=False)
+    assert step_time(spec, 50_000_000, tp, 400e12, 8 * 989e12, links, plain).tp_comm_s < step_time(
+        spec, 50_000_000, tp, 400e12, 8 * 989e12, no_nvls, plain).tp_comm_s

@@ -57,6 +57,8 @@ class GpuSpec:
     achievable_mfu: float
     """Assumed fraction of the dense peak that large transformer matmuls reach (with recompute)."""
     nvml_names: tuple[str, ...] = ()
+    nvls_efficiency: float = 0.0
+    """NCCL's NVLink SHARP efficiency (0: no NVLS): see ``_NVLS_EFFICIENCY``."""
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for ``bf16``, ``fp16``, ``fp8`` or ``fp32`` compute; a precision mode
@@ -169,6 +171,12 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
      ("AMD Instinct MI300X",)),
 )
 
+# NVLink SHARP (NVLS): on NVSwitch systems of Hopper and Blackwell, NCCL's all-reduce lets the
+# switch do the reduction. NCCL's own cost model (src/tuning/nvls.cc: nvlsEfficiency Hopper 0.85,
+# Blackwell 0.74, Volta/Ampere 0) gives its all-reduce bus bandwidth as the NVLink bandwidth x
+# efficiency x (nChannels - 1) / nChannels x 2; only NVSwitch boards have it (not NVL bridges).
+_NVLS_EFFICIENCY = {"h100-sxm": 0.85, "h100-96gb": 0.85, "h200": 0.85, "b200": 0.74, "gb200": 0.74}
+
 GPUS: tuple[GpuSpec, ...] = tuple(
     GpuSpec(
         name=row[0],
@@ -185,6 +193,7 @@ GPUS: tuple[GpuSpec, ...] = tuple(
         nic_gbps_per_gpu=row[11],
         achievable_mfu=row[12],
         nvml_names=row[13],
+        nvls_efficiency=_NVLS_EFFICIENCY.get(row[0], 0.0),
     )
     for row in _ROWS
 )

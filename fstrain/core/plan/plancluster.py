@@ -123,6 +123,8 @@ class PlanCluster:
             gpus_per_node=self.gpus_per_node,
             num_nodes=self.num_nodes,
             hbm_bytes_per_s=min(n.gpu.hbm_bandwidth_bytes_per_s for n in self.nodes),
+            # NVLS needs an NVSwitch: a domain of NVL bridge pairs has none
+            nvls_efficiency=min(n.gpu.nvls_efficiency for n in self.nodes) if self.nvlink_domain_size > 2 else 0.0,
         )
 
     def bounded_by(self, precision: str, mfu: float = 0.0) -> str:

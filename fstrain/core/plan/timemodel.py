@@ -214,6 +214,12 @@ class Links:
     gpus_per_node: int
     num_nodes: int
     hbm_bytes_per_s: float = 0.0  # the slowest GPU's memory bandwidth (0: not known)
+    nvls_efficiency: float = 0.0  # NCCL's NVLink SHARP efficiency inside the NVLink domain (0: none)
+
+
+# NCCL's default number of NVLS channels (NCCL_NVLS_NCHANNELS, 16); one of them is lost to the
+# pipeline in NCCL's NVLS cost model ((nChannels - 1) / nChannels).
+NVLS_CHANNELS = 16
 
 
 def group_bandwidth(size: int, stride: int, links: Links) -> float:
@@ -237,6 +243,21 @@ def group_bandwidth(size: int, stride: int, links: Links) -> float:
     if members_per_node == 1:
         return links.inter_node_bytes_per_s
     return min(members_per_node * links.inter_node_bytes_per_s, intra)
+
+
+def all_reduce_bandwidth(size: int, stride: int, links: Links) -> float:
+    """Bus bandwidth per rank of an all-reduce: the ring's (:func:`group_bandwidth`), or inside an
+    NVSwitch domain of Hopper or Blackwell GPUs NCCL's NVLS all-reduce, whose bus bandwidth NCCL's
+    cost model (src/tuning/nvls.cc) puts at NVLink x efficiency x (nChannels - 1)/nChannels x 2
+    (x1.59 on Hopper, x1.39 on Blackwell); NCCL picks whichever is faster. All-gathers and
+    reduce-scatters gain nothing from NVLS in that model (no factor 2), and across nodes NVLS needs
+    in-network reduction (SHARP), which fstrain does not assume."""
+    ring = group_bandwidth(size, stride, links)
+    inside = size * stride <= links.nvlink_domain_size and links.nvlink_bytes_per_s > 0
+    if not inside or links.nvls_efficiency <= 0:
+        return ring
+    nvls = links.nvlink_bytes_per_s * links.nvls_efficiency * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * 2
+    return max(ring, nvls)
 
 
 def collective_latency(size: int, stride: int, links: Links, assumptions: Assumptions, tree: bool = False) -> float:
@@ -336,7 +357,12 @@ def step_time(
     if t > 1:
         k = every_k(knobs.activation_checkpointing)
         collectives = 4 + (2 / k if k else 0)  # a recomputed layer's forward all-reduces again
-        all_reduce = 2 * _ring(t) * b * s * model.hidden_size * w / (links.nvlink_bytes_per_s * eff)
+        # With sequence parallelism the all-reduces are reduce-scatters + all-gathers of the same
+        # bytes, which NVLS does not speed up; plain all-reduces take NVLS where the switch has it.
+        tp_bw = links.nvlink_bytes_per_s
+        if not assumptions.sequence_parallel:
+            tp_bw = max(tp_bw, all_reduce_bandwidth(t, 1, links))
+        all_reduce = 2 * _ring(t) * b * s * model.hidden_size * w / (tp_bw * eff)
         all_reduce += collective_latency(t, 1, links, assumptions, tree=False) * 2
         tp_mb = layers * collectives * all_reduce * (1 - assumptions.tp_overlap)
     pp_mb = 0.0
@@ -505,7 +531,7 @@ def _dp_parts(
     strategy = knobs.strategy
     exposed_only = 0.0
     if strategy == "ddp":
-        hidden, window = move(2 * red), backward_last
+        hidden, window = move(2 * red, bw=all_reduce_bandwidth(group, t, links) * eff), backward_last
     elif strategy == "zero1":
         hidden, window, exposed_only = move(red), backward_last, move(w)
     elif strategy == "zero2":
