@@ -56,7 +56,6 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
     check_trainer_fp8(plan, where)
     check_trainer_cp(plan, where)
     check_trainer_loss(plan, where)
-    check_trainer_eager(plan, where)
     check_trainer_optimizer(plan, where)
 
 
@@ -86,14 +85,14 @@ def check_trainer_fp8(plan: PlanFile, where: str) -> None:
 
 
 def check_trainer_eager(plan: PlanFile, where: str) -> None:
-    """The bundled trainer runs eager PyTorch: a plan made for ``torch.compile`` counts a compiled
-    block's activations and speed (fstrain.core.plan.kernels), which the eager model does not reach."""
+    """The memory trace runs the model eagerly under fake tensors: a plan made for
+    ``torch.compile`` counts what a compiled block keeps (fstrain.core.plan.kernels), which the
+    eager trace does not show."""
     if plan.knobs.compile:
         raise ConfigError(
-            "the plan is for torch.compile (--compile), but the bundled trainer runs the model eagerly, "
-            "which keeps more activations than the plan counts",
-            "re-plan without --compile (--fused-rmsnorm is what the bundled trainer fuses), or train with a "
-            "program that compiles its blocks (torchtitan --training.compile)",
+            "the plan is for torch.compile (--compile), but the trace runs the model eagerly, which keeps "
+            "more activations than a compiled block",
+            "re-plan without --compile to trace (what a compiled block keeps: docs/planner.md, Kernel fusion)",
             where,
         )
 

@@ -12,7 +12,7 @@ import torch
 
 from fstrain.core.render.options import TrainingOptions
 from fstrain.train.checkpointing import torch_checkpoint
-from fstrain.train.model import GPT, CheckpointFn
+from fstrain.train.model import GPT, CheckpointFn, compiled_blocks
 from fstrain.train.runtime import Runtime
 from fstrain.train.settings import TrainSettings
 from fstrain.train.steps import adamw8bit, lm_loss, step_tag
@@ -44,7 +44,8 @@ class DeepSpeedEngine:
             deepspeed.checkpointing.configure(None, deepspeed_config=config)
             checkpoint_fn = deepspeed.checkpointing.checkpoint
         model = GPT(settings.plan.model, settings.activation_checkpointing, checkpoint_fn, settings.loss_chunks,
-                    settings.plan.knobs.fused_rmsnorm)
+                    settings.plan.knobs.fused_rmsnorm, settings.plan.knobs.compile)
+        self.compiled_blocks = compiled_blocks(model)
         client_optimizer = None
         if "optimizer" not in config:
             # The renderer leaves the optimizer block out for adam8bit: DeepSpeed has none.

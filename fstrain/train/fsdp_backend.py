@@ -28,7 +28,7 @@ from torch.distributed.tensor import Shard
 
 from fstrain.core.planfile import ModelSpec
 from fstrain.core.render.options import lr_multiplier
-from fstrain.train.model import GPT
+from fstrain.train.model import GPT, compiled_blocks
 from fstrain.train.runtime import Runtime
 from fstrain.train.settings import TrainSettings, fsdp_precision, fsdp_training_options
 from fstrain.train.steps import adamw8bit, lm_loss, read_latest, step_tag, write_latest
@@ -59,9 +59,10 @@ class FSDPEngine:
         # Pinned memory needs a CUDA driver; on a CPU-only host the policy still runs, unpinned.
         model, self.sharded = build_sharded_model(
             settings.plan.model, cfg, self.mesh, settings.activation_checkpointing, runtime.device.type == "cuda",
-            settings.loss_chunks, settings.plan.knobs.fused_rmsnorm,
+            settings.loss_chunks, settings.plan.knobs.fused_rmsnorm, settings.plan.knobs.compile,
         )
         self.model = model
+        self.compiled_blocks = compiled_blocks(model)
         self.optimizer = build_optimizer(model, cfg.get("optimizer", {}), self.options.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_multiplier(step, self.options)
@@ -151,6 +152,7 @@ class FSDPEngine:
 def build_sharded_model(
     spec: ModelSpec, cfg: Mapping[str, Any], mesh: DeviceMesh, ac: str, pin_memory: bool, loss_chunks: int = 1,
     fused_rmsnorm: bool = False,
+    compile_blocks: bool = False,
 ) -> tuple[GPT, FSDPModule]:
     """The model with the FSDP file's layout: each wrapped block its own ``fully_shard`` unit
     (all-gathered alone), then the root (embeddings, final norm, head). ``fully_shard`` moves
@@ -191,7 +193,7 @@ def build_sharded_model(
     previous = torch.get_default_dtype()
     torch.set_default_dtype(_DTYPES[str(cfg.get("model_dtype", "float32"))])
     try:
-        model = GPT(spec, ac, loss_chunks=loss_chunks, fused_rmsnorm=fused_rmsnorm)
+        model = GPT(spec, ac, loss_chunks=loss_chunks, fused_rmsnorm=fused_rmsnorm, compile_blocks=compile_blocks)
     finally:
         torch.set_default_dtype(previous)
     for module in list(model.modules()):

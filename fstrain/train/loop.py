@@ -23,6 +23,8 @@ class Engine(Protocol):
     def save(self, directory: Path, step: int) -> None: ...
     def load(self, directory: Path) -> int | None: ...
 
+    compiled_blocks: int  # transformer blocks under torch.compile (the plan's --compile)
+
 
 def build_engine(settings: TrainSettings, runtime: Runtime) -> Engine:
     if settings.backend == "deepspeed":
@@ -86,6 +88,7 @@ def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
         "strategy": settings.plan.knobs.strategy,
         "loss": settings.plan.knobs.loss,
         "loss_chunks": settings.loss_chunks,  # what the model's head splits the tokens into
+        "compiled_blocks": engine.compiled_blocks,
         "micro_batch_size": mbs,
         "grad_accum_steps": accum,
         "start_step": start_step,

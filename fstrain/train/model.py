@@ -269,6 +269,7 @@ class GPT(nn.Module):
         checkpoint_fn: CheckpointFn = torch_checkpoint,
         loss_chunks: int = 1,
         fused_rmsnorm: bool = False,
+        compile_blocks: bool = False,
     ) -> None:
         super().__init__()
         check_supported(spec)
@@ -285,6 +286,12 @@ class GPT(nn.Module):
             TransformerBlock(spec, activation_checkpointing, checkpoint_fn, index, fused_rmsnorm)
             for index in range(spec.num_layers)
         )
+        if compile_blocks:
+            # torchtitan's apply_compile: each block on its own (repeated blocks reuse one compiled
+            # graph), before FSDP wraps them. Module.compile() keeps the block's class and its
+            # parameter names, so checkpoints and the FSDP wrap rule do not change.
+            for block in self.blocks:
+                block.compile()
         self.final_norm = _norm(spec, fused_rmsnorm)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
@@ -321,6 +328,12 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         return head_logits(self.lm_head, self.final_norm(x), self.loss_chunks)
+
+
+def compiled_blocks(model: nn.Module) -> int:
+    """How many transformer blocks run under torch.compile (``Module.compile()`` gives a module a
+    compiled call)."""
+    return sum(1 for m in model.modules() if isinstance(m, TransformerBlock) and m._compiled_call_impl is not None)
 
 
 def head_logits(head: nn.Module, hidden: torch.Tensor, chunks: int = 1) -> torch.Tensor | list[torch.Tensor]:

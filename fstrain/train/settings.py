@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,25 @@ class TrainSettings:
         if knob == "none" and self.deepspeed is not None and "activation_checkpointing" in self.deepspeed:
             return "full"  # the DeepSpeed file asks for it; checkpoint whole blocks
         return knob
+
+
+def check_compiler_toolchain() -> None:
+    """torch.compile's Inductor builds C++ kernels for CPU tensors (and uses Triton, bundled with
+    CUDA torch, on GPUs): without a C++ compiler a CPU run would fail at its first step."""
+    import shutil
+
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    compilers = [os.environ.get("CXX", ""), "g++", "c++", "clang++"]
+    if not any(name and shutil.which(name) for name in compilers):
+        raise ConfigError(
+            "the plan is for torch.compile, and on CPU Inductor needs a C++ compiler, but none was found "
+            "(CXX, g++, c++, clang++)",
+            "install one (Debian/Ubuntu: apt-get install g++), or re-plan without --compile",
+            "--plan",
+        )
 
 
 def check_supported(spec: ModelSpec) -> None:
@@ -138,6 +158,8 @@ def load_settings(argv: list[str] | None, world_size: int) -> TrainSettings:
     check_supported(plan.model)
     check_trainer_loss(plan, "--plan")
     check_trainer_optimizer(plan, "--plan")
+    if plan.knobs.compile:
+        check_compiler_toolchain()
     # Without rendered files, render them here with a schedule that fits --steps.
     options = TrainingOptions(warmup_steps=max(1, args.steps // 10), total_steps=args.steps)
     fsdp: Mapping[str, Any] | None = None
@@ -184,14 +206,12 @@ def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:
             )
         from fstrain.core.launchplan import (
             check_trainer_cp,
-            check_trainer_eager,
             check_trainer_ep,
             check_trainer_fp8,
         )
 
         check_trainer_ep(plan, str(args.plan))
         check_trainer_cp(plan, str(args.plan))
-        check_trainer_eager(plan, str(args.plan))
         check_trainer_fp8(plan, str(args.plan))
         return plan
     # No plan: the recipe's model and training defaults, data-parallel over this world.

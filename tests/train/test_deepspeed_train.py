@@ -51,3 +51,13 @@ def test_zero3_offload_checkpoint_and_resume(tmp_path: Path) -> None:
     assert "resumed from step 4" in resumed.stdout
     assert resumed.summary["start_step"] == 4
     assert resumed.summary["losses"] == pytest.approx(first["losses"][4:], rel=1e-5)
+
+
+def test_compiled_blocks_train_under_zero2(tmp_path: Path) -> None:
+    # --compile under DeepSpeed: the blocks are compiled before deepspeed.initialize wraps the model.
+    out = render(make_plan("zero2", precision="bf16", compile=True), tmp_path / "r")
+    run = torchrun(2, ["--plan", str(out / "plan.yaml"), "--backend", "deepspeed",
+                       "--deepspeed-config", str(out / "ds_config.json"), "--steps", str(STEPS)],
+                   tmp_path / "summary.json")
+    assert run.summary["compiled_blocks"] == 2
+    assert_learns(run.summary, min_drop=0.2)

@@ -71,7 +71,7 @@ def test_compile_changes_the_plan_by_the_fused_traffic_and_the_saved_tensors() -
     assert compiled.memory.activations < eager.memory.activations
 
 
-def test_flags_reach_json_table_and_plan_file_and_the_trainer_refuses_compile(tmp_path: Path) -> None:
+def test_flags_reach_json_table_plan_file_launch_and_trace(tmp_path: Path) -> None:
     assert {"--compile", "--fused-rmsnorm"} <= set(run_fstrain("plan", "--help", env={"COLUMNS": "200"}).stdout.split())
     args = ("plan", "--model", "tiny", "--num-nodes", "1", "--gpus-per-node", "2", "--gpu", "h100-sxm",
             "--strategy", "fsdp-full")
@@ -83,8 +83,10 @@ def test_flags_reach_json_table_and_plan_file_and_the_trainer_refuses_compile(tm
     assert "torch.compile" in run_fstrain(*args, "--compile").stderr
     launch = run_fstrain("launch", "--plan", str(tmp_path / "plan.yaml"), "--dry-run", "--hosts", "localhost",
                          "--nproc-per-node", "2")
-    assert launch.returncode == 2 and launch.stderr.count("\n") == 1
-    assert "the plan is for torch.compile (--compile), but the bundled trainer runs the model eagerly" in launch.stderr
+    assert launch.returncode == 0, launch.stderr  # the bundled trainer compiles each block
+    trace = run_fstrain(*args, "--compile", "--trace")
+    assert trace.returncode == 2 and trace.stderr.count("\n") == 1
+    assert trace.stderr.startswith("error: --trace: the plan is for torch.compile (--compile), but the trace runs")
     fused = run_fstrain(*args[:2], "tiny-moe", *args[3:], "--fused-rmsnorm", "--out", str(tmp_path / "fused.yaml"))
     assert fused.returncode == 0 and "fused RMSNorm" in fused.stderr
     dry = run_fstrain("launch", "--plan", str(tmp_path / "fused.yaml"), "--dry-run", "--hosts", "localhost",
@@ -106,3 +108,18 @@ def test_bad_kernel_input_is_one_line(tmp_path: Path) -> None:
                          "--nproc-per-node", "1")
     assert launch.returncode == 2 and launch.stderr.count("\n") == 1
     assert "plan.compile must be true or false, got 'yes'" in launch.stderr
+
+
+def test_a_compiled_plan_on_cpu_without_a_cxx_compiler_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from fstrain.errors import ConfigError
+    from fstrain.train.settings import check_compiler_toolchain
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError, match="Inductor needs a C\\+\\+ compiler, but none was found") as error:
+        check_compiler_toolchain()
+    assert "apt-get install g++" in error.value.one_line()
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/g++" if name == "g++" else None)
+    check_compiler_toolchain()  # one is enough

@@ -232,7 +232,7 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
     if knobs.compile:
         notes.append(
             "compile: DeepSpeed's config has no key for it; the training script calls engine.compile() after "
-            "deepspeed.initialize (torch.compile of the module); the bundled trainer runs eagerly"
+            "deepspeed.initialize (torch.compile of the module); the bundled trainer compiles each block"
         )
     if knobs.pp > 1 and knobs.pp_schedule != "1f1b":
         notes.append(
