@@ -9,6 +9,8 @@ and the rank that never reached it stands out. Pure: text in, values out.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -151,6 +153,39 @@ def stall_reason(now_s: float, last_progress_s: float | None, first_finish_s: fl
     return ""
 
 
+def flight_recorder_lag(records: Mapping[int, Mapping[str, Any]]) -> tuple[list[int], list[str]]:
+    """Ranks behind the others by their flight recorders (rank -> ``{"pg_status": {pg:
+    {"last_enqueued_collective": ...}}, "entries": [...]}``, torch's ``_dump_fr_trace_json``):
+    for each process group, the ranks that enqueued fewer collectives than the most any rank did
+    never reached the collective the others wait in. Returns (those ranks, one line per group)."""
+    enqueued: dict[str, dict[int, int]] = {}
+    for rank, record in records.items():
+        for pg, status in (record.get("pg_status") or {}).items():
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                enqueued.setdefault(str(pg), {})[rank] = int(status.get("last_enqueued_collective", -1))
+    behind: set[int] = set()
+    lines: list[str] = []
+    for pg, counts in sorted(enqueued.items()):
+        top = max(counts.values())
+        late = sorted(r for r, n in counts.items() if n < top)
+        if not late:
+            continue
+        behind.update(late)
+        name = _collective_name(records, pg, top)
+        ranks = ", ".join(f"rank {r} ({counts[r]})" for r in late)
+        lines.append(f"flight recorder, process group {pg}: {ranks} behind the others' collective {top}"
+                     + (f" ({name})" if name else ""))
+    return sorted(behind), lines
+
+
+def _collective_name(records: Mapping[int, Mapping[str, Any]], pg: str, seq: int) -> str:
+    for record in records.values():
+        for entry in record.get("entries") or []:
+            if str(entry.get("pg_id")) == pg and entry.get("collective_seq_id") == seq:
+                return str(entry.get("profiling_name") or "")
+    return ""
+
+
 def hang_report(reports: Mapping[int, Mapping[str, Any]], reason: str,
                 unanswered: Sequence[int]) -> tuple[dict[str, Any], dict[str, str]]:
     """The hang report and its stack files from every node's stacks report (node rank ->
@@ -160,8 +195,13 @@ def hang_report(reports: Mapping[int, Mapping[str, Any]], reason: str,
     nodes_of: dict[int, int] = {}
     traces: list[str] = []
     files: dict[str, str] = {}
+    recorders: dict[int, Mapping[str, Any]] = {}
     for node_rank, payload in sorted(reports.items()):
         traces += [f"node {node_rank}: {path}" for path in payload.get("nccl_traces", [])]
+        for rank_text, record in (payload.get("flight_recorder") or {}).items():
+            recorders[int(rank_text)] = record
+            files[f"rank{rank_text}.flight-recorder.json"] = json.dumps(
+                {"pg_status": record.get("pg_status"), "entries": record.get("entries")}, indent=1)
         for rank_text, entry in payload.get("ranks", {}).items():
             rank = int(rank_text)
             dumps[rank], nodes_of[rank] = entry.get("faulthandler") or entry.get("py_spy") or "", node_rank
@@ -179,4 +219,8 @@ def hang_report(reports: Mapping[int, Mapping[str, Any]], reason: str,
         "nccl_traces": traces,
         "unanswered_nodes": list(unanswered),
     }
+    if recorders:
+        behind, lines = flight_recorder_lag(recorders)
+        document["flight_recorder_behind"] = behind
+        document["summary"] = [*hang.lines(), *lines]
     return document, files

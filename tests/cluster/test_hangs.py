@@ -30,6 +30,8 @@ def test_blocked_rank_is_found_named_and_the_job_ends_stalled(
     launch = start_launch(cluster, "--hosts", "node[1-2]", "--nproc-per-node", "2", "--grace", str(GRACE_S),
                           "--run-dir", str(run_dir), flag, f"{TIMEOUT_S}s",
                           "--env", "FSTRAIN_TEST_HANG_RANK=3", "--env", f"FSTRAIN_TEST_OTHERS={others}",
+                          # torch's flight recorder, as fstrain render's environment turns it on
+                          "--env", "TORCH_NCCL_TRACE_BUFFER_SIZE=2000",
                           "--", "python3", HANG)
     launch.wait_for("] rank 3 blocks forever", timeout=300)
     if others == "exit":
@@ -50,6 +52,13 @@ def test_blocked_rank_is_found_named_and_the_job_ends_stalled(
     if others == "collective":  # the three others wait in the same all_reduce
         assert report["common"].startswith("all_reduce ")
         assert sorted(report["where"]) == ["0", "1", "2", "3"]
+        # every rank's flight recorder answered: rank 3 enqueued one collective, the others two
+        assert report["flight_recorder_behind"] == [3]
+        assert "flight recorder, process group 0: rank 3 (1) behind the others' collective 2 (gloo:all_reduce)" \
+            in launch.err
+        for rank in range(4):
+            dump = json.loads((run_dir / "stacks" / f"rank{rank}.flight-recorder.json").read_text())
+            assert dump["pg_status"]["0"]["last_enqueued_collective"] == ("1" if rank == 3 else "2")
     else:
         assert sorted(report["where"]) == ["3"]  # the only live rank
     manifest = json.loads((run_dir / "manifest.json").read_text())

@@ -3,7 +3,9 @@ of a gloo job, rank 1 sleeping while ranks 0 and 2 wait in all_reduce)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,3 +90,29 @@ def test_the_coordinator_reads_the_watchdogs_event_lines() -> None:
     from fstrain.io.remote import coordinator, watchdog
 
     assert coordinator.EVENT_PREFIX == watchdog.EVENT_PREFIX
+
+
+def _recorder(enqueued: int, name: str = "gloo:all_reduce") -> dict[str, Any]:
+    # the shape of torch's _dump_fr_trace_json (version 2.10), as collect() cuts it
+    entries = [{"collective_seq_id": seq, "pg_id": 0, "profiling_name": name, "state": "scheduled"}
+               for seq in range(1, enqueued + 1)]
+    return {"pg_status": {"0": {"last_completed_collective": str(enqueued - 1), "last_enqueued_collective":
+                                str(enqueued), "last_started_collective": "-1"}}, "entries": entries}
+
+
+def test_flight_recorders_name_the_rank_that_never_reached_the_collective() -> None:
+    from fstrain.core.stacks import flight_recorder_lag
+
+    behind, lines = flight_recorder_lag({0: _recorder(2), 1: _recorder(2), 2: _recorder(2), 3: _recorder(1)})
+    assert behind == [3]
+    assert lines == ["flight recorder, process group 0: rank 3 (1) behind the others' collective 2 (gloo:all_reduce)"]
+    assert flight_recorder_lag({0: _recorder(2), 1: _recorder(2)}) == ([], [])
+    assert flight_recorder_lag({0: {"pg_status": {"0": {"last_enqueued_collective": "x"}}}}) == ([], [])
+
+
+def test_hang_report_carries_the_flight_recorders() -> None:
+    reports = {0: {"ranks": {}, "nccl_traces": [], "flight_recorder": {"0": _recorder(2), "1": _recorder(1)}}}
+    document, files = hang_report(reports, "no rank printed anything for 20 s", [])
+    assert document["flight_recorder_behind"] == [1]
+    assert document["summary"][-1].startswith("flight recorder, process group 0: rank 1 (1) behind")
+    assert json.loads(files["rank0.flight-recorder.json"])["pg_status"]["0"]["last_enqueued_collective"] == "2"

@@ -13,6 +13,11 @@ The watchdog loads this module (sent in its header) when the launch asks for sta
   SIGUSR1 only to processes whose hook file exists: a Python process that never registered the
   handler would die of it. NCCL's flight recorder files (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``,
   pointed into the run directory) are listed where present.
+- With torch's flight recorder on (``TORCH_FR_BUFFER_SIZE``, or ``TORCH_NCCL_TRACE_BUFFER_SIZE``
+  as ``fstrain render`` sets it; it records gloo's collectives as well as NCCL's), the hook also
+  starts a thread that answers a request file with the recorder's JSON dump
+  (``_dump_fr_trace_json``); ``collect`` asks for it and returns each rank's last entries and
+  per-process-group status.
 - ``FirstFailedRank`` watches the ranks' own processes for the first one that exits non-zero,
   read from ``/proc/<pid>/stat`` while it is a zombie (its launcher has not collected it yet):
   DeepSpeed's launcher exits with that rank's code but never says which rank it was.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import shutil
 import signal
@@ -66,7 +72,57 @@ def _fstrain_chain():
         _sys.path[:] = saved
 
 
+def _fstrain_flight_recorder():
+    """With torch's flight recorder on (TORCH_FR_BUFFER_SIZE, or TORCH_NCCL_TRACE_BUFFER_SIZE as
+    fstrain render sets it), a daemon thread answers the launcher's request file by writing the
+    recorder's JSON dump: a thread, because a rank waiting in a collective has released the GIL
+    but would not run a Python signal handler until the collective returns."""
+    folder = _os.environ.get("FSTRAIN_STACKS_DIR")
+    rank = _os.environ.get("RANK")
+    if not folder or rank is None:
+        return
+    if not (_os.environ.get("TORCH_FR_BUFFER_SIZE") or _os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
+        return
+    import threading
+    import time
+
+    request = _os.path.join(folder, "flight-recorder.request")
+    target = _os.path.join(folder, "rank%s.pid%d.flight-recorder.json" % (rank, _os.getpid()))
+
+    def dump():
+        dist = _sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        dumped = _dump_fr_trace_json(includeCollectives=True, onlyActive=False)  # JSON, as bytes
+        with open(target + ".tmp", "wb") as handle:
+            handle.write(dumped if isinstance(dumped, bytes) else dumped.encode())
+        _os.replace(target + ".tmp", target)
+
+    def watch():
+        seen = None
+        while True:
+            time.sleep(0.25)
+            try:
+                stamp = _os.stat(request).st_mtime_ns
+            except OSError:
+                continue
+            if stamp != seen:
+                seen = stamp
+                try:
+                    dump()
+                except Exception:
+                    pass
+
+    threading.Thread(target=watch, name="fstrain-flight-recorder", daemon=True).start()
+
+
 _fstrain_register()
+try:
+    _fstrain_flight_recorder()
+except Exception:
+    pass
 _fstrain_chain()
 '''
 
@@ -91,6 +147,31 @@ def install_hook(run_dir: str, env: dict[str, str]) -> None:
     if env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
         env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(run_dir, NCCL_TRACE_PREFIX))
         env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+
+
+FR_REQUEST = "flight-recorder.request"
+FR_KEEP_ENTRIES = 200  # the last collectives of each rank's dump that travel back with the report
+
+
+def _records_collectives(pid: int) -> bool:
+    """Whether a rank runs with torch's flight recorder on (so its hook thread will dump)."""
+    env = _environ(pid)
+    return bool(env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"))
+
+
+def _read_flight_recorder(path: str) -> dict[str, Any] | None:
+    """A rank's flight recorder dump, cut to its last entries: ``{"pg_status": {pg: {...}},
+    "entries": [...], "path": path}``; None until the file is there and whole."""
+    try:
+        with open(path) as handle:
+            document = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    entries = document.get("entries")
+    kept = entries[-FR_KEEP_ENTRIES:] if isinstance(entries, list) else []
+    return {"pg_status": document.get("pg_status") or {}, "entries": kept, "path": path}
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -212,11 +293,20 @@ def _py_spy(pid: int) -> str | None:
 
 def collect(run_dir: str, pids: list[int], wait_s: float = 3.0) -> dict[str, Any]:
     """Every live rank's stacks: ``{"ranks": {rank: {"pid", "faulthandler", "py_spy"}},
-    "nccl_traces": [paths]}``; a rank whose stack could not be read has empty texts."""
+    "nccl_traces": [paths], "flight_recorder": {rank: {"pg_status", "entries", "path"}}}``; a rank
+    whose stack could not be read has empty texts, one whose flight recorder did not answer is
+    left out."""
     stacks = os.path.join(run_dir, STACKS_DIR)
     ranks = rank_processes(pids)
     found: dict[str, Any] = {}
     sizes: dict[int, int] = {}
+    recording = {rank: pid for rank, pid in ranks.items() if _records_collectives(pid)}
+    if recording:
+        for rank, pid in recording.items():  # a dump from an earlier request is not this one's
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(stacks, f"rank{rank}.pid{pid}.flight-recorder.json"))
+        with contextlib.suppress(OSError), open(os.path.join(stacks, FR_REQUEST), "a"):
+            os.utime(os.path.join(stacks, FR_REQUEST))
     for rank, pid in sorted(ranks.items()):
         entry: dict[str, Any] = {"pid": pid, "faulthandler": "", "py_spy": _py_spy(pid) or ""}
         found[str(rank)] = entry
@@ -227,7 +317,14 @@ def collect(run_dir: str, pids: list[int], wait_s: float = 3.0) -> dict[str, Any
                 os.kill(pid, signal.SIGUSR1)
     deadline = time.monotonic() + wait_s
     pending = dict(sizes)
-    while pending and time.monotonic() < deadline:
+    flight_recorder: dict[str, Any] = {}
+    waiting_fr = dict(recording)
+    while (pending or waiting_fr) and time.monotonic() < deadline:
+        for rank, pid in list(waiting_fr.items()):
+            dumped = _read_flight_recorder(os.path.join(stacks, f"rank{rank}.pid{pid}.flight-recorder.json"))
+            if dumped is not None:
+                flight_recorder[str(rank)] = dumped
+                del waiting_fr[rank]
         time.sleep(0.1)
         for rank, size in list(pending.items()):
             path = os.path.join(stacks, f"rank{rank}.pid{ranks[rank]}.txt")
@@ -239,4 +336,4 @@ def collect(run_dir: str, pids: list[int], wait_s: float = 3.0) -> dict[str, Any
                         found[str(rank)]["faulthandler"] = handle.read()
                     del pending[rank]
     traces = sorted(glob.glob(os.path.join(run_dir, NCCL_TRACE_PREFIX + "*")))
-    return {"ranks": found, "nccl_traces": traces}
+    return {"ranks": found, "nccl_traces": traces, "flight_recorder": flight_recorder}
