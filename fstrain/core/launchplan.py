@@ -52,6 +52,12 @@ def check_plan_fits_launch(plan: PlanFile, world_size: int, where: str) -> None:
     if plan.knobs.tp != 1 or plan.knobs.pp != 1:
         raise ConfigError(f"the bundled trainer runs tp=1, pp=1 only; the plan has tp={plan.knobs.tp}, "
                           f"pp={plan.knobs.pp}", "plan with --tp 1 --pp 1", where)
+    check_trainer_runs(plan, where)
+
+
+def check_trainer_runs(plan: PlanFile, where: str) -> None:
+    """Refuse a plan counting what the bundled trainer does not run: expert parallelism, fp8
+    linears, context parallelism, another program's loss, an optimizer it does not step."""
     check_trainer_ep(plan, where)
     check_trainer_fp8(plan, where)
     check_trainer_cp(plan, where)
@@ -84,7 +90,7 @@ def check_trainer_fp8(plan: PlanFile, where: str) -> None:
         )
 
 
-def check_trainer_eager(plan: PlanFile, where: str) -> None:
+def check_trace_eager(plan: PlanFile, where: str) -> None:
     """The memory trace runs the model eagerly under fake tensors: a plan made for
     ``torch.compile`` counts what a compiled block keeps (fstrain.core.plan.kernels), which the
     eager trace does not show."""

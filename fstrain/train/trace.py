@@ -82,23 +82,12 @@ class TracedMemory:
 
 def check_traceable(plan: PlanFile) -> None:
     """Refuse what the bundled trainer (and so the trace) does not run, before importing torch."""
-    from fstrain.core.launchplan import (
-        check_trainer_cp,
-        check_trainer_eager,
-        check_trainer_ep,
-        check_trainer_fp8,
-        check_trainer_loss,
-        check_trainer_optimizer,
-    )
+    from fstrain.core.launchplan import check_trace_eager, check_trainer_runs
     from fstrain.train.settings import check_supported
 
     check_supported(plan.model)
-    check_trainer_loss(plan, "--trace")  # the trace runs the trainer's loss, not another program's
-    check_trainer_ep(plan, "--trace")  # the trace runs the trainer's experts: all of them on every rank
-    check_trainer_cp(plan, "--trace")  # the trace runs the trainer's attention: whole sequences per rank
-    check_trainer_eager(plan, "--trace")  # the trace runs the eager model
-    check_trainer_optimizer(plan, "--trace")  # the trace steps the trainer's optimizer
-    check_trainer_fp8(plan, "--trace")  # and its bf16 linears
+    check_trainer_runs(plan, "--trace")  # the trace runs the bundled trainer's model, loss and optimizer
+    check_trace_eager(plan, "--trace")  # under fake tensors, eagerly: no compiled blocks
     k = plan.knobs
     if k.tp > 1 or k.pp > 1:
         raise ConfigError(

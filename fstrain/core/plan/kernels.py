@@ -39,6 +39,12 @@ def norm_is_fused(compiled: bool, fused_rmsnorm: bool) -> bool:
     return compiled or fused_rmsnorm
 
 
+def swiglu_saved_tensors(compiled: bool) -> int:
+    """FFN-wide tensors a SwiGLU keeps for backward: gate, up and their product, and eagerly
+    also ``silu(gate)`` (the compiled backward recomputes it)."""
+    return 3 if compiled else 4
+
+
 @dataclass(frozen=True)
 class ElementwiseBytes:
     """HBM bytes one block's elementwise ops move per token in forward, by tensor layout:

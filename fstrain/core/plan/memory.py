@@ -39,7 +39,7 @@ from fstrain.core.plan.adafactor import state_bytes_per_param, step_temporary_by
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.buckets import bucket_sizes
 from fstrain.core.plan.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes
-from fstrain.core.plan.kernels import norm_is_fused
+from fstrain.core.plan.kernels import norm_is_fused, swiglu_saved_tensors
 from fstrain.core.plan.losses import LossPeaks, has_vocab_head, loss_peaks
 from fstrain.core.plan.modelsize import ParamCount, parameter_shapes
 from fstrain.core.plan.pipeline import in_flight_chunks, layers_per_rank
@@ -490,8 +490,8 @@ def layer_activation_bytes(
     kv_width = model.num_kv_heads * model.head_dim
     ffn = ffn_width(model)
     tokens_per_expert_slot = 1 if model.moe is None else model.moe.top_k
-    swiglu_saved = 3 if compiled else 4  # gate, up, product (and silu(gate) when eager)
-    ffn_saved = (swiglu_saved if model.activation == "swiglu" else 2) * s * b * ffn * tokens_per_expert_slot * a
+    ffn_tensors = swiglu_saved_tensors(compiled) if model.activation == "swiglu" else 2
+    ffn_saved = ffn_tensors * s * b * ffn * tokens_per_expert_slot * a
     moe_extra = s * b * moe_routing_bytes_per_token(model, a)
     if flash_attention:
         # PyTorch eager with SDPA (the bundled trainer, torchtitan), counted op by op and checked
@@ -579,8 +579,7 @@ def block_backward_extra_bytes(
         return in_ffn
     fp32_hidden = 0 if norm_is_fused(compiled, fused_rmsnorm) else tokens * model.hidden_size * 4 // split
     ffn_weights = 3 * weight if weight_grads == "block" else 0
-    ffn_saved = 3 if compiled else 4
-    in_norm = hidden + ffn_weights - ffn_saved * wide + 2 * hidden + 3 * fp32_hidden
+    in_norm = hidden + ffn_weights - swiglu_saved_tensors(compiled) * wide + 2 * hidden + 3 * fp32_hidden
     return max(in_ffn, in_norm)
 
 

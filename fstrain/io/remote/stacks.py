@@ -153,9 +153,8 @@ FR_REQUEST = "flight-recorder.request"
 FR_KEEP_ENTRIES = 200  # the last collectives of each rank's dump that travel back with the report
 
 
-def _records_collectives(pid: int) -> bool:
+def _records_collectives(env: dict[str, str]) -> bool:
     """Whether a rank runs with torch's flight recorder on (so its hook thread will dump)."""
-    env = _environ(pid)
     return bool(env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"))
 
 
@@ -297,10 +296,11 @@ def collect(run_dir: str, pids: list[int], wait_s: float = 3.0) -> dict[str, Any
     whose stack could not be read has empty texts, one whose flight recorder did not answer is
     left out."""
     stacks = os.path.join(run_dir, STACKS_DIR)
-    ranks = rank_processes(pids)
+    envs = _rank_envs(pids)
+    ranks = {rank: pid for rank, (pid, _) in envs.items()}
     found: dict[str, Any] = {}
     sizes: dict[int, int] = {}
-    recording = {rank: pid for rank, pid in ranks.items() if _records_collectives(pid)}
+    recording = {rank: pid for rank, (pid, env) in envs.items() if _records_collectives(env)}
     if recording:
         for rank, pid in recording.items():  # a dump from an earlier request is not this one's
             with contextlib.suppress(OSError):
