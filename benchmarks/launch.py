@@ -86,7 +86,7 @@ time.sleep(300)
 class Run:
     tool: str
     startup_s: float
-    prelaunch_s: float  # of which before the launcher started anything on a node
+    prelaunch_s: float  # until the launcher's checks were done (fstrain's run line, DeepSpeed's pdsh command)
     teardown_s: float | None  # None: not finished within --observe-s
     exit_code: int | None  # None: the launcher was still running
     leftovers: dict[str, list[str]] = field(default_factory=dict)  # namespace -> "pid role" still there
@@ -413,7 +413,7 @@ def report(runs: list[Run], args: argparse.Namespace, load_before: tuple[float, 
           f"teardown observed for {args.observe_s:g} s after the failure\n")
     base_startup = median([run.startup_s for run in by_tool[BASELINE]])
     base_teardown = median([teardown_or_inf(run) for run in by_tool[BASELINE]])
-    print("| launcher | start-up: every rank running (s) | ratio | of which before any node starts (s) | "
+    print("| launcher | start-up: every rank running (s) | ratio | of which until the checks are done (s) | "
           "teardown after a failure (s) | ratio | exit code |")
     print("|---|---|---|---|---|---|---|")
     for tool, tool_runs in by_tool.items():

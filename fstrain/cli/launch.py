@@ -359,6 +359,7 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
         RunOptions,
         choose_rendezvous,
         preflight,
+        prewarm_nodes,
         remote_run_dir,
         run_nodes,
         write_manifest,
@@ -374,40 +375,50 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
         workdir = os.getcwd()
     packages = ("torch", "deepspeed") if backend == "deepspeed" else ("torch",)
     with HostPool(hosts, connect, fanout=fanout) as pool:
-        facts = preflight(pool, python, workdir, packages=packages, workdir_is_default=workdir_is_default)
-        rendezvous = choose_rendezvous(pool, connect, facts, python, run_id, master_port)
-    nprocs = resolve_nprocs(hosts, requested, [int(f.info.get("nvidia_gpus") or 0) for f in facts])
-    gpus_found = any(f.info.get("nvidia_gpus") for f in facts)
-    job = build_job(spec, hosts, nprocs, python, "gpu (not planned: see fstrain plan)" if gpus_found else "cpu")
-    per_node = [interface_env(ifname, user_env) for ifname in rendezvous.interfaces]
-    launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
-                             master_addr=rendezvous.master_addr, master_port=rendezvous.master_port, run_id=run_id,
-                             max_restarts=max_restarts, env=user_env, per_node_env=per_node,
-                             no_local_rank=no_local_rank)
-    run_dirs = [remote_run_dir(h, f.info.get("home"), run_id, folder) for h, f in zip(hosts, facts, strict=True)]
-    node_files = [rendered_files(job.plan, d, job.steps) for d in run_dirs] if job.plan else []
-    if job.plan is not None:
-        print_plan(job.plan, f"each node's run directory ({hosts[0].name}: {run_dirs[0]})")
-    procs = nprocs[0] if len(set(nprocs)) == 1 else nprocs
-    out.print(f"run {run_id}: {plural(len(hosts), 'node')} x {procs} {'process' if procs == 1 else 'processes'}, "
-              f"{backend}, master {rendezvous.master_addr}:{rendezvous.master_port}; "
-              + ("output in each node's run directory (fstrain logs)" if detach else f"logs in {folder}/logs"))
-    options = RunOptions(run_id=run_id, run_dir=folder, grace_s=grace, heartbeat_timeout_s=heartbeat_timeout,
-                         workdir=workdir, node_run_dirs=run_dirs, node_files=node_files,
-                         color=sys.stdout.isatty() and not json_output,
-                         # GuardedStream writes and flushes like the stream it guards.
-                         out=cast(TextIO, GuardedStream(*((sys.stderr, "stderr") if json_output
-                                                          else (sys.stdout, "stdout")))),
-                         stall_timeout_s=stall_timeout_s, finish_timeout_s=finish_timeout_s)
-    if detach:
-        from fstrain.cli.runs import start_detached_run
+        # Attached: every node's launcher starts importing torch while the hosts are checked.
+        prewarmed = [] if detach else prewarm_nodes(pool, backend, python, workdir, user_env, run_id)
+        try:
+            facts = preflight(pool, python, workdir, packages=packages, workdir_is_default=workdir_is_default)
+            rendezvous = choose_rendezvous(pool, connect, facts, python, run_id, master_port)
+            nprocs = resolve_nprocs(hosts, requested, [int(f.info.get("nvidia_gpus") or 0) for f in facts])
+            gpus_found = any(f.info.get("nvidia_gpus") for f in facts)
+            job = build_job(spec, hosts, nprocs, python,
+                            "gpu (not planned: see fstrain plan)" if gpus_found else "cpu")
+            per_node = [interface_env(ifname, user_env) for ifname in rendezvous.interfaces]
+            launches = plan_launches(hosts, backend=backend, nprocs=nprocs, program=job.program, python=python,
+                                     master_addr=rendezvous.master_addr, master_port=rendezvous.master_port,
+                                     run_id=run_id, max_restarts=max_restarts, env=user_env, per_node_env=per_node,
+                                     no_local_rank=no_local_rank)
+            run_dirs = [remote_run_dir(h, f.info.get("home"), run_id, folder)
+                        for h, f in zip(hosts, facts, strict=True)]
+            node_files = [rendered_files(job.plan, d, job.steps) for d in run_dirs] if job.plan else []
+            if job.plan is not None:
+                print_plan(job.plan, f"each node's run directory ({hosts[0].name}: {run_dirs[0]})")
+            procs = nprocs[0] if len(set(nprocs)) == 1 else nprocs
+            out.print(f"run {run_id}: {plural(len(hosts), 'node')} x {procs} "
+                      f"{'process' if procs == 1 else 'processes'}, {backend}, master "
+                      f"{rendezvous.master_addr}:{rendezvous.master_port}; "
+                      + ("output in each node's run directory (fstrain logs)" if detach else f"logs in {folder}/logs"))
+            options = RunOptions(run_id=run_id, run_dir=folder, grace_s=grace, heartbeat_timeout_s=heartbeat_timeout,
+                                 workdir=workdir, node_run_dirs=run_dirs, node_files=node_files,
+                                 color=sys.stdout.isatty() and not json_output,
+                                 # GuardedStream writes and flushes like the stream it guards.
+                                 out=cast(TextIO, GuardedStream(*((sys.stderr, "stderr") if json_output
+                                                                  else (sys.stdout, "stdout")))),
+                                 stall_timeout_s=stall_timeout_s, finish_timeout_s=finish_timeout_s)
+            if detach:
+                from fstrain.cli.runs import start_detached_run
 
-        return start_detached_run(hosts, launches, connect, python, options, rendezvous, run_dirs, backend,
-                                  ssh_config, facts, user_env, job.plan, json_output)
-    from fstrain.io.runs import register
+                return start_detached_run(hosts, launches, connect, python, options, rendezvous, run_dirs, backend,
+                                          ssh_config, facts, user_env, job.plan, json_output)
+            from fstrain.io.runs import register
 
-    register(run_id, folder, detached=False)
-    outcome = run_nodes(launches, connect, python, options)
+            register(run_id, folder, detached=False)
+            outcome = run_nodes(launches, pool.open_transport, python, options, prewarmed)
+        finally:
+            for node in prewarmed:
+                if node is not None:
+                    node.close()
     summary = fetch_training_summary(hosts[0], run_dirs[0], connect, folder) if job.bundled_trainer \
         and outcome.exit_code == 0 else None
     document = write_manifest(folder / "manifest.json", run_id=run_id, backend=backend, rendezvous=rendezvous,

@@ -198,6 +198,7 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
 
 
 def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None) -> dict[str, Any]:
+    from fstrain.core.gpuusage import from_node
     from fstrain.core.runstate import parse_progress
     from fstrain.io.runs import run_state
 
@@ -220,10 +221,11 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
             ranks.append({"rank": rank, "local_rank": int(local), "alive": rank in alive,
                           "last_output_at": entry.get("last_output_at"), "last_line": entry.get("last_line"),
                           "progress": progress})
+        gpus, gpus_error = from_node((view or {}).get("gpus"), host.label())
         nodes.append({"host": host.label(), "node_rank": index, "reachable": view is not None,
                       "watchdog_alive": (view or {}).get("watchdog_alive"), "exit_code": node.get("exit_code"),
                       "failure": node.get("failure"), "last_output_at": node.get("last_output_at"),
-                      "ranks_alive": sorted(alive), "ranks": ranks, "gpus": (view or {}).get("gpus") or [],
+                      "ranks_alive": sorted(alive), "ranks": ranks, "gpus": gpus, "gpus_error": gpus_error,
                       "last_lines": node.get("last_lines") or []})
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
             "detached": bool(record.detached), "started": record.started, "nodes": nodes}
@@ -239,11 +241,12 @@ def status_command(
     """A run's state per node and per rank: alive, last output, last step/loss/tokens/s, GPUs."""
     from rich.table import Table
 
+    from fstrain.core.gpuusage import usage_cell
     from fstrain.io.runs import find_run
 
     record = find_run(run)
     if record.slurm is not None:
-        document = slurmopts.slurm_status_document(record)
+        document = slurmopts.slurm_status_document(record, python)
         if json_output:
             print_json(document)
         else:
@@ -267,8 +270,7 @@ def status_command(
                       + (f" ({node['error']})" if node["error"] else ""), markup=False)
         return
     for node in document["nodes"]:
-        gpus = " ".join(f"{g['index']}:{g['memory_used_mib']:.0f}MiB/{g['utilization_percent']:.0f}%"
-                        for g in node["gpus"])
+        gpus = usage_cell(node["gpus"]) or (f"({node['gpus_error']})" if node["gpus_error"] else "")
         if not node["reachable"]:
             table.add_row(node["host"], "", "unreachable", "", "", "", "", "")
         for rank in node["ranks"]:

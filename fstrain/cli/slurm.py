@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from fstrain.cli.output import console, print_json
+from fstrain.errors import FstrainError
 
 if TYPE_CHECKING:
     from fstrain.core.hostfile import Host
@@ -365,18 +366,35 @@ def slurm_row(record: Any) -> dict[str, Any]:
             "mode": f"slurm {job.get('job_id')}", "job_id": job.get("job_id"), "slurm_state": job.get("state")}
 
 
-def slurm_status_document(record: Any) -> dict[str, Any]:
+def slurm_status_document(record: Any, python: str = "python3") -> dict[str, Any]:
     """A Slurm run's state, its job, and per node and per rank what the job's fstrain wrote in
-    the run directory (RUN_DIR/logs/<host>.r<rank>.log; the manifest's codes once it ended)."""
-    from fstrain.io.runs import slurm_state
+    the run directory (RUN_DIR/logs/<host>.r<rank>.log; the manifest's codes once it ended).
+    While the job runs, a step of it on every node (``srun --jobid --overlap``) adds which ranks
+    live there and the node's GPU memory and utilisation."""
+    from fstrain.core.gpuusage import from_node
+    from fstrain.io.runs import slurm_live_views, slurm_state
 
     state, job = slurm_state(record)
     ended = {str(n.get("host")): n for n in (record.manifest or {}).get("nodes", [])}
+    hosts = [h.name for h in record.hosts]
+    views: list[dict[str, Any] | None] = [None] * len(hosts)
+    asked = state.state == "running" and job.get("state") == "RUNNING" and bool(hosts)
+    if asked:
+        try:
+            views = slurm_live_views(record, str(job["job_id"]), hosts, python)
+        except FstrainError:  # srun missing here: the files still tell most of it
+            asked = False
     nodes = []
-    for index, host in enumerate([h.name for h in record.hosts]):
-        node = ended.get(host, {})
+    for index, host in enumerate(hosts):
+        node, view = ended.get(host, {}), views[index]
+        ranks = _rank_files(record.run_dir / "logs", host)
+        alive = set((view or {}).get("ranks_alive") or [])
+        for rank in ranks:
+            rank["alive"] = (rank["rank"] in alive) if view is not None else None
+        gpus, gpus_error = from_node((view or {}).get("gpus"), host)
         nodes.append({"host": host, "node_rank": index, "exit_code": node.get("exit_code"),
-                      "error": node.get("error"), "ranks": _rank_files(record.run_dir / "logs", host)})
+                      "error": node.get("error"), "reachable": view is not None if asked else None,
+                      "ranks": ranks, "gpus": gpus, "gpus_error": gpus_error})
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
             "detached": True, "kind": "slurm", "started": record.started, "job": job,
             "output": (record.slurm or {}).get("output"), "nodes": nodes}
@@ -408,6 +426,8 @@ def print_slurm_status(document: dict[str, Any]) -> None:
 
     from rich.table import Table
 
+    from fstrain.core.gpuusage import usage_cell
+
     out = console()
     job = document["job"]
     state = document["state"] + (f", exit {document['exit_code']}" if document["exit_code"] is not None else "")
@@ -418,18 +438,22 @@ def print_slurm_status(document: dict[str, Any]) -> None:
               + (f", ran {job['run_time_s']} s" if job.get("run_time_s") is not None else "")
               + (f"; output {document['output']}" if document.get("output") else ""), markup=False)
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("host", "rank", "last output", "step", "loss", "tokens/s", "last line"):
+    for column in ("host", "rank", "alive", "last output", "step", "loss", "tokens/s", "gpus", "last line"):
         table.add_column(column)
     now = time.time()
     for node in document["nodes"]:
+        gpus = usage_cell(node["gpus"]) or (f"({node['gpus_error']})" if node["gpus_error"] else "")
+        if node["reachable"] is False:
+            table.add_row(node["host"], "", "unreachable", "", "", "", "", "", "srun --overlap on the node failed")
         if not node["ranks"]:
-            table.add_row(node["host"], "", "", "", "", "", "exit " + str(node["exit_code"])
+            table.add_row(node["host"], "", "", "", "", "", "", gpus, "exit " + str(node["exit_code"])
                           if node["exit_code"] is not None else "(no rank output yet)")
         for rank in node["ranks"]:
             progress = rank["progress"] or {}
-            table.add_row(node["host"], str(rank["rank"]), f"{now - rank['last_output_at']:.0f} s ago",
+            alive = "" if rank["alive"] is None else "yes" if rank["alive"] else "no"
+            table.add_row(node["host"], str(rank["rank"]), alive, f"{now - rank['last_output_at']:.0f} s ago",
                           str(progress.get("step") or ""), str(progress.get("loss") or ""),
-                          f"{progress['tokens_per_s']:,.0f}" if progress.get("tokens_per_s") else "",
+                          f"{progress['tokens_per_s']:,.0f}" if progress.get("tokens_per_s") else "", gpus,
                           (rank["last_line"] or "")[-60:])
     out.print(table)
 

@@ -140,6 +140,20 @@ def resolve_nproc(host: Host, requested: int | None, probed_gpus: int | None) ->
     )
 
 
+def base_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Every node's environment before its interface variables: fstrain's defaults, then the
+    user's (what a prewarmed launcher's Python starts with)."""
+    return {**DEFAULT_ENV, **env}
+
+
+def launcher_prefix(backend: str, python: str) -> tuple[str, ...]:
+    """The per-node launcher's command up to its module: what the watchdog can start (and let
+    import torch) before the master address is known (``prewarm`` in the watchdog's header)."""
+    if backend == "torchrun":
+        return (python, "-m", "torch.distributed.run")
+    return (python, "-u", "-m", "deepspeed.launcher.launch")
+
+
 def torchrun_argv(
     python: str, *, nnodes: int, node_rank: int, nproc: int, master_addr: str, master_port: int,
     run_id: str, max_restarts: int, program: Sequence[str],
@@ -153,7 +167,7 @@ def torchrun_argv(
     else:
         rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint={_host_port(master_addr, master_port)}"]
     return (
-        python, "-m", "torch.distributed.run",
+        *launcher_prefix("torchrun", python),
         f"--nnodes={nnodes}",
         f"--node-rank={node_rank}",  # informative under c10d (ranks come from the rendezvous)
         f"--nproc-per-node={nproc}",
@@ -195,7 +209,7 @@ def deepspeed_argv(
     """
     encoded = base64.urlsafe_b64encode(json.dumps(dict(world_info)).encode()).decode()
     head = [
-        python, "-u", "-m", "deepspeed.launcher.launch",
+        *launcher_prefix("deepspeed", python),
         f"--world_info={encoded}",
         f"--node_rank={node_rank}",
         f"--master_addr={master_addr}",
@@ -252,7 +266,7 @@ def plan_launches(
     info = world_info(hosts, nprocs)
     launches = []
     for rank, (host, nproc) in enumerate(zip(hosts, nprocs, strict=True)):
-        node_env = {**DEFAULT_ENV, **(per_node_env[rank] if per_node_env else {}), **env}
+        node_env = {**(per_node_env[rank] if per_node_env else {}), **base_env(env)}
         if backend == "torchrun":
             argv = torchrun_argv(python, nnodes=len(hosts), node_rank=rank, nproc=nproc, master_addr=master_addr,
                                  master_port=master_port, run_id=run_id, max_restarts=max_restarts, program=program)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from fstrain.core.hostfile import Host
-from fstrain.errors import FstrainError
+from fstrain.errors import FstrainError, TransportError
 from fstrain.io.transport.base import CommandResult, Transport
 
 DEFAULT_FANOUT = 64
@@ -96,6 +96,15 @@ class HostPool:
             return self._errors[key]
         with self._lock:
             self._transports[key] = transport
+        return transport
+
+    def open_transport(self, host: Host) -> Transport:
+        """The host's own open transport (connecting now if not yet tried): to start a streaming
+        command on it. The pool still closes it."""
+        transport = self._transport(host)
+        if isinstance(transport, str):
+            message, _, hint = transport.partition(" (hint: ")
+            raise TransportError(message, hint.removesuffix(")"), host.label())
         return transport
 
     def connect_error(self, host: Host) -> str | None:

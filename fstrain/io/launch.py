@@ -8,6 +8,9 @@ Stages (each a function, each taking what it needs as arguments):
    have every host connect to each of the first host's addresses, keep the first address all of
    them reach, and note per host the interface that routes there (for NCCL/GLOO_SOCKET_IFNAME).
 3. ``plan_launches`` (pure, fstrain/core/launchspec.py): the per-node commands.
+   Before all this (``prewarm_nodes``, attached runs) every node's watchdog is started with the
+   working directory and the user's environment only, so the launcher's Python imports torch
+   while the hosts and the rendezvous are checked; ``run_nodes`` then sends each its full header.
 4. ``run_nodes``: start the watchdog (fstrain/io/remote/watchdog.py) on every node with its
    header on stdin, stream every line, send heartbeats, and on the first failure, a lost host,
    Ctrl-C or SIGTERM, tell every watchdog to stop (SIGTERM, SIGKILL after the grace period).
@@ -34,6 +37,8 @@ from fstrain.core.launchnoise import NodeNoise
 from fstrain.core.launchspec import (
     TORCHRUN_LOG_DIR,
     NodeLaunch,
+    base_env,
+    launcher_prefix,
     mask_env,
     master_port_candidates,
     redact,
@@ -280,9 +285,47 @@ class _Stop:
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
 
+@dataclass
+class Prewarmed:
+    """A node's watchdog started before the preflight (``prewarm`` in its first header)."""
+
+    prefix: tuple[str, ...]  # the launcher's command up to its module
+    transport: Transport
+    running: RunningCommand
+    adopted: bool = False  # run_nodes took it over
+
+    def close(self) -> None:
+        """Unless adopted: end it (the watchdog ends the waiting interpreter on end of file)."""
+        if not self.adopted:
+            self.running.close()
+
+
+def prewarm_nodes(pool: HostPool, backend: str, python: str, workdir: str | None, env: Mapping[str, str],
+                  run_id: str) -> list[Prewarmed | None]:
+    """Start every node's watchdog now, with only what is known before the preflight (the
+    working directory and the user's environment): its launcher's Python imports torch while
+    fstrain checks the hosts and the rendezvous. None for a host where it cannot start (the
+    preflight says why)."""
+    prefix = launcher_prefix(backend, python)
+
+    def one(host: Host) -> Prewarmed | None:
+        header = {"source": source("watchdog"), "prewarm": list(prefix), "workdir": workdir, "env": base_env(env),
+                  "run_id": run_id, "node_rank": pool.hosts.index(host), "state_dir": REMOTE_STATE}
+        try:
+            transport = pool.open_transport(host)
+            running = _start(transport, [python, "-u", "-c", BOOTSTRAP], (json.dumps(header) + "\n").encode(),
+                             close_stdin=False)
+        except FstrainError:
+            return None
+        return Prewarmed(prefix, transport, running)
+
+    return pool.map(one)
+
+
 def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transport], python: str,
-              options: RunOptions) -> RunOutcome:
-    """Start every node's watchdog, stream, watch, and tear down. Never leaves a job running."""
+              options: RunOptions, prewarmed: Sequence[Prewarmed | None] = ()) -> RunOutcome:
+    """Start every node's watchdog (or give a prewarmed one its command), stream, watch, and
+    tear down. Never leaves a job running."""
     nodes = [NodeState(launch) for launch in launches]
     events: queue.Queue[tuple[str, int, Any, Any]] = RelayQueue()  # bounded: back-pressure
     logs = _Logs(options.run_dir / "logs")
@@ -291,8 +334,8 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
     previous = {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.time()
     try:
-        for node in nodes:
-            _start_node(node, connect, python, options, events)
+        for index, node in enumerate(nodes):
+            _start_node(node, connect, python, options, events, prewarmed[index] if prewarmed else None)
         threading.Thread(target=_heartbeats, args=(nodes, events, options), daemon=True).start()
         stall = StallWatch(options.stall_timeout_s, options.finish_timeout_s, options.run_dir) \
             if options.stall_timeout_s or options.finish_timeout_s else None
@@ -311,10 +354,19 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
 
 
 def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: str, options: RunOptions,
-                events: queue.Queue[tuple[str, int, Any, Any]]) -> None:
+                events: queue.Queue[tuple[str, int, Any, Any]], prewarmed: Prewarmed | None = None) -> None:
     launch = node.launch
     node.started = time.time()
     header = watchdog_header(launch, options)
+    if prewarmed is not None and tuple(launch.argv[:len(prewarmed.prefix)]) == prewarmed.prefix:
+        prewarmed.adopted = True  # the full header, without the watchdog's source it already runs
+        node.transport, node.running = prewarmed.transport, prewarmed.running
+        node.running.write((json.dumps({k: v for k, v in header.items() if k != "source"}) + "\n").encode())
+        threading.Thread(target=_pump, args=(node, events), daemon=True,
+                         name=f"fstrain-node{launch.node_rank}").start()
+        return
+    if prewarmed is not None:
+        prewarmed.close()
     try:
         node.transport = connect(launch.host)
         node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],

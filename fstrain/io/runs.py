@@ -274,6 +274,25 @@ def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: 
     return views
 
 
+def slurm_live_views(record: RunRecord, job_id: str, hosts: Sequence[str], python: str) -> list[dict[str, Any] | None]:
+    """For a running Slurm job, each node's live ranks and GPUs, asked by a step of the job
+    itself (``srun --jobid=J --overlap``, fstrain/io/remote/runctl.py ``live-slurm``); None
+    where the step could not run."""
+    from fstrain.io.slurm import srun_connector
+
+    nodes = [Host(name) for name in hosts]
+    with HostPool(nodes, srun_connector(extra=[f"--jobid={job_id}"])) as pool:
+        results = pool.run_all(lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "live-slurm", job_id, h.name],
+                               stdin=as_line("runctl"), timeout_s=60)
+    views: list[dict[str, Any] | None] = []
+    for result in results:
+        try:
+            views.append(json.loads(result.stdout) if result.ok else None)
+        except ValueError:
+            views.append(None)
+    return views
+
+
 def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) -> RunState:
     """The run's state: the manifest for an attached run, the nodes' views for a detached one,
     Slurm's word and the manifest for a Slurm one."""

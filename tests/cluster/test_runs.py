@@ -116,6 +116,9 @@ def test_stop_leaves_no_process_on_any_host_within_the_grace_period(cluster: Nam
     while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
         time.sleep(2)
         status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    assert sorted(r for n in status["nodes"] for r in n["ranks_alive"]) == [0, 1, 2, 3], status
+    # The test hosts have no nvidia-smi: no GPU column, and no error either.
+    assert [(n["gpus"], n["gpus_error"]) for n in status["nodes"]] == [([], None), ([], None)]
     stop = fstrain(home, "stop", run_id)
     assert stop.returncode == 0, stop.stderr
     assert f"run {run_id} stopped" in stop.stderr

@@ -89,6 +89,11 @@ def test_a_detached_slurm_run_is_listed_followed_and_stopped(slurm: SlurmCluster
     ranks = {(n["host"], r["rank"]) for n in status["nodes"] for r in n["ranks"]}
     assert ranks == {("node1", 0), ("node1", 1), ("node2", 2), ("node2", 3)}
     assert all(r["progress"]["step"] >= 1 for n in status["nodes"] for r in n["ranks"])
+    # A step of the job on each node (srun --jobid --overlap) saw its ranks alive; no GPUs here.
+    assert [(n["reachable"], n["gpus"], n["gpus_error"]) for n in status["nodes"]] == [(True, [], None)] * 2
+    assert all(r["alive"] is True for n in status["nodes"] for r in n["ranks"]), status
+    table = fstrain(slurm, tmp_path, "status", run_id)
+    assert table.returncode == 0 and re.search(r"node2\W+3\W+yes\W+\d+ s ago", table.stderr), table.stderr
     follower = subprocess.Popen([sys.executable, "-m", "fstrain", "logs", run_id, "--follow", "--tail", "0"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm.env(tmp_path),
                                 cwd=tmp_path)

@@ -14,7 +14,9 @@ from fstrain.core.launchplan import check_plan_fits_launch, data_parallel_plan, 
 from fstrain.core.launchspec import (
     DEFAULT_ENV,
     PORT_RANGE,
+    base_env,
     deepspeed_argv,
+    launcher_prefix,
     mask_env,
     master_port_candidates,
     parse_env_file,
@@ -133,6 +135,26 @@ def test_plan_launches_env_precedence_and_selected_slots() -> None:
     with pytest.raises(InputError, match="unknown backend"):
         plan_launches(hosts, backend="mpirun", nprocs=[2, 4], program=["t.py"], python="p", master_addr="a",
                       master_port=1, run_id="r", max_restarts=0, env={}, per_node_env=[])
+
+
+@pytest.mark.parametrize("backend", ["torchrun", "deepspeed"])
+@pytest.mark.parametrize("max_restarts", [0, 2])
+def test_every_node_command_starts_with_the_prefix_a_watchdog_prewarms(backend: str, max_restarts: int) -> None:
+    # A prewarmed watchdog runs its launcher only when the final command has this prefix, and
+    # its Python starts with base_env: each node's environment adds only the interface variables.
+    hosts = parse_hostfile("a slots=2\nb slots=2\n", "hf")
+    user = {"PYTHONPATH": "/x", "TOKEN": "s"}
+    launches = plan_launches(hosts, backend=backend, nprocs=[2, 2], program=["python3", "-m", "pkg.train"],
+                             python="/venv/bin/python", master_addr="10.0.0.1", master_port=29500, run_id="r",
+                             max_restarts=max_restarts, env=user,
+                             per_node_env=[{"GLOO_SOCKET_IFNAME": "eth0"}, {"GLOO_SOCKET_IFNAME": "ib0"}])
+    prefix = launcher_prefix(backend, "/venv/bin/python")
+    assert prefix[0] == "/venv/bin/python" and prefix[-2] == "-m"
+    for launch in launches:
+        assert launch.argv[:len(prefix)] == prefix
+        assert {k: v for k, v in launch.env.items() if k != "GLOO_SOCKET_IFNAME"} == base_env(user)
+    assert base_env(user) == {**DEFAULT_ENV, **user}
+    assert base_env({"PYTHONUNBUFFERED": "0"}) == {"PYTHONUNBUFFERED": "0"}
 
 
 @pytest.mark.parametrize(

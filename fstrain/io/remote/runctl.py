@@ -5,6 +5,7 @@
     python3 -c LINE_BOOTSTRAP stop RUN_DIR term|kill           -> the coordinator's answer
     python3 -c LINE_BOOTSTRAP gc RUN_DIR                       -> {"removed": bool, "why": ...}
     python3 -c LINE_BOOTSTRAP list RUNS_DIR                    -> the detached runs found there
+    python3 -c LINE_BOOTSTRAP live-slurm JOB_ID NODE           -> the job's live ranks on NODE, the GPUs
 
 Never raises: what cannot be read is reported as missing.
 """
@@ -47,35 +48,42 @@ def watchdog_alive(pid: Any) -> bool:
         return False
 
 
-def ranks_alive(run_id: str) -> list[int]:
-    """Global ranks whose process (RANK and this run's FSTRAIN_RUN_ID in its environment) lives."""
+def ranks_alive(match: dict[str, str]) -> list[int]:
+    """Global ranks whose process lives with every ``match`` item in its environment (RANK, and
+    this run's FSTRAIN_RUN_ID and this node's FSTRAIN_NODE_RANK; for a Slurm run its SLURM_JOB_ID
+    and this node's SLURMD_NODENAME): a node's own ranks even where hosts share a PID space."""
     found = set()
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
+        if entry.isdigit() and int(entry) != os.getpid():
             env = _environ(entry)
-            if env.get("FSTRAIN_RUN_ID") == run_id and env.get("RANK", "").isdigit():
+            if all(env.get(k) == v for k, v in match.items()) and env.get("RANK", "").isdigit():
                 found.add(int(env["RANK"]))
     return sorted(found)
 
 
-def gpus() -> list[dict[str, Any]]:
-    """Memory and utilisation per GPU from NVML (through nvidia-smi), where there are GPUs."""
+# fstrain/core/gpuusage.py USAGE_QUERY (this file runs alone on the node): read by name there.
+GPU_QUERY = ["--query-gpu=index,memory.used,memory.total,utilization.gpu", "--format=csv"]
+
+
+def gpus() -> dict[str, Any]:
+    """NVML's memory and utilisation per GPU, as nvidia-smi prints them (the client parses the
+    CSV); {} where the node has no nvidia-smi, {"error": ...} where it fails."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
-        return []
+        return {}
     try:
-        done = subprocess.run([tool, "--query-gpu=index,memory.used,memory.total,utilization.gpu",
-                               "--format=csv,noheader,nounits"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              timeout=20, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    rows = []
-    for line in done.stdout.decode(errors="replace").splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and all(p.replace(".", "").isdigit() for p in parts):
-            rows.append({"index": int(parts[0]), "memory_used_mib": float(parts[1]),
-                         "memory_total_mib": float(parts[2]), "utilization_percent": float(parts[3])})
-    return rows
+        done = subprocess.run([tool, *GPU_QUERY], capture_output=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"nvidia-smi: {exc}"}
+    if done.returncode != 0:
+        why = (done.stdout + done.stderr).decode(errors="replace").strip().splitlines()
+        return {"error": f"nvidia-smi exited {done.returncode}" + (f": {why[-1]}" if why else "")}
+    return {"csv": done.stdout.decode(errors="replace")}
+
+
+def live(match: dict[str, str]) -> dict[str, Any]:
+    """What lives on this node now: the run's ranks and the GPUs."""
+    return {"ranks_alive": ranks_alive(match), "gpus": gpus()}
 
 
 def state(run_dir: str, node_rank: str, run_id: str) -> dict[str, Any]:
@@ -84,8 +92,7 @@ def state(run_dir: str, node_rank: str, run_id: str) -> dict[str, Any]:
         "node": node,
         "run": _read_json(os.path.join(run_dir, "run.json")) if node_rank == "0" else None,
         "watchdog_alive": watchdog_alive((node or {}).get("watchdog_pid")),
-        "ranks_alive": ranks_alive(run_id),
-        "gpus": gpus(),
+        **live({"FSTRAIN_RUN_ID": run_id, "FSTRAIN_NODE_RANK": node_rank}),
     }
 
 
@@ -145,6 +152,8 @@ def main(argv: list[str]) -> None:
     command, run_dir = argv[0], os.path.expanduser(argv[1])
     if command == "state":
         result = state(run_dir, argv[2], argv[3])
+    elif command == "live-slurm":
+        result = live({"SLURM_JOB_ID": argv[1], "SLURMD_NODENAME": argv[2]})
     elif command == "list":
         result = list_runs(run_dir)
     elif command == "stop":

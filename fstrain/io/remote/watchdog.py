@@ -8,7 +8,16 @@ into ``run_dir`` with mode 0600), ``grace_s``, ``heartbeat_timeout_s``, ``run_id
 over: the launchers' per-rank copies of the output, which may hold secrets the program
 printed). Values travel on stdin, never on the command line.
 
-After the header, stdin is the control line from the launcher:
+With ``prewarm`` (the launcher's command up to its module: ``[python, "-m",
+"torch.distributed.run"]``), this first header comes before fstrain has checked the hosts and
+the rendezvous, and holds only ``workdir``, the user's ``env`` and the run's ids: the watchdog
+starts the job's Python at once in the working directory, importing that module (torch:
+seconds), and waits for the full header as one more line. Its command's arguments after the
+prefix and its whole environment then go to the waiting interpreter, which runs the module as
+``python -m`` would; a command with another prefix is started afresh instead. End of file,
+``term`` or ``kill`` before the full header ends the waiting interpreter.
+
+After the header (and the order), stdin is the control line from the launcher:
 
 - ``hb``: the launcher is alive;
 - ``term``: SIGTERM the job, SIGKILL whatever is left after ``grace_s``;
@@ -38,6 +47,11 @@ import time
 import types
 from typing import Any
 
+# What an interpreter reads once, as it starts: a prewarmed one whose final environment differs
+# in any of these is not used (the command starts afresh).
+STARTUP_VARS = ("PYTHONUNBUFFERED", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONOPTIMIZE",
+                "PYTHONWARNINGS", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED",
+                "PYTHONMALLOC", "PYTHONFAULTHANDLER", "LD_PRELOAD", "LD_LIBRARY_PATH")
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
@@ -47,6 +61,31 @@ BOOTSTRAP = (
     "import sys,json;h=json.loads(sys.stdin.readline());"
     "exec(compile(h.pop('source'),'fstrain-watchdog','exec'),{'__name__':'__fstrain_watchdog__','HEADER':h})"
 )
+
+# The job's interpreter under ``prewarm``: import the launcher's module while fstrain checks the
+# rendezvous, then run it as ``python -m MODULE ARGS`` once the order arrives (runpy, with
+# sys.argv[0] the module's file, as -m sets it). An import error is left to that run, which
+# reports it as the plain command would.
+PREWARM = "\n".join([
+    "import importlib, json, os, runpy, sys",
+    "module = sys.argv[1]",
+    "try:",
+    "    importlib.import_module(module)",
+    "except BaseException:",
+    "    pass",
+    "sys.modules.pop(module, None)",  # run afresh as __main__ (its imports stay loaded)
+    "line = sys.stdin.readline()",
+    "if not line:",
+    "    os._exit(0)",
+    "order = json.loads(line)",
+    "null = os.open(os.devnull, os.O_RDONLY)",
+    "os.dup2(null, 0)",
+    "os.close(null)",
+    "os.environ.clear()",
+    "os.environ.update(order['env'])",
+    "sys.argv = [module, *order['args']]",
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)",
+])
 
 
 def log(message: str) -> None:
@@ -134,14 +173,20 @@ def reap() -> None:
 class Watchdog:
     def __init__(self, header: dict[str, Any]) -> None:
         self.header = header
-        self.grace_s = float(header.get("grace_s", 15))
-        self.heartbeat_timeout_s = float(header.get("heartbeat_timeout_s", 30))
+        self.configure()
         self.last_heartbeat = time.monotonic()
         self.stop_requested: str | None = None  # "term" or "kill"
         self.lock = threading.Lock()
         self.child: subprocess.Popen[bytes] | None = None
         self.state_file = ""
         self.modules: dict[str, Any] = {}
+        self.order: dict[str, Any] | None = None  # under prewarm: the full header, once fstrain sends it
+        self.startup_env: dict[str, str] = {}  # under prewarm: what the waiting interpreter started with
+        self.order_ready = threading.Event()
+
+    def configure(self) -> None:
+        self.grace_s = float(self.header.get("grace_s", 15))
+        self.heartbeat_timeout_s = float(self.header.get("heartbeat_timeout_s", 30))
 
     def prepare(self) -> dict[str, str]:
         header = self.header
@@ -230,7 +275,11 @@ class Watchdog:
         """Read the launcher's control lines; end of file means the launcher is gone."""
         for raw in sys.stdin:
             word = raw.strip()
-            if word == "hb":
+            if word.startswith("{") and not self.order_ready.is_set():
+                self.order = json.loads(word)
+                self.last_heartbeat = time.monotonic()
+                self.order_ready.set()
+            elif word == "hb":
                 self.last_heartbeat = time.monotonic()
             elif word in ("term", "kill"):
                 self.request(word)
@@ -246,6 +295,12 @@ class Watchdog:
     def run(self) -> int:
         if not become_subreaper():
             log("could not become a child subreaper; orphans of the job are found through /proc only")
+        threading.Thread(target=self.control_loop, daemon=True).start()
+        prefix = self.header.get("prewarm")
+        if prefix:
+            code = self.prewarm(list(prefix))
+            if code is not None:
+                return code
         env = self.prepare()
         workdir = self.header.get("workdir")
         if workdir:
@@ -253,17 +308,13 @@ class Watchdog:
                 os.chdir(os.path.expanduser(workdir))
             except OSError as exc:
                 log(f"working directory {workdir!r}: {exc.strerror}")
+                self.sweep()
                 return 2
         run_dir = env.get("FSTRAIN_RUN_DIR", "")
         argv = [expand(arg, run_dir) for arg in self.header["argv"]]
-        try:
-            self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=dies_with_parent())
-        except OSError as exc:
-            log(f"cannot start {self.header['argv'][0]!r}: {exc.strerror}")
-            return 127
-        self.write_state()
-        threading.Thread(target=self.control_loop, daemon=True).start()
+        code = self.hand_over(list(prefix or []), argv, env) if self.child is not None else self.start(argv, env)
+        if code is not None:
+            return code
         tail_dir = expand(str(self.header.get("rank_log_dir") or ""), run_dir)
         tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1)) if tail_dir else None
         if tailer is not None:
@@ -281,6 +332,73 @@ class Watchdog:
             if self.state_file:
                 with contextlib.suppress(OSError):
                     os.unlink(self.state_file)
+
+    def start(self, argv: list[str], env: dict[str, str]) -> int | None:
+        """The job, in a session of its own; an exit code where it cannot start."""
+        try:
+            self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, preexec_fn=dies_with_parent())
+        except OSError as exc:
+            log(f"cannot start {argv[0]!r}: {exc.strerror}")
+            return 127
+        self.write_state()
+        return None
+
+    def prewarm(self, prefix: list[str]) -> int | None:
+        """Start the launcher's interpreter in the working directory now (it imports the
+        module), then wait for the full header; an exit code where the launcher gave up first."""
+        env = dict(os.environ)
+        env.update(self.header.get("env") or {})
+        # As the job's own environment will (/proc/PID/environ keeps what a process started with):
+        # `doctor --orphans` and the stack collection find the launcher by them.
+        env["FSTRAIN_RUN_ID"] = str(self.header.get("run_id", ""))
+        env["FSTRAIN_NODE_RANK"] = str(self.header.get("node_rank", 0))
+        self.startup_env = env
+        at = prefix.index("-m")
+        try:
+            os.chdir(os.path.expanduser(self.header.get("workdir") or "."))
+            self.child = subprocess.Popen([*prefix[:at], "-c", PREWARM, prefix[at + 1]], env=env,
+                                          stdin=subprocess.PIPE, start_new_session=True,
+                                          preexec_fn=dies_with_parent())
+        except OSError:
+            self.child = None  # the full header's own start reports what is wrong
+        self.write_state()
+        deadline = time.monotonic() + float(self.header.get("prewarm_timeout_s") or 600)
+        while not self.order_ready.wait(POLL_S):
+            with self.lock:
+                stopping = self.stop_requested is not None
+            if stopping or time.monotonic() > deadline:  # the launcher gave up before the start
+                self.sweep()
+                if self.child is not None:
+                    with contextlib.suppress(ChildProcessError):
+                        self.child.wait()
+                if self.state_file:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.state_file)
+                return 0
+        self.header = self.order or {}
+        self.configure()
+        return None
+
+    def hand_over(self, prefix: list[str], argv: list[str], env: dict[str, str]) -> int | None:
+        """Give the prewarmed interpreter its arguments and environment; start ``argv`` afresh
+        if it has another prefix or the interpreter is gone."""
+        assert self.child is not None and self.child.stdin is not None
+        same_start = all(env.get(k) == self.startup_env.get(k) for k in STARTUP_VARS)
+        if argv[:len(prefix)] == prefix and same_start and self.child.poll() is None:
+            try:
+                self.child.stdin.write((json.dumps({"args": argv[len(prefix):], "env": env}) + "\n").encode())
+                self.child.stdin.close()
+                self.write_state()
+                return None
+            except OSError:
+                pass
+        with contextlib.suppress(OSError):
+            self.child.stdin.close()
+        self.sweep()
+        with contextlib.suppress(ChildProcessError):
+            self.child.wait()
+        return self.start(argv, env)
 
     def clean_up(self, run_dir: str) -> None:
         """Remove the ``cleanup`` folders, only ever inside the run directory."""
