@@ -88,6 +88,31 @@ def test_one_rank_segfaults_gives_139(cluster: NamespaceCluster, tmp_path: Path,
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 
+PARENT_PROGRAM = """\
+import os
+with open("/proc/%d/cmdline" % os.getppid(), "rb") as handle:
+    parent = [arg.decode() for arg in handle.read().split(b"\\0") if arg]
+print("parent", "-c" in parent, parent[-1], os.environ.get("GLOO_SOCKET_IFNAME"), os.environ["RANK"], flush=True)
+"""
+
+
+@pytest.mark.parametrize(("backend", "module"), [("torchrun", "torch.distributed.run"),
+                                                 ("deepspeed", "deepspeed.launcher.launch")])
+def test_each_node_launcher_is_the_python_started_during_the_checks(cluster: NamespaceCluster, tmp_path: Path,
+                                                                    backend: str, module: str) -> None:
+    # Every rank's parent is its node's launcher: the interpreter the watchdog started with
+    # `-c PREWARM MODULE` before the preflight, which then ran the module with the final
+    # environment (the interface found by the rendezvous check).
+    program = tmp_path / "parent.py"
+    program.write_text(PARENT_PROGRAM)
+    launch = start_launch(cluster, *TWO_NODES, "--backend", backend, "--no-local-rank", "--run-dir",
+                          str(tmp_path / "run"), "--", "python3", str(program))
+    assert launch.finish() == 0, launch.err
+    lines = sorted(line.split("] ", 1)[1].strip() for line in launch.stdout if "] parent " in line)
+    assert lines == [f"parent True {module} eth0 {rank}" for rank in range(4)], launch.out
+    assert_no_job_processes(cluster, 5)
+
+
 def test_one_rank_sigkilled(cluster: NamespaceCluster, tmp_path: Path) -> None:
     launch = start_launch(cluster, *worker_args(tmp_path, "--env", "FSTRAIN_TEST_FAULT=sigkill",
                                                 "--env", "FSTRAIN_TEST_FAULT_RANK=2"))
