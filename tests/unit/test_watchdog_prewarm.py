@@ -25,7 +25,7 @@ with open(os.path.join(os.environ["MARKS"], "import-%d-%d" % (os.getpid(), time.
     json.dump({"late": os.environ.get("LATE")}, handle)
 if __name__ == "__main__":
     print(json.dumps({"pid": os.getpid(), "argv": sys.argv, "late": os.environ.get("LATE"),
-                      "run_id": os.environ.get("FSTRAIN_RUN_ID"), "cwd": os.getcwd(),
+                      "run_id": os.environ.get("FSTRAIN_RUN_ID"), "cwd": os.getcwd(), "path0": sys.path[0],
                       "stdin": sys.stdin.read()}), flush=True)
     sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 """
@@ -109,6 +109,7 @@ def test_the_module_is_imported_before_the_full_header_and_then_run_as_main(tmp_
     assert report["argv"] == [str(tmp_path / "work" / f"{MODULE}.py"), "--x", f"{tmp_path / 'run'}/y"]
     assert (report["late"], report["run_id"], report["cwd"], report["stdin"]) == ("yes", "run-p",
                                                                                   str(tmp_path / "work"), "")
+    assert report["path0"] == str(tmp_path / "work")  # as `python -m` sets it
     assert imports(tmp_path, 2, timeout_s=0.5) == [prewarmed] * 2  # run afresh as __main__, in the same process
     assert not list((tmp_path / "state").glob("*.json"))  # the pid record is removed at the end
 
@@ -127,6 +128,16 @@ def test_a_changed_startup_variable_starts_afresh(tmp_path: Path) -> None:
     [prewarmed] = imports(tmp_path)
     code, report = finish(watchdog, full_header(tmp_path, early, [*prefix], PYTHONHASHSEED="7"))
     assert code == 0 and report["pid"] != prewarmed and not alive(prewarmed)
+
+
+def test_another_working_directory_starts_afresh_there(tmp_path: Path) -> None:
+    watchdog, prefix, early = start(tmp_path)
+    [prewarmed] = imports(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / f"{MODULE}.py").write_text(MODULE_SOURCE)
+    code, report = finish(watchdog, full_header(tmp_path, {**early, "workdir": str(tmp_path / "other")}, prefix))
+    assert code == 0 and report["pid"] != prewarmed and report["cwd"] == str(tmp_path / "other")
+    assert not alive(prewarmed)
 
 
 def test_end_of_file_before_the_full_header_ends_the_waiting_python(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ prefix and its whole environment then go to the waiting interpreter, which runs 
 ``python -m`` would; a command with another prefix is started afresh instead. End of file,
 ``term`` or ``kill`` before the full header ends the waiting interpreter.
 
-After the header (and the order), stdin is the control line from the launcher:
+After the header (under ``prewarm``, the full header), stdin is the control line from the
+launcher:
 
 - ``hb``: the launcher is alive;
 - ``term``: SIGTERM the job, SIGKILL whatever is left after ``grace_s``;
@@ -63,11 +64,13 @@ BOOTSTRAP = (
 )
 
 # The job's interpreter under ``prewarm``: import the launcher's module while fstrain checks the
-# rendezvous, then run it as ``python -m MODULE ARGS`` once the order arrives (runpy, with
-# sys.argv[0] the module's file, as -m sets it). An import error is left to that run, which
-# reports it as the plain command would.
+# rendezvous, then run it as ``python -m MODULE ARGS`` once its order (arguments, environment)
+# arrives: runpy, with sys.argv[0] the module's file and sys.path[0] the working directory, as
+# -m sets them. An import error is left to that run, which reports it as the plain command would.
 PREWARM = "\n".join([
     "import importlib, json, os, runpy, sys",
+    "if sys.path and sys.path[0] == '':",
+    "    sys.path[0] = os.getcwd()",
     "module = sys.argv[1]",
     "try:",
     "    importlib.import_module(module)",
@@ -180,9 +183,10 @@ class Watchdog:
         self.child: subprocess.Popen[bytes] | None = None
         self.state_file = ""
         self.modules: dict[str, Any] = {}
-        self.order: dict[str, Any] | None = None  # under prewarm: the full header, once fstrain sends it
+        self.full_header: dict[str, Any] | None = None  # under prewarm, once fstrain sends it
+        self.full_header_ready = threading.Event()
         self.startup_env: dict[str, str] = {}  # under prewarm: what the waiting interpreter started with
-        self.order_ready = threading.Event()
+        self.startup_workdir: str | None = None  # and where
 
     def configure(self) -> None:
         self.grace_s = float(self.header.get("grace_s", 15))
@@ -275,10 +279,10 @@ class Watchdog:
         """Read the launcher's control lines; end of file means the launcher is gone."""
         for raw in sys.stdin:
             word = raw.strip()
-            if word.startswith("{") and not self.order_ready.is_set():
-                self.order = json.loads(word)
+            if word.startswith("{") and not self.full_header_ready.is_set():
+                self.full_header = json.loads(word)
                 self.last_heartbeat = time.monotonic()
-                self.order_ready.set()
+                self.full_header_ready.set()
             elif word == "hb":
                 self.last_heartbeat = time.monotonic()
             elif word in ("term", "kill"):
@@ -354,6 +358,7 @@ class Watchdog:
         env["FSTRAIN_RUN_ID"] = str(self.header.get("run_id", ""))
         env["FSTRAIN_NODE_RANK"] = str(self.header.get("node_rank", 0))
         self.startup_env = env
+        self.startup_workdir = self.header.get("workdir")
         at = prefix.index("-m")
         try:
             os.chdir(os.path.expanduser(self.header.get("workdir") or "."))
@@ -364,7 +369,7 @@ class Watchdog:
             self.child = None  # the full header's own start reports what is wrong
         self.write_state()
         deadline = time.monotonic() + float(self.header.get("prewarm_timeout_s") or 600)
-        while not self.order_ready.wait(POLL_S):
+        while not self.full_header_ready.wait(POLL_S):
             with self.lock:
                 stopping = self.stop_requested is not None
             if stopping or time.monotonic() > deadline:  # the launcher gave up before the start
@@ -376,15 +381,17 @@ class Watchdog:
                     with contextlib.suppress(OSError):
                         os.unlink(self.state_file)
                 return 0
-        self.header = self.order or {}
+        self.header = self.full_header or {}
         self.configure()
         return None
 
     def hand_over(self, prefix: list[str], argv: list[str], env: dict[str, str]) -> int | None:
         """Give the prewarmed interpreter its arguments and environment; start ``argv`` afresh
-        if it has another prefix or the interpreter is gone."""
+        if it has another prefix, another working directory or start-up variable, or the
+        interpreter is gone."""
         assert self.child is not None and self.child.stdin is not None
-        same_start = all(env.get(k) == self.startup_env.get(k) for k in STARTUP_VARS)
+        same_start = all(env.get(k) == self.startup_env.get(k) for k in STARTUP_VARS) \
+            and self.header.get("workdir") == self.startup_workdir
         if argv[:len(prefix)] == prefix and same_start and self.child.poll() is None:
             try:
                 self.child.stdin.write((json.dumps({"args": argv[len(prefix):], "env": env}) + "\n").encode())
