@@ -1,7 +1,8 @@
 """The fstrain command line: one typer app, one module per command.
 
 Start-up is kept fast: command modules import the heavy parts (paramiko, the planner, the
-renderers) inside the command functions, and nothing here imports torch or deepspeed.
+renderers) inside the command functions, a command loads only its own module (``--help`` and
+completion load them all), and nothing here imports torch or deepspeed.
 """
 
 from __future__ import annotations
@@ -40,25 +41,39 @@ def _root(
     """fstrain: probe, plan, render and launch multi-node training jobs."""
 
 
-def _register() -> None:
-    # Each command module adds itself to `app`; keep this list sorted by command name.
-    from fstrain.cli import bench, doctor, exec_cmd, launch, plan, render, runs, topo
+# Each top-level command -> the module that adds it to `app` (keep sorted by command name).
+COMMAND_MODULES = {
+    "attach": "runs", "bench": "bench", "doctor": "doctor", "exec": "exec_cmd", "gc": "runs", "launch": "launch",
+    "logs": "runs", "plan": "plan", "render": "render", "runs": "runs", "status": "runs", "stop": "runs",
+    "topo": "topo",
+}
+_registered: set[str] = set()
 
-    bench.register(app)
-    doctor.register(app)
-    exec_cmd.register(app)
-    launch.register(app)
-    plan.register(app)
-    render.register(app)
-    runs.register(app)  # runs, status, logs, attach, stop, gc
-    topo.register(app)
+
+def register(*modules: str) -> None:
+    """Add the commands of these modules (every one when none is named) to `app`, each once.
+    A command that runs another in-process (`render` runs `plan`) registers it first."""
+    import importlib
 
     from fstrain.cli.metavars import name_placeholders
 
+    for module in modules or sorted(set(COMMAND_MODULES.values())):
+        if module not in _registered:
+            importlib.import_module(f"fstrain.cli.{module}").register(app)
+            _registered.add(module)
     name_placeholders(app)
 
 
-_register()
+def _modules_for(argv: list[str]) -> tuple[str, ...]:
+    """Start-up: only the command's own module when argv names one (the others cost about
+    75 ms of imports); every module for --help, shell completion, a mistyped command."""
+    completing = any(name.startswith("_") and name.endswith("_COMPLETE") for name in os.environ) \
+        or "_TYPER_COMPLETE_ARGS" in os.environ
+    command = argv[1] if len(argv) > 1 else ""
+    return (COMMAND_MODULES[command],) if command in COMMAND_MODULES and not completing else ()
+
+
+register(*_modules_for(sys.argv))
 
 
 def _one_line_usage_errors() -> None:

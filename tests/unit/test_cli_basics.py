@@ -84,3 +84,31 @@ def test_slurm_nodelist_is_used_when_no_hosts_given() -> None:
     assert [h["host"] for h in document["hosts"]] == ["fstrain-test-nohost1.invalid", "fstrain-test-nohost2.invalid"]
     assert all(h["error"] for h in document["hosts"])
     assert result.returncode == 1
+
+
+def registered_after(argv: list[str]) -> tuple[set[str], set[str]]:
+    """(top-level command names, fstrain.cli modules imported) once fstrain.cli.main is
+    imported with this sys.argv, in a fresh interpreter."""
+    code = (
+        "import json, sys\n"
+        f"sys.argv = {argv!r}\n"
+        "from fstrain.cli.main import app\n"
+        "names = [c.name for c in app.registered_commands] + [g.name for g in app.registered_groups]\n"
+        "print(json.dumps([names, [m for m in sys.modules if m.startswith('fstrain.cli.')]]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    names, modules = json.loads(out.stdout)
+    assert len(names) == len(set(names))  # nothing registered twice
+    return set(names), {m.rsplit(".", 1)[1] for m in modules}
+
+
+def test_a_command_loads_only_its_own_module_and_help_loads_all() -> None:
+    from fstrain.cli.main import COMMAND_MODULES
+
+    everything, _ = registered_after(["fstrain", "--help"])
+    assert everything == set(COMMAND_MODULES)  # the table names every command, and only those
+    assert registered_after(["fstrain", "plna"])[0] == everything  # a typo still gets "No such command"
+    for command, module in COMMAND_MODULES.items():
+        names, modules = registered_after(["fstrain", command])
+        assert names == {c for c, m in COMMAND_MODULES.items() if m == module}, command
+        assert not modules & (set(COMMAND_MODULES.values()) - {module}), (command, modules)
