@@ -270,7 +270,7 @@ def status_command(
                       + (f" ({node['error']})" if node["error"] else ""), markup=False)
         return
     for node in document["nodes"]:
-        gpus = usage_cell(node["gpus"]) or (f"({node['gpus_error']})" if node["gpus_error"] else "")
+        gpus = usage_cell(node["gpus"], node["gpus_error"])
         if not node["reachable"]:
             table.add_row(node["host"], "", "unreachable", "", "", "", "", "")
         for rank in node["ranks"]:

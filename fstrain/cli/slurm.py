@@ -443,7 +443,7 @@ def print_slurm_status(document: dict[str, Any]) -> None:
         table.add_column(column)
     now = time.time()
     for node in document["nodes"]:
-        gpus = usage_cell(node["gpus"]) or (f"({node['gpus_error']})" if node["gpus_error"] else "")
+        gpus = usage_cell(node["gpus"], node["gpus_error"])
         if node["reachable"] is False:
             table.add_row(node["host"], "", "unreachable", "", "", "", "", "", "srun --overlap on the node failed")
         if not node["ranks"]:

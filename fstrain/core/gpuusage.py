@@ -37,11 +37,14 @@ def gpu_usage(text: str, source: str = "<nvidia-smi --query-gpu>") -> list[dict[
     return rows
 
 
-def usage_cell(gpus: list[dict[str, Any]]) -> str:
-    """The status table's cell: ``0:61440/81920MiB 97%`` per GPU, ``?`` for a missing value."""
+def usage_cell(gpus: list[dict[str, Any]], error: str | None = None) -> str:
+    """The status table's cell: ``0:61440/81920MiB 97%`` per GPU, ``?`` for a missing value;
+    without GPUs, the node's reason in brackets where it gave one."""
     def value(number: float | None, unit: str = "") -> str:
         return "?" if number is None else f"{number:.0f}{unit}"
 
+    if not gpus:
+        return f"({error})" if error else ""
     return " ".join(f"{value(g['index'])}:{value(g['memory_used_mib'])}/{value(g['memory_total_mib'], 'MiB')} "
                     f"{value(g['utilization_percent'], '%')}" for g in gpus)
 

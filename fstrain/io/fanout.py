@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from fstrain.core.hostfile import Host
-from fstrain.errors import FstrainError, TransportError
+from fstrain.errors import FstrainError
 from fstrain.io.transport.base import CommandResult, Transport
 
 DEFAULT_FANOUT = 64
@@ -69,6 +69,7 @@ class HostPool:
         self._connect = connect
         self._transports: dict[str, Transport] = {}
         self._errors: dict[str, str] = {}
+        self._failures: dict[str, FstrainError] = {}  # the exception behind each error text
         self._lock = threading.Lock()
 
     def __enter__(self) -> HostPool:
@@ -93,6 +94,7 @@ class HostPool:
         except FstrainError as exc:
             with self._lock:
                 self._errors[key] = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
+                self._failures[key] = exc
             return self._errors[key]
         with self._lock:
             self._transports[key] = transport
@@ -103,8 +105,7 @@ class HostPool:
         command on it. The pool still closes it."""
         transport = self._transport(host)
         if isinstance(transport, str):
-            message, _, hint = transport.partition(" (hint: ")
-            raise TransportError(message, hint.removesuffix(")"), host.label())
+            raise self._failures[host.label()]
         return transport
 
     def connect_error(self, host: Host) -> str | None:

@@ -48,7 +48,8 @@ def test_what_a_node_answers_becomes_gpus_or_one_reason() -> None:
     assert from_node(failed, "node1") == ([], failed["error"])
     gpus, error = from_node({"csv": "index, memory.used [MiB]\n0, 1, 2\n"}, "node1")
     assert gpus == [] and error is not None and "node1" in error and "2 fields" in error
-    assert usage_cell([]) == ""
+    assert usage_cell([]) == "" and usage_cell([], None) == ""
+    assert usage_cell([], failed["error"]) == f"({failed['error']})"  # the node's reason, in brackets
 
 
 def test_the_node_side_asks_what_the_core_reads() -> None:

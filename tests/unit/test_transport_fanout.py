@@ -117,3 +117,23 @@ def test_missing_ssh_config_is_an_input_error(tmp_path) -> None:  # type: ignore
 
     with pytest.raises(InputError, match="SSH config file not found"):
         make_connector(str(tmp_path / "nope"))
+
+
+def test_open_transport_gives_the_connection_or_raises_the_connect_error_once() -> None:
+    attempts: list[str] = []
+
+    def connect(host: Host) -> LocalTransport:
+        attempts.append(host.name)
+        if host.name == "bad":
+            raise TransportError("connection refused", "check sshd on the host", host.name)
+        return LocalTransport(host.name)
+
+    good, bad = Host("good"), Host("bad")
+    with HostPool([good, bad], connect) as pool:
+        assert pool.open_transport(good) is pool.open_transport(good)  # one connection per host
+        for _ in range(2):
+            with pytest.raises(TransportError) as caught:
+                pool.open_transport(bad)
+            assert (caught.value.message, caught.value.hint) == ("connection refused", "check sshd on the host")
+        assert pool.connect_error(bad) == "connection refused (hint: check sshd on the host)"
+    assert attempts == ["good", "bad"]  # one try per host

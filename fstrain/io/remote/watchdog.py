@@ -373,10 +373,7 @@ class Watchdog:
             with self.lock:
                 stopping = self.stop_requested is not None
             if stopping or time.monotonic() > deadline:  # the launcher gave up before the start
-                self.sweep()
-                if self.child is not None:
-                    with contextlib.suppress(ChildProcessError):
-                        self.child.wait()
+                self.end_prewarmed()
                 if self.state_file:
                     with contextlib.suppress(OSError):
                         os.unlink(self.state_file)
@@ -400,12 +397,18 @@ class Watchdog:
                 return None
             except OSError:
                 pass
-        with contextlib.suppress(OSError):
-            self.child.stdin.close()
-        self.sweep()
-        with contextlib.suppress(ChildProcessError):
-            self.child.wait()
+        self.end_prewarmed()
         return self.start(argv, env)
+
+    def end_prewarmed(self) -> None:
+        """The waiting interpreter (and anything it started) is not used: SIGKILL, collect it."""
+        if self.child is not None and self.child.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.child.stdin.close()
+        self.sweep()
+        if self.child is not None:
+            with contextlib.suppress(ChildProcessError):
+                self.child.wait()
 
     def clean_up(self, run_dir: str) -> None:
         """Remove the ``cleanup`` folders, only ever inside the run directory."""
