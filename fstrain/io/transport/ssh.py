@@ -361,19 +361,12 @@ class SshTransport:
         deadline = None if timeout_s is None else start + timeout_s
         liveness = Liveness(self._transports[-1], self.target.server_alive_interval_s,
                             self.target.server_alive_count_max, self.host)
-        while True:
-            while channel.recv_ready():
-                stdout += channel.recv(65536)
-                liveness.heard()
-            while channel.recv_stderr_ready():
-                stderr += channel.recv_stderr(65536)
-                liveness.heard()
+        while not output_ended(channel):
+            drain(channel, stdout, stderr, liveness)
+            if output_ended(channel):
+                break
             if liveness.lost():
                 raise self._lost(f"no answer for {liveness.silence_limit_s:g} s while the command ran")
-            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-                break
-            if channel.closed and not channel.recv_ready():
-                break
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return CommandResult(
@@ -381,6 +374,10 @@ class SshTransport:
                     time.monotonic() - start, f"timed out after {timeout_s:g} s",
                 )
             select.select([channel], [], [], min(remaining, 1.0) if remaining is not None else 1.0)
+        drain(channel, stdout, stderr, liveness)
+        # Output has ended (EOF, or the channel closed): the exit status follows at once unless
+        # the connection is gone; paramiko sets the event on close without one too.
+        channel.status_event.wait(EXIT_STATUS_WAIT_S)
         code = channel.recv_exit_status() if channel.exit_status_ready() else -1
         error = None
         if code == -1:
@@ -423,6 +420,28 @@ class SshTransport:
             with contextlib.suppress(Exception):
                 transport.close()
         self._transports = []
+
+
+EXIT_STATUS_WAIT_S = 5.0  # after the output's end, for the exit status to arrive
+
+
+def output_ended(channel: paramiko.Channel) -> bool:
+    """Both streams are over and nothing of them is left unread: the server sent EOF (or closed
+    the channel). The exit status alone does not mean that: sshd may send it while the end of
+    the output is still in flight, and stopping then loses that end."""
+    ended = channel.eof_received or channel.closed
+    return bool(ended) and not channel.recv_ready() and not channel.recv_stderr_ready()
+
+
+def drain(channel: paramiko.Channel, stdout: bytearray, stderr: bytearray, liveness: Liveness) -> None:
+    """Everything the channel holds now, of both streams."""
+    while channel.recv_ready() or channel.recv_stderr_ready():
+        while channel.recv_ready():
+            stdout += channel.recv(65536)
+            liveness.heard()
+        while channel.recv_stderr_ready():
+            stderr += channel.recv_stderr(65536)
+            liveness.heard()
 
 
 class Liveness:
