@@ -72,7 +72,7 @@ def start_detached_run(hosts: list[Any], launches: list[Any], connect: Any, pyth
 def _connector(record: RunRecord, ssh_config: str | None, accept_new_hosts: bool) -> Any:
     from fstrain.io.connect import make_connector
 
-    stored = (record.detached or {}).get("ssh_config")
+    stored = record.detached.ssh_config if record.detached else None
     return make_connector(ssh_config or stored, accept_new_hosts=accept_new_hosts)
 
 
@@ -83,7 +83,7 @@ def _views(record: RunRecord, connect: Any, python: str) -> list[dict[str, Any] 
 
 
 def _python(record: RunRecord, python: str) -> str:
-    return str((record.detached or {}).get("python") or python)
+    return (record.detached.python if record.detached else "") or python
 
 
 def _duration(seconds: float) -> str:
@@ -163,6 +163,7 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import REMOTE_RUNS
     from fstrain.io.remote import LINE_BOOTSTRAP, as_line
+    from fstrain.io.runs import check_view
 
     selection = hostopts.resolve_hosts(hostfile, hosts, None, None, None)
     connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
@@ -180,6 +181,8 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
             entry["run"] = entry["run"] or run.get("run")
             entry["hosts"].append(host.label())
             for node in run["nodes"]:  # hosts that share a home see every node's record
+                check_view({"run": run.get("run"), "node": node}, f"{host.label()}:{run.get('run_dir')}",
+                           node.get("node_rank"))
                 entry["nodes"][node.get("node_rank")] = node
     rows = []
     for run_id, entry in sorted(merged.items()):
@@ -211,8 +214,7 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
     for index, host in enumerate(record.hosts if record.detached else []):
         view = views[index] if views else None
         node = (view or {}).get("node") or {}
-        detached_node = (record.detached or {}).get("nodes", [{}] * (index + 1))[index]
-        offset = detached_node.get("rank_offset")
+        offset = record.detached.nodes[index].rank_offset if record.detached else None
         alive = set((view or {}).get("ranks_alive") or [])
         ranks = []
         for local, entry in sorted((node.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
@@ -291,8 +293,8 @@ def _log_lines(record: RunRecord, node_index: int, text: str) -> list[tuple[floa
     from fstrain.core.runstate import rank_of
 
     assert record.detached is not None
-    node = record.detached["nodes"][node_index]
-    host = record.hosts[node_index].name
+    node = record.detached.nodes[node_index]
+    host = node.host.name
     lines = []
     for raw in text.splitlines():
         stamp, _, line = raw.partition(" ")
@@ -301,7 +303,7 @@ def _log_lines(record: RunRecord, node_index: int, text: str) -> list[tuple[floa
         except ValueError:
             at, line = 0.0, raw
         local, rest = split_rank_prefix(line)
-        rank = rank_of(local, node.get("rank_offset"))
+        rank = rank_of(local, node.rank_offset)
         tag = f"{host} r{rank}" if rank is not None else host
         lines.append((at, rank, f"[{tag}] {rest}"))
     return lines
@@ -314,7 +316,7 @@ def _follow(record: RunRecord, connect: Any, python: str, *, hosts: list[str], r
     from fstrain.io.runs import node_views, read_output, run_state
 
     assert record.detached is not None
-    nodes = record.detached["nodes"]
+    nodes = record.detached.nodes
     chosen = [i for i, h in enumerate(record.hosts) if not hosts or h.name in hosts or h.label() in hosts]
     transports = {i: connect(record.hosts[i]) for i in chosen}
     offsets = dict.fromkeys(chosen, 0)
@@ -324,7 +326,7 @@ def _follow(record: RunRecord, connect: Any, python: str, *, hosts: list[str], r
         while True:
             batch: list[tuple[float, int | None, str]] = []
             for i in chosen:
-                text, offsets[i] = read_output(transports[i], nodes[i]["run_dir"], nodes[i]["node_rank"], offsets[i])
+                text, offsets[i] = read_output(transports[i], nodes[i].run_dir, nodes[i].node_rank, offsets[i])
                 batch += _log_lines(record, i, text)
             batch = [b for b in batch if (rank is None or b[1] == rank) and (since is None or b[0] >= since)]
             batch.sort(key=lambda b: b[0])
@@ -406,7 +408,7 @@ def _attached_logs(record: RunRecord, hosts: list[str], rank: int | None, tail: 
                 paths.append(path)
         return paths
 
-    _file_logs(chosen, tail, follow, lambda: _running(int(record.entry.get("client_pid") or 0)))
+    _file_logs(chosen, tail, follow, lambda: _running(record.client_pid))
 
 
 def _file_logs(files: Callable[[], list[Path]], tail: int | None, follow: bool, running: Callable[[], bool]) -> None:
@@ -501,10 +503,10 @@ def _print_end(record: RunRecord, state: RunState, connect: Any, python: str) ->
 def _training_summary(record: RunRecord, connect: Any) -> dict[str, Any] | None:
     """The bundled trainer's rank-0 summary (node 0's run directory), copied into the local one."""
     assert record.detached is not None
-    node0 = record.detached["nodes"][0]
-    transport = connect(record.hosts[0])
+    node0 = record.detached.nodes[0]
+    transport = connect(node0.host)
     try:
-        result = transport.run(["cat", f"{node0['run_dir']}/summary.json"], timeout_s=30)
+        result = transport.run(["cat", f"{node0.run_dir}/summary.json"], timeout_s=30)
     finally:
         transport.close()
     if not result.ok:
@@ -544,8 +546,8 @@ def stop_command(
         return
     connect = _connector(record, ssh_config, accept_new_hosts)
     py = _python(record, python)
-    node0 = record.detached["nodes"][0]
-    answer = stop_on_node(connect, record.hosts[0], py, node0["run_dir"], "kill" if force else "term", grace)
+    node0 = record.detached.nodes[0]
+    answer = stop_on_node(connect, node0.host, py, node0.run_dir, "kill" if force else "term", grace)
     out = console()
     if "error" in answer:
         state = run_state(record, node_views(record, connect, py))
@@ -573,9 +575,9 @@ def _stop_attached(record: RunRecord, force: bool, wait: float) -> None:
     import os
 
     from fstrain.errors import FstrainError, InputError
-    from fstrain.io.runs import read_json, run_state
+    from fstrain.io.runs import read_document, run_state
 
-    pid = int(record.entry.get("client_pid") or 0)
+    pid = record.client_pid
     state = run_state(record, None)
     if state.state != "running":
         console().print(f"run {record.run_id} has already ended: {_describe(state)}")
@@ -596,7 +598,7 @@ def _stop_attached(record: RunRecord, force: bool, wait: float) -> None:
     if _running(pid):
         raise FstrainError(f"run {record.run_id}'s launcher has not exited {wait:g} s after SIGTERM",
                            "`fstrain stop --force` skips the grace period", "stop")
-    record.manifest = read_json(record.run_dir / "manifest.json")
+    record.manifest = read_document(record.run_dir / "manifest.json", "manifest")
     console().print(f"run {record.run_id} {_describe(run_state(record, None))}")
 
 

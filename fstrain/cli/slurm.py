@@ -310,8 +310,9 @@ def _ask_cancel(job_id: str) -> bool:
 
 
 def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output: bool) -> int:
-    manifest_path = folder / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    from fstrain.io.runs import read_document
+
+    manifest = read_document(folder / "manifest.json", "manifest")
     if status is None:
         code = int(manifest["exit_code"]) if manifest and manifest.get("exit_code") is not None else 1
         state = "UNKNOWN"

@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from fstrain.core.formats import KINDS, check_format
 from fstrain.core.plan.acpolicy import AC_NAMES, parse_ac
 from fstrain.core.plan.adafactor import check_adafactor
 from fstrain.core.plan.losses import LOSS_KINDS, parse_loss
 from fstrain.core.plan.precision import PRECISIONS, check_strategy
 from fstrain.errors import InputError
 
-PLAN_FORMAT_VERSION = 1
 _PLAN_HINT = "fix the value, or write the plan again with `fstrain plan --out plan.yaml`"
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
@@ -164,7 +164,7 @@ class PlanFile:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "fstrain_plan": PLAN_FORMAT_VERSION,
+            KINDS["plan"].key: KINDS["plan"].current,  # the plan's format version (fstrain/core/formats.py)
             "model": asdict(self.model),
             "plan": asdict(self.knobs),
             "cluster": {**asdict(self.cluster), "hosts": list(self.cluster.hosts)},
@@ -177,12 +177,7 @@ class PlanFile:
             raise InputError(
                 "not an fstrain plan (no 'fstrain_plan' key)", "write one with `fstrain plan --out plan.yaml`", where
             )
-        if data["fstrain_plan"] != PLAN_FORMAT_VERSION:
-            raise InputError(
-                f"plan format {data['fstrain_plan']!r} is not supported (expected {PLAN_FORMAT_VERSION})",
-                "re-create the plan with this fstrain",
-                where,
-            )
+        check_format(data, "plan", where)  # every version up to this fstrain's
         from fstrain.core.plan.recipe import parse_model_section  # recipe builds on this module
 
         model_data = dict(_section(data, "model", where))

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from fstrain import __version__
+from fstrain.core.formats import KINDS, stamped
 from fstrain.core.hostfile import Host
 from fstrain.core.launchnoise import NodeNoise
 from fstrain.core.launchspec import (
@@ -309,7 +311,8 @@ def prewarm_nodes(pool: HostPool, backend: str, python: str, workdir: str | None
     prefix = launcher_prefix(backend, python)
 
     def one(host: Host) -> Prewarmed | None:
-        header = {"source": source("watchdog"), "prewarm": list(prefix), "workdir": workdir, "env": base_env(env),
+        header = {"format": KINDS["header"].current, "source": source("watchdog"), "prewarm": list(prefix),
+                  "workdir": workdir, "env": base_env(env),
                   "run_id": run_id, "node_rank": pool.hosts.index(host), "state_dir": REMOTE_STATE}
         try:
             transport = pool.open_transport(host)
@@ -382,6 +385,7 @@ def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
     rank = launch.node_rank
     run_dir = node_run_dir(launch.host, rank, options)
     header: dict[str, Any] = {
+        "format": KINDS["header"].current,
         "source": source("watchdog"),
         "argv": list(launch.argv),
         "env": dict(launch.env),
@@ -644,6 +648,7 @@ def write_manifest(path: Path, *, run_id: str, backend: str, rendezvous: Rendezv
         if outcome and outcome.first_failure is not None else None,
         "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
     }
+    document = stamped(document, "manifest", __version__)
     tmp = path.with_suffix(".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,8 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fstrain import __version__
+from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hostfile import Host
 from fstrain.core.launchspec import NodeLaunch, secret_values
+from fstrain.core.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.core.runstate import FINAL, RunState, from_manifest, from_nodes
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.connect import is_local
@@ -124,21 +127,18 @@ def _start_one(launch: NodeLaunch, connect: Callable[[Host], Transport], python:
 
 def record_detached(folder: Path, *, run_id: str, backend: str, hosts: Sequence[Host], launches: Sequence[NodeLaunch],
                     run_dirs: Sequence[str], answers: Sequence[dict[str, Any]], rendezvous: Rendezvous,
-                    ssh_config: str | None, python: str, grace_s: float) -> dict[str, Any]:
+                    ssh_config: str | None, python: str, grace_s: float) -> DetachedRecord:
     """RUN_DIR/detached.json, and this machine's index entry."""
-    document = {
-        "run_id": run_id, "backend": backend, "started": time.time(), "python": python, "grace_s": grace_s,
-        "ssh_config": str(Path(ssh_config).resolve()) if ssh_config else None,
-        "coordinator": {"address": rendezvous.master_addr, "port": answers[0].get("port")},
-        "nodes": [{"host": {"name": h.name, "user": h.user, "port": h.port}, "node_rank": launch.node_rank,
-                   "nproc": launch.nproc, "rank_offset": launch.rank_offset, "run_dir": run_dir,
-                   "watchdog_pid": answer.get("pid"), "job_pid": answer.get("job_pid")}
-                  for h, launch, run_dir, answer in zip(hosts, launches, run_dirs, answers, strict=True)],
-    }
+    record = DetachedRecord(
+        run_id, backend, time.time(), python, grace_s, str(Path(ssh_config).resolve()) if ssh_config else None,
+        rendezvous.master_addr, answers[0].get("port"),
+        tuple(DetachedNode(Host(h.name, h.user, h.port), launch.node_rank, launch.nproc, launch.rank_offset, run_dir,
+                           answer.get("pid"), answer.get("job_pid"))
+              for h, launch, run_dir, answer in zip(hosts, launches, run_dirs, answers, strict=True)))
     folder.mkdir(parents=True, exist_ok=True)
-    _write_json(folder / "detached.json", document)
+    _write_json(folder / "detached.json", record.to_dict(__version__))
     register(run_id, folder, detached=True)
-    return document
+    return record
 
 
 def register(run_id: str, folder: Path, *, detached: bool) -> None:
@@ -148,28 +148,26 @@ def register(run_id: str, folder: Path, *, detached: bool) -> None:
     owner = read_json(folder / SLURM_RECORD)
     if isinstance(owner, dict) and owner.get("run_id") not in (None, run_id):
         return
-    entry = {"run_id": run_id, "run_dir": str(folder.resolve()), "detached": detached, "registered": time.time(),
-             "client_pid": os.getpid()}
-    _write_json(index_dir() / f"{run_id}.json", entry)
+    entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid())
+    _write_json(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
 
 
 def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output: Path,
                  grace_s: float | None) -> dict[str, Any]:
     """RUN_DIR/slurm.json and this machine's index entry for a submitted batch job."""
-    document = {"kind": "slurm", "run_id": run_id, "job_id": job_id, "submitted": time.time(),
-                "script": str(script), "output": str(output), "grace_s": grace_s}
+    document = stamped({"kind": "slurm", "run_id": run_id, "job_id": job_id, "submitted": time.time(),
+                        "script": str(script), "output": str(output), "grace_s": grace_s}, "slurm", __version__)
     _write_json(folder / SLURM_RECORD, document)
-    _write_json(index_dir() / f"{run_id}.json",
-                {"run_id": run_id, "run_dir": str(folder.resolve()), "kind": "slurm", "job_id": job_id,
-                 "detached": True, "registered": document["submitted"]})
+    entry = IndexEntry(run_id, str(folder.resolve()), True, document["submitted"], kind="slurm", job_id=job_id)
+    _write_json(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
     return document
 
 
 def claim_for_slurm(folder: Path, run_id: str) -> None:
     """Before sbatch: mark the run directory as the submission's, so that a job starting at
     once finds it claimed (the job id is added by :func:`record_slurm`)."""
-    _write_json(folder / SLURM_RECORD, {"kind": "slurm", "run_id": run_id, "job_id": None,
-                                        "submitted": time.time()})
+    _write_json(folder / SLURM_RECORD, stamped({"kind": "slurm", "run_id": run_id, "job_id": None,
+                                                "submitted": time.time()}, "slurm", __version__))
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
@@ -186,24 +184,29 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
 class RunRecord:
     run_id: str
     run_dir: Path
-    detached: dict[str, Any] | None
+    detached: DetachedRecord | None
     manifest: dict[str, Any] | None
-    entry: dict[str, Any]
+    entry: IndexEntry | None  # None: found by its run directory, not in this machine's index
     slurm: dict[str, Any] | None = None  # RUN_DIR/slurm.json of a `launch --slurm` run
 
     @property
     def hosts(self) -> list[Host]:
         if self.slurm is not None and not (self.manifest or {}).get("nodes"):  # still running: Slurm's nodes
-            cached = read_json(self.run_dir / "state.json") or {}
+            cached = read_cache(self.run_dir / "state.json")
             return [Host(name) for name in (cached.get("job") or {}).get("hosts", [])]
         if self.detached:
-            return [Host(n["host"]["name"], n["host"]["user"], n["host"]["port"]) for n in self.detached["nodes"]]
+            return self.detached.hosts
         return [Host(n["host"]) for n in (self.manifest or {}).get("nodes", [])]
 
     @property
     def started(self) -> float:
-        return float((self.detached or {}).get("started") or (self.slurm or {}).get("submitted")
-                     or (self.manifest or {}).get("started") or self.entry.get("registered") or 0)
+        return float((self.detached.started if self.detached else 0) or (self.slurm or {}).get("submitted")
+                     or (self.manifest or {}).get("started") or (self.entry.registered if self.entry else 0))
+
+    @property
+    def client_pid(self) -> int:
+        """An attached run's launcher (0: not known)."""
+        return (self.entry.client_pid if self.entry else None) or 0
 
 
 def read_json(path: Path) -> Any:
@@ -213,21 +216,44 @@ def read_json(path: Path) -> Any:
         return None
 
 
+def read_document(path: Path, kind: str) -> dict[str, Any] | None:
+    """A run folder's JSON document of ``kind`` (fstrain/core/formats.py): None where it is missing
+    or no JSON object, an InputError naming the file where this fstrain cannot read its format."""
+    document = read_json(path)
+    if not isinstance(document, dict):
+        return None
+    check_format(document, kind, str(path))
+    return document
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    """RUN_DIR/state.json, what this machine last saw of a run: {} where it is missing or of a
+    format this fstrain cannot read (a cache: it is written again)."""
+    document = read_json(path)
+    return document if isinstance(document, dict) and problem(document, "state") is None else {}
+
+
+def read_detached(folder: Path) -> DetachedRecord | None:
+    """RUN_DIR/detached.json, None where there is none."""
+    document = read_json(folder / "detached.json")
+    return DetachedRecord.from_dict(document, str(folder / "detached.json")) if document is not None else None
+
+
 def all_runs() -> list[RunRecord]:
     """Every run this machine started, oldest first (entries whose folder is gone are skipped)."""
     records = []
     folder = index_dir()
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        entry = read_json(path)
-        if not isinstance(entry, dict) or "run_dir" not in entry:
+        raw = read_json(path)
+        if not isinstance(raw, dict) or "run_dir" not in raw:
             continue
-        run_dir = Path(entry["run_dir"])
-        slurm = read_json(run_dir / SLURM_RECORD)
-        if isinstance(slurm, dict) and slurm.get("run_id") != entry["run_id"]:
+        entry = IndexEntry.from_dict(raw, str(path))
+        run_dir = Path(entry.run_dir)
+        slurm = read_document(run_dir / SLURM_RECORD, "slurm")
+        if slurm is not None and slurm.get("run_id") != entry.run_id:
             continue  # the job's own launch inside a Slurm run: the submission's entry stands for it
-        records.append(RunRecord(entry["run_id"], run_dir, read_json(run_dir / "detached.json"),
-                                 read_json(run_dir / "manifest.json"), entry,
-                                 slurm if isinstance(slurm, dict) else None))
+        records.append(RunRecord(entry.run_id, run_dir, read_detached(run_dir),
+                                 read_document(run_dir / "manifest.json", "manifest"), entry, slurm))
     return sorted(records, key=lambda r: r.started)
 
 
@@ -240,12 +266,12 @@ def find_run(reference: str) -> RunRecord:
     if len(matches) == 1:
         return matches[0]
     path = Path(reference)
-    slurm = read_json(path / SLURM_RECORD) if not matches else None
-    if isinstance(slurm, dict) and slurm.get("job_id"):
-        return RunRecord(slurm["run_id"], path, None, read_json(path / "manifest.json"), {}, slurm)
-    if not matches and (path / "detached.json").is_file():
-        detached = read_json(path / "detached.json")
-        return RunRecord(detached["run_id"], path, detached, read_json(path / "manifest.json"), {})
+    slurm = read_document(path / SLURM_RECORD, "slurm") if not matches else None
+    if slurm is not None and slurm.get("job_id"):
+        return RunRecord(slurm["run_id"], path, None, read_document(path / "manifest.json", "manifest"), None, slurm)
+    detached = read_detached(path) if not matches and (path / "detached.json").is_file() else None
+    if detached is not None:
+        return RunRecord(detached.run_id, path, detached, read_document(path / "manifest.json", "manifest"), None)
     if matches:
         raise InputError(f"{reference!r} matches {len(matches)} runs", "give more of the run id", "RUN")
     raise InputError(f"no run {reference!r} was started from this machine",
@@ -258,20 +284,30 @@ def find_run(reference: str) -> RunRecord:
 def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[dict[str, Any] | None]:
     """Each node's state (fstrain/io/remote/runctl.py), None where the node cannot be asked."""
     assert record.detached is not None
-    nodes = record.detached["nodes"]
+    nodes = record.detached.nodes
     hosts = record.hosts
     with HostPool(hosts, connect) as pool:
         results = pool.run_all(
-            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", nodes[hosts.index(h)]["run_dir"],
-                       str(nodes[hosts.index(h)]["node_rank"]), record.run_id],
+            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", nodes[hosts.index(h)].run_dir,
+                       str(nodes[hosts.index(h)].node_rank), record.run_id],
             stdin=as_line("runctl"), timeout_s=60)
     views: list[dict[str, Any] | None] = []
-    for result in results:
+    for node, result in zip(nodes, results, strict=True):
         try:
             views.append(json.loads(result.stdout) if result.ok else None)
         except ValueError:
             views.append(None)
+        check_view(views[-1], f"{node.host.label()}:{node.run_dir}", node.node_rank)
     return views
+
+
+def check_view(view: dict[str, Any] | None, where: str, node_rank: int) -> None:
+    """The node's own files in its view (runctl.py ``state``) are of formats this fstrain reads:
+    a node may run an older or newer fstrain's watchdog than this one."""
+    for key, kind, name in (("node", "node", f"node{node_rank}.json"), ("run", "run", "run.json")):
+        document = (view or {}).get(key)
+        if document is not None:
+            check_format(document, kind, f"{where}/{name}")
 
 
 def slurm_live_views(record: RunRecord, job_id: str, hosts: Sequence[str], python: str) -> list[dict[str, Any] | None]:
@@ -301,10 +337,10 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
     if record.detached is None:
         if record.manifest is not None and record.manifest.get("ended"):
             return from_manifest(record.manifest)
-        alive = _pid_alive(int(record.entry.get("client_pid") or 0))
+        alive = _pid_alive(record.client_pid)
         return RunState("running" if alive else "lost", None, "" if alive else "its launcher is gone")
     if views is None:  # not asked: what this machine last saw
-        cached = read_json(record.run_dir / "state.json")
+        cached = read_cache(record.run_dir / "state.json")
         if cached:
             return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
         return RunState("running", None, "not asked")
@@ -314,8 +350,8 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
              | {"reachable": True, "watchdog_alive": v.get("watchdog_alive")} if v else {"reachable": False}
              for v in views]
     _write_json(record.run_dir / "state.json",
-                {"state": state.state, "exit_code": state.exit_code, "reason": state.reason, "ended": state.ended,
-                 "at": time.time(), "nodes": nodes})
+                stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
+                         "ended": state.ended, "at": time.time(), "nodes": nodes}, "state"))
     return state
 
 
@@ -328,16 +364,15 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     from fstrain.io.slurm import job_status
 
     assert record.slurm is not None
-    fresh = read_json(record.run_dir / SLURM_RECORD)  # another process's `fstrain stop` may have marked it
-    if isinstance(fresh, dict) and fresh.get("job_id") == record.slurm.get("job_id"):
+    fresh = read_document(record.run_dir / SLURM_RECORD, "slurm")  # another `fstrain stop` may have marked it
+    if fresh is not None and fresh.get("job_id") == record.slurm.get("job_id"):
         record.slurm = fresh
     stop_requested = bool(record.slurm.get("stop_requested"))
-    cached = read_json(record.run_dir / "state.json") or {}
+    cached = read_cache(record.run_dir / "state.json")
     job_seen: dict[str, Any] = cached.get("job") or {"job_id": record.slurm.get("job_id")}
     if cached.get("state") in FINAL and cached.get("settled") and cached.get("stop_requested") == stop_requested:
         return _cached_state(cached), job_seen  # nothing changes after the end
-    manifest = read_json(record.run_dir / "manifest.json")
-    record.manifest = manifest if isinstance(manifest, dict) else None
+    record.manifest = read_document(record.run_dir / "manifest.json", "manifest")
     try:
         job = job_status(str(record.slurm["job_id"]), "RUN")
     except FstrainError:
@@ -359,8 +394,9 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     # Settled: ended, and the manifest read (or never coming: Slurm forgot the job).
     settled = state.state in FINAL and (record.manifest is not None or job is None)
     _write_json(record.run_dir / "state.json",
-                {"state": state.state, "exit_code": state.exit_code, "reason": state.reason, "ended": state.ended,
-                 "at": time.time(), "settled": settled, "stop_requested": stop_requested, "job": job_seen})
+                stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
+                         "ended": state.ended, "at": time.time(), "settled": settled,
+                         "stop_requested": stop_requested, "job": job_seen}, "state"))
     return state, job_seen
 
 
@@ -415,15 +451,20 @@ def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, 
         return {"error": result.error or result.stderr.strip()[-300:]}
     try:
         answer: dict[str, Any] = json.loads(result.stdout)
-        return answer
     except ValueError:
         return {"error": result.stdout.strip()[-300:]}
+    where = f"{host.label()}:{run_dir}"
+    if "refused" in answer:  # the coordinator, or its record, is of another fstrain's format
+        raise InputError(str(answer["refused"]), str(answer.get("hint") or ""), where)
+    if "error" not in answer:
+        check_format(answer, "message", where)
+    return answer
 
 
 def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[tuple[str, str]]:
     """Remove the run's folder on every host (never a node's whose watchdog runs): (host, result)."""
     if record.detached is not None:
-        pairs = [(h, n["run_dir"]) for h, n in zip(record.hosts, record.detached["nodes"], strict=True)]
+        pairs = [(n.host, n.run_dir) for n in record.detached.nodes]
     else:  # an attached run: the watchdogs' folders under the hosts' homes
         pairs = [(h, f"~/{REMOTE_RUNS}/{record.run_id}") for h in record.hosts]
     pairs = [(h, d) for h, d in pairs if not is_local(h)]  # never the local run directory

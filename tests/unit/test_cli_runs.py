@@ -6,29 +6,36 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
+from fstrain.core.hostfile import Host
+from fstrain.core.launchspec import NodeLaunch
+from fstrain.io.launch import RunOutcome, write_manifest
+from fstrain.io.runs import register
 from tests.helpers import run_fstrain
 
 
-def attached_run(home: Path, folder: Path, run_id: str, reason: str, exit_code: int) -> None:
-    """An attached run as `fstrain launch` leaves it: the index entry, the manifest, the logs."""
+def attached_run(home: Path, folder: Path, run_id: str, reason: str, exit_code: int,
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attached run as `fstrain launch` leaves it (through the functions it uses): the index
+    entry, the manifest, the logs."""
     (folder / "logs").mkdir(parents=True)
-    (folder / "manifest.json").write_text(json.dumps({
-        "run_id": run_id, "reason": reason, "exit_code": exit_code, "started": time.time() - 60,
-        "ended": time.time() - 30, "nodes": [{"host": "localhost"}]}))
+    write_manifest(folder / "manifest.json", run_id=run_id, backend="torchrun", rendezvous=None,
+                   launches=[NodeLaunch(Host("localhost"), 0, 2, ("python3", "train.py"))],
+                   outcome=RunOutcome(exit_code, reason, None, [], time.time() - 60, time.time() - 30),
+                   facts=[], env={}, plan=None)
     (folder / "logs" / "localhost.log").write_text("[localhost r0] hello\n[localhost r1] world\n")
     (folder / "logs" / "localhost.r1.log").write_text("[localhost r1] world\n")
-    index = home / ".fstrain" / "launched"
-    index.mkdir(parents=True, exist_ok=True)
-    (index / f"{run_id}.json").write_text(json.dumps({"run_id": run_id, "run_dir": str(folder), "detached": False,
-                                                      "registered": time.time() - 60, "client_pid": 0}))
+    monkeypatch.setenv("HOME", str(home))  # the index is under this machine's home
+    register(run_id, folder, detached=False)
 
 
-def test_runs_lists_finished_runs_only_with_all(tmp_path: Path) -> None:
+def test_runs_lists_finished_runs_only_with_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
     env = {"HOME": str(home)}
     assert json.loads(run_fstrain("runs", "--json", env=env).stdout) == {"runs": []}
-    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "failed", 7)
-    attached_run(home, tmp_path / "b", "20261130-130000-bbbbbb", "interrupted", 130)
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "failed", 7, monkeypatch)
+    attached_run(home, tmp_path / "b", "20261130-130000-bbbbbb", "interrupted", 130, monkeypatch)
     assert json.loads(run_fstrain("runs", "--json", env=env).stdout) == {"runs": []}
     rows = json.loads(run_fstrain("runs", "--all", "--json", env=env).stdout)["runs"]
     assert [(r["run_id"], r["state"], r["exit_code"]) for r in rows] == [
@@ -36,17 +43,17 @@ def test_runs_lists_finished_runs_only_with_all(tmp_path: Path) -> None:
     assert rows[0]["nodes"] == ["localhost"] and rows[0]["detached"] is False
 
 
-def test_logs_of_an_attached_run_and_unknown_runs(tmp_path: Path) -> None:
+def test_logs_of_an_attached_run_and_unknown_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
     env = {"HOME": str(home)}
-    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "ok", 0)
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "ok", 0, monkeypatch)
     logs = run_fstrain("logs", "20261130-12", env=env)
     assert logs.returncode == 0 and logs.stdout == "[localhost r0] hello\n[localhost r1] world\n"
     assert run_fstrain("logs", "20261130-12", "--rank", "1", env=env).stdout == "[localhost r1] world\n"
     missing = run_fstrain("status", "nope", env=env)
     assert missing.returncode == 2
     assert missing.stderr.startswith("error: RUN: no run 'nope' was started from this machine (hint:")
-    attached_run(home, tmp_path / "b", "20261130-120000-bbbbbb", "ok", 0)
+    attached_run(home, tmp_path / "b", "20261130-120000-bbbbbb", "ok", 0, monkeypatch)
     ambiguous = run_fstrain("logs", "20261130-12", env=env)
     assert ambiguous.returncode == 2 and "matches 2 runs" in ambiguous.stderr
     stop = run_fstrain("stop", "20261130-120000-aaaaaa", env=env)
@@ -61,9 +68,9 @@ def test_bad_durations_are_one_line(tmp_path: Path) -> None:
     assert launch.returncode == 2 and "--stall-timeout: the duration must be above 0" in launch.stderr
 
 
-def test_status_of_an_attached_run_is_its_manifest(tmp_path: Path) -> None:
+def test_status_of_an_attached_run_is_its_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
-    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "failed", 7)
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "failed", 7, monkeypatch)
     document = json.loads(run_fstrain("status", "20261130-120000-aaaaaa", "--json", env={"HOME": str(home)}).stdout)
     assert (document["state"], document["exit_code"], document["detached"]) == ("failed", 7, False)
     assert document["nodes"][0]["host"] == "localhost"

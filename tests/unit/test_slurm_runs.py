@@ -10,6 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from fstrain.core.hostfile import Host
+from fstrain.core.launchspec import NodeLaunch
+from fstrain.io.launch import RunOutcome, write_manifest
 from tests.helpers import REPO, run_fstrain
 
 FIXTURES = REPO / "tests" / "fixtures" / "slurm-runs"
@@ -41,21 +44,17 @@ def slurm_run(home: Path, folder: Path) -> None:
     """A run as `launch --slurm` leaves it, with the job's own launch registered too (a shared
     home), and the logs that launch writes."""
     (folder / "logs").mkdir(parents=True)
-    (folder / "slurm.json").write_text(json.dumps({
-        "kind": "slurm", "run_id": RUN_ID, "job_id": "42", "submitted": time.time() - 30,
-        "script": str(folder / "sbatch.sh"), "output": str(folder / "slurm-42.out"), "grace_s": 1.0}))
     (folder / "slurm-42.out").write_text("[node1 r0] hello\n[node2 r1] world\n")
     (folder / "logs" / "node1.log").write_text("[node1 r0] hello\n")
     (folder / "logs" / "node1.r0.log").write_text("[node1 r0] step 3/10 loss 2.5000 tokens/s 1,000\n")
     (folder / "logs" / "node2.r1.log").write_text("[node2 r1] world\n")
-    index = home / ".fstrain" / "launched"
-    index.mkdir(parents=True)
-    (index / f"{RUN_ID}.json").write_text(json.dumps({"run_id": RUN_ID, "run_dir": str(folder), "kind": "slurm",
-                                                       "job_id": "42", "detached": True,
-                                                       "registered": time.time() - 30}))
-    # The job's own `fstrain launch` (another run id, the same folder) registering itself.
-    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from fstrain.io.runs import register; "
-                    "register('20261130-120001-bbbbbb', Path(sys.argv[1]), detached=False)", str(folder)],
+    # The submission's records (slurm.json, the index entry), then the job's own `fstrain launch`
+    # (another run id, the same folder) registering itself, as `launch --slurm` and that launch do.
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    "from fstrain.io.runs import record_slurm, register; folder = Path(sys.argv[1]); "
+                    "record_slurm(folder, run_id=sys.argv[2], job_id='42', script=folder / 'sbatch.sh', "
+                    "output=folder / 'slurm-42.out', grace_s=1.0); "
+                    "register('20261130-120001-bbbbbb', folder, detached=False)", str(folder), RUN_ID],
                    env={**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO)}, check=True, timeout=60)
 
 
@@ -134,9 +133,10 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert stop.returncode == 2 and stop.stderr.count("\n") == 1
     assert stop.stderr.startswith("error: stop: Slurm does not know job 42") and "(hint: is SLURM_CONF" in stop.stderr
     # Once the manifest recorded the end, the forgotten job is simply over.
-    (tmp_path / "run" / "manifest.json").write_text(json.dumps(
-        {"run_id": "20261130-120001-bbbbbb", "reason": "ok", "exit_code": 0, "started": 1.0, "ended": 2.0,
-         "nodes": [{"host": "node1"}, {"host": "node2"}]}))
+    write_manifest(tmp_path / "run" / "manifest.json", run_id="20261130-120001-bbbbbb", backend="torchrun",
+                   rendezvous=None, launches=[NodeLaunch(Host(f"node{i + 1}"), i, 1, ("python3", "t.py"))
+                                              for i in range(2)],
+                   outcome=RunOutcome(0, "ok", None, [], 1.0, 2.0), facts=[], env={}, plan=None)
     (tmp_path / "run" / "state.json").unlink()
     rows = json.loads(run_fstrain("runs", "--all", "--json", env=env).stdout)["runs"]
     assert [(r["state"], r["exit_code"], r["nodes"]) for r in rows] == [("succeeded", 0, ["node1", "node2"])]

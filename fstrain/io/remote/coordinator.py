@@ -45,6 +45,13 @@ HEARTBEAT_S = 1.0
 STATE_EVERY_S = 2.0
 JOIN_TIMEOUT_S = 120.0  # a member that has not connected by then is lost
 TAIL_LINES = 10
+# The format versions this file writes and reads (fstrain/core/formats.py KINDS, read there by
+# name: this file runs alone on the node). Every message carries MESSAGE_FORMAT; a first
+# message of a newer one (a newer fstrain's `fstrain stop`) is refused with one line.
+MESSAGE_FORMAT = 1
+NODE_FORMAT = 1  # node<I>.json
+RUN_FORMAT = 1  # run.json, and the record in ``end``
+COORDINATOR_FORMAT = 1  # coordinator.json
 
 
 def write_json(path: str, document: dict[str, Any]) -> None:
@@ -53,6 +60,15 @@ def write_json(path: str, document: dict[str, Any]) -> None:
     with os.fdopen(fd, "w") as handle:
         json.dump(document, handle, indent=1)
     os.replace(partial, path)
+
+
+def unreadable(message: dict[str, Any]) -> str:
+    """Why this coordinator cannot act on a message ('' when it can): one of a newer format."""
+    found = message.get("format", 1)
+    if isinstance(found, int) and not isinstance(found, bool) and 1 <= found <= MESSAGE_FORMAT:
+        return ""
+    return (f"the run's coordinator reads coordinator messages of format {MESSAGE_FORMAT}, this request is format "
+            f"{found!r}: the run was started by an older fstrain")
 
 
 class Link:
@@ -64,7 +80,7 @@ class Link:
         self.lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> bool:
-        data = (json.dumps(message) + "\n").encode()
+        data = (json.dumps({"format": MESSAGE_FORMAT, **message}) + "\n").encode()
         with self.lock:
             try:
                 self.sock.sendall(data)
@@ -187,6 +203,7 @@ class Node:
     def state(self) -> dict[str, Any]:
         child = self.watchdog.child
         document: dict[str, Any] = {
+            "format": NODE_FORMAT,
             "run_id": self.header.get("run_id"), "node_rank": self.node_rank, "role": self.detach["role"],
             "hostname": socket.gethostname(), "watchdog_pid": os.getpid(),
             "job_pid": child.pid if child is not None else None, "started": self.started, "ended": self.ended,
@@ -360,6 +377,11 @@ class Coordinator:
         if first is None or not hmac.compare_digest(str(first.get("secret", "")).encode(), self.secret.encode()):
             link.close()
             return
+        refused = unreadable(first)
+        if refused:
+            link.send({"refused": refused, "hint": "stop it with the fstrain that started it"})
+            link.close()
+            return
         if first.get("control") == "stop":
             how = "kill" if first.get("how") == "kill" else "term"
             self.stop(how, "stopped", f"stopped by `fstrain stop` ({how})", first.get("grace_s"))
@@ -461,6 +483,7 @@ class Coordinator:
     def record(self) -> dict[str, Any]:
         with self.lock:
             return {
+                "format": RUN_FORMAT,
                 "run_id": self.node.header.get("run_id"), "state": self.state, "exit_code": self.exit_code,
                 "reason": self.reason, "first_failure_node_rank": self.first_failure,
                 "first_failure": self.nodes[self.first_failure]["failure"] if self.first_failure is not None else None,
@@ -542,7 +565,8 @@ def run_coordinator(node: Node, ready_w: int) -> None:
     signal.signal(signal.SIGTERM, lambda *_: coordinator.stop("term", "stopped", "SIGTERM to the coordinator"))
     with contextlib.suppress(OSError):
         write_json(os.path.join(node.run_dir, "coordinator.json"),
-                   {"address": detach["bind"], "port": port, "secret": coordinator.secret, "pid": os.getpid()})
+                   {"format": COORDINATOR_FORMAT,
+                    "address": detach["bind"], "port": port, "secret": coordinator.secret, "pid": os.getpid()})
     if node.output is not None:
         node.output.on_event = lambda payload: coordinator.event(0, payload)
     job = node.start_job(ready_w, {"port": port})

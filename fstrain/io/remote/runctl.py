@@ -20,6 +20,11 @@ import subprocess
 import sys
 from typing import Any
 
+# The format versions this file writes and reads (fstrain/core/formats.py KINDS, read there by
+# name: this file runs alone on the node).
+MESSAGE_FORMAT = 1  # the stop request to the coordinator
+COORDINATOR_FORMAT = 1  # coordinator.json
+
 
 def _read_json(path: str) -> Any:
     try:
@@ -100,9 +105,13 @@ def stop(run_dir: str, how: str, grace_s: str | None) -> dict[str, Any]:
     info = _read_json(os.path.join(run_dir, "coordinator.json"))
     if not info:
         return {"error": f"no coordinator record in {run_dir}"}
+    found = info.get("format", 1)
+    if not isinstance(found, int) or isinstance(found, bool) or not 1 <= found <= COORDINATOR_FORMAT:
+        return {"refused": f"coordinator.json is format {found!r}, this fstrain reads format {COORDINATOR_FORMAT}: "
+                           "the run was started by a newer fstrain", "hint": "upgrade fstrain"}
     try:
         with socket.create_connection((info["address"], int(info["port"])), timeout=10) as sock:
-            request = {"secret": info["secret"], "control": "stop", "how": how,
+            request = {"format": MESSAGE_FORMAT, "secret": info["secret"], "control": "stop", "how": how,
                        "grace_s": float(grace_s) if grace_s else None}
             sock.sendall((json.dumps(request) + "\n").encode())
             answer = sock.makefile("rb").readline()

@@ -57,6 +57,12 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
 EVENT_PREFIX = "fstrain-watchdog-event: "  # a JSON report for the launcher, not job output
+# The format versions this file reads and writes (fstrain/core/formats.py KINDS, read there by
+# name: this file runs alone on the node). A header of a newer format is refused: one line on
+# stderr, exit EXIT_FORMAT, nothing started.
+HEADER_FORMAT = 1
+NODE_FORMAT = 1  # the record in state_dir (~/.fstrain/active)
+EXIT_FORMAT = 125
 
 BOOTSTRAP = (
     "import sys,json;h=json.loads(sys.stdin.readline());"
@@ -271,7 +277,8 @@ class Watchdog:
         name = f"{self.header.get('run_id')}.node{self.header.get('node_rank')}.json"
         self.state_file = os.path.join(state_dir, name)
         with open(self.state_file, "w") as handle:
-            json.dump({"run_id": self.header.get("run_id"), "node_rank": self.header.get("node_rank"),
+            json.dump({"format": NODE_FORMAT, "run_id": self.header.get("run_id"),
+                       "node_rank": self.header.get("node_rank"),
                        "watchdog_pid": os.getpid(), "job_pid": self.child.pid, "started": time.time(),
                        "argv": self.header.get("argv")}, handle)
 
@@ -535,6 +542,12 @@ class RankLogTailer:
 
 
 def main(header: dict[str, Any]) -> None:
+    found = header.get("format", 1)
+    if not isinstance(found, int) or isinstance(found, bool) or not 1 <= found <= HEADER_FORMAT:
+        sys.stderr.write(f"fstrain watchdog: the header is format {found!r}, this watchdog reads format "
+                         f"{HEADER_FORMAT}: send both from one fstrain\n")
+        sys.stderr.flush()
+        os._exit(EXIT_FORMAT)
     if header.get("detach"):  # a detached run: the watchdogs supervise each other (coordinator.py)
         Watchdog(header).module("coordinator").main(header, Watchdog)
     watchdog = Watchdog(header)

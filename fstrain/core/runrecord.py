@@ -1,0 +1,140 @@
+"""The records this machine keeps of a run, as values: its index entry and a detached run's record.
+
+``~/.fstrain/launched/<run id>.json`` holds an :class:`IndexEntry`, ``RUN_DIR/detached.json`` a
+:class:`DetachedRecord`. ``to_dict`` writes the document with its format version
+(fstrain/core/formats.py); ``from_dict`` checks that version and the fields, naming the file.
+Pure: fstrain/io/runs.py reads and writes the files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fstrain.core.formats import check_format, stamped
+from fstrain.core.hostfile import Host
+from fstrain.errors import InputError
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One run started from this machine: where its local run directory is."""
+
+    run_id: str
+    run_dir: str
+    detached: bool
+    registered: float
+    client_pid: int | None = None  # an attached run's launcher, while it runs
+    kind: str = ""  # "slurm" for a `launch --slurm` submission
+    job_id: str | None = None
+
+    def to_dict(self, writer: str) -> dict[str, Any]:
+        return stamped({"run_id": self.run_id, "run_dir": self.run_dir, "detached": self.detached,
+                        "registered": self.registered, "client_pid": self.client_pid, "kind": self.kind,
+                        "job_id": self.job_id}, "index", writer)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> IndexEntry:
+        check_format(data, "index", where)
+        return cls(_text(data, "run_id", where), _text(data, "run_dir", where), bool(data.get("detached")),
+                   float(_number(data, "registered", where) or 0), _int_or_none(data, "client_pid", where),
+                   str(data.get("kind") or ""), None if data.get("job_id") is None else str(data["job_id"]))
+
+
+@dataclass(frozen=True)
+class DetachedNode:
+    """One node of a detached run, as `launch --detach` started it."""
+
+    host: Host
+    node_rank: int
+    nproc: int
+    rank_offset: int | None  # global rank of its local rank 0, where known at the start
+    run_dir: str  # on the node
+    watchdog_pid: int | None
+    job_pid: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": {"name": self.host.name, "user": self.host.user, "port": self.host.port},
+                "node_rank": self.node_rank, "nproc": self.nproc, "rank_offset": self.rank_offset,
+                "run_dir": self.run_dir, "watchdog_pid": self.watchdog_pid, "job_pid": self.job_pid}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> DetachedNode:
+        if not isinstance(data, Mapping) or not isinstance(data.get("host"), Mapping):
+            raise InputError("a node is not a mapping with a host", _HINT, where)
+        host = data["host"]
+        return cls(Host(_text(host, "name", where), host.get("user"), _int_or_none(host, "port", where)),
+                   _int(data, "node_rank", where), _int(data, "nproc", where), _int_or_none(data, "rank_offset", where),
+                   _text(data, "run_dir", where), _int_or_none(data, "watchdog_pid", where),
+                   _int_or_none(data, "job_pid", where))
+
+
+@dataclass(frozen=True)
+class DetachedRecord:
+    """RUN_DIR/detached.json: what `launch --detach` started, where, and how to reach it again."""
+
+    run_id: str
+    backend: str
+    started: float
+    python: str
+    grace_s: float
+    ssh_config: str | None
+    coordinator_address: str
+    coordinator_port: int | None
+    nodes: tuple[DetachedNode, ...]
+
+    @property
+    def hosts(self) -> list[Host]:
+        return [node.host for node in self.nodes]
+
+    def to_dict(self, writer: str) -> dict[str, Any]:
+        return stamped({"run_id": self.run_id, "backend": self.backend, "started": self.started,
+                        "python": self.python, "grace_s": self.grace_s, "ssh_config": self.ssh_config,
+                        "coordinator": {"address": self.coordinator_address, "port": self.coordinator_port},
+                        "nodes": [node.to_dict() for node in self.nodes]}, "detached", writer)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> DetachedRecord:
+        check_format(data, "detached", where)
+        coordinator = data.get("coordinator") or {}
+        nodes = data.get("nodes")
+        if not isinstance(coordinator, Mapping) or not isinstance(nodes, list) or not nodes:
+            raise InputError("no coordinator or no nodes recorded", _HINT, where)
+        return cls(_text(data, "run_id", where), str(data.get("backend") or ""),
+                   float(_number(data, "started", where) or 0), _text(data, "python", where),
+                   float(_number(data, "grace_s", where) or 0),
+                   None if data.get("ssh_config") is None else str(data["ssh_config"]),
+                   str(coordinator.get("address") or ""), _int_or_none(coordinator, "port", where),
+                   tuple(DetachedNode.from_dict(node, f"{where}: nodes[{i}]") for i, node in enumerate(nodes)))
+
+
+_HINT = "the file was changed by hand or cut short: start the run again, or remove it"
+
+
+def _text(data: Mapping[str, Any], key: str, where: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{key} must be non-empty text, got {value!r}", _HINT, where)
+    return value
+
+
+def _int(data: Mapping[str, Any], key: str, where: str) -> int:
+    value = _int_or_none(data, key, where)
+    if value is None:
+        raise InputError(f"{key} is missing", _HINT, where)
+    return value
+
+
+def _int_or_none(data: Mapping[str, Any], key: str, where: str) -> int | None:
+    value = data.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise InputError(f"{key} must be an integer, got {value!r}", _HINT, where)
+    return value
+
+
+def _number(data: Mapping[str, Any], key: str, where: str) -> float | None:
+    value = data.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise InputError(f"{key} must be a number, got {value!r}", _HINT, where)
+    return value
