@@ -21,11 +21,13 @@ import copy
 import dataclasses
 import json
 import math
+import re
 import statistics
+import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -387,6 +389,32 @@ def markdown_table(outcomes: list[Outcome]) -> str:
     return "\n".join(rows)
 
 
+
+def source_table(cases: Iterable[Case], outcomes: list[Outcome]) -> str:
+    """One row per source file: its runs, how many are scored, the median errors, the fit verdicts.
+
+    The numbers are those of the summary line of ``markdown_table`` restricted to one file; the
+    last row, over every file, equals that line.
+    """
+    cases = list(cases)
+    files = sorted({case.file for case in cases})
+    head = (
+        "| source | runs | expressible | scored | memory cases | median abs. memory error | throughput cases | "
+        "median abs. throughput error | fit verdict right |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [head]
+    for label, wanted in [*((f"`{name}`", {name}) for name in files), ("all", set(files))]:
+        mine = [o for o in outcomes if o.case.file in wanted]
+        mem, tput, counted = memory_errors(mine), throughput_errors(mine), scored(mine)
+        rows.append(
+            f"| {label} | {sum(case.file in wanted for case in cases)} | {len(mine)} | {len(counted)} | "
+            f"{len(mem)} | {_num(median_abs(mem), 1, ' %') if mem else '-'} | {len(tput)} | "
+            f"{_num(median_abs(tput), 1, ' %') if tput else '-'} | "
+            f"{sum(o.fit_agrees for o in counted)} of {len(counted)} |"
+        )
+    return "\n".join(rows)
+
+
 # --- the data itself --------------------------------------------------------------------------
 
 CASES = load_cases()
@@ -466,6 +494,26 @@ def test_needs_and_gaps_on_values() -> None:
     assert "precision=amp-bf16" in planner_gaps(wanting) or "amp-bf16" in _planfile_precisions()
 
 
+def test_source_table_on_values() -> None:
+    def case(file: str, memory: float | None, tokens: float | None, expressible: bool = True) -> Case:
+        measured = {"fits": True, "memory": memory, "memory_unit": "GiB", "tokens_per_s_per_gpu": tokens}
+        return Case(f"{file}-{memory}-{tokens}", file, {}, {}, {"expressible": expressible, "measured": measured})
+
+    fits = cast(Plan, types.SimpleNamespace(fits=True))
+    a1, a2 = case("a.yaml", 10, 100), case("a.yaml", 20, None)
+    b1, b2 = case("b.yaml", None, 100), case("b.yaml", 10, 100, expressible=False)
+    outcomes = [
+        Outcome(a1, fits, predicted_memory_bytes=11 * GIB, predicted_tokens_per_s_per_gpu=80),  # +10 %, -20 %
+        Outcome(a2, fits, predicted_memory_bytes=17 * GIB),  # -15 %
+        Outcome(b1, unsupported=("lora",)),
+    ]
+    assert source_table([a1, a2, b1, b2], outcomes).splitlines()[2:] == [
+        "| `a.yaml` | 2 | 2 | 2 | 2 | 12.5 % | 1 | 20.0 % | 2 of 2 |",
+        "| `b.yaml` | 2 | 1 | 0 | 0 | - | 0 | - | 0 of 0 |",
+        "| all | 4 | 3 | 2 | 2 | 12.5 % | 1 | 20.0 % | 2 of 2 |",
+    ]
+
+
 def _planfile_precisions() -> tuple[str, ...]:
     from fstrain.core import planfile
 
@@ -527,6 +575,17 @@ def test_median_throughput_error(outcomes: list[Outcome]) -> None:
     sources = {o.case.file for o in scored(outcomes) if o.case.measured_tokens_per_s_per_gpu() is not None}
     assert len(errors) >= 8 and len(sources) >= 3, f"{len(errors)} throughput cases from {len(sources)} sources"
     assert median_abs(errors) <= THROUGHPUT_TARGET_PCT, markdown_table(outcomes)
+
+
+def test_source_table_adds_up_to_the_summary_line(outcomes: list[Outcome]) -> None:
+    cells = [row.strip("| ").split(" | ") for row in source_table(CASES, outcomes).splitlines()[2:]]
+    assert [c[0] for c in cells] == [f"`{name}`" for name in sorted({case.file for case in CASES})] + ["all"]
+    assert sum(int(c[1]) for c in cells[:-1]) == int(cells[-1][1]) == len(CASES)
+    summary = re.search(r"Median \|memory error\| (\S+) % over (\d+) cases; median \|throughput error\| (\S+) % "
+                        r"over (\d+) cases; fit verdict right on (\d+) of (\d+);", markdown_table(outcomes))
+    assert summary, markdown_table(outcomes)
+    mem, mem_n, tput, tput_n, right, of = summary.groups()
+    assert cells[-1][2:] == [str(len(outcomes)), of, mem_n, f"{mem} %", tput_n, f"{tput} %", f"{right} of {of}"]
 
 
 def test_fit_verdict_agrees_on_every_expressible_case(outcomes: list[Outcome]) -> None:
