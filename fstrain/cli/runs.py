@@ -489,7 +489,8 @@ def _print_end(record: RunRecord, state: RunState, connect: Any, python: str) ->
     failure = final.get("first_failure")
     if failure:
         described = RankFailure(failure.get("rank"), failure.get("local_rank"), failure["exit_code"]).describe()
-        out.print(f"[red]first failure: {described} on node {final.get('first_failure_node_rank')}[/red]")
+        where = final.get("first_failure_host") or f"node {final.get('first_failure_node_rank')}"
+        out.print(f"[red]first failure: {described} on {where}[/red]")
     summary = _training_summary(record, connect)
     if summary is not None:
         from fstrain.cli.launch import print_training_summary

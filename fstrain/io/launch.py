@@ -48,6 +48,19 @@ from fstrain.core.launchspec import (
     split_rank_prefix,
 )
 from fstrain.core.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
+from fstrain.core.supervisor import (
+    COLLECT_STACKS,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    GAVE_UP,
+    GIVE_UP,
+    HANG_REPORT,
+    KILL,
+    TEARDOWN,
+    Decision,
+    Limits,
+    Supervisor,
+)
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool
@@ -55,14 +68,13 @@ from fstrain.io.localout import describe, warn
 from fstrain.io.relay import RelayQueue
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
-from fstrain.io.stall import EXIT_STALLED, StallWatch
+from fstrain.io.stall import HangReports
 from fstrain.io.transport.base import RunningCommand, Transport
 
 HEARTBEAT_INTERVAL_S = 1.0
 LIVENESS_INTERVAL_S = 2.0
-EXIT_LOST_HOST = 255  # like ssh when the connection is lost
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
+# The run's verdict as the manifest and `fstrain runs` have always named it ("ok" for a success)
+OUTCOME_REASONS = {"succeeded": "ok", "running": "ok"}
 REMOTE_RUNS = ".fstrain/runs"  # under the remote home
 REMOTE_STATE = "~/.fstrain/active"  # where watchdogs record active runs (for doctor --orphans)
 
@@ -270,6 +282,7 @@ class RunOutcome:
     started: float
     ended: float
     stall: dict[str, Any] | None = None  # the hang report (fstrain/io/stall.py), when stalled
+    detail: str = ""  # what failed, in words: "rank 3 (local rank 1) on node2 exited with 7"
 
 
 class _Stop:
@@ -340,9 +353,8 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
         for index, node in enumerate(nodes):
             _start_node(node, connect, python, options, events, prewarmed[index] if prewarmed else None)
         threading.Thread(target=_heartbeats, args=(nodes, events, options), daemon=True).start()
-        stall = StallWatch(options.stall_timeout_s, options.finish_timeout_s, options.run_dir) \
-            if options.stall_timeout_s or options.finish_timeout_s else None
-        outcome = _watch(nodes, events, stop, logs, secrets, options, stall)
+        hangs = HangReports(options.run_dir)
+        run = _watch(nodes, events, stop, logs, secrets, options, hangs)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -352,8 +364,9 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
             if node.transport is not None:
                 node.transport.close()
         logs.close()
-    return RunOutcome(outcome[0], outcome[1], outcome[2], nodes, started, time.time(),
-                      stall.document if stall is not None and outcome[1] == "stalled" else None)
+    state, exit_code, detail = run.verdict()
+    return RunOutcome(exit_code, OUTCOME_REASONS.get(state, state), run.first_failure, nodes, started, time.time(),
+                      hangs.document if state == "stalled" else None, detail)
 
 
 def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: str, options: RunOptions,
@@ -461,21 +474,21 @@ def _check_alive(node: NodeState, alive: Callable[[float], bool], events: queue.
 
 
 def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]], stop: _Stop, logs: _Logs,
-           secrets: Sequence[str], options: RunOptions, stall: StallWatch | None = None) -> tuple[int, str, int | None]:
-    exit_code, reason, first_failure = 0, "ok", None
-    stopping_since: float | None = None
-    kill_sent = False
+           secrets: Sequence[str], options: RunOptions, hangs: HangReports) -> Supervisor:
+    """Feed the supervisor what the nodes and the user do, and carry out what it decides,
+    until every node has ended."""
+    clock = time.monotonic
+    run = Supervisor([n.launch.host.name for n in nodes],
+                     Limits(stall_timeout_s=options.stall_timeout_s, finish_timeout_s=options.finish_timeout_s,
+                            grace_s=options.grace_s), clock())
     handled_signals = 0
-    while not all(n.done for n in nodes):
-        if len(stop.signals) > handled_signals:
-            handled_signals = len(stop.signals)
-            if stopping_since is None:
-                exit_code = EXIT_SIGINT if stop.signals[0] == signal.SIGINT else EXIT_SIGTERM
-                reason = "interrupted" if stop.signals[0] == signal.SIGINT else "terminated"
-                stopping_since = _stop_all(nodes, "term")
-            elif not kill_sent:  # a second Ctrl-C: skip the grace period
-                _stop_all(nodes, "kill")
-                kill_sent = True
+    while not run.ended:
+        for signum in stop.signals[handled_signals:]:  # the first asks for a graceful stop, the next kills
+            how = "term" if run.stopping_since_s is None else "kill"
+            state, code = ("interrupted", EXIT_SIGINT) if signum == signal.SIGINT else ("terminated", EXIT_SIGTERM)
+            _carry_out(run.stop(how, state, f"{state} ({signal.Signals(signum).name})", code, clock()),
+                       nodes, run, hangs, options)
+        handled_signals = len(stop.signals)
         try:
             kind, rank, a, b = events.get(timeout=0.2)
         except queue.Empty:
@@ -485,12 +498,15 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             if b.startswith(EVENT_PREFIX):  # the watchdog's report, not the job's output
                 payload = json.loads(b[len(EVENT_PREFIX):])
                 node.reader.observed(rank_exit_report(payload.get("rank_exit")))
-                if stall is not None:
-                    stall.event(rank, payload)
+                if "stacks" in payload:
+                    hangs.add(rank, payload["stacks"])
+                    run.stacks_reported(rank)
+                if payload.get("ranks_gone"):
+                    run.rank_finished(clock())
                 continue
             node.reader.feed(b)
-            if stall is not None and split_rank_prefix(b)[0] is not None:
-                stall.progress()
+            if split_rank_prefix(b)[0] is not None:
+                run.output(clock())
             _emit(node, a, redact(b, secrets), logs, options)
         elif kind in ("exit", "lost") and node is not None and not node.done:
             _show(node, node.launch.host.name, node.noise.flush(), options)
@@ -498,52 +514,43 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             if kind == "exit":
                 node.exit_code, node.error = a, b
                 node.failure = node_failure(node.launch.backend, a, node.reader.root_cause, node.launch.rank_offset)
+                decisions = run.node_exited(rank, a, clock(), failure_summary(node.failure), b)
             else:
                 node.error = a
                 if node.running is not None:
                     node.running.close()
-            if stall is not None:
-                stall.node_exited(node.exit_code)
-                stall.node_gone(rank)
-            failed = node.exit_code != 0
-            if failed and first_failure is None and stopping_since is None:
-                first_failure = rank
-                exit_code = node.exit_code if node.exit_code is not None else EXIT_LOST_HOST
-                if node.failure is not None:  # the rank's own code, not its launcher's
-                    exit_code = node.failure.exit_code
-                reason = "failed" if node.exit_code is not None else "lost"
-                stopping_since = _stop_all(nodes, "term")
-        if stall is not None and stopping_since is None and _stalled(nodes, stall, options):
-            exit_code, reason = EXIT_STALLED, "stalled"
-            stopping_since = _stop_all(nodes, "term")
-        if stopping_since is not None and time.monotonic() - stopping_since > options.grace_s + 10:
-            for straggler in nodes:  # no answer after the grace period: its watchdog cleans up alone
-                if not straggler.done:
-                    straggler.ended = time.time()
-                    straggler.error = straggler.error or "did not stop in time; its watchdog ends it"
-    return exit_code, reason, first_failure
+                decisions = run.node_lost(rank, a, clock())
+            _carry_out(decisions, nodes, run, hangs, options)
+        _carry_out(run.tick(clock()), nodes, run, hangs, options)
+    return run
 
 
-def _stalled(nodes: Sequence[NodeState], stall: StallWatch, options: RunOptions) -> bool:
-    """Ask for stacks once a timeout has passed; True once they are in (and written)."""
-    reason = stall.due(nodes)
-    if reason:
-        options.out.write(f"fstrain: {reason}: collecting every live rank's stacks\n")
-        options.out.flush()
-        stall.requested([n.launch.node_rank for n in nodes if not n.done])
-        _stop_all(nodes, "stacks")
-    if stall.document is None and stall.collected():
-        stall.write()
-        return True
-    return False
+def _carry_out(decisions: Sequence[Decision], nodes: Sequence[NodeState], run: Supervisor, hangs: HangReports,
+               options: RunOptions) -> None:
+    for decision in decisions:
+        chosen = [nodes[i] for i in decision.nodes]
+        if decision.action in (TEARDOWN, KILL):
+            _stop_all(nodes, chosen, "kill" if decision.action == KILL else "term")
+        elif decision.action == COLLECT_STACKS:
+            options.out.write(f"fstrain: {run.stall_reason}: collecting every live rank's stacks\n")
+            options.out.flush()
+            _stop_all(nodes, chosen, "stacks")
+        elif decision.action == HANG_REPORT:
+            hangs.write(run.stall_reason, decision.nodes)
+        elif decision.action == GIVE_UP:  # no answer after the grace period: its watchdog cleans up alone
+            for straggler in chosen:
+                straggler.ended = time.time()
+                straggler.error = straggler.error or GAVE_UP
 
 
-def _stop_all(nodes: Sequence[NodeState], how: str) -> float:
-    for node in nodes:
-        node.noise.stopping = True  # from now on, the launchers' teardown tracebacks are folded
+def _stop_all(nodes: Sequence[NodeState], chosen: Sequence[NodeState], how: str) -> None:
+    """Send ``how`` (term, kill, stacks) to the chosen nodes' watchdogs."""
+    if how != "stacks":
+        for node in nodes:
+            node.noise.stopping = True  # from now on, the launchers' teardown tracebacks are folded
+    for node in chosen:
         if node.running is not None and not node.done:
             node.running.write(f"{how}\n".encode())
-    return time.monotonic()
 
 
 def _emit(node: NodeState, stream: str, line: str, logs: _Logs, options: RunOptions) -> None:

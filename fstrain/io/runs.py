@@ -66,13 +66,13 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     secret = secrets.token_hex(16)
     core = Path(__file__).resolve().parent.parent / "core"  # pure, stdlib-only modules the nodes run too
     modules = {"coordinator": source("coordinator"), "rankexit": (core / "rankexit.py").read_text(),
-               "analysis": (core / "stacks.py").read_text()}
+               "analysis": (core / "stacks.py").read_text(), "supervisor": (core / "supervisor.py").read_text()}
 
     def header(launch: NodeLaunch, detach: dict[str, Any]) -> bytes:
         document = watchdog_header(launch, options)
         document["modules"] = {**document.get("modules", {}), **modules}
         document["detach"] = {"secret": secret, "nnodes": len(launches), "redact": secret_values(launch.env),
-                              **detach}
+                              "names": [other.host.name for other in launches], **detach}
         return (json.dumps(document) + "\n").encode()
 
     first = _start_one(launches[0], connect, python,

@@ -40,7 +40,6 @@ from typing import Any, NoReturn
 
 EVENT_PREFIX = "fstrain-watchdog-event: "  # the watchdog's reports (as in watchdog.py), not job output
 STACKS_WAIT_S = 30.0  # for every live node's stacks report, after a stall
-EXIT_STALLED = 124  # as the attached launcher's (fstrain/io/stall.py)
 HEARTBEAT_S = 1.0
 STATE_EVERY_S = 2.0
 JOIN_TIMEOUT_S = 120.0  # a member that has not connected by then is lost
@@ -121,7 +120,8 @@ class Output:
         self.read_fd = read_fd
         self.path = path
         self.secrets = [s.encode() for s in secrets]  # values written as **** (the launcher's rule)
-        self.last_at: float | None = None
+        self.last_at: float | None = None  # the time of day of the last rank line (shown by `fstrain status`)
+        self.last_output_mono: float | None = None  # the same on this node's monotonic clock (for the rules)
         self.ranks: dict[str, dict[str, Any]] = {}
         self.tail: list[str] = []
         self.lock = threading.Lock()
@@ -165,6 +165,7 @@ class Output:
             if local is None:
                 return
             self.last_at = now
+            self.last_output_mono = time.monotonic()
             entry = self.ranks.setdefault(local, {})
             entry.update(last_output_at=now, last_line=line[-300:])
             if " step " in f" {line} ":
@@ -274,70 +275,97 @@ class Node:
 
 
 class Coordinator:
-    """Node 0: the members' links, the run's state, the rules."""
+    """Node 0: the members' links and the run's record. The rules are the supervisor's
+    (fstrain/core/supervisor.py, sent in the header as ``supervisor``), on this node's
+    monotonic clock: members report how long ago their ranks printed, never a time of day."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.secret = str(node.detach["secret"])
         self.nnodes = int(node.detach["nnodes"])
-        self.heartbeat_timeout_s = float(node.header.get("heartbeat_timeout_s", 30))
+        header = node.header
+        self.rules = node.watchdog.module("supervisor")
+        self.analysis = node.watchdog.module("analysis")
+        names = node.detach.get("names") or [f"node {i}" for i in range(self.nnodes)]
+        limits = self.rules.Limits(
+            stall_timeout_s=header.get("stall_timeout_s"), finish_timeout_s=header.get("finish_timeout_s"),
+            heartbeat_timeout_s=float(header.get("heartbeat_timeout_s", 30)), join_timeout_s=JOIN_TIMEOUT_S,
+            grace_s=float(header.get("grace_s", 15)), stacks_wait_s=STACKS_WAIT_S)
+        self.run = self.rules.Supervisor(names, limits, time.monotonic(), joined=False)
         self.lock = threading.RLock()
         self.links: dict[int, Link] = {}
-        self.nodes: dict[int, dict[str, Any]] = {
-            i: {"joined": i == 0, "last_seen": time.monotonic(), "ended": None, "exit_code": None, "failure": None,
-                "error": None, "output_at": None} for i in range(self.nnodes)}
-        self.state = "starting"
-        self.exit_code: int | None = None
-        self.first_failure: int | None = None
-        self.reason = ""
-        self.stopping = False
+        self.ended_at: dict[int, float] = {}  # node -> the time of day it ended, for the record
+        self.stacks: dict[int, Any] = {}
+        self.stall: dict[str, Any] | None = None
         self.started = time.time()
         self.listener: socket.socket | None = None
         self.finished = False
-        header = node.header
-        self.stall_timeout_s = header.get("stall_timeout_s")
-        self.finish_timeout_s = header.get("finish_timeout_s")
-        self.first_finish: float | None = None
-        self.stall_reason = ""
-        self.stall_requested_at = 0.0
-        self.stall_waiting: set[int] = set()
-        self.stall_reports: dict[int, Any] = {}
-        self.stall: dict[str, Any] | None = None
+
+    # -- events in ------------------------------------------------------------------------------
 
     def event(self, rank: int, payload: dict[str, Any]) -> None:
         """A node's watchdog report: its ranks' stacks, or ranks whose process ended."""
         with self.lock:
             if "stacks" in payload:
-                self.stall_reports[rank] = payload["stacks"]
-                self.stall_waiting.discard(rank)
-            if payload.get("ranks_gone") and self.first_finish is None:
-                self.first_finish = time.time()
+                self.stacks[rank] = payload["stacks"]
+                self.run.stacks_reported(rank)
+            if payload.get("ranks_gone"):
+                self.run.rank_finished(time.monotonic())
 
-    def check_stall(self) -> None:
-        """--stall-timeout / --finish-timeout: ask every live node for its stacks, then stop the
-        run as stalled once they are in (fstrain/core/stacks.py names the odd ranks)."""
-        if not (self.stall_timeout_s or self.finish_timeout_s) or self.stopping:
-            return
-        hangs = self.node.watchdog.module("analysis")
-        if not self.stall_reason:
-            outputs = [n["output_at"] for n in self.nodes.values() if n["output_at"]]
-            if self.node.output is not None and self.node.output.last_at:
-                outputs.append(self.node.output.last_at)
-            self.stall_reason = hangs.stall_reason(time.time(), max(outputs, default=None), self.first_finish,
-                                                   self.stall_timeout_s, self.finish_timeout_s)
-            if not self.stall_reason:
-                return
+    def output_age(self, age_s: Any) -> None:
+        """A node's ranks printed ``age_s`` seconds ago (measured there, on its own clock)."""
+        if isinstance(age_s, (int, float)) and not isinstance(age_s, bool) and age_s >= 0:
             with self.lock:
-                self.stall_requested_at = time.monotonic()
-                self.stall_waiting = {r for r, n in self.nodes.items() if n["ended"] is None}
-                links = dict(self.links)
-            threading.Thread(target=self.node.watchdog.report_stacks, daemon=True).start()
-            for link in links.values():
-                link.send({"stacks": True})
-            return
-        if self.stall_waiting and time.monotonic() - self.stall_requested_at < STACKS_WAIT_S:
-            return
-        document, files = hangs.hang_report(self.stall_reports, self.stall_reason, sorted(self.stall_waiting))
+                self.run.output(time.monotonic() - float(age_s))
+
+    def node_exit(self, rank: int, code: Any, failure: Any) -> None:
+        with self.lock:
+            code = code if isinstance(code, int) and not isinstance(code, bool) else None
+            self.carry_out(self.run.node_exited(rank, code, time.monotonic(), failure,
+                                                None if code is not None else "no exit status came back"))
+            self.ended_at.setdefault(rank, time.time())
+
+    def lost(self, rank: int, why: str) -> None:
+        with self.lock:
+            self.carry_out(self.run.node_lost(rank, why, time.monotonic()))
+            self.ended_at.setdefault(rank, time.time())
+
+    def stop(self, how: str, state: str, reason: str, grace_s: Any = None) -> None:
+        grace = float(grace_s) if isinstance(grace_s, (int, float)) and not isinstance(grace_s, bool) else None
+        with self.lock:
+            self.carry_out(self.run.stop(how, state, reason, self.rules.EXIT_SIGTERM, time.monotonic(), grace))
+
+    # -- decisions out ----------------------------------------------------------------------------
+
+    def carry_out(self, decisions: list[Any]) -> None:
+        """Do what the supervisor decided (called with the lock held)."""
+        for decision in decisions:
+            if decision.action in (self.rules.TEARDOWN, self.rules.KILL):
+                how = "kill" if decision.action == self.rules.KILL else "term"
+                grace = decision.grace_s
+                if grace is not None:
+                    self.node.watchdog.grace_s = grace
+                for rank in decision.nodes:
+                    if rank == 0:
+                        self.node.watchdog.request(how)
+                    elif rank in self.links:
+                        self.links[rank].send({"stop": how, "grace_s": grace})
+            elif decision.action == self.rules.COLLECT_STACKS:
+                for rank in decision.nodes:
+                    if rank == 0:
+                        threading.Thread(target=self.node.watchdog.report_stacks, daemon=True).start()
+                    elif rank in self.links:
+                        self.links[rank].send({"stacks": True})
+            elif decision.action == self.rules.HANG_REPORT:
+                self.stall = self.write_hang_report(decision.nodes)
+            elif decision.action == self.rules.GIVE_UP:
+                for rank in decision.nodes:
+                    self.ended_at.setdefault(rank, time.time())
+
+    def write_hang_report(self, unanswered: Any) -> dict[str, Any]:
+        """RUN_DIR/stacks: a file per rank and stack tool, and report.json (fstrain/core/stacks.py
+        names the odd ranks)."""
+        document, files = self.analysis.hang_report(self.stacks, self.run.stall_reason, sorted(unanswered))
         folder = os.path.join(self.node.run_dir, "stacks")
         with contextlib.suppress(OSError):
             os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -346,11 +374,9 @@ class Coordinator:
                     handle.write(text)
             document["folder"] = folder
             write_json(os.path.join(folder, "report.json"), document)
-        with self.lock:
-            if not self.stopping:
-                self.stall = document
-                self.state, self.reason, self.exit_code = "stalled", self.stall_reason, EXIT_STALLED
-                self.stop_all("term")
+        return document
+
+    # -- links ---------------------------------------------------------------------------------
 
     def listen(self, address: str) -> int:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -394,111 +420,68 @@ class Coordinator:
             return
         with self.lock:
             self.links[rank] = link
-            self.nodes[rank].update(joined=True, last_seen=time.monotonic())
-            if self.stopping:
-                link.send({"stop": "term"})
+            decisions = self.run.node_joined(rank, time.monotonic())
+            self.carry_out(decisions)
         for message in messages:
             with self.lock:
-                self.nodes[rank]["last_seen"] = time.monotonic()
-                if "output_at" in message:
-                    self.nodes[rank]["output_at"] = message["output_at"]
+                self.run.heard(rank, time.monotonic())
+            if "output_age_s" in message:
+                self.output_age(message["output_age_s"])
             if "event" in message:
                 self.event(rank, message["event"])
             if "exit" in message:
                 self.node_exit(rank, message.get("exit"), message.get("failure"))
-        if self.nodes[rank]["ended"] is None:
+        if not self.run.nodes[rank].done:
             self.lost(rank, "its watchdog's connection closed")
 
-    def node_exit(self, rank: int, code: Any, failure: Any) -> None:
-        with self.lock:
-            entry = self.nodes[rank]
-            if entry["ended"] is not None:
-                return
-            entry.update(ended=time.time(), exit_code=code, failure=failure)
-            if code == 0 and self.first_finish is None:
-                self.first_finish = time.time()
-            if code != 0 and self.first_failure is None and not self.stopping:
-                self.first_failure = rank
-                self.exit_code = int(failure["exit_code"]) if failure else int(code if code is not None else 255)
-                self.state, self.reason = "failed", f"node {rank}'s job failed"
-                self.stop_all("term")
-
-    def lost(self, rank: int, why: str) -> None:
-        with self.lock:
-            entry = self.nodes[rank]
-            if entry["ended"] is not None:
-                return
-            entry.update(ended=time.time(), error=why)
-            if self.first_failure is None and not self.stopping:
-                self.first_failure = rank
-                self.exit_code = 255
-                self.state, self.reason = "lost", f"node {rank} was lost: {why}"
-                self.stop_all("term")
-
-    def stop(self, how: str, state: str, reason: str, grace_s: Any = None) -> None:
-        with self.lock:
-            if not self.stopping:
-                self.state, self.reason, self.exit_code = state, reason, 143
-                self.stop_all(how, grace_s)
-            elif how == "kill":
-                self.stop_all("kill")
-
-    def stop_all(self, how: str, grace_s: Any = None) -> None:
-        self.stopping = True
-        if grace_s is not None:
-            self.node.watchdog.grace_s = float(grace_s)
-        self.node.watchdog.request(how)
-        for link in list(self.links.values()):
-            link.send({"stop": how, "grace_s": grace_s})
-
     def tick(self) -> None:
-        """Heartbeats out; members that never joined or went silent are lost."""
+        """Heartbeats out, this node's own output and liveness in, and time passing."""
         while not self.all_ended():
             now = time.monotonic()
             self.node.watchdog.last_heartbeat = now  # the coordinator is its own launcher
             with self.lock:
                 links = dict(self.links)
-                if self.state == "starting" and all(n["joined"] for n in self.nodes.values()):
-                    self.state = "running"
+                self.run.heard(0, now)
+                output = self.node.output
+                if output is not None and output.last_output_mono is not None:
+                    self.run.output(output.last_output_mono)
             for link in links.values():
                 link.send({"hb": time.time()})
-            self.check_stall()
             with self.lock:
+                self.carry_out(self.run.tick(time.monotonic()))
                 if not self.finished:  # for `fstrain status` and `fstrain runs` while the run lasts
                     with contextlib.suppress(OSError):
                         write_json(os.path.join(self.node.run_dir, "run.json"), self.record())
-            for rank, entry in self.nodes.items():
-                if rank == 0 or entry["ended"] is not None:
-                    continue
-                if not entry["joined"] and time.time() - self.started > JOIN_TIMEOUT_S:
-                    self.lost(rank, f"its watchdog did not connect within {JOIN_TIMEOUT_S:g} s")
-                elif entry["joined"] and now - entry["last_seen"] > self.heartbeat_timeout_s:
-                    self.lost(rank, f"no heartbeat for {self.heartbeat_timeout_s:g} s")
             time.sleep(HEARTBEAT_S)
+
+    # -- the record -----------------------------------------------------------------------------
 
     def all_ended(self) -> bool:
         with self.lock:
-            return all(n["ended"] is not None for n in self.nodes.values())
+            return bool(self.run.ended)
 
     def record(self) -> dict[str, Any]:
         with self.lock:
+            state, exit_code, reason = self.run.verdict()
+            first = self.run.first_failure
+            ended = self.all_ended()
+            nodes = {str(i): {"name": n.name, "joined": n.joined, "ended": self.ended_at.get(i),
+                              "exit_code": n.exit_code, "failure": n.failure, "error": n.error}
+                     for i, n in enumerate(self.run.nodes)}
             return {
                 "format": RUN_FORMAT,
-                "run_id": self.node.header.get("run_id"), "state": self.state, "exit_code": self.exit_code,
-                "reason": self.reason, "first_failure_node_rank": self.first_failure,
-                "first_failure": self.nodes[self.first_failure]["failure"] if self.first_failure is not None else None,
-                "started": self.started, "ended": None if not self.all_ended() else time.time(),
-                "nodes": {str(i): {k: v for k, v in n.items() if k != "last_seen"} for i, n in self.nodes.items()},
-                "stall": self.stall,
+                "run_id": self.node.header.get("run_id"), "state": state,
+                "exit_code": exit_code if ended or state not in self.rules.LIVE_STATES else None,
+                "reason": reason, "first_failure_node_rank": first,
+                "first_failure_host": self.run.nodes[first].name if first is not None else None,
+                "first_failure": self.run.nodes[first].failure if first is not None else None,
+                "started": self.started, "ended": None if not ended else time.time(),
+                "nodes": nodes, "stall": self.stall,
             }
 
     def finish(self) -> dict[str, Any]:
         with self.lock:
             self.finished = True
-            if self.state in ("starting", "running"):
-                codes = [n["exit_code"] for n in self.nodes.values()]
-                self.state = "succeeded" if all(c == 0 for c in codes) else "failed"
-                self.exit_code = 0 if self.state == "succeeded" else next(c for c in codes if c != 0)
         record = self.record()
         with contextlib.suppress(OSError):
             write_json(os.path.join(self.node.run_dir, "run.json"), record)
@@ -610,8 +593,8 @@ def run_member(node: Node, ready_w: int) -> None:
 
     def beat() -> None:
         while not ended.is_set():
-            output_at = node.output.last_at if node.output else None
-            link.send({"hb": time.time(), "output_at": output_at})
+            last = node.output.last_output_mono if node.output else None
+            link.send({"hb": time.time(), "output_age_s": None if last is None else time.monotonic() - last})
             time.sleep(HEARTBEAT_S)
 
     if node.output is not None:
