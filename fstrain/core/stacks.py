@@ -137,20 +137,7 @@ def analyse(dumps: Mapping[int, str], after_finish: bool = False) -> HangReport:
     return HangReport(found, odd, common)
 
 
-FINISHED_REASON = "some ranks finished"  # how a --finish-timeout reason starts
-
-
-def stall_reason(now_s: float, last_progress_s: float | None, first_finish_s: float | None,
-                 stall_timeout_s: float | None, finish_timeout_s: float | None) -> str:
-    """Why the run counts as hung at ``now_s``, or "": some ranks finished ``finish_timeout_s``
-    ago while others run on, or no rank printed for ``stall_timeout_s`` since the last rank line
-    (one clock for all). Before any rank printed (``last_progress_s`` None) nothing counts as
-    stalled: start-up (imports on a busy node, the rendezvous) has its own timeouts."""
-    if finish_timeout_s is not None and first_finish_s is not None and now_s - first_finish_s >= finish_timeout_s:
-        return f"{FINISHED_REASON} {finish_timeout_s:g} s ago and others are still running"
-    if stall_timeout_s is not None and last_progress_s is not None and now_s - last_progress_s >= stall_timeout_s:
-        return f"no rank printed anything for {stall_timeout_s:g} s"
-    return ""
+FINISHED_REASON = "some ranks finished"  # how a --finish-timeout reason starts (fstrain/core/supervisor.py)
 
 
 def flight_recorder_lag(records: Mapping[int, Mapping[str, Any]]) -> tuple[list[int], list[str]]:

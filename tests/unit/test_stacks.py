@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fstrain.core.duration import parse_duration_s
-from fstrain.core.stacks import Frame, analyse, hang_report, in_collective, parse_stacks, stall_reason, where
+from fstrain.core.stacks import Frame, analyse, hang_report, in_collective, parse_stacks, where
 from fstrain.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "stacks"
@@ -64,15 +64,6 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(InputError, match="--x"):
         parse_duration_s(text, "--x")
-
-
-def test_stall_reasons() -> None:
-    assert stall_reason(100, 90, None, 20, None) == ""
-    assert stall_reason(100, 80, None, 20, None) == "no rank printed anything for 20 s"
-    assert stall_reason(100, 99, 70, 20, 30).startswith("some ranks finished 30 s ago")
-    assert stall_reason(100, 99, 75, None, 30) == ""
-    assert stall_reason(100, 0, None, None, None) == ""
-    assert stall_reason(100, None, None, 20, None) == ""  # no rank printed yet: start-up
 
 
 def test_hang_report_from_node_reports() -> None:

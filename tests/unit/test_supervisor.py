@@ -223,6 +223,8 @@ def test_stall_reason_on_one_clock() -> None:
     assert stall_reason(100.0, 90.0, None, 10, None) == "no rank printed anything for 10 s"
     assert stall_reason(100.0, 90.5, None, 10, None) == ""
     assert stall_reason(100.0, 99.0, 80.0, 10, 20).startswith("some ranks finished 20 s ago")
+    assert stall_reason(100.0, 99.0, 75.0, None, 30) == ""
+    assert stall_reason(100.0, 0.0, None, None, None) == ""
 
 
 def test_describe_failure_names_what_is_known() -> None:
