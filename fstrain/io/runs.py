@@ -391,16 +391,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def read_output(transport: Transport, run_dir: str, node_rank: int, offset: int) -> tuple[str, int]:
-    """New bytes of a node's output file from ``offset`` on: (text up to the last whole line, new offset)."""
-    result = transport.run(["tail", "-c", f"+{offset + 1}", f"{run_dir}/node{node_rank}.out"], timeout_s=60)
-    if not result.ok:
-        return "", offset
-    text = result.stdout
-    whole = text[: text.rfind("\n") + 1]
-    return whole, offset + len(whole.encode())
-
-
 def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, run_dir: str,
                  how: str, grace_s: float | None = None) -> dict[str, Any]:
     """Ask the coordinator (through node 0 itself) to stop the run."""

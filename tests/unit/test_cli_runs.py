@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -17,9 +18,14 @@ def attached_run(home: Path, folder: Path, run_id: str, reason: str, exit_code: 
         "ended": time.time() - 30, "nodes": [{"host": "localhost"}]}))
     (folder / "logs" / "localhost.log").write_text("[localhost r0] hello\n[localhost r1] world\n")
     (folder / "logs" / "localhost.r1.log").write_text("[localhost r1] world\n")
+    index_entry(home, run_id, folder, detached=False)
+
+
+def index_entry(home: Path, run_id: str, folder: Path, *, detached: bool) -> None:
+    """This machine's index entry for a run, as `launch` registers it (its client long gone)."""
     index = home / ".fstrain" / "launched"
     index.mkdir(parents=True, exist_ok=True)
-    (index / f"{run_id}.json").write_text(json.dumps({"run_id": run_id, "run_dir": str(folder), "detached": False,
+    (index / f"{run_id}.json").write_text(json.dumps({"run_id": run_id, "run_dir": str(folder), "detached": detached,
                                                       "registered": time.time() - 60, "client_pid": 0}))
 
 
@@ -67,3 +73,41 @@ def test_status_of_an_attached_run_is_its_manifest(tmp_path: Path) -> None:
     document = json.loads(run_fstrain("status", "20261130-120000-aaaaaa", "--json", env={"HOME": str(home)}).stdout)
     assert (document["state"], document["exit_code"], document["detached"]) == ("failed", 7, False)
     assert document["nodes"][0]["host"] == "localhost"
+
+
+def detached_run(home: Path, folder: Path, run_id: str, hosts: list[dict], node_dirs: list[Path]) -> None:
+    """A detached run as `launch --detach` records it here (the nodes' files are the caller's)."""
+    folder.mkdir(parents=True)
+    (folder / "detached.json").write_text(json.dumps({
+        "run_id": run_id, "started": time.time() - 60, "python": sys.executable, "ssh_config": None,
+        "nodes": [{"host": host, "node_rank": i, "nproc": 2, "rank_offset": 2 * i, "run_dir": str(node_dirs[i])}
+                  for i, host in enumerate(hosts)]}))
+    index_entry(home, run_id, folder, detached=True)
+
+
+def test_logs_of_a_detached_run_name_the_host_that_could_not_be_read(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    node0 = tmp_path / "node0"
+    node0.mkdir()
+    now = time.time()
+    (node0 / "node0.out").write_bytes(b"%.3f [default1]:bad \xff byte\n%.3f [default1]:tag kept\n" % (now - 5, now - 4))
+    # node1 is a host whose SSH port refuses connections (loopback, port 1).
+    config = tmp_path / "ssh_config"
+    config.write_text("Host deadnode\n  HostName 127.0.0.1\n  Port 1\n  ConnectTimeout 5\n")
+    hosts = [{"name": "localhost", "user": None, "port": None}, {"name": "deadnode", "user": None, "port": None}]
+    detached_run(home, tmp_path / "run", "20261130-140000-cccccc", hosts, [node0, tmp_path / "node1"])
+    env = {"HOME": str(home)}
+    logs = run_fstrain("logs", "20261130-14", "--ssh-config", str(config), env=env)
+    assert logs.stdout == "[localhost r1] bad \ufffd byte\n[localhost r1] tag kept\n"
+    assert logs.returncode == 1
+    assert logs.stderr.startswith("error: deadnode: its output could not be read: ") and logs.stderr.count("\n") == 1
+    only = run_fstrain("logs", "20261130-14", "--host", "localhost", "--tail", "1", "--since", "1m", env=env)
+    assert (only.returncode, only.stdout, only.stderr) == (0, "[localhost r1] tag kept\n", "")
+
+
+def test_since_is_refused_where_lines_have_no_time(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "ok", 0)
+    logs = run_fstrain("logs", "20261130-12", "--since", "5m", env={"HOME": str(home)})
+    assert logs.returncode == 2
+    assert logs.stderr.startswith("error: --since: --since needs the time of each line, and an attached run's")
