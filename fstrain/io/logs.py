@@ -24,13 +24,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fstrain.core import logtail
 from fstrain.core.hostfile import Host
 from fstrain.errors import FstrainError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line
-from fstrain.io.transport.base import Transport
+
+if TYPE_CHECKING:
+    from fstrain.io.transport.base import Transport
 
 LIMIT_BYTES = 8 << 20  # of a node's file per remote read: the most one answer holds here
 READ_TIMEOUT_S = 120.0  # one remote read: LIMIT_BYTES over a slow link, or a tail
