@@ -105,8 +105,8 @@ class NodeOutputs:
                 if tail is not None or not answer.get("more"):
                     break
             self.failed.pop(node.host.label(), None)
-        except Unread as exc:
-            why = str(exc)
+        except Exception as exc:  # in this thread it would be a traceback and a node silently missing
+            why = str(exc) if isinstance(exc, Unread) else f"{type(exc).__name__}: {exc}"
             for name in (node.host.label(), node.host.name):  # the host is named where the reason is shown
                 why = why.removeprefix(f"{name}: ")
             self.failed[node.host.label()] = why

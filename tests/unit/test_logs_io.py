@@ -122,6 +122,15 @@ def test_a_node_that_cannot_be_read_is_named_and_the_others_are_read(tmp_path: P
     outputs = NodeOutputs(nodes[:1], local, "/nonexistent/python3")
     assert list(outputs.read()) == []
     assert outputs.failed == {"localhost": "/nonexistent/python3: command not found"}
+    # An unexpected failure in a node's reader names the node too (no traceback from its thread).
+
+    class Broken(LocalTransport):
+        def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+                timeout_s: float | None = None) -> CommandResult:
+            raise RuntimeError("channel closed")
+
+    outputs = NodeOutputs(nodes[:1], lambda h: Broken(h.name), sys.executable)
+    assert list(outputs.read()) == [] and outputs.failed == {"localhost": "RuntimeError: channel closed"}
 
 
 def test_a_node_file_not_written_yet_is_empty(tmp_path: Path) -> None:
