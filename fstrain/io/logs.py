@@ -16,6 +16,7 @@ ended, whatever bytes the lines hold.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import os
 import queue
@@ -34,9 +35,10 @@ from fstrain.io.remote import LINE_BOOTSTRAP, as_line
 if TYPE_CHECKING:
     from fstrain.io.transport.base import Transport
 
-LIMIT_BYTES = 8 << 20  # of a node's file per remote read: the most one answer holds here
+LIMIT_BYTES = 2 << 20  # of a node's file per remote read: about what one node's answer holds here
 READ_TIMEOUT_S = 120.0  # one remote read: LIMIT_BYTES over a slow link, or a tail
-QUEUE_LINES = 4096  # per node: lines read but not printed yet (the reader waits beyond that)
+BATCH_LINES = 1024  # lines handed from a node's reader to the merge at a time
+QUEUE_BATCHES = 4  # per node, read but not printed yet (the reader waits beyond that)
 
 
 @dataclass(frozen=True)
@@ -76,14 +78,15 @@ class NodeOutputs:
         each ending with a newline; with ``tail``, only the last ``tail`` of them (each node's
         last ``tail``, read backwards from the end, then merged). Once it is exhausted,
         :attr:`failed` names the hosts that could not be read."""
-        channels: list[queue.Queue[tuple[float, str] | None]] = [queue.Queue(QUEUE_LINES) for _ in self.nodes]
+        channels: list[queue.Queue[list[tuple[float, str]] | None]] = [queue.Queue(QUEUE_BATCHES)
+                                                                       for _ in self.nodes]
         threads = [threading.Thread(target=self._pump, args=(index, tail, channel), daemon=True,
                                     name=f"fstrain-logs-{node.host.label()}")
                    for index, (node, channel) in enumerate(zip(self.nodes, channels, strict=True))]
         for thread in threads:
             thread.start()
-        merged: Iterable[tuple[float, str]] = heapq.merge(*(iter(c.get, None) for c in channels),
-                                                          key=lambda item: item[0])
+        merged: Iterable[tuple[float, str]] = heapq.merge(
+            *(itertools.chain.from_iterable(iter(c.get, None)) for c in channels), key=lambda item: item[0])
         if tail is not None:
             merged = deque(merged, maxlen=tail)
         for _, line in merged:
@@ -91,16 +94,23 @@ class NodeOutputs:
         for thread in threads:
             thread.join()
 
-    def _pump(self, index: int, tail: int | None, channel: queue.Queue[tuple[float, str] | None]) -> None:
-        """Read one node's new lines into ``channel`` (None at the end), a remote read at a time."""
+    def _pump(self, index: int, tail: int | None, channel: queue.Queue[list[tuple[float, str]] | None]) -> None:
+        """Read one node's new lines into ``channel`` in batches (None at the end), a remote read
+        at a time."""
         node = self.nodes[index]
         try:
             while True:
                 text, answer = self._ask(index, tail)
+                batch: list[tuple[float, str]] = []
                 for line in text.split("\n")[:-1]:
                     at, rank, rest = logtail.node_line(line.rstrip("\r"), node.rank_offset)
                     tag = node.host.name if rank is None else f"{node.host.name} r{rank}"
-                    channel.put((at, f"[{tag}] {rest}\n"))
+                    batch.append((at, f"[{tag}] {rest}\n"))
+                    if len(batch) == BATCH_LINES:
+                        channel.put(batch)
+                        batch = []
+                if batch:
+                    channel.put(batch)
                 self.offsets[index] = int(answer["offset"])
                 if tail is not None or not answer.get("more"):
                     break
