@@ -7,7 +7,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from fstrain.cli.output import console, print_json
 if TYPE_CHECKING:
     from fstrain.core.runstate import RunState
     from fstrain.io.launch import RunOutcome
+    from fstrain.io.logs import NodeOutputs
     from fstrain.io.runs import RunRecord
 
 PYTHON = typer.Option("python3", "--python", help="Interpreter on the hosts.")
@@ -287,58 +288,54 @@ def status_command(
 # -- fstrain logs / attach ----------------------------------------------------------------------
 
 
-def _log_lines(record: RunRecord, node_index: int, text: str) -> list[tuple[float, int | None, str]]:
-    """(time, global rank, tagged line) for each line of a node's output file."""
-    from fstrain.core.launchspec import split_rank_prefix
-    from fstrain.core.runstate import rank_of
+def _node_outputs(record: RunRecord, connect: Any, python: str, hosts: list[str], rank: int | None,
+                  since: float | None) -> NodeOutputs:
+    """The chosen nodes' output files of a detached run (every node's without ``hosts``)."""
+    from fstrain.io.logs import NodeFile, NodeOutputs
 
     assert record.detached is not None
-    node = record.detached.nodes[node_index]
-    host = node.host.name
-    lines = []
-    for raw in text.splitlines():
-        stamp, _, line = raw.partition(" ")
-        try:
-            at = float(stamp)
-        except ValueError:
-            at, line = 0.0, raw
-        local, rest = split_rank_prefix(line)
-        rank = rank_of(local, node.rank_offset)
-        tag = f"{host} r{rank}" if rank is not None else host
-        lines.append((at, rank, f"[{tag}] {rest}"))
-    return lines
+    nodes = [NodeFile(n.host, n.run_dir, n.node_rank, n.rank_offset) for n in record.detached.nodes
+             if not hosts or n.host.name in hosts or n.host.label() in hosts]
+    return NodeOutputs(nodes, connect, python, rank=rank, since=since)
 
 
-def _follow(record: RunRecord, connect: Any, python: str, *, hosts: list[str], rank: int | None,
-            since_s: float | None, tail: int | None, follow: bool) -> RunState | None:
-    """Print the run's lines (filtered), then, with ``follow``, new ones until the run has ended."""
+def _write(lines: Iterable[str]) -> bool:
+    """Print the lines (each ends with a newline) as they come; whether there was any."""
+    printed = False
+    for text in lines:
+        sys.stdout.write(text)
+        printed = True
+    sys.stdout.flush()
+    return printed
+
+
+def _say_unread(failed: dict[str, str], said: set[str]) -> None:
+    """One line on stderr for each host whose output could not be read, once per outage."""
+    for host, why in failed.items():
+        if host not in said:
+            sys.stderr.write(f"error: {host}: its output could not be read: {why}\n")
+    said.intersection_update(failed)
+    said.update(failed)
+
+
+def _follow(record: RunRecord, connect: Any, python: str, outputs: NodeOutputs, *, tail: int | None,
+            follow: bool) -> RunState | None:
+    """Print the run's lines, then, with ``follow``, new ones until the run has ended (its
+    state then; None without ``follow``). Hosts that could not be read are named on stderr and
+    left in ``outputs.failed``."""
     from fstrain.core.runstate import FINAL
-    from fstrain.io.runs import node_views, read_output, run_state
+    from fstrain.io.runs import node_views, run_state
 
-    assert record.detached is not None
-    nodes = record.detached.nodes
-    chosen = [i for i, h in enumerate(record.hosts) if not hosts or h.name in hosts or h.label() in hosts]
-    transports = {i: connect(record.hosts[i]) for i in chosen}
-    offsets = dict.fromkeys(chosen, 0)
-    since = time.time() - since_s if since_s else None
     first, final, last_check = True, None, 0.0
+    said: set[str] = set()
     try:
         while True:
-            batch: list[tuple[float, int | None, str]] = []
-            for i in chosen:
-                text, offsets[i] = read_output(transports[i], nodes[i].run_dir, nodes[i].node_rank, offsets[i])
-                batch += _log_lines(record, i, text)
-            batch = [b for b in batch if (rank is None or b[1] == rank) and (since is None or b[0] >= since)]
-            batch.sort(key=lambda b: b[0])
-            if first and tail is not None:
-                batch = batch[-tail:] if tail else []
-            for _, _, line in batch:
-                sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+            printed = _write(outputs.read(tail if first else None))
+            _say_unread(outputs.failed, said)
             first = False
             if not follow:
                 return None
-            if final is not None and not batch:
+            if final is not None and not printed:
                 return final
             if time.monotonic() - last_check > 3:
                 last_check = time.monotonic()
@@ -349,8 +346,7 @@ def _follow(record: RunRecord, connect: Any, python: str, *, hosts: list[str], r
                     continue
             time.sleep(FOLLOW_POLL_S)
     finally:
-        for transport in transports.values():
-            transport.close()
+        outputs.close()
 
 
 def logs_command(
@@ -371,10 +367,11 @@ def logs_command(
 
     since_s = parse_duration_s(since, "--since") if since else None
     record = find_run(run)
+    if since_s is not None and record.detached is None:
+        kind = "a Slurm run's" if record.slurm is not None else "an attached run's"
+        raise InputError(f"--since needs the time of each line, and {kind} log lines have none", "use --tail N",
+                         "--since")
     if record.slurm is not None:
-        if since_s is not None:
-            raise InputError("--since needs the time of each line, and a Slurm run's log lines have none",
-                             "use --tail N", "--since")
         _file_logs(lambda: slurmopts.slurm_log_files(record, host, rank), tail, follow,
                    slurmopts.slurm_running(record))
         return
@@ -387,8 +384,11 @@ def logs_command(
             raise InputError(f"{name!r} is not one of the run's hosts", f"use one of {', '.join(sorted(known))}",
                              "--host")
     connect = _connector(record, ssh_config, accept_new_hosts)
-    _follow(record, connect, _python(record, python), hosts=host, rank=rank, since_s=since_s, tail=tail,
-            follow=follow)
+    py = _python(record, python)
+    outputs = _node_outputs(record, connect, py, host, rank, time.time() - since_s if since_s else None)
+    _follow(record, connect, py, outputs, tail=tail, follow=follow)
+    if outputs.failed:
+        raise typer.Exit(1)
 
 
 def _attached_logs(record: RunRecord, hosts: list[str], rank: int | None, tail: int | None, follow: bool) -> None:
@@ -414,24 +414,13 @@ def _attached_logs(record: RunRecord, hosts: list[str], rank: int | None, tail: 
 def _file_logs(files: Callable[[], list[Path]], tail: int | None, follow: bool, running: Callable[[], bool]) -> None:
     """Print the files' whole lines; with ``follow``, their new lines until ``running()`` is false
     (asked before each read, so the last read comes after the end)."""
-    offsets: dict[Path, int] = {}
+    from fstrain.io.logs import FileOutputs
+
+    outputs = FileOutputs(files)
     first = True
     while True:
         alive = running() if follow else False
-        lines: list[str] = []
-        for path in files():
-            try:
-                with path.open("rb") as handle:
-                    handle.seek(offsets.get(path, 0))
-                    data = handle.read()
-            except OSError:  # not written yet
-                continue
-            whole = data[: data.rfind(b"\n") + 1]
-            offsets[path] = offsets.get(path, 0) + len(whole)
-            lines += whole.decode(errors="replace").splitlines()
-        for line in lines[max(0, len(lines) - tail):] if first and tail is not None else lines:
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        _write(outputs.read(tail if first else None))
         first = False
         if not follow or not alive:
             return
@@ -462,7 +451,8 @@ def attach_command(
             ended = run_state(record, None)
             console().print(f"run {record.run_id} {_describe(ended)}" + (f": {ended.reason}" if ended.reason else ""))
             raise typer.Exit(ended.exit_code or 0)
-        final = _follow(record, connect, _python(record, python), hosts=[], rank=None, since_s=None, tail=20,
+        py = _python(record, python)
+        final = _follow(record, connect, py, _node_outputs(record, connect, py, [], None, None), tail=20,
                         follow=True)
     except KeyboardInterrupt:
         console().print(f"detached from run {record.run_id}; it goes on (`fstrain attach {record.run_id}`)")

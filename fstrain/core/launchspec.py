@@ -283,16 +283,3 @@ def plan_launches(
     return launches
 
 
-# A word before the number is required: torchrun's failure report prints "[0]:" headers that
-# are not rank tags.
-_RANK_PREFIX_RE = re.compile(r"^\[(?:default|rank|local)(\d+)\]:(.*)$")
-
-
-def split_rank_prefix(line: str) -> tuple[int | None, str]:
-    """The local-rank tag of a line -> (local rank, text): torchrun's ``--tee`` prefix
-    (``[default3]:``, ``[rank3]:`` in newer releases) or the watchdog's relay of DeepSpeed's
-    per-rank logs (``[local3]:``); lines without one (the launchers' own) -> (None, line)."""
-    match = _RANK_PREFIX_RE.match(line)
-    if match is None:
-        return None, line
-    return int(match.group(1)), match.group(2)

@@ -73,13 +73,6 @@ def parse_progress(line: str) -> dict[str, Any] | None:
     }
 
 
-def rank_of(tag_rank: int | None, rank_offset: int | None) -> int | None:
-    """The global rank of a line whose tag names local rank ``tag_rank``."""
-    if tag_rank is None:
-        return None
-    return tag_rank if rank_offset is None else rank_offset + tag_rank
-
-
 def from_host_records(run: Mapping[str, Any] | None, nodes: Sequence[Mapping[str, Any]]) -> RunState:
     """A run found on the hosts (not started from here), from the node records found there
     (each with ``watchdog_alive``) and node 0's run record where it was among them."""

@@ -45,8 +45,8 @@ from fstrain.core.launchspec import (
     master_port_candidates,
     redact,
     secret_values,
-    split_rank_prefix,
 )
+from fstrain.core.logtail import split_rank_prefix
 from fstrain.core.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
 from fstrain.core.supervisor import (
     COLLECT_STACKS,

@@ -31,21 +31,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fstrain import __version__
 from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hostfile import Host
-from fstrain.core.launchspec import NodeLaunch, secret_values
 from fstrain.core.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.core.runstate import FINAL, RunState, from_manifest, from_nodes
 from fstrain.errors import FstrainError, InputError
-from fstrain.io.connect import is_local
-from fstrain.io.fanout import HostPool
-from fstrain.io.launch import REMOTE_RUNS, LaunchError, Rendezvous, RunOptions, _start, watchdog_header
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
-from fstrain.io.remote.watchdog import BOOTSTRAP
-from fstrain.io.transport.base import Transport
+
+# Starting, asking and stopping runs import the launch machinery where they need it: `logs` and
+# `status` of an attached run only find the run's folder here, and start faster without it.
+if TYPE_CHECKING:
+    from fstrain.core.launchspec import NodeLaunch
+    from fstrain.io.launch import Rendezvous, RunOptions
+    from fstrain.io.transport.base import Transport
 
 INDEX = (".fstrain", "launched")  # under this machine's home
 SLURM_RECORD = "slurm.json"  # in the run directory of a `launch --slurm` run
@@ -63,6 +64,9 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
                    options: RunOptions, rendezvous: Rendezvous) -> list[dict[str, Any]]:
     """Start node 0's watchdog as the coordinator, then every other node's as a member; return
     each node's answer (pids, the coordinator's port) once all of them started."""
+    from fstrain.core.launchspec import secret_values
+    from fstrain.io.launch import LaunchError, watchdog_header
+
     secret = secrets.token_hex(16)
     core = Path(__file__).resolve().parent.parent / "core"  # pure, stdlib-only modules the nodes run too
     modules = {"coordinator": source("coordinator"), "rankexit": (core / "rankexit.py").read_text(),
@@ -100,6 +104,9 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
 
 
 def _start_one(launch: NodeLaunch, connect: Callable[[Host], Transport], python: str, header: bytes) -> dict[str, Any]:
+    from fstrain.io.launch import LaunchError, _start
+    from fstrain.io.remote.watchdog import BOOTSTRAP
+
     transport = connect(launch.host)
     try:
         running = _start(transport, [python, "-u", "-c", BOOTSTRAP], header, close_stdin=True)
@@ -283,6 +290,8 @@ def find_run(reference: str) -> RunRecord:
 
 def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[dict[str, Any] | None]:
     """Each node's state (fstrain/io/remote/runctl.py), None where the node cannot be asked."""
+    from fstrain.io.fanout import HostPool
+
     assert record.detached is not None
     nodes = record.detached.nodes
     hosts = record.hosts
@@ -314,6 +323,7 @@ def slurm_live_views(record: RunRecord, job_id: str, hosts: Sequence[str], pytho
     """For a running Slurm job, each node's live ranks and GPUs, asked by a step of the job
     itself (``srun --jobid=J --overlap``, fstrain/io/remote/runctl.py ``live-slurm``); None
     where the step could not run."""
+    from fstrain.io.fanout import HostPool
     from fstrain.io.slurm import srun_connector
 
     nodes = [Host(name) for name in hosts]
@@ -427,16 +437,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def read_output(transport: Transport, run_dir: str, node_rank: int, offset: int) -> tuple[str, int]:
-    """New bytes of a node's output file from ``offset`` on: (text up to the last whole line, new offset)."""
-    result = transport.run(["tail", "-c", f"+{offset + 1}", f"{run_dir}/node{node_rank}.out"], timeout_s=60)
-    if not result.ok:
-        return "", offset
-    text = result.stdout
-    whole = text[: text.rfind("\n") + 1]
-    return whole, offset + len(whole.encode())
-
-
 def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, run_dir: str,
                  how: str, grace_s: float | None = None) -> dict[str, Any]:
     """Ask the coordinator (through node 0 itself) to stop the run."""
@@ -463,6 +463,10 @@ def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, 
 
 def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[tuple[str, str]]:
     """Remove the run's folder on every host (never a node's whose watchdog runs): (host, result)."""
+    from fstrain.io.connect import is_local
+    from fstrain.io.fanout import HostPool
+    from fstrain.io.launch import REMOTE_RUNS
+
     if record.detached is not None:
         pairs = [(n.host, n.run_dir) for n in record.detached.nodes]
     else:  # an attached run: the watchdogs' folders under the hosts' homes

@@ -262,3 +262,36 @@ def test_stop_of_an_attached_run_from_another_process(cluster: NamespaceCluster,
     followed, _ = follower.communicate(timeout=30)  # --follow ends with the launcher
     assert follower.returncode == 0 and followed.count("] ready rank=") == 4
     assert_no_job_processes(cluster, GRACE_S + 5)
+
+
+def test_logs_keep_rank_tags_after_invalid_utf8_and_name_an_unreachable_host(
+    cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """DeepSpeed's per-rank logs reach node<I>.out byte for byte (torchrun's --tee would replace
+    invalid bytes itself): offsets must count those bytes, not their decoded text."""
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    program = str(REPO / "tests" / "cluster" / "programs" / "badbytes.py")
+    run_id = detach(cluster, home, run_dir, "--backend", "deepspeed", "--no-local-rank", "--", "python3", program)
+    follow = fstrain(home, "logs", run_id, "--follow", timeout=300)
+    assert follow.returncode == 0, follow.stderr
+    logs = fstrain(home, "logs", run_id)
+    hosts = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    for output in (follow.stdout, logs.stdout):
+        for rank, host in hosts.items():
+            assert f"[{host} r{rank}] rank {rank} bad bytes \ufffd\ufffd\ufffd\ufffd here\n" in output, output[-3000:]
+            for line in range(3):
+                assert f"[{host} r{rank}] after rank={rank} line={line}\n" in output, output[-3000:]
+            assert f"[{host} r{rank}] done rank={rank}\n" in output
+        assert all(line.startswith(("[node1", "[node2")) for line in output.splitlines())
+    tail = fstrain(home, "logs", run_id, "--rank", "2", "--tail", "2")
+    assert tail.stdout == "[node2 r2] after rank=2 line=2\n[node2 r2] done rank=2\n"
+    cluster.script("stop-sshd", "2")
+    try:
+        missing = fstrain(home, "logs", run_id, "--tail", "100")
+    finally:
+        cluster.script("start-sshd", "2")
+    assert missing.returncode == 1
+    assert "[node1 r1] done rank=1\n" in missing.stdout and "[node2" not in missing.stdout
+    assert missing.stderr.startswith("error: node2: its output could not be read: "), missing.stderr
+    assert missing.stderr.count("\n") == 1
+    assert_no_job_processes(cluster, 10)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from fstrain import __version__
 from fstrain.core.hostfile import Host
 from fstrain.core.launchspec import NodeLaunch
+from fstrain.core.runrecord import DetachedNode, DetachedRecord
 from fstrain.io.launch import RunOutcome, write_manifest
 from fstrain.io.runs import register
 from tests.helpers import run_fstrain
@@ -74,3 +77,44 @@ def test_status_of_an_attached_run_is_its_manifest(tmp_path: Path, monkeypatch: 
     document = json.loads(run_fstrain("status", "20261130-120000-aaaaaa", "--json", env={"HOME": str(home)}).stdout)
     assert (document["state"], document["exit_code"], document["detached"]) == ("failed", 7, False)
     assert document["nodes"][0]["host"] == "localhost"
+
+
+def detached_run(home: Path, folder: Path, run_id: str, hosts: list[dict], node_dirs: list[Path],
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detached run as `launch --detach` records it here (the nodes' files are the caller's)."""
+    folder.mkdir(parents=True)
+    nodes = tuple(DetachedNode(Host(h["name"], user=h.get("user"), port=h.get("port")), i, 2, 2 * i,
+                               str(node_dirs[i]), None, None) for i, h in enumerate(hosts))
+    record = DetachedRecord(run_id, "torchrun", time.time() - 60, sys.executable, 15.0, None, "", None, nodes)
+    (folder / "detached.json").write_text(json.dumps(record.to_dict(__version__)))
+    monkeypatch.setenv("HOME", str(home))  # the index is under this machine's home
+    register(run_id, folder, detached=True)
+
+
+def test_logs_of_a_detached_run_name_the_host_that_could_not_be_read(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    node0 = tmp_path / "node0"
+    node0.mkdir()
+    now = time.time()
+    (node0 / "node0.out").write_bytes(b"%.3f [default1]:bad \xff byte\n%.3f [default1]:tag kept\n" % (now - 5, now - 4))
+    # node1 is a host whose SSH port refuses connections (loopback, port 1).
+    config = tmp_path / "ssh_config"
+    config.write_text("Host deadnode\n  HostName 127.0.0.1\n  Port 1\n  ConnectTimeout 5\n")
+    hosts = [{"name": "localhost", "user": None, "port": None}, {"name": "deadnode", "user": None, "port": None}]
+    detached_run(home, tmp_path / "run", "20261130-140000-cccccc", hosts, [node0, tmp_path / "node1"], monkeypatch)
+    env = {"HOME": str(home)}
+    logs = run_fstrain("logs", "20261130-14", "--ssh-config", str(config), env=env)
+    assert logs.stdout == "[localhost r1] bad \ufffd byte\n[localhost r1] tag kept\n"
+    assert logs.returncode == 1
+    assert logs.stderr.startswith("error: deadnode: its output could not be read: ") and logs.stderr.count("\n") == 1
+    only = run_fstrain("logs", "20261130-14", "--host", "localhost", "--tail", "1", "--since", "1m", env=env)
+    assert (only.returncode, only.stdout, only.stderr) == (0, "[localhost r1] tag kept\n", "")
+
+
+def test_since_is_refused_where_lines_have_no_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "ok", 0, monkeypatch)
+    logs = run_fstrain("logs", "20261130-12", "--since", "5m", env={"HOME": str(home)})
+    assert logs.returncode == 2
+    assert logs.stderr.startswith("error: --since: --since needs the time of each line, and an attached run's")

@@ -157,8 +157,10 @@ def ask(port: int, request: dict[str, object]) -> dict[str, object]:
 
 def test_a_coordinator_refuses_a_request_of_a_newer_format_and_answers_its_own(tmp_path: Path) -> None:
     secret = "ab" * 16
+    core = Path(coordinator.__file__).resolve().parents[2] / "core"  # the modules start_detached sends
+    modules = {"supervisor": (core / "supervisor.py").read_text(), "analysis": (core / "stacks.py").read_text()}
     node = coordinator.Node({"detach": {"role": "coordinator", "secret": secret, "nnodes": 1}, "run_id": "r",
-                             "run_dir": str(tmp_path)}, watchdog.Watchdog)
+                             "run_dir": str(tmp_path), "modules": modules}, watchdog.Watchdog)
     running = coordinator.Coordinator(node)
     port = running.listen("127.0.0.1")
     refused = ask(port, {"format": newer("message"), "secret": secret, "control": "stop", "how": "term"})
@@ -166,9 +168,10 @@ def test_a_coordinator_refuses_a_request_of_a_newer_format_and_answers_its_own(t
                        "refused": f"the run's coordinator reads coordinator messages of format "
                                   f"{KINDS['message'].current}, this request is format {newer('message')}: the run "
                                   "was started by an older fstrain"}
-    assert not running.stopping
+    assert running.run.stopping_since_s is None
     answer = ask(port, {"secret": secret, "control": "stop", "how": "term"})  # an older fstrain's: no format
-    assert answer["ok"] is True and answer["format"] == KINDS["message"].current and running.stopping
+    assert answer["ok"] is True and answer["format"] == KINDS["message"].current
+    assert running.run.stopping_since_s is not None
     assert check_format(answer["state"], "run", "run.json") == KINDS["run"].current
     assert check_format(node.state(), "node", "node0.json") == KINDS["node"].current
     assert running.listener is not None

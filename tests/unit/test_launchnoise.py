@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fstrain.core.launchnoise import MAX_BLOCK_LINES, NodeNoise
-from fstrain.core.launchspec import split_rank_prefix
+from fstrain.core.logtail import split_rank_prefix
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
 

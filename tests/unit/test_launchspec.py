@@ -24,7 +24,6 @@ from fstrain.core.launchspec import (
     redact,
     resolve_nproc,
     secret_values,
-    split_rank_prefix,
     torchrun_argv,
 )
 from fstrain.errors import ConfigError, InputError
@@ -155,16 +154,6 @@ def test_every_node_command_starts_with_the_prefix_a_watchdog_prewarms(backend: 
         assert {k: v for k, v in launch.env.items() if k != "GLOO_SOCKET_IFNAME"} == base_env(user)
     assert base_env(user) == {**DEFAULT_ENV, **user}
     assert base_env({"PYTHONUNBUFFERED": "0"}) == {"PYTHONUNBUFFERED": "0"}
-
-
-@pytest.mark.parametrize(
-    ("line", "expected"),
-    [("[default3]:hello", (3, "hello")), ("[rank12]:x: y", (12, "x: y")),
-     ("plain [1]: text", (None, "plain [1]: text")),
-     ("[W1129 20:31:59 socket.cpp:207] warn", (None, "[W1129 20:31:59 socket.cpp:207] warn"))],
-)
-def test_rank_prefix(line: str, expected: tuple[int | None, str]) -> None:
-    assert split_rank_prefix(line) == expected
 
 
 def test_data_parallel_plan_and_world_size_check() -> None:

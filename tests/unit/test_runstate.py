@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fstrain.core.runstate import RunState, from_host_records, from_manifest, from_nodes, parse_progress, rank_of
+from fstrain.core.runstate import RunState, from_host_records, from_manifest, from_nodes, parse_progress
 
 
 def view(alive: bool, run: dict[str, Any] | None = None, final: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -44,7 +44,6 @@ def test_progress_lines() -> None:
     assert parse_progress(line) == {"step": 12, "steps": 20, "loss": 3.4567, "tokens_per_s": 12345.0}
     assert parse_progress("step 3") == {"step": 3, "steps": None, "loss": None, "tokens_per_s": None}
     assert parse_progress("ready rank=0") is None
-    assert rank_of(1, 2) == 3 and rank_of(1, None) == 1 and rank_of(None, 2) is None
 
 
 def test_runs_found_on_the_hosts() -> None:

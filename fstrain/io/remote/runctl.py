@@ -6,8 +6,17 @@
     python3 -c LINE_BOOTSTRAP gc RUN_DIR                       -> {"removed": bool, "why": ...}
     python3 -c LINE_BOOTSTRAP list RUNS_DIR                    -> the detached runs found there
     python3 -c LINE_BOOTSTRAP live-slurm JOB_ID NODE           -> the job's live ranks on NODE, the GPUs
+    python3 -c LINE_BOOTSTRAP lines RUN_DIR NODE_RANK REQUEST  -> node<I>.out's lines (`fstrain logs`)
 
 Never raises: what cannot be read is reported as missing.
+
+``lines`` reads the node's output file as `fstrain logs` asks (REQUEST, a JSON object): from byte
+``offset`` on, at most about ``limit_bytes`` of it, or with ``tail`` the last N lines read
+backwards from the end; only global rank ``rank``'s lines (``rank_offset`` turns local ranks
+into global ones), only lines from Unix time ``since`` on. It writes the lines as they are in
+the file (bytes, invalid UTF-8 included) on stdout, and one JSON line on stderr: the byte offset
+just after the last whole line it read and whether more is left, or the error. It reads with
+fstrain/core/logtail.py, sent as stdin's second line.
 """
 
 from __future__ import annotations
@@ -157,8 +166,53 @@ def list_runs(runs_dir: str) -> dict[str, Any]:
     return {"runs": found}
 
 
+def _logtail() -> Any:
+    """fstrain/core/logtail.py, sent as stdin's second line (a JSON string)."""
+    import types
+
+    module = types.ModuleType("fstrain_logtail")
+    exec(compile(json.loads(sys.stdin.readline()), "fstrain-logtail", "exec"), module.__dict__)
+    return module
+
+
+def lines(run_dir: str, node_rank: str, request: dict[str, Any], logtail: Any, out: Any) -> dict[str, Any]:
+    """Write the requested lines of node<I>.out to ``out``; the offset after them."""
+    offset = int(request.get("offset") or 0)
+    try:
+        handle = open(os.path.join(run_dir, f"node{node_rank}.out"), "rb")  # noqa: SIM115 (closed below)
+    except FileNotFoundError:  # not written yet (or removed by gc): nothing to read
+        return {"offset": offset, "more": False}
+    with handle:
+        keep = logtail.node_filter(request.get("rank_offset"), request.get("rank"), request.get("since"))
+        if request.get("tail") is not None:
+            fd = handle.fileno()
+            found, end = logtail.last_lines(lambda start, size: os.pread(fd, size, start), os.fstat(fd).st_size,
+                                            int(request["tail"]), keep)
+            out.write(b"".join(line + b"\n" for line in found))
+            return {"offset": end, "more": False}
+        handle.seek(offset)
+        limit, first = int(request.get("limit_bytes") or 0), offset
+        chunk_bytes = min(limit, logtail.CHUNK_BYTES) if limit else logtail.CHUNK_BYTES
+        for piece, offset in logtail.forward_chunks(handle.read, first, chunk_bytes):
+            if keep is None:
+                out.write(piece)
+            else:
+                out.write(b"".join(line + b"\n" for line in logtail.whole_lines(piece)[0] if keep(line)))
+            if limit and offset - first >= limit:
+                return {"offset": offset, "more": True}
+        return {"offset": offset, "more": False}
+
+
 def main(argv: list[str]) -> None:
     command, run_dir = argv[0], os.path.expanduser(argv[1])
+    if command == "lines":
+        try:
+            answer = lines(run_dir, argv[2], json.loads(argv[3]), _logtail(), sys.stdout.buffer)
+            sys.stdout.flush()
+        except (OSError, ValueError) as exc:
+            answer = {"error": f"{run_dir}/node{argv[2]}.out: {getattr(exc, 'strerror', None) or exc}"}
+        sys.stderr.write(json.dumps(answer) + "\n")
+        return
     if command == "state":
         result = state(run_dir, argv[2], argv[3])
     elif command == "live-slurm":

@@ -1,0 +1,205 @@
+"""A run's output for `fstrain logs` and `fstrain attach`, read at a bounded cost.
+
+- A detached run: each node's ``node<I>.out``, read on the node itself by
+  fstrain/io/remote/runctl.py (``lines``), every node at once (one thread each), the lines
+  merged by the time in front of each.
+- An attached run or a Slurm job: files on this machine (``RUN_DIR/logs/``, the job's output
+  file), read here.
+
+Both read through fstrain/core/logtail.py. With ``tail`` only the blocks at the end that hold
+the last N (matching) lines are read, so the cost does not grow with the file; a whole read goes
+forward a chunk at a time (at most about LIMIT_BYTES of a node's file per remote read), never
+holding a file in memory. Offsets count bytes, so a read goes on exactly where the last one
+ended, whatever bytes the lines hold.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fstrain.core import logtail
+from fstrain.core.hostfile import Host
+from fstrain.errors import FstrainError
+from fstrain.io.remote import LINE_BOOTSTRAP, as_line
+
+if TYPE_CHECKING:
+    from fstrain.io.transport.base import Transport
+
+LIMIT_BYTES = 2 << 20  # of a node's file per remote read: about what one node's answer holds here
+READ_TIMEOUT_S = 120.0  # one remote read: LIMIT_BYTES over a slow link, or a tail
+BATCH_LINES = 1024  # lines handed from a node's reader to the merge at a time
+QUEUE_BATCHES = 4  # per node, read but not printed yet (the reader waits beyond that)
+
+
+@dataclass(frozen=True)
+class NodeFile:
+    """One node's output file, ``RUN_DIR/node<I>.out`` on ``host``, whose local ranks start at
+    ``rank_offset`` (None: its lines name global ranks already)."""
+
+    host: Host
+    run_dir: str
+    node_rank: int
+    rank_offset: int | None
+
+
+class Unread(Exception):
+    """A node's output could not be read this time (the reason is the message)."""
+
+
+class NodeOutputs:
+    """A detached run's output files, one per node, read over each node's transport; each read
+    goes on from where the node's last one ended. Only global rank ``rank``'s lines, only lines
+    from ``since`` (Unix seconds) on, when given."""
+
+    def __init__(self, nodes: Sequence[NodeFile], connect: Callable[[Host], Transport], python: str, *,
+                 rank: int | None = None, since: float | None = None) -> None:
+        self.nodes = list(nodes)
+        self.failed: dict[str, str] = {}  # host label -> why its last read failed
+        self.offsets = [0] * len(self.nodes)
+        self._connect = connect
+        self._python = python
+        self._rank = rank
+        self._since = since
+        self._transports: dict[int, Transport] = {}
+        self._stdin = as_line("runctl") + (json.dumps(Path(logtail.__file__).read_text()) + "\n").encode()
+
+    def read(self, tail: int | None = None) -> Iterator[str]:
+        """Every node's whole lines since its last read, tagged ``[host rN]``, merged by time,
+        each ending with a newline; with ``tail``, only the last ``tail`` of them (each node's
+        last ``tail``, read backwards from the end, then merged). Once it is exhausted,
+        :attr:`failed` names the hosts that could not be read."""
+        channels: list[queue.Queue[list[tuple[float, str]] | None]] = [queue.Queue(QUEUE_BATCHES)
+                                                                       for _ in self.nodes]
+        threads = [threading.Thread(target=self._pump, args=(index, tail, channel), daemon=True,
+                                    name=f"fstrain-logs-{node.host.label()}")
+                   for index, (node, channel) in enumerate(zip(self.nodes, channels, strict=True))]
+        for thread in threads:
+            thread.start()
+        merged: Iterable[tuple[float, str]] = heapq.merge(
+            *(itertools.chain.from_iterable(iter(c.get, None)) for c in channels), key=lambda item: item[0])
+        if tail is not None:
+            merged = deque(merged, maxlen=tail)
+        for _, line in merged:
+            yield line
+        for thread in threads:
+            thread.join()
+
+    def _pump(self, index: int, tail: int | None, channel: queue.Queue[list[tuple[float, str]] | None]) -> None:
+        """Read one node's new lines into ``channel`` in batches (None at the end), a remote read
+        at a time."""
+        node = self.nodes[index]
+        try:
+            while True:
+                text, answer = self._ask(index, tail)
+                batch: list[tuple[float, str]] = []
+                for line in text.split("\n")[:-1]:
+                    at, rank, rest = logtail.node_line(line.rstrip("\r"), node.rank_offset)
+                    tag = node.host.name if rank is None else f"{node.host.name} r{rank}"
+                    batch.append((at, f"[{tag}] {rest}\n"))
+                    if len(batch) == BATCH_LINES:
+                        channel.put(batch)
+                        batch = []
+                if batch:
+                    channel.put(batch)
+                self.offsets[index] = int(answer["offset"])
+                if tail is not None or not answer.get("more"):
+                    break
+            self.failed.pop(node.host.label(), None)
+        except Exception as exc:  # in this thread it would be a traceback and a node silently missing
+            why = str(exc) if isinstance(exc, Unread) else f"{type(exc).__name__}: {exc}"
+            for name in (node.host.label(), node.host.name):  # the host is named where the reason is shown
+                why = why.removeprefix(f"{name}: ")
+            self.failed[node.host.label()] = why
+            transport = self._transports.pop(index, None)  # a fresh connection next time
+            if transport is not None:
+                transport.close()
+        finally:
+            channel.put(None)
+
+    def _ask(self, index: int, tail: int | None) -> tuple[str, dict[str, Any]]:
+        """One remote read of node ``index``'s file: (its lines, runctl's answer)."""
+        node = self.nodes[index]
+        request = {"offset": self.offsets[index], "tail": tail, "rank": self._rank, "since": self._since,
+                   "rank_offset": node.rank_offset, "limit_bytes": LIMIT_BYTES}
+        try:
+            transport = self._transports.get(index) or self._transports.setdefault(index, self._connect(node.host))
+        except FstrainError as exc:
+            raise Unread(exc.one_line()) from None
+        result = transport.run([self._python, "-u", "-c", LINE_BOOTSTRAP, "lines", node.run_dir,
+                                str(node.node_rank), json.dumps(request)], stdin=self._stdin, timeout_s=READ_TIMEOUT_S)
+        said = result.stderr.strip().splitlines()
+        try:
+            answer = json.loads(said[-1]) if said and said[-1].startswith("{") else {}
+        except ValueError:
+            answer = {}
+        if result.ok and "offset" in answer:
+            return result.stdout, answer
+        why = result.error or answer.get("error") or (said[-1] if said else f"exit {result.exit_code}")
+        raise Unread(str(why))
+
+    def close(self) -> None:
+        for transport in self._transports.values():
+            transport.close()
+        self._transports.clear()
+
+
+class FileOutputs:
+    """Log files on this machine (``files()`` is asked at each read: files appear as ranks start),
+    read by whole lines, each read going on from where that file's last one ended. A file
+    that does not exist yet is read once it does."""
+
+    def __init__(self, files: Callable[[], Sequence[Path]]) -> None:
+        self.files = files
+        self.offsets: dict[Path, int] = {}
+
+    def read(self, tail: int | None = None) -> Iterator[str]:
+        """The files' new whole lines, one file after the other, as text ending with a newline
+        (a chunk of lines at a time); with ``tail``, only the last ``tail`` lines of them all."""
+        paths = list(self.files())
+        if tail is not None:
+            yield from self._tail(paths, tail)
+            return
+        for path in paths:
+            try:
+                handle = path.open("rb")
+            except OSError:  # not written yet
+                continue
+            with handle:
+                start = self.offsets.get(path, 0)
+                handle.seek(start)
+                for piece, offset in logtail.forward_chunks(handle.read, start):
+                    self.offsets[path] = offset
+                    yield piece.decode(errors="replace")
+
+    def _tail(self, paths: Sequence[Path], count: int) -> Iterator[str]:
+        """The last ``count`` lines of the files taken one after the other: read backwards from
+        the end of the last file, then of the one before it while lines are missing."""
+        found: list[list[bytes]] = []
+        for path in reversed(paths):
+            try:
+                handle = path.open("rb")
+            except OSError:
+                continue
+            with handle:
+                lines, self.offsets[path] = logtail.last_lines(_reader_at(handle.fileno()),
+                                                               os.fstat(handle.fileno()).st_size, count)
+            found.append(lines)
+            count -= len(lines)
+        for lines in reversed(found):
+            if lines:
+                yield b"\n".join([*lines, b""]).decode(errors="replace")
+
+
+def _reader_at(fd: int) -> Callable[[int, int], bytes]:
+    """``read_at(start, size)`` for :func:`fstrain.core.logtail.last_lines` on an open file."""
+    return lambda start, size: os.pread(fd, size, start)
