@@ -93,11 +93,11 @@ def build_request(hostfile: str | None, hosts: str | None, include: str | None, 
                   workdir: str | None, env: list[str], master_port: int | None,
                   run_dir: str | None) -> tuple[Any, str]:
     """Every flag checked, before any host is contacted; the request and where the hosts came from."""
-    from fstrain.cli.launch import collect_env, new_run_id
+    from fstrain.api.bench import BenchRequest
+    from fstrain.api.job import collect_env, new_run_id
     from fstrain.core.bench import parse_size, parse_sizes, parse_suites
     from fstrain.core.benchpairs import pair_rounds
     from fstrain.errors import InputError
-    from fstrain.io.bench import BenchRequest
 
     suites = parse_suites(suite)
     if sizes:
@@ -107,7 +107,9 @@ def build_request(hostfile: str | None, hosts: str | None, include: str | None, 
     if backend not in (None, "nccl", "gloo"):
         raise InputError(f"unknown backend {backend!r}", "use nccl or gloo", "--backend")
     pair_rounds(2, pairs_mode)  # checks the mode's name
-    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+    from fstrain.api.hosts import resolve_hosts
+
+    selection = resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
     run_id = new_run_id()
     extra = ["--pairs-mode", pairs_mode, "--seconds", str(seconds)]
     if pair_bytes:
@@ -129,9 +131,11 @@ def _check_writable(out: str) -> None:
 
 def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | None, int]:
     """Run the suites, print the report on stderr; (document with its analysis, exit code)."""
-    from fstrain.cli.launch import interface_env, print_summary
+    from fstrain.api.bench import run_bench
+    from fstrain.api.job import interface_env
+    from fstrain.cli.launch_output import print_summary
     from fstrain.core.benchreport import analysis
-    from fstrain.io.bench import run_bench, save_document
+    from fstrain.io.bench import save_document
 
     out = console()
     out.print(f"bench {request.run_id}: {', '.join(request.suites)} on {len(request.hosts)} hosts; "

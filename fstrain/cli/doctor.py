@@ -67,7 +67,9 @@ def doctor_command(
     from fstrain.io.doctor import load_plan
 
     needs = load_plan(plan) if plan else None  # bad input fails before anything is contacted
-    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
+    from fstrain.api.hosts import resolve_hosts
+
+    selection = resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
     if not json_output and selection.source.startswith("localhost"):
         console().print(f"[dim]hosts: {selection.source}[/dim]")
     try:
@@ -90,11 +92,11 @@ def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts:
     """``--bench``: the quick collectives and pairs suites through the launch path, as verdicts."""
     from pathlib import Path
 
-    from fstrain.cli.launch import interface_env, new_run_id
+    from fstrain.api.bench import BenchRequest, run_bench
+    from fstrain.api.job import interface_env, new_run_id
     from fstrain.core.benchchecks import bench_checks, bench_failed
     from fstrain.core.doctor.result import CheckResult
     from fstrain.errors import FstrainError
-    from fstrain.io.bench import BenchRequest, run_bench
     from fstrain.io.connect import make_connector
 
     run_id = new_run_id()

@@ -35,10 +35,11 @@ def exec_command(
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
     """Run a command on every selected host; exit 0 only if every host succeeded."""
+    from fstrain.api.hosts import resolve_hosts
     from fstrain.io.connect import make_connector
     from fstrain.io.fanout import HostPool
 
-    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
+    selection = resolve_hosts(hostfile, hosts, include, exclude, None)
     if not json_output and selection.source.startswith("localhost"):
         console().print(f"[dim]hosts: {selection.source}[/dim]")
     from fstrain.cli.slurm import allocation_connector

@@ -15,11 +15,7 @@ from fstrain.cli import hostopts
 if TYPE_CHECKING:
     from fstrain.core.plan.assumptions import Assumptions
     from fstrain.core.plan.plancluster import NodeGpus, PlanCluster
-    from fstrain.core.plan.planner import Pins, PlanModel, PlanResult, TrainingSpec
-    from fstrain.core.plan.recipe import Recipe
-
-DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024  # Llama 2 / GPT-3 scale: 4M tokens per optimizer step
-
+    from fstrain.core.plan.planner import PlanModel, PlanResult, TrainingSpec
 
 def register(app: typer.Typer) -> None:
     app.command("plan", help="Plan sharding, memory and throughput for a model on a cluster (a dry run).")(plan_command)
@@ -158,11 +154,27 @@ def plan_command(
     python: str = typer.Option("python3", "--python", help="With --hostfile/--hosts: the probe's interpreter."),
 ) -> None:
     """Rank the configurations that fit by predicted throughput and explain the ones that do not."""
-    from fstrain.core.plan.assumptions import Assumptions, with_overrides
-    from fstrain.core.plan.planner import plan
+    from fstrain.api.plan import (
+        ClusterRequest,
+        ModelRequest,
+        PinRequest,
+        PlanRequest,
+        TrainingRequest,
+        plan,
+        resolve_model,
+    )
 
-    plan_model, recipe_value = resolve_model(model, recipe, model_params)
-    if (out or render_dir) and plan_model.spec is None:
+    request = PlanRequest(
+        model=ModelRequest(model, recipe, model_params),
+        cluster=ClusterRequest(num_nodes, gpus_per_node, gpu, tuple(node or ()), gpu_memory, gpu_tflops,
+                               nvlink_domain_size, inter_node_gbps),
+        training=TrainingRequest(seq_len, global_batch, global_batch_tokens, micro_batch, grad_accum, precision,
+                                 optimizer, flash_attention, train_tokens, loss, compile_blocks, fused_rmsnorm, fp8,
+                                 fp8_all_gather),
+        pins=PinRequest(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
+                        pp_schedule, pp_virtual_stages, ep, cp),
+        assume=tuple(assume or ()), mfu=mfu)
+    if (out or render_dir) and resolve_model(request.model)[0].spec is None:
         from fstrain.errors import InputError
 
         flag = "--out" if out else "--render"
@@ -175,52 +187,32 @@ def plan_command(
         check_out_dir(Path(render_dir), force=force)  # before any work: nothing is half-written
     probed = probe_cluster(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts, fanout, python)
     if probed is None:  # inside a Slurm allocation, the allocation is the cluster
+        from dataclasses import replace
+
         from fstrain.cli.slurm import plan_allocation
 
         num_nodes, gpus_per_node, probed = plan_allocation(num_nodes, gpus_per_node, gpu, node, python, fanout)
-    training, batch_note = resolve_training(
-        plan_model,
-        recipe_value,
-        seq_len,
-        global_batch,
-        global_batch_tokens,
-        micro_batch,
-        grad_accum,
-        precision,
-        optimizer,
-        flash_attention,
-        train_tokens,
-        loss,
-        compile_blocks,
-        fused_rmsnorm,
-        fp8,
-        fp8_all_gather,
-    )
-    plan_model = plan_model.for_loss(training.loss)  # --loss none: no vocabulary head
-    pins = resolve_pins(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
-                        pp_schedule, pp_virtual_stages, ep, cp)
-    cluster = resolve_cluster(num_nodes, gpus_per_node, gpu, node, nvlink_domain_size, inter_node_gbps, probed,
-                              gpu_memory, gpu_tflops)
-    base = Assumptions()
+        request = replace(request, cluster=replace(request.cluster, num_nodes=num_nodes, gpus_per_node=gpus_per_node))
     calibration = None
-    if calibrate:  # measured numbers first; explicit --assume, --mfu and --inter-node-gbps still win
-        from fstrain.cli.plan_calibrate import calibrated
 
-        calibration = calibrated(calibrate, base, cluster, training.precision, plan_model.spec,
-                                 inter_node_gbps, list(assume or []), mfu, json_output)
-        base, cluster = calibration.assumptions, calibration.cluster
-    assumptions = with_overrides(base, list(assume or []))
-    if mfu is not None:
-        assumptions = with_overrides(assumptions, [f"mfu={mfu}"], "--mfu")
-    result = plan(plan_model, training, cluster, pins, assumptions)
+    def calibrated(base: Assumptions, cluster: PlanCluster, training: TrainingSpec,
+                   plan_model: PlanModel) -> tuple[Assumptions, PlanCluster]:
+        nonlocal calibration
+        from fstrain.cli.plan_calibrate import calibrated as measured
+
+        calibration = measured(calibrate or "", base, cluster, training.precision, plan_model.spec,
+                               inter_node_gbps, list(assume or []), mfu, json_output)
+        return calibration.assumptions, calibration.cluster
+
+    planned = plan(request, probed=probed, calibrate=calibrated if calibrate else None)
+    result, plan_model, training, cluster = planned.result, planned.model, planned.training, planned.cluster
+    assumptions, batch_note = planned.assumptions, planned.batch_note
     if out and result.plans:  # nothing fits: the output says what would, and no file is written
         write_plan_file(out, result, plan_model, cluster, training.train_tokens)
     if render_dir and result.plans:
-        from fstrain.core.plan.planner import plan_file
         from fstrain.io.render_files import render_and_write
 
-        _, written = render_and_write(plan_file(result, plan_model, cluster, training.train_tokens), render_dir,
-                                      force=force)
+        _, written = render_and_write(planned.plan_file(), render_dir, force=force)
         if not json_output:
             from fstrain.cli.output import console
 
@@ -255,235 +247,19 @@ def probe_cluster(hostfile: str | None, hosts: str | None, include: str | None, 
     """With --hostfile/--hosts: probe every host and describe its GPUs; otherwise None."""
     if not hostfile and not hosts:
         return None
+    from fstrain.api.hosts import resolve_hosts
     from fstrain.core.plan.plancluster import node_gpus_from_report
     from fstrain.errors import TransportError
     from fstrain.io.connect import make_connector
     from fstrain.io.probe import probe_inventory
 
-    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
+    selection = resolve_hosts(hostfile, hosts, include, exclude, None)
     reports, failed = probe_inventory(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
                                       python=python, fanout=fanout)
     if failed:
         raise TransportError("could not probe " + "; ".join(error.one_line() for _, error in failed),
                              "fix or --exclude those hosts, or describe the cluster with --gpu", "fstrain plan")
     return [node_gpus_from_report(r, h.label()) for h, r in zip(selection.hosts, reports, strict=True)]
-
-
-def resolve_model(model: str | None, recipe: str | None, model_params: str | None) -> tuple[PlanModel, Recipe | None]:
-    """Exactly one of --model, --recipe, --model-params."""
-    from fstrain.core.plan.planner import PlanModel
-    from fstrain.core.plan.recipe import parse_count
-    from fstrain.errors import InputError
-
-    given = [
-        flag for flag, value in (("--model", model), ("--recipe", recipe), ("--model-params", model_params)) if value
-    ]
-    if len(given) != 1:
-        raise InputError(
-            "give exactly one of --model, --recipe and --model-params"
-            + (f" (got {', '.join(given)})" if given else ""),
-            "e.g. --model llama3.1-8b",
-            "fstrain plan",
-        )
-    if model_params:
-        return PlanModel(parse_count(model_params, "--model-params")), None
-    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
-
-    loaded = load_shipped_recipe(model) if model else load_recipe_file(str(recipe))
-    return PlanModel.from_spec(loaded.model), loaded
-
-
-def resolve_training(
-    plan_model: PlanModel,
-    recipe: Recipe | None,
-    seq_len: int | None,
-    global_batch: int | None,
-    global_batch_tokens: int | None,
-    micro_batch: int | None,
-    grad_accum: int | None,
-    precision: str | None,
-    optimizer: str | None,
-    flash_attention: bool | None,
-    train_tokens: str | None,
-    loss: str = "full",
-    compiled: bool = False,
-    fused_rmsnorm: bool = False,
-    fp8: bool = False,
-    fp8_all_gather: bool = False,
-) -> tuple[TrainingSpec, str]:
-    """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
-    from fstrain.core.plan.losses import parse_loss
-    from fstrain.core.plan.planner import TrainingSpec
-    from fstrain.core.plan.recipe import TrainingDefaults, parse_count
-    from fstrain.core.planfile import OPTIMIZERS, PRECISIONS
-    from fstrain.errors import InputError
-
-    defaults = recipe.training if recipe else TrainingDefaults()
-    seq = seq_len or (plan_model.spec.seq_len if plan_model.spec else 0)
-    chosen_precision = _choice(precision or defaults.precision or "bf16", PRECISIONS, "--precision")
-    chosen_optimizer = _choice(optimizer or defaults.optimizer or "adamw", OPTIMIZERS, "--optimizer")
-    flash = flash_attention
-    if flash is None:  # FlashAttention has no fp32 kernels: fp32 turns the recipe's default off
-        recipe_flash = defaults.flash_attention if defaults.flash_attention is not None else True
-        flash = recipe_flash and chosen_precision != "fp32"
-    if global_batch and global_batch_tokens:
-        raise InputError("--global-batch and --global-batch-tokens both given", "give the batch once", "--global-batch")
-    batch: int | None
-    if global_batch or global_batch_tokens:
-        batch, note = global_batch, "--global-batch"
-        if global_batch_tokens:
-            batch, note = _sequences(global_batch_tokens, seq, "--global-batch-tokens"), "--global-batch-tokens"
-    elif defaults.global_batch_size or defaults.global_batch_tokens:
-        batch = defaults.global_batch_size or _sequences(defaults.global_batch_tokens or 0, seq, "recipe")
-        note = "the recipe"
-    elif micro_batch and grad_accum:
-        batch, note = None, "--micro-batch x --grad-accum x dp"
-    else:
-        batch = max(1, DEFAULT_BATCH_TOKENS // seq) if seq else 1
-        note = "fstrain's default of 4M tokens (set --global-batch)"
-    budget = parse_count(train_tokens, "--train-tokens") if train_tokens else defaults.train_tokens
-    chosen_loss = parse_loss(loss, "--loss")
-    if fused_rmsnorm and plan_model.spec is not None and plan_model.spec.norm != "rmsnorm":
-        raise InputError(f"{plan_model.spec.name} normalises with {plan_model.spec.norm}, not RMSNorm",
-                         "leave --fused-rmsnorm out for this model", "--fused-rmsnorm")
-    spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss,
-                        compile=compiled, fused_rmsnorm=fused_rmsnorm, fp8=fp8,
-                        fp8_all_gather=fp8_all_gather)
-    return spec, note
-
-
-def _sequences(tokens: int, seq: int, where: str) -> int:
-    from fstrain.errors import InputError
-
-    if seq <= 0 or tokens % seq or tokens < seq:
-        raise InputError(
-            f"{tokens} tokens is not a whole number of {seq}-token sequences",
-            "give a multiple of the sequence length, or --global-batch in sequences",
-            where,
-        )
-    return tokens // seq
-
-
-def resolve_pins(
-    strategy: str | None,
-    zero_stage: int | None,
-    tp: int | None,
-    pp: int | None,
-    shard_group_size: int | None,
-    micro_batch: int | None,
-    grad_accum: int | None,
-    ac: str | None,
-    offload: str | None,
-    pp_schedule: str | None = None,
-    pp_virtual_stages: int | None = None,
-    ep: int | None = None,
-    cp: int | None = None,
-) -> Pins:
-    from fstrain.core.plan.acpolicy import parse_ac
-    from fstrain.core.plan.planner import Pins
-    from fstrain.core.planfile import OFFLOAD, STRATEGIES
-    from fstrain.errors import InputError
-
-    aliases = {"no-shard": "ddp", "fsdp-no-shard": "ddp", "zero0": "ddp"}
-    chosen = aliases.get(strategy, strategy) if strategy else None
-    if chosen is not None:
-        chosen = _choice(chosen, STRATEGIES, "--strategy")
-    if zero_stage is not None:
-        from_stage = "ddp" if zero_stage == 0 else f"zero{zero_stage}"
-        if chosen is not None and chosen != from_stage:
-            raise InputError(
-                f"--zero-stage {zero_stage} means {from_stage}, but --strategy is {strategy}",
-                "give one of them",
-                "--zero-stage",
-            )
-        chosen = from_stage
-    return Pins(
-        strategy=chosen,
-        tp=tp,
-        pp=pp,
-        shard_group_size=shard_group_size,
-        micro_batch_size=micro_batch,
-        grad_accum_steps=grad_accum,
-        activation_checkpointing=parse_ac(ac, "--ac") if ac else None,
-        offload=_choice(offload, OFFLOAD, "--offload") if offload else None,
-        pp_schedule=_pp_schedule(pp_schedule) if pp_schedule is not None else None,
-        pp_virtual_stages=pp_virtual_stages,
-        ep=ep,
-        cp=cp,
-    )
-
-
-def _pp_schedule(value: str) -> str:
-    """--pp-schedule, with the names torchtitan and the papers use for the same schedules."""
-    from fstrain.core.planfile import PP_SCHEDULES
-    from fstrain.errors import InputError
-
-    aliases = {"interleaved-1f1b": "interleaved", "interleaved1f1b": "interleaved", "zb-h1": "zero-bubble",
-               "zbh1": "zero-bubble", "zero-bubble-h1": "zero-bubble"}
-    chosen = aliases.get(value.lower(), value.lower())
-    if chosen not in PP_SCHEDULES:
-        raise InputError(f"{value!r} is not a pipeline schedule",
-                         f"use one of {', '.join(PP_SCHEDULES)} (interleaved takes --pp-virtual-stages V)",
-                         "--pp-schedule")
-    return chosen
-
-
-def resolve_cluster(
-    num_nodes: int | None,
-    gpus_per_node: int | None,
-    gpu: str | None,
-    node_specs: list[str] | None,
-    nvlink_domain_size: int | None,
-    inter_node_gbps: float | None,
-    probed: list[NodeGpus] | None = None,
-    gpu_memory_gib: float | None = None,
-    gpu_tflops: float | None = None,
-) -> PlanCluster:
-    """The cluster from probed nodes (``probed``), ``--node`` kinds, or --num-nodes x --gpus-per-node x --gpu."""
-    from fstrain.core.plan.plancluster import NodeGpus, build_cluster
-    from fstrain.errors import InputError
-
-    if (gpu_memory_gib or gpu_tflops) and (probed is not None or node_specs or not gpu):
-        raise InputError("--gpu-memory and --gpu-tflops describe the --gpu of a uniform cluster",
-                         "give --gpu NAME with them (any name, for a GPU outside the table)", "--gpu-memory")
-    if probed is not None:
-        return build_cluster(probed, inter_node_gbps, "probe")
-    if node_specs:
-        if gpu or num_nodes or gpus_per_node:
-            raise InputError("--node cannot be combined with --gpu, --num-nodes or --gpus-per-node", "", "--node")
-        nodes = [n for spec in node_specs for n in _parse_node(spec, nvlink_domain_size)]
-        return build_cluster(nodes, inter_node_gbps, "--node")
-    if not gpu:
-        from fstrain.core.plan.gpus import known_gpu_names
-
-        raise InputError("which GPU? give --gpu", f"one of {', '.join(known_gpu_names())}", "--gpu")
-    memory = int(gpu_memory_gib * 2**30) if gpu_memory_gib else None
-    node = NodeGpus(gpu, gpus_per_node or 8, memory_bytes=memory, nvlink_domain_size=nvlink_domain_size,
-                    peak_tflops=gpu_tflops)
-    return build_cluster([node] * (num_nodes or 1), inter_node_gbps, "--gpu")
-
-
-def _parse_node(spec: str, nvlink_domain_size: int | None) -> list[NodeGpus]:
-    """'h100-sxm:8x4' -> four nodes of 8 H100-SXM; 'a100-40gb:8' -> one node."""
-    from fstrain.core.plan.plancluster import NodeGpus
-    from fstrain.errors import InputError
-
-    name, _, counts = spec.rpartition(":")
-    gpus_text, _, nodes_text = counts.partition("x")
-    if not name or not gpus_text.isdigit() or (nodes_text and not nodes_text.isdigit()):
-        raise InputError(f"expected GPU:COUNT[xNODES], got {spec!r}", "e.g. --node h100-sxm:8x4", "--node")
-    gpus, copies = int(gpus_text), int(nodes_text or 1)
-    if gpus < 1 or copies < 1:
-        raise InputError(f"counts must be positive, got {spec!r}", "e.g. --node h100-sxm:8x4", "--node")
-    return [NodeGpus(name, gpus, nvlink_domain_size=nvlink_domain_size)] * copies
-
-
-def _choice(value: str, allowed: tuple[str, ...], flag: str) -> str:
-    from fstrain.errors import InputError
-
-    if value not in allowed:
-        raise InputError(f"{value!r} is not one of {', '.join(allowed)}", "", flag)
-    return value
 
 
 def plan_document(

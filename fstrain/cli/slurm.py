@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from fstrain.cli.output import console, print_json
-from fstrain.errors import FstrainError
 
 if TYPE_CHECKING:
     from fstrain.core.hostfile import Host
-    from fstrain.core.slurm import Allocation, JobStatus
+    from fstrain.core.slurm import JobStatus
     from fstrain.io.transport.base import Transport
 
 LAUNCHER = typer.Option("auto", "--launcher", help="How nodes run their part: ssh, srun (inside a Slurm "
@@ -74,57 +73,6 @@ def check_no_submit_flags(given: Mapping[str, object]) -> None:
             raise InputError(f"{flag} is an sbatch option", f"add --slurm to submit a batch job, or drop {flag}", flag)
 
 
-def check_container_flags(container_image: str | None, container_mounts: str | None) -> None:
-    """Pyxis containers are srun's: without Slurm there is nothing to run them."""
-    from fstrain.errors import InputError
-
-    if container_image or container_mounts:
-        flag = "--container-image" if container_image else "--container-mounts"
-        raise InputError(f"{flag} runs the nodes' steps in a Pyxis container, and this launch uses SSH",
-                         "run inside a Slurm allocation (--launcher srun) or submit with --slurm", flag)
-
-
-def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
-                      environ: Mapping[str, str] | None = None) -> Allocation | None:
-    """The allocation whose nodes run the job through srun, or ``None`` for SSH."""
-    from fstrain.core.slurm import LAUNCHERS, allocation_from_env
-    from fstrain.errors import InputError
-
-    env = os.environ if environ is None else environ
-    if launcher not in LAUNCHERS:
-        raise InputError(f"unknown launcher {launcher!r}", f"use one of {', '.join(LAUNCHERS)}", "--launcher")
-    if launcher == "ssh":
-        return None
-    allocation = allocation_from_env(env)
-    if launcher == "srun" and allocation is None:
-        raise InputError("--launcher srun runs inside a Slurm allocation, and SLURM_JOB_ID/SLURM_JOB_NODELIST "
-                         "are not set", "run it under salloc or sbatch, or submit with --slurm", "--launcher")
-    if launcher == "auto" and (hostfile or hosts):
-        return None
-    return allocation
-
-
-def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | None, include: str | None,
-                     exclude: str | None, gpus_per_node: int | None) -> list[Host]:
-    """The nodes to run on: the allocation's (in allocation order, cross-checked with scontrol),
-    or the --hosts/--hostfile given with --launcher srun; slots from the GPUs Slurm assigned."""
-    from fstrain.cli import hostopts
-    from fstrain.io.slurm import allocation_nodes
-
-    slots = gpus_per_node or allocation.gpus_per_node
-    if hostfile or hosts:
-        return hostopts.resolve_hosts(hostfile, hosts, include, exclude, slots).hosts
-    nodes = allocation_nodes(allocation, lambda text: console().print(f"[yellow]warning: {text}[/yellow]"))
-    return hostopts.resolve_hosts(None, ",".join(nodes), include, exclude, slots).hosts
-
-
-def srun_connect(container_image: str | None, container_mounts: str | None) -> Callable[[Host], Transport]:
-    from fstrain.core.slurm import pyxis_args
-    from fstrain.io.slurm import srun_connector
-
-    return srun_connector(pyxis_args(container_image, container_mounts))
-
-
 def allocation_connector(source: str) -> Callable[[Host], Transport] | None:
     """srun for `doctor`, `exec` and `topo` when their hosts are the allocation's (they came
     from SLURM_JOB_NODELIST, inside the job); ``None``: the usual SSH connector."""
@@ -158,6 +106,8 @@ def plan_allocation(num_nodes: int | None, gpus_per_node: int | None, gpu: str |
 
     console().print(f"[dim]cluster: Slurm job {allocation.job_id}, probing its {allocation.num_nodes} nodes "
                     "through srun[/dim]")
+    from fstrain.api.hosts import allocation_hosts
+
     hosts = allocation_hosts(allocation, None, None, None, None, None)
     reports, failed = probe_inventory(hosts, srun_connector(), python=python, fanout=fanout)
     if failed:
@@ -347,80 +297,6 @@ def render_batch_script(out: Path, plan: Path | None, args: list[str], json_outp
 
 # -- runs submitted with --slurm: fstrain runs/status/logs/stop ----------------------------------
 
-STOP_MARGIN_S = 10.0  # after the run's --grace: time for the job's fstrain to write its manifest and exit
-LOG_SCAN_BYTES = 65536  # the end of a rank's log that status reads for its last line and progress
-
-
-def slurm_row(record: Any) -> dict[str, Any]:
-    """One `fstrain runs` row for a Slurm run."""
-    import time
-
-    from fstrain.io.runs import slurm_state
-
-    state, job = slurm_state(record, strict=False)
-    seconds = job.get("run_time_s")
-    if seconds is None and record.manifest and record.manifest.get("ended") and record.manifest.get("started"):
-        seconds = record.manifest["ended"] - record.manifest["started"]
-    return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
-            "detached": True, "started": record.started, "seconds": round(seconds, 1) if seconds is not None
-            else round(time.time() - record.started, 1), "nodes": [h.label() for h in record.hosts]
-            or ([job["nodes"]] if job.get("nodes") else []), "run_dir": str(record.run_dir),
-            "mode": f"slurm {job.get('job_id')}", "job_id": job.get("job_id"), "slurm_state": job.get("state")}
-
-
-def slurm_status_document(record: Any, python: str = "python3") -> dict[str, Any]:
-    """A Slurm run's state, its job, and per node and per rank what the job's fstrain wrote in
-    the run directory (RUN_DIR/logs/<host>.r<rank>.log; the manifest's codes once it ended).
-    While the job runs, a step of it on every node (``srun --jobid --overlap``) adds which ranks
-    live there and the node's GPU memory and utilisation."""
-    from fstrain.core.gpuusage import from_node
-    from fstrain.io.runs import slurm_live_views, slurm_state
-
-    state, job = slurm_state(record)
-    ended = {str(n.get("host")): n for n in (record.manifest or {}).get("nodes", [])}
-    hosts = [h.name for h in record.hosts]
-    views: list[dict[str, Any] | None] = [None] * len(hosts)
-    asked = state.state == "running" and job.get("state") == "RUNNING" and bool(hosts)
-    if asked:
-        try:
-            views = slurm_live_views(record, str(job["job_id"]), hosts, python)
-        except FstrainError:  # srun missing here: the files still tell most of it
-            asked = False
-    nodes = []
-    for index, host in enumerate(hosts):
-        node, view = ended.get(host, {}), views[index]
-        ranks = _rank_files(record.run_dir / "logs", host)
-        alive = set((view or {}).get("ranks_alive") or [])
-        for rank in ranks:
-            rank["alive"] = (rank["rank"] in alive) if view is not None else None
-        gpus, gpus_error = from_node((view or {}).get("gpus"), host)
-        nodes.append({"host": host, "node_rank": index, "exit_code": node.get("exit_code"),
-                      "error": node.get("error"), "reachable": view is not None if asked else None,
-                      "ranks": ranks, "gpus": gpus, "gpus_error": gpus_error})
-    return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
-            "detached": True, "kind": "slurm", "started": record.started, "job": job,
-            "output": (record.slurm or {}).get("output"), "nodes": nodes}
-
-
-def _rank_files(folder: Path, host: str) -> list[dict[str, Any]]:
-    """Each rank's last line, last output time and last progress line, from its log file."""
-    import re
-
-    from fstrain.core.runstate import parse_progress
-
-    ranks = []
-    for path in folder.glob(f"{host}.r*.log") if folder.is_dir() else []:
-        match = re.fullmatch(re.escape(host) + r"\.r(\d+)\.log", path.name)
-        if match is None:
-            continue
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - LOG_SCAN_BYTES))
-            lines = handle.read().decode(errors="replace").splitlines()
-        texts = [line.split("] ", 1)[-1] for line in lines]
-        progress = next((p for p in map(parse_progress, reversed(texts)) if p is not None), None)
-        ranks.append({"rank": int(match.group(1)), "last_output_at": path.stat().st_mtime,
-                      "last_line": texts[-1] if texts else None, "progress": progress})
-    return sorted(ranks, key=lambda r: r["rank"])
 
 
 def print_slurm_status(document: dict[str, Any]) -> None:
@@ -458,101 +334,3 @@ def print_slurm_status(document: dict[str, Any]) -> None:
                           f"{progress['tokens_per_s']:,.0f}" if progress.get("tokens_per_s") else "", gpus,
                           (rank["last_line"] or "")[-60:])
     out.print(table)
-
-
-def slurm_log_files(record: Any, hosts: list[str], rank: int | None) -> list[Path]:
-    """What `fstrain logs` reads for a Slurm run: the job's output file (every tagged line and
-    fstrain's summary) unless a host or rank is asked for; then RUN_DIR/logs/<host>[.r<rank>].log."""
-    import re
-
-    from fstrain.errors import InputError
-
-    if not hosts and rank is None:
-        return [Path(record.slurm.get("output") or record.run_dir / f"slurm-{record.slurm['job_id']}.out")]
-    folder = record.run_dir / "logs"
-    known = sorted({m.group(1) for p in (folder.glob("*.log") if folder.is_dir() else [])
-                    if (m := re.fullmatch(r"(.+?)(?:\.r\d+)?\.log", p.name))})
-    for name in hosts:
-        if known and name not in known:
-            raise InputError(f"{name!r} is not one of the run's hosts", f"use one of {', '.join(known)}", "--host")
-    chosen = hosts or known
-    if rank is None:
-        return [folder / f"{host}.log" for host in chosen]
-    return [folder / f"{host}.r{rank}.log" for host in chosen]
-
-
-def slurm_running(record: Any) -> Callable[[], bool]:
-    """Whether the run's job is still queued or running (for `logs --follow`)."""
-    from fstrain.core.runstate import FINAL
-    from fstrain.io.runs import slurm_state
-
-    return lambda: slurm_state(record)[0].state not in FINAL
-
-
-def stop_slurm_run(record: Any, grace_s: float | None, force: bool, wait_s: float) -> None:
-    """`fstrain stop` of a Slurm run: SIGTERM to every process of the job (``scancel
-    --signal=TERM --full``), so its fstrain stops every rank within the run's --grace and writes
-    its manifest; if the job is still there ``grace_s`` later, or at once with --force, SIGKILL
-    to every srun step (each node's watchdog, launcher and ranks) and Slurm's own cancellation
-    (``scancel``) for what is left. A job still pending is simply cancelled."""
-    import time
-
-    from fstrain.cli.runs import _describe
-    from fstrain.core.runstate import FINAL
-    from fstrain.io.runs import mark_stop_requested, slurm_state
-    from fstrain.io.slurm import SlurmError, signal_job
-
-    job_id = str(record.slurm["job_id"])
-    state, job = slurm_state(record)
-    out = console()
-    if job.get("forgotten") and state.state == "lost":
-        raise SlurmError(f"Slurm does not know job {job_id} (run {record.run_id}) and its run directory "
-                         f"{record.run_dir} holds no final manifest", "is SLURM_CONF the cluster it was submitted to? "
-                         "`squeue -u $USER` lists your jobs", "stop")
-    if state.state in FINAL:
-        out.print(f"run {record.run_id} has already ended: {_describe(state)}")
-        return
-    # Marked first: whoever reads the end (another `logs --follow`) must know it was a stop.
-    mark_stop_requested(record)
-    try:
-        if state.state == "pending":  # no process yet: Slurm's cancellation alone
-            error = signal_job(job_id, None)
-        elif force:
-            error = None
-            _kill(job_id)
-        else:
-            error = signal_job(job_id, "TERM")
-    except BaseException:
-        mark_stop_requested(record, False)
-        raise
-    if error is not None:
-        mark_stop_requested(record, False)
-        state, _ = slurm_state(record)
-        if state.state in FINAL:
-            out.print(f"run {record.run_id} has already ended: {_describe(state)}")
-            return
-        raise SlurmError(f"scancel of job {job_id} failed: {error}", f"check the job with `squeue -j {job_id}`",
-                         "stop")
-    grace = grace_s if grace_s is not None else float(record.slurm.get("grace_s") or 15.0) + STOP_MARGIN_S
-    started = time.monotonic()
-    killed = force or state.state == "pending"
-    while state.state not in FINAL:
-        elapsed = time.monotonic() - started
-        if not killed and elapsed > grace:
-            _kill(job_id)
-            killed = True
-        if elapsed > grace + wait_s:
-            raise SlurmError(f"job {job_id} has not ended {elapsed:.0f} s after the stop",
-                             f"check it with `squeue -j {job_id}`; `scancel {job_id}` leaves it to Slurm", "stop")
-        time.sleep(1)
-        state, _ = slurm_state(record)
-    out.print(f"run {record.run_id} {_describe(state)}")
-
-
-def _kill(job_id: str) -> None:
-    """SIGKILL to every srun step, then Slurm's cancellation for the batch script (its complaint,
-    the job being gone already, is no error: the end is what `stop` waits for next)."""
-    from fstrain.io.slurm import kill_steps, signal_job
-
-    kill_steps(job_id)
-    signal_job(job_id, None)

@@ -103,10 +103,11 @@ def probe_selected(hostfile: str | None, hosts: str | None, include: str | None,
                    python: str | None) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """Probe reports of the selected hosts (this machine when none is selected), and the hosts
     that could not be probed with why."""
+    from fstrain.api.hosts import resolve_hosts
     from fstrain.io.connect import is_local, make_connector
     from fstrain.io.probe import probe_inventory, probe_local
 
-    selection = hostopts.resolve_hosts(hostfile, hosts, include, exclude, None)
+    selection = resolve_hosts(hostfile, hosts, include, exclude, None)
     if len(selection.hosts) == 1 and is_local(selection.hosts[0]):
         return [probe_local(python=python)], []
     from fstrain.cli.slurm import allocation_connector

@@ -161,6 +161,10 @@ class FileOutputs:
     def __init__(self, files: Callable[[], Sequence[Path]]) -> None:
         self.files = files
         self.offsets: dict[Path, int] = {}
+        self.failed: dict[str, str] = {}  # as NodeOutputs': no host is read over the network here
+
+    def close(self) -> None:
+        """Nothing is held between reads: each read opens and closes its files."""
 
     def read(self, tail: int | None = None) -> Iterator[str]:
         """The files' new whole lines, one file after the other, as text ending with a newline

@@ -347,7 +347,7 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
     if record.detached is None:
         if record.manifest is not None and record.manifest.get("ended"):
             return from_manifest(record.manifest)
-        alive = _pid_alive(record.client_pid)
+        alive = process_alive(record.client_pid)
         return RunState("running" if alive else "lost", None, "" if alive else "its launcher is gone")
     if views is None:  # not asked: what this machine last saw
         cached = read_cache(record.run_dir / "state.json")
@@ -425,16 +425,15 @@ def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:
     _write_json(record.run_dir / SLURM_RECORD, record.slurm)
 
 
-def _pid_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Alive and not a zombie (an exited launcher its parent has not reaped yet)."""
     if pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat[stat.rfind(")") + 2:][:1] != "Z"
 
 
 def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, run_dir: str,

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from fstrain.api.bench import bench_nprocs
 from fstrain.core.hostfile import Host
 from fstrain.errors import InputError
-from fstrain.io.bench import bench_nprocs, read_document
+from fstrain.io.bench import read_document
 
 
 def test_ranks_per_host_flag_then_slots_then_gpus_then_one() -> None:

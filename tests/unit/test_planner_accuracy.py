@@ -32,7 +32,14 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from fstrain.cli.plan import resolve_cluster, resolve_pins, resolve_training
+from fstrain.api.plan import (
+    ClusterRequest,
+    PinRequest,
+    TrainingRequest,
+    resolve_cluster,
+    resolve_pins,
+    resolve_training,
+)
 from fstrain.core.plan.assumptions import Assumptions, with_overrides
 from fstrain.core.plan.memory import MemoryBreakdown
 from fstrain.core.plan.planner import Pins, Plan, PlanModel, TrainingSpec, plan
@@ -210,8 +217,7 @@ def planner_gaps(case: Case) -> list[str]:
 
     flags, gaps = case.flags, []
     try:
-        resolve_pins(strategy=None, zero_stage=None, tp=None, pp=None, shard_group_size=None, micro_batch=None,
-                     grad_accum=None, ac=flags["ac"], offload=None)
+        resolve_pins(PinRequest(ac=flags["ac"]))
     except FstrainError:
         gaps.append(f"ac={flags['ac']}")
     for key, allowed in (("precision", planfile.PRECISIONS), ("optimizer", planfile.OPTIMIZERS),
@@ -248,22 +254,17 @@ def evaluate(case: Case) -> Outcome:
         return Outcome(case, unsupported=tuple(gaps))
     try:
         model = plan_model(case)
-        training, _ = resolve_training(
-            plan_model=model, recipe=None, seq_len=flags["seq_len"], global_batch=None, global_batch_tokens=None,
-            micro_batch=flags["micro_batch"], grad_accum=flags["grad_accum"], precision=flags["precision"],
-            optimizer=flags["optimizer"], flash_attention=flags["flash_attention"], train_tokens=None,
-        )
-        pins = resolve_pins(
-            strategy=flags["strategy"], zero_stage=None, tp=flags["tp"], pp=flags["pp"],
-            shard_group_size=flags.get("shard_group_size"), micro_batch=flags["micro_batch"],
-            grad_accum=flags["grad_accum"], ac=flags["ac"], offload=flags["offload"],
-        )
+        training, _ = resolve_training(model, None, TrainingRequest(
+            seq_len=flags["seq_len"], micro_batch=flags["micro_batch"], grad_accum=flags["grad_accum"],
+            precision=flags["precision"], optimizer=flags["optimizer"], flash_attention=flags["flash_attention"]))
+        pins = resolve_pins(PinRequest(
+            strategy=flags["strategy"], tp=flags["tp"], pp=flags["pp"], shard_group_size=flags.get("shard_group_size"),
+            micro_batch=flags["micro_batch"], grad_accum=flags["grad_accum"], ac=flags["ac"], offload=flags["offload"]))
         training, pins = _with_extra_knobs(case, training, pins)
         overrides = {k: flags[k] for k in ("gpu_memory_gib", "gpu_tflops") if flags.get(k)}  # --gpu-memory/-tflops
-        cluster = resolve_cluster(
-            num_nodes=flags["num_nodes"], gpus_per_node=flags["gpus_per_node"], gpu=flags["gpu"], node_specs=None,
-            nvlink_domain_size=None, inter_node_gbps=flags.get("inter_node_gbps"), **overrides,
-        )
+        cluster = resolve_cluster(ClusterRequest(
+            num_nodes=flags["num_nodes"], gpus_per_node=flags["gpus_per_node"], gpu=flags["gpu"],
+            inter_node_gbps=flags.get("inter_node_gbps"), **overrides))
         assumptions = with_overrides(Assumptions(), [f"{k}={v}" for k, v in (flags.get("assume") or {}).items()])
         result = plan(model, training, cluster, pins, assumptions, suggest=False)
     except FstrainError as exc:

@@ -1,0 +1,33 @@
+"""fstrain's Python API: what the command line does, for a notebook, a scheduler or a test.
+
+The command line is a thin client of this package: it parses argv into the typed requests
+below, calls these functions and prints what they return. Bad input raises the same
+``fstrain.errors.FstrainError`` (message, hint, where) the CLI prints as one line.
+
+    from fstrain import api
+
+    planned = api.plan(api.PlanRequest(model=api.ModelRequest("llama3.1-8b"),
+                                       cluster=api.ClusterRequest(num_nodes=2, gpu="h100-sxm")))
+    run = api.launch(api.LaunchRequest(job=api.JobRequest(model="tiny", nproc_per_node=2)))
+    api.runs()                      # runs started from this machine
+    handle = api.open_run(run.run_id)
+    handle.state(); handle.status(); handle.logs(tail=5); handle.stop(); handle.wait()
+
+Layers (docs/architecture.md): ``fstrain.core`` is pure, ``fstrain.io`` touches hosts and
+processes, ``fstrain.api`` resolves requests and drives runs through both, ``fstrain.cli``
+parses and prints.
+"""
+
+from __future__ import annotations
+
+from fstrain.api.launch import DryRun, Launched, Prepared, dry_run, launch, prepare
+from fstrain.api.plan import ClusterRequest, ModelRequest, PinRequest, Planned, PlanRequest, TrainingRequest, plan
+from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings
+from fstrain.api.runs import Access, Run, Stopped, open_run
+from fstrain.api.runs import all_runs as runs
+
+__all__ = [
+    "Access", "ClusterRequest", "DryRun", "HostRequest", "JobRequest", "LaunchRequest", "Launched", "ModelRequest",
+    "PinRequest", "PlanRequest", "Planned", "Prepared", "Run", "RunSettings", "Stopped", "TrainingRequest", "dry_run",
+    "launch", "open_run", "plan", "prepare", "runs",
+]

@@ -1,0 +1,159 @@
+"""The one run driver: every run goes through the same stages, whatever starts it.
+
+1. connect: one connection per host (SSH, or srun steps inside a Slurm allocation);
+2. prewarm (attached runs): every node's launcher Python starts importing torch now;
+3. preflight: interpreter, packages, working directory, interfaces on every host;
+4. rendezvous: the master address every node reaches, and its port;
+5. the job: given what the checks found, what each node runs (launch's program or plan,
+   the benchmark worker, ...), rendered files included;
+6. start the nodes and supervise them (attached: fstrain/io/launch.py, the supervisor's rules
+   here; detached: node 0's coordinator, the same rules there);
+7. collect and the manifest (RUN_DIR/manifest.json).
+
+`fstrain launch` (attached, detached, inside an allocation) and `fstrain bench` are jobs this
+driver runs; the job is the only part that differs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from fstrain.core.hostfile import Host
+from fstrain.core.launchspec import NodeLaunch
+from fstrain.io.fanout import HostPool
+from fstrain.io.launch import (
+    HostFacts,
+    Rendezvous,
+    RunOptions,
+    RunOutcome,
+    choose_rendezvous,
+    preflight,
+    prewarm_nodes,
+    remote_run_dir,
+    run_nodes,
+    write_manifest,
+)
+from fstrain.io.transport.base import Transport
+
+Report = Callable[[str], None]  # one line for the humans watching (stderr in the CLI)
+
+
+@dataclass(frozen=True)
+class DriveRequest:
+    """Where and how a run is driven; the job itself comes separately."""
+
+    hosts: Sequence[Host]
+    run_id: str
+    run_dir: Path
+    python: str = "python3"
+    workdir: str | None = None  # None: this directory, checked on every host (with ``here_by_default``)
+    here_by_default: bool = True  # False: None leaves each node's command in its login directory
+    packages: tuple[str, ...] = ("torch",)  # the preflight checks they import on every host
+    env: Mapping[str, str] = field(default_factory=dict)  # the user's, for every rank
+    master_port: int | None = None
+    fanout: int = 64
+    prewarm_backend: str | None = None  # attached: start this launcher's Python during the checks
+    grace_s: float = 15.0
+    heartbeat_timeout_s: float = 30.0
+    stall_timeout_s: float | None = None
+    finish_timeout_s: float | None = None
+    detach: bool = False
+    record: bool = True  # list the run in this machine's index (`fstrain runs`)
+    ssh_config: str | None = None  # kept with a detached run, for later commands
+    color: bool = False
+    out: TextIO = sys.stdout  # the ranks' lines
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the checks found: each host's facts, the rendezvous, each node's run directory."""
+
+    facts: list[HostFacts]
+    rendezvous: Rendezvous
+    run_dirs: list[str]
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    """What a job runs on the nodes, fitted to what the checks found."""
+
+    backend: str
+    launches: list[NodeLaunch]
+    node_files: list[dict[str, str]] = field(default_factory=list)  # per node: rendered files to write there
+    plan: dict[str, Any] | None = None  # the plan it trains with, for the manifest
+
+
+@dataclass
+class Driven:
+    checked: Checked
+    job: NodeJob
+    outcome: RunOutcome
+    manifest: dict[str, Any]
+    started: float
+    answers: list[dict[str, Any]] = field(default_factory=list)  # detached: each node's start answer
+
+
+def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Callable[[Checked], NodeJob]) -> Driven:
+    """Run the stages; never leaves a job running (a failure in any stage stops what started)."""
+    hosts = list(request.hosts)
+    # Like DeepSpeed's launcher: by default this directory, checked on every host.
+    workdir = request.workdir or (os.getcwd() if request.here_by_default else None)
+    started = time.time()
+    with HostPool(hosts, connect, fanout=request.fanout) as pool:
+        prewarmed = prewarm_nodes(pool, request.prewarm_backend, request.python, workdir, request.env,
+                                  request.run_id) if request.prewarm_backend and not request.detach else []
+        try:
+            facts = preflight(pool, request.python, workdir, packages=request.packages,
+                              workdir_is_default=request.workdir is None and workdir is not None)
+            rendezvous = choose_rendezvous(pool, connect, facts, request.python, request.run_id, request.master_port)
+            run_dirs = [remote_run_dir(h, f.info.get("home"), request.run_id, request.run_dir)
+                        for h, f in zip(hosts, facts, strict=True)]
+            checked = Checked(facts, rendezvous, run_dirs)
+            node_job = job(checked)
+            options = RunOptions(run_id=request.run_id, run_dir=request.run_dir, grace_s=request.grace_s,
+                                 heartbeat_timeout_s=request.heartbeat_timeout_s, workdir=workdir,
+                                 node_run_dirs=run_dirs, node_files=node_job.node_files, color=request.color,
+                                 out=request.out, stall_timeout_s=request.stall_timeout_s,
+                                 finish_timeout_s=request.finish_timeout_s)
+            if request.detach:
+                return _start_detached(request, connect, checked, node_job, options, started)
+            if request.record:
+                from fstrain.io.runs import register
+
+                register(request.run_id, request.run_dir, detached=False)
+            outcome = run_nodes(node_job.launches, pool.open_transport, request.python, options, prewarmed)
+        finally:
+            for node in prewarmed:
+                if node is not None:
+                    node.close()
+    manifest = write_manifest(request.run_dir / "manifest.json", run_id=request.run_id, backend=node_job.backend,
+                              rendezvous=rendezvous, launches=node_job.launches, outcome=outcome, facts=facts,
+                              env=request.env, plan=node_job.plan)
+    return Driven(checked, node_job, outcome, manifest, started)
+
+
+def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport], checked: Checked,
+                    node_job: NodeJob, options: RunOptions, started: float) -> Driven:
+    """Every node's watchdog started detached (node 0 the coordinator), recorded here."""
+    import json
+
+    from fstrain.io.runs import record_detached, start_detached
+
+    answers = start_detached(node_job.launches, connect, request.python, options, checked.rendezvous)
+    record_detached(request.run_dir, run_id=request.run_id, backend=node_job.backend, hosts=list(request.hosts),
+                    launches=node_job.launches, run_dirs=checked.run_dirs, answers=answers,
+                    rendezvous=checked.rendezvous, ssh_config=request.ssh_config, python=request.python,
+                    grace_s=request.grace_s)
+    manifest = write_manifest(request.run_dir / "manifest.json", run_id=request.run_id, backend=node_job.backend,
+                              rendezvous=checked.rendezvous, launches=node_job.launches, outcome=None,
+                              facts=checked.facts, env=request.env, plan=node_job.plan)
+    manifest.update(reason="detached", started=started, detached=True)
+    (request.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    outcome = RunOutcome(0, "detached", None, [], started, time.time())
+    return Driven(checked, node_job, outcome, manifest, started, answers)

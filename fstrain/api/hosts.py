@@ -1,0 +1,112 @@
+"""Which hosts a command runs on, and how they are reached: the host options every
+multi-host command shares, and the Slurm allocation whose nodes run a job through srun.
+
+Order: ``--hostfile`` or ``--hosts`` (not both); else ``SLURM_JOB_NODELIST``; else localhost,
+said out loud. A hostfile that does not exist is an error, never a fallback to localhost.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fstrain.core.hostfile import (
+    Host,
+    hosts_from_environment,
+    parse_host_list,
+    parse_hostfile,
+    select_hosts,
+    with_default_slots,
+)
+from fstrain.errors import InventoryError
+
+if TYPE_CHECKING:
+    from fstrain.core.slurm import Allocation
+    from fstrain.io.transport.base import Transport
+
+
+@dataclass(frozen=True)
+class HostSelection:
+    hosts: list[Host]
+    source: str  # where the hosts came from, for messages
+
+
+def resolve_hosts(
+    hostfile: str | None,
+    hosts: str | None,
+    include: str | None,
+    exclude: str | None,
+    gpus_per_node: int | None,
+    environ: Mapping[str, str] | None = None,
+) -> HostSelection:
+    """Turn the host options into the selected hosts, or raise one clear InventoryError."""
+    env = os.environ if environ is None else environ
+    for flag, value in (("--hostfile", hostfile), ("--hosts", hosts), ("--include", include), ("--exclude", exclude)):
+        if value is not None and not value.strip():  # explicitly empty: never a silent fallback
+            raise InventoryError(f"{flag} is empty", f"give {flag} a value, or leave the option out", flag)
+    if hostfile and hosts:
+        raise InventoryError("--hostfile and --hosts cannot be combined", "use one of them", "--hostfile/--hosts")
+    if hostfile:
+        from fstrain.io.userfiles import read_text_bounded
+
+        path = Path(hostfile)
+        if not path.exists():
+            raise InventoryError("hostfile not found", "check the path given to --hostfile", hostfile)
+        if not path.is_file():
+            raise InventoryError("hostfile is not a regular file", "give the path of a hostfile", hostfile)
+        text = read_text_bounded(path, "hostfile", hint="check the path given to --hostfile")
+        found, source = parse_hostfile(text, hostfile), hostfile
+    elif hosts:
+        found, source = parse_host_list(hosts), "--hosts"
+    else:
+        slurm = hosts_from_environment(env)
+        if slurm is not None:
+            found, source = slurm, "SLURM_JOB_NODELIST"
+        else:
+            found, source = [Host("localhost", where="default")], "localhost (no --hostfile or --hosts given)"
+    found = with_default_slots(found, gpus_per_node)
+    return HostSelection(select_hosts(found, include, exclude), source)
+
+
+def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
+                      environ: Mapping[str, str] | None = None) -> Allocation | None:
+    """The allocation whose nodes run the job through srun, or ``None`` for SSH."""
+    from fstrain.core.slurm import LAUNCHERS, allocation_from_env
+    from fstrain.errors import InputError
+
+    env = os.environ if environ is None else environ
+    if launcher not in LAUNCHERS:
+        raise InputError(f"unknown launcher {launcher!r}", f"use one of {', '.join(LAUNCHERS)}", "--launcher")
+    if launcher == "ssh":
+        return None
+    allocation = allocation_from_env(env)
+    if launcher == "srun" and allocation is None:
+        raise InputError("--launcher srun runs inside a Slurm allocation, and SLURM_JOB_ID/SLURM_JOB_NODELIST "
+                         "are not set", "run it under salloc or sbatch, or submit with --slurm", "--launcher")
+    if launcher == "auto" and (hostfile or hosts):
+        return None
+    return allocation
+
+
+def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | None, include: str | None,
+                     exclude: str | None, gpus_per_node: int | None) -> list[Host]:
+    """The nodes to run on: the allocation's (in allocation order, cross-checked with scontrol),
+    or the --hosts/--hostfile given with --launcher srun; slots from the GPUs Slurm assigned."""
+    from fstrain.io.localout import warn
+    from fstrain.io.slurm import allocation_nodes
+
+    slots = gpus_per_node or allocation.gpus_per_node
+    if hostfile or hosts:
+        return resolve_hosts(hostfile, hosts, include, exclude, slots).hosts
+    nodes = allocation_nodes(allocation, warn)
+    return resolve_hosts(None, ",".join(nodes), include, exclude, slots).hosts
+
+
+def srun_connect(container_image: str | None, container_mounts: str | None) -> Callable[[Host], Transport]:
+    from fstrain.core.slurm import pyxis_args
+    from fstrain.io.slurm import srun_connector
+
+    return srun_connector(pyxis_args(container_image, container_mounts))

@@ -1,0 +1,248 @@
+"""``launch``: a training job on every selected host, through the one run driver.
+
+Over SSH, or inside a Slurm allocation through srun steps; attached (returns when the job has
+ended, every rank's lines on ``out``) or detached (returns once every node has started). The
+checks that need no host come first: a bad request is one error before anything is contacted.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from fstrain.api.job import Job, JobSpec, build_job, interface_env, job_spec, new_run_id, rendered_files, resolve_nprocs
+from fstrain.api.requests import LaunchRequest
+
+if TYPE_CHECKING:
+    from fstrain.api.driver import Checked, Driven, NodeJob
+    from fstrain.api.hosts import HostSelection
+    from fstrain.core.hostfile import Host
+    from fstrain.core.launchspec import NodeLaunch
+    from fstrain.core.planfile import PlanFile
+    from fstrain.core.slurm import Allocation
+    from fstrain.io.transport.base import Transport
+
+Report = Callable[[str], None]
+
+
+def _to_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request checked without contacting any host: the hosts, the job, the run's identity."""
+
+    request: LaunchRequest
+    selection: HostSelection
+    allocation: Allocation | None  # inside a Slurm allocation: nodes run their part as srun steps
+    spec: JobSpec
+    run_id: str
+    run_dir: Path
+
+
+@dataclass
+class Launched:
+    """A launch that has ended (attached) or started (detached)."""
+
+    run_id: str
+    run_dir: Path
+    driven: Driven
+    job: Job
+    training_summary: dict[str, Any] | None = None
+    hosts: list[Host] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return self.driven.outcome.exit_code
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.driven.manifest
+
+
+def prepare(request: LaunchRequest) -> Prepared:
+    """Everything that needs no host: backend, hosts, the job, timeouts, the run id."""
+    from fstrain.api.hosts import HostSelection, allocation_hosts, choose_allocation, resolve_hosts
+    from fstrain.core.launchspec import BACKENDS
+    from fstrain.errors import InputError
+
+    job, hosts, run = request.job, request.hosts, request.run
+    if job.backend not in BACKENDS:
+        raise InputError(f"unknown backend {job.backend!r}", f"use one of {', '.join(BACKENDS)}", "--backend")
+    allocation = choose_allocation(hosts.launcher, hosts.hostfile, hosts.hosts)
+    if allocation is not None and run.detach:
+        # srun steps end with the srun that started them: a detached run would die with this terminal.
+        raise InputError("--detach cannot outlive the terminal inside a Slurm allocation (its srun steps end "
+                         "with this command)", "submit the job with --slurm --detach instead, or run without "
+                         "--detach", "--detach")
+    if allocation is not None:
+        selection = HostSelection(allocation_hosts(allocation, hosts.hostfile, hosts.hosts, hosts.include,
+                                                   hosts.exclude, hosts.gpus_per_node), "Slurm job")
+    else:
+        check_container_options(request)
+        selection = resolve_hosts(hosts.hostfile, hosts.hosts, hosts.include, hosts.exclude, hosts.gpus_per_node)
+    spec = job_spec(job)
+    run_id = run.run_id or new_run_id()
+    return Prepared(request, selection, allocation, spec, run_id, Path(run.run_dir or Path("runs") / run_id))
+
+
+def check_container_options(request: LaunchRequest) -> None:
+    """Pyxis containers are srun's: without Slurm there is nothing to run them."""
+    from fstrain.errors import InputError
+
+    if request.container_image or request.container_mounts:
+        flag = "--container-image" if request.container_image else "--container-mounts"
+        raise InputError(f"{flag} runs the nodes' steps in a Pyxis container, and this launch uses SSH",
+                         "run inside a Slurm allocation (--launcher srun) or submit with --slurm", flag)
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """The exact per-node commands a launch would run; nothing was contacted."""
+
+    launches: list[NodeLaunch]
+    job: Job
+    master_addr: str
+    master_port: int
+    note: str = ("dry run: nothing was contacted; the master address and port are checked, and "
+                 "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME chosen per node, at launch")
+
+
+def dry_run(prepared: Prepared) -> DryRun:
+    from fstrain.core.launchspec import master_port_candidates, plan_launches
+    from fstrain.io.connect import is_local
+
+    request, hosts = prepared.request, prepared.selection.hosts
+    nprocs = resolve_nprocs(hosts, request.job.nproc_per_node, None)
+    job = build_job(prepared.spec, hosts, nprocs, request.job.python)
+    master = "127.0.0.1" if all(is_local(h) for h in hosts) else hosts[0].name
+    port = request.run.master_port or master_port_candidates(prepared.run_id)[0]
+    launches = plan_launches(hosts, backend=request.job.backend, nprocs=nprocs, program=job.program,
+                             python=request.job.python, master_addr=master, master_port=port,
+                             run_id=prepared.run_id, max_restarts=request.run.max_restarts,
+                             env=dict(request.job.env), per_node_env=[], no_local_rank=request.job.no_local_rank)
+    return DryRun(launches, job, master, port)
+
+
+def launch(request: LaunchRequest | Prepared, *, out: TextIO | None = None, report: Report = _to_stderr,
+           color: bool = False) -> Launched:
+    """Run the job (attached: to its end; detached: until every node has started). The ranks'
+    lines go to ``out`` (stdout by default), one line of progress each to ``report``."""
+    prepared = request if isinstance(request, Prepared) else prepare(request)
+    return _execute(prepared, out or sys.stdout, report, color)
+
+
+def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
+    from fstrain.io.connect import check_distinct_endpoints, make_connector
+
+    request = prepared.request
+    if prepared.allocation is not None:
+        from fstrain.api.hosts import srun_connect
+
+        return srun_connect(request.container_image, request.container_mounts)
+    check_distinct_endpoints(prepared.selection.hosts, request.hosts.ssh_config)
+    return make_connector(request.hosts.ssh_config, accept_new_hosts=request.hosts.accept_new_hosts)
+
+
+def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> Launched:
+    from fstrain.api.driver import DriveRequest, drive
+
+    request, hosts = prepared.request, prepared.selection.hosts
+    job_request, run = request.job, request.run
+    connect = _connector(prepared)
+    built: list[Job] = []
+
+    def node_job(checked: Checked) -> NodeJob:
+        job, node = fit_job(prepared, checked)
+        built.append(job)
+        if job.plan is not None:
+            report(describe_plan(job.plan, f"each node's run directory ({hosts[0].name}: {checked.run_dirs[0]})"))
+        report(describe_start(prepared, checked, node.launches))
+        return node
+
+    drive_request = DriveRequest(
+        hosts=hosts, run_id=prepared.run_id, run_dir=prepared.run_dir, python=job_request.python,
+        workdir=job_request.workdir,
+        packages=("torch", "deepspeed") if job_request.backend == "deepspeed" else ("torch",),
+        env=dict(job_request.env), master_port=run.master_port, fanout=request.hosts.fanout,
+        prewarm_backend=job_request.backend, grace_s=run.grace_s, heartbeat_timeout_s=run.heartbeat_timeout_s,
+        stall_timeout_s=run.stall_timeout_s, finish_timeout_s=run.finish_timeout_s, detach=run.detach,
+        ssh_config=request.hosts.ssh_config, color=color, out=out)
+    driven = drive(drive_request, connect, node_job)
+    job = built[0]
+    launched = Launched(prepared.run_id, prepared.run_dir, driven, job, hosts=list(hosts))
+    if job.bundled_trainer and not run.detach and driven.outcome.exit_code == 0:
+        launched.training_summary = fetch_training_summary(hosts[0], driven.checked.run_dirs[0], connect,
+                                                           prepared.run_dir, report)
+        if launched.training_summary is not None:
+            driven.manifest["training_summary"] = launched.training_summary
+    return launched
+
+
+def fit_job(prepared: Prepared, checked: Checked) -> tuple[Job, NodeJob]:
+    """The job for the hosts the checks found: processes per node (slots, else GPUs), the
+    plan fitted to the world size, each node's launcher command and rendered files."""
+    from fstrain.api.driver import NodeJob
+    from fstrain.core.launchspec import plan_launches
+
+    request, hosts = prepared.request, prepared.selection.hosts
+    job_request = request.job
+    gpus = [int(f.info.get("nvidia_gpus") or 0) for f in checked.facts]
+    nprocs = resolve_nprocs(hosts, job_request.nproc_per_node, gpus)
+    job = build_job(prepared.spec, hosts, nprocs, job_request.python,
+                    "gpu (not planned: see fstrain plan)" if any(gpus) else "cpu")
+    per_node = [interface_env(ifname, dict(job_request.env)) for ifname in checked.rendezvous.interfaces]
+    launches = plan_launches(hosts, backend=job_request.backend, nprocs=nprocs, program=job.program,
+                             python=job_request.python, master_addr=checked.rendezvous.master_addr,
+                             master_port=checked.rendezvous.master_port, run_id=prepared.run_id,
+                             max_restarts=request.run.max_restarts, env=dict(job_request.env),
+                             per_node_env=per_node, no_local_rank=job_request.no_local_rank)
+    node_files = [rendered_files(job.plan, d, job.steps) for d in checked.run_dirs] if job.plan else []
+    return job, NodeJob(job_request.backend, launches, node_files, job.plan.to_dict() if job.plan else None)
+
+
+def describe_plan(plan: PlanFile, where: str = "each node's run directory at launch") -> str:
+    from fstrain.core.launchplan import trainer_backend
+    from fstrain.core.plan.planner import describe_knobs
+
+    k = plan.knobs
+    return (f"plan: {plan.model.name}: {describe_knobs(k)}, {k.precision}, global batch {k.global_batch_size} x "
+            f"{k.seq_len} tokens; trainer backend {trainer_backend(plan)}; configs rendered into {where}")
+
+
+def describe_start(prepared: Prepared, checked: Checked, launches: list[NodeLaunch]) -> str:
+    nprocs = [launch.nproc for launch in launches]
+    procs: Any = nprocs[0] if len(set(nprocs)) == 1 else nprocs
+    nodes = len(launches)
+    where = ("output in each node's run directory (fstrain logs)" if prepared.request.run.detach
+             else f"logs in {prepared.run_dir}/logs")
+    return (f"run {prepared.run_id}: {nodes} node{'' if nodes == 1 else 's'} x {procs} "
+            f"{'process' if procs == 1 else 'processes'}, {prepared.request.job.backend}, master "
+            f"{checked.rendezvous.master_addr}:{checked.rendezvous.master_port}; {where}")
+
+
+def fetch_training_summary(host: Host, run_dir: str, connect: Callable[[Host], Transport], folder: Path,
+                           report: Report) -> dict[str, Any] | None:
+    """Rank 0's summary.json (node 0), copied into the local run directory."""
+    import json
+
+    from fstrain.io.localout import describe, warn
+
+    transport = connect(host)
+    try:
+        result = transport.run(["cat", f"{run_dir}/summary.json"], timeout_s=30)
+    finally:
+        transport.close()
+    if not result.ok:
+        report(f"no training summary on {host.label()}: {result.error or result.stderr.strip()}")
+        return None
+    summary: dict[str, Any] = json.loads(result.stdout)
+    try:
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    except OSError as exc:
+        warn(f"cannot write {folder / 'summary.json'} ({describe(exc)})")
+    return summary

@@ -1,0 +1,567 @@
+"""Runs started from this machine, each behind one handle: its state, status, output, stop and
+end, the same calls whatever kind of run it is.
+
+One implementation per backend, never per command:
+
+- ``SshRun``: a detached run; its nodes keep the state (node 0's coordinator), reached over SSH;
+- ``AttachedRun``: an attached launch on this machine; its manifest and logs are here, its
+  launcher a local process;
+- ``SlurmRun``: a job submitted with ``launch --slurm``; Slurm's word (scontrol/squeue), the run
+  directory the job's fstrain writes, ``scancel``.
+
+`fstrain runs/status/logs/attach/stop` and the Python API (``fstrain.api``) go through these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fstrain.core.runstate import FINAL, RunState
+from fstrain.errors import FstrainError, InputError
+
+if TYPE_CHECKING:
+    from fstrain.core.hostfile import Host
+    from fstrain.io.logs import FileOutputs, NodeOutputs
+    from fstrain.io.runs import RunRecord
+    from fstrain.io.transport.base import Transport
+
+STOP_MARGIN_S = 10.0  # Slurm: after the run's --grace, time for the job's fstrain to write its manifest and exit
+LOG_SCAN_BYTES = 65536  # the end of a rank's log that a Slurm run's status reads for its last line and progress
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Access:
+    """How this machine reaches a run's hosts (the run's own settings where it recorded them)."""
+
+    ssh_config: str | None = None
+    accept_new_hosts: bool = False
+    python: str = "python3"
+
+
+@dataclass(frozen=True)
+class Stopped:
+    state: RunState
+    already_ended: bool  # nothing was stopped: the run had ended before
+
+
+class Outputs(Protocol):
+    """A run's output as whole lines (each ending with a newline): the last ``tail`` first,
+    then, on later reads, what came since. ``failed``: hosts that could not be read (why)."""
+
+    failed: dict[str, str]
+
+    def read(self, tail: int | None = None) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    record: RunRecord
+
+    def state(self) -> RunState: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> Outputs: ...
+
+    def running(self) -> bool: ...
+
+    def finished(self) -> RunState | None: ...
+
+    def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped: ...
+
+
+class Run:
+    """One run, found by its id (or a unique prefix, or its local run directory)."""
+
+    def __init__(self, record: RunRecord, access: Access | None = None) -> None:
+        self.record = record
+        self.access = access or Access()
+        self.backend: Backend = backend_for(record, self.access)
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    @property
+    def run_dir(self) -> Path:
+        return self.record.run_dir
+
+    @property
+    def kind(self) -> str:
+        """attached, detached or slurm."""
+        return "slurm" if self.record.slurm is not None else "detached" if self.record.detached else "attached"
+
+    def state(self) -> RunState:
+        """pending, starting, running, stalled, succeeded, failed, stopped or lost; exit code, reason."""
+        return self.backend.state()
+
+    def status(self) -> dict[str, Any]:
+        """The state and, per node and rank, what is known now (`fstrain status --json`)."""
+        return self.backend.status()
+
+    def outputs(self, *, hosts: Sequence[str] = (), rank: int | None = None, since_s: float | None = None) -> Outputs:
+        """The run's output files, filtered (``since_s``: lines of the last so many seconds;
+        only runs whose lines carry their time, the detached ones)."""
+        if since_s is not None and self.kind != "detached":
+            kind = "a Slurm run's" if self.kind == "slurm" else "an attached run's"
+            raise InputError(f"--since needs the time of each line, and {kind} log lines have none",
+                             "use --tail N", "--since")
+        return self.backend.outputs(hosts, rank, time.time() - since_s if since_s is not None else None)
+
+    def logs(self, *, tail: int | None = None, hosts: Sequence[str] = (), rank: int | None = None,
+             since_s: float | None = None) -> list[str]:
+        """The run's lines now (tagged ``[host rN]``), the last ``tail`` of them if given."""
+        outputs = self.outputs(hosts=hosts, rank=rank, since_s=since_s)
+        try:
+            lines = list(outputs.read(tail))
+        finally:
+            outputs.close()
+        if outputs.failed:
+            names = ", ".join(f"{host} ({why})" for host, why in sorted(outputs.failed.items()))
+            raise FstrainError(f"could not read the output of {names}", "check the hosts with `fstrain status`",
+                               "logs")
+        return lines
+
+    def running(self) -> bool:
+        """Whether anything of the run still runs (a watchdog, its launcher, the job)."""
+        return self.backend.running()
+
+    def finished(self) -> RunState | None:
+        """The final state once the run has ended and nothing of it runs any more; else None."""
+        return self.backend.finished()
+
+    def stop(self, *, force: bool = False, grace_s: float | None = None, wait_s: float = 60.0) -> Stopped:
+        """SIGTERM to every rank (SIGKILL after the grace period; at once with ``force``), then
+        wait up to ``wait_s`` for the run to end."""
+        return self.backend.stop(force, grace_s, wait_s)
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 2.0) -> RunState:
+        """Block until the run has ended (its final state), or raise after ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            state = self.finished()
+            if state is not None:
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise FstrainError(f"run {self.run_id} has not ended within {timeout_s:g} s",
+                                   "wait longer, or stop it", "wait")
+            time.sleep(poll_s)
+
+
+def open_run(reference: str, access: Access | None = None) -> Run:
+    from fstrain.io.runs import find_run
+
+    return Run(find_run(reference), access)
+
+
+def all_runs(access: Access | None = None) -> list[Run]:
+    from fstrain.io.runs import all_runs as records
+
+    return [Run(record, access) for record in records()]
+
+
+def backend_for(record: RunRecord, access: Access) -> Backend:
+    if record.slurm is not None:
+        return SlurmRun(record, access)
+    if record.detached is not None:
+        return SshRun(record, access)
+    return AttachedRun(record, access)
+
+
+def describe(state: RunState) -> str:
+    """``failed, exit 7 (...)``: a run's state and exit code, as every run command says it."""
+    from fstrain.core.rankexit import describe_code
+
+    code = f", exit {describe_code(state.exit_code)}" if state.exit_code is not None else ""
+    return f"{state.state}{code}"
+
+
+# -- detached runs over SSH ---------------------------------------------------------------------
+
+
+class SshRun:
+    def __init__(self, record: RunRecord, access: Access) -> None:
+        from fstrain.io.connect import make_connector
+
+        assert record.detached is not None
+        self.record = record
+        self.detached = record.detached
+        self.python = self.detached.python or access.python
+        self.connect: Callable[[Host], Transport] = make_connector(access.ssh_config or self.detached.ssh_config,
+                                                                    accept_new_hosts=access.accept_new_hosts)
+
+    def views(self) -> list[dict[str, Any] | None]:
+        from fstrain.io.runs import node_views
+
+        return node_views(self.record, self.connect, self.python)
+
+    def state(self) -> RunState:
+        from fstrain.io.runs import run_state
+
+        return run_state(self.record, self.views())
+
+    def running(self) -> bool:
+        return any((view or {}).get("watchdog_alive") for view in self.views())
+
+    def finished(self) -> RunState | None:
+        from fstrain.io.runs import run_state
+
+        views = self.views()
+        state = run_state(self.record, views)
+        return state if state.state in FINAL and not any((v or {}).get("watchdog_alive") for v in views) else None
+
+    def status(self) -> dict[str, Any]:
+        return status_document(self.record, self.views())
+
+    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> NodeOutputs:
+        from fstrain.io.logs import NodeFile, NodeOutputs
+
+        known = {h.name for h in self.record.hosts} | {h.label() for h in self.record.hosts}
+        for name in hosts:
+            if name not in known:
+                raise InputError(f"{name!r} is not one of the run's hosts", f"use one of {', '.join(sorted(known))}",
+                                 "--host")
+        nodes = [NodeFile(n.host, n.run_dir, n.node_rank, n.rank_offset) for n in self.detached.nodes
+                 if not hosts or n.host.name in hosts or n.host.label() in hosts]
+        return NodeOutputs(nodes, self.connect, self.python, rank=rank, since=since)
+
+    def final_record(self) -> dict[str, Any]:
+        """The coordinator's record of the run's end (``run.json``), as a node keeps it."""
+        views = self.views()
+        return next(((v or {}).get("node", {}).get("final") for v in views
+                     if (v or {}).get("node", {}).get("final")), None) or {}
+
+    def training_summary(self) -> dict[str, Any] | None:
+        """The bundled trainer's rank-0 summary (node 0's run directory), copied into the local one."""
+        node0 = self.detached.nodes[0]
+        transport = self.connect(node0.host)
+        try:
+            result = transport.run(["cat", f"{node0.run_dir}/summary.json"], timeout_s=30)
+        finally:
+            transport.close()
+        if not result.ok:
+            return None
+        try:
+            summary: dict[str, Any] = json.loads(result.stdout)
+        except ValueError:
+            return None
+        (self.record.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped:
+        """Ask the coordinator (through node 0 itself) to stop the run, then wait for its end."""
+        from fstrain.io.runs import run_state, stop_on_node
+
+        node0 = self.detached.nodes[0]
+        answer = stop_on_node(self.connect, node0.host, self.python, node0.run_dir, "kill" if force else "term",
+                              grace_s)
+        if "error" in answer:
+            state = self.state()
+            if state.state in FINAL:
+                return Stopped(state, True)
+            raise FstrainError(f"could not reach run {self.record.run_id}'s coordinator: {answer['error']}",
+                               "check node 0 with `fstrain status`", "stop")
+        deadline = time.monotonic() + wait_s
+        while True:
+            views = self.views()
+            state = run_state(self.record, views)
+            if state.state in FINAL and not any((v or {}).get("watchdog_alive") for v in views):
+                return Stopped(state, False)
+            if time.monotonic() > deadline:
+                raise FstrainError(f"run {self.record.run_id} has not ended {wait_s:g} s after the stop",
+                                   "check with `fstrain status`; `fstrain stop --force` skips the grace period",
+                                   "stop")
+            time.sleep(POLL_S)
+
+
+def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None) -> dict[str, Any]:
+    """The state and per node and rank: reachable, watchdog alive, exit, last output, progress, GPUs."""
+    from fstrain.core.gpuusage import from_node
+    from fstrain.core.runstate import parse_progress
+    from fstrain.io.runs import run_state
+
+    state = run_state(record, views)
+    nodes: list[dict[str, Any]] = []
+    if record.detached is None:  # an attached run: what its manifest recorded
+        nodes = [{"host": n.get("host"), "node_rank": n.get("node_rank"), "exit_code": n.get("exit_code"),
+                  "error": n.get("error"), "last_lines": n.get("last_lines") or [], "ranks": []}
+                 for n in (record.manifest or {}).get("nodes", [])]
+    for index, host in enumerate(record.hosts if record.detached else []):
+        view = views[index] if views else None
+        node = (view or {}).get("node") or {}
+        offset = record.detached.nodes[index].rank_offset if record.detached else None
+        alive = set((view or {}).get("ranks_alive") or [])
+        ranks = []
+        for local, entry in sorted((node.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
+            rank = int(local) + offset if offset is not None else int(local)
+            progress = parse_progress(entry.get("progress_line") or "") if entry.get("progress_line") else None
+            ranks.append({"rank": rank, "local_rank": int(local), "alive": rank in alive,
+                          "last_output_at": entry.get("last_output_at"), "last_line": entry.get("last_line"),
+                          "progress": progress})
+        gpus, gpus_error = from_node((view or {}).get("gpus"), host.label())
+        nodes.append({"host": host.label(), "node_rank": index, "reachable": view is not None,
+                      "watchdog_alive": (view or {}).get("watchdog_alive"), "exit_code": node.get("exit_code"),
+                      "failure": node.get("failure"), "last_output_at": node.get("last_output_at"),
+                      "ranks_alive": sorted(alive), "ranks": ranks, "gpus": gpus, "gpus_error": gpus_error,
+                      "last_lines": node.get("last_lines") or []})
+    return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
+            "detached": bool(record.detached), "started": record.started, "nodes": nodes}
+
+
+# -- attached runs on this machine ---------------------------------------------------------------
+
+
+class AttachedRun:
+    def __init__(self, record: RunRecord, access: Access) -> None:
+        self.record = record
+
+    def state(self) -> RunState:
+        from fstrain.io.runs import run_state
+
+        return run_state(self.record, None)
+
+    def running(self) -> bool:
+        from fstrain.io.runs import process_alive
+
+        return process_alive(self.record.client_pid)
+
+    def finished(self) -> RunState | None:
+        if self.running():
+            return None
+        return self.state()
+
+    def status(self) -> dict[str, Any]:
+        return status_document(self.record, None)
+
+    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> FileOutputs:
+        """The launcher's own log files: one per host (``<host>.log``) or per rank (``.r<R>``)."""
+        from fstrain.io.logs import FileOutputs
+
+        folder = self.record.run_dir / "logs"
+
+        def chosen() -> list[Path]:
+            paths = []
+            for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+                match = re.fullmatch(r"(.+?)(?:\.r(\d+))?\.log", path.name)
+                if match is None or (hosts and match.group(1) not in hosts):
+                    continue
+                if (rank is None and match.group(2) is None) or (rank is not None and match.group(2) == str(rank)):
+                    paths.append(path)
+            return paths
+
+        return FileOutputs(chosen)
+
+    def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped:
+        """SIGTERM to its launcher, as Ctrl-C would (a second one, with ``force``, skips the
+        grace period)."""
+        from fstrain.io.runs import process_alive, read_document, run_state
+
+        pid = self.record.client_pid
+        state = self.state()
+        if state.state != "running":
+            return Stopped(state, True)
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            cmdline = b""
+        if b"fstrain" not in cmdline:  # the pid was reused: not our launcher
+            raise InputError(f"run {self.record.run_id}'s launcher (pid {pid}) is gone", "", "RUN")
+        os.kill(pid, signal.SIGTERM)
+        if force:
+            time.sleep(0.5)
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        while process_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if process_alive(pid):
+            raise FstrainError(f"run {self.record.run_id}'s launcher has not exited {wait_s:g} s after SIGTERM",
+                               "`fstrain stop --force` skips the grace period", "stop")
+        self.record.manifest = read_document(self.record.run_dir / "manifest.json", "manifest")
+        return Stopped(run_state(self.record, None), False)
+
+
+# -- runs submitted to Slurm -------------------------------------------------------------------
+
+
+class SlurmRun:
+    def __init__(self, record: RunRecord, access: Access) -> None:
+        assert record.slurm is not None
+        self.record = record
+        self.slurm = record.slurm
+        self.python = access.python
+
+    def state(self) -> RunState:
+        from fstrain.io.runs import slurm_state
+
+        return slurm_state(self.record)[0]
+
+    def running(self) -> bool:
+        return self.state().state not in FINAL
+
+    def finished(self) -> RunState | None:
+        state = self.state()
+        return state if state.state in FINAL else None
+
+    def row(self) -> dict[str, Any]:
+        """One `fstrain runs` row: Slurm's word, asked of scontrol here."""
+        from fstrain.io.runs import slurm_state
+
+        record = self.record
+        state, job = slurm_state(record, strict=False)
+        seconds = job.get("run_time_s")
+        if seconds is None and record.manifest and record.manifest.get("ended") and record.manifest.get("started"):
+            seconds = record.manifest["ended"] - record.manifest["started"]
+        return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
+                "detached": True, "started": record.started, "seconds": round(seconds, 1) if seconds is not None
+                else round(time.time() - record.started, 1), "nodes": [h.label() for h in record.hosts]
+                or ([job["nodes"]] if job.get("nodes") else []), "run_dir": str(record.run_dir),
+                "mode": f"slurm {job.get('job_id')}", "job_id": job.get("job_id"), "slurm_state": job.get("state")}
+
+    def status(self) -> dict[str, Any]:
+        """The state, the job, and per node and per rank what the job's fstrain wrote in the run
+        directory (RUN_DIR/logs/<host>.r<rank>.log; the manifest's codes once it ended). While the
+        job runs, a step of it on every node (``srun --jobid --overlap``) adds which ranks live
+        there and the node's GPU memory and utilisation."""
+        from fstrain.core.gpuusage import from_node
+        from fstrain.io.runs import slurm_live_views, slurm_state
+
+        record = self.record
+        state, job = slurm_state(record)
+        ended = {str(n.get("host")): n for n in (record.manifest or {}).get("nodes", [])}
+        hosts = [h.name for h in record.hosts]
+        views: list[dict[str, Any] | None] = [None] * len(hosts)
+        asked = state.state == "running" and job.get("state") == "RUNNING" and bool(hosts)
+        if asked:
+            try:
+                views = slurm_live_views(record, str(job["job_id"]), hosts, self.python)
+            except FstrainError:  # srun missing here: the files still tell most of it
+                asked = False
+        nodes = []
+        for index, host in enumerate(hosts):
+            node, view = ended.get(host, {}), views[index]
+            ranks = rank_files(record.run_dir / "logs", host)
+            alive = set((view or {}).get("ranks_alive") or [])
+            for rank in ranks:
+                rank["alive"] = (rank["rank"] in alive) if view is not None else None
+            gpus, gpus_error = from_node((view or {}).get("gpus"), host)
+            nodes.append({"host": host, "node_rank": index, "exit_code": node.get("exit_code"),
+                          "error": node.get("error"), "reachable": view is not None if asked else None,
+                          "ranks": ranks, "gpus": gpus, "gpus_error": gpus_error})
+        return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
+                "detached": True, "kind": "slurm", "started": record.started, "job": job,
+                "output": self.slurm.get("output"), "nodes": nodes}
+
+    def log_files(self, hosts: Sequence[str], rank: int | None) -> list[Path]:
+        """The job's output file (every tagged line and fstrain's summary) unless a host or rank
+        is asked for; then RUN_DIR/logs/<host>[.r<rank>].log."""
+        record = self.record
+        if not hosts and rank is None:
+            return [Path(self.slurm.get("output") or record.run_dir / f"slurm-{self.slurm['job_id']}.out")]
+        folder = record.run_dir / "logs"
+        known = sorted({m.group(1) for p in (folder.glob("*.log") if folder.is_dir() else [])
+                        if (m := re.fullmatch(r"(.+?)(?:\.r\d+)?\.log", p.name))})
+        for name in hosts:
+            if known and name not in known:
+                raise InputError(f"{name!r} is not one of the run's hosts", f"use one of {', '.join(known)}",
+                                 "--host")
+        chosen = list(hosts) or known
+        if rank is None:
+            return [folder / f"{host}.log" for host in chosen]
+        return [folder / f"{host}.r{rank}.log" for host in chosen]
+
+    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> FileOutputs:
+        from fstrain.io.logs import FileOutputs
+
+        self.log_files(hosts, rank)  # checked now: a wrong --host is an error before any read
+        return FileOutputs(lambda: self.log_files(hosts, rank))
+
+    def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped:
+        """SIGTERM to every process of the job (``scancel --signal=TERM --full``), so its fstrain
+        stops every rank within the run's --grace and writes its manifest; if the job is still
+        there ``grace_s`` later, or at once with ``force``, SIGKILL to every srun step (each
+        node's watchdog, launcher and ranks) and Slurm's own cancellation (``scancel``) for what
+        is left. A job still pending is simply cancelled."""
+        from fstrain.io.runs import mark_stop_requested, slurm_state
+        from fstrain.io.slurm import SlurmError, signal_job
+
+        record = self.record
+        job_id = str(self.slurm["job_id"])
+        state, job = slurm_state(record)
+        if job.get("forgotten") and state.state == "lost":
+            raise SlurmError(f"Slurm does not know job {job_id} (run {record.run_id}) and its run directory "
+                             f"{record.run_dir} holds no final manifest", "is SLURM_CONF the cluster it was "
+                             "submitted to? `squeue -u $USER` lists your jobs", "stop")
+        if state.state in FINAL:
+            return Stopped(state, True)
+        # Marked first: whoever reads the end (another `logs --follow`) must know it was a stop.
+        mark_stop_requested(record)
+        try:
+            if state.state == "pending":  # no process yet: Slurm's cancellation alone
+                error = signal_job(job_id, None)
+            elif force:
+                error = None
+                kill_job(job_id)
+            else:
+                error = signal_job(job_id, "TERM")
+        except BaseException:
+            mark_stop_requested(record, False)
+            raise
+        if error is not None:
+            mark_stop_requested(record, False)
+            state, _ = slurm_state(record)
+            if state.state in FINAL:
+                return Stopped(state, True)
+            raise SlurmError(f"scancel of job {job_id} failed: {error}", f"check the job with `squeue -j {job_id}`",
+                             "stop")
+        grace = grace_s if grace_s is not None else float(self.slurm.get("grace_s") or 15.0) + STOP_MARGIN_S
+        started = time.monotonic()
+        killed = force or state.state == "pending"
+        while state.state not in FINAL:
+            elapsed = time.monotonic() - started
+            if not killed and elapsed > grace:
+                kill_job(job_id)
+                killed = True
+            if elapsed > grace + wait_s:
+                raise SlurmError(f"job {job_id} has not ended {elapsed:.0f} s after the stop",
+                                 f"check it with `squeue -j {job_id}`; `scancel {job_id}` leaves it to Slurm", "stop")
+            time.sleep(POLL_S)
+            state, _ = slurm_state(record)
+        return Stopped(state, False)
+
+
+def kill_job(job_id: str) -> None:
+    """SIGKILL to every srun step, then Slurm's cancellation for the batch script (its complaint,
+    the job being gone already, is no error: the end is what `stop` waits for next)."""
+    from fstrain.io.slurm import kill_steps, signal_job
+
+    kill_steps(job_id)
+    signal_job(job_id, None)
+
+
+def rank_files(folder: Path, host: str) -> list[dict[str, Any]]:
+    """Each rank's last line, last output time and last progress line, from its log file."""
+    from fstrain.core.runstate import parse_progress
+
+    ranks = []
+    for path in folder.glob(f"{host}.r*.log") if folder.is_dir() else []:
+        match = re.fullmatch(re.escape(host) + r"\.r(\d+)\.log", path.name)
+        if match is None:
+            continue
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - LOG_SCAN_BYTES))
+            lines = handle.read().decode(errors="replace").splitlines()
+        texts = [line.split("] ", 1)[-1] for line in lines]
+        progress = next((p for p in map(parse_progress, reversed(texts)) if p is not None), None)
+        ranks.append({"rank": int(match.group(1)), "last_output_at": path.stat().st_mtime,
+                      "last_line": texts[-1] if texts else None, "progress": progress})
+    return sorted(ranks, key=lambda r: r["rank"])

@@ -1,0 +1,90 @@
+"""What `fstrain launch` prints at the end of a run, and what `runs`, `attach` and `bench`
+print the same way: the per-node table, the first failure, a stall's report, the training
+summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from fstrain.cli.output import console
+
+if TYPE_CHECKING:
+    from fstrain.core.runstate import RunState
+    from fstrain.io.launch import RunOutcome
+
+
+def print_training_summary(summary: dict[str, Any]) -> None:
+    import json
+
+    console().print("training summary (rank 0):")
+    sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def describe_exit(code: int | None, error: str | None) -> str:
+    import signal
+
+    if code is None:
+        return error or "unknown"
+    if code > 128 and code - 128 in signal.valid_signals():
+        return f"{code} ({signal.Signals(code - 128).name})"
+    return str(code)
+
+
+def print_summary(outcome: RunOutcome) -> None:
+    from rich.table import Table
+
+    from fstrain.io.launch import last_lines
+
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("host", "node", "exit", "seconds", "error"):
+        table.add_column(column)
+    for node in outcome.nodes:
+        ok = node.exit_code == 0
+        seconds = (node.ended or time.time()) - node.started
+        code = describe_exit(node.exit_code, node.error)
+        table.add_row(node.launch.host.label(), str(node.launch.node_rank),
+                      f"[{'green' if ok else 'red'}]{code}[/]", f"{seconds:.1f}", node.error or "")
+    out = console()
+    out.print(table)
+    if outcome.first_failure is not None:
+        failed = outcome.nodes[outcome.first_failure]
+        where = f"node {failed.launch.node_rank} ({failed.launch.host.label()})"
+        if failed.failure is not None:  # the rank's own code (torchrun itself exits 1)
+            what = f"{failed.failure.describe()} on {where}"
+        else:
+            what = f"{where}, exit {describe_exit(failed.exit_code, failed.error)}"
+        out.print(f"[red]first failure: {what}[/red]; its last lines:")
+        for line in last_lines(failed):
+            out.print(f"  {line}", markup=False)
+    if outcome.stall is not None:
+        print_stall(outcome.stall)
+    verdict = {"ok": "[green]all nodes finished ok[/green]", "interrupted": "[yellow]interrupted (Ctrl-C)[/yellow]",
+               "stalled": "[red]stalled[/red]",
+               "terminated": "[yellow]terminated (SIGTERM)[/yellow]"}.get(outcome.reason, "[red]failed[/red]")
+    out.print(f"{verdict}; exit code {outcome.exit_code}")
+
+
+def print_stall(report: dict[str, Any]) -> None:
+    """Why the job counts as stalled, where each group of ranks was, and the odd ranks."""
+    out = console()
+    odd = report.get("odd_ranks") or []
+    named = f"; odd {'rank' if len(odd) == 1 else 'ranks'}: {', '.join(map(str, odd))}" if odd else ""
+    out.print(f"[red]stalled: {report['reason']}{named}[/red]")
+    for line in report.get("summary", []):
+        out.print(f"  {line}", markup=False)
+    for trace in report.get("nccl_traces", []):
+        out.print(f"  NCCL flight recorder dump: {trace}", markup=False)
+    out.print(f"  stacks: {report['folder']}", markup=False)
+    if report.get("unanswered_nodes"):
+        out.print(f"  no stacks from node(s) {', '.join(map(str, report['unanswered_nodes']))}")
+
+
+def describe_state(state: RunState) -> str:
+    """``failed, exit 7 (...)``: a run's state and exit code, as every run command says it."""
+    from fstrain.core.rankexit import describe_code
+
+    code = f", exit {describe_code(state.exit_code)}" if state.exit_code is not None else ""
+    return f"{state.state}{code}"
