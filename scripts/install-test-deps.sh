@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what the test suite needs on Debian/Ubuntu: sshd and iproute2 for the namespace test
 # cluster, slurm-wlm and munge for the test Slurm (scripts/testslurm.sh), pdsh for the fan-out
-# benchmark, and the Python test extras (torch==2.13.0 CPU, deepspeed, accelerate, pytest, ruff,
-# mypy). Needs root (or sudo) for the Debian packages.
+# benchmark, and the Python test extras (torch, deepspeed, accelerate, pytest, ruff, mypy, py-spy)
+# at the versions CI pins in constraints/ci.txt (torch 2.13.0). Needs root (or sudo) for the
+# Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,4 +40,4 @@ elif [ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')
     echo "  python3 -m venv .venv && . .venv/bin/activate && scripts/test.sh --install" >&2
     exit 1
 fi
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+python3 -m pip install -q --disable-pip-version-check -c constraints/ci.txt -e '.[test]'

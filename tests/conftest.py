@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
 TESTCLUSTER = REPO / "scripts" / "testcluster.sh"
@@ -114,14 +115,19 @@ def hermetic_hosts(cluster: NamespaceCluster) -> None:
 
 
 def cluster_unavailable_reason() -> str | None:
+    """Why the test cluster cannot be built here (a skip, a failure in CI); None when it can."""
     if os.geteuid() != 0:
         return "the test cluster needs root (network namespaces)"
-    for tool in ("ip", "unshare", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (see the README's test command)"
-    if not Path("/usr/sbin/sshd").exists():
-        return "openssh-server is not installed (see the README's test command)"
     return None
+
+
+def require_cluster_tools() -> None:
+    """What the test cluster is built with: missing, the tests fail (they are test dependencies)."""
+    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("ssh-keygen", "openssh-client")):
+        require_tool(tool, f"apt-get install {package}")
+    if not Path("/usr/sbin/sshd").exists():
+        pytest.fail("openssh-server is not installed, and the tests need it: run scripts/install-test-deps.sh "
+                    "(or apt-get install openssh-server)", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -132,6 +138,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceClust
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the cluster tests: {reason}")
         pytest.skip(reason)
+    require_cluster_tools()
     state = tmp_path_factory.mktemp("testcluster")
     cluster_id = os.environ.get("FSTRAIN_TESTCLUSTER_ID", "")
     env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(state), "FSTRAIN_TESTCLUSTER_ID": cluster_id}

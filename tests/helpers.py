@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
+
+
+def require_tool(name: str, install: str) -> str:
+    """The path of ``name``, a test dependency that scripts/install-test-deps.sh installs: without
+    it the test fails (a skipped check would look like a passing one)."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed, and the tests need it: run scripts/install-test-deps.sh "
+                    f"(or {install})", pytrace=False)
+    return path
 
 
 def run_fstrain(

@@ -93,11 +93,10 @@ def plan_from_options(args: list[str]) -> PlanFile:
     """Run `fstrain plan ARGS --out TMP` (its tables go to stderr) and read the best plan back."""
     import tempfile
 
-    from fstrain.cli.main import app, register
+    from fstrain.cli.main import app
     from fstrain.errors import ConfigError, InputError
     from fstrain.io.render_files import read_plan_file
 
-    register("plan")
     if not args:
         raise InputError("no plan to render", "give --plan plan.yaml, or plan options such as --model tiny "
                          "--gpu h100-sxm", "fstrain render")

@@ -284,9 +284,8 @@ def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output:
 def render_batch_script(out: Path, plan: Path | None, args: list[str], json_output: bool) -> int:
     """`fstrain render --slurm -o DIR [launch options] [-- PROGRAM]`: launch --slurm's script
     (and run directory) in DIR, not submitted."""
-    from fstrain.cli.main import app, register
+    from fstrain.cli.main import app
 
-    register("launch")
     program = list(sys.argv[sys.argv.index("--") + 1:]) if "--" in sys.argv else []
     options = args[: len(args) - len(program)] if program and args[len(args) - len(program):] == program else args
     argv = ["launch", "--slurm-render-only", "--run-dir", str(out), *(["--plan", str(plan)] if plan else []),

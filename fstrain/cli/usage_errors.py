@@ -1,24 +1,31 @@
 """Usage errors (a bad flag value, an unknown option) as one line, like every other bad input.
 
 Click, which typer builds on, prints three lines for them (``Usage: ...``, ``Try ... -h``,
-``Error: ...``). fstrain's rule is one line, ``error: where: what (hint: ...)``, exit code 2, so
-the display of click's ``UsageError`` is replaced here, once, at start-up; the exception, its
-exit code and click's parsing stay as they are. (``NoArgsIsHelpError``, the help shown for a
-bare ``fstrain``, keeps its own display.)
+``Error: ...``). fstrain's rule is one line, ``error: where: what (hint: ...)``, exit code 2:
+the top-level group (``fstrain.cli.main.CommandGroup``) catches click's ``UsageError`` and
+prints :func:`one_line` instead; click's parsing and the exit code stay as they are.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import IO, Any
+import functools
+from typing import Any
 
 
-def _usage_error_class() -> Any:
-    try:
-        from typer._click.exceptions import UsageError  # typer vendors click since 0.22
-    except ImportError:  # pragma: no cover - older typer on plain click
-        from click.exceptions import UsageError  # type: ignore[assignment]
-    return UsageError
+@functools.cache
+def usage_error_class() -> type[Exception]:
+    """Click's ``UsageError``. typer 0.22+ vendors click in a private module, so the class is
+    reached through typer's public ``BadParameter``, one of its subclasses."""
+    import typer
+
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def is_plain_usage_error(error: BaseException) -> bool:
+    """A click usage error shown the usual way. ``NoArgsIsHelpError`` (a bare ``fstrain`` or
+    ``fstrain topo``) brings its own display, the help, and keeps it."""
+    usage_error: Any = usage_error_class()
+    return isinstance(error, usage_error) and type(error).show is usage_error.show
 
 
 def one_line(error: Any) -> str:
@@ -33,13 +40,3 @@ def one_line(error: Any) -> str:
     else:
         text = error.format_message()
     return f"{text.rstrip('.')} (hint: see `{command} --help`)"
-
-
-def install() -> None:
-    """Show every click usage error as one ``error:`` line on stderr."""
-    usage_error = _usage_error_class()
-
-    def show(self: Any, file: IO[Any] | None = None) -> None:
-        (file or sys.stderr).write(f"error: {one_line(self)}\n")
-
-    usage_error.show = show

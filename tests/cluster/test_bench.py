@@ -7,8 +7,6 @@ slows the traffic into that host; the pairs suite must name it, and only it, eve
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +16,7 @@ import pytest
 
 from tests.cluster.launch_helpers import assert_no_job_processes
 from tests.conftest import NamespaceCluster
-from tests.helpers import REPO, run_fstrain
+from tests.helpers import REPO, require_tool, run_fstrain
 
 pytestmark = pytest.mark.cluster
 
@@ -28,10 +26,7 @@ RUNS = 3
 
 @contextmanager
 def shaped_link(cluster: NamespaceCluster, index: int) -> Iterator[None]:
-    if shutil.which("tc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the bench cluster tests: tc is missing (apt-get install iproute2)")
-        pytest.skip("tc is not installed (apt-get install iproute2)")
+    require_tool("tc", "apt-get install iproute2")
     device = cluster.veth(index)
     subprocess.run(["tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", "200mbit", "burst", "32kbit",
                     "latency", "50ms"], check=True, capture_output=True, timeout=30)

@@ -4,7 +4,6 @@ its stack lands in the run directory, it is named, and the job ends `stalled` (e
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from tests.cluster.launch_helpers import assert_no_job_processes, start_launch
 from tests.conftest import NamespaceCluster
-from tests.helpers import REPO
+from tests.helpers import REPO, require_tool
 
 HANG = str(REPO / "tests" / "cluster" / "programs" / "hang.py")
 GRACE_S = 3
@@ -26,6 +25,7 @@ SLACK_S = 25
 def test_blocked_rank_is_found_named_and_the_job_ends_stalled(
     cluster: NamespaceCluster, tmp_path: Path, others: str, flag: str
 ) -> None:
+    require_tool("py-spy", "pip install py-spy")  # a test extra: fstrain takes stacks with it; the hosts share PATH
     run_dir = tmp_path / "run"
     launch = start_launch(cluster, "--hosts", "node[1-2]", "--nproc-per-node", "2", "--grace", str(GRACE_S),
                           "--run-dir", str(run_dir), flag, f"{TIMEOUT_S}s",
@@ -45,8 +45,7 @@ def test_blocked_rank_is_found_named_and_the_job_ends_stalled(
     assert "rank 3 is in <module> (hang.py:" in launch.err
     stack = (run_dir / "stacks" / "rank3.faulthandler.txt").read_text()
     assert f'File "{HANG}", line' in stack
-    if shutil.which("py-spy"):  # installed with the test extras; the hosts share this PATH
-        assert "<module> (hang.py:" in (run_dir / "stacks" / "rank3.py-spy.txt").read_text()
+    assert "<module> (hang.py:" in (run_dir / "stacks" / "rank3.py-spy.txt").read_text()
     report = json.loads((run_dir / "stacks" / "report.json").read_text())
     assert report["odd_ranks"] == [3] and report["node_of_rank"]["3"] == 1
     if others == "collective":  # the three others wait in the same all_reduce

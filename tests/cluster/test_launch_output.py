@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import pytest
 
 from tests.cluster.launch_helpers import assert_no_job_processes
 from tests.conftest import NamespaceCluster
-from tests.helpers import REPO
+from tests.helpers import REPO, require_tool
 
 FLOOD = str(REPO / "tests" / "cluster" / "programs" / "flood.py")
 FLOOD_LINES = 1_000_000
@@ -101,8 +100,7 @@ def test_run_dir_on_a_full_disk_does_not_stop_the_job(cluster: NamespaceCluster,
                        "python3", FLOOD)
     env = dict(os.environ)
     if full == "tiny-tmpfs":
-        if shutil.which("unshare") is None:
-            pytest.skip("unshare is not installed")
+        require_tool("unshare", "apt-get install util-linux")
         run_dir.mkdir()
         # A private mount namespace: the 64 KiB file system exists for this fstrain only.
         mount = f"mount -t tmpfs -o size=64k fstrain-full {run_dir} && exec \"$@\""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from fstrain.errors import HostKeyError
 from fstrain.io.sshconfig import SshConfig
 from fstrain.io.transport.ssh import SshTransport
 from tests.conftest import NamespaceCluster
-from tests.helpers import run_fstrain
+from tests.helpers import require_tool, run_fstrain
 
 HOSTILE = ["a b", "'single'", '"double"', "$(touch /tmp/fstrain-pwned)", "`id`", "x; echo injected",
            "new\nline", "*", "~", "$HOME", "\\", "", "--", "-n"]
@@ -209,5 +208,4 @@ def test_transport_api_raises_typed_errors(cluster: NamespaceCluster, tmp_path: 
 
 @pytest.fixture(autouse=True, scope="module")
 def _need_ssh_client() -> None:
-    if shutil.which("ssh-agent") is None:
-        pytest.skip("openssh-client is not installed")
+    require_tool("ssh-agent", "apt-get install openssh-client")

@@ -7,7 +7,6 @@ FSTRAIN_TESTSLURM_ID), so the SSH test cluster of the same session is never touc
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cluster_unavailable_reason
-from tests.helpers import REPO
+from tests.conftest import cluster_unavailable_reason, require_cluster_tools
+from tests.helpers import REPO, require_tool
 
 TESTSLURM = REPO / "scripts" / "testslurm.sh"
 SLURM_NODES = 2
@@ -49,14 +48,12 @@ class SlurmCluster:
                             "FSTRAIN_TESTSLURM_DIR": str(self.state)})
 
 
-def slurm_unavailable_reason() -> str | None:
-    reason = cluster_unavailable_reason()
-    if reason is not None:
-        return reason
-    for tool in ("munged", "slurmctld", "slurmd", "srun", "nsenter"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (apt-get install slurm-wlm munge; see scripts/install-test-deps.sh)"
-    return None
+def require_slurm_tools() -> None:
+    """What the test Slurm is built with: missing, the tests fail (they are test dependencies)."""
+    require_cluster_tools()
+    for tool, package in (("munged", "munge"), ("slurmctld", "slurm-wlm"), ("slurmd", "slurm-wlm"),
+                          ("srun", "slurm-wlm"), ("nsenter", "util-linux")):
+        require_tool(tool, f"apt-get install {package}")
 
 
 def slurm_cluster_id() -> str:
@@ -69,11 +66,12 @@ def slurm_cluster_id() -> str:
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """Bring the test Slurm up once per session and down at the end."""
-    reason = slurm_unavailable_reason()
+    reason = cluster_unavailable_reason()
     if reason is not None:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the Slurm tests: {reason}")
         pytest.skip(reason)
+    require_slurm_tools()
     cluster = SlurmCluster(tmp_path_factory.mktemp("testslurm"), slurm_cluster_id(), SLURM_NODES)
     try:
         cluster.script("up", str(SLURM_NODES))

@@ -86,29 +86,62 @@ def test_slurm_nodelist_is_used_when_no_hosts_given() -> None:
     assert result.returncode == 1
 
 
-def registered_after(argv: list[str]) -> tuple[set[str], set[str]]:
-    """(top-level command names, fstrain.cli modules imported) once fstrain.cli.main is
-    imported with this sys.argv, in a fresh interpreter."""
+def modules_loaded(argv: list[str]) -> tuple[set[str], str]:
+    """(the fstrain.cli command modules imported, stderr) once the app has run with this argv, in
+    a fresh interpreter whose own sys.argv is the same argv (nothing may be decided from it)."""
     code = (
-        "import json, sys\n"
+        "import contextlib, io, json, sys\n"
         f"sys.argv = {argv!r}\n"
-        "from fstrain.cli.main import app\n"
-        "names = [c.name for c in app.registered_commands] + [g.name for g in app.registered_groups]\n"
-        "print(json.dumps([names, [m for m in sys.modules if m.startswith('fstrain.cli.')]]))\n"
+        "from fstrain.cli.main import COMMAND_MODULES, app\n"
+        "commands = set(COMMAND_MODULES.values())\n"
+        "at_import = [m for m in sys.modules if m.rsplit('.', 1)[-1] in commands]\n"
+        "err = io.StringIO()\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):\n"
+        "    try:\n"
+        "        app(sys.argv[1:], prog_name='fstrain')\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "loaded = [m for m in sys.modules if m.startswith('fstrain.cli.') and m.rsplit('.', 1)[1] in commands]\n"
+        "print(json.dumps([at_import, loaded, err.getvalue()]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    names, modules = json.loads(out.stdout)
-    assert len(names) == len(set(names))  # nothing registered twice
-    return set(names), {m.rsplit(".", 1)[1] for m in modules}
+    at_import, loaded, err = json.loads(out.stdout)
+    assert at_import == []  # importing the app loads no command, whatever sys.argv says
+    return {m.rsplit(".", 1)[1] for m in loaded}, err
 
 
 def test_a_command_loads_only_its_own_module_and_help_loads_all() -> None:
-    from fstrain.cli.main import COMMAND_MODULES
+    from fstrain.cli.main import COMMAND_MODULES, module_commands
 
-    everything, _ = registered_after(["fstrain", "--help"])
-    assert everything == set(COMMAND_MODULES)  # the table names every command, and only those
-    assert registered_after(["fstrain", "plna"])[0] == everything  # a typo still gets "No such command"
+    everything = set(COMMAND_MODULES.values())
+    assert modules_loaded(["fstrain", "--help"])[0] == everything
+    loaded, err = modules_loaded(["fstrain", "plna"])
+    assert loaded == everything  # a typo still gets "No such command" and the suggestion
+    assert err == "error: No such command 'plna'. Did you mean 'plan'? (hint: see `fstrain --help`)\n"
     for command, module in COMMAND_MODULES.items():
-        names, modules = registered_after(["fstrain", command])
-        assert names == {c for c, m in COMMAND_MODULES.items() if m == module}, command
-        assert not modules & (set(COMMAND_MODULES.values()) - {module}), (command, modules)
+        assert modules_loaded(["fstrain", command, "--help"])[0] == {module}, command
+    # the table names every command, and only those
+    assert {name: module for module in everything for name in module_commands(module)} == COMMAND_MODULES
+
+
+def test_usage_errors_are_one_line_without_patching_click() -> None:
+    from fstrain.cli.main import app
+    from fstrain.cli.usage_errors import usage_error_class
+
+    plan = run_fstrain("plan", "--bogus")
+    assert (plan.returncode, plan.stderr) == (2, "error: No such option: --bogus (Possible options: --gpu, --loss, "
+                                                 "--out) (hint: see `fstrain plan --help`)\n")
+    # `render` runs `plan` in-process: the usage error is still reported once, as plan's
+    render = run_fstrain("render", "--model", "tiny", "--gpu", "h100-sxm", "--bogus", "--out", "unused")
+    assert (render.returncode, render.stderr) == (2, plan.stderr)
+    bad_value = run_fstrain("exec", "--timeout", "x", "--", "true")
+    assert bad_value.stderr == "error: --timeout: 'x' is not a valid float range (hint: see `fstrain exec --help`)\n"
+    bare = run_fstrain()
+    assert bare.returncode == 2 and bare.stderr.startswith("Usage: ") and "Commands:" in bare.stderr  # the help
+    try:
+        app(["plan", "--bogus"], prog_name="fstrain", standalone_mode=False)
+    except usage_error_class() as error:  # in-process callers get click's own exception
+        assert type(error).__name__ == "NoSuchOption"
+    else:
+        raise AssertionError("no usage error")
+    assert usage_error_class().show.__qualname__ == "UsageError.show"  # click's own display, untouched

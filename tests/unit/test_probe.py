@@ -6,7 +6,6 @@ import ast
 import json
 import platform
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from fstrain.core.probe_report import SCHEMA_VERSION, node_from_report, validate
 from fstrain.errors import ParseError, TransportError
 from fstrain.io.probe import probe_host, probe_local, probe_source
 from fstrain.io.transport import CommandResult, FakeTransport
+from tests.helpers import require_tool
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NCCL2397 = FIXTURES / "probe" / "nccl2397-a100-pcie-2x-cx6dx.json"
@@ -150,9 +150,7 @@ def test_sysfs_paths_give_the_matrix_when_topo_m_is_missing() -> None:
 
 def test_addresses_without_iproute2_match_ip() -> None:
     """A node without `ip` (minimal images, the H200 VM in tests/fixtures/gpu) still reports addresses."""
-    ip = shutil.which("ip")
-    if ip is None:
-        pytest.skip("ip is not installed here: nothing to compare with")
+    ip = require_tool("ip", "apt-get install iproute2")
     namespace: dict[str, object] = {}
     exec(compile(probe_source(), "probe_remote.py", "exec"), namespace)  # our own script, as nodes run it
     by_kernel = namespace["kernel_addresses"]()  # type: ignore[operator]

@@ -9,6 +9,7 @@ import pytest
 
 from fstrain.core.hostfile import Host
 from fstrain.io.sshconfig import DEFAULT_SERVER_ALIVE_INTERVAL_S, SshConfig
+from tests.helpers import require_tool
 
 
 def write_configs(folder: Path) -> Path:
@@ -22,9 +23,9 @@ def write_configs(folder: Path) -> Path:
     return main
 
 
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_ssh_g_follows_include_and_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
+    require_tool("ssh", "apt-get install openssh-client")
     monkeypatch.setenv("HOME", str(tmp_path))
     config = SshConfig(str(write_configs(tmp_path)), use_openssh=True)
     assert config.resolver == "ssh -G"

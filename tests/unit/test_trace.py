@@ -1,4 +1,8 @@
-"""``fstrain plan --trace``: PyTorch's own fake-tensor memory trace of the bundled trainer's model."""
+"""``fstrain plan --trace``: PyTorch's own fake-tensor memory trace of the bundled trainer's model.
+
+The traces at full size or of many depths take 10 to 120 s each on 2 cores: they are marked
+``slow``, so ``pytest -m "not slow"`` keeps the small ones (CI runs them all).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ MOE_MODEL = replace(TINY_MODEL, dropout=0.0, norm="rmsnorm", activation="swiglu"
                     seq_len=128, vocab_size=64, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=384))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("ac", "gas", "depths"), [
     ("none", 1, (2, 3, 4)),
     ("every-k:2", 1, (5, 7, 9)),
@@ -40,6 +45,7 @@ def test_extrapolation_is_exact(ac: str, gas: int, depths: tuple[int, ...]) -> N
     assert (extrapolated.moment, extrapolated.categories) == (whole.moment, whole.categories)
 
 
+@pytest.mark.slow
 def test_sharded_states_are_the_planners() -> None:
     plan = make_plan("fsdp-full", dp=2, model=MODEL, activation_checkpointing="selective-op", seq_len=64)
     traced = trace_plan(plan, render_fsdp(plan).config)
@@ -62,6 +68,7 @@ def test_what_the_trainer_does_not_run_is_refused_before_torch() -> None:
         check_traceable(make_plan("fsdp-full", dp=2, compile=True))
 
 
+@pytest.mark.slow
 def test_cli_trace_json_and_table() -> None:
     common = ("plan", "--model", "tiny", "--gpu", "h100-sxm", "--num-nodes", "1", "--strategy", "fsdp-full",
               "--tp", "1", "--pp", "1", "--ac", "selective-op", "--trace")
@@ -99,6 +106,7 @@ def test_traced_states_per_precision_mode(precision: str, param_bytes: int, stat
     assert analytic.optimizer_states == params * state_bytes // 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ac", ["none", "selective-op", "every-k:2", "full"])
 def test_moe_blocks_store_what_the_planner_counts(ac: str) -> None:
     # What one more block (one more period of every-k:2) adds at the traced forward peak: the
@@ -118,6 +126,7 @@ def test_moe_blocks_store_what_the_planner_counts(ac: str) -> None:
     assert predicted == pytest.approx(stored(3 * period) - stored(2 * period), rel=0.05)
 
 
+@pytest.mark.slow
 def test_mixtral_traces_at_full_size() -> None:
     # Mixtral 8x7B's real layout (46.7B parameters) over 16 ranks: 8 experts do not split by
     # expert, so FSDP shards the stacked expert weights on dim 1; every rank still holds 1/16.
@@ -139,6 +148,7 @@ def test_mixtral_traces_at_full_size() -> None:
         assert getattr(analytic, category) == pytest.approx(value, rel=0.05), category
 
 
+@pytest.mark.slow
 def test_attention_dropout_is_traced_as_the_flash_kernel_runs_it() -> None:
     # The CPU attention kernel cannot drop out (SDPA would fall back to the math path and store
     # every s x s probability); the GPU flash kernel stores nothing for dropout, so the trace turns
@@ -155,6 +165,7 @@ def test_attention_dropout_is_traced_as_the_flash_kernel_runs_it() -> None:
     assert traced[0.1] - traced[0.0] == (2 * layers + 1) * s * b * h * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("recipe", "dp", "micro_batch", "ac", "fused_rmsnorm"), [
     ("llama3.1-8b", 8, 2, "selective-op", False),  # peaks in the loss's backward
     ("llama3.1-70b", 64, 1, "every-k:2", False),  # the first block in backward is checkpointed, the next is not

@@ -5,24 +5,34 @@ for torch.distributed.run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from fstrain.io.remote import source
 from fstrain.io.remote.watchdog import BOOTSTRAP
 
 MODULE = "fstprewarm_mod"
+Started = tuple[subprocess.Popen[bytes], list[str], dict[str, Any]]  # (watchdog, prefix, the early header)
+Starter = Callable[[Path], Started]
 # Notes its import (pid, and whether the final environment was there yet), then, run as
 # __main__, prints what it was given and exits with EXIT_WITH.
+# The mark is written under another name and renamed, so a reader never sees it half-written.
 MODULE_SOURCE = """\
 import json, os, sys, time
-with open(os.path.join(os.environ["MARKS"], "import-%d-%d" % (os.getpid(), time.monotonic_ns())), "w") as handle:
+writing = os.path.join(os.environ["MARKS"], ".writing-%d" % os.getpid())
+with open(writing, "w") as handle:
     json.dump({"late": os.environ.get("LATE")}, handle)
+os.replace(writing, os.path.join(os.environ["MARKS"], "import-%d-%d" % (os.getpid(), time.monotonic_ns())))
 if __name__ == "__main__":
     print(json.dumps({"pid": os.getpid(), "argv": sys.argv, "late": os.environ.get("LATE"),
                       "run_id": os.environ.get("FSTRAIN_RUN_ID"), "cwd": os.getcwd(), "path0": sys.path[0],
@@ -31,7 +41,55 @@ if __name__ == "__main__":
 """
 
 
-def start(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[str], dict[str, Any]]:
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Starter]:
+    """``start(tmp_path)``: a watchdog with the early header. Whatever a test leaves running (a
+    watchdog waiting for its header, a prewarmed Python) is ended when it finishes, pass or fail."""
+    watchdogs: list[subprocess.Popen[bytes]] = []
+
+    def started(folder: Path) -> Started:
+        watchdog, prefix, early = start_watchdog(folder)
+        watchdogs.append(watchdog)
+        return watchdog, prefix, early
+
+    try:
+        yield started
+    finally:
+        for watchdog in watchdogs:
+            end(watchdog)
+        for pid in module_processes(tmp_path / "marks"):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def module_processes(marks: Path) -> list[int]:
+    """This test's prewarmed Pythons still running: the processes whose environment has its MARKS."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"MARKS={marks}".encode() in environ and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def end(watchdog: subprocess.Popen[bytes]) -> None:
+    """End of file first (the watchdog then ends its prewarmed Python), SIGKILL if that fails."""
+    for stream in (watchdog.stdin, watchdog.stdout):
+        with contextlib.suppress(OSError):
+            if stream is not None:
+                stream.close()
+    try:
+        watchdog.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait(timeout=10)
+
+
+def start_watchdog(tmp_path: Path) -> Started:
     """A watchdog with the early header; (process, prefix, the early header)."""
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / f"{MODULE}.py").write_text(MODULE_SOURCE)
@@ -95,7 +153,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_the_module_is_imported_before_the_full_header_and_then_run_as_main(tmp_path: Path) -> None:
+def test_the_module_is_imported_before_the_full_header_and_then_run_as_main(tmp_path: Path, start: Starter) -> None:
     watchdog, prefix, early = start(tmp_path)
     [prewarmed] = imports(tmp_path)  # imported while the watchdog still waits for its command
     [mark] = (tmp_path / "marks").glob(f"import-{prewarmed}-*")
@@ -114,7 +172,7 @@ def test_the_module_is_imported_before_the_full_header_and_then_run_as_main(tmp_
     assert not list((tmp_path / "state").glob("*.json"))  # the pid record is removed at the end
 
 
-def test_another_command_is_started_afresh(tmp_path: Path) -> None:
+def test_another_command_is_started_afresh(tmp_path: Path, start: Starter) -> None:
     watchdog, _, early = start(tmp_path)
     [prewarmed] = imports(tmp_path)
     argv = [sys.executable, "-u", "-m", MODULE, "z"]  # another prefix (-u): not what was prewarmed
@@ -123,14 +181,14 @@ def test_another_command_is_started_afresh(tmp_path: Path) -> None:
     assert not alive(prewarmed)
 
 
-def test_a_changed_startup_variable_starts_afresh(tmp_path: Path) -> None:
+def test_a_changed_startup_variable_starts_afresh(tmp_path: Path, start: Starter) -> None:
     watchdog, prefix, early = start(tmp_path)
     [prewarmed] = imports(tmp_path)
     code, report = finish(watchdog, full_header(tmp_path, early, [*prefix], PYTHONHASHSEED="7"))
     assert code == 0 and report["pid"] != prewarmed and not alive(prewarmed)
 
 
-def test_another_working_directory_starts_afresh_there(tmp_path: Path) -> None:
+def test_another_working_directory_starts_afresh_there(tmp_path: Path, start: Starter) -> None:
     watchdog, prefix, early = start(tmp_path)
     [prewarmed] = imports(tmp_path)
     (tmp_path / "other").mkdir()
@@ -140,7 +198,7 @@ def test_another_working_directory_starts_afresh_there(tmp_path: Path) -> None:
     assert not alive(prewarmed)
 
 
-def test_end_of_file_before_the_full_header_ends_the_waiting_python(tmp_path: Path) -> None:
+def test_end_of_file_before_the_full_header_ends_the_waiting_python(tmp_path: Path, start: Starter) -> None:
     watchdog, _, _ = start(tmp_path)
     [prewarmed] = imports(tmp_path)
     assert watchdog.stdin is not None
@@ -155,7 +213,7 @@ def test_end_of_file_before_the_full_header_ends_the_waiting_python(tmp_path: Pa
     assert not list((tmp_path / "state").glob("*.json"))
 
 
-def test_a_missing_working_directory_is_reported_by_the_full_start(tmp_path: Path) -> None:
+def test_a_missing_working_directory_is_reported_by_the_full_start(tmp_path: Path, start: Starter) -> None:
     watchdog, prefix, early = start(tmp_path)
     imports(tmp_path)
     early["workdir"] = str(tmp_path / "gone")
