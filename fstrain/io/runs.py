@@ -246,27 +246,48 @@ def read_detached(folder: Path) -> DetachedRecord | None:
     return DetachedRecord.from_dict(document, str(folder / "detached.json")) if document is not None else None
 
 
-def all_runs() -> list[RunRecord]:
-    """Every run this machine started, oldest first (entries whose folder is gone are skipped)."""
+def all_runs(skipped: Callable[[str, InputError], None] | None = None) -> list[RunRecord]:
+    """Every run this machine started, oldest first (entries whose folder is gone are skipped).
+    A run whose files this fstrain cannot read (a newer format) is left out and given to
+    ``skipped`` with its id (by default a warning on stderr): one such run hides none of the
+    others."""
     records = []
     folder = index_dir()
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        raw = read_json(path)
-        if not isinstance(raw, dict) or "run_dir" not in raw:
+        try:
+            record = _indexed_run(path)
+        except InputError as exc:
+            (skipped or _warn_skipped)(path.stem, exc)
             continue
-        entry = IndexEntry.from_dict(raw, str(path))
-        run_dir = Path(entry.run_dir)
-        slurm = read_document(run_dir / SLURM_RECORD, "slurm")
-        if slurm is not None and slurm.get("run_id") != entry.run_id:
-            continue  # the job's own launch inside a Slurm run: the submission's entry stands for it
-        records.append(RunRecord(entry.run_id, run_dir, read_detached(run_dir),
-                                 read_document(run_dir / "manifest.json", "manifest"), entry, slurm))
+        if record is not None:
+            records.append(record)
     return sorted(records, key=lambda r: r.started)
 
 
+def _warn_skipped(run_id: str, exc: InputError) -> None:
+    from fstrain.io.localout import warn
+
+    warn(f"run left out: {exc.one_line()}")
+
+
+def _indexed_run(path: Path) -> RunRecord | None:
+    raw = read_json(path)
+    if not isinstance(raw, dict) or "run_dir" not in raw:
+        return None
+    entry = IndexEntry.from_dict(raw, str(path))
+    run_dir = Path(entry.run_dir)
+    slurm = read_document(run_dir / SLURM_RECORD, "slurm")
+    if slurm is not None and slurm.get("run_id") != entry.run_id:
+        return None  # the job's own launch inside a Slurm run: the submission's entry stands for it
+    return RunRecord(entry.run_id, run_dir, read_detached(run_dir), read_document(run_dir / "manifest.json",
+                                                                                  "manifest"), entry, slurm)
+
+
 def find_run(reference: str) -> RunRecord:
-    """A run by id, by a unique prefix of its id, by its Slurm job id, or by its local run directory."""
-    runs = all_runs()
+    """A run by id, by a unique prefix of its id, by its Slurm job id, or by its local run directory.
+    A run whose files this fstrain cannot read is named with that error."""
+    unreadable: dict[str, InputError] = {}
+    runs = all_runs(lambda run_id, exc: unreadable.__setitem__(run_id, exc))
     exact = [r for r in runs if r.run_id == reference] or \
         [r for r in runs if r.slurm is not None and str(r.slurm.get("job_id")) == reference]
     matches = exact or [r for r in runs if r.run_id.startswith(reference)]
@@ -281,6 +302,9 @@ def find_run(reference: str) -> RunRecord:
         return RunRecord(detached.run_id, path, detached, read_document(path / "manifest.json", "manifest"), None)
     if matches:
         raise InputError(f"{reference!r} matches {len(matches)} runs", "give more of the run id", "RUN")
+    for run_id, error in unreadable.items():
+        if run_id.startswith(reference):
+            raise error
     raise InputError(f"no run {reference!r} was started from this machine",
                      "`fstrain runs --all` lists them (or give the run's local directory)", "RUN")
 
