@@ -286,11 +286,11 @@ def render_batch_script(out: Path, plan: Path | None, args: list[str], json_outp
     (and run directory) in DIR, not submitted."""
     from fstrain.cli.main import app
 
-    program = list(sys.argv[sys.argv.index("--") + 1:]) if "--" in sys.argv else []
-    options = args[: len(args) - len(program)] if program and args[len(args) - len(program):] == program else args
+    # ``args``: launch's options, then the program (click drops the ``--``); launch stops reading
+    # options at its first argument, so the program reaches it whole, whatever it looks like.
     argv = ["launch", "--slurm-render-only", "--run-dir", str(out), *(["--plan", str(plan)] if plan else []),
-            *options, *(["--json"] if json_output else [])]
-    code = app([*argv, *(["--", *program] if program else [])], prog_name="fstrain", standalone_mode=False)
+            *(["--json"] if json_output else []), *args]
+    code = app(argv, prog_name="fstrain", standalone_mode=False)
     return int(code or 0)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,18 @@ def test_render_inside_an_allocation_plans_for_it(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     plan = (tmp_path / "out" / "plan.yaml").read_text()
     assert "num_nodes: 2" in plan and "gpus_per_node: 2" in plan
+
+
+def test_render_slurm_reads_its_own_arguments_not_the_processes(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Called in-process (a notebook, a test), the program comes from the arguments given."""
+    from fstrain.cli.main import app
+
+    for name, value in NO_SLURM.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", ["jupyter", "--", "not", "this"])
+    code = app(["render", "--slurm", "-o", str(tmp_path / "job"), "--nodes", "2", "--", "python3", "x.py", "-v"],
+               prog_name="fstrain", standalone_mode=False)
+    assert code in (0, None)
+    script = (tmp_path / "job" / "sbatch.sh").read_text()
+    assert "-- python3 x.py -v &" in script and "not this" not in script
