@@ -287,10 +287,11 @@ class SshRun:
 def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None) -> dict[str, Any]:
     """The state and per node and rank: reachable, watchdog alive, exit, last output, progress, GPUs."""
     from fstrain.core.gpuusage import from_node
-    from fstrain.core.runstate import parse_progress
+    from fstrain.core.runstate import first_failure, parse_progress
     from fstrain.io.runs import run_state
 
     state = run_state(record, views)
+    failure = first_failure(views) if views else _manifest_failure(record.manifest)
     nodes: list[dict[str, Any]] = []
     if record.detached is None:  # an attached run: what its manifest recorded
         nodes = [{"host": n.get("host"), "node_rank": n.get("node_rank"), "exit_code": n.get("exit_code"),
@@ -315,7 +316,17 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
                       "ranks_alive": sorted(alive), "ranks": ranks, "gpus": gpus, "gpus_error": gpus_error,
                       "last_lines": node.get("last_lines") or []})
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
-            "detached": bool(record.detached), "started": record.started, "nodes": nodes}
+            "first_failure": failure, "detached": bool(record.detached), "started": record.started, "nodes": nodes}
+
+
+def _manifest_failure(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An attached run's first failure, as its manifest recorded it, with its host."""
+    if not manifest or manifest.get("first_failure_node_rank") is None:
+        return None
+    node_rank = manifest["first_failure_node_rank"]
+    host = next((n.get("host") for n in manifest.get("nodes", []) if n.get("node_rank") == node_rank), None)
+    return {**(manifest.get("first_failure") or {}), "node_rank": node_rank, "host": host,
+            "reason": manifest.get("reason", "")}
 
 
 # -- attached runs on this machine ---------------------------------------------------------------

@@ -59,6 +59,20 @@ def from_nodes(views: Sequence[Mapping[str, Any] | None]) -> RunState:
     return RunState(state if state in STATES else "running", None, record.get("reason", ""))
 
 
+def first_failure(views: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """A detached run's first failure as its coordinator recorded it (the final record any node
+    keeps, else node 0's live ``run.json``): the rank, its local rank, exit code or signal, and
+    the host and node it ran on. None while nothing has failed."""
+    records = [((v or {}).get("node") or {}).get("final") for v in views]
+    records.append((views[0] or {}).get("run") if views else None)
+    for record in records:
+        if record and record.get("first_failure_node_rank") is not None:
+            failure = dict(record.get("first_failure") or {})
+            return {**failure, "node_rank": record["first_failure_node_rank"],
+                    "host": record.get("first_failure_host"), "reason": record.get("reason", "")}
+    return None
+
+
 def parse_progress(line: str) -> dict[str, Any] | None:
     """step, total steps, loss and tokens/s from a progress line (the bundled trainer's form)."""
     match = _PROGRESS_RE.search(line)

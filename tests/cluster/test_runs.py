@@ -144,6 +144,9 @@ def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
     assert_no_job_processes(cluster, GRACE_S + 5)
     status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
     assert (status["state"], status["exit_code"]) == ("failed", 7)
+    assert status["reason"] == "rank 3 (local rank 1) on node2 exited with 7"  # the host by name, not node 1
+    assert status["first_failure"] == {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None, "node_rank": 1,
+                                       "host": "node2", "reason": status["reason"]}
     logs = fstrain(home, "logs", run_id, "--rank", "3")
     assert "[node2 r3] rank 3 exits 7 on purpose" in logs.stdout
     assert "[node1 r0]" not in logs.stdout

@@ -51,3 +51,18 @@ def test_runs_found_on_the_hosts() -> None:
     assert from_host_records(None, [{"watchdog_alive": False, "final": final}]) == RunState("stopped", 143, "stop", 3.0)
     assert from_host_records({"state": "running"}, [{"watchdog_alive": True}]).state == "running"
     assert from_host_records(None, [{"watchdog_alive": False}]).state == "lost"
+
+
+def test_first_failure_from_the_final_record_or_node_0s_live_one() -> None:
+    from fstrain.core.runstate import first_failure
+
+    failed = {"first_failure_node_rank": 1, "first_failure_host": "node2", "reason": "rank 3 on node2 exited with 7",
+              "first_failure": {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None}}
+    expected = {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None, "node_rank": 1, "host": "node2",
+                "reason": "rank 3 on node2 exited with 7"}
+    assert first_failure([{"node": {}}, {"node": {"final": failed}}]) == expected  # any node's copy
+    assert first_failure([{"node": {}, "run": failed}, None]) == expected  # node 0's, while it tears down
+    lost = {"first_failure_node_rank": 1, "first_failure_host": "node2", "first_failure": None, "reason": "lost"}
+    assert first_failure([{"node": {}, "run": lost}]) == {"node_rank": 1, "host": "node2", "reason": "lost"}
+    assert first_failure([{"node": {}, "run": {"state": "running", "first_failure_node_rank": None}}, None]) is None
+    assert first_failure([None, None]) is None
