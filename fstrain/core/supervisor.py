@@ -27,6 +27,7 @@ EXIT_STALLED = 124  # as timeout(1)
 EXIT_LOST_HOST = 255  # like ssh when the connection is lost
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+EXIT_SIGKILL = 137
 FINISHED_REASON = "some ranks finished"  # how a --finish-timeout reason starts
 GAVE_UP = "did not stop in time; its watchdog ends it"
 

@@ -6,7 +6,6 @@ copies of the versions match."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from fstrain.io.render_files import to_yaml
 from fstrain.io.runs import register, stop_on_node
 from fstrain.io.transport.base import CommandResult
 from fstrain.io.transport.fake import FakeTransport
+from tests.coordinators import SECRET, ask, make_coordinator
 from tests.helpers import run_fstrain
 from tests.plans import make_plan
 
@@ -152,20 +152,10 @@ def test_a_watchdog_refuses_a_header_of_a_newer_format(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-def ask(port: int, request: dict[str, object]) -> dict[str, object]:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall((json.dumps(request) + "\n").encode())
-        answer: dict[str, object] = json.loads(sock.makefile("rb").readline())
-        return answer
-
-
 def test_a_coordinator_refuses_a_request_of_a_newer_format_and_answers_its_own(tmp_path: Path) -> None:
-    secret = "ab" * 16
-    core = Path(coordinator.__file__).resolve().parents[2] / "core"  # the modules start_detached sends
-    modules = {"supervisor": (core / "supervisor.py").read_text(), "analysis": (core / "stacks.py").read_text()}
-    node = coordinator.Node({"detach": {"role": "coordinator", "secret": secret, "nnodes": 1}, "run_id": "r",
-                             "run_dir": str(tmp_path), "modules": modules}, watchdog.Watchdog)
-    running = coordinator.Coordinator(node)
+    secret = SECRET
+    running = make_coordinator(tmp_path)
+    node = running.node
     port = running.listen("127.0.0.1")
     refused = ask(port, {"format": newer("message"), "secret": secret, "control": "stop", "how": "term"})
     assert refused == {"format": KINDS["message"].current, "hint": "stop it with the fstrain that started it",

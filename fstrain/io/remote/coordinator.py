@@ -333,7 +333,8 @@ class Coordinator:
     def stop(self, how: str, state: str, reason: str, grace_s: Any = None) -> None:
         grace = float(grace_s) if isinstance(grace_s, (int, float)) and not isinstance(grace_s, bool) else None
         with self.lock:
-            self.carry_out(self.run.stop(how, state, reason, self.rules.EXIT_SIGTERM, time.monotonic(), grace))
+            code = self.rules.EXIT_SIGKILL if how == "kill" else self.rules.EXIT_SIGTERM  # what it was sent
+            self.carry_out(self.run.stop(how, state, reason, code, time.monotonic(), grace))
 
     # -- decisions out ----------------------------------------------------------------------------
 

@@ -1,0 +1,94 @@
+"""A detached run's coordinator driving the supervisor, over its real protocol on loopback: what
+it records and what it tells its members (the job itself is not started here)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from tests.coordinators import SECRET, ask, make_coordinator
+
+
+class Member:
+    """A member node's side of the link: hello, then messages both ways."""
+
+    def __init__(self, port: int, rank: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.reader = self.sock.makefile("rb")
+        self.send({"hello": rank, "secret": SECRET})
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.sock.sendall((json.dumps(message) + "\n").encode())
+
+    def next_order(self) -> dict[str, Any]:
+        """The coordinator's next message that is not a heartbeat."""
+        while True:
+            message: dict[str, Any] = json.loads(self.reader.readline())
+            if "hb" not in message:
+                return message
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+def test_a_members_failure_is_named_by_host_and_rank_and_stops_the_others(tmp_path: Path) -> None:
+    running = make_coordinator(tmp_path, nnodes=3, names=["node1", "node2", "node3"])
+    port = running.listen("127.0.0.1")
+    members = {rank: Member(port, rank) for rank in (1, 2)}
+    try:
+        members[2].send({"exit": 1, "failure": {"rank": 5, "local_rank": 1, "exit_code": 7, "signal": None}})
+        assert members[1].next_order()["stop"] == "term"  # the others are torn down
+        record = running.record()
+        assert (record["state"], record["exit_code"]) == ("failed", 7)  # the rank's own code
+        assert record["reason"] == "rank 5 (local rank 1) on node3 exited with 7"
+        assert (record["first_failure_node_rank"], record["first_failure_host"]) == (2, "node3")
+    finally:
+        for member in members.values():
+            member.close()
+        assert running.listener is not None
+        running.listener.close()
+
+
+def test_stop_force_records_the_signal_it_sent(tmp_path: Path) -> None:
+    running = make_coordinator(tmp_path, nnodes=2, names=["node1", "node2"])
+    port = running.listen("127.0.0.1")
+    member = Member(port, 1)
+    try:
+        answer = ask(port, {"secret": SECRET, "control": "stop", "how": "kill"})
+        state: Any = answer["state"]
+        assert (state["state"], state["exit_code"]) == ("stopped", 137)
+        assert state["reason"] == "stopped by `fstrain stop` (kill)"
+        assert member.next_order()["stop"] == "kill"
+    finally:
+        member.close()
+        assert running.listener is not None
+        running.listener.close()
+
+
+def test_a_member_joining_a_stopping_run_is_told_to_stop(tmp_path: Path) -> None:
+    running = make_coordinator(tmp_path, nnodes=2, names=["node1", "node2"], grace_s=15)
+    port = running.listen("127.0.0.1")
+    ask(port, {"secret": SECRET, "control": "stop", "how": "term", "grace_s": 3})
+    late = Member(port, 1)
+    try:
+        assert late.next_order() == {"format": 1, "stop": "term", "grace_s": 3.0}
+        assert running.node.watchdog.grace_s == 3.0
+    finally:
+        late.close()
+        assert running.listener is not None
+        running.listener.close()
+
+
+def test_output_ages_are_taken_on_the_coordinators_own_clock(tmp_path: Path) -> None:
+    """A member reports how long ago its ranks printed; a time of day would carry its clock's skew."""
+    running = make_coordinator(tmp_path, nnodes=2, names=["node1", "node2"])
+    running.output_age(5.0)
+    first = running.run.last_output_s
+    running.output_age(60.0)  # older news changes nothing
+    assert running.run.last_output_s == first
+    running.output_age("soon")  # not a duration: ignored
+    running.output_age(-1)
+    assert running.run.last_output_s == first
