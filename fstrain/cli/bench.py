@@ -94,8 +94,8 @@ def build_request(hostfile: str | None, hosts: str | None, include: str | None, 
                   run_dir: str | None) -> tuple[Any, str]:
     """Every flag checked, before any host is contacted; the request and where the hosts came from."""
     from fstrain.cli.launch import collect_env, new_run_id
-    from fstrain.core.bench import parse_size, parse_sizes, parse_suites
-    from fstrain.core.benchpairs import pair_rounds
+    from fstrain.core.bench.arithmetic import parse_size, parse_sizes, parse_suites
+    from fstrain.core.bench.pairs import pair_rounds
     from fstrain.errors import InputError
     from fstrain.io.bench import BenchRequest
 
@@ -130,7 +130,7 @@ def _check_writable(out: str) -> None:
 def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | None, int]:
     """Run the suites, print the report on stderr; (document with its analysis, exit code)."""
     from fstrain.cli.launch import interface_env, print_summary
-    from fstrain.core.benchreport import analysis
+    from fstrain.core.bench.report import analysis
     from fstrain.io.bench import run_bench, save_document
 
     out = console()

@@ -91,7 +91,7 @@ def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts:
     from pathlib import Path
 
     from fstrain.cli.launch import interface_env, new_run_id
-    from fstrain.core.benchchecks import bench_checks, bench_failed
+    from fstrain.core.bench.checks import bench_checks, bench_failed
     from fstrain.core.doctor.result import CheckResult
     from fstrain.errors import FstrainError
     from fstrain.io.bench import BenchRequest, run_bench
@@ -195,7 +195,7 @@ def report(facts: DoctorFacts, checks: tuple[Check, ...], list_orphans: bool, js
 
 
 def hosts_cell(hosts: tuple[str, ...], everyone: list[str]) -> str:
-    from fstrain.core.hostfile import compress_hostlist
+    from fstrain.core.hosts.hostfile import compress_hostlist
 
     if not hosts:
         return "-"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from fstrain.core.hostfile import (
+from fstrain.core.hosts.hostfile import (
     Host,
     hosts_from_environment,
     parse_host_list,

@@ -17,8 +17,8 @@ from fstrain.cli import slurm as slurmopts
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
-    from fstrain.core.launchspec import NodeLaunch
-    from fstrain.core.planfile import ModelSpec, PlanFile
+    from fstrain.core.launch.spec import NodeLaunch
+    from fstrain.core.plan.planfile import ModelSpec, PlanFile
     from fstrain.io.launch import RunOutcome
 
 ENV_FILES = (".deepspeed_env", ".fstrain_env")  # read from ~ then the current directory; later wins
@@ -96,7 +96,7 @@ def launch_command(
     slurm_render_only: bool = slurmopts.RENDER_ONLY,
 ) -> None:
     """Launch PROGRAM on every selected host (one torchrun or DeepSpeed launcher per node)."""
-    from fstrain.core.launchspec import BACKENDS
+    from fstrain.core.launch.spec import BACKENDS
     from fstrain.errors import InputError
 
     if backend not in BACKENDS:
@@ -149,7 +149,7 @@ def launch_command(
 
 
 def stall_timeouts(stall_timeout: str | None, finish_timeout: str | None) -> tuple[float | None, float | None]:
-    from fstrain.core.duration import parse_duration_s
+    from fstrain.core.launch.duration import parse_duration_s
 
     return (parse_duration_s(stall_timeout, "--stall-timeout") if stall_timeout else None,
             parse_duration_s(finish_timeout, "--finish-timeout") if finish_timeout else None)
@@ -181,7 +181,7 @@ class Job:
 
 def resolve_nprocs(hosts: list[Any], requested: int | None, gpu_counts: list[int] | None) -> list[int]:
     """Processes per host: --nproc-per-node, else slots, else the GPUs preflight found."""
-    from fstrain.core.launchspec import resolve_nproc
+    from fstrain.core.launch.spec import resolve_nproc
 
     counts: list[int | None] = list(gpu_counts) if gpu_counts is not None else [None] * len(hosts)
     return [resolve_nproc(h, requested, count) for h, count in zip(hosts, counts, strict=True)]
@@ -190,7 +190,7 @@ def resolve_nprocs(hosts: list[Any], requested: int | None, gpu_counts: list[int
 def job_spec(backend: str, program: list[str], plan_path: str | None, model: str | None, recipe: str | None,
              strategy: str | None, micro_batch: int, precision: str, steps: int) -> JobSpec:
     """--plan, or --model/--recipe (a data-parallel plan), or a bare PROGRAM; files read now."""
-    from fstrain.core.launchplan import DEFAULT_STRATEGY, check_strategy
+    from fstrain.core.launch.plan import DEFAULT_STRATEGY, check_strategy
     from fstrain.errors import InputError
 
     given = [flag for flag, value in (("--plan", plan_path), ("--model", model), ("--recipe", recipe)) if value]
@@ -218,7 +218,7 @@ def job_spec(backend: str, program: list[str], plan_path: str | None, model: str
 
 
 def refuse_nested_launcher(program: list[str]) -> None:
-    from fstrain.core.nested import nested_launcher, nested_launcher_hint
+    from fstrain.core.launch.nested import nested_launcher, nested_launcher_hint
     from fstrain.errors import InputError
 
     launcher = nested_launcher(program)
@@ -229,7 +229,7 @@ def refuse_nested_launcher(program: list[str]) -> None:
 
 def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str, device: str = "cpu") -> Job:
     """The job for these hosts and process counts (the plan must match the world size)."""
-    from fstrain.core.launchplan import check_plan_fits_launch, data_parallel_plan, trainer_program
+    from fstrain.core.launch.plan import check_plan_fits_launch, data_parallel_plan, trainer_program
     from fstrain.errors import InputError
 
     if spec.plan is None and spec.model is None:
@@ -262,7 +262,7 @@ def parse_nproc(value: str) -> int | None:
 
 def collect_env(assignments: list[str], env_file: str | None) -> dict[str, str]:
     """.deepspeed_env and .fstrain_env (home, then here), then --env-file, then --env: later wins."""
-    from fstrain.core.launchspec import parse_env_assignment, parse_env_file
+    from fstrain.core.launch.spec import parse_env_assignment, parse_env_file
     from fstrain.errors import InputError
     from fstrain.io.userfiles import read_text_bounded
 
@@ -298,7 +298,7 @@ def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, 
                    master_port: int | None, max_restarts: int, run_id: str, user_env: dict[str, str],
                    json_output: bool, *, no_local_rank: bool = False) -> None:
     """The exact per-node commands and (masked) environment; no connection is opened."""
-    from fstrain.core.launchspec import master_port_candidates, plan_launches
+    from fstrain.core.launch.spec import master_port_candidates, plan_launches
     from fstrain.io.connect import is_local
     from fstrain.io.launch import node_summary
 
@@ -321,7 +321,7 @@ def dry_run_output(hosts: list[Any], nprocs: list[int], backend: str, job: Job, 
 
 
 def print_plan(plan: PlanFile, where: str = "each node's run directory at launch") -> None:
-    from fstrain.core.launchplan import trainer_backend
+    from fstrain.core.launch.plan import trainer_backend
     from fstrain.core.plan.planner import describe_knobs
 
     k = plan.knobs
@@ -335,7 +335,7 @@ def plural(count: int, noun: str) -> str:
 
 
 def print_launches(launches: list[NodeLaunch]) -> None:
-    from fstrain.core.launchspec import mask_env
+    from fstrain.core.launch.spec import mask_env
 
     for launch in launches:
         processes = "process" if launch.nproc == 1 else "processes"
@@ -352,7 +352,7 @@ def execute(hosts: list[Any], requested: int | None, backend: str, spec: JobSpec
             accept_new_hosts: bool, fanout: int, json_output: bool, connector: Any = None,
             stall_timeout_s: float | None = None, finish_timeout_s: float | None = None, *,
             no_local_rank: bool = False, detach: bool = False) -> RunOutcome:
-    from fstrain.core.launchspec import plan_launches
+    from fstrain.core.launch.spec import plan_launches
     from fstrain.io.connect import check_distinct_endpoints, make_connector
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import (

@@ -18,7 +18,7 @@ from fstrain.cli import slurm as slurmopts
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
-    from fstrain.core.runstate import RunState
+    from fstrain.core.launch.runstate import RunState
     from fstrain.io.launch import RunOutcome
     from fstrain.io.logs import NodeOutputs
     from fstrain.io.runs import RunRecord
@@ -94,7 +94,7 @@ def _duration(seconds: float) -> str:
 
 
 def _describe(state: RunState) -> str:
-    from fstrain.core.rankexit import describe_code
+    from fstrain.core.launch.rankexit import describe_code
 
     code = f", exit {describe_code(state.exit_code)}" if state.exit_code is not None else ""
     return f"{state.state}{code}"
@@ -115,7 +115,7 @@ def runs_command(
     """Runs started from this machine: state, duration, nodes, exit code."""
     from rich.table import Table
 
-    from fstrain.core.runstate import FINAL
+    from fstrain.core.launch.runstate import FINAL
     from fstrain.io.runs import all_runs as list_runs
     from fstrain.io.runs import run_state
 
@@ -159,7 +159,7 @@ def runs_command(
 def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | None, accept_new_hosts: bool,
                    python: str) -> list[dict[str, Any]]:
     """Detached runs whose node records are in the hosts' ``~/.fstrain/runs``, merged per run."""
-    from fstrain.core.runstate import from_host_records
+    from fstrain.core.launch.runstate import from_host_records
     from fstrain.io.connect import make_connector
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import REMOTE_RUNS
@@ -202,8 +202,8 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
 
 
 def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None) -> dict[str, Any]:
-    from fstrain.core.gpuusage import from_node
-    from fstrain.core.runstate import parse_progress
+    from fstrain.core.launch.gpuusage import from_node
+    from fstrain.core.launch.runstate import parse_progress
     from fstrain.io.runs import run_state
 
     state = run_state(record, views)
@@ -244,7 +244,7 @@ def status_command(
     """A run's state per node and per rank: alive, last output, last step/loss/tokens/s, GPUs."""
     from rich.table import Table
 
-    from fstrain.core.gpuusage import usage_cell
+    from fstrain.core.launch.gpuusage import usage_cell
     from fstrain.io.runs import find_run
 
     record = find_run(run)
@@ -323,7 +323,7 @@ def _follow(record: RunRecord, connect: Any, python: str, outputs: NodeOutputs, 
     """Print the run's lines, then, with ``follow``, new ones until the run has ended (its
     state then; None without ``follow``). Hosts that could not be read are named on stderr and
     left in ``outputs.failed``."""
-    from fstrain.core.runstate import FINAL
+    from fstrain.core.launch.runstate import FINAL
     from fstrain.io.runs import node_views, run_state
 
     first, final, last_check = True, None, 0.0
@@ -361,7 +361,7 @@ def logs_command(
     python: str = PYTHON,
 ) -> None:
     """A run's output from the nodes' files, tagged ``[host rN]`` like an attached run's."""
-    from fstrain.core.duration import parse_duration_s
+    from fstrain.core.launch.duration import parse_duration_s
     from fstrain.errors import InputError
     from fstrain.io.runs import find_run
 
@@ -465,7 +465,7 @@ def attach_command(
 
 
 def _print_end(record: RunRecord, state: RunState, connect: Any, python: str) -> None:
-    from fstrain.core.rankexit import RankFailure
+    from fstrain.core.launch.rankexit import RankFailure
     from fstrain.io.runs import node_views
 
     out = console()
@@ -524,7 +524,7 @@ def stop_command(
     python: str = PYTHON,
 ) -> None:
     """Stop a detached run on every host: SIGTERM, SIGKILL after the run's grace period."""
-    from fstrain.core.runstate import FINAL
+    from fstrain.core.launch.runstate import FINAL
     from fstrain.errors import FstrainError
     from fstrain.io.runs import find_run, node_views, run_state, stop_on_node
 
@@ -615,8 +615,8 @@ def gc_command(
 ) -> None:
     """Remove finished runs' folders on the hosts (~/.fstrain/runs/<id>) and their entries here;
     a run still running, or whose state cannot be told, is kept."""
-    from fstrain.core.duration import parse_duration_s
-    from fstrain.core.runstate import FINAL
+    from fstrain.core.launch.duration import parse_duration_s
+    from fstrain.core.launch.runstate import FINAL
     from fstrain.io.runs import all_runs, gc_on_nodes, index_dir, run_state
 
     age_s = parse_duration_s(older_than, "--older-than")

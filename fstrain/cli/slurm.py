@@ -21,8 +21,8 @@ from fstrain.cli.output import console, print_json
 from fstrain.errors import FstrainError
 
 if TYPE_CHECKING:
-    from fstrain.core.hostfile import Host
-    from fstrain.core.slurm import Allocation, JobStatus
+    from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.slurm.job import Allocation, JobStatus
     from fstrain.io.transport.base import Transport
 
 LAUNCHER = typer.Option("auto", "--launcher", help="How nodes run their part: ssh, srun (inside a Slurm "
@@ -87,7 +87,7 @@ def check_container_flags(container_image: str | None, container_mounts: str | N
 def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
                       environ: Mapping[str, str] | None = None) -> Allocation | None:
     """The allocation whose nodes run the job through srun, or ``None`` for SSH."""
-    from fstrain.core.slurm import LAUNCHERS, allocation_from_env
+    from fstrain.core.slurm.job import LAUNCHERS, allocation_from_env
     from fstrain.errors import InputError
 
     env = os.environ if environ is None else environ
@@ -119,7 +119,7 @@ def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | 
 
 
 def srun_connect(container_image: str | None, container_mounts: str | None) -> Callable[[Host], Transport]:
-    from fstrain.core.slurm import pyxis_args
+    from fstrain.core.slurm.job import pyxis_args
     from fstrain.io.slurm import srun_connector
 
     return srun_connector(pyxis_args(container_image, container_mounts))
@@ -141,7 +141,7 @@ def plan_allocation(num_nodes: int | None, gpus_per_node: int | None, gpu: str |
     """`fstrain plan`/`render` inside an allocation, without --hostfile/--hosts: the allocation is
     the cluster. With --gpu, its node count and GPUs per node fill in what the flags leave out;
     without --gpu or --node, its nodes are probed through srun. Outside one: unchanged."""
-    from fstrain.core.slurm import allocation_from_env, plan_shape
+    from fstrain.core.slurm.job import allocation_from_env, plan_shape
 
     allocation = allocation_from_env(os.environ)
     if allocation is None or node_specs:
@@ -193,7 +193,7 @@ def submit_launch(ctx: typer.Context, *, program: list[str], user_env: dict[str,
                   **sbatch: Any) -> int:
     """Render the batch script into the run directory; unless only rendering, submit it and
     follow the job (or print its id at once with --detach). Returns the exit code."""
-    from fstrain.core.slurm import SbatchOptions, pyxis_args, render_sbatch, srun_step_argv
+    from fstrain.core.slurm.job import SbatchOptions, pyxis_args, render_sbatch, srun_step_argv
 
     folder = Path(run_dir or Path("runs") / run_id).resolve()
     options = SbatchOptions(
@@ -373,7 +373,7 @@ def slurm_status_document(record: Any, python: str = "python3") -> dict[str, Any
     the run directory (RUN_DIR/logs/<host>.r<rank>.log; the manifest's codes once it ended).
     While the job runs, a step of it on every node (``srun --jobid --overlap``) adds which ranks
     live there and the node's GPU memory and utilisation."""
-    from fstrain.core.gpuusage import from_node
+    from fstrain.core.launch.gpuusage import from_node
     from fstrain.io.runs import slurm_live_views, slurm_state
 
     state, job = slurm_state(record)
@@ -406,7 +406,7 @@ def _rank_files(folder: Path, host: str) -> list[dict[str, Any]]:
     """Each rank's last line, last output time and last progress line, from its log file."""
     import re
 
-    from fstrain.core.runstate import parse_progress
+    from fstrain.core.launch.runstate import parse_progress
 
     ranks = []
     for path in folder.glob(f"{host}.r*.log") if folder.is_dir() else []:
@@ -428,7 +428,7 @@ def print_slurm_status(document: dict[str, Any]) -> None:
 
     from rich.table import Table
 
-    from fstrain.core.gpuusage import usage_cell
+    from fstrain.core.launch.gpuusage import usage_cell
 
     out = console()
     job = document["job"]
@@ -483,7 +483,7 @@ def slurm_log_files(record: Any, hosts: list[str], rank: int | None) -> list[Pat
 
 def slurm_running(record: Any) -> Callable[[], bool]:
     """Whether the run's job is still queued or running (for `logs --follow`)."""
-    from fstrain.core.runstate import FINAL
+    from fstrain.core.launch.runstate import FINAL
     from fstrain.io.runs import slurm_state
 
     return lambda: slurm_state(record)[0].state not in FINAL
@@ -498,7 +498,7 @@ def stop_slurm_run(record: Any, grace_s: float | None, force: bool, wait_s: floa
     import time
 
     from fstrain.cli.runs import _describe
-    from fstrain.core.runstate import FINAL
+    from fstrain.core.launch.runstate import FINAL
     from fstrain.io.runs import mark_stop_requested, slurm_state
     from fstrain.io.slurm import SlurmError, signal_job
 

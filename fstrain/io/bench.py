@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fstrain.core.bench import worker_argv
-from fstrain.core.benchreport import check_document
-from fstrain.core.hostfile import Host
-from fstrain.core.launchspec import plan_launches, resolve_nproc
+from fstrain.core.bench.arithmetic import worker_argv
+from fstrain.core.bench.report import check_document
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.spec import plan_launches, resolve_nproc
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.fanout import HostPool
 from fstrain.io.launch import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import InputError
 from fstrain.io.bench import bench_nprocs, read_document
 

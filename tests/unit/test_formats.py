@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.formats import KINDS, check_format, problem, stamped, version
-from fstrain.core.hostfile import Host
-from fstrain.core.planfile import PlanFile
-from fstrain.core.runrecord import DetachedNode, DetachedRecord, IndexEntry
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.errors import InputError
 from fstrain.io.launch import RunOutcome, write_manifest
 from fstrain.io.remote import coordinator, runctl, source, watchdog
@@ -157,7 +157,7 @@ def ask(port: int, request: dict[str, object]) -> dict[str, object]:
 
 def test_a_coordinator_refuses_a_request_of_a_newer_format_and_answers_its_own(tmp_path: Path) -> None:
     secret = "ab" * 16
-    core = Path(coordinator.__file__).resolve().parents[2] / "core"  # the modules start_detached sends
+    core = Path(coordinator.__file__).resolve().parents[2] / "core" / "launch"  # the modules start_detached sends
     modules = {"supervisor": (core / "supervisor.py").read_text(), "analysis": (core / "stacks.py").read_text()}
     node = coordinator.Node({"detach": {"role": "coordinator", "secret": secret, "nnodes": 1}, "run_id": "r",
                              "run_dir": str(tmp_path), "modules": modules}, watchdog.Watchdog)

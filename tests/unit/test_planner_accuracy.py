@@ -205,7 +205,7 @@ def needs(case: Case) -> list[str]:
 
 def planner_gaps(case: Case) -> list[str]:
     """What the run needs that this planner does not accept (checked flag by flag)."""
-    from fstrain.core import planfile  # read at call time: the vocabulary grows
+    from fstrain.core.plan import planfile  # read at call time: the vocabulary grows
     from fstrain.core.plan.planner import Pins, TrainingSpec
 
     flags, gaps = case.flags, []
@@ -515,7 +515,7 @@ def test_source_table_on_values() -> None:
 
 
 def _planfile_precisions() -> tuple[str, ...]:
-    from fstrain.core import planfile
+    from fstrain.core.plan import planfile
 
     return tuple(planfile.PRECISIONS)
 

@@ -1,10 +1,10 @@
-"""A run's state from what its nodes report (fstrain/core/runstate.py), as values."""
+"""A run's state from what its nodes report (fstrain/core/launch/runstate.py), as values."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fstrain.core.runstate import RunState, from_host_records, from_manifest, from_nodes, parse_progress
+from fstrain.core.launch.runstate import RunState, from_host_records, from_manifest, from_nodes, parse_progress
 
 
 def view(alive: bool, run: dict[str, Any] | None = None, final: dict[str, Any] | None = None) -> dict[str, Any]:

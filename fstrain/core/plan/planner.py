@@ -35,9 +35,7 @@ from fstrain.core.plan.memory import (
 from fstrain.core.plan.modelsize import ParamCount, count_parameters
 from fstrain.core.plan.pipeline import schedule_label, schedule_problem
 from fstrain.core.plan.plancluster import PlanCluster
-from fstrain.core.plan.precision import check_strategy, compute_dtype, strategy_runs
-from fstrain.core.plan.timemodel import Fp8Rates, StepTime, step_time
-from fstrain.core.planfile import (
+from fstrain.core.plan.planfile import (
     DEEPSPEED_STRATEGIES,
     OFFLOAD,
     PP_SCHEDULES,
@@ -46,6 +44,8 @@ from fstrain.core.planfile import (
     PlanFile,
     PlanKnobs,
 )
+from fstrain.core.plan.precision import check_strategy, compute_dtype, strategy_runs
+from fstrain.core.plan.timemodel import Fp8Rates, StepTime, step_time
 from fstrain.errors import ConfigError
 
 MAX_MICRO_BATCH = 64

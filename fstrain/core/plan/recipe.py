@@ -51,7 +51,7 @@ from typing import Any
 
 from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.modelsize import ParamCount, count_parameters
-from fstrain.core.planfile import (
+from fstrain.core.plan.planfile import (
     ACTIVATIONS,
     OPTIMIZERS,
     PRECISIONS,
