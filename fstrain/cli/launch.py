@@ -18,7 +18,8 @@ from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
     from fstrain.core.launch.spec import NodeLaunch
-    from fstrain.core.plan.planfile import ModelSpec, PlanFile
+    from fstrain.core.plan.planfile import PlanFile
+    from fstrain.core.plan.schema import ModelSpec
     from fstrain.io.launch import RunOutcome
 
 ENV_FILES = (".deepspeed_env", ".fstrain_env")  # read from ~ then the current directory; later wins

@@ -313,9 +313,10 @@ def resolve_training(
 ) -> tuple[TrainingSpec, str]:
     """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
     from fstrain.core.plan.losses import parse_loss
-    from fstrain.core.plan.planfile import OPTIMIZERS, PRECISIONS
     from fstrain.core.plan.planner import TrainingSpec
+    from fstrain.core.plan.precision import PRECISIONS
     from fstrain.core.plan.recipe import TrainingDefaults, parse_count
+    from fstrain.core.plan.schema import OPTIMIZERS
     from fstrain.errors import InputError
 
     defaults = recipe.training if recipe else TrainingDefaults()
@@ -380,8 +381,8 @@ def resolve_pins(
     cp: int | None = None,
 ) -> Pins:
     from fstrain.core.plan.acpolicy import parse_ac
-    from fstrain.core.plan.planfile import OFFLOAD, STRATEGIES
     from fstrain.core.plan.planner import Pins
+    from fstrain.core.plan.schema import OFFLOAD, STRATEGIES
     from fstrain.errors import InputError
 
     aliases = {"no-shard": "ddp", "fsdp-no-shard": "ddp", "zero0": "ddp"}
@@ -415,7 +416,7 @@ def resolve_pins(
 
 def _pp_schedule(value: str) -> str:
     """--pp-schedule, with the names torchtitan and the papers use for the same schedules."""
-    from fstrain.core.plan.planfile import PP_SCHEDULES
+    from fstrain.core.plan.schema import PP_SCHEDULES
     from fstrain.errors import InputError
 
     aliases = {"interleaved-1f1b": "interleaved", "interleaved1f1b": "interleaved", "zb-h1": "zero-bubble",

@@ -16,8 +16,9 @@ from fstrain.core.plan.memory import (
     layer_activation_bytes,
     stage_activation_bytes,
 )
-from fstrain.core.plan.planfile import MoESpec, PlanFile
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.recipe import parse_recipe
+from fstrain.core.plan.schema import MoESpec
 from fstrain.core.plan.timemodel import flops_per_token, layer_hardware_flops
 from fstrain.errors import InputError
 from tests.helpers import run_fstrain

@@ -23,9 +23,10 @@ from fstrain.core.plan.memory import (
 )
 from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.plancluster import uniform_cluster
-from fstrain.core.plan.planfile import ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.core.plan.recipe import parse_recipe
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 from fstrain.core.plan.timemodel import flops_per_token
 from fstrain.errors import ConfigError, InputError
 from fstrain.train.trace import check_traceable

@@ -18,7 +18,7 @@ from fstrain.core.plan.memory import (
     stage_shapes,
 )
 from fstrain.core.plan.modelsize import count_parameters
-from fstrain.core.plan.planfile import PlanKnobs
+from fstrain.core.plan.schema import PlanKnobs
 from fstrain.core.plan.timemodel import step_time
 from fstrain.io.recipes import load_shipped_recipe
 

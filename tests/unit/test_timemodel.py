@@ -8,7 +8,7 @@ import pytest
 
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.modelsize import count_parameters
-from fstrain.core.plan.planfile import ModelSpec, MoESpec, PlanKnobs
+from fstrain.core.plan.schema import ModelSpec, MoESpec, PlanKnobs
 from fstrain.core.plan.timemodel import (
     Links,
     StepTime,

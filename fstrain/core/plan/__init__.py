@@ -1,6 +1,7 @@
 """The planner: what a training configuration needs per GPU and how fast it runs, and the search
 that ranks configurations. Pure: values in, values out (no files, network, processes or GPUs).
 
+- values: ``schema`` (ModelSpec, PlanKnobs, ClusterSummary and the names each knob accepts);
 - inputs: ``recipe`` (a recipe mapping -> model spec and training defaults; ``hfconfig`` reads a
   Hugging Face ``config.json`` mapping), ``modelsize`` (parameters by part), ``gpus`` (the GPU
   table), ``plancluster`` (nodes and links), ``assumptions`` (every assumed number, with its reason);

@@ -31,7 +31,7 @@ from fstrain.core.bench.pairs import link_table
 from fstrain.core.bench.report import SCHEMA, collective_summaries, compute_rows
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.plancluster import PlanCluster
-from fstrain.core.plan.planfile import ModelSpec
+from fstrain.core.plan.schema import ModelSpec
 from fstrain.core.plan.timemodel import flops_per_token
 from fstrain.errors import InputError
 

@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from fstrain.core.plan.gpus import GpuSpec, lookup_gpu
-from fstrain.core.plan.planfile import ClusterSummary
+from fstrain.core.plan.schema import ClusterSummary
 from fstrain.core.plan.timemodel import Links
 from fstrain.errors import InputError
 
