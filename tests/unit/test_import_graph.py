@@ -1,4 +1,5 @@
-"""The import graph of fstrain/ has no circles, and no CLI command imports another command's module.
+"""The import graph of fstrain/: no circles, no import back up the layers, and no CLI command
+importing another command's module.
 
 Every module is parsed with ``ast`` (nothing is imported): each ``import`` and ``from ... import``
 statement counts, at module level, inside functions and under ``if TYPE_CHECKING``, with relative
@@ -162,6 +163,27 @@ def describe(graph: Mapping[str, set[str]]) -> str:
                      for knot in knots(graph))
 
 
+# What each layer may import (docs/architecture.md): cli -> io -> core -> errors, and the bundled
+# programs (train, bench) on core. `fstrain` alone is the package (its __version__).
+MAY_IMPORT = {
+    "errors": set(),
+    "core": {"core", "errors"},
+    "io": {"io", "core", "errors", "fstrain"},
+    "train": {"train", "io", "core", "errors"},  # io/userfiles.py: the trainer reads files as the CLI does
+    "bench": {"bench", "core", "errors"},
+}
+
+
+def layer(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else module
+
+
+def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    """``a imports b`` for each import that runs against the layers (cli and __main__ may import all)."""
+    return [f"{name} imports {target}" for name in sorted(graph) if layer(name) in MAY_IMPORT
+            for target in sorted(graph[name]) if layer(target) not in MAY_IMPORT[layer(name)]]
+
+
 def test_the_graph_reads_every_module() -> None:
     graph = import_graph()
     assert {"fstrain.errors", "fstrain.core", "fstrain.io.launch", "fstrain.cli.main"} <= set(graph)
@@ -172,6 +194,12 @@ def test_the_graph_reads_every_module() -> None:
 def test_core_io_train_and_bench_import_no_circle() -> None:
     graph = outside_cli(import_graph())
     assert cycles(graph) == [], "import circles:\n" + describe(graph)
+
+
+def test_no_import_runs_back_up_the_layers() -> None:
+    graph = import_graph()
+    assert {layer(name) for name in graph} - set(MAY_IMPORT) == {"cli", "fstrain", "__main__"}
+    assert upward_imports(graph) == []
 
 
 @pytest.mark.xfail(strict=True, reason="cli circle removed in the API change")
@@ -227,6 +255,16 @@ def test_a_circle_is_found_and_printed(tmp_path: Path) -> None:
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
     assert describe(graph) == "pkg.a -> pkg.b -> pkg.c -> pkg.a   (the knot: pkg.a, pkg.b, pkg.c)"
     assert cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_upward_imports_are_named() -> None:
+    graph = {"fstrain.core.plan.memory": {"fstrain.errors", "fstrain.io.launch"},
+             "fstrain.io.launch": {"fstrain", "fstrain.cli.output", "fstrain.core.plan.memory"},
+             "fstrain.train.model": {"fstrain.io.userfiles"}, "fstrain.bench.worker": {"fstrain.train.model"},
+             "fstrain.cli.launch": {"fstrain.io.launch", "fstrain.train.model"}}
+    assert upward_imports(graph) == ["fstrain.bench.worker imports fstrain.train.model",
+                                     "fstrain.core.plan.memory imports fstrain.io.launch",
+                                     "fstrain.io.launch imports fstrain.cli.output"]
 
 
 def test_cli_cross_imports_are_named() -> None:
