@@ -10,7 +10,7 @@ from typing import Any
 
 from fstrain.io.remote import coordinator, watchdog
 
-CORE = Path(coordinator.__file__).resolve().parents[2] / "core"  # the modules start_detached sends
+CORE = Path(coordinator.__file__).resolve().parents[2] / "core" / "launch"  # the modules start_detached sends
 SECRET = "ab" * 16
 
 

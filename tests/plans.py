@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from fstrain.core.planfile import ClusterSummary, ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.plan.planfile import PlanFile
+from fstrain.core.plan.schema import ClusterSummary, ModelSpec, PlanKnobs
 
 # 2 layers, hidden 64, 4 heads (GQA: 2 kv heads), vocab 256, seq 64: trains on a CPU in seconds.
 TINY_MODEL = ModelSpec(

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.api.driver import Checked, DriveRequest, NodeJob, drive
-from fstrain.core.bench import worker_argv
-from fstrain.core.hostfile import Host
-from fstrain.core.launchspec import plan_launches, resolve_nproc
+from fstrain.core.bench.arithmetic import worker_argv
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.spec import plan_launches, resolve_nproc
 from fstrain.io.bench import DOCUMENT, fetch_document
 from fstrain.io.launch import HostFacts, Rendezvous, RunOutcome
 from fstrain.io.transport.base import Transport

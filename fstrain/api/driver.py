@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fstrain.core.hostfile import Host
-from fstrain.core.launchspec import NodeLaunch
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.spec import NodeLaunch
 from fstrain.io.fanout import HostPool
 from fstrain.io.launch import (
     HostFacts,

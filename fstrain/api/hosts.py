@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fstrain.core.hostfile import (
+from fstrain.core.hosts.hostfile import (
     Host,
     hosts_from_environment,
     parse_host_list,
@@ -24,7 +24,7 @@ from fstrain.core.hostfile import (
 from fstrain.errors import InventoryError
 
 if TYPE_CHECKING:
-    from fstrain.core.slurm import Allocation
+    from fstrain.core.slurm.job import Allocation
     from fstrain.io.transport.base import Transport
 
 
@@ -74,7 +74,7 @@ def resolve_hosts(
 def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
                       environ: Mapping[str, str] | None = None) -> Allocation | None:
     """The allocation whose nodes run the job through srun, or ``None`` for SSH."""
-    from fstrain.core.slurm import LAUNCHERS, allocation_from_env
+    from fstrain.core.slurm.job import LAUNCHERS, allocation_from_env
     from fstrain.errors import InputError
 
     env = os.environ if environ is None else environ
@@ -106,7 +106,7 @@ def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | 
 
 
 def srun_connect(container_image: str | None, container_mounts: str | None) -> Callable[[Host], Transport]:
-    from fstrain.core.slurm import pyxis_args
+    from fstrain.core.slurm.job import pyxis_args
     from fstrain.io.slurm import srun_connector
 
     return srun_connector(pyxis_args(container_image, container_mounts))

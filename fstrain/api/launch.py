@@ -19,10 +19,10 @@ from fstrain.api.requests import LaunchRequest
 if TYPE_CHECKING:
     from fstrain.api.driver import Checked, Driven, NodeJob
     from fstrain.api.hosts import HostSelection
-    from fstrain.core.hostfile import Host
-    from fstrain.core.launchspec import NodeLaunch
-    from fstrain.core.planfile import PlanFile
-    from fstrain.core.slurm import Allocation
+    from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.launch.spec import NodeLaunch
+    from fstrain.core.plan.planfile import PlanFile
+    from fstrain.core.slurm.job import Allocation
     from fstrain.io.transport.base import Transport
 
 Report = Callable[[str], None]
@@ -67,7 +67,7 @@ class Launched:
 def prepare(request: LaunchRequest) -> Prepared:
     """Everything that needs no host: backend, hosts, the job, timeouts, the run id."""
     from fstrain.api.hosts import HostSelection, allocation_hosts, choose_allocation, resolve_hosts
-    from fstrain.core.launchspec import BACKENDS
+    from fstrain.core.launch.spec import BACKENDS
     from fstrain.errors import InputError
 
     job, hosts, run = request.job, request.hosts, request.run
@@ -113,7 +113,7 @@ class DryRun:
 
 
 def dry_run(prepared: Prepared) -> DryRun:
-    from fstrain.core.launchspec import master_port_candidates, plan_launches
+    from fstrain.core.launch.spec import master_port_candidates, plan_launches
     from fstrain.io.connect import is_local
 
     request, hosts = prepared.request, prepared.selection.hosts
@@ -187,7 +187,7 @@ def fit_job(prepared: Prepared, checked: Checked) -> tuple[Job, NodeJob]:
     """The job for the hosts the checks found: processes per node (slots, else GPUs), the
     plan fitted to the world size, each node's launcher command and rendered files."""
     from fstrain.api.driver import NodeJob
-    from fstrain.core.launchspec import plan_launches
+    from fstrain.core.launch.spec import plan_launches
 
     request, hosts = prepared.request, prepared.selection.hosts
     job_request = request.job
@@ -206,7 +206,7 @@ def fit_job(prepared: Prepared, checked: Checked) -> tuple[Job, NodeJob]:
 
 
 def describe_plan(plan: PlanFile, where: str = "each node's run directory at launch") -> str:
-    from fstrain.core.launchplan import trainer_backend
+    from fstrain.core.launch.plan import trainer_backend
     from fstrain.core.plan.planner import describe_knobs
 
     k = plan.knobs

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fstrain.core.plan.assumptions import Assumptions
     from fstrain.core.plan.plancluster import NodeGpus, PlanCluster
+    from fstrain.core.plan.planfile import PlanFile
     from fstrain.core.plan.planner import Pins, PlanModel, PlanResult, TrainingSpec
     from fstrain.core.plan.recipe import Recipe
-    from fstrain.core.planfile import PlanFile
 
 DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024  # Llama 2 / GPT-3 scale: 4M tokens per optimizer step
 
@@ -168,8 +168,9 @@ def resolve_training(plan_model: PlanModel, recipe: Recipe | None,
     """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
     from fstrain.core.plan.losses import parse_loss
     from fstrain.core.plan.planner import TrainingSpec
+    from fstrain.core.plan.precision import PRECISIONS
     from fstrain.core.plan.recipe import TrainingDefaults, parse_count
-    from fstrain.core.planfile import OPTIMIZERS, PRECISIONS
+    from fstrain.core.plan.schema import OPTIMIZERS
     from fstrain.errors import InputError
 
     r = request
@@ -226,7 +227,7 @@ def resolve_pins(request: PinRequest) -> Pins:
     """The knobs the user fixed; the planner searches the rest."""
     from fstrain.core.plan.acpolicy import parse_ac
     from fstrain.core.plan.planner import Pins
-    from fstrain.core.planfile import OFFLOAD, STRATEGIES
+    from fstrain.core.plan.schema import OFFLOAD, STRATEGIES
     from fstrain.errors import InputError
 
     r = request
@@ -262,7 +263,7 @@ def resolve_pins(request: PinRequest) -> Pins:
 
 def _pp_schedule(value: str) -> str:
     """--pp-schedule, with the names torchtitan and the papers use for the same schedules."""
-    from fstrain.core.planfile import PP_SCHEDULES
+    from fstrain.core.plan.schema import PP_SCHEDULES
     from fstrain.errors import InputError
 
     aliases = {"interleaved-1f1b": "interleaved", "interleaved1f1b": "interleaved", "zb-h1": "zero-bubble",

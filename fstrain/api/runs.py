@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fstrain.core.runstate import FINAL, RunState
+from fstrain.core.launch.runstate import FINAL, RunState
 from fstrain.errors import FstrainError, InputError
 
 if TYPE_CHECKING:
-    from fstrain.core.hostfile import Host
+    from fstrain.core.hosts.hostfile import Host
     from fstrain.io.logs import FileOutputs, NodeOutputs
     from fstrain.io.runs import RunRecord
     from fstrain.io.transport.base import Transport
@@ -180,7 +180,7 @@ def backend_for(record: RunRecord, access: Access) -> Backend:
 
 def describe(state: RunState) -> str:
     """``failed, exit 7 (...)``: a run's state and exit code, as every run command says it."""
-    from fstrain.core.rankexit import describe_code
+    from fstrain.core.launch.rankexit import describe_code
 
     code = f", exit {describe_code(state.exit_code)}" if state.exit_code is not None else ""
     return f"{state.state}{code}"
@@ -286,8 +286,8 @@ class SshRun:
 
 def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None) -> dict[str, Any]:
     """The state and per node and rank: reachable, watchdog alive, exit, last output, progress, GPUs."""
-    from fstrain.core.gpuusage import from_node
-    from fstrain.core.runstate import first_failure, parse_progress
+    from fstrain.core.launch.gpuusage import from_node
+    from fstrain.core.launch.runstate import first_failure, parse_progress
     from fstrain.io.runs import run_state
 
     state = run_state(record, views)
@@ -443,7 +443,7 @@ class SlurmRun:
         directory (RUN_DIR/logs/<host>.r<rank>.log; the manifest's codes once it ended). While the
         job runs, a step of it on every node (``srun --jobid --overlap``) adds which ranks live
         there and the node's GPU memory and utilisation."""
-        from fstrain.core.gpuusage import from_node
+        from fstrain.core.launch.gpuusage import from_node
         from fstrain.io.runs import slurm_live_views, slurm_state
 
         record = self.record
@@ -561,7 +561,7 @@ def kill_job(job_id: str) -> None:
 
 def rank_files(folder: Path, host: str) -> list[dict[str, Any]]:
     """Each rank's last line, last output time and last progress line, from its log file."""
-    from fstrain.core.runstate import parse_progress
+    from fstrain.core.launch.runstate import parse_progress
 
     ranks = []
     for path in folder.glob(f"{host}.r*.log") if folder.is_dir() else []:

@@ -11,5 +11,5 @@ Public surface:
   (:mod:`fstrain.bench.worker`), standalone or under torchrun.
 
 The arithmetic (bus bandwidth factors, sizes, outliers) is pure and lives in
-:mod:`fstrain.core.bench` and :mod:`fstrain.core.benchpairs`.
+:mod:`fstrain.core.bench.arithmetic` and :mod:`fstrain.core.bench.pairs`.
 """

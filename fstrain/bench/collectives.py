@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from fstrain.bench.timing import sync, timed, wait
-from fstrain.core.bench import algbw_gbps, bus_bandwidth_factor, elements_for, summarize
+from fstrain.core.bench.arithmetic import algbw_gbps, bus_bandwidth_factor, elements_for, summarize
 
 # torch 2.13 renamed the tensor forms (`all_gather_into_tensor` -> `all_gather_single`);
 # the old names warn. Take whichever this torch has.
@@ -38,7 +38,7 @@ def time_collective(
     max_samples: int = 50,
     sample_seconds: float = 0.02,
 ) -> dict[str, Any]:
-    """Time ``collective`` on a ``size_bytes`` array (see :mod:`fstrain.core.bench` for what the
+    """Time ``collective`` on a ``size_bytes`` array (see :mod:`fstrain.core.bench.arithmetic` for what the
     size means per collective) for about ``seconds``; returns every sample and the bandwidths
     of the median sample."""
     world_size = dist.get_world_size(group)

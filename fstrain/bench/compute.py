@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from fstrain.bench.timing import on_device, sync, timed
-from fstrain.core.bench import summarize
+from fstrain.core.bench.arithmetic import summarize
 
 GPU_MATMUL_SIZE = 8192
 """n of the n x n matmuls on a GPU: large enough to reach the Tensor Cores' plateau."""

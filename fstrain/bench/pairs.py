@@ -1,6 +1,6 @@
 """Node-to-node bandwidth: one rank per node (local rank 0) sends to another node's leader.
 
-Rounds come from :func:`fstrain.core.benchpairs.pair_rounds`: in a round every node sends, or
+Rounds come from :func:`fstrain.core.bench.pairs.pair_rounds`: in a round every node sends, or
 receives, or waits, never two at once. A link is timed at its receive_from, from the common start
 until the send_to's 4-byte acknowledgement arrives, so the time covers the whole transfer
 whichever side is slow. Every rank calls :func:`time_pairs` (ranks that lead no node, and nodes
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from fstrain.bench.timing import sync, wait
-from fstrain.core.benchpairs import pair_rounds
+from fstrain.core.bench.pairs import pair_rounds
 
 _DATA_TAG = 1
 _ACK_TAG = 2

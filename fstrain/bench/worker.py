@@ -27,8 +27,8 @@ import torch.distributed as dist
 from fstrain.bench.collectives import time_collective
 from fstrain.bench.compute import matmul_tflops, memory_bandwidth_gbps
 from fstrain.bench.pairs import time_pairs
-from fstrain.core.bench import COLLECTIVES, format_size, parse_size, parse_sizes, parse_suites
-from fstrain.core.benchreport import SCHEMA
+from fstrain.core.bench.arithmetic import COLLECTIVES, format_size, parse_size, parse_sizes, parse_suites
+from fstrain.core.bench.report import SCHEMA
 from fstrain.errors import FstrainError
 
 DEFAULT_SIZES = {"nccl": "1M-1G", "gloo": "64K-16M"}

@@ -95,8 +95,8 @@ def build_request(hostfile: str | None, hosts: str | None, include: str | None, 
     """Every flag checked, before any host is contacted; the request and where the hosts came from."""
     from fstrain.api.bench import BenchRequest
     from fstrain.api.job import collect_env, new_run_id
-    from fstrain.core.bench import parse_size, parse_sizes, parse_suites
-    from fstrain.core.benchpairs import pair_rounds
+    from fstrain.core.bench.arithmetic import parse_size, parse_sizes, parse_suites
+    from fstrain.core.bench.pairs import pair_rounds
     from fstrain.errors import InputError
 
     suites = parse_suites(suite)
@@ -134,7 +134,7 @@ def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | N
     from fstrain.api.bench import run_bench
     from fstrain.api.job import interface_env
     from fstrain.cli.launch_output import print_summary
-    from fstrain.core.benchreport import analysis
+    from fstrain.core.bench.report import analysis
     from fstrain.io.bench import save_document
 
     out = console()

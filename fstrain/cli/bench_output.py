@@ -31,8 +31,8 @@ def _pct(value: float | None) -> str:
 
 
 def print_collectives(document: dict[str, Any]) -> list[str]:
-    from fstrain.core.bench import format_size
-    from fstrain.core.benchreport import bar_chart, collective_rows, collective_summaries
+    from fstrain.core.bench.arithmetic import format_size
+    from fstrain.core.bench.report import bar_chart, collective_rows, collective_summaries
 
     table = _table("scope", "group", "collective", "size", "time us", "algbw GB/s", "busbw GB/s")
     for row in collective_rows(document):
@@ -48,8 +48,8 @@ def print_collectives(document: dict[str, Any]) -> list[str]:
 
 
 def print_pairs(document: dict[str, Any]) -> list[str]:
-    from fstrain.core.benchpairs import link_table
-    from fstrain.core.benchreport import bar_chart, pairs_verdict
+    from fstrain.core.bench.pairs import link_table
+    from fstrain.core.bench.report import bar_chart, pairs_verdict
 
     links = link_table(document["pairs"]["links"])
     medians = link_table(document["pairs"]["links"], "median")
@@ -96,7 +96,7 @@ def pairs_text(verdict: Any) -> list[str]:
 
 
 def print_compute(document: dict[str, Any]) -> list[str]:
-    from fstrain.core.benchreport import COMPUTE_STRAGGLER_FRACTION, bar_chart, compute_rows
+    from fstrain.core.bench.report import COMPUTE_STRAGGLER_FRACTION, bar_chart, compute_rows
 
     rows = compute_rows(document)
     table = _table("node", "rank", "device", "TFLOPS", "of peak", "mem GB/s", "of peak", "note")

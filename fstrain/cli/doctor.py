@@ -94,7 +94,7 @@ def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts:
 
     from fstrain.api.bench import BenchRequest, run_bench
     from fstrain.api.job import interface_env, new_run_id
-    from fstrain.core.benchchecks import bench_checks, bench_failed
+    from fstrain.core.bench.checks import bench_checks, bench_failed
     from fstrain.core.doctor.result import CheckResult
     from fstrain.errors import FstrainError
     from fstrain.io.connect import make_connector
@@ -197,7 +197,7 @@ def report(facts: DoctorFacts, checks: tuple[Check, ...], list_orphans: bool, js
 
 
 def hosts_cell(hosts: tuple[str, ...], everyone: list[str]) -> str:
-    from fstrain.core.hostfile import compress_hostlist
+    from fstrain.core.hosts.hostfile import compress_hostlist
 
     if not hosts:
         return "-"

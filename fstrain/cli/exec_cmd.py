@@ -57,7 +57,7 @@ def exec_command(
 
 def print_grouped_output(results: list[HostResult]) -> None:
     """Each distinct output once, headed by the hosts that printed it (like ``dshbak -c``)."""
-    from fstrain.core.hostfile import compress_hostlist
+    from fstrain.core.hosts.hostfile import compress_hostlist
 
     groups: dict[tuple[str, str], list[str]] = {}
     for result in results:

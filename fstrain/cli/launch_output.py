@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fstrain.cli.output import console
 
 if TYPE_CHECKING:
-    from fstrain.core.runstate import RunState
+    from fstrain.core.launch.runstate import RunState
     from fstrain.io.launch import RunOutcome
 
 
@@ -84,7 +84,7 @@ def print_stall(report: dict[str, Any]) -> None:
 
 def describe_state(state: RunState) -> str:
     """``failed, exit 7 (...)``: a run's state and exit code, as every run command says it."""
-    from fstrain.core.rankexit import describe_code
+    from fstrain.core.launch.rankexit import describe_code
 
     code = f", exit {describe_code(state.exit_code)}" if state.exit_code is not None else ""
     return f"{state.state}{code}"

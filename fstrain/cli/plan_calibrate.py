@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from fstrain.core.plan.assumptions import Assumptions
     from fstrain.core.plan.calibrate import Calibration
     from fstrain.core.plan.plancluster import PlanCluster
-    from fstrain.core.planfile import ModelSpec
+    from fstrain.core.plan.schema import ModelSpec
 
 
 def calibrated(path: str, assumptions: Assumptions, cluster: PlanCluster, precision: str, model: ModelSpec | None,

@@ -39,7 +39,7 @@ def analytic_categories(chosen: Plan) -> dict[str, int]:
 def run_trace(result: PlanResult, plan_model: PlanModel, cluster: PlanCluster) -> dict[str, Any]:
     """Trace the chosen plan; the comparison as a JSON-ready dict."""
     from fstrain.core.plan.memory import AUTOCAST_CACHE_ITEM
-    from fstrain.core.planfile import PlanFile
+    from fstrain.core.plan.planfile import PlanFile
     from fstrain.core.render.fsdp import render_fsdp
     from fstrain.errors import ConfigError
 

@@ -10,7 +10,7 @@ import typer
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
-    from fstrain.core.planfile import PlanFile
+    from fstrain.core.plan.planfile import PlanFile
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,7 @@ from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
     from fstrain.api.runs import Access, Outputs, Run
-    from fstrain.core.runstate import RunState
+    from fstrain.core.launch.runstate import RunState
 
 PYTHON = typer.Option("python3", "--python", help="Interpreter on the hosts.")
 FOLLOW_POLL_S = 1.0
@@ -73,7 +73,7 @@ def runs_command(
 
     from fstrain.api.runs import SlurmRun
     from fstrain.api.runs import all_runs as list_runs
-    from fstrain.core.runstate import FINAL
+    from fstrain.core.launch.runstate import FINAL
     from fstrain.io.runs import run_state
 
     rows: list[dict[str, Any]] = []
@@ -116,7 +116,7 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
                    python: str) -> list[dict[str, Any]]:
     """Detached runs whose node records are in the hosts' ``~/.fstrain/runs``, merged per run."""
     from fstrain.api.hosts import resolve_hosts
-    from fstrain.core.runstate import from_host_records
+    from fstrain.core.launch.runstate import from_host_records
     from fstrain.io.connect import make_connector
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import REMOTE_RUNS
@@ -168,7 +168,7 @@ def status_command(
     """A run's state per node and per rank: alive, last output, last step/loss/tokens/s, GPUs."""
     from rich.table import Table
 
-    from fstrain.core.gpuusage import usage_cell
+    from fstrain.core.launch.gpuusage import usage_cell
 
     handle = _open(run, ssh_config, accept_new_hosts, python)
     record = handle.record
@@ -264,7 +264,7 @@ def logs_command(
     python: str = PYTHON,
 ) -> None:
     """A run's output from the nodes' files, tagged ``[host rN]`` like an attached run's."""
-    from fstrain.core.duration import parse_duration_s
+    from fstrain.core.launch.duration import parse_duration_s
 
     since_s = parse_duration_s(since, "--since") if since else None
     handle = _open(run, ssh_config, accept_new_hosts, python)
@@ -305,7 +305,7 @@ def attach_command(
 def _print_end(handle: Run, state: RunState) -> None:
     """How the run ended: its hang report, its first failure, the training summary, its state."""
     from fstrain.api.runs import SshRun
-    from fstrain.core.rankexit import RankFailure
+    from fstrain.core.launch.rankexit import RankFailure
 
     out = console()
     reason = f": {state.reason}" if state.reason else ""
@@ -367,8 +367,8 @@ def gc_command(
     """Remove finished runs' folders on the hosts (~/.fstrain/runs/<id>) and their entries here;
     a run still running, or whose state cannot be told, is kept."""
     from fstrain.api.runs import SshRun, all_runs
-    from fstrain.core.duration import parse_duration_s
-    from fstrain.core.runstate import FINAL
+    from fstrain.core.launch.duration import parse_duration_s
+    from fstrain.core.launch.runstate import FINAL
     from fstrain.io.connect import make_connector
     from fstrain.io.runs import gc_on_nodes, index_dir, run_state
 

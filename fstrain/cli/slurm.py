@@ -20,8 +20,8 @@ import typer
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
-    from fstrain.core.hostfile import Host
-    from fstrain.core.slurm import JobStatus
+    from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.slurm.job import JobStatus
     from fstrain.io.transport.base import Transport
 
 LAUNCHER = typer.Option("auto", "--launcher", help="How nodes run their part: ssh, srun (inside a Slurm "
@@ -89,7 +89,7 @@ def plan_allocation(num_nodes: int | None, gpus_per_node: int | None, gpu: str |
     """`fstrain plan`/`render` inside an allocation, without --hostfile/--hosts: the allocation is
     the cluster. With --gpu, its node count and GPUs per node fill in what the flags leave out;
     without --gpu or --node, its nodes are probed through srun. Outside one: unchanged."""
-    from fstrain.core.slurm import allocation_from_env, plan_shape
+    from fstrain.core.slurm.job import allocation_from_env, plan_shape
 
     allocation = allocation_from_env(os.environ)
     if allocation is None or node_specs:
@@ -143,7 +143,7 @@ def submit_launch(ctx: typer.Context, *, program: list[str], user_env: dict[str,
                   **sbatch: Any) -> int:
     """Render the batch script into the run directory; unless only rendering, submit it and
     follow the job (or print its id at once with --detach). Returns the exit code."""
-    from fstrain.core.slurm import SbatchOptions, pyxis_args, render_sbatch, srun_step_argv
+    from fstrain.core.slurm.job import SbatchOptions, pyxis_args, render_sbatch, srun_step_argv
 
     folder = Path(run_dir or Path("runs") / run_id).resolve()
     options = SbatchOptions(
@@ -303,7 +303,7 @@ def print_slurm_status(document: dict[str, Any]) -> None:
 
     from rich.table import Table
 
-    from fstrain.core.gpuusage import usage_cell
+    from fstrain.core.launch.gpuusage import usage_cell
 
     out = console()
     job = document["job"]

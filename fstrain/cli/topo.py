@@ -50,9 +50,9 @@ def parse_command(
 ) -> None:
     """Parse a saved topology and show its matrix, NVLink domains and GPU-NIC affinity."""
     from fstrain.cli.topo_view import render_node
-    from fstrain.core.ncclxml import read_nccl_topology
     from fstrain.core.parsers.topo_matrix import node_from_topo_matrix, parse_topo_matrix
-    from fstrain.core.topology import node_to_dict
+    from fstrain.core.topo.ncclxml import read_nccl_topology
+    from fstrain.core.topo.topology import node_to_dict
 
     text = _read_text(file)
     warnings: tuple[str, ...] = ()
@@ -119,8 +119,8 @@ def probe_selected(hostfile: str | None, hosts: str | None, include: str | None,
 
 def reports_document(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """The --json document of ``topo show``: a summary per node, the groups, and the raw reports."""
-    from fstrain.core.probe_report import node_from_report
-    from fstrain.core.topology import group_nodes, node_to_dict
+    from fstrain.core.topo.probe_report import node_from_report
+    from fstrain.core.topo.topology import group_nodes, node_to_dict
 
     nodes = [node_from_report(r) for r in reports]
     summaries = []
@@ -136,7 +136,7 @@ def reports_document(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 def load_reports(text: str, source: str) -> list[dict[str, Any]]:
     """Probe reports from a saved file: one report, a list of them, or `topo show --json` output."""
-    from fstrain.core.probe_report import validate_report
+    from fstrain.core.topo.probe_report import validate_report
     from fstrain.errors import ParseError
     from fstrain.io.userfiles import check_json_depth
 
@@ -172,9 +172,9 @@ def xml_command(
     """Write the NCCL topology file (NCCL_TOPO_FILE), one per distinct node shape."""
     import sys
 
-    from fstrain.core.hostfile import compress_hostlist
-    from fstrain.core.ncclxml_gen import GeneratedXml, distinct_shapes, xml_from_report, xml_from_topo_matrix
+    from fstrain.core.hosts.hostfile import compress_hostlist
     from fstrain.core.parsers.topo_matrix import parse_topo_matrix
+    from fstrain.core.topo.ncclxml_gen import GeneratedXml, distinct_shapes, xml_from_report, xml_from_topo_matrix
 
     outputs: list[tuple[str, GeneratedXml, str]] = []  # (shape, xml, hosts)
     if source is not None and not _read_text(source).lstrip().startswith(("{", "[")):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fstrain.core.probe_report import Report, node_from_report
-from fstrain.core.topology import (
+from fstrain.core.topo.probe_report import Report, node_from_report
+from fstrain.core.topo.topology import (
     LinkClass,
     Node,
     closest_nics,
@@ -109,7 +109,7 @@ def render_cluster(nodes: Sequence[Node], console: Console) -> None:
     """Identical nodes grouped by shape; every other group says how it differs from the largest."""
     from rich.table import Table
 
-    from fstrain.core.hostfile import compress_hostlist
+    from fstrain.core.hosts.hostfile import compress_hostlist
 
     groups = group_nodes(nodes)
     table = Table(title="cluster", show_edge=False, pad_edge=False, header_style="bold")

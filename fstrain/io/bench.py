@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fstrain.core.benchreport import check_document
-from fstrain.core.hostfile import Host
+from fstrain.core.bench.report import check_document
+from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.transport.base import Transport
 

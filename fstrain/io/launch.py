@@ -7,7 +7,7 @@ Stages (each a function, each taking what it needs as arguments):
 2. ``choose_rendezvous``: open a listener on the first host on a port derived from the run id,
    have every host connect to each of the first host's addresses, keep the first address all of
    them reach, and note per host the interface that routes there (for NCCL/GLOO_SOCKET_IFNAME).
-3. ``plan_launches`` (pure, fstrain/core/launchspec.py): the per-node commands.
+3. ``plan_launches`` (pure, fstrain/core/launch/spec.py): the per-node commands.
    Before all this (``prewarm_nodes``, attached runs) every node's watchdog is started with the
    working directory and the user's environment only, so the launcher's Python imports torch
    while the hosts and the rendezvous are checked; ``run_nodes`` then sends each its full header.
@@ -34,9 +34,11 @@ from typing import Any, TextIO
 
 from fstrain import __version__
 from fstrain.core.formats import KINDS, stamped
-from fstrain.core.hostfile import Host
-from fstrain.core.launchnoise import NodeNoise
-from fstrain.core.launchspec import (
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.logtail import split_rank_prefix
+from fstrain.core.launch.noise import NodeNoise
+from fstrain.core.launch.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
+from fstrain.core.launch.spec import (
     TORCHRUN_LOG_DIR,
     NodeLaunch,
     base_env,
@@ -46,9 +48,7 @@ from fstrain.core.launchspec import (
     redact,
     secret_values,
 )
-from fstrain.core.logtail import split_rank_prefix
-from fstrain.core.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
-from fstrain.core.supervisor import (
+from fstrain.core.launch.supervisor import (
     COLLECT_STACKS,
     EXIT_SIGINT,
     EXIT_SIGTERM,

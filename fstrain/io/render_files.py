@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from fstrain.core.planfile import PlanFile
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.render.bundle import (
     ACCELERATE_CONFIG,
     DS_CONFIG,

@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING, Any
 
 from fstrain import __version__
 from fstrain.core.formats import check_format, problem, stamped
-from fstrain.core.hostfile import Host
-from fstrain.core.runrecord import DetachedNode, DetachedRecord, IndexEntry
-from fstrain.core.runstate import FINAL, RunState, from_manifest, from_nodes
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
+from fstrain.core.launch.runstate import FINAL, RunState, from_manifest, from_nodes
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 
 # Starting, asking and stopping runs import the launch machinery where they need it: `logs` and
 # `status` of an attached run only find the run's folder here, and start faster without it.
 if TYPE_CHECKING:
-    from fstrain.core.launchspec import NodeLaunch
+    from fstrain.core.launch.spec import NodeLaunch
     from fstrain.io.launch import Rendezvous, RunOptions
     from fstrain.io.transport.base import Transport
 
@@ -64,11 +64,11 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
                    options: RunOptions, rendezvous: Rendezvous) -> list[dict[str, Any]]:
     """Start node 0's watchdog as the coordinator, then every other node's as a member; return
     each node's answer (pids, the coordinator's port) once all of them started."""
-    from fstrain.core.launchspec import secret_values
+    from fstrain.core.launch.spec import secret_values
     from fstrain.io.launch import LaunchError, watchdog_header
 
     secret = secrets.token_hex(16)
-    core = Path(__file__).resolve().parent.parent / "core"  # pure, stdlib-only modules the nodes run too
+    core = Path(__file__).resolve().parent.parent / "core" / "launch"  # pure, stdlib-only modules the nodes run too
     modules = {"coordinator": source("coordinator"), "rankexit": (core / "rankexit.py").read_text(),
                "analysis": (core / "stacks.py").read_text(), "supervisor": (core / "supervisor.py").read_text()}
 
@@ -393,8 +393,8 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     """A Slurm run's state and its job as last seen (id, Slurm state, nodes, run time), from
     ``scontrol show job`` and the run directory's manifest; cached in RUN_DIR/state.json. Not
     ``strict``: scontrol missing or failing gives the last state seen instead of an error."""
-    from fstrain.core.hostfile import expand_hostlist
-    from fstrain.core.slurmstate import slurm_run_state
+    from fstrain.core.hosts.hostfile import expand_hostlist
+    from fstrain.core.slurm.state import slurm_run_state
     from fstrain.io.slurm import job_status
 
     assert record.slurm is not None

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from fstrain.core.hostfile import Host
-from fstrain.core.slurm import (
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.slurm.job import (
     Allocation,
     JobStatus,
     check_hostnames,

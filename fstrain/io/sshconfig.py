@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fstrain.core.hostfile import Host, parse_host_token
+from fstrain.core.hosts.hostfile import Host, parse_host_token
 from fstrain.errors import InputError
 
 DEFAULT_IDENTITY_FILES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")

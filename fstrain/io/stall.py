@@ -1,8 +1,8 @@
 """The attached launcher's hang report (``--stall-timeout``, ``--finish-timeout``).
 
-When and why stacks are collected is the supervisor's decision (fstrain/core/supervisor.py);
+When and why stacks are collected is the supervisor's decision (fstrain/core/launch/supervisor.py);
 this keeps each node's stacks report as it arrives and writes ``RUN_DIR/stacks/``: one file per
-rank and stack tool, and ``report.json`` naming the ranks that differ (fstrain/core/stacks.py).
+rank and stack tool, and ``report.json`` naming the ranks that differ (fstrain/core/launch/stacks.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fstrain.core.stacks import hang_report
+from fstrain.core.launch.stacks import hang_report
 
 
 @dataclass

@@ -26,7 +26,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import Shard
 
-from fstrain.core.planfile import ModelSpec
+from fstrain.core.plan.schema import ModelSpec
 from fstrain.core.render.options import lr_multiplier
 from fstrain.train.model import GPT, compiled_blocks
 from fstrain.train.runtime import Runtime

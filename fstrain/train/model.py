@@ -1,4 +1,4 @@
-"""A small GPT-style decoder built from a :class:`~fstrain.core.planfile.ModelSpec`.
+"""A small GPT-style decoder built from a :class:`~fstrain.core.plan.schema.ModelSpec`.
 
 The spec's fields pick the parts: ``norm`` (RMSNorm or LayerNorm), ``position_embedding``
 (rotary, or learned absolute positions), ``activation`` (GeLU MLP with two matrices, SwiGLU
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fstrain.core.plan.acpolicy import block_is_checkpointed, parse_ac
-from fstrain.core.planfile import ModelSpec
+from fstrain.core.plan.schema import ModelSpec
 from fstrain.train.checkpointing import selective_op_checkpoint, torch_checkpoint
 from fstrain.train.grouped_mm import grouped_mm
 from fstrain.train.settings import check_supported

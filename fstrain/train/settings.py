@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fstrain.core.launchplan import check_trainer_loss, check_trainer_optimizer
+from fstrain.core.launch.plan import check_trainer_loss, check_trainer_optimizer
 from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.losses import loss_chunks
-from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.plan.planfile import PlanFile
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import FSDP_FILE_VERSION, render_fsdp
 from fstrain.core.render.options import TrainingOptions
@@ -204,7 +205,7 @@ def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:
                 "the reference trainer is data-parallel only; plan with --tp 1 --pp 1",
                 str(args.plan),
             )
-        from fstrain.core.launchplan import (
+        from fstrain.core.launch.plan import (
             check_trainer_cp,
             check_trainer_ep,
             check_trainer_fp8,
@@ -215,7 +216,7 @@ def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:
         check_trainer_fp8(plan, str(args.plan))
         return plan
     # No plan: the recipe's model and training defaults, data-parallel over this world.
-    from fstrain.core.planfile import ClusterSummary
+    from fstrain.core.plan.schema import ClusterSummary
     from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
 
     recipe = load_recipe_file(str(args.recipe)) if args.recipe else load_shipped_recipe(args.model or "tiny")

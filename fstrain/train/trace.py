@@ -32,7 +32,7 @@ from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.losses import loss_chunks
-from fstrain.core.planfile import PlanFile
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.errors import ConfigError
 
 # fstrain's categories, from the tracker's names (FSDPMemTracker's _FSDPRefType values).
@@ -82,7 +82,7 @@ class TracedMemory:
 
 def check_traceable(plan: PlanFile) -> None:
     """Refuse what the bundled trainer (and so the trace) does not run, before importing torch."""
-    from fstrain.core.launchplan import check_trace_eager, check_trainer_runs
+    from fstrain.core.launch.plan import check_trace_eager, check_trainer_runs
     from fstrain.train.settings import check_supported
 
     check_supported(plan.model)

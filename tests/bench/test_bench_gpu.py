@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fstrain.bench.compute import matmul_tflops, memory_bandwidth_gbps
-from fstrain.core.benchreport import gpu_of
+from fstrain.core.bench.report import gpu_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import HostKeyError
 from fstrain.io.sshconfig import SshConfig
 from fstrain.io.transport.ssh import SshTransport

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.io.sshconfig import SshConfig
 from fstrain.io.transport.ssh import SshTransport
 from tests.conftest import NamespaceCluster

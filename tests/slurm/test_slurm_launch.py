@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.slurm import JobStatus, parse_scontrol_job
+from fstrain.core.slurm.job import JobStatus, parse_scontrol_job
 from tests.cluster.launch_helpers import namespace_processes, wait_until_none
 from tests.helpers import REPO
 from tests.slurm.conftest import SlurmCluster

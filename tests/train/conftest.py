@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from fstrain.core.planfile import PlanFile
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.render.options import TrainingOptions
 from fstrain.io.render_files import render_and_write
 

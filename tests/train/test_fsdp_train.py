@@ -76,7 +76,7 @@ def test_mixture_of_experts_trains_sharded(tmp_path: Path) -> None:
     # expert weights do not split by expert, so FSDP shards them on their second dimension.
     from dataclasses import replace
 
-    from fstrain.core.planfile import MoESpec
+    from fstrain.core.plan.schema import MoESpec
     from fstrain.io.recipes import load_shipped_recipe
 
     model = load_shipped_recipe("tiny-moe").model

@@ -16,9 +16,10 @@ from fstrain.core.plan.memory import (
     layer_activation_bytes,
     stage_activation_bytes,
 )
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.recipe import parse_recipe
+from fstrain.core.plan.schema import MoESpec
 from fstrain.core.plan.timemodel import flops_per_token, layer_hardware_flops
-from fstrain.core.planfile import MoESpec, PlanFile
 from fstrain.errors import InputError
 from tests.helpers import run_fstrain
 from tests.plans import TINY_MODEL, make_plan

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fstrain.core.plan.memory import layer_activation_bytes
-from fstrain.core.planfile import ModelSpec, MoESpec
+from fstrain.core.plan.schema import ModelSpec, MoESpec
 from fstrain.train.model import TransformerBlock, rotary_tables
 from tests.plans import TINY_MODEL
 

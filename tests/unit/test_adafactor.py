@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fstrain.core.launchplan import check_plan_fits_launch, check_trainer_optimizer
+from fstrain.core.launch.plan import check_plan_fits_launch, check_trainer_optimizer
 from fstrain.core.plan.adafactor import check_adafactor, factored, state_elements, step_temporary_bytes
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.memory import memory_breakdown, optimizer_step_items, stage_model_states, stage_shapes
 from fstrain.core.plan.modelsize import count_parameters, parameter_shapes
 from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
-from fstrain.core.planfile import PlanFile, PlanKnobs
+from fstrain.core.plan.schema import PlanKnobs
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import render_fsdp
 from fstrain.core.render.options import TrainingOptions

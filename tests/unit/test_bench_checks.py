@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fstrain.core.benchchecks import bench_checks, bench_failed
+from fstrain.core.bench.checks import bench_checks, bench_failed
 
 HOSTS = ["n1", "n2", "n3"]
 

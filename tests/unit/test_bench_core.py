@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fstrain.core.bench import (
+from fstrain.core.bench.arithmetic import (
     algbw_gbps,
     bus_bandwidth_factor,
     busbw_gbps,
@@ -14,7 +14,7 @@ from fstrain.core.bench import (
     parse_sizes,
     summarize,
 )
-from fstrain.core.benchpairs import analyze_links, link_table, pair_rounds
+from fstrain.core.bench.pairs import analyze_links, link_table, pair_rounds
 from fstrain.errors import InputError
 
 # A published all_reduce_perf line (16 H100 ranks, 2 nodes, float sum; lessizzmore/
@@ -162,7 +162,7 @@ def test_link_table_takes_the_best_sample_or_the_median() -> None:
 
 
 def test_suites_and_the_worker_command() -> None:
-    from fstrain.core.bench import parse_suites, worker_argv
+    from fstrain.core.bench.arithmetic import parse_suites, worker_argv
 
     assert parse_suites("all") == ["collectives", "pairs", "compute"]
     assert parse_suites("compute, pairs") == ["pairs", "compute"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.api.bench import bench_nprocs
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import InputError
 from fstrain.io.bench import read_document
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fstrain.core.benchreport import analysis, bar_chart, check_document, collective_summaries, compute_rows
+from fstrain.core.bench.report import analysis, bar_chart, check_document, collective_summaries, compute_rows
 from fstrain.errors import InputError
 
 

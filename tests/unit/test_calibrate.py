@@ -132,7 +132,7 @@ GPU_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200-2026-
 
 def test_a_real_h200_bench_document() -> None:
     """The compute suite as it ran on an H200 (tests/fixtures/gpu/h200-2026-11-30)."""
-    from fstrain.core.benchreport import compute_rows
+    from fstrain.core.bench.report import compute_rows
 
     doc = json.loads((GPU_RUN / "bench-compute.json").read_text())
     (row,) = compute_rows(doc)

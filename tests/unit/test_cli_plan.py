@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fstrain.core.planfile import PlanFile
+from fstrain.core.plan.planfile import PlanFile
 from tests.helpers import run_fstrain
 
 H100_64 = ("--num-nodes", "8", "--gpus-per-node", "8", "--gpu", "h100-sxm")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fstrain import __version__
-from fstrain.core.hostfile import Host
-from fstrain.core.launchspec import NodeLaunch
-from fstrain.core.runrecord import DetachedNode, DetachedRecord
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord
+from fstrain.core.launch.spec import NodeLaunch
 from fstrain.io.launch import RunOutcome, write_manifest
 from fstrain.io.runs import register
 from tests.helpers import run_fstrain

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.launchplan import check_plan_fits_launch, check_trainer_cp
+from fstrain.core.launch.plan import check_plan_fits_launch, check_trainer_cp
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes, ring_chunk_bytes
 from fstrain.core.plan.memory import communicator_count, memory_breakdown
 from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planfile import PlanFile, validate_cp
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan, plan_file
+from fstrain.core.plan.schema import PlanKnobs
 from fstrain.core.plan.timemodel import ring_attention_time, step_time
-from fstrain.core.planfile import PlanFile, PlanKnobs, validate_cp
 from fstrain.core.render.bundle import render_bundle
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import render_accelerate, render_fsdp

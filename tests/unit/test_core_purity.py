@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "fstrain" / "core"
+# Sent to the nodes as source text with the scripts of fstrain/io/remote (fstrain/io/runs.py reads
+# them by path, fstrain/io/logs.py through logtail.__file__): they run alone there, beside no fstrain.
+NODE_SIDE = ("launch/rankexit.py", "launch/stacks.py", "launch/supervisor.py", "launch/logtail.py")
 FORBIDDEN = {"paramiko", "subprocess", "socket", "torch", "deepspeed", "rich", "typer", "pynvml", "multiprocessing",
              "asyncio", "threading", "shutil", "requests", "urllib", "http", "ctypes", "signal", "pty", "select"}
 FORBIDDEN_CALLS = {("os", "system"), ("os", "popen"), ("os", "spawnv"), ("os", "execv"), ("os", "fork"),
@@ -36,6 +40,27 @@ def test_core_imports_nothing_impure() -> None:
                 where = f"{path.relative_to(CORE.parent.parent)}:{node.lineno}"
                 problems.append(f"{where}: {node.value.id}.{node.attr}")
     assert problems == []
+
+
+def test_node_side_modules_import_only_the_standard_library() -> None:
+    outside = {}
+    for relative in NODE_SIDE:
+        tree = ast.parse((CORE / relative).read_text(), relative)
+        outside[relative] = sorted({name.split(".")[0] for name in imported_modules(tree)}
+                                   - set(sys.stdlib_module_names))
+    assert outside == {relative: [] for relative in NODE_SIDE}
+
+
+def test_the_edge_sends_only_node_side_modules_by_path() -> None:
+    """Every ``name.py`` the edge reads to send is a node-side module of fstrain/core/launch (or a
+    script beside the edge's own modules): a moved file fails here, not on a cluster."""
+    io = CORE.parent / "io"
+    node_side = {Path(relative).name for relative in NODE_SIDE}
+    sent = {node.value for path in io.glob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.endswith(".py")}
+    assert sent, "no module sent by path: the check looks at nothing"
+    assert sorted(name for name in sent if not (io / name).exists()) == sorted(sent & node_side)
+    assert all((CORE / relative).is_file() for relative in NODE_SIDE)
 
 
 def test_the_check_catches_a_forbidden_import() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.doctor import run_checks, select, stages
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import TransportError
 from fstrain.io.doctor import DoctorOptions, collect, load_plan
 from fstrain.io.probe import probe_source

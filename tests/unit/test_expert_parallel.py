@@ -6,14 +6,15 @@ import dataclasses
 
 import pytest
 
-from fstrain.core.launchplan import check_trainer_ep
+from fstrain.core.launch.plan import check_trainer_ep
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.memory import EP_ALL_TO_ALL_ITEM, memory_breakdown, stage_model_states, stage_shapes
 from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planfile import PlanFile, validate_ep
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan, plan_file
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 from fstrain.core.plan.timemodel import moe_all_to_all_time, step_time
-from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs, validate_ep
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import render_fsdp
 from fstrain.errors import ConfigError, InputError

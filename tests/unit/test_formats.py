@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.formats import KINDS, check_format, problem, stamped, version
-from fstrain.core.hostfile import Host
-from fstrain.core.planfile import PlanFile
-from fstrain.core.runrecord import DetachedNode, DetachedRecord, IndexEntry
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.errors import InputError
 from fstrain.io.launch import RunOutcome, write_manifest
 from fstrain.io.remote import coordinator, runctl, source, watchdog

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fstrain.core.launchplan import check_plan_fits_launch, check_trainer_fp8
+from fstrain.core.launch.plan import check_plan_fits_launch, check_trainer_fp8
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.gpus import GPUS, lookup_gpu
 from fstrain.core.plan.memory import (
@@ -23,9 +23,10 @@ from fstrain.core.plan.memory import (
 )
 from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan, plan_file
+from fstrain.core.plan.schema import PlanKnobs
 from fstrain.core.plan.timemodel import Fp8Rates, fp8_linear_saving_s, step_time
-from fstrain.core.planfile import PlanFile, PlanKnobs
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import render_accelerate, render_fsdp
 from fstrain.errors import ConfigError, InputError

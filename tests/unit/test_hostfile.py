@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.hostfile import (
+from fstrain.core.hosts.hostfile import (
     Host,
     compress_hostlist,
     expand_hostlist,

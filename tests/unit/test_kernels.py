@@ -13,8 +13,8 @@ import yaml
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.kernels import elementwise_bytes_per_token, elementwise_passes, fusion_seconds_saved_per_token
 from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
-from fstrain.core.planfile import PlanFile
 from fstrain.io.recipes import load_shipped_recipe
 from tests.helpers import run_fstrain
 from tests.plans import TINY_MODEL

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.knownhosts import entries_for, host_matches, parse_known_hosts, revoked_line
+from fstrain.core.hosts.knownhosts import entries_for, host_matches, parse_known_hosts, revoked_line
 from fstrain.io.transport.hostkeys import certificate_problem, load_known_hosts, parse_certificate
 
 KEY = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fstrain.core.nested import nested_launcher
+from fstrain.core.launch.nested import nested_launcher
 from tests.helpers import run_fstrain
 
 DRY = ("launch", "--dry-run", "--hosts", "nodeA,nodeB", "--nproc-per-node", "1")
@@ -90,7 +90,7 @@ def test_preflight_error_carries_one_hint_the_transports() -> None:
     """An unreachable host's own hint (from the transport) is the error's only hint."""
     import json as _json
 
-    from fstrain.core.hostfile import Host
+    from fstrain.core.hosts.hostfile import Host
     from fstrain.errors import FstrainError, TransportError
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import preflight

@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from fstrain.core.hostfile import Host, parse_hostfile, select_hosts
-from fstrain.core.launchplan import check_plan_fits_launch, data_parallel_plan, trainer_program
-from fstrain.core.launchspec import (
+from fstrain.core.hosts.hostfile import Host, parse_hostfile, select_hosts
+from fstrain.core.launch.plan import check_plan_fits_launch, data_parallel_plan, trainer_program
+from fstrain.core.launch.spec import (
     DEFAULT_ENV,
     PORT_RANGE,
     base_env,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import TransportError
 from fstrain.io import logs
 from fstrain.io.logs import FileOutputs, NodeFile, NodeOutputs

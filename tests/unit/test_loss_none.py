@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fstrain.core.launchplan import check_trainer_loss
+from fstrain.core.launch.plan import check_trainer_loss
 from fstrain.core.plan.losses import LossPeaks, loss_peaks, parse_loss
 from fstrain.core.plan.memory import (
     CLASSIFIER_ITEM,
@@ -23,10 +23,11 @@ from fstrain.core.plan.memory import (
 )
 from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.core.plan.recipe import parse_recipe
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 from fstrain.core.plan.timemodel import flops_per_token
-from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
 from fstrain.errors import ConfigError, InputError
 from fstrain.train.trace import check_traceable
 from tests.helpers import run_fstrain

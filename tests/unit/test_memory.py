@@ -18,7 +18,7 @@ from fstrain.core.plan.memory import (
     zero3_gathered_layer_bytes,
 )
 from fstrain.core.plan.modelsize import count_parameters
-from fstrain.core.planfile import ModelSpec, PlanKnobs
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
 PAPER = Assumptions(deepspeed_fp32_grad_partition=False)  # the ZeRO paper's K = 12 accounting
 

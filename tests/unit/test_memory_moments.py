@@ -21,8 +21,9 @@ from fstrain.core.plan.memory import (
 )
 from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import PlanModel, TrainingSpec, plan
-from fstrain.core.planfile import ModelSpec, PlanFile, PlanKnobs
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 from fstrain.errors import InputError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.plans import make_plan

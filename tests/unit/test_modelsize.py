@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fstrain.core.plan.modelsize import count_parameters
-from fstrain.core.planfile import ModelSpec
+from fstrain.core.plan.schema import ModelSpec
 
 # Narayanan et al. 2021 Table 1: (heads, hidden, layers) -> billions of parameters, V=51200, s=2048.
 NARAYANAN_TABLE_1 = [

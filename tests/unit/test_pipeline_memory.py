@@ -18,8 +18,8 @@ from fstrain.core.plan.memory import (
     stage_shapes,
 )
 from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.schema import PlanKnobs
 from fstrain.core.plan.timemodel import step_time
-from fstrain.core.planfile import PlanKnobs
 from fstrain.io.recipes import load_shipped_recipe
 
 from .test_timemodel import LINKS, LLAMA, NO_OVERLAP

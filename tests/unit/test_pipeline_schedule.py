@@ -23,9 +23,10 @@ from fstrain.core.plan.pipeline import (
     schedule_problem,
 )
 from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
+from fstrain.core.plan.schema import PlanKnobs
 from fstrain.core.plan.timemodel import step_time
-from fstrain.core.planfile import PlanFile, PlanKnobs
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import render_fsdp
 from fstrain.errors import ConfigError, InputError

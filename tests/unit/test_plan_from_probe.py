@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.core.plan.plancluster import build_cluster, node_gpus_from_report
 from fstrain.errors import ConfigError
 from fstrain.io.fanout import HostPool

@@ -10,8 +10,8 @@ import pytest
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.memory import model_states
 from fstrain.core.plan.plancluster import NodeGpus, PlanCluster, build_cluster, uniform_cluster
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import CLOSEST_TIMED, Pins, PlanModel, PlanResult, TrainingSpec, plan, plan_file
-from fstrain.core.planfile import PlanFile
 from fstrain.errors import ConfigError
 from fstrain.io.recipes import load_shipped_recipe
 

@@ -212,7 +212,7 @@ def needs(case: Case) -> list[str]:
 
 def planner_gaps(case: Case) -> list[str]:
     """What the run needs that this planner does not accept (checked flag by flag)."""
-    from fstrain.core import planfile  # read at call time: the vocabulary grows
+    from fstrain.core.plan import precision, schema  # read at call time: the vocabulary grows
     from fstrain.core.plan.planner import Pins, TrainingSpec
 
     flags, gaps = case.flags, []
@@ -220,8 +220,8 @@ def planner_gaps(case: Case) -> list[str]:
         resolve_pins(PinRequest(ac=flags["ac"]))
     except FstrainError:
         gaps.append(f"ac={flags['ac']}")
-    for key, allowed in (("precision", planfile.PRECISIONS), ("optimizer", planfile.OPTIMIZERS),
-                         ("loss", planfile.LOSSES)):
+    for key, allowed in (("precision", precision.PRECISIONS), ("optimizer", schema.OPTIMIZERS),
+                         ("loss", schema.LOSSES)):
         value = str(flags.get(key, EXTRA_KNOBS.get(key)))
         if (value.partition(":")[0] if key == "loss" else value) not in allowed:  # chunked:N
             gaps.append(f"{key}={flags[key]}")
@@ -516,9 +516,9 @@ def test_source_table_on_values() -> None:
 
 
 def _planfile_precisions() -> tuple[str, ...]:
-    from fstrain.core import planfile
+    from fstrain.core.plan import precision
 
-    return tuple(planfile.PRECISIONS)
+    return tuple(precision.PRECISIONS)
 
 
 # --- the planner against the data ---------------------------------------------------------------

@@ -20,8 +20,8 @@ from fstrain.core.plan.memory import (
     stage_shapes,
 )
 from fstrain.core.plan.modelsize import count_parameters
-from fstrain.core.plan.precision import check_strategy, compute_dtype, optimizer_state_bytes
-from fstrain.core.planfile import PRECISIONS, ModelSpec, PlanKnobs
+from fstrain.core.plan.precision import PRECISIONS, check_strategy, compute_dtype, optimizer_state_bytes
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 from fstrain.errors import FstrainError
 
 LLAMA_8B = ModelSpec("llama3.1-8b", 32, 4096, 32, 8, 14336, "swiglu", 128256, 8192)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.rankexit import (
+from fstrain.core.launch.rankexit import (
     FailureReportReader,
     RankFailure,
     deepspeed_launcher_code,

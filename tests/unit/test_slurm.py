@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.slurm import (
+from fstrain.core.slurm.job import (
     Allocation,
     SbatchOptions,
     allocation_from_env,
@@ -183,7 +183,7 @@ def test_sbatch_time_forms(value: str) -> None:
 
 
 def test_plan_shape_fills_in_what_the_flags_leave_out() -> None:
-    from fstrain.core.slurm import plan_shape
+    from fstrain.core.slurm.job import plan_shape
 
     allocation = Allocation("1", ("a", "b", "c"), 8)
     assert plan_shape(allocation, None, None) == (3, 8)

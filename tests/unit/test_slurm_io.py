@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.slurm import JobStatus
+from fstrain.core.slurm.job import JobStatus
 from fstrain.io.slurm import OutputFollower, follow
 from tests.helpers import run_fstrain
 

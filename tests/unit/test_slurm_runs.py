@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from fstrain.core.hostfile import Host
-from fstrain.core.launchspec import NodeLaunch
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.spec import NodeLaunch
 from fstrain.io.launch import RunOutcome, write_manifest
 from tests.helpers import REPO, run_fstrain
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.slurm import JobStatus, parse_run_time_s, parse_scontrol_job
-from fstrain.core.slurmstate import slurm_run_state
+from fstrain.core.slurm.job import JobStatus, parse_run_time_s, parse_scontrol_job
+from fstrain.core.slurm.state import slurm_run_state
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-runs"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.io.sshconfig import DEFAULT_SERVER_ALIVE_INTERVAL_S, SshConfig
 from tests.helpers import require_tool
 
@@ -63,7 +63,7 @@ def test_keys_fstrain_cannot_honour_are_named_once(tmp_path: Path, capsys: pytes
 
 
 def test_an_alias_and_its_hostname_are_one_host(tmp_path: Path) -> None:
-    from fstrain.core.hostfile import parse_host_list
+    from fstrain.core.hosts.hostfile import parse_host_list
     from fstrain.errors import InventoryError
     from fstrain.io.connect import check_distinct_endpoints
 

@@ -6,7 +6,7 @@ SIGTERM, `fstrain stop`, a second stop, stragglers), for attached and detached r
 
 from __future__ import annotations
 
-from fstrain.core.supervisor import (
+from fstrain.core.launch.supervisor import (
     COLLECT_STACKS,
     EXIT_LOST_HOST,
     EXIT_SIGINT,

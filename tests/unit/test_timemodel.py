@@ -8,6 +8,7 @@ import pytest
 
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.modelsize import count_parameters
+from fstrain.core.plan.schema import ModelSpec, MoESpec, PlanKnobs
 from fstrain.core.plan.timemodel import (
     Links,
     StepTime,
@@ -17,7 +18,6 @@ from fstrain.core.plan.timemodel import (
     layer_hardware_flops,
     step_time,
 )
-from fstrain.core.planfile import ModelSpec, MoESpec, PlanKnobs
 
 from .test_modelsize import NARAYANAN_TABLE_1, megatron_gpt
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.parsers.topo_matrix import node_from_topo_matrix, parse_topo_matrix
-from fstrain.core.topology import closest_nics, format_cpu_list, nvlink_domains
+from fstrain.core.topo.topology import closest_nics, format_cpu_list, nvlink_domains
 from fstrain.errors import ParseError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "topo"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.parsers.topo_matrix import node_from_topo_matrix, parse_topo_matrix
-from fstrain.core.topology import (
+from fstrain.core.topo.topology import (
     Gpu,
     LinkClass,
     Nic,

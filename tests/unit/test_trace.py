@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from fstrain.core.plan.memory import layer_activation_bytes, memory_breakdown
-from fstrain.core.planfile import MoESpec
+from fstrain.core.plan.schema import MoESpec
 from fstrain.core.render.fsdp import render_fsdp
 from fstrain.errors import ConfigError
 from fstrain.train.trace import _Tracer, check_traceable, trace_plan

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fstrain.core.plan.modelsize import count_parameters
-from fstrain.core.planfile import ModelSpec, MoESpec
+from fstrain.core.plan.schema import ModelSpec, MoESpec
 from fstrain.core.render.options import TrainingOptions, lr_multiplier
 from fstrain.errors import ConfigError
 from fstrain.train.data import SyntheticData

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import TransportError
 from fstrain.io.connect import is_local, make_connector
 from fstrain.io.fanout import HostPool

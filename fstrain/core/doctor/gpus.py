@@ -9,7 +9,7 @@ from typing import Any
 from fstrain.core.doctor.facts import DoctorFacts, HostFacts
 from fstrain.core.doctor.result import CheckResult, Finding, group, skipped
 from fstrain.core.parsers.nvidia_smi_q import Entry, gpu_health, parse_nvidia_smi_q
-from fstrain.core.topology import format_cpu_list, normalize_pci_bus_id
+from fstrain.core.topo.topology import format_cpu_list, normalize_pci_bus_id
 from fstrain.errors import ParseError
 
 GIB = 1 << 30

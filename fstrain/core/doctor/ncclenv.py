@@ -10,7 +10,7 @@ import difflib
 from fstrain.core.doctor.facts import DoctorFacts, HostFacts, merged_env
 from fstrain.core.doctor.ncclcatalogue import DEPRECATED, KNOWN_NAMES, MUST_MATCH, PER_HOST, value_problem
 from fstrain.core.doctor.result import CheckResult, Finding, group, skipped
-from fstrain.core.ncclxml import parse_nccl_xml
+from fstrain.core.topo.ncclxml import parse_nccl_xml
 from fstrain.errors import ParseError
 
 ENV_FIX = "set it in the environment the jobs get (/etc/environment, or fstrain launch --env / --env-file)"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fstrain.core.doctor.facts import PlanNeeds
 from fstrain.core.plan.memory import OPTIMIZER_STATE_BYTES, param_bytes
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.precision import mode, optimizer_state_bytes
-from fstrain.core.planfile import PlanFile
 
 
 def checkpoint_bytes(num_params: int, precision: str, optimizer: str) -> int:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from fstrain.core.topology import normalize_pci_bus_id
+from fstrain.core.topo.topology import normalize_pci_bus_id
 from fstrain.errors import ParseError
 
 _NA = {"N/A", "[N/A]", "Not Supported", "[Not Supported]", ""}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from fstrain.core.topology import Gpu, normalize_pci_bus_id
+from fstrain.core.topo.topology import Gpu, normalize_pci_bus_id
 from fstrain.errors import ParseError
 
 # The fields the probe asks for when NVML (pynvml) is not importable; driver-version dependent

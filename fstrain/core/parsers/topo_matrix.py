@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fstrain.core.topology import Gpu, LinkClass, Nic, Node, parse_cpu_list, parse_link_label
+from fstrain.core.topo.topology import Gpu, LinkClass, Nic, Node, parse_cpu_list, parse_link_label
 from fstrain.errors import ParseError
 
 INFO_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")

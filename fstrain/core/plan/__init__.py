@@ -1,6 +1,7 @@
 """The planner: what a training configuration needs per GPU and how fast it runs, and the search
 that ranks configurations. Pure: values in, values out (no files, network, processes or GPUs).
 
+- values: ``schema`` (ModelSpec, PlanKnobs, ClusterSummary and the names each knob accepts);
 - inputs: ``recipe`` (a recipe mapping -> model spec and training defaults; ``hfconfig`` reads a
   Hugging Face ``config.json`` mapping), ``modelsize`` (parameters by part), ``gpus`` (the GPU
   table), ``plancluster`` (nodes and links), ``assumptions`` (every assumed number, with its reason);
@@ -8,8 +9,6 @@ that ranks configurations. Pure: values in, values out (no files, network, proce
   ``losses``, ``kernels`` (torch.compile, fused RMSNorm), ``pipeline`` (schedules),
   ``contextparallel`` (ring attention), ``adafactor``, ``buckets`` (DeepSpeed/FSDP bucket sizes);
 - models: ``memory`` (per-GPU bytes at each moment of a step), ``timemodel`` (step time);
-- ``planner`` (the search and the plan file), ``calibrate`` (measured numbers -> assumptions).
-
-The plan file's schema (:mod:`fstrain.core.planfile`) stays beside this package: renderers,
-launch and the trainer read it too.
+- ``planner`` (the search and the plan file), ``calibrate`` (measured numbers -> assumptions);
+- output: ``planfile`` (``plan.yaml``: the values the renderers, the launcher and the trainer read).
 """

@@ -27,12 +27,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fstrain.core.benchpairs import link_table
-from fstrain.core.benchreport import SCHEMA, collective_summaries, compute_rows
+from fstrain.core.bench.pairs import link_table
+from fstrain.core.bench.report import SCHEMA, collective_summaries, compute_rows
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.plancluster import PlanCluster
+from fstrain.core.plan.schema import ModelSpec
 from fstrain.core.plan.timemodel import flops_per_token
-from fstrain.core.planfile import ModelSpec
 from fstrain.errors import InputError
 
 SUMMARY_KEYS = ("tokens_per_s", "world_size", "peak_memory_max_over_ranks", "device")

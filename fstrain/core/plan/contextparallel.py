@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fstrain.core.plan.precision import mode
-from fstrain.core.planfile import ModelSpec, PlanKnobs
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
 CP_STRATEGIES = ("fsdp-full", "fsdp-grad-op", "fsdp-hybrid")  # torchtitan applies CP under FSDP2
 RING_BUFFER_ITEM = "ring attention buffers (one layer's backward, cp > 1)"

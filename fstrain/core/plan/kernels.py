@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fstrain.core.planfile import ModelSpec
+from fstrain.core.plan.schema import ModelSpec
 
 FP32 = 4
 

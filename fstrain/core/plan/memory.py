@@ -44,7 +44,7 @@ from fstrain.core.plan.losses import LossPeaks, has_vocab_head, loss_peaks
 from fstrain.core.plan.modelsize import ParamCount, parameter_shapes
 from fstrain.core.plan.pipeline import in_flight_chunks, layers_per_rank
 from fstrain.core.plan.precision import mode, optimizer_state_bytes
-from fstrain.core.planfile import ModelSpec, PlanKnobs
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
 GIB = 1 << 30
 LOGITS_ITEM = "logits and loss"  # the activation item of the loss moment (see _moments)

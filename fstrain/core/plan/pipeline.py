@@ -1,6 +1,6 @@
 """Pipeline schedules: the bubble, what each rank holds in flight, the boundary traffic.
 
-Three schedules (``planfile.PP_SCHEDULES``), each with its source:
+Three schedules (``schema.PP_SCHEDULES``), each with its source:
 
 - ``1f1b``: PipeDream-Flush / one-forward-one-backward (DeepSpeed's ``TrainSchedule``, torch's
   ``Schedule1F1B``). ``m + p - 1`` micro-batch slots a step, so the bubble is ``(p - 1)/m`` of the

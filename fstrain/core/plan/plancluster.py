@@ -17,8 +17,8 @@ from functools import cached_property
 from typing import Any
 
 from fstrain.core.plan.gpus import GpuSpec, lookup_gpu
+from fstrain.core.plan.schema import ClusterSummary
 from fstrain.core.plan.timemodel import Links
-from fstrain.core.planfile import ClusterSummary
 from fstrain.errors import InputError
 
 GIB = 1 << 30
@@ -225,8 +225,8 @@ def uniform_cluster(
 
 def node_gpus_from_report(report: Mapping[str, Any], host: str) -> NodeGpus:
     """What the planner needs of a probed node: GPU type and count, memory, NVLink domain, RAM."""
-    from fstrain.core.probe_report import node_from_report
-    from fstrain.core.topology import nvlink_domains
+    from fstrain.core.topo.probe_report import node_from_report
+    from fstrain.core.topo.topology import nvlink_domains
     from fstrain.errors import ConfigError
 
     gpus = report.get("gpus") or []

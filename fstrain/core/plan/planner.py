@@ -35,17 +35,10 @@ from fstrain.core.plan.memory import (
 from fstrain.core.plan.modelsize import ParamCount, count_parameters
 from fstrain.core.plan.pipeline import schedule_label, schedule_problem
 from fstrain.core.plan.plancluster import PlanCluster
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.precision import check_strategy, compute_dtype, strategy_runs
+from fstrain.core.plan.schema import DEEPSPEED_STRATEGIES, OFFLOAD, PP_SCHEDULES, STRATEGIES, ModelSpec, PlanKnobs
 from fstrain.core.plan.timemodel import Fp8Rates, StepTime, step_time
-from fstrain.core.planfile import (
-    DEEPSPEED_STRATEGIES,
-    OFFLOAD,
-    PP_SCHEDULES,
-    STRATEGIES,
-    ModelSpec,
-    PlanFile,
-    PlanKnobs,
-)
 from fstrain.errors import ConfigError
 
 MAX_MICRO_BATCH = 64
@@ -114,7 +107,7 @@ class Pins:
     grad_accum_steps: int | None = None
     activation_checkpointing: str | None = None
     offload: str | None = None
-    pp_schedule: str | None = None  # planfile.PP_SCHEDULES
+    pp_schedule: str | None = None  # schema.PP_SCHEDULES
     pp_virtual_stages: int | None = None  # model chunks per rank, with pp_schedule "interleaved"
     ep: int | None = None  # expert-parallel degree (MoE models only)
     cp: int | None = None  # context-parallel degree (ring attention); None: 1, never searched

@@ -70,7 +70,7 @@ MODES = {
 }
 PRECISIONS = tuple(MODES)
 
-# Where each mode is refused: (why, what to use instead). The strategies are planfile.STRATEGIES.
+# Where each mode is refused: (why, what to use instead). The strategies are schema.STRATEGIES.
 _PURE_UNDER_ZERO = (
     "DeepSpeed's ZeRO optimizers keep a master copy beside bf16 parameters",
     "use --strategy ddp or fsdp-full/fsdp-grad-op/fsdp-hybrid (torchtune's pure bf16), or --precision bf16 "

@@ -51,13 +51,8 @@ from typing import Any
 
 from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.modelsize import ParamCount, count_parameters
-from fstrain.core.planfile import (
-    ACTIVATIONS,
-    OPTIMIZERS,
-    PRECISIONS,
-    ModelSpec,
-    MoESpec,
-)
+from fstrain.core.plan.precision import PRECISIONS
+from fstrain.core.plan.schema import ACTIVATIONS, OPTIMIZERS, ModelSpec, MoESpec
 from fstrain.errors import InputError
 
 PARAMS_TOLERANCE = 0.005

@@ -65,7 +65,7 @@ from fstrain.core.plan.memory import (
     weight_bytes,
 )
 from fstrain.core.plan.pipeline import boundary_crossings, bubble_slots, layers_per_rank
-from fstrain.core.planfile import ModelSpec, PlanKnobs
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fstrain.core.planfile import PlanFile
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.env import EnvVar, render_env
 from fstrain.core.render.fsdp import render_accelerate, render_fsdp

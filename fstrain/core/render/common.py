@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fstrain.core.planfile import PlanFile, validate_knobs
+from fstrain.core.plan.planfile import PlanFile, validate_knobs
 from fstrain.errors import ConfigError
 
 

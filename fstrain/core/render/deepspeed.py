@@ -13,7 +13,7 @@ from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.buckets import bucket_sizes
-from fstrain.core.planfile import PlanFile
+from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.options import TrainingOptions
 from fstrain.errors import ConfigError

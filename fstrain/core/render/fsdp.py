@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fstrain.core.planfile import PlanFile, PlanKnobs
+from fstrain.core.plan.planfile import PlanFile
+from fstrain.core.plan.schema import PlanKnobs
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.options import TrainingOptions
 

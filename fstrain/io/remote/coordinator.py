@@ -276,7 +276,7 @@ class Node:
 
 class Coordinator:
     """Node 0: the members' links and the run's record. The rules are the supervisor's
-    (fstrain/core/supervisor.py, sent in the header as ``supervisor``), on this node's
+    (fstrain/core/launch/supervisor.py, sent in the header as ``supervisor``), on this node's
     monotonic clock: members report how long ago their ranks printed, never a time of day."""
 
     def __init__(self, node: Node) -> None:
@@ -364,7 +364,7 @@ class Coordinator:
                     self.ended_at.setdefault(rank, time.time())
 
     def write_hang_report(self, unanswered: Any) -> dict[str, Any]:
-        """RUN_DIR/stacks: a file per rank and stack tool, and report.json (fstrain/core/stacks.py
+        """RUN_DIR/stacks: a file per rank and stack tool, and report.json (fstrain/core/launch/stacks.py
         names the odd ranks)."""
         document, files = self.analysis.hang_report(self.stacks, self.run.stall_reason, sorted(unanswered))
         folder = os.path.join(self.node.run_dir, "stacks")

@@ -2,7 +2,7 @@
 
 paramiko's own ``HostKeys`` stops at the first ``@cert-authority`` or ``@revoked`` line, or
 at corrupt base64, with ``InvalidHostKey``: one unusual line would stop every connection. This
-module reads the files with :mod:`fstrain.core.knownhosts` instead, skips (and reports once)
+module reads the files with :mod:`fstrain.core.hosts.knownhosts` instead, skips (and reports once)
 what it cannot read, refuses ``@revoked`` keys, and accepts an OpenSSH host certificate signed
 by a ``@cert-authority`` key that matches the host (signature, host type, principals, validity
 window checked here; paramiko only proves the server holds the certified key).
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fstrain.core.knownhosts import KnownHost, parse_known_hosts
+from fstrain.core.hosts.knownhosts import KnownHost, parse_known_hosts
 
 if TYPE_CHECKING:
     import paramiko

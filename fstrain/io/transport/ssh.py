@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fstrain.core.knownhosts import KnownHost, entries_for, key_blob_type, revoked_line
+from fstrain.core.hosts.knownhosts import KnownHost, entries_for, key_blob_type, revoked_line
 from fstrain.errors import HostKeyError, TransportError
 from fstrain.io.sshconfig import SshConfig, SshTarget
 from fstrain.io.transport.base import CommandResult, merged_lines, quote_argv

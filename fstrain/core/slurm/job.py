@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fstrain.core.hostfile import expand_hostlist
+from fstrain.core.hosts.hostfile import expand_hostlist
 from fstrain.errors import InputError, ParseError
 
 LAUNCHERS = ("auto", "ssh", "srun")

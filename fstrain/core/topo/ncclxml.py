@@ -6,7 +6,7 @@ text content, names and values under 254 characters, at most 16 attributes and 2
 :func:`parse_nccl_xml` applies the same rules and raises :class:`~fstrain.errors.ParseError` with
 the line where NCCL would fail, so a file that reads here also loads in NCCL. :func:`render_nccl_xml`
 writes what NCCL's own dump writes (2-space indent, attributes in order, ``/>`` for leaves).
-:func:`node_from_nccl_xml` reads a topology file into the :class:`~fstrain.core.topology.Node` model.
+:func:`node_from_nccl_xml` reads a topology file into the :class:`~fstrain.core.topo.topology.Node` model.
 See ``../shared/fixtures/nccl-xml/FORMAT.md`` for the rules and where each comes from.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from fstrain.core.topology import Gpu, Nic, Node
+from fstrain.core.topo.topology import Gpu, Nic, Node
 from fstrain.errors import ParseError
 
 MAX_STR_LEN = 255  # a name or value of 254 characters or more is fatal in NCCL

@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.ncclxml import CPU_CLASS, NO_TARGET, NVSWITCH_CLASS, XmlElement, render_nccl_xml
 from fstrain.core.parsers.ibstat import normalize_port_state, parse_rate_gbps
 from fstrain.core.parsers.topo_matrix import TopoMatrix, node_from_topo_matrix
-from fstrain.core.probe_report import Report, node_from_report
-from fstrain.core.topology import closest_nics, format_cpu_list, normalize_pci_bus_id, shape_hash
+from fstrain.core.topo.ncclxml import CPU_CLASS, NO_TARGET, NVSWITCH_CLASS, XmlElement, render_nccl_xml
+from fstrain.core.topo.probe_report import Report, node_from_report
+from fstrain.core.topo.topology import closest_nics, format_cpu_list, normalize_pci_bus_id, shape_hash
 from fstrain.errors import ConfigError
 
 _BDF = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]")  # NCCL's checkBDFFormat
@@ -320,7 +320,7 @@ def xml_from_topo_matrix(topo: TopoMatrix) -> GeneratedXml:
 
 
 def distinct_shapes(reports: Sequence[Report]) -> list[tuple[str, list[Report]]]:
-    """Reports grouped by node shape (the hash of :func:`fstrain.core.topology.node_shape`)."""
+    """Reports grouped by node shape (the hash of :func:`fstrain.core.topo.topology.node_shape`)."""
     groups: dict[str, list[Report]] = {}
     for report in reports:
         groups.setdefault(shape_hash(node_from_report(report)), []).append(report)

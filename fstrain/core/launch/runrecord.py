@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fstrain.core.formats import check_format, stamped
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import InputError
 
 

@@ -2,7 +2,7 @@
 
 The probe keeps tool output raw; :func:`validate_report` turns the ``nvidia-smi`` fallback text into
 the same per-GPU dicts NVML gives, with the tested parsers in :mod:`fstrain.core.parsers`.
-:func:`node_from_report` builds the :class:`~fstrain.core.topology.Node`: the link matrix comes from
+:func:`node_from_report` builds the :class:`~fstrain.core.topo.topology.Node`: the link matrix comes from
 ``nvidia-smi topo -m`` when the node printed one, else from NVML NVLinks and sysfs PCI paths.
 """
 
@@ -18,7 +18,7 @@ from fstrain.core.parsers.ibstat import normalize_port_state, parse_rate_gbps
 from fstrain.core.parsers.nvidia_smi_q import gpu_health, parse_nvidia_smi_q
 from fstrain.core.parsers.query_gpu import gpus_from_query, parse_query_gpu
 from fstrain.core.parsers.topo_matrix import node_from_topo_matrix, parse_topo_matrix
-from fstrain.core.topology import Gpu, Nic, Node, normalize_pci_bus_id, parse_cpu_list
+from fstrain.core.topo.topology import Gpu, Nic, Node, normalize_pci_bus_id, parse_cpu_list
 from fstrain.errors import ParseError
 
 SCHEMA = "fstrain-probe"

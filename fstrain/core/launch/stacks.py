@@ -137,7 +137,7 @@ def analyse(dumps: Mapping[int, str], after_finish: bool = False) -> HangReport:
     return HangReport(found, odd, common)
 
 
-FINISHED_REASON = "some ranks finished"  # how a --finish-timeout reason starts (fstrain/core/supervisor.py)
+FINISHED_REASON = "some ranks finished"  # how a --finish-timeout reason starts (fstrain/core/launch/supervisor.py)
 
 
 def flight_recorder_lag(records: Mapping[int, Mapping[str, Any]]) -> tuple[list[int], list[str]]:

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fstrain.core.runstate import FINAL, RunState, from_manifest
-from fstrain.core.slurm import JobStatus
+from fstrain.core.launch.runstate import FINAL, RunState, from_manifest
+from fstrain.core.slurm.job import JobStatus
 
 PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 RUNNING = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "STOPPED", "SIGNALING", "RESIZING", "STAGE_OUT"})

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fstrain.core.rankexit import FailureReportReader, RankFailure
+from fstrain.core.launch.rankexit import FailureReportReader, RankFailure
 
 IGNORED = (
     re.compile(r"node_rank is only used for static rdzv_backend"),

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.benchpairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table
+from fstrain.core.bench.pairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table
 from fstrain.core.plan.gpus import GpuSpec, lookup_gpu
 from fstrain.errors import InputError
 

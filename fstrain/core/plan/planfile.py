@@ -1,9 +1,11 @@
-"""The values that cross from the planner to the renderers, the launcher and the trainer.
+"""The plan file: what crosses from the planner to the renderers, the launcher and the trainer.
 
 ``plan.yaml`` (written by ``fstrain plan --out``) holds one :class:`PlanFile`: the model
 architecture, the chosen parallel configuration and a summary of the cluster it was planned
-for. Everything is plain data with ``to_dict``/``from_dict`` so the file can be diffed and
-committed, and every field is validated when read back, with the key named in the error.
+for (the values of :mod:`.schema`). Everything is plain data with ``to_dict``/``from_dict`` so
+the file can be diffed and committed, and every field is validated when read back, with the key
+named in the error: the model section as strictly as a recipe's (:mod:`.recipe`), the knobs by
+the rules of each feature (:mod:`.precision`, :mod:`.adafactor`, :mod:`.contextparallel`, ...).
 """
 
 from __future__ import annotations
@@ -13,144 +15,26 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fstrain.core.formats import KINDS, check_format
-from fstrain.core.plan.acpolicy import AC_NAMES, parse_ac
+from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.adafactor import check_adafactor
-from fstrain.core.plan.losses import LOSS_KINDS, parse_loss
+from fstrain.core.plan.contextparallel import cp_problem
+from fstrain.core.plan.losses import parse_loss
 from fstrain.core.plan.precision import PRECISIONS, check_strategy
+from fstrain.core.plan.recipe import parse_model_section
+from fstrain.core.plan.schema import (
+    DEEPSPEED_STRATEGIES,
+    LOSSES,
+    OFFLOAD,
+    OPTIMIZERS,
+    PP_SCHEDULES,
+    STRATEGIES,
+    ClusterSummary,
+    ModelSpec,
+    PlanKnobs,
+)
 from fstrain.errors import InputError
 
 _PLAN_HINT = "fix the value, or write the plan again with `fstrain plan --out plan.yaml`"
-
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
-ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.plan.acpolicy (every-k:N takes a number)
-OFFLOAD = ("none", "optimizer", "optimizer+params")
-OPTIMIZERS = ("adamw", "sgd", "adam8bit", "adafactor")  # adafactor: Hugging Face's (fstrain/core/plan/adafactor.py)
-# How the loss is computed over the logits, which sets their memory (fstrain/core/plan/losses.py):
-# full, fused, megatron, megatron-core, chunked:N, or none (no vocabulary head: a classification
-# or regression head; validated by losses.parse_loss).
-LOSSES = LOSS_KINDS
-# Pipeline schedules (fstrain/core/plan/pipeline.py): "1f1b" (PipeDream-Flush, DeepSpeed's and torch's
-# Schedule1F1B), "interleaved" (Narayanan et al. 2021's interleaved 1F1B, ``pp_virtual_stages``
-# model chunks per rank), "zero-bubble" (Qi et al. 2023's ZB-H1).
-PP_SCHEDULES = ("1f1b", "interleaved", "zero-bubble")
-# DeepSpeed's pipeline engine runs its own 1F1B schedule (deepspeed/runtime/pipe/schedule.py,
-# TrainSchedule) and nothing else.
-DEEPSPEED_STRATEGIES = ("zero1", "zero2", "zero3")
-ACTIVATIONS = ("gelu", "swiglu")
-
-
-@dataclass(frozen=True)
-class MoESpec:
-    """Mixture-of-experts feed-forward: ``num_experts`` experts, ``top_k`` active per token."""
-
-    num_experts: int
-    top_k: int
-    expert_ffn_hidden_size: int
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A decoder-only transformer, as a recipe describes it."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    ffn_hidden_size: int
-    activation: str  # "gelu" (two matrices) or "swiglu" (three matrices)
-    vocab_size: int
-    seq_len: int
-    tied_embeddings: bool = False
-    moe: MoESpec | None = None
-    norm: str = "rmsnorm"  # "rmsnorm" (weight only) or "layernorm" (weight and bias)
-    linear_bias: bool = False  # biases on the attention and FFN linears (GPT-2: true)
-    position_embedding: str = "rope"  # "rope" (no parameters) or "learned" (seq_len x hidden)
-    dropout: float = 0.0  # > 0 keeps 1-byte dropout masks in the activations
-    # A sequence-classification head (trained with loss "none": no vocabulary logits): BERT's
-    # pooler, a hidden x hidden linear + tanh on the first token, and a hidden x num_labels
-    # classifier; biases follow linear_bias. 0 / false: none (fstrain.core.plan.modelsize).
-    pooler: bool = False
-    num_labels: int = 0
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-
-@dataclass(frozen=True)
-class PlanKnobs:
-    """One parallel configuration: every knob the planner chooses and the renderers read.
-
-    ``dp * cp * tp * pp`` is the world size. ``shard_group_size`` is the number of data-parallel
-    ranks a model state is sharded over: ``dp`` for ZeRO-1/2/3 and FSDP full/grad-op, the
-    hybrid group (an NVLink domain or a node) for ``fsdp-hybrid``, 1 for ``ddp``. With context
-    parallelism FSDP shards over those ranks times ``cp`` (see ``cp`` below).
-    """
-
-    strategy: str
-    zero_stage: int
-    dp: int
-    tp: int
-    pp: int
-    shard_group_size: int
-    micro_batch_size: int
-    grad_accum_steps: int
-    activation_checkpointing: str = "none"
-    offload: str = "none"
-    precision: str = "bf16"
-    optimizer: str = "adamw"
-    seq_len: int = 0
-    flash_attention: bool = True
-    loss: str = "full"  # one of LOSSES
-    pp_schedule: str = "1f1b"  # one of PP_SCHEDULES (meaningful with pp > 1)
-    pp_virtual_stages: int = 1  # model chunks per pipeline rank: >= 2 for "interleaved", else 1
-    # Expert parallelism (MoE only): each rank of an ``ep``-rank group holds num_experts/ep
-    # experts; ``ep`` divides dp (the group is carved out of the data-parallel ranks, as
-    # torchtitan's parallel_dims.py borrows it from dp_shard), so expert states are data-parallel
-    # over dp/ep ranks. 1: every rank holds its FSDP/ZeRO shard of every expert.
-    ep: int = 1
-    # Context parallelism (torchtitan's ring attention, fstrain/core/plan/contextparallel.py): each
-    # sequence is split over ``cp`` ranks, each holding and computing seq_len/cp of its tokens.
-    # The cp ranks of one sequence are not data-parallel replicas (``dp`` and the global batch
-    # do not count them), but FSDP shards the parameters and reduces the gradients over
-    # ``dp x cp`` ranks (torchtitan's "dp_shard_cp" mesh). 1: no context parallelism.
-    cp: int = 1
-    # fp8 compute of the transformer blocks' linear layers (torchao Float8Linear with tensorwise
-    # scaling as torchtitan converts them, or Transformer Engine's Linear): their matmuls run on
-    # the fp8 tensor cores; attention, norms and the output layer stay in the compute dtype.
-    fp8: bool = False
-    # FSDP2 gathers the converted linears' weights in fp8 (torchao's enable_fsdp_float8_all_gather):
-    # one byte a weight in the all-gathers and the gathered blocks. Needs fp8 and an fsdp-* strategy.
-    fp8_all_gather: bool = False
-    # Kernels, not layout: torch.compile of each transformer block (Inductor fuses the elementwise
-    # ops and its min-cut partitioner picks what backward keeps), or only the norms as one fused
-    # RMSNorm kernel (torchtitan's norm_type "fused_rmsnorm"). Both change the activations a
-    # block saves and the time of its memory-bound ops (fstrain.core.plan.kernels).
-    compile: bool = False
-    fused_rmsnorm: bool = False
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.cp * self.tp * self.pp
-
-    @property
-    def global_batch_size(self) -> int:
-        """Sequences per optimizer step: micro-batch x grad-accum x DP."""
-        return self.micro_batch_size * self.grad_accum_steps * self.dp
-
-
-@dataclass(frozen=True)
-class ClusterSummary:
-    """What the plan assumed about the cluster."""
-
-    num_nodes: int
-    gpus_per_node: int
-    gpu: str
-    gpu_memory_bytes: int
-    hosts: tuple[str, ...] = ()
-    nvlink_domain_size: int = 0  # GPUs per NVLink domain (0: unknown)
-    inter_node_gbps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -178,8 +62,6 @@ class PlanFile:
                 "not an fstrain plan (no 'fstrain_plan' key)", "write one with `fstrain plan --out plan.yaml`", where
             )
         check_format(data, "plan", where)  # every version up to this fstrain's
-        from fstrain.core.plan.recipe import parse_model_section  # recipe builds on this module
-
         model_data = dict(_section(data, "model", where))
         name = model_data.pop("name", "")
         if not isinstance(name, str) or not name:
@@ -294,8 +176,6 @@ def validate_cp(knobs: PlanKnobs, model: ModelSpec | None, where: str) -> None:
     torchtitan's ring attention runs under FSDP2 only, without pipeline or expert parallelism in
     the configurations fstrain models, with FlashAttention-style SDPA, and its load-balanced
     causal sharding cuts each sequence into 2 x cp equal chunks."""
-    from fstrain.core.plan.contextparallel import cp_problem  # builds on this module
-
     cp = knobs.cp
     if not _is_int(cp) or cp < 1:
         raise InputError(f"plan.cp must be a positive integer, got {cp!r}", "use 1 for no context parallelism", where)

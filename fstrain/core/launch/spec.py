@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fstrain.core.hostfile import Host
+from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import ConfigError, InputError
 
 BACKENDS = ("torchrun", "deepspeed")

@@ -13,8 +13,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fstrain.core.benchpairs import DEFAULT_THRESHOLD
-from fstrain.core.benchreport import collective_rows, collective_summaries, pairs_verdict
+from fstrain.core.bench.pairs import DEFAULT_THRESHOLD
+from fstrain.core.bench.report import collective_rows, collective_summaries, pairs_verdict
 from fstrain.core.doctor.result import CheckResult
 
 

@@ -9,7 +9,8 @@ searched, GPU-aware plan, run ``fstrain plan --out`` first.
 from __future__ import annotations
 
 from fstrain.core.plan.losses import TRAINER_LOSSES
-from fstrain.core.planfile import ClusterSummary, ModelSpec, PlanFile, PlanKnobs, validate_knobs
+from fstrain.core.plan.planfile import PlanFile, validate_knobs
+from fstrain.core.plan.schema import ClusterSummary, ModelSpec, PlanKnobs
 from fstrain.errors import ConfigError
 
 # What the bundled trainer builds (fstrain/train/fsdp_backend.py build_optimizer, deepspeed_backend.py).
