@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.api.driver import Checked, DriveRequest, NodeJob, drive
+from fstrain.api.requests import HostRequest
 from fstrain.core.bench.arithmetic import worker_argv
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.spec import plan_launches, resolve_nproc
+from fstrain.core.launch.spec import LaunchJob, plan_launches, resolve_nproc
 from fstrain.io.bench import DOCUMENT, fetch_document
 from fstrain.io.launch import HostFacts, Rendezvous, RunOutcome
 from fstrain.io.transport.base import Transport
@@ -41,6 +42,53 @@ class BenchRequest:
     grace_s: float = 15.0
     heartbeat_timeout_s: float = 60.0
     extra: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """`fstrain bench`'s options as given (checked by ``bench_request``)."""
+
+    suite: str = "all"  # collectives, pairs, compute, all, or a comma list
+    sizes: str | None = None  # message sizes: 1M-1G (x2 steps), 1M-1G:4, 1M,64M
+    backend: str | None = None  # nccl or gloo (default: nccl where there are GPUs)
+    python: str = "python3"
+    nproc_per_node: int | None = None
+    pairs_mode: str = "auto"  # all, ring or auto
+    pair_bytes: str | None = None
+    seconds: float = 0.5  # time budget per collective and size
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    master_port: int | None = None
+    run_dir: str | None = None
+
+
+def bench_request(hosts: HostRequest, options: BenchOptions) -> tuple[BenchRequest, str]:
+    """Every option checked, before any host is contacted; the request and where the hosts came from."""
+    from fstrain.api.hosts import resolve_hosts
+    from fstrain.api.job import new_run_id
+    from fstrain.core.bench.arithmetic import parse_size, parse_sizes, parse_suites
+    from fstrain.core.bench.pairs import pair_rounds
+    from fstrain.errors import InputError
+
+    suites = parse_suites(options.suite)
+    if options.sizes:
+        parse_sizes(options.sizes)
+    if options.pair_bytes:
+        parse_size(options.pair_bytes, where="--pair-bytes")
+    if options.backend not in (None, "nccl", "gloo"):
+        raise InputError(f"unknown backend {options.backend!r}", "use nccl or gloo", "--backend")
+    pair_rounds(2, options.pairs_mode)  # checks the mode's name
+    selection = resolve_hosts(hosts.hostfile, hosts.hosts, hosts.include, hosts.exclude, hosts.gpus_per_node)
+    run_id = new_run_id()
+    extra = ["--pairs-mode", options.pairs_mode, "--seconds", str(options.seconds)]
+    if options.pair_bytes:
+        extra += ["--pair-bytes", options.pair_bytes]
+    request = BenchRequest(hosts=selection.hosts, suites=suites, run_id=run_id,
+                           run_dir=Path(options.run_dir) if options.run_dir else Path("runs") / run_id,
+                           python=options.python, sizes=options.sizes or "", backend=options.backend or "",
+                           nproc_per_node=options.nproc_per_node, workdir=options.workdir, env=dict(options.env),
+                           master_port=options.master_port, extra=extra)
+    return request, selection.source
 
 
 @dataclass
@@ -72,10 +120,9 @@ def run_bench(request: BenchRequest, connect: Callable[[Host], Transport], *, fa
         # The worker names nodes as the inventory does, so the report speaks of the hosts the user listed.
         per_node = [{**node_env(ifname), "FSTRAIN_BENCH_NODE_NAME": host.name}
                     for host, ifname in zip(hosts, checked.rendezvous.interfaces, strict=True)]
-        launches = plan_launches(hosts, backend="torchrun", nprocs=nprocs, program=program, python=request.python,
-                                 master_addr=checked.rendezvous.master_addr,
-                                 master_port=checked.rendezvous.master_port, run_id=request.run_id,
-                                 max_restarts=0, env=dict(request.env), per_node_env=per_node)
+        job = LaunchJob("torchrun", program, request.python, checked.rendezvous.master_addr,
+                        checked.rendezvous.master_port, request.run_id, env=dict(request.env))
+        launches = plan_launches(hosts, nprocs, job, per_node)
         return NodeJob("torchrun", launches)
 
     drive_request = DriveRequest(hosts=hosts, run_id=request.run_id, run_dir=request.run_dir, python=request.python,

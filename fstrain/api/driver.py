@@ -32,6 +32,7 @@ from fstrain.io.launch import (
     Rendezvous,
     RunOptions,
     RunOutcome,
+    RunSetup,
     choose_rendezvous,
     preflight,
     prewarm_nodes,
@@ -132,10 +133,13 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
             for node in prewarmed:
                 if node is not None:
                     node.close()
-    manifest = write_manifest(request.run_dir / "manifest.json", run_id=request.run_id, backend=node_job.backend,
-                              rendezvous=rendezvous, launches=node_job.launches, outcome=outcome, facts=facts,
-                              env=request.env, plan=node_job.plan)
+    manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, checked, node_job), outcome)
     return Driven(checked, node_job, outcome, manifest, started)
+
+
+def run_setup(request: DriveRequest, checked: Checked, node_job: NodeJob) -> RunSetup:
+    return RunSetup(request.run_id, node_job.backend, node_job.launches, checked.rendezvous, checked.facts,
+                    request.env, node_job.plan)
 
 
 def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport], checked: Checked,
@@ -146,13 +150,9 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     from fstrain.io.runs import record_detached, start_detached
 
     answers = start_detached(node_job.launches, connect, request.python, options, checked.rendezvous)
-    record_detached(request.run_dir, run_id=request.run_id, backend=node_job.backend, hosts=list(request.hosts),
-                    launches=node_job.launches, run_dirs=checked.run_dirs, answers=answers,
-                    rendezvous=checked.rendezvous, ssh_config=request.ssh_config, python=request.python,
-                    grace_s=request.grace_s)
-    manifest = write_manifest(request.run_dir / "manifest.json", run_id=request.run_id, backend=node_job.backend,
-                              rendezvous=checked.rendezvous, launches=node_job.launches, outcome=None,
-                              facts=checked.facts, env=request.env, plan=node_job.plan)
+    setup = run_setup(request, checked, node_job)
+    record_detached(request.run_dir, setup, checked.run_dirs, answers, options, (request.ssh_config, request.python))
+    manifest = write_manifest(request.run_dir / "manifest.json", setup, None)
     manifest.update(reason="detached", started=started, detached=True)
     (request.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     outcome = RunOutcome(0, "detached", None, [], started, time.time())

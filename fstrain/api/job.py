@@ -110,9 +110,12 @@ def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str, d
     plan = spec.plan
     if plan is None:
         assert spec.model is not None
-        plan = data_parallel_plan(spec.model, num_nodes=len(hosts), procs_per_node=nprocs[0],
-                                  strategy=spec.strategy, micro_batch_size=spec.micro_batch,
-                                  precision=spec.precision, hosts=tuple(h.name for h in hosts), gpu=device)
+        from fstrain.core.plan.schema import ClusterSummary
+
+        cluster = ClusterSummary(num_nodes=len(hosts), gpus_per_node=nprocs[0], gpu=device, gpu_memory_bytes=0,
+                                 hosts=tuple(h.name for h in hosts))
+        plan = data_parallel_plan(spec.model, cluster, strategy=spec.strategy, micro_batch_size=spec.micro_batch,
+                                  precision=spec.precision)
     check_plan_fits_launch(plan, sum(nprocs), spec.flag)
     if spec.program:
         return Job(spec.program, plan, False, spec.steps)

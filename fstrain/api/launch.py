@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from fstrain.api.driver import Checked, Driven, NodeJob
     from fstrain.api.hosts import HostSelection
     from fstrain.core.hosts.hostfile import Host
-    from fstrain.core.launch.spec import NodeLaunch
+    from fstrain.core.launch.spec import LaunchJob, NodeLaunch
     from fstrain.core.plan.planfile import PlanFile
     from fstrain.core.slurm.job import Allocation
     from fstrain.io.transport.base import Transport
@@ -121,10 +121,7 @@ def dry_run(prepared: Prepared) -> DryRun:
     job = build_job(prepared.spec, hosts, nprocs, request.job.python)
     master = "127.0.0.1" if all(is_local(h) for h in hosts) else hosts[0].name
     port = request.run.master_port or master_port_candidates(prepared.run_id)[0]
-    launches = plan_launches(hosts, backend=request.job.backend, nprocs=nprocs, program=job.program,
-                             python=request.job.python, master_addr=master, master_port=port,
-                             run_id=prepared.run_id, max_restarts=request.run.max_restarts,
-                             env=dict(request.job.env), per_node_env=[], no_local_rank=request.job.no_local_rank)
+    launches = plan_launches(hosts, nprocs, launch_job(prepared, job, master, port))
     return DryRun(launches, job, master, port)
 
 
@@ -196,13 +193,19 @@ def fit_job(prepared: Prepared, checked: Checked) -> tuple[Job, NodeJob]:
     job = build_job(prepared.spec, hosts, nprocs, job_request.python,
                     "gpu (not planned: see fstrain plan)" if any(gpus) else "cpu")
     per_node = [interface_env(ifname, dict(job_request.env)) for ifname in checked.rendezvous.interfaces]
-    launches = plan_launches(hosts, backend=job_request.backend, nprocs=nprocs, program=job.program,
-                             python=job_request.python, master_addr=checked.rendezvous.master_addr,
-                             master_port=checked.rendezvous.master_port, run_id=prepared.run_id,
-                             max_restarts=request.run.max_restarts, env=dict(job_request.env),
-                             per_node_env=per_node, no_local_rank=job_request.no_local_rank)
+    launches = plan_launches(hosts, nprocs, launch_job(prepared, job, checked.rendezvous.master_addr,
+                                                       checked.rendezvous.master_port), per_node)
     node_files = [rendered_files(job.plan, d, job.steps) for d in checked.run_dirs] if job.plan else []
     return job, NodeJob(job_request.backend, launches, node_files, job.plan.to_dict() if job.plan else None)
+
+
+def launch_job(prepared: Prepared, job: Job, master_addr: str, master_port: int) -> LaunchJob:
+    """What every node runs, and where the nodes meet."""
+    from fstrain.core.launch.spec import LaunchJob
+
+    request = prepared.request
+    return LaunchJob(request.job.backend, job.program, request.job.python, master_addr, master_port, prepared.run_id,
+                     request.run.max_restarts, dict(request.job.env), request.job.no_local_rank)
 
 
 def describe_plan(plan: PlanFile, where: str = "each node's run directory at launch") -> str:

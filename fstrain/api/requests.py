@@ -65,3 +65,18 @@ class LaunchRequest:
     run: RunSettings = field(default_factory=RunSettings)
     container_image: str | None = None  # Slurm with Pyxis: every srun step in this image
     container_mounts: str | None = None
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """`launch --slurm`'s batch job: what sbatch is asked for (`fstrain launch --slurm`)."""
+
+    nodes: int | None = None  # default 1
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    time_limit: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    sbatch_args: tuple[str, ...] = ()  # more sbatch options, as given

@@ -57,9 +57,15 @@ def bench_command(
     json_output: bool = typer.Option(False, "--json", help="Print the result document on stdout."),
 ) -> None:
     """Run the benchmark suites on every selected host and report what stands out."""
-    request, source = build_request(hostfile, hosts, include, exclude, gpus_per_node, suite, sizes, backend, python,
-                                    nproc_per_node, pairs_mode, pair_bytes, seconds, workdir, env, master_port,
-                                    run_dir)
+    from fstrain.api.bench import BenchOptions, bench_request
+    from fstrain.api.job import collect_env
+    from fstrain.api.requests import HostRequest
+
+    request, source = bench_request(
+        HostRequest(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude, gpus_per_node=gpus_per_node),
+        BenchOptions(suite=suite, sizes=sizes, backend=backend, python=python, nproc_per_node=nproc_per_node,
+                     pairs_mode=pairs_mode, pair_bytes=pair_bytes, seconds=seconds, workdir=workdir,
+                     env=collect_env(env, None), master_port=master_port, run_dir=run_dir))
     if out:
         _check_writable(out)
     if source.startswith("localhost"):
@@ -85,40 +91,6 @@ def bench_command(
         print_json({"run_id": request.run_id, "run_dir": str(request.run_dir), "exit_code": exit_code,
                     "manifest": str(request.run_dir / "manifest.json")})
     raise typer.Exit(exit_code)
-
-
-def build_request(hostfile: str | None, hosts: str | None, include: str | None, exclude: str | None,
-                  gpus_per_node: int | None, suite: str, sizes: str | None, backend: str | None, python: str,
-                  nproc_per_node: int | None, pairs_mode: str, pair_bytes: str | None, seconds: float,
-                  workdir: str | None, env: list[str], master_port: int | None,
-                  run_dir: str | None) -> tuple[Any, str]:
-    """Every flag checked, before any host is contacted; the request and where the hosts came from."""
-    from fstrain.api.bench import BenchRequest
-    from fstrain.api.job import collect_env, new_run_id
-    from fstrain.core.bench.arithmetic import parse_size, parse_sizes, parse_suites
-    from fstrain.core.bench.pairs import pair_rounds
-    from fstrain.errors import InputError
-
-    suites = parse_suites(suite)
-    if sizes:
-        parse_sizes(sizes)
-    if pair_bytes:
-        parse_size(pair_bytes, where="--pair-bytes")
-    if backend not in (None, "nccl", "gloo"):
-        raise InputError(f"unknown backend {backend!r}", "use nccl or gloo", "--backend")
-    pair_rounds(2, pairs_mode)  # checks the mode's name
-    from fstrain.api.hosts import resolve_hosts
-
-    selection = resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
-    run_id = new_run_id()
-    extra = ["--pairs-mode", pairs_mode, "--seconds", str(seconds)]
-    if pair_bytes:
-        extra += ["--pair-bytes", pair_bytes]
-    request = BenchRequest(hosts=selection.hosts, suites=suites, run_id=run_id,
-                           run_dir=Path(run_dir) if run_dir else Path("runs") / run_id, python=python,
-                           sizes=sizes or "", backend=backend or "", nproc_per_node=nproc_per_node, workdir=workdir,
-                           env=collect_env(env, None), master_port=master_port, extra=extra)
-    return request, selection.source
 
 
 def _check_writable(out: str) -> None:

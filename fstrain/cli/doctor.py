@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from fstrain.core.doctor import Check, CheckResult, DoctorFacts
-    from fstrain.core.doctor.facts import PlanNeeds
+    from fstrain.io.doctor import DoctorOptions
 
 VERDICT_STYLE = {"ok": "green", "skipped": "dim", "warn": "yellow", "fail": "bold red"}
 LIVE_MAX_ROWS = 20  # above this many hosts the live view shows counts and the latest changes
@@ -74,21 +74,25 @@ def doctor_command(
         console().print(f"[dim]hosts: {selection.source}[/dim]")
     try:
         from fstrain.cli.slurm import allocation_connector
+        from fstrain.core.doctor import stages
+        from fstrain.io.connect import make_connector
+        from fstrain.io.doctor import DoctorOptions
 
-        connector = allocation_connector(selection.source)
-        facts = gather(selection.hosts, checks, ssh_config, accept_new_hosts, fanout, needs, checkpoint_dir,
-                       master_port, python, workdir, kill_orphans, write_test_mib, json_output,
-                       connector)
-        extra = run_bench_checks(selection.hosts, ssh_config, accept_new_hosts, fanout, python, workdir,
-                                 master_port, connector) if bench else []
+        # Inside a Slurm allocation its nodes are reached through srun.
+        connect = allocation_connector(selection.source) or make_connector(ssh_config,
+                                                                           accept_new_hosts=accept_new_hosts)
+        options = DoctorOptions(stages=stages(checks), python=python, workdir=workdir, checkpoint_dir=checkpoint_dir,
+                                master_port=master_port, plan=needs, kill_orphans=kill_orphans,
+                                write_test_bytes=write_test_mib << 20)
+        facts = gather(selection.hosts, connect, options, fanout, json_output)
+        extra = run_bench_checks(selection.hosts, connect, options, fanout) if bench else []
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
     raise typer.Exit(report(facts, checks, orphans or kill_orphans, json_output, extra))
 
 
-def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts: bool, fanout: int, python: str,
-                     workdir: str | None, master_port: int | None, connector: Any = None) -> list[CheckResult]:
+def run_bench_checks(hosts: list[Any], connect: Any, options: DoctorOptions, fanout: int) -> list[CheckResult]:
     """``--bench``: the quick collectives and pairs suites through the launch path, as verdicts."""
     from pathlib import Path
 
@@ -97,18 +101,15 @@ def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts:
     from fstrain.core.bench.checks import bench_checks, bench_failed
     from fstrain.core.doctor.result import CheckResult
     from fstrain.errors import FstrainError
-    from fstrain.io.connect import make_connector
 
     run_id = new_run_id()
     request = BenchRequest(hosts=hosts, suites=["collectives", "pairs"], run_id=run_id,
-                           run_dir=Path("runs") / run_id, python=python, workdir=workdir, master_port=master_port,
-                           extra=["--quick", "--seconds", "0.2"])
+                           run_dir=Path("runs") / run_id, python=options.python, workdir=options.workdir,
+                           master_port=options.master_port, extra=["--quick", "--seconds", "0.2"])
     console().print(f"[dim]bench {run_id}: quick collectives and pairs; logs in {request.run_dir}/logs[/dim]")
     names = [h.name for h in hosts]
     try:
-        run = run_bench(request, connector or make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
-                        fanout=fanout,
-                        node_env=lambda ifname: interface_env(ifname, {}))
+        run = run_bench(request, connect, fanout=fanout, node_env=lambda ifname: interface_env(ifname, {}))
     except FstrainError as error:  # preflight or rendezvous: a verdict, beside the other checks
         return [CheckResult("bench.run", "fail", tuple(names), f"the benchmark could not start: {error.message}",
                             error.hint or "fix the hosts above and rerun")]
@@ -117,18 +118,10 @@ def run_bench_checks(hosts: list[Any], ssh_config: str | None, accept_new_hosts:
     return bench_checks(run.document, names)
 
 
-def gather(hosts: list[Any], checks: tuple[Check, ...], ssh_config: str | None, accept_new_hosts: bool, fanout: int,
-           plan: PlanNeeds | None, checkpoint_dir: str | None, master_port: int | None, python: str,
-           workdir: str | None, kill_orphans: bool, write_test_mib: int, json_output: bool,
-           connector: Any = None) -> DoctorFacts:
-    from fstrain.core.doctor import stages
-    from fstrain.io.connect import make_connector
-    from fstrain.io.doctor import DoctorOptions, collect
+def gather(hosts: list[Any], connect: Any, options: DoctorOptions, fanout: int, json_output: bool) -> DoctorFacts:
+    """Every host's facts, with a live line per host on a terminal."""
+    from fstrain.io.doctor import collect
 
-    options = DoctorOptions(stages=stages(checks), python=python, workdir=workdir, checkpoint_dir=checkpoint_dir,
-                            master_port=master_port, plan=plan,
-                            kill_orphans=kill_orphans, write_test_bytes=write_test_mib << 20)
-    connect = connector or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
     out = console()
     if json_output or not out.is_terminal:
         return collect(hosts, connect, options, fanout=fanout)

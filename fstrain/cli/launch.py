@@ -113,13 +113,14 @@ def launch_command(
                         finish_timeout_s=finish_s, detach=detach),
         container_image=container_image, container_mounts=container_mounts)
     if slurm or slurm_render_only:
+        from fstrain.api.requests import SlurmRequest
+
         _check_backend(backend)
-        raise typer.Exit(slurmopts.submit_launch(
-            ctx, program=list(program or []), user_env=dict(request.job.env), run_id=str(request.run.run_id),
-            run_dir=run_dir, python_exe=sys.executable, render_only=slurm_render_only, detach=detach,
-            json_output=json_output, nodes=nodes, gpus_per_node=gpus_per_node, partition=partition,
-            time_limit=time_limit, account=account, qos=qos, constraint=constraint, exclusive=exclusive,
-            sbatch_args=sbatch_args, container_image=container_image, container_mounts=container_mounts))
+        batch = SlurmRequest(nodes=nodes, gpus_per_node=gpus_per_node, partition=partition, time_limit=time_limit,
+                             account=account, qos=qos, constraint=constraint, exclusive=exclusive,
+                             sbatch_args=tuple(sbatch_args))
+        raise typer.Exit(slurmopts.submit_launch(ctx, request, batch, render_only=slurm_render_only,
+                                                 json_output=json_output))
     raise typer.Exit(run_launch(request, dry_run=dry_run, json_output=json_output))
 
 

@@ -200,8 +200,8 @@ def plan_command(
         nonlocal calibration
         from fstrain.cli.plan_calibrate import calibrated as measured
 
-        calibration = measured(calibrate or "", base, cluster, training.precision, plan_model.spec,
-                               inter_node_gbps, list(assume or []), mfu, json_output)
+        calibration = measured(calibrate or "", request, base, cluster, training.precision, plan_model.spec,
+                               json_output)
         return calibration.assumptions, calibration.cluster
 
     planned = plan(request, probed=probed, calibrate=calibrated if calibrate else None)

@@ -8,24 +8,26 @@ from typing import TYPE_CHECKING, Any
 from fstrain.cli.output import console
 
 if TYPE_CHECKING:
+    from fstrain.api.plan import PlanRequest
     from fstrain.core.plan.assumptions import Assumptions
     from fstrain.core.plan.calibrate import Calibration
     from fstrain.core.plan.plancluster import PlanCluster
     from fstrain.core.plan.schema import ModelSpec
 
 
-def calibrated(path: str, assumptions: Assumptions, cluster: PlanCluster, precision: str, model: ModelSpec | None,
-               inter_node_gbps: float | None, assume: list[str], mfu: float | None, quiet: bool) -> Calibration:
-    """The calibration of ``path``; what an explicit flag also sets is kept as the flag says."""
+def calibrated(path: str, request: PlanRequest, assumptions: Assumptions, cluster: PlanCluster, precision: str,
+               model: ModelSpec | None, quiet: bool) -> Calibration:
+    """The calibration of ``path``; what an explicit flag of ``request`` also sets is kept as the
+    flag says."""
     from fstrain.core.plan.calibrate import calibrate
     from fstrain.io.bench import read_json
 
     result = calibrate(read_json(path), path, assumptions=assumptions, cluster=cluster, precision=precision,
                        model=model)
-    flags = {pair.partition("=")[0].strip().replace("-", "_"): "--assume" for pair in assume}
-    if mfu is not None:
+    flags = {pair.partition("=")[0].strip().replace("-", "_"): "--assume" for pair in request.assume}
+    if request.mfu is not None:
         flags["mfu"] = "--mfu"
-    if inter_node_gbps is not None:
+    if request.cluster.inter_node_gbps is not None:
         flags["inter_node_gbps"] = "--inter-node-gbps"
     kept = [r for r in result.replaced if r.name in flags]
     if kept:

@@ -20,6 +20,7 @@ import typer
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
+    from fstrain.api.requests import LaunchRequest, SlurmRequest
     from fstrain.core.hosts.hostfile import Host
     from fstrain.core.slurm.job import JobStatus
     from fstrain.io.transport.base import Transport
@@ -138,22 +139,23 @@ def inner_launch_args(ctx: typer.Context) -> list[str]:
     return args
 
 
-def submit_launch(ctx: typer.Context, *, program: list[str], user_env: dict[str, str], run_id: str,
-                  run_dir: str | None, python_exe: str, render_only: bool, detach: bool, json_output: bool,
-                  **sbatch: Any) -> int:
+def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmRequest, *, render_only: bool,
+                  json_output: bool) -> int:
     """Render the batch script into the run directory; unless only rendering, submit it and
     follow the job (or print its id at once with --detach). Returns the exit code."""
     from fstrain.core.slurm.job import SbatchOptions, pyxis_args, render_sbatch, srun_step_argv
 
-    folder = Path(run_dir or Path("runs") / run_id).resolve()
+    run_id, program, user_env = str(request.run.run_id), list(request.job.program), dict(request.job.env)
+    detach = request.run.detach
+    folder = Path(request.run.run_dir or Path("runs") / run_id).resolve()
     options = SbatchOptions(
-        nodes=sbatch["nodes"] or 1, job_name=f"fstrain-{run_id}", output=str(folder / "slurm-%j.out"),
-        gpus_per_node=sbatch["gpus_per_node"], partition=sbatch["partition"], time=sbatch["time_limit"],
-        account=sbatch["account"], qos=sbatch["qos"], constraint=sbatch["constraint"],
-        exclusive=sbatch["exclusive"], extra=tuple(sbatch["sbatch_args"]),
+        nodes=slurm.nodes or 1, job_name=f"fstrain-{run_id}", output=str(folder / "slurm-%j.out"),
+        gpus_per_node=slurm.gpus_per_node, partition=slurm.partition, time=slurm.time_limit,
+        account=slurm.account, qos=slurm.qos, constraint=slurm.constraint,
+        exclusive=slurm.exclusive, extra=slurm.sbatch_args,
     )
-    step = srun_step_argv("NODE", extra=pyxis_args(sbatch["container_image"], sbatch["container_mounts"]))
-    inner = [python_exe, "-m", "fstrain", "launch", "--launcher", "srun", "--run-dir", str(folder)]
+    step = srun_step_argv("NODE", extra=pyxis_args(request.container_image, request.container_mounts))
+    inner = [sys.executable, "-m", "fstrain", "launch", "--launcher", "srun", "--run-dir", str(folder)]
     if user_env:
         inner += ["--env-file", str(folder / "launch.env")]
     inner += inner_launch_args(ctx)

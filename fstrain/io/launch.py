@@ -630,10 +630,24 @@ class _Logs:
 # -- 5. manifest --------------------------------------------------------------------------------
 
 
-def write_manifest(path: Path, *, run_id: str, backend: str, rendezvous: Rendezvous | None,
-                   launches: Sequence[NodeLaunch], outcome: RunOutcome | None, facts: Sequence[HostFacts],
-                   env: Mapping[str, str], plan: Mapping[str, Any] | None) -> dict[str, Any]:
-    """RUN_DIR/manifest.json: exact commands, hosts, masked environment, versions, times, codes."""
+@dataclass(frozen=True)
+class RunSetup:
+    """What a run was started with, as its manifest describes it."""
+
+    run_id: str
+    backend: str
+    launches: Sequence[NodeLaunch]
+    rendezvous: Rendezvous | None = None
+    facts: Sequence[HostFacts] = ()
+    env: Mapping[str, str] = field(default_factory=dict)  # the user's (masked in the manifest)
+    plan: Mapping[str, Any] | None = None  # the plan it trains with
+
+
+def write_manifest(path: Path, setup: RunSetup, outcome: RunOutcome | None) -> dict[str, Any]:
+    """RUN_DIR/manifest.json: exact commands, hosts, masked environment, versions, times, codes
+    (no outcome: a run that started detached, its end kept by its nodes)."""
+    run_id, backend, rendezvous, launches = setup.run_id, setup.backend, setup.rendezvous, setup.launches
+    facts, env, plan = setup.facts, setup.env, setup.plan
     states = {n.launch.node_rank: n for n in outcome.nodes} if outcome else {}
     versions = {f.host.label(): {k: f.info.get(k) for k in ("hostname", "python", "torch", "deepspeed")}
                 for f in facts}

@@ -45,7 +45,7 @@ from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 # `status` of an attached run only find the run's folder here, and start faster without it.
 if TYPE_CHECKING:
     from fstrain.core.launch.spec import NodeLaunch
-    from fstrain.io.launch import Rendezvous, RunOptions
+    from fstrain.io.launch import Rendezvous, RunOptions, RunSetup
     from fstrain.io.transport.base import Transport
 
 INDEX = (".fstrain", "launched")  # under this machine's home
@@ -132,19 +132,21 @@ def _start_one(launch: NodeLaunch, connect: Callable[[Host], Transport], python:
     return answer
 
 
-def record_detached(folder: Path, *, run_id: str, backend: str, hosts: Sequence[Host], launches: Sequence[NodeLaunch],
-                    run_dirs: Sequence[str], answers: Sequence[dict[str, Any]], rendezvous: Rendezvous,
-                    ssh_config: str | None, python: str, grace_s: float) -> DetachedRecord:
-    """RUN_DIR/detached.json, and this machine's index entry."""
+def record_detached(folder: Path, setup: RunSetup, run_dirs: Sequence[str], answers: Sequence[dict[str, Any]],
+                    options: RunOptions, reach: tuple[str | None, str]) -> DetachedRecord:
+    """RUN_DIR/detached.json (each node's run directory and its start answer; ``reach``: the
+    SSH config and interpreter later commands use), and this machine's index entry."""
+    ssh_config, python = reach
+    assert setup.rendezvous is not None
     record = DetachedRecord(
-        run_id, backend, time.time(), python, grace_s, str(Path(ssh_config).resolve()) if ssh_config else None,
-        rendezvous.master_addr, answers[0].get("port"),
-        tuple(DetachedNode(Host(h.name, h.user, h.port), launch.node_rank, launch.nproc, launch.rank_offset, run_dir,
-                           answer.get("pid"), answer.get("job_pid"))
-              for h, launch, run_dir, answer in zip(hosts, launches, run_dirs, answers, strict=True)))
+        setup.run_id, setup.backend, time.time(), python, options.grace_s,
+        str(Path(ssh_config).resolve()) if ssh_config else None, setup.rendezvous.master_addr, answers[0].get("port"),
+        tuple(DetachedNode(Host(launch.host.name, launch.host.user, launch.host.port), launch.node_rank, launch.nproc,
+                           launch.rank_offset, run_dir, answer.get("pid"), answer.get("job_pid"))
+              for launch, run_dir, answer in zip(setup.launches, run_dirs, answers, strict=True)))
     folder.mkdir(parents=True, exist_ok=True)
     _write_json(folder / "detached.json", record.to_dict(__version__))
-    register(run_id, folder, detached=True)
+    register(setup.run_id, folder, detached=True)
     return record
 
 

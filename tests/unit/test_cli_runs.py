@@ -13,7 +13,7 @@ from fstrain import __version__
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord
 from fstrain.core.launch.spec import NodeLaunch
-from fstrain.io.launch import RunOutcome, write_manifest
+from fstrain.io.launch import RunOutcome, RunSetup, write_manifest
 from fstrain.io.runs import register
 from tests.helpers import run_fstrain
 
@@ -23,10 +23,9 @@ def attached_run(home: Path, folder: Path, run_id: str, reason: str, exit_code: 
     """An attached run as `fstrain launch` leaves it (through the functions it uses): the index
     entry, the manifest, the logs."""
     (folder / "logs").mkdir(parents=True)
-    write_manifest(folder / "manifest.json", run_id=run_id, backend="torchrun", rendezvous=None,
-                   launches=[NodeLaunch(Host("localhost"), 0, 2, ("python3", "train.py"))],
-                   outcome=RunOutcome(exit_code, reason, None, [], time.time() - 60, time.time() - 30),
-                   facts=[], env={}, plan=None)
+    write_manifest(folder / "manifest.json",
+                   RunSetup(run_id, "torchrun", [NodeLaunch(Host("localhost"), 0, 2, ("python3", "train.py"))]),
+                   RunOutcome(exit_code, reason, None, [], time.time() - 60, time.time() - 30))
     (folder / "logs" / "localhost.log").write_text("[localhost r0] hello\n[localhost r1] world\n")
     (folder / "logs" / "localhost.r1.log").write_text("[localhost r1] world\n")
     monkeypatch.setenv("HOME", str(home))  # the index is under this machine's home

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from fstrain.core.launch.plan import check_plan_fits_launch, data_parallel_plan,
 from fstrain.core.launch.spec import (
     DEFAULT_ENV,
     PORT_RANGE,
+    LaunchJob,
     base_env,
     deepspeed_argv,
     launcher_prefix,
@@ -26,6 +29,7 @@ from fstrain.core.launch.spec import (
     secret_values,
     torchrun_argv,
 )
+from fstrain.core.plan.schema import ClusterSummary
 from fstrain.errors import ConfigError, InputError
 from tests.plans import make_plan
 
@@ -66,35 +70,40 @@ def test_nproc_from_flag_slots_or_gpus() -> None:
         resolve_nproc(Host("a"), 0, None)
 
 
+def job(program: Sequence[str] = ("t.py",), **changes: Any) -> LaunchJob:
+    """A launch job with every field given; ``changes`` replace some."""
+    fields: dict[str, Any] = {"backend": "torchrun", "program": tuple(program), "python": "python3",
+                              "master_addr": "10.0.0.1", "master_port": 29500, "run_id": "r1", "max_restarts": 2}
+    return LaunchJob(**{**fields, **changes})
+
+
+def torchrun(program: Sequence[str], **changes: Any) -> tuple[str, ...]:
+    return torchrun_argv(job(program, **changes), nnodes=2, node_rank=1, nproc=4)
+
+
 def test_torchrun_argv_maps_programs() -> None:
-    common = {"nnodes": 2, "node_rank": 1, "nproc": 4, "master_addr": "10.0.0.1", "master_port": 29500,
-              "run_id": "r1", "max_restarts": 2}
-    argv = torchrun_argv("python3", program=["python3", "train.py", "--lr", "1"], **common)
+    argv = torchrun(["python3", "train.py", "--lr", "1"])
     assert argv[:3] == ("python3", "-m", "torch.distributed.run")
     assert "--rdzv-endpoint=10.0.0.1:29500" in argv and "--rdzv-id=r1" in argv and "--max-restarts=2" in argv
     assert argv[-3:] == ("train.py", "--lr", "1")
-    assert torchrun_argv("python3", program=["python", "-m", "pkg.mod", "x"], **common)[-3:] == ("-m", "pkg.mod", "x")
-    assert torchrun_argv("python3", program=["./run.sh", "a"], **common)[-3:] == ("--no-python", "./run.sh", "a")
-    assert torchrun_argv("python3", program=["python3", "-c", "pass"], **common)[-4:] == (
-        "--no-python", "python3", "-c", "pass")
-    v6 = torchrun_argv("python3", program=["t.py"], **{**common, "master_addr": "fd00::1"})
+    assert torchrun(["python", "-m", "pkg.mod", "x"])[-3:] == ("-m", "pkg.mod", "x")
+    assert torchrun(["./run.sh", "a"])[-3:] == ("--no-python", "./run.sh", "a")
+    assert torchrun(["python3", "-c", "pass"])[-4:] == ("--no-python", "python3", "-c", "pass")
+    v6 = torchrun(["t.py"], master_addr="fd00::1")
     assert "--rdzv-endpoint=[fd00::1]:29500" in v6
 
 
 def test_torchrun_without_restarts_uses_the_static_rendezvous_and_knows_global_ranks() -> None:
-    argv = torchrun_argv("python3", nnodes=2, node_rank=1, nproc=4, master_addr="10.0.0.1", master_port=29500,
-                         run_id="r1", max_restarts=0, program=["train.py"])
+    argv = torchrun(["train.py"], max_restarts=0)
     assert "--rdzv-backend=static" in argv and "--node-rank=1" in argv
     assert "--master-addr=10.0.0.1" in argv and "--master-port=29500" in argv
     assert not any(a.startswith("--rdzv-endpoint") for a in argv)
-    common = {"program": ["python3", "t.py"], "python": "python3", "master_addr": "a", "master_port": 1,
-              "run_id": "r", "env": {}, "per_node_env": []}
     hosts = [Host("a"), Host("b"), Host("c")]
-    static = plan_launches(hosts, backend="torchrun", nprocs=[2, 3, 2], max_restarts=0, **common)  # type: ignore[arg-type]
+    static = plan_launches(hosts, [2, 3, 2], job(["python3", "t.py"], max_restarts=0))
     assert [n.rank_offset for n in static] == [0, 2, 5]
-    elastic = plan_launches(hosts, backend="torchrun", nprocs=[2, 3, 2], max_restarts=1, **common)  # type: ignore[arg-type]
+    elastic = plan_launches(hosts, [2, 3, 2], job(["python3", "t.py"], max_restarts=1))
     assert [n.rank_offset for n in elastic] == [None, None, None]  # c10d assigns ranks at the rendezvous
-    deepspeed = plan_launches(hosts, backend="deepspeed", nprocs=[2, 2, 2], max_restarts=1, **common)  # type: ignore[arg-type]
+    deepspeed = plan_launches(hosts, [2, 2, 2], job(["python3", "t.py"], backend="deepspeed", max_restarts=1))
     assert [n.rank_offset for n in deepspeed] == [0, 2, 4] and deepspeed[0].backend == "deepspeed"
 
 
@@ -115,25 +124,21 @@ def test_deepspeed_argv_carries_world_info() -> None:
 
 def test_plan_launches_env_precedence_and_selected_slots() -> None:
     hosts = select_hosts(parse_hostfile("a slots=4\nb slots=4\n", "hf"), include="a:1,3@b")
-    launches = plan_launches(hosts, backend="torchrun", nprocs=[2, 4], program=["python3", "t.py"],
-                             python="python3", master_addr="a", master_port=1, run_id="r", max_restarts=0,
-                             env={"NCCL_SOCKET_IFNAME": "ib0", "PYTHONUNBUFFERED": "0"},
-                             per_node_env=[{"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"},
-                                           {"GLOO_SOCKET_IFNAME": "eth1"}])
+    launches = plan_launches(hosts, [2, 4], job(["python3", "t.py"], max_restarts=0,
+                                                env={"NCCL_SOCKET_IFNAME": "ib0", "PYTHONUNBUFFERED": "0"}),
+                             [{"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"},
+                              {"GLOO_SOCKET_IFNAME": "eth1"}])
     assert launches[0].env == {"PYTHONUNBUFFERED": "0", "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "eth0",
                                "CUDA_VISIBLE_DEVICES": "1,3"}
     assert launches[1].env == {"PYTHONUNBUFFERED": "0", "GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "ib0"}
-    defaults = plan_launches(hosts, backend="torchrun", nprocs=[2, 4], program=["t.py"], python="p",
-                             master_addr="a", master_port=1, run_id="r", max_restarts=0, env={}, per_node_env=[])
+    defaults = plan_launches(hosts, [2, 4], job(["t.py"], python="p", max_restarts=0))
     assert defaults[1].env == DEFAULT_ENV
     assert [launch.nproc for launch in launches] == [2, 4]
-    ds = plan_launches(hosts, backend="deepspeed", nprocs=[2, 4], program=["t.py"], python="python3",
-                       master_addr="a", master_port=1, run_id="r", max_restarts=0, env={}, per_node_env=[])
+    ds = plan_launches(hosts, [2, 4], job(["t.py"], backend="deepspeed", max_restarts=0))
     encoded = next(a for a in ds[0].argv if a.startswith("--world_info=")).split("=", 1)[1]
     assert json.loads(base64.urlsafe_b64decode(encoded)) == {"a": [1, 3], "b": [0, 1, 2, 3]}
     with pytest.raises(InputError, match="unknown backend"):
-        plan_launches(hosts, backend="mpirun", nprocs=[2, 4], program=["t.py"], python="p", master_addr="a",
-                      master_port=1, run_id="r", max_restarts=0, env={}, per_node_env=[])
+        plan_launches(hosts, [2, 4], job(["t.py"], backend="mpirun"))
 
 
 @pytest.mark.parametrize("backend", ["torchrun", "deepspeed"])
@@ -143,10 +148,9 @@ def test_every_node_command_starts_with_the_prefix_a_watchdog_prewarms(backend: 
     # its Python starts with base_env: each node's environment adds only the interface variables.
     hosts = parse_hostfile("a slots=2\nb slots=2\n", "hf")
     user = {"PYTHONPATH": "/x", "TOKEN": "s"}
-    launches = plan_launches(hosts, backend=backend, nprocs=[2, 2], program=["python3", "-m", "pkg.train"],
-                             python="/venv/bin/python", master_addr="10.0.0.1", master_port=29500, run_id="r",
-                             max_restarts=max_restarts, env=user,
-                             per_node_env=[{"GLOO_SOCKET_IFNAME": "eth0"}, {"GLOO_SOCKET_IFNAME": "ib0"}])
+    launches = plan_launches(hosts, [2, 2], job(["python3", "-m", "pkg.train"], backend=backend,
+                                                python="/venv/bin/python", max_restarts=max_restarts, env=user),
+                             [{"GLOO_SOCKET_IFNAME": "eth0"}, {"GLOO_SOCKET_IFNAME": "ib0"}])
     prefix = launcher_prefix(backend, "/venv/bin/python")
     assert prefix[0] == "/venv/bin/python" and prefix[-2] == "-m"
     for launch in launches:
@@ -158,7 +162,8 @@ def test_every_node_command_starts_with_the_prefix_a_watchdog_prewarms(backend: 
 
 def test_data_parallel_plan_and_world_size_check() -> None:
     spec = make_plan().model
-    plan = data_parallel_plan(spec, num_nodes=2, procs_per_node=2, strategy="fsdp-hybrid", micro_batch_size=3)
+    plan = data_parallel_plan(spec, ClusterSummary(2, 2, "cpu", 0), strategy="fsdp-hybrid",
+                              micro_batch_size=3)
     assert (plan.knobs.dp, plan.knobs.shard_group_size, plan.knobs.zero_stage) == (4, 2, 3)
     assert plan.knobs.global_batch_size == 12
     check_plan_fits_launch(plan, 4, "--model")
@@ -169,14 +174,14 @@ def test_data_parallel_plan_and_world_size_check() -> None:
         check_plan_fits_launch(fused, 4, "--plan")
     argv = trainer_program("python3", plan, steps=5)
     assert argv[:3] == ["python3", "-m", "fstrain.train"] and "{run_dir}/fsdp.yaml" in argv
-    zero = data_parallel_plan(spec, num_nodes=1, procs_per_node=2, strategy="zero3", micro_batch_size=1)
+    zero = data_parallel_plan(spec, ClusterSummary(1, 2, "cpu", 0), strategy="zero3",
+                              micro_batch_size=1)
     assert "{run_dir}/ds_config.json" in trainer_program("python3", zero, steps=5)
 
 
 def test_deepspeed_rank_logs_go_to_a_folder_per_node() -> None:
     hosts = [Host("a", slots=2), Host("b", slots=2)]
-    launches = plan_launches(hosts, backend="deepspeed", nprocs=[2, 2], program=["t.py"], python="p",
-                             master_addr="a", master_port=1, run_id="r", max_restarts=0, env={}, per_node_env=[])
+    launches = plan_launches(hosts, [2, 2], job(["t.py"], backend="deepspeed", python="p", max_restarts=0))
     assert [n.rank_log_dir for n in launches] == ["{run_dir}/ranklogs/node0", "{run_dir}/ranklogs/node1"]
     for launch in launches:
         assert f"--enable_each_rank_log={launch.rank_log_dir}" in launch.argv

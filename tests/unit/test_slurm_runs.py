@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.spec import NodeLaunch
-from fstrain.io.launch import RunOutcome, write_manifest
+from fstrain.io.launch import RunOutcome, RunSetup, write_manifest
 from tests.helpers import REPO, run_fstrain
 
 FIXTURES = REPO / "tests" / "fixtures" / "slurm-runs"
@@ -133,10 +133,9 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert stop.returncode == 2 and stop.stderr.count("\n") == 1
     assert stop.stderr.startswith("error: stop: Slurm does not know job 42") and "(hint: is SLURM_CONF" in stop.stderr
     # Once the manifest recorded the end, the forgotten job is simply over.
-    write_manifest(tmp_path / "run" / "manifest.json", run_id="20261130-120001-bbbbbb", backend="torchrun",
-                   rendezvous=None, launches=[NodeLaunch(Host(f"node{i + 1}"), i, 1, ("python3", "t.py"))
-                                              for i in range(2)],
-                   outcome=RunOutcome(0, "ok", None, [], 1.0, 2.0), facts=[], env={}, plan=None)
+    launches = [NodeLaunch(Host(f"node{i + 1}"), i, 1, ("python3", "t.py")) for i in range(2)]
+    write_manifest(tmp_path / "run" / "manifest.json", RunSetup("20261130-120001-bbbbbb", "torchrun", launches),
+                   RunOutcome(0, "ok", None, [], 1.0, 2.0))
     (tmp_path / "run" / "state.json").unlink()
     rows = json.loads(run_fstrain("runs", "--all", "--json", env=env).stdout)["runs"]
     assert [(r["state"], r["exit_code"], r["nodes"]) for r in rows] == [("succeeded", 0, ["node1", "node2"])]

@@ -21,12 +21,13 @@ DEFAULT_STRATEGY = {"torchrun": "fsdp-full", "deepspeed": "zero3"}
 
 
 def data_parallel_plan(
-    model: ModelSpec, *, num_nodes: int, procs_per_node: int, strategy: str, micro_batch_size: int,
-    grad_accum_steps: int = 1, precision: str = "bf16", seq_len: int | None = None, gpu: str = "cpu",
-    gpu_memory_bytes: int = 0, hosts: tuple[str, ...] = (),
+    model: ModelSpec, cluster: ClusterSummary, *, strategy: str, micro_batch_size: int, grad_accum_steps: int = 1,
+    precision: str = "bf16", seq_len: int | None = None,
 ) -> PlanFile:
-    """Every process a data-parallel rank (tp = pp = 1); hybrid shards within a node."""
-    world = num_nodes * procs_per_node
+    """Every process of ``cluster`` (a process per "GPU") a data-parallel rank (tp = pp = 1);
+    hybrid shards within a node."""
+    procs_per_node = cluster.gpus_per_node
+    world = cluster.num_nodes * procs_per_node
     group = procs_per_node if strategy == "fsdp-hybrid" else (1 if strategy == "ddp" else world)
     knobs = PlanKnobs(
         strategy=strategy, zero_stage=ZERO_STAGE.get(strategy, -1), dp=world, tp=1, pp=1,
@@ -34,8 +35,6 @@ def data_parallel_plan(
         precision=precision, seq_len=seq_len or model.seq_len,
     )
     validate_knobs(knobs, "--strategy/--micro-batch")
-    cluster = ClusterSummary(num_nodes=num_nodes, gpus_per_node=procs_per_node, gpu=gpu,
-                             gpu_memory_bytes=gpu_memory_bytes, hosts=hosts)
     return PlanFile(model=model, knobs=knobs, cluster=cluster)
 
 

@@ -154,14 +154,27 @@ def launcher_prefix(backend: str, python: str) -> tuple[str, ...]:
     return (python, "-u", "-m", "deepspeed.launcher.launch")
 
 
-def torchrun_argv(
-    python: str, *, nnodes: int, node_rank: int, nproc: int, master_addr: str, master_port: int,
-    run_id: str, max_restarts: int, program: Sequence[str],
-) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class LaunchJob:
+    """What every node runs and how the nodes meet: the same for all of them."""
+
+    backend: str  # torchrun or deepspeed
+    program: Sequence[str]
+    python: str  # the interpreter on the hosts
+    master_addr: str
+    master_port: int
+    run_id: str
+    max_restarts: int = 0  # torchrun worker-group restarts (0: the static rendezvous)
+    env: Mapping[str, str] = field(default_factory=dict)  # the user's, for every rank
+    no_local_rank: bool = False  # deepspeed: no --local_rank=N argument
+
+
+def torchrun_argv(job: LaunchJob, *, nnodes: int, node_rank: int, nproc: int) -> tuple[str, ...]:
     """One ``torchrun`` per node. Without restarts, torchrun's static rendezvous: fstrain has
     already checked the master address and port, node ranks are fixed, so every global rank is
     known before the start (and the c10d rendezvous round is saved). With restarts, a c10d
     rendezvous at the master with a fresh rendezvous id per run, so nodes can rejoin."""
+    python, master_addr, master_port, max_restarts = job.python, job.master_addr, job.master_port, job.max_restarts
     if max_restarts == 0:
         rendezvous = ["--rdzv-backend=static", f"--master-addr={master_addr}", f"--master-port={master_port}"]
     else:
@@ -172,11 +185,11 @@ def torchrun_argv(
         f"--node-rank={node_rank}",  # informative under c10d (ranks come from the rendezvous)
         f"--nproc-per-node={nproc}",
         *rendezvous,
-        f"--rdzv-id={run_id}",
+        f"--rdzv-id={job.run_id}",
         f"--max-restarts={max_restarts}",
         "--tee=3",  # prefix every worker line with its rank, so the stream can be attributed
         f"--log-dir={TORCHRUN_LOG_DIR}",
-        *_program_for_torchrun(python, program),
+        *_program_for_torchrun(python, job.program),
     )
 
 
@@ -251,13 +264,11 @@ def world_info(hosts: Sequence[Host], nprocs: Sequence[int]) -> dict[str, list[i
     return info
 
 
-def plan_launches(
-    hosts: Sequence[Host], *, backend: str, nprocs: Sequence[int], program: Sequence[str], python: str,
-    master_addr: str, master_port: int, run_id: str, max_restarts: int,
-    env: Mapping[str, str], per_node_env: Sequence[Mapping[str, str]], no_local_rank: bool = False,
-) -> list[NodeLaunch]:
-    """Every node's command and environment (``env`` for all, ``per_node_env[i]`` for node i,
+def plan_launches(hosts: Sequence[Host], nprocs: Sequence[int], job: LaunchJob,
+                  per_node_env: Sequence[Mapping[str, str]] = ()) -> list[NodeLaunch]:
+    """Every node's command and environment (``job.env`` for all, ``per_node_env[i]`` for node i,
     which never overrides what the user set)."""
+    backend, program, env = job.backend, job.program, job.env
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}", "--backend")
     if not program:
@@ -268,15 +279,14 @@ def plan_launches(
     for rank, (host, nproc) in enumerate(zip(hosts, nprocs, strict=True)):
         node_env = {**(per_node_env[rank] if per_node_env else {}), **base_env(env)}
         if backend == "torchrun":
-            argv = torchrun_argv(python, nnodes=len(hosts), node_rank=rank, nproc=nproc, master_addr=master_addr,
-                                 master_port=master_port, run_id=run_id, max_restarts=max_restarts, program=program)
+            argv = torchrun_argv(job, nnodes=len(hosts), node_rank=rank, nproc=nproc)
             if host.slot_ids is not None and "CUDA_VISIBLE_DEVICES" not in env:
                 node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slot_ids))
         else:
-            argv = deepspeed_argv(python, world_info=info, node_rank=rank, master_addr=master_addr,
-                                  master_port=master_port, program=program, no_local_rank=no_local_rank)
+            argv = deepspeed_argv(job.python, world_info=info, node_rank=rank, master_addr=job.master_addr,
+                                  master_port=job.master_port, program=program, no_local_rank=job.no_local_rank)
         # Global ranks follow node order (torchrun's static rendezvous, DeepSpeed's world info).
-        static = backend == "deepspeed" or max_restarts == 0
+        static = backend == "deepspeed" or job.max_restarts == 0
         launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env,
                                    rank_log_dir=RANK_LOG_DIR % rank if backend == "deepspeed" else "",
                                    backend=backend, rank_offset=sum(nprocs[:rank]) if static else None))
