@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from fstrain.api.job import Job, JobSpec, build_job, interface_env, job_spec, new_run_id, rendered_files, resolve_nprocs
 from fstrain.api.requests import LaunchRequest
+from fstrain.api.runs import Access, Run
 
 if TYPE_CHECKING:
     from fstrain.api.driver import Checked, Driven, NodeJob
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from fstrain.core.launch.spec import LaunchJob, NodeLaunch
     from fstrain.core.plan.planfile import PlanFile
     from fstrain.core.slurm.job import Allocation
+    from fstrain.io.runs import RunRecord
     from fstrain.io.transport.base import Transport
 
 Report = Callable[[str], None]
@@ -44,19 +46,20 @@ class Prepared:
     run_dir: Path
 
 
-@dataclass
-class Launched:
-    """A launch that has ended (attached) or started (detached)."""
+class Launched(Run):
+    """A launch that has ended (attached) or started (detached): the run's handle (``state``,
+    ``status``, ``logs``, ``stop``, ``wait``, as every run's) and what the launch returned."""
 
-    run_id: str
-    run_dir: Path
-    driven: Driven
-    job: Job
-    training_summary: dict[str, Any] | None = None
-    hosts: list[Host] = field(default_factory=list)
+    def __init__(self, record: RunRecord, access: Access, driven: Driven, job: Job, hosts: list[Host]) -> None:
+        super().__init__(record, access)
+        self.driven = driven
+        self.job = job
+        self.hosts = hosts
+        self.training_summary: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
+        """The run's exit code (0 for a detached run that has started)."""
         return self.driven.outcome.exit_code
 
     @property
@@ -147,6 +150,7 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
 
 def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> Launched:
     from fstrain.api.driver import DriveRequest, drive
+    from fstrain.io.runs import find_run
 
     request, hosts = prepared.request, prepared.selection.hosts
     job_request, run = request.job, request.run
@@ -171,7 +175,8 @@ def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> La
         ssh_config=request.hosts.ssh_config, color=color, out=out)
     driven = drive(drive_request, connect, node_job)
     job = built[0]
-    launched = Launched(prepared.run_id, prepared.run_dir, driven, job, hosts=list(hosts))
+    access = Access(request.hosts.ssh_config, request.hosts.accept_new_hosts, job_request.python)
+    launched = Launched(find_run(prepared.run_id), access, driven, job, list(hosts))
     if job.bundled_trainer and not run.detach and driven.outcome.exit_code == 0:
         launched.training_summary = fetch_training_summary(hosts[0], driven.checked.run_dirs[0], connect,
                                                            prepared.run_dir, report)

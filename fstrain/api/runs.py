@@ -336,15 +336,26 @@ class AttachedRun:
     def __init__(self, record: RunRecord, access: Access) -> None:
         self.record = record
 
+    def refresh(self) -> None:
+        """The manifest as it is now: the launcher writes it at the run's end."""
+        from fstrain.io.runs import read_document
+
+        self.record.manifest = read_document(self.record.run_dir / "manifest.json", "manifest")
+
     def state(self) -> RunState:
         from fstrain.io.runs import run_state
 
+        self.refresh()
         return run_state(self.record, None)
 
     def running(self) -> bool:
+        """Its launcher lives and has not written the run's end (a launcher in this very
+        process, the API's, lives on after its run)."""
         from fstrain.io.runs import process_alive
 
-        return process_alive(self.record.client_pid)
+        self.refresh()
+        ended = bool(self.record.manifest and self.record.manifest.get("ended"))
+        return not ended and process_alive(self.record.client_pid)
 
     def finished(self) -> RunState | None:
         if self.running():
@@ -375,7 +386,7 @@ class AttachedRun:
     def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped:
         """SIGTERM to its launcher, as Ctrl-C would (a second one, with ``force``, skips the
         grace period)."""
-        from fstrain.io.runs import process_alive, read_document, run_state
+        from fstrain.io.runs import process_alive, run_state
 
         pid = self.record.client_pid
         state = self.state()
@@ -397,7 +408,7 @@ class AttachedRun:
         if process_alive(pid):
             raise FstrainError(f"run {self.record.run_id}'s launcher has not exited {wait_s:g} s after SIGTERM",
                                "`fstrain stop --force` skips the grace period", "stop")
-        self.record.manifest = read_document(self.record.run_dir / "manifest.json", "manifest")
+        self.refresh()
         return Stopped(run_state(self.record, None), False)
 
 
