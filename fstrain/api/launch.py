@@ -150,7 +150,7 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
 
 def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> Launched:
     from fstrain.api.driver import DriveRequest, drive
-    from fstrain.io.runs import find_run
+    from fstrain.io.runs import launched_record
 
     request, hosts = prepared.request, prepared.selection.hosts
     job_request, run = request.job, request.run
@@ -176,7 +176,8 @@ def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> La
     driven = drive(drive_request, connect, node_job)
     job = built[0]
     access = Access(request.hosts.ssh_config, request.hosts.accept_new_hosts, job_request.python)
-    launched = Launched(find_run(prepared.run_id), access, driven, job, list(hosts))
+    record = launched_record(prepared.run_id, prepared.run_dir, detached=run.detach)
+    launched = Launched(record, access, driven, job, list(hosts))
     if job.bundled_trainer and not run.detach and driven.outcome.exit_code == 0:
         launched.training_summary = fetch_training_summary(hosts[0], driven.checked.run_dirs[0], connect,
                                                            prepared.run_dir, report)

@@ -242,6 +242,14 @@ def read_cache(path: Path) -> dict[str, Any]:
     return document if isinstance(document, dict) and problem(document, "state") is None else {}
 
 
+def launched_record(run_id: str, folder: Path, *, detached: bool) -> RunRecord:
+    """The record of a run this process has just launched, from its run directory (not from
+    the index: inside a Slurm job the directory is the submission's, indexed under its id)."""
+    entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid())
+    return RunRecord(run_id, folder, read_detached(folder) if detached else None,
+                     read_document(folder / "manifest.json", "manifest"), entry)
+
+
 def read_detached(folder: Path) -> DetachedRecord | None:
     """RUN_DIR/detached.json, None where there is none."""
     document = read_json(folder / "detached.json")
