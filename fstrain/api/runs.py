@@ -178,14 +178,6 @@ def backend_for(record: RunRecord, access: Access) -> Backend:
     return AttachedRun(record, access)
 
 
-def describe(state: RunState) -> str:
-    """``failed, exit 7 (...)``: a run's state and exit code, as every run command says it."""
-    from fstrain.core.launch.rankexit import describe_code
-
-    code = f", exit {describe_code(state.exit_code)}" if state.exit_code is not None else ""
-    return f"{state.state}{code}"
-
-
 # -- detached runs over SSH ---------------------------------------------------------------------
 
 
@@ -260,7 +252,7 @@ class SshRun:
 
     def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped:
         """Ask the coordinator (through node 0 itself) to stop the run, then wait for its end."""
-        from fstrain.io.runs import run_state, stop_on_node
+        from fstrain.io.runs import stop_on_node
 
         node0 = self.detached.nodes[0]
         answer = stop_on_node(self.connect, node0.host, self.python, node0.run_dir, "kill" if force else "term",
@@ -273,10 +265,9 @@ class SshRun:
                                "check node 0 with `fstrain status`", "stop")
         deadline = time.monotonic() + wait_s
         while True:
-            views = self.views()
-            state = run_state(self.record, views)
-            if state.state in FINAL and not any((v or {}).get("watchdog_alive") for v in views):
-                return Stopped(state, False)
+            ended = self.finished()
+            if ended is not None:
+                return Stopped(ended, False)
             if time.monotonic() > deadline:
                 raise FstrainError(f"run {self.record.run_id} has not ended {wait_s:g} s after the stop",
                                    "check with `fstrain status`; `fstrain stop --force` skips the grace period",
@@ -358,9 +349,11 @@ class AttachedRun:
         return not ended and process_alive(self.record.client_pid)
 
     def finished(self) -> RunState | None:
+        from fstrain.io.runs import run_state
+
         if self.running():
             return None
-        return self.state()
+        return run_state(self.record, None)  # running() has just read the manifest again
 
     def status(self) -> dict[str, Any]:
         return status_document(self.record, None)
