@@ -162,6 +162,7 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
     if program:
         inner += ["--", *program]
     script = render_sbatch(options, launch_argv=inner, workdir=os.getcwd(), run_id=run_id, step_prefix=step)
+    made = _made_paths(folder, ["launch.env", "sbatch.sh"] if user_env else ["sbatch.sh"])
     folder.mkdir(parents=True, exist_ok=True)
     if user_env:  # values stay off the script and the command lines: a file only the user reads
         _write_private(folder / "launch.env", env_file_text(user_env))
@@ -171,12 +172,15 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
     if render_only:
         return _report_rendered(path, folder, json_output)
     from fstrain.io.runs import SLURM_RECORD, claim_for_slurm, record_slurm
-    from fstrain.io.slurm import submit
+    from fstrain.io.slurm import SbatchRefused, submit
 
     claim_for_slurm(folder, run_id)  # before sbatch: the job's own launch must find the folder claimed
     try:
         job_id = submit(path)
-    except BaseException:
+    except SbatchRefused:  # a refused job leaves nothing behind: what this launch made goes again
+        _remove([*made, folder / SLURM_RECORD])
+        raise
+    except BaseException:  # no sbatch here: the script stays, to submit where there is one
         (folder / SLURM_RECORD).unlink(missing_ok=True)
         raise
     (folder / "slurm_job_id").write_text(job_id + "\n")
@@ -195,6 +199,24 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
             sys.stdout.flush()
         return 0
     return follow_job(job_id, output, folder, json_output)
+
+
+def _made_paths(folder: Path, names: list[str]) -> list[Path]:
+    """What a submission is about to make: the folder itself when it does not exist yet, else
+    those of its files that are not there yet (what was there is the user's)."""
+    if not folder.exists():
+        return [folder]
+    return [folder / name for name in names if not (folder / name).exists()]
+
+
+def _remove(paths: list[Path]) -> None:
+    import shutil
+
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def env_file_text(env: Mapping[str, str]) -> str:

@@ -43,6 +43,10 @@ class SlurmError(FstrainError):
     """Slurm refused or failed a request (sbatch, scontrol, srun missing)."""
 
 
+class SbatchRefused(SlurmError):
+    """sbatch ran and refused the job (a partition that does not exist, a limit...)."""
+
+
 def require_tool(name: str, where: str) -> str:
     path = shutil.which(name)
     if path is None:
@@ -121,10 +125,17 @@ def submit(script: Path, environ: Mapping[str, str] | None = None) -> str:
     result = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, timeout=120,
                             env=dict(environ) if environ is not None else None, check=False)
     if result.returncode != 0:
-        raise SlurmError(f"sbatch refused the job: {result.stderr.strip()[-400:] or result.stdout.strip()}",
+        raise SbatchRefused(f"sbatch refused the job: {refusal(result.stderr or result.stdout, result.returncode)}",
                          f"check the options in {script} (they are sbatch's), then submit it by hand "
                          f"with `sbatch {script}`", "sbatch")
     return parse_sbatch_job_id(result.stdout)
+
+
+def refusal(text: str, returncode: int) -> str:
+    """Slurm's reason on one line: its last error line without the ``sbatch: error:`` prefix
+    (``Batch job submission failed: Invalid partition name specified``)."""
+    lines = [line.strip().removeprefix("sbatch: error:").strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else f"sbatch exited {returncode}"
 
 
 def job_status(job_id: str, where: str = "--slurm") -> JobStatus | None:
