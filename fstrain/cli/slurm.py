@@ -41,6 +41,7 @@ CONTAINER_IMAGE = typer.Option(None, "--container-image", help="Slurm with Pyxis
 CONTAINER_MOUNTS = typer.Option(None, "--container-mounts", help="Slurm with Pyxis: SRC:DST[,...] mounted into it.")
 RENDER_ONLY = typer.Option(False, "--slurm-render-only", hidden=True)
 
+CANCELLED_EXIT_CODE = 143  # a job cancelled before it started: as one scancel stopped (SIGTERM)
 # launch's own options that the batch job's `fstrain launch` does not take from the command line.
 SUBMIT_ONLY = frozenset({
     "program", "slurm", "slurm_render_only", "nodes", "partition", "time_limit", "account", "qos", "constraint",
@@ -261,7 +262,7 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
                 return 130
             cancel(job_id)
             console().print(f"cancelled job {job_id}; waiting for its nodes to stop")
-    if not output.exists():
+    if not output.exists() and (status is None or status.nodes):  # a job that never started wrote none
         console().print(f"[yellow]warning: the job's output {output} never appeared here[/yellow]: the run "
                         "directory must be on a file system the nodes share with this machine (--run-dir)")
     return report_job(job_id, status, folder, json_output)
@@ -269,7 +270,8 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
 
 def _say_state(status: JobStatus) -> None:
     if status.state == "PENDING":
-        console().print(f"[dim]Slurm job {status.job_id}: pending ({status.reason})[/dim]")
+        why = f" ({status.reason})" if status.reason else ""
+        console().print(f"Slurm job {status.job_id}: pending{why}", style="dim", markup=False)
     elif status.state == "RUNNING":
         console().print(f"[dim]Slurm job {status.job_id}: running on {status.nodes}[/dim]")
 
@@ -284,20 +286,28 @@ def _ask_cancel(job_id: str) -> bool:
 
 
 def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output: bool) -> int:
+    """The job's end on stderr (`--json`: one document on stdout) and fstrain's exit code: the
+    job's; 143 for a job cancelled before it started (it has none)."""
+    from fstrain.core.slurm.state import slurm_run_state
     from fstrain.io.runs import read_document
 
     manifest = read_document(folder / "manifest.json", "manifest")
+    reason = ""
     if status is None:
         code = int(manifest["exit_code"]) if manifest and manifest.get("exit_code") is not None else 1
         state = "UNKNOWN"
         console().print(f"[yellow]Slurm no longer knows job {job_id}[/yellow]; exit code from its manifest: {code}")
     else:
-        code, state = status.shell_exit_code, status.state
+        run = slurm_run_state(status, manifest)
+        state, reason = status.state, run.reason
+        code = status.shell_exit_code if run.exit_code is not None else CANCELLED_EXIT_CODE
         colour = "green" if state == "COMPLETED" and code == 0 else "red"
-        console().print(f"[{colour}]Slurm job {job_id}: {state}, exit code {code}[/{colour}]")
+        words = f"{state} before it started" if run.exit_code is None else f"{state}, exit code {code}"
+        why = f": {reason}" if reason and state not in reason else ""
+        console().print(f"Slurm job {job_id}: {words}{why}", style=colour, markup=False)
     if json_output:
-        document: dict[str, Any] = {"job_id": job_id, "state": state, "exit_code": code, "run_dir": str(folder),
-                                    "manifest": manifest}
+        document: dict[str, Any] = {"job_id": job_id, "state": state, "exit_code": code, "reason": reason,
+                                    "run_dir": str(folder), "manifest": manifest}
         summary = folder / "summary.json"
         if summary.is_file():
             document["training_summary"] = json.loads(summary.read_text())

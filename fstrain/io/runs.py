@@ -435,8 +435,9 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
         last = job_seen.get("last_state") if job_seen.get("forgotten") else job_seen.get("state")
         job_seen = {**job_seen, "state": "UNKNOWN", "last_state": last, "forgotten": True}
     state = slurm_run_state(job, record.manifest, stop_requested=stop_requested)
-    # Settled: ended, and the manifest read (or never coming: Slurm forgot the job).
-    settled = state.state in FINAL and (record.manifest is not None or job is None)
+    # Settled: ended, and the manifest read (or never coming: Slurm forgot the job, or it never
+    # started: cancelled while pending).
+    settled = state.state in FINAL and (record.manifest is not None or job is None or not job_seen.get("nodes"))
     _write_json(record.run_dir / "state.json",
                 stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
                          "ended": state.ended, "at": time.time(), "settled": settled,

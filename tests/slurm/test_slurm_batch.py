@@ -1,10 +1,11 @@
 """`launch --slurm` batch jobs on the real test Slurm, as a Slurm admin expects them: a refused
-sbatch leaving nothing."""
+sbatch leaving nothing, and a job cancelled while pending reported as such."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,3 +45,28 @@ def test_a_refused_sbatch_leaves_nothing_behind(slurm: SlurmCluster, tmp_path: P
     assert not (tmp_path / "run").exists()
     listed = fstrain(slurm, tmp_path, "runs", "--all", "--json")
     assert json.loads(listed.stdout) == {"runs": []}
+
+
+def test_a_job_cancelled_while_pending_is_cancelled_not_exit_0(slurm: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "fstrain", "launch", "--slurm", "--nodes", "2", "--sbatch-arg=--begin=now+3600",
+         "--run-dir", str(run_dir), "--", "python3", "-c", "print(1)"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm.env(tmp_path), cwd=tmp_path)
+    try:
+        job_id = job_id_of(run_dir)
+        time.sleep(3)  # the follower has printed the first state
+        subprocess.run(["scancel", job_id], check=True, env=slurm.env(tmp_path), timeout=60)
+        _, err = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 143, err
+    assert f"Slurm job {job_id}: pending (BeginTime)" in err and "(None)" not in err
+    assert f"Slurm job {job_id}: CANCELLED before it started" in err and "exit code 0" not in err
+    assert "never appeared" not in err  # it had no output to write
+    status = fstrain(slurm, tmp_path, "status", job_id)
+    assert status.returncode == 0, status.stderr
+    assert "stopped (cancelled before it started (CANCELLED))" in status.stderr and "exit 0" not in status.stderr
+    document = json.loads(fstrain(slurm, tmp_path, "status", job_id, "--json").stdout)
+    assert (document["state"], document["exit_code"]) == ("stopped", None)

@@ -79,7 +79,7 @@ def test_job_report_takes_the_jobs_code_and_joins_the_manifest(tmp_path: Path,
     (tmp_path / "summary.json").write_text(json.dumps({"world_size": 4}))
     assert report_job("12", JobStatus("12", "FAILED", 7, 0), tmp_path, json_output=True) == 7
     document = json.loads(capsys.readouterr().out)
-    assert document == {"job_id": "12", "state": "FAILED", "exit_code": 7, "run_dir": str(tmp_path),
+    assert document == {"job_id": "12", "state": "FAILED", "exit_code": 7, "reason": "", "run_dir": str(tmp_path),
                         "manifest": {"exit_code": 7, "reason": "failed"}, "training_summary": {"world_size": 4}}
     # Slurm has forgotten the job: the manifest's code is the answer.
     assert report_job("12", None, tmp_path, json_output=False) == 7

@@ -145,7 +145,7 @@ class JobStatus:
     state: str  # COMPLETED, RUNNING, ...
     exit_code: int  # the batch script's exit status
     signal: int  # the signal that ended it, 0 if none
-    reason: str = ""
+    reason: str = ""  # why it waits (Priority, Resources, ...); empty where Slurm says None
     nodes: str = ""  # Slurm's node list expression, e.g. node[1-2]; empty while pending
     run_time_s: int | None = None  # RunTime: how long it has run (or ran)
     num_nodes: int | None = None
@@ -175,8 +175,9 @@ def parse_scontrol_job(text: str) -> JobStatus:
         exit_code, signal = int(code), int(sig or 0)
     except ValueError:
         raise ParseError(f"unreadable ExitCode {fields.get('ExitCode')!r}", "", "scontrol show job") from None
-    return JobStatus(fields["JobId"], fields["JobState"], exit_code, signal, fields.get("Reason", ""),
-                     fields.get("NodeList", ""), parse_run_time_s(fields.get("RunTime", "")),
+    reason, nodes = fields.get("Reason", ""), fields.get("NodeList", "")
+    return JobStatus(fields["JobId"], fields["JobState"], exit_code, signal, "" if reason == "None" else reason,
+                     "" if nodes == "(null)" else nodes, parse_run_time_s(fields.get("RunTime", "")),
                      int(fields["NumNodes"]) if fields.get("NumNodes", "").isdigit() else None)
 
 

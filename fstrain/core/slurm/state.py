@@ -14,6 +14,7 @@ code) and decides alone once Slurm has forgotten the job (MinJobAge). Pure: the 
 | COMPLETED                                                                   | succeeded |
 | FAILED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, TIMEOUT, SPECIAL_EXIT | failed    |
 | CANCELLED, PREEMPTED, REVOKED                                               | stopped   |
+| CANCELLED before it started (no nodes)                                      | stopped, no exit code |
 | another state Slurm calls final / not final                                 | failed / running |
 | (unknown to Slurm)                                                          | the manifest's end, else lost |
 
@@ -61,6 +62,8 @@ def slurm_run_state(job: JobStatus | None, manifest: Mapping[str, Any] | None, *
     code = job.shell_exit_code
     if job.state in SUCCEEDED:
         state = RunState("succeeded", code, "")
+    elif job.state in STOPPED and not job.nodes and not job.run_time_s and not ended:  # never started: no exit code
+        return RunState("stopped", None, f"cancelled before it started ({job.state})")
     elif job.state in STOPPED:
         state = RunState("stopped", code, _WHY.get(job.state, f"cancelled ({job.state})"))
     elif job.state in FAILED:
