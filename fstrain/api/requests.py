@@ -79,4 +79,5 @@ class SlurmRequest:
     qos: str | None = None
     constraint: str | None = None
     exclusive: bool = False
+    cpus_per_rank: int | None = None  # --cpus-per-task = ranks per node x this (default 4)
     sbatch_args: tuple[str, ...] = ()  # more sbatch options, as given

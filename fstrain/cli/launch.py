@@ -87,6 +87,7 @@ def launch_command(
     sbatch_args: list[str] = slurmopts.SBATCH_ARG,
     container_image: str | None = slurmopts.CONTAINER_IMAGE,
     container_mounts: str | None = slurmopts.CONTAINER_MOUNTS,
+    cpus_per_rank: int | None = slurmopts.CPUS_PER_RANK,
     slurm_render_only: bool = slurmopts.RENDER_ONLY,
 ) -> None:
     """Launch PROGRAM on every selected host (one torchrun or DeepSpeed launcher per node)."""
@@ -98,7 +99,8 @@ def launch_command(
     else:
         slurmopts.check_no_submit_flags({"--nodes": nodes, "--partition": partition, "--time": time_limit,
                                          "--account": account, "--qos": qos, "--constraint": constraint,
-                                         "--exclusive": exclusive, "--sbatch-arg": sbatch_args})
+                                         "--exclusive": exclusive, "--sbatch-arg": sbatch_args,
+                                         "--cpus-per-rank": cpus_per_rank})
     stall_s, finish_s = stall_timeouts(stall_timeout, finish_timeout)
     request = LaunchRequest(
         hosts=HostRequest(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude,
@@ -118,7 +120,7 @@ def launch_command(
         _check_backend(backend)
         batch = SlurmRequest(nodes=nodes, gpus_per_node=gpus_per_node, partition=partition, time_limit=time_limit,
                              account=account, qos=qos, constraint=constraint, exclusive=exclusive,
-                             sbatch_args=tuple(sbatch_args))
+                             cpus_per_rank=cpus_per_rank, sbatch_args=tuple(sbatch_args))
         raise typer.Exit(slurmopts.submit_launch(ctx, request, batch, render_only=slurm_render_only,
                                                  json_output=json_output))
     raise typer.Exit(run_launch(request, dry_run=dry_run, json_output=json_output))

@@ -39,14 +39,16 @@ SBATCH_ARG = typer.Option([], "--sbatch-arg", help="With --slurm: one more sbatc
 CONTAINER_IMAGE = typer.Option(None, "--container-image", help="Slurm with Pyxis: run every node's part in this "
                                "enroot image (srun --container-image).")
 CONTAINER_MOUNTS = typer.Option(None, "--container-mounts", help="Slurm with Pyxis: SRC:DST[,...] mounted into it.")
+CPUS_PER_RANK = typer.Option(None, "--cpus-per-rank", min=1, help="With --slurm: CPUs for each rank (default 4); the "
+                             "job asks for ranks per node x this as --cpus-per-task.")
 RENDER_ONLY = typer.Option(False, "--slurm-render-only", hidden=True)
 
 CANCELLED_EXIT_CODE = 143  # a job cancelled before it started: as one scancel stopped (SIGTERM)
 # launch's own options that the batch job's `fstrain launch` does not take from the command line.
 SUBMIT_ONLY = frozenset({
     "program", "slurm", "slurm_render_only", "nodes", "partition", "time_limit", "account", "qos", "constraint",
-    "exclusive", "sbatch_args", "detach", "launcher", "run_dir", "env", "env_file", "hostfile", "hosts",
-    "gpus_per_node", "json_output", "dry_run", "ssh_config", "accept_new_hosts",
+    "exclusive", "cpus_per_rank", "sbatch_args", "detach", "launcher", "run_dir", "env", "env_file", "hostfile",
+    "hosts", "gpus_per_node", "json_output", "dry_run", "ssh_config", "accept_new_hosts",
 })
 
 
@@ -151,11 +153,12 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
     folder = Path(request.run.run_dir or Path("runs") / run_id).resolve()
     options = SbatchOptions(
         nodes=slurm.nodes or 1, job_name=f"fstrain-{run_id}", output=str(folder / "slurm-%j.out"),
-        gpus_per_node=slurm.gpus_per_node, partition=slurm.partition, time=slurm.time_limit,
-        account=slurm.account, qos=slurm.qos, constraint=slurm.constraint,
+        gpus_per_node=slurm.gpus_per_node, cpus_per_task=cpus_per_task(request, slurm), partition=slurm.partition,
+        time=slurm.time_limit, account=slurm.account, qos=slurm.qos, constraint=slurm.constraint,
         exclusive=slurm.exclusive, extra=slurm.sbatch_args,
     )
-    step = srun_step_argv("NODE", extra=pyxis_args(request.container_image, request.container_mounts))
+    step = srun_step_argv("NODE", extra=pyxis_args(request.container_image, request.container_mounts),
+                          cpus_per_task=options.cpus_per_task)
     inner = [sys.executable, "-m", "fstrain", "launch", "--launcher", "srun", "--run-dir", str(folder)]
     if user_env:
         inner += ["--env-file", str(folder / "launch.env")]
@@ -200,6 +203,15 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
             sys.stdout.flush()
         return 0
     return follow_job(job_id, output, folder, json_output)
+
+
+def cpus_per_task(request: LaunchRequest, slurm: SlurmRequest) -> int:
+    """The CPUs of the one per-node task, which every rank of the node runs in: ranks per node
+    (--nproc-per-node, else --gpus-per-node, else 1) x --cpus-per-rank (default 4)."""
+    from fstrain.core.slurm.job import CPUS_PER_RANK
+
+    ranks = request.job.nproc_per_node or slurm.gpus_per_node or 1
+    return ranks * (slurm.cpus_per_rank or CPUS_PER_RANK)
 
 
 def _made_paths(folder: Path, names: list[str]) -> list[Path]:

@@ -26,6 +26,7 @@ from fstrain.core.slurm.job import (
     Allocation,
     JobStatus,
     check_hostnames,
+    cpus_per_task_from_env,
     parse_hostnames,
     parse_sbatch_job_id,
     parse_scontrol_job,
@@ -90,11 +91,13 @@ class SrunTransport:
 
 
 def srun_connector(extra: Sequence[str] = ()) -> Callable[[Host], Transport]:
-    """A connector for HostPool and the launcher: every host is a node of this allocation."""
+    """A connector for HostPool and the launcher: every host is a node of this allocation (its
+    steps get the CPUs the job holds per task, ``SLURM_CPUS_PER_TASK``, where it says)."""
     srun = require_tool("srun", "--launcher srun")
+    cpus = cpus_per_task_from_env(os.environ)
 
     def connect(host: Host) -> Transport:
-        return SrunTransport(host.name, srun_step_argv(host.name, srun=srun, extra=extra))
+        return SrunTransport(host.name, srun_step_argv(host.name, srun=srun, extra=extra, cpus_per_task=cpus))
 
     return connect
 

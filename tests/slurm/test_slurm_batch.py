@@ -1,5 +1,6 @@
-"""`launch --slurm` batch jobs on the real test Slurm, as a Slurm admin expects them: a refused
-sbatch leaving nothing, and a job cancelled while pending reported as such."""
+"""`launch --slurm` batch jobs on the real test Slurm, as a Slurm admin expects them: the CPUs of
+every rank, a refused sbatch leaving nothing, and a job cancelled while pending reported as
+such."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.conftest import SlurmCluster
-from tests.slurm.test_slurm_launch import fstrain
+from tests.slurm.test_slurm_launch import fstrain, scontrol_job, wait_for_job
 
 pytestmark = pytest.mark.slurm
 
@@ -34,6 +35,33 @@ def job_id_of(run_dir: Path, timeout: float = 60) -> str:
         assert time.monotonic() < deadline, "no job id written"
         time.sleep(0.2)
     return ids.read_text().strip()
+
+
+def test_a_2x2_job_holds_cpus_for_every_rank_on_each_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = fstrain(slurm, tmp_path, "launch", "--slurm", "--detach", "--nodes", "2", "--nproc-per-node", "2",
+                     "--backend", "deepspeed", "--no-local-rank", "--grace", "5", "--env", "HOLD_S=20",
+                     "--run-dir", str(run_dir), "--", "python3", "-c", JOB_PROGRAM, timeout=60)
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip()
+    # The job: 2 ranks x 4 CPUs on each node (it asked for one CPU per node before).
+    job = show(slurm, tmp_path, "job", job_id)
+    assert (job["NumCPUs"], job["CPUs/Task"]) == ("16", "8"), job
+    # Its per-node steps (each node's watchdog and ranks) hold the same 8 CPUs, not one.
+    deadline, steps = time.monotonic() + 120, []
+    while time.monotonic() < deadline:
+        output = run_dir / f"slurm-{job_id}.out"
+        if output.is_file() and output.read_text().count(f"job {job_id} rank") == 4:
+            listed = subprocess.run(["squeue", "-s", "-j", job_id, "-h", "-o", "%i"], capture_output=True, text=True,
+                                    env=slurm.env(tmp_path), timeout=60, check=True).stdout.split()
+            steps = [s for s in listed if s.split(".")[1].isdigit()]
+            break
+        time.sleep(0.5)
+    assert len(steps) >= 2, steps
+    for step in steps:
+        assert "cpu=8," in show(slurm, tmp_path, "step", step)["TRES"], step
+    assert (wait_for_job(slurm, tmp_path, job_id).state, scontrol_job(slurm, tmp_path, job_id).exit_code) == (
+        "COMPLETED", 0)
 
 
 def test_a_refused_sbatch_leaves_nothing_behind(slurm: SlurmCluster, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""`launch --slurm` batch jobs as a Slurm admin expects them, as values: nothing left by a refused
-sbatch, and a job cancelled while pending, and no `pending (None)`."""
+"""`launch --slurm` batch jobs as a Slurm admin expects them, as values: the CPUs a job asks for,
+nothing left by a refused sbatch, a job cancelled while pending, and no `pending (None)`."""
 
 from __future__ import annotations
 
@@ -11,13 +11,71 @@ import pytest
 
 from fstrain.core.slurm.job import (
     JobStatus,
+    SbatchOptions,
+    cpus_per_task_from_env,
     parse_scontrol_job,
+    render_sbatch,
+    srun_step_argv,
 )
 from fstrain.core.slurm.state import slurm_run_state
+from fstrain.errors import InputError
 from tests.helpers import REPO, run_fstrain
 
 FIXTURES = REPO / "tests" / "fixtures" / "slurm-runs"
 NO_SLURM = {"SLURM_JOB_ID": "", "SLURM_JOB_NODELIST": ""}
+
+
+def options(**changes: object) -> SbatchOptions:
+    base: dict[str, object] = {"nodes": 2, "job_name": "fstrain-r1", "output": "/runs/r1/slurm-%j.out"}
+    base.update(changes)
+    return SbatchOptions(**base)  # type: ignore[arg-type]
+
+
+def render(opts: SbatchOptions, launch: tuple[str, ...] = ("fstrain", "launch")) -> str:
+    return render_sbatch(opts, launch_argv=list(launch), workdir="/home/me", run_id="r1",
+                         step_prefix=srun_step_argv("NODE", cpus_per_task=opts.cpus_per_task))
+
+
+def rendered(tmp_path: Path, *args: str) -> str:
+    result = run_fstrain("render", "--slurm", "-o", str(tmp_path / "job"), *args, "--", "true", env=NO_SLURM)
+    assert result.returncode == 0, result.stderr
+    return (tmp_path / "job" / "sbatch.sh").read_text()
+
+
+# -- CPUs and GPUs ------------------------------------------------------------------------------
+
+
+def test_the_job_asks_for_the_cpus_of_every_rank_of_a_node(tmp_path: Path) -> None:
+    # A 2 x 2 job asked for one CPU per node: --cpus-per-task = ranks per node x 4 by default.
+    script = rendered(tmp_path, "--nodes", "2", "--nproc-per-node", "2")
+    assert "#SBATCH --cpus-per-task=8" in script and "#SBATCH --ntasks-per-node=1" in script
+    # ... and every srun step of the job says so too (srun 22.05-23.02 does not read it from the job).
+    assert "--cpus-per-task=8" in next(line for line in script.splitlines() if line.startswith("#   srun"))
+    assert "#SBATCH --cpus-per-task=12" in rendered(tmp_path, "--gpus-per-node", "4", "--cpus-per-rank", "3")
+    assert "#SBATCH --cpus-per-task=4" in rendered(tmp_path)  # ranks unknown: one rank's worth
+
+
+def test_gpus_are_asked_per_node_and_gres_passes_verbatim(tmp_path: Path) -> None:
+    script = rendered(tmp_path, "--gpus-per-node", "8")
+    assert "#SBATCH --gpus-per-node=8" in script and "#SBATCH --cpus-per-task=32" in script
+    # A site without the gpu TRES: --gres through --sbatch-arg, the ranks with --nproc-per-node.
+    gres = rendered(tmp_path, "--sbatch-arg=--gres=gpu:4", "--nproc-per-node", "4")
+    assert "#SBATCH --gres=gpu:4" in gres and "--gpus-per-node" not in gres and "--cpus-per-task=16" in gres
+
+
+def test_cpus_options_are_checked() -> None:
+    with pytest.raises(InputError, match="CPUs per node must be 1 or more"):
+        render(options(cpus_per_task=0))
+    bad = run_fstrain("launch", "--cpus-per-rank", "2", "--", "true", env=NO_SLURM)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --cpus-per-rank: --cpus-per-rank is an sbatch option")
+
+
+def test_steps_take_the_cpus_the_job_holds_per_task() -> None:
+    assert "--cpus-per-task=16" in srun_step_argv("n1", cpus_per_task=16)
+    assert not any(a.startswith("--cpus-per-task") for a in srun_step_argv("n1"))
+    assert cpus_per_task_from_env({"SLURM_CPUS_PER_TASK": "16"}) == 16
+    assert cpus_per_task_from_env({"SLURM_CPUS_PER_TASK": ""}) is None
+    assert cpus_per_task_from_env({}) is None
 
 
 # -- a refused sbatch, a job cancelled while pending, the first state ----------------------------

@@ -22,6 +22,7 @@ FINAL_STATES = frozenset({
     "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED",
 })
 DEFAULT_SIGNAL = "B:USR1@90"  # 90 s before the time limit, USR1 to the batch script only
+CPUS_PER_RANK = 4  # a rank process and its data-loading workers; --cpus-per-rank changes it
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(\d+-\d+)$|^(UNLIMITED|INFINITE|infinite|unlimited)$")
 _GPU_COUNT_RE = re.compile(r"(?:^|[:/])(\d+)$")
 
@@ -89,9 +90,14 @@ def check_hostnames(ours: Sequence[str], scontrol: Sequence[str]) -> str | None:
             "with `scontrol show hostnames`")
 
 
-def srun_step_argv(node: str, *, srun: str = "srun", extra: Sequence[str] = ()) -> list[str]:
+def srun_step_argv(node: str, *, srun: str = "srun", extra: Sequence[str] = (),
+                   cpus_per_task: int | None = None) -> list[str]:
     """The prefix that runs one command as a one-task job step on ``node`` of the current
-    allocation: fstrain's per-node launcher, probe or check, instead of an SSH session."""
+    allocation: fstrain's per-node launcher, probe or check, instead of an SSH session.
+    ``cpus_per_task``: the CPUs the job holds for its one task per node, passed on explicitly
+    (srun 22.05 to 23.02 does not read SLURM_CPUS_PER_TASK: the step, and every rank in it,
+    would otherwise be confined to one CPU where the site binds tasks to their cores)."""
+    cpus = [f"--cpus-per-task={cpus_per_task}"] if cpus_per_task else []
     return [
         srun,
         "--nodes=1",  # this node only...
@@ -105,8 +111,15 @@ def srun_step_argv(node: str, *, srun: str = "srun", extra: Sequence[str] = ()) 
         "--quiet",  # srun's own progress notes are not the job's output; its errors still show
         "--input=all",  # the watchdog's header and heartbeats arrive on stdin, as over SSH
         "--export=ALL",
+        *cpus,
         *extra,
     ]
+
+
+def cpus_per_task_from_env(environ: Mapping[str, str]) -> int | None:
+    """``SLURM_CPUS_PER_TASK`` of the job (sbatch/salloc ``--cpus-per-task``), None when unset."""
+    value = environ.get("SLURM_CPUS_PER_TASK", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def pyxis_args(container_image: str | None, container_mounts: str | None) -> list[str]:
@@ -212,6 +225,7 @@ class SbatchOptions:
     job_name: str
     output: str  # the script's output file (%j: the job id)
     gpus_per_node: int | None = None
+    cpus_per_task: int | None = None  # the one per-node task's CPUs: every rank of the node runs in it
     partition: str | None = None
     time: str | None = None
     account: str | None = None
@@ -228,6 +242,9 @@ def check_sbatch_options(options: SbatchOptions) -> None:
         raise InputError(f"--nodes must be 1 or more, got {options.nodes}", "", "--nodes")
     if options.gpus_per_node is not None and options.gpus_per_node < 1:
         raise InputError(f"--gpus-per-node must be 1 or more, got {options.gpus_per_node}", "", "--gpus-per-node")
+    if options.cpus_per_task is not None and options.cpus_per_task < 1:
+        raise InputError(f"the CPUs per node must be 1 or more, got {options.cpus_per_task}", "",
+                         "--cpus-per-rank")
     if options.time is not None and not _TIME_RE.match(options.time):
         raise InputError(f"--time {options.time!r} is not a Slurm time",
                          "write MINUTES, HH:MM:SS or DAYS-HH[:MM[:SS]], e.g. 2:00:00", "--time")
@@ -261,6 +278,8 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
         directive(f"--nodes={options.nodes}", "one fstrain node per Slurm node"),
         directive("--ntasks-per-node=1", "one per-node launcher; it starts the ranks"),
     ]
+    if options.cpus_per_task is not None:
+        lines.append(directive(f"--cpus-per-task={options.cpus_per_task}", "CPUs per node, for all its ranks"))
     if options.gpus_per_node is not None:
         lines.append(directive(f"--gpus-per-node={options.gpus_per_node}", "one rank per GPU"))
     for flag, value, why in (("partition", options.partition, ""), ("time", options.time, "the time limit"),
