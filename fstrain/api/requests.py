@@ -65,6 +65,7 @@ class LaunchRequest:
     run: RunSettings = field(default_factory=RunSettings)
     container_image: str | None = None  # Slurm with Pyxis: every srun step in this image
     container_mounts: str | None = None
+    container_default_mounts: bool = True  # Pyxis: the working and run directories mounted too
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ def launch_command(
     sbatch_args: list[str] = slurmopts.SBATCH_ARG,
     container_image: str | None = slurmopts.CONTAINER_IMAGE,
     container_mounts: str | None = slurmopts.CONTAINER_MOUNTS,
+    no_default_mounts: bool = slurmopts.NO_DEFAULT_MOUNTS,
     cpus_per_rank: int | None = slurmopts.CPUS_PER_RANK,
     slurm_render_only: bool = slurmopts.RENDER_ONLY,
 ) -> None:
@@ -113,7 +114,8 @@ def launch_command(
         run=RunSettings(run_id=new_run_id(), run_dir=run_dir, master_port=master_port, max_restarts=max_restarts,
                         grace_s=grace, heartbeat_timeout_s=heartbeat_timeout, stall_timeout_s=stall_s,
                         finish_timeout_s=finish_s, detach=detach),
-        container_image=container_image, container_mounts=container_mounts)
+        container_image=container_image, container_mounts=container_mounts,
+        container_default_mounts=not no_default_mounts)
     if slurm or slurm_render_only:
         from fstrain.api.requests import SlurmRequest
 

@@ -38,7 +38,10 @@ EXCLUSIVE = typer.Option(False, "--exclusive", help="With --slurm: no other job 
 SBATCH_ARG = typer.Option([], "--sbatch-arg", help="With --slurm: one more sbatch option, verbatim (repeatable).")
 CONTAINER_IMAGE = typer.Option(None, "--container-image", help="Slurm with Pyxis: run every node's part in this "
                                "enroot image (srun --container-image).")
-CONTAINER_MOUNTS = typer.Option(None, "--container-mounts", help="Slurm with Pyxis: SRC:DST[,...] mounted into it.")
+CONTAINER_MOUNTS = typer.Option(None, "--container-mounts", help="Slurm with Pyxis: SRC:DST[,...] mounted into it "
+                                "(the working and run directories are mounted too).")
+NO_DEFAULT_MOUNTS = typer.Option(False, "--no-default-mounts", help="Slurm with Pyxis: mount only --container-mounts, "
+                                 "not the working and run directories.")
 CPUS_PER_RANK = typer.Option(None, "--cpus-per-rank", min=1, help="With --slurm: CPUs for each rank (default 4); the "
                              "job asks for ranks per node x this as --cpus-per-task.")
 RENDER_ONLY = typer.Option(False, "--slurm-render-only", hidden=True)
@@ -146,7 +149,8 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
                   json_output: bool) -> int:
     """Render the batch script into the run directory; unless only rendering, submit it and
     follow the job (or print its id at once with --detach). Returns the exit code."""
-    from fstrain.core.slurm.job import SbatchOptions, pyxis_args, render_sbatch, srun_step_argv
+    from fstrain.api.launch import container_step_args
+    from fstrain.core.slurm.job import SbatchOptions, render_sbatch, srun_step_argv
 
     run_id, program, user_env = str(request.run.run_id), list(request.job.program), dict(request.job.env)
     detach = request.run.detach
@@ -157,7 +161,8 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
         time=slurm.time_limit, account=slurm.account, qos=slurm.qos, constraint=slurm.constraint,
         exclusive=slurm.exclusive, extra=slurm.sbatch_args,
     )
-    step = srun_step_argv("NODE", extra=pyxis_args(request.container_image, request.container_mounts),
+    workdir = os.getcwd()
+    step = srun_step_argv("NODE", extra=container_step_args(request, "RUN_ID", workdir, str(folder)),
                           cpus_per_task=options.cpus_per_task)
     inner = [sys.executable, "-m", "fstrain", "launch", "--launcher", "srun", "--run-dir", str(folder)]
     if user_env:
@@ -165,7 +170,7 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
     inner += inner_launch_args(ctx)
     if program:
         inner += ["--", *program]
-    script = render_sbatch(options, launch_argv=inner, workdir=os.getcwd(), run_id=run_id, step_prefix=step)
+    script = render_sbatch(options, launch_argv=inner, workdir=workdir, run_id=run_id, step_prefix=step)
     made = _made_paths(folder, ["launch.env", "sbatch.sh"] if user_env else ["sbatch.sh"])
     folder.mkdir(parents=True, exist_ok=True)
     if user_env:  # values stay off the script and the command lines: a file only the user reads

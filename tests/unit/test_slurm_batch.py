@@ -1,5 +1,6 @@
 """`launch --slurm` batch jobs as a Slurm admin expects them, as values: the CPUs a job asks for,
-nothing left by a refused sbatch, a job cancelled while pending, and no `pending (None)`."""
+one named Pyxis container with the working and run directories mounted, nothing left by a
+refused sbatch, a job cancelled while pending, and no `pending (None)`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fstrain.core.slurm.job import (
     SbatchOptions,
     cpus_per_task_from_env,
     parse_scontrol_job,
+    pyxis_args,
     render_sbatch,
     srun_step_argv,
 )
@@ -76,6 +78,43 @@ def test_steps_take_the_cpus_the_job_holds_per_task() -> None:
     assert cpus_per_task_from_env({"SLURM_CPUS_PER_TASK": "16"}) == 16
     assert cpus_per_task_from_env({"SLURM_CPUS_PER_TASK": ""}) is None
     assert cpus_per_task_from_env({}) is None
+
+
+# -- Pyxis --------------------------------------------------------------------------------------
+
+
+def test_pyxis_steps_share_one_named_container_with_the_directories_mounted() -> None:
+    args = pyxis_args("img.sqsh", "/data:/data", name="fstrain-r1", default_mounts=("/home/me/proj", "/scratch/r1"))
+    assert args == ["--container-image=img.sqsh", "--container-name=fstrain-r1",
+                    "--container-mounts=/data:/data,/home/me/proj:/home/me/proj,/scratch/r1:/scratch/r1"]
+    # Mounted already (the same path, or a folder above it): not twice.
+    assert pyxis_args("img", "/home/me:/home/me", name="n", default_mounts=("/home/me", "/home/me/proj/runs/r1")) == [
+        "--container-image=img", "--container-name=n", "--container-mounts=/home/me:/home/me"]
+    assert pyxis_args("img", None, name="n") == ["--container-image=img", "--container-name=n"]
+    assert pyxis_args(None, None, name="n", default_mounts=("/a",)) == []
+
+
+def test_the_batch_script_shows_the_named_container_and_its_mounts(tmp_path: Path) -> None:
+    step = next(line for line in rendered(tmp_path, "--container-image", "nvcr.io#nvidia/pytorch:24.05",
+                                          "--container-mounts", "/data:/data").splitlines()
+                if line.startswith("#   srun"))
+    run_dir = tmp_path / "job"
+    assert "--container-name=fstrain-RUN_ID" in step
+    assert f"--container-mounts=/data:/data,{REPO}:{REPO},{run_dir}:{run_dir}" in step
+    plain = next(line for line in rendered(tmp_path, "--container-image", "img", "--no-default-mounts").splitlines()
+                 if line.startswith("#   srun"))
+    assert "--container-mounts" not in plain and "--container-name=fstrain-RUN_ID" in plain
+
+
+def test_the_launch_inside_the_job_names_its_container_and_mounts() -> None:
+    from fstrain.api.launch import container_step_args
+    from fstrain.api.requests import LaunchRequest
+
+    request = LaunchRequest(container_image="img", container_mounts="/d:/d")
+    assert container_step_args(request, "20261201-1", "/w", "/w2/r") == [
+        "--container-image=img", "--container-name=fstrain-20261201-1", "--container-mounts=/d:/d,/w:/w,/w2/r:/w2/r"]
+    off = LaunchRequest(container_image="img", container_default_mounts=False)
+    assert container_step_args(off, "x", "/w", "/r") == ["--container-image=img", "--container-name=fstrain-x"]
 
 
 # -- a refused sbatch, a job cancelled while pending, the first state ----------------------------

@@ -122,16 +122,29 @@ def cpus_per_task_from_env(environ: Mapping[str, str]) -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-def pyxis_args(container_image: str | None, container_mounts: str | None) -> list[str]:
-    """srun options of the Pyxis plugin (enroot containers): every node's step runs in them."""
-    args = []
-    if container_image:
-        args.append(f"--container-image={container_image}")
-    if container_mounts:
-        args.append(f"--container-mounts={container_mounts}")
+def pyxis_args(container_image: str | None, container_mounts: str | None, *, name: str | None = None,
+               default_mounts: Sequence[str] = ()) -> list[str]:
+    """srun options of the Pyxis plugin (enroot containers): every node's step runs in them.
+    ``name``: the container every step of the run shares (``--container-name``: Pyxis imports
+    the image once per node and job, not once per step); ``default_mounts``: directories
+    mounted at the same path after the user's own mounts (the working and run directories),
+    unless the user mounts them already."""
     if container_mounts and not container_image:
         raise InputError("--container-mounts needs --container-image", "give the image to run in",
                          "--container-mounts")
+    if not container_image:
+        return []
+    args = [f"--container-image={container_image}"]
+    if name:
+        args.append(f"--container-name={name}")
+    mounts = [m for m in (container_mounts or "").split(",") if m]
+    targets = {m.split(":")[1] if ":" in m else m for m in mounts}
+    for path in default_mounts:
+        if path not in targets and not any(path.startswith(t.rstrip("/") + "/") for t in targets):
+            mounts.append(f"{path}:{path}")
+            targets.add(path)
+    if mounts:
+        args.append(f"--container-mounts={','.join(mounts)}")
     return args
 
 
