@@ -162,15 +162,14 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
         exclusive=slurm.exclusive, extra=slurm.sbatch_args,
     )
     workdir = os.getcwd()
-    step = srun_step_argv("NODE", extra=container_step_args(request, "RUN_ID", workdir, str(folder)),
+    step = srun_step_argv("NODE", extra=container_step_args(request, "RUN_ID", workdir, f"{folder}/job-JOB_ID"),
                           cpus_per_task=options.cpus_per_task)
-    inner = [sys.executable, "-m", "fstrain", "launch", "--launcher", "srun", "--run-dir", str(folder)]
+    inner = [sys.executable, "-m", "fstrain", "launch", "--launcher", "srun"]
     if user_env:
         inner += ["--env-file", str(folder / "launch.env")]
     inner += inner_launch_args(ctx)
-    if program:
-        inner += ["--", *program]
-    script = render_sbatch(options, launch_argv=inner, workdir=workdir, run_id=run_id, step_prefix=step)
+    script = render_sbatch(options, launch_argv=inner, workdir=workdir, run_id=run_id, step_prefix=step,
+                           run_dir=str(folder), program=program)
     made = _made_paths(folder, ["launch.env", "sbatch.sh"] if user_env else ["sbatch.sh"])
     folder.mkdir(parents=True, exist_ok=True)
     if user_env:  # values stay off the script and the command lines: a file only the user reads
@@ -305,10 +304,12 @@ def _ask_cancel(job_id: str) -> bool:
 def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output: bool) -> int:
     """The job's end on stderr (`--json`: one document on stdout) and fstrain's exit code: the
     job's; 143 for a job cancelled before it started (it has none)."""
+    from fstrain.core.slurm.job import job_dir_name
     from fstrain.core.slurm.state import slurm_run_state
     from fstrain.io.runs import read_document
 
-    manifest = read_document(folder / "manifest.json", "manifest")
+    job_dir = folder / job_dir_name(job_id)
+    manifest = read_document(job_dir / "manifest.json", "manifest")
     reason = ""
     if status is None:
         code = int(manifest["exit_code"]) if manifest and manifest.get("exit_code") is not None else 1
@@ -324,8 +325,8 @@ def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output:
         console().print(f"Slurm job {job_id}: {words}{why}", style=colour, markup=False)
     if json_output:
         document: dict[str, Any] = {"job_id": job_id, "state": state, "exit_code": code, "reason": reason,
-                                    "run_dir": str(folder), "manifest": manifest}
-        summary = folder / "summary.json"
+                                    "run_dir": str(folder), "job_dir": str(job_dir), "manifest": manifest}
+        summary = job_dir / "summary.json"
         if summary.is_file():
             document["training_summary"] = json.loads(summary.read_text())
         print_json(document)

@@ -1,10 +1,11 @@
 """`launch --slurm` batch jobs on the real test Slurm, as a Slurm admin expects them: the CPUs of
-every rank, a refused sbatch leaving nothing, and a job cancelled while pending reported as
-such."""
+every rank, the script submitted twice keeping both jobs, a refused sbatch leaving nothing, and
+a job cancelled while pending reported as such."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -62,6 +63,37 @@ def test_a_2x2_job_holds_cpus_for_every_rank_on_each_node(slurm: SlurmCluster, t
         assert "cpu=8," in show(slurm, tmp_path, "step", step)["TRES"], step
     assert (wait_for_job(slurm, tmp_path, job_id).state, scontrol_job(slurm, tmp_path, job_id).exit_code) == (
         "COMPLETED", 0)
+
+
+def test_the_script_submitted_twice_keeps_both_jobs(slurm: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = fstrain(slurm, tmp_path, "launch", "--slurm", "--detach", "--nodes", "1", "--nproc-per-node", "1",
+                     "--grace", "5", "--run-dir", str(run_dir), "--", "python3", "-c", JOB_PROGRAM, timeout=60)
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.strip()
+    run_id = re.search(r"as run (\S+):", result.stderr).group(1)  # type: ignore[union-attr]
+    again = subprocess.run(["sbatch", "--parsable", str(run_dir / "sbatch.sh")], capture_output=True, text=True,
+                           env=slurm.env(tmp_path), cwd=tmp_path, timeout=60, check=False)
+    assert again.returncode == 0, again.stderr
+    second = again.stdout.strip()
+    for job_id in (first, second):
+        assert wait_for_job(slurm, tmp_path, job_id).state == "COMPLETED"
+    for job_id in (first, second):
+        job_dir = run_dir / f"job-{job_id}"
+        for _ in range(40):  # the job's fstrain writes its manifest as it ends
+            if (job_dir / "manifest.json").is_file():
+                break
+            time.sleep(0.25)
+        assert json.loads((job_dir / "manifest.json").read_text())["exit_code"] == 0
+        assert {p.read_text().count(f"job {job_id} rank 0") for p in (job_dir / "logs").glob("*.r0.log")} == {1}
+        status = json.loads(fstrain(slurm, tmp_path, "status", job_id, "--json").stdout)
+        assert (status["run_id"], status["job"]["job_id"], status["state"]) == (run_id, job_id, "succeeded")
+        assert [r["last_line"] for n in status["nodes"] for r in n["ranks"]] == [f"job {job_id} rank 0"]
+        logs = fstrain(slurm, tmp_path, "logs", job_id, "--rank", "0")
+        assert logs.returncode == 0 and f"run {run_id}: Slurm job {job_id}" in logs.stderr
+        assert f"job {job_id} rank 0" in logs.stdout and logs.stdout.count(" rank 0") == 1
+    # The run is the job `launch --slurm` submitted.
+    assert json.loads(fstrain(slurm, tmp_path, "status", run_id, "--json").stdout)["job"]["job_id"] == first
 
 
 def test_a_refused_sbatch_leaves_nothing_behind(slurm: SlurmCluster, tmp_path: Path) -> None:

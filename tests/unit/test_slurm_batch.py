@@ -1,10 +1,13 @@
 """`launch --slurm` batch jobs as a Slurm admin expects them, as values: the CPUs a job asks for,
-one named Pyxis container with the working and run directories mounted, nothing left by a
-refused sbatch, a job cancelled while pending, and no `pending (None)`."""
+one folder per job of a script, one named Pyxis container with the working and run directories
+mounted, nothing left by a refused sbatch, a job cancelled while pending, and no `pending
+(None)`."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,8 +36,8 @@ def options(**changes: object) -> SbatchOptions:
     return SbatchOptions(**base)  # type: ignore[arg-type]
 
 
-def render(opts: SbatchOptions, launch: tuple[str, ...] = ("fstrain", "launch")) -> str:
-    return render_sbatch(opts, launch_argv=list(launch), workdir="/home/me", run_id="r1",
+def render(opts: SbatchOptions, run_dir: str = "/runs/r1", launch: tuple[str, ...] = ("fstrain", "launch")) -> str:
+    return render_sbatch(opts, launch_argv=list(launch), workdir="/home/me", run_id="r1", run_dir=run_dir,
                          step_prefix=srun_step_argv("NODE", cpus_per_task=opts.cpus_per_task))
 
 
@@ -80,6 +83,47 @@ def test_steps_take_the_cpus_the_job_holds_per_task() -> None:
     assert cpus_per_task_from_env({}) is None
 
 
+# -- one folder per job -------------------------------------------------------------------------
+
+
+def test_each_job_of_the_script_keeps_its_own_folder(tmp_path: Path) -> None:
+    """The script submitted twice: each job's fstrain writes under RUN_DIR/job-<job id>."""
+    program = "import sys; from pathlib import Path; d = Path(sys.argv[-1]); (d / 'manifest.json').write_text(d.name)"
+    script = render_sbatch(options(), launch_argv=["python3", "-c", program], workdir=str(tmp_path), run_id="r1",
+                           run_dir=str(tmp_path / "run dir"), step_prefix=["srun"])
+    (tmp_path / "sbatch.sh").write_text(script)
+    for job_id in ("12", "35"):
+        done = subprocess.run(["bash", str(tmp_path / "sbatch.sh")], env={**os.environ, "SLURM_JOB_ID": job_id},
+                              check=False, timeout=30)
+        assert done.returncode == 0
+    assert (tmp_path / "run dir" / "job-12" / "manifest.json").read_text() == "job-12"
+    assert (tmp_path / "run dir" / "job-35" / "manifest.json").read_text() == "job-35"
+    unset = subprocess.run(["bash", str(tmp_path / "sbatch.sh")], env={k: v for k, v in os.environ.items()
+                                                                      if not k.startswith("SLURM_")},
+                           capture_output=True, text=True, check=False, timeout=30)
+    assert unset.returncode != 0 and "run this script with sbatch" in unset.stderr
+
+
+def test_a_job_id_of_a_second_submission_finds_that_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fstrain.io.runs import find_run, record_slurm
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    run_dir = tmp_path / "run"
+    for job_id, code in (("12", 0), ("35", 7)):
+        (run_dir / f"job-{job_id}").mkdir(parents=True)
+        (run_dir / f"job-{job_id}" / "manifest.json").write_text(json.dumps({"exit_code": code}))
+    record_slurm(run_dir, run_id="r1", job_id="12", script=run_dir / "sbatch.sh", output=run_dir / "slurm-12.out",
+                 grace_s=5.0)
+    first, second = find_run("12"), find_run("35")
+    assert (first.run_id, first.job_dir, first.manifest) == ("r1", run_dir / "job-12", {"exit_code": 0})
+    assert (second.run_id, second.job_dir, second.manifest) == ("r1", run_dir / "job-35", {"exit_code": 7})
+    assert second.slurm is not None and second.slurm["output"] == str(run_dir / "slurm-35.out")
+    assert second.slurm_path == run_dir / "job-35" / "slurm.json"  # a stop of job 35 is recorded there
+    assert find_run("r1").job_dir == run_dir / "job-12"
+    with pytest.raises(InputError, match="no run '36'"):
+        find_run("36")
+
+
 # -- Pyxis --------------------------------------------------------------------------------------
 
 
@@ -98,9 +142,9 @@ def test_the_batch_script_shows_the_named_container_and_its_mounts(tmp_path: Pat
     step = next(line for line in rendered(tmp_path, "--container-image", "nvcr.io#nvidia/pytorch:24.05",
                                           "--container-mounts", "/data:/data").splitlines()
                 if line.startswith("#   srun"))
-    run_dir = tmp_path / "job"
+    job_dir = f"{tmp_path / 'job'}/job-JOB_ID"
     assert "--container-name=fstrain-RUN_ID" in step
-    assert f"--container-mounts=/data:/data,{REPO}:{REPO},{run_dir}:{run_dir}" in step
+    assert f"--container-mounts=/data:/data,{REPO}:{REPO},{job_dir}:{job_dir}" in step
     plain = next(line for line in rendered(tmp_path, "--container-image", "img", "--no-default-mounts").splitlines()
                  if line.startswith("#   srun"))
     assert "--container-mounts" not in plain and "--container-name=fstrain-RUN_ID" in plain

@@ -23,6 +23,13 @@ FINAL_STATES = frozenset({
 })
 DEFAULT_SIGNAL = "B:USR1@90"  # 90 s before the time limit, USR1 to the batch script only
 CPUS_PER_RANK = 4  # a rank process and its data-loading workers; --cpus-per-rank changes it
+# Each job of a batch script keeps its manifest, logs and summary in RUN_DIR/job-<job id>, so the
+# script submitted again (sbatch FILE) never overwrites an earlier job's.
+JOB_DIR_PREFIX = "job-"
+
+
+def job_dir_name(job_id: str) -> str:
+    return f"{JOB_DIR_PREFIX}{job_id}"
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(\d+-\d+)$|^(UNLIMITED|INFINITE|infinite|unlimited)$")
 _GPU_COUNT_RE = re.compile(r"(?:^|[:/])(\d+)$")
 
@@ -273,11 +280,14 @@ def check_sbatch_options(options: SbatchOptions) -> None:
 
 
 def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir: str, run_id: str,
-                  step_prefix: Sequence[str]) -> str:
-    """The batch script: resources, then one `fstrain launch --launcher srun` that starts a
+                  step_prefix: Sequence[str], run_dir: str, program: Sequence[str] = ()) -> str:
+    """The batch script: resources, then one `fstrain launch --launcher srun` (``launch_argv``,
+    then ``--run-dir`` the job's own folder under ``run_dir``, then ``-- program``) that starts a
     step per node, with the time-limit and cancel signals passed to it. Readable and reusable
-    by hand (``sbatch FILE``)."""
+    by hand (``sbatch FILE``: each job keeps its own records)."""
     check_sbatch_options(options)
+    job_dir = shlex.quote(f"{run_dir}/{JOB_DIR_PREFIX}") + '"${SLURM_JOB_ID:?run this script with sbatch}"'
+    launch_line = f'{shlex.join(launch_argv)} --run-dir "$job_dir"' + (f" -- {shlex.join(program)}" if program else "")
 
     def directive(flag: str, why: str) -> str:
         return f"#SBATCH {flag:<40} # {why}" if why else f"#SBATCH {flag}"
@@ -311,6 +321,9 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
         "",
         "set -u",
         f"cd {shlex.quote(workdir)}",
+        "# This job's manifest, logs and summary: each submission of this file keeps its own.",
+        f"job_dir={job_dir}",
+        'mkdir -p "$job_dir"',
         "",
         "# fstrain starts one step per node, each running fstrain's watchdog and the per-node",
         "# launcher (torchrun or DeepSpeed's), no SSH:",
@@ -322,7 +335,7 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
         "pid=",
         "trap '[ -n \"$pid\" ] && kill -TERM \"$pid\" 2>/dev/null' USR1",
         "trap ':' TERM  # fstrain has its own SIGTERM: keep waiting for its exit code",
-        f"{shlex.join(launch_argv)} &",
+        f"{launch_line} &",
         "pid=$!",
         "# `wait` returns early when a trapped signal arrives: wait until fstrain has exited.",
         "while :; do",
