@@ -304,7 +304,7 @@ def _ask_cancel(job_id: str) -> bool:
 def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output: bool) -> int:
     """The job's end on stderr (`--json`: one document on stdout) and fstrain's exit code: the
     job's; 143 for a job cancelled before it started (it has none)."""
-    from fstrain.core.slurm.job import job_dir_name
+    from fstrain.core.slurm.job import TIME_LIMIT_MARKER, job_dir_name
     from fstrain.core.slurm.state import slurm_run_state
     from fstrain.io.runs import read_document
 
@@ -316,7 +316,7 @@ def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output:
         state = "UNKNOWN"
         console().print(f"[yellow]Slurm no longer knows job {job_id}[/yellow]; exit code from its manifest: {code}")
     else:
-        run = slurm_run_state(status, manifest)
+        run = slurm_run_state(status, manifest, time_limit_reached=(job_dir / TIME_LIMIT_MARKER).is_file())
         state, reason = status.state, run.reason
         code = status.shell_exit_code if run.exit_code is not None else CANCELLED_EXIT_CODE
         colour = "green" if state == "COMPLETED" and code == 0 else "red"

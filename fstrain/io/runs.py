@@ -40,7 +40,7 @@ from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.core.launch.runstate import FINAL, RunState, from_manifest, from_nodes
-from fstrain.core.slurm.job import JOB_DIR_PREFIX, job_dir_name
+from fstrain.core.slurm.job import JOB_DIR_PREFIX, TIME_LIMIT_MARKER, job_dir_name
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 
@@ -473,11 +473,14 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
         except InputError:
             hosts = [job.nodes]
         job_seen = {"job_id": job.job_id, "state": job.state, "reason": job.reason, "nodes": job.nodes,
-                    "hosts": hosts, "exit_code": job.exit_code, "signal": job.signal, "run_time_s": job.run_time_s}
+                    "hosts": hosts, "exit_code": job.exit_code, "signal": job.signal, "run_time_s": job.run_time_s,
+                    "time_limit": job.time_limit}
     else:
         last = job_seen.get("last_state") if job_seen.get("forgotten") else job_seen.get("state")
         job_seen = {**job_seen, "state": "UNKNOWN", "last_state": last, "forgotten": True}
-    state = slurm_run_state(job, record.manifest, stop_requested=stop_requested)
+    state = slurm_run_state(job, record.manifest, stop_requested=stop_requested,
+                            time_limit_reached=(job_dir / TIME_LIMIT_MARKER).is_file(),
+                            time_limit=str(job_seen.get("time_limit") or ""))
     # Settled: ended, and the manifest read (or never coming: Slurm forgot the job, or it never
     # started: cancelled while pending).
     settled = state.state in FINAL and (record.manifest is not None or job is None or not job_seen.get("nodes"))

@@ -1,6 +1,7 @@
 """`launch --slurm` batch jobs on the real test Slurm, as a Slurm admin expects them: the CPUs of
-every rank, the script submitted twice keeping both jobs, a refused sbatch leaving nothing, and
-a job cancelled while pending reported as such."""
+every rank, a time-limit warning that fits a short --time and is named as the end, the script
+submitted twice keeping both jobs, a refused sbatch leaving nothing, and a job cancelled while
+pending reported as such."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.conftest import SlurmCluster
-from tests.slurm.test_slurm_launch import fstrain, scontrol_job, wait_for_job
+from tests.slurm.test_slurm_launch import RANK_PROGRAM, assert_nodes_idle, fstrain, scontrol_job, wait_for_job
 
 pytestmark = pytest.mark.slurm
 
@@ -63,6 +64,33 @@ def test_a_2x2_job_holds_cpus_for_every_rank_on_each_node(slurm: SlurmCluster, t
         assert "cpu=8," in show(slurm, tmp_path, "step", step)["TRES"], step
     assert (wait_for_job(slurm, tmp_path, job_id).state, scontrol_job(slurm, tmp_path, job_id).exit_code) == (
         "COMPLETED", 0)
+
+
+def test_a_short_time_limit_runs_the_job_and_names_the_limit_as_its_end(slurm: SlurmCluster,
+                                                                       tmp_path: Path) -> None:
+    """--time 2: the warning comes 30 s before the limit (not 90 s: at once, as Slurm may send it
+    up to a minute early), fstrain stops every node, and the end is the time limit."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = fstrain(slurm, tmp_path, "launch", "--slurm", "--nodes", "2", "--time", "2", "--nproc-per-node", "2",
+                     "--grace", "5", "--run-dir", str(run_dir), "--", "python3", "-c", RANK_PROGRAM, timeout=300)
+    took = time.monotonic() - started
+    assert result.returncode == 143, result.stderr[-3000:] + result.stdout[-3000:]
+    assert 25 < took < 120, took  # the ranks ran; the 2-minute limit itself never came
+    job_id = (run_dir / "slurm_job_id").read_text().strip()
+    assert "#SBATCH --signal=B:USR1@30 " in (run_dir / "sbatch.sh").read_text()
+    assert f"fstrain: the time limit of Slurm job {job_id} is near: stopping the run" in result.stdout
+    assert f"Slurm job {job_id}: FAILED, exit code 143: time limit (--time 00:02:00) reached" in result.stderr
+    manifest = json.loads((run_dir / f"job-{job_id}" / "manifest.json").read_text())
+    assert manifest["exit_code"] == 143 and [n["host"] for n in manifest["nodes"]] == ["node1", "node2"]
+    status = json.loads(fstrain(slurm, tmp_path, "status", job_id, "--json").stdout)
+    assert (status["state"], status["exit_code"], status["reason"]) == (
+        "failed", 143, "time limit (--time 00:02:00) reached")
+    assert_nodes_idle(slurm, 10)
+    too_short = fstrain(slurm, tmp_path, "launch", "--slurm", "--time", "1", "--run-dir", str(tmp_path / "short"),
+                        "--", "true")
+    assert too_short.returncode == 2 and too_short.stderr.startswith("error: --time: --time 1 is shorter than")
+    assert not (tmp_path / "short").exists()
 
 
 def test_the_script_submitted_twice_keeps_both_jobs(slurm: SlurmCluster, tmp_path: Path) -> None:

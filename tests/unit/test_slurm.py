@@ -134,7 +134,7 @@ def test_sbatch_script_body_quotes_and_shows_the_container_step() -> None:
     assert "job_dir='/runs/r 1/job-'\"${SLURM_JOB_ID:?run this script with sbatch}\"\n" in script
     assert 'python3 -m fstrain launch --run-dir "$job_dir" -- python3 train.py --name \'a b\' &\n' in script
     assert "--container-image=img.sqsh --container-mounts=/d:/d" in script
-    assert "trap '[ -n \"$pid\" ] && kill -TERM \"$pid\" 2>/dev/null' USR1" in script
+    assert "trap on_time_limit USR1" in script
     assert script.rstrip().endswith('exit "$code"')
 
 

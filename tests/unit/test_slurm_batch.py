@@ -1,7 +1,7 @@
 """`launch --slurm` batch jobs as a Slurm admin expects them, as values: the CPUs a job asks for,
-one folder per job of a script, one named Pyxis container with the working and run directories
-mounted, nothing left by a refused sbatch, a job cancelled while pending, and no `pending
-(None)`."""
+a time-limit warning that fits --time and is named as the end, one folder per job of a script,
+one named Pyxis container with the working and run directories mounted, nothing left by a
+refused sbatch, and no `pending (None)`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from fstrain.core.slurm.job import (
     pyxis_args,
     render_sbatch,
     srun_step_argv,
+    time_limit_s,
 )
 from fstrain.core.slurm.state import slurm_run_state
 from fstrain.errors import InputError
@@ -81,6 +82,67 @@ def test_steps_take_the_cpus_the_job_holds_per_task() -> None:
     assert cpus_per_task_from_env({"SLURM_CPUS_PER_TASK": "16"}) == 16
     assert cpus_per_task_from_env({"SLURM_CPUS_PER_TASK": ""}) is None
     assert cpus_per_task_from_env({}) is None
+
+
+# -- the time limit -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("time", "seconds"), [
+    ("30", 1800), ("2", 120), ("1:30", 90), ("2:00:00", 7200), ("1-12", 129600), ("1-12:30", 131400),
+    ("1-0:0:5", 86405), ("UNLIMITED", None),
+])
+def test_time_limit_in_seconds(time: str, seconds: int | None) -> None:
+    assert time_limit_s(time) == seconds
+
+
+@pytest.mark.parametrize(("time", "signal"), [
+    (None, "B:USR1@90"), ("2", "B:USR1@30"), ("4", "B:USR1@60"), ("10:00", "B:USR1@90"), ("UNLIMITED", "B:USR1@90"),
+])
+def test_the_warning_fits_the_time_limit(time: str | None, signal: str) -> None:
+    assert f"#SBATCH --signal={signal} " in render(options(time=time))
+
+
+@pytest.mark.parametrize("time", ["1", "1:59", "0"])
+def test_a_time_limit_too_short_for_a_job_is_one_line(time: str) -> None:
+    with pytest.raises(InputError, match=f"--time {time} is shorter than the 2 minutes"):
+        render(options(time=time))
+
+
+def test_the_end_by_the_time_limit_is_named() -> None:
+    # The warning's SIGTERM made the script exit 143 (Slurm: FAILED); the script marked why.
+    ended = {"started": 1.0, "ended": 2.0, "reason": "terminated", "exit_code": 143}
+    failed = JobStatus("42", "FAILED", 143, 0, nodes="node[1-2]", run_time_s=95, time_limit="00:02:00")
+    state = slurm_run_state(failed, ended, time_limit_reached=True)
+    assert (state.state, state.exit_code, state.reason) == ("failed", 143, "time limit (--time 00:02:00) reached")
+    assert slurm_run_state(failed, ended).reason != state.reason  # without the mark: not the time limit
+    # Slurm's own TIMEOUT (captured), named the same way.
+    timeout = parse_scontrol_job(json.loads((FIXTURES / "timeout.json").read_text())["output"])
+    assert slurm_run_state(timeout, None).reason == "time limit (--time 00:01:00) reached"
+    # `fstrain stop` came first: that is the end.
+    assert slurm_run_state(failed, ended, stop_requested=True, time_limit_reached=True).reason == "fstrain stop"
+
+
+def test_the_script_marks_the_time_limit_in_the_jobs_folder(tmp_path: Path) -> None:
+    program = ("import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+               "open(sys.argv[1], 'w').close()\ntime.sleep(60)\n")
+    ready = tmp_path / "ready"
+    script = render_sbatch(options(time="10"), launch_argv=["python3", "-c", program, str(ready)],
+                           workdir=str(tmp_path), run_id="r1", run_dir=str(tmp_path), step_prefix=["srun"])
+    (tmp_path / "sbatch.sh").write_text(script)
+    proc = subprocess.Popen(["bash", str(tmp_path / "sbatch.sh")], env={**os.environ, "SLURM_JOB_ID": "12"},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(200):
+            if ready.exists():
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        proc.send_signal(10)  # SIGUSR1, Slurm's warning
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    assert "the time limit of Slurm job 12 is near: stopping the run" in out
+    assert (tmp_path / "job-12" / "time-limit").is_file()
 
 
 # -- one folder per job -------------------------------------------------------------------------

@@ -21,11 +21,16 @@ FINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED",
 })
-DEFAULT_SIGNAL = "B:USR1@90"  # 90 s before the time limit, USR1 to the batch script only
+SIGNAL_LEAD_S = 90  # the time-limit warning's lead, at most; a quarter of a shorter limit
+# Slurm sends the warning up to a minute early (its timer's resolution): below 2 minutes a lead
+# that leaves the job any time to run does not exist.
+MIN_TIME_LIMIT_S = 120
 CPUS_PER_RANK = 4  # a rank process and its data-loading workers; --cpus-per-rank changes it
 # Each job of a batch script keeps its manifest, logs and summary in RUN_DIR/job-<job id>, so the
-# script submitted again (sbatch FILE) never overwrites an earlier job's.
+# script submitted again (sbatch FILE) never overwrites an earlier job's; the batch script marks
+# the folder with TIME_LIMIT_MARKER when the time-limit warning (USR1) stops the run.
 JOB_DIR_PREFIX = "job-"
+TIME_LIMIT_MARKER = "time-limit"
 
 
 def job_dir_name(job_id: str) -> str:
@@ -182,6 +187,7 @@ class JobStatus:
     nodes: str = ""  # Slurm's node list expression, e.g. node[1-2]; empty while pending
     run_time_s: int | None = None  # RunTime: how long it has run (or ran)
     num_nodes: int | None = None
+    time_limit: str = ""  # TimeLimit, as Slurm writes it (00:02:00, UNLIMITED)
 
     @property
     def final(self) -> bool:
@@ -211,7 +217,8 @@ def parse_scontrol_job(text: str) -> JobStatus:
     reason, nodes = fields.get("Reason", ""), fields.get("NodeList", "")
     return JobStatus(fields["JobId"], fields["JobState"], exit_code, signal, "" if reason == "None" else reason,
                      "" if nodes == "(null)" else nodes, parse_run_time_s(fields.get("RunTime", "")),
-                     int(fields["NumNodes"]) if fields.get("NumNodes", "").isdigit() else None)
+                     int(fields["NumNodes"]) if fields.get("NumNodes", "").isdigit() else None,
+                     fields.get("TimeLimit", ""))
 
 
 def parse_step_ids(text: str, job_id: str) -> list[str]:
@@ -252,8 +259,36 @@ class SbatchOptions:
     qos: str | None = None
     constraint: str | None = None
     exclusive: bool = False
-    signal: str = DEFAULT_SIGNAL
+    signal: str | None = None  # default: USR1 to the script, a lead that fits the time limit
     extra: tuple[str, ...] = field(default_factory=tuple)  # --sbatch-arg, verbatim
+
+    @property
+    def time_limit_s(self) -> int | None:
+        return time_limit_s(self.time) if self.time is not None else None
+
+    @property
+    def batch_signal(self) -> str:
+        """``--signal``: as given, else USR1 to the batch script SIGNAL_LEAD_S before the time
+        limit, or a quarter of the limit where that is shorter (never the whole limit)."""
+        if self.signal is not None:
+            return self.signal
+        limit = self.time_limit_s
+        return f"B:USR1@{SIGNAL_LEAD_S if limit is None else min(SIGNAL_LEAD_S, limit // 4)}"
+
+
+def time_limit_s(text: str) -> int | None:
+    """A Slurm ``--time`` in seconds (MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS,
+    DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS); None for UNLIMITED or what is no time."""
+    if not _TIME_RE.match(text) or text.lower() in ("unlimited", "infinite"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # DAYS-HOURS[:MINUTES[:SECONDS]]
+        parts += [0] * (3 - len(parts))
+        return int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+    if len(parts) == 3:
+        return parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return parts[0] * 60 + (parts[1] if len(parts) == 2 else 0)
 
 
 def check_sbatch_options(options: SbatchOptions) -> None:
@@ -268,6 +303,11 @@ def check_sbatch_options(options: SbatchOptions) -> None:
     if options.time is not None and not _TIME_RE.match(options.time):
         raise InputError(f"--time {options.time!r} is not a Slurm time",
                          "write MINUTES, HH:MM:SS or DAYS-HH[:MM[:SS]], e.g. 2:00:00", "--time")
+    limit = options.time_limit_s
+    if options.signal is None and limit is not None and limit < MIN_TIME_LIMIT_S:
+        raise InputError(f"--time {options.time} is shorter than the {MIN_TIME_LIMIT_S // 60} minutes a batch "
+                         "job of fstrain needs", "give --time 2 or more (Slurm may send the time-limit "
+                         "warning up to a minute early, and the nodes need time to start)", "--time")
     for value in options.extra:
         if not value.startswith("-") or "\n" in value:
             raise InputError(f"--sbatch-arg {value!r} is not an sbatch option",
@@ -314,7 +354,7 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
         lines.append(directive("--exclusive", "no other job on these nodes"))
     lines += [
         directive(f"--output={options.output}", "every rank's tagged lines and the summary"),
-        directive(f"--signal={options.signal}", "time nearly up: USR1 to this script (B:)"),
+        directive(f"--signal={options.batch_signal}", "time nearly up: USR1 to this script (B:)"),
     ]
     lines += [directive(value, "") for value in options.extra]
     lines += [
@@ -331,9 +371,15 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
         "# On `scancel` or at the time limit Slurm sends SIGTERM to every process of the job:",
         "# fstrain's watchdogs then stop every rank within --grace seconds (keep it below the",
         "# site's KillWait, after which Slurm sends SIGKILL). USR1, sent to this script alone",
-        "# shortly before the time limit (--signal above), becomes that same SIGTERM, early.",
+        "# shortly before the time limit (--signal above), becomes that same SIGTERM, early, and",
+        f"# the mark $job_dir/{TIME_LIMIT_MARKER} that has `fstrain status` name the time limit.",
         "pid=",
-        "trap '[ -n \"$pid\" ] && kill -TERM \"$pid\" 2>/dev/null' USR1",
+        "on_time_limit() {",
+        '    echo "fstrain: the time limit of Slurm job $SLURM_JOB_ID is near: stopping the run"',
+        f'    : > "$job_dir/{TIME_LIMIT_MARKER}"',
+        '    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null',
+        "}",
+        "trap on_time_limit USR1",
         "trap ':' TERM  # fstrain has its own SIGTERM: keep waiting for its exit code",
         f"{launch_line} &",
         "pid=$!",
