@@ -8,7 +8,7 @@ said out loud. A hostfile that does not exist is an error, never a fallback to l
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +25,6 @@ from fstrain.errors import InventoryError
 
 if TYPE_CHECKING:
     from fstrain.core.slurm.job import Allocation
-    from fstrain.io.transport.base import Transport
 
 
 @dataclass(frozen=True)
@@ -103,10 +102,3 @@ def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | 
         return resolve_hosts(hostfile, hosts, include, exclude, slots).hosts
     nodes = allocation_nodes(allocation, warn)
     return resolve_hosts(None, ",".join(nodes), include, exclude, slots).hosts
-
-
-def srun_connect(container_image: str | None, container_mounts: str | None) -> Callable[[Host], Transport]:
-    from fstrain.core.slurm.job import pyxis_args
-    from fstrain.io.slurm import srun_connector
-
-    return srun_connector(pyxis_args(container_image, container_mounts))

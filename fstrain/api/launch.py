@@ -7,6 +7,7 @@ checks that need no host come first: a bad request is one error before anything 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,6 +104,17 @@ def check_container_options(request: LaunchRequest) -> None:
                          "run inside a Slurm allocation (--launcher srun) or submit with --slurm", flag)
 
 
+def container_step_args(request: LaunchRequest, run_id: str, workdir: str, run_dir: str) -> list[str]:
+    """The Pyxis options of every srun step of a run: its image and mounts, one container that
+    all its steps share (``--container-name=fstrain-<run id>``), and the working and run
+    directories mounted at their own paths unless ``container_default_mounts`` is off."""
+    from fstrain.core.slurm.job import pyxis_args
+
+    defaults = (workdir, run_dir) if request.container_default_mounts else ()
+    return pyxis_args(request.container_image, request.container_mounts, name=f"fstrain-{run_id}",
+                      default_mounts=defaults)
+
+
 @dataclass(frozen=True)
 class DryRun:
     """The exact per-node commands a launch would run; nothing was contacted."""
@@ -141,9 +153,10 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
 
     request = prepared.request
     if prepared.allocation is not None:
-        from fstrain.api.hosts import srun_connect
+        from fstrain.io.slurm import srun_connector
 
-        return srun_connect(request.container_image, request.container_mounts)
+        workdir = request.job.workdir or os.getcwd()
+        return srun_connector(container_step_args(request, prepared.run_id, workdir, str(prepared.run_dir.resolve())))
     check_distinct_endpoints(prepared.selection.hosts, request.hosts.ssh_config)
     return make_connector(request.hosts.ssh_config, accept_new_hosts=request.hosts.accept_new_hosts)
 

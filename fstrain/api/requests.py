@@ -65,6 +65,7 @@ class LaunchRequest:
     run: RunSettings = field(default_factory=RunSettings)
     container_image: str | None = None  # Slurm with Pyxis: every srun step in this image
     container_mounts: str | None = None
+    container_default_mounts: bool = True  # Pyxis: the working and run directories mounted too
 
 
 @dataclass(frozen=True)
@@ -79,4 +80,5 @@ class SlurmRequest:
     qos: str | None = None
     constraint: str | None = None
     exclusive: bool = False
+    cpus_per_rank: int | None = None  # --cpus-per-task = ranks per node x this (default 4)
     sbatch_args: tuple[str, ...] = ()  # more sbatch options, as given

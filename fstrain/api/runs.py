@@ -464,7 +464,7 @@ class SlurmRun:
         nodes = []
         for index, host in enumerate(hosts):
             node, view = ended.get(host, {}), views[index]
-            ranks = rank_files(record.run_dir / "logs", host)
+            ranks = rank_files(record.job_dir / "logs", host)
             alive = set((view or {}).get("ranks_alive") or [])
             for rank in ranks:
                 rank["alive"] = (rank["rank"] in alive) if view is not None else None
@@ -478,11 +478,11 @@ class SlurmRun:
 
     def log_files(self, hosts: Sequence[str], rank: int | None) -> list[Path]:
         """The job's output file (every tagged line and fstrain's summary) unless a host or rank
-        is asked for; then RUN_DIR/logs/<host>[.r<rank>].log."""
+        is asked for; then RUN_DIR/job-<job id>/logs/<host>[.r<rank>].log."""
         record = self.record
         if not hosts and rank is None:
             return [Path(self.slurm.get("output") or record.run_dir / f"slurm-{self.slurm['job_id']}.out")]
-        folder = record.run_dir / "logs"
+        folder = record.job_dir / "logs"
         known = sorted({m.group(1) for p in (folder.glob("*.log") if folder.is_dir() else [])
                         if (m := re.fullmatch(r"(.+?)(?:\.r\d+)?\.log", p.name))})
         for name in hosts:

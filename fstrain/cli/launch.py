@@ -87,6 +87,8 @@ def launch_command(
     sbatch_args: list[str] = slurmopts.SBATCH_ARG,
     container_image: str | None = slurmopts.CONTAINER_IMAGE,
     container_mounts: str | None = slurmopts.CONTAINER_MOUNTS,
+    no_default_mounts: bool = slurmopts.NO_DEFAULT_MOUNTS,
+    cpus_per_rank: int | None = slurmopts.CPUS_PER_RANK,
     slurm_render_only: bool = slurmopts.RENDER_ONLY,
 ) -> None:
     """Launch PROGRAM on every selected host (one torchrun or DeepSpeed launcher per node)."""
@@ -98,7 +100,8 @@ def launch_command(
     else:
         slurmopts.check_no_submit_flags({"--nodes": nodes, "--partition": partition, "--time": time_limit,
                                          "--account": account, "--qos": qos, "--constraint": constraint,
-                                         "--exclusive": exclusive, "--sbatch-arg": sbatch_args})
+                                         "--exclusive": exclusive, "--sbatch-arg": sbatch_args,
+                                         "--cpus-per-rank": cpus_per_rank})
     stall_s, finish_s = stall_timeouts(stall_timeout, finish_timeout)
     request = LaunchRequest(
         hosts=HostRequest(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude,
@@ -111,14 +114,15 @@ def launch_command(
         run=RunSettings(run_id=new_run_id(), run_dir=run_dir, master_port=master_port, max_restarts=max_restarts,
                         grace_s=grace, heartbeat_timeout_s=heartbeat_timeout, stall_timeout_s=stall_s,
                         finish_timeout_s=finish_s, detach=detach),
-        container_image=container_image, container_mounts=container_mounts)
+        container_image=container_image, container_mounts=container_mounts,
+        container_default_mounts=not no_default_mounts)
     if slurm or slurm_render_only:
         from fstrain.api.requests import SlurmRequest
 
         _check_backend(backend)
         batch = SlurmRequest(nodes=nodes, gpus_per_node=gpus_per_node, partition=partition, time_limit=time_limit,
                              account=account, qos=qos, constraint=constraint, exclusive=exclusive,
-                             sbatch_args=tuple(sbatch_args))
+                             cpus_per_rank=cpus_per_rank, sbatch_args=tuple(sbatch_args))
         raise typer.Exit(slurmopts.submit_launch(ctx, request, batch, render_only=slurm_render_only,
                                                  json_output=json_output))
     raise typer.Exit(run_launch(request, dry_run=dry_run, json_output=json_output))

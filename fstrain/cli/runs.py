@@ -268,10 +268,20 @@ def logs_command(
 
     since_s = parse_duration_s(since, "--since") if since else None
     handle = _open(run, ssh_config, accept_new_hosts, python)
-    outputs = handle.outputs(hosts=host, rank=rank, since_s=since_s)
+    outputs = handle.outputs(hosts=host, rank=rank, since_s=since_s)  # bad --host/--rank: one line, first
+    _say_slurm_job(handle)
     _follow(handle, outputs, tail=tail, follow=follow)
     if outputs.failed:
         raise typer.Exit(1)
+
+
+def _say_slurm_job(handle: Run) -> None:
+    """Which job's lines these are: a batch script submitted more than once has several."""
+    from fstrain.api.runs import SlurmRun
+
+    if isinstance(handle.backend, SlurmRun):
+        console().print(f"run {handle.run_id}: Slurm job {handle.backend.slurm.get('job_id')}", style="dim",
+                        markup=False)
 
 
 def attach_command(

@@ -38,14 +38,20 @@ EXCLUSIVE = typer.Option(False, "--exclusive", help="With --slurm: no other job 
 SBATCH_ARG = typer.Option([], "--sbatch-arg", help="With --slurm: one more sbatch option, verbatim (repeatable).")
 CONTAINER_IMAGE = typer.Option(None, "--container-image", help="Slurm with Pyxis: run every node's part in this "
                                "enroot image (srun --container-image).")
-CONTAINER_MOUNTS = typer.Option(None, "--container-mounts", help="Slurm with Pyxis: SRC:DST[,...] mounted into it.")
+CONTAINER_MOUNTS = typer.Option(None, "--container-mounts", help="Slurm with Pyxis: SRC:DST[,...] mounted into it "
+                                "(the working and run directories are mounted too).")
+NO_DEFAULT_MOUNTS = typer.Option(False, "--no-default-mounts", help="Slurm with Pyxis: mount only --container-mounts, "
+                                 "not the working and run directories.")
+CPUS_PER_RANK = typer.Option(None, "--cpus-per-rank", min=1, help="With --slurm: CPUs for each rank (default 4); the "
+                             "job asks for ranks per node x this as --cpus-per-task.")
 RENDER_ONLY = typer.Option(False, "--slurm-render-only", hidden=True)
 
+CANCELLED_EXIT_CODE = 143  # a job cancelled before it started: as one scancel stopped (SIGTERM)
 # launch's own options that the batch job's `fstrain launch` does not take from the command line.
 SUBMIT_ONLY = frozenset({
     "program", "slurm", "slurm_render_only", "nodes", "partition", "time_limit", "account", "qos", "constraint",
-    "exclusive", "sbatch_args", "detach", "launcher", "run_dir", "env", "env_file", "hostfile", "hosts",
-    "gpus_per_node", "json_output", "dry_run", "ssh_config", "accept_new_hosts",
+    "exclusive", "cpus_per_rank", "sbatch_args", "detach", "launcher", "run_dir", "env", "env_file", "hostfile",
+    "hosts", "gpus_per_node", "json_output", "dry_run", "ssh_config", "accept_new_hosts",
 })
 
 
@@ -143,25 +149,28 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
                   json_output: bool) -> int:
     """Render the batch script into the run directory; unless only rendering, submit it and
     follow the job (or print its id at once with --detach). Returns the exit code."""
-    from fstrain.core.slurm.job import SbatchOptions, pyxis_args, render_sbatch, srun_step_argv
+    from fstrain.api.launch import container_step_args
+    from fstrain.core.slurm.job import SbatchOptions, render_sbatch, srun_step_argv
 
     run_id, program, user_env = str(request.run.run_id), list(request.job.program), dict(request.job.env)
     detach = request.run.detach
     folder = Path(request.run.run_dir or Path("runs") / run_id).resolve()
     options = SbatchOptions(
         nodes=slurm.nodes or 1, job_name=f"fstrain-{run_id}", output=str(folder / "slurm-%j.out"),
-        gpus_per_node=slurm.gpus_per_node, partition=slurm.partition, time=slurm.time_limit,
-        account=slurm.account, qos=slurm.qos, constraint=slurm.constraint,
+        gpus_per_node=slurm.gpus_per_node, cpus_per_task=cpus_per_task(request, slurm), partition=slurm.partition,
+        time=slurm.time_limit, account=slurm.account, qos=slurm.qos, constraint=slurm.constraint,
         exclusive=slurm.exclusive, extra=slurm.sbatch_args,
     )
-    step = srun_step_argv("NODE", extra=pyxis_args(request.container_image, request.container_mounts))
-    inner = [sys.executable, "-m", "fstrain", "launch", "--launcher", "srun", "--run-dir", str(folder)]
+    workdir = os.getcwd()
+    step = srun_step_argv("NODE", extra=container_step_args(request, "RUN_ID", workdir, f"{folder}/job-JOB_ID"),
+                          cpus_per_task=options.cpus_per_task)
+    inner = [sys.executable, "-m", "fstrain", "launch", "--launcher", "srun"]
     if user_env:
         inner += ["--env-file", str(folder / "launch.env")]
     inner += inner_launch_args(ctx)
-    if program:
-        inner += ["--", *program]
-    script = render_sbatch(options, launch_argv=inner, workdir=os.getcwd(), run_id=run_id, step_prefix=step)
+    script = render_sbatch(options, launch_argv=inner, workdir=workdir, run_id=run_id, step_prefix=step,
+                           run_dir=str(folder), program=program)
+    made = _made_paths(folder, ["launch.env", "sbatch.sh"] if user_env else ["sbatch.sh"])
     folder.mkdir(parents=True, exist_ok=True)
     if user_env:  # values stay off the script and the command lines: a file only the user reads
         _write_private(folder / "launch.env", env_file_text(user_env))
@@ -171,12 +180,15 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
     if render_only:
         return _report_rendered(path, folder, json_output)
     from fstrain.io.runs import SLURM_RECORD, claim_for_slurm, record_slurm
-    from fstrain.io.slurm import submit
+    from fstrain.io.slurm import SbatchRefused, submit
 
     claim_for_slurm(folder, run_id)  # before sbatch: the job's own launch must find the folder claimed
     try:
         job_id = submit(path)
-    except BaseException:
+    except SbatchRefused:  # a refused job leaves nothing behind: what this launch made goes again
+        _remove([*made, folder / SLURM_RECORD])
+        raise
+    except BaseException:  # no sbatch here: the script stays, to submit where there is one
         (folder / SLURM_RECORD).unlink(missing_ok=True)
         raise
     (folder / "slurm_job_id").write_text(job_id + "\n")
@@ -195,6 +207,33 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
             sys.stdout.flush()
         return 0
     return follow_job(job_id, output, folder, json_output)
+
+
+def cpus_per_task(request: LaunchRequest, slurm: SlurmRequest) -> int:
+    """The CPUs of the one per-node task, which every rank of the node runs in: ranks per node
+    (--nproc-per-node, else --gpus-per-node, else 1) x --cpus-per-rank (default 4)."""
+    from fstrain.core.slurm.job import CPUS_PER_RANK
+
+    ranks = request.job.nproc_per_node or slurm.gpus_per_node or 1
+    return ranks * (slurm.cpus_per_rank or CPUS_PER_RANK)
+
+
+def _made_paths(folder: Path, names: list[str]) -> list[Path]:
+    """What a submission is about to make: the folder itself when it does not exist yet, else
+    those of its files that are not there yet (what was there is the user's)."""
+    if not folder.exists():
+        return [folder]
+    return [folder / name for name in names if not (folder / name).exists()]
+
+
+def _remove(paths: list[Path]) -> None:
+    import shutil
+
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def env_file_text(env: Mapping[str, str]) -> str:
@@ -239,7 +278,7 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
                 return 130
             cancel(job_id)
             console().print(f"cancelled job {job_id}; waiting for its nodes to stop")
-    if not output.exists():
+    if not output.exists() and (status is None or status.nodes):  # a job that never started wrote none
         console().print(f"[yellow]warning: the job's output {output} never appeared here[/yellow]: the run "
                         "directory must be on a file system the nodes share with this machine (--run-dir)")
     return report_job(job_id, status, folder, json_output)
@@ -247,7 +286,8 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
 
 def _say_state(status: JobStatus) -> None:
     if status.state == "PENDING":
-        console().print(f"[dim]Slurm job {status.job_id}: pending ({status.reason})[/dim]")
+        why = f" ({status.reason})" if status.reason else ""
+        console().print(f"Slurm job {status.job_id}: pending{why}", style="dim", markup=False)
     elif status.state == "RUNNING":
         console().print(f"[dim]Slurm job {status.job_id}: running on {status.nodes}[/dim]")
 
@@ -262,21 +302,31 @@ def _ask_cancel(job_id: str) -> bool:
 
 
 def report_job(job_id: str, status: JobStatus | None, folder: Path, json_output: bool) -> int:
+    """The job's end on stderr (`--json`: one document on stdout) and fstrain's exit code: the
+    job's; 143 for a job cancelled before it started (it has none)."""
+    from fstrain.core.slurm.job import TIME_LIMIT_MARKER, job_dir_name
+    from fstrain.core.slurm.state import slurm_run_state
     from fstrain.io.runs import read_document
 
-    manifest = read_document(folder / "manifest.json", "manifest")
+    job_dir = folder / job_dir_name(job_id)
+    manifest = read_document(job_dir / "manifest.json", "manifest")
+    reason = ""
     if status is None:
         code = int(manifest["exit_code"]) if manifest and manifest.get("exit_code") is not None else 1
         state = "UNKNOWN"
         console().print(f"[yellow]Slurm no longer knows job {job_id}[/yellow]; exit code from its manifest: {code}")
     else:
-        code, state = status.shell_exit_code, status.state
+        run = slurm_run_state(status, manifest, time_limit_reached=(job_dir / TIME_LIMIT_MARKER).is_file())
+        state, reason = status.state, run.reason
+        code = status.shell_exit_code if run.exit_code is not None else CANCELLED_EXIT_CODE
         colour = "green" if state == "COMPLETED" and code == 0 else "red"
-        console().print(f"[{colour}]Slurm job {job_id}: {state}, exit code {code}[/{colour}]")
+        words = f"{state} before it started" if run.exit_code is None else f"{state}, exit code {code}"
+        why = f": {reason}" if reason and state not in reason else ""
+        console().print(f"Slurm job {job_id}: {words}{why}", style=colour, markup=False)
     if json_output:
-        document: dict[str, Any] = {"job_id": job_id, "state": state, "exit_code": code, "run_dir": str(folder),
-                                    "manifest": manifest}
-        summary = folder / "summary.json"
+        document: dict[str, Any] = {"job_id": job_id, "state": state, "exit_code": code, "reason": reason,
+                                    "run_dir": str(folder), "job_dir": str(job_dir), "manifest": manifest}
+        summary = job_dir / "summary.json"
         if summary.is_file():
             document["training_summary"] = json.loads(summary.read_text())
         print_json(document)

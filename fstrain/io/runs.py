@@ -14,9 +14,11 @@ Where things live:
 
 A run submitted with ``fstrain launch --slurm`` (detached or followed) has ``RUN_DIR/slurm.json``
 (its job id, submit time, script and output file) and an index entry of kind ``slurm``. Inside
-the allocation the job's own ``fstrain launch`` writes ``RUN_DIR/logs/`` and, at its end,
-``RUN_DIR/manifest.json``. That inner launch has a run id of its own and would register itself
-too: the Slurm record wins (:func:`register` leaves a folder with ``slurm.json`` to it, and
+the allocation the job's own ``fstrain launch`` writes, in the job's folder ``RUN_DIR/job-<job
+id>/``, ``logs/``, ``summary.json`` and, at its end, ``manifest.json`` (so the same script
+submitted again by hand keeps every job's records; a job id of such a job finds it too). That
+inner launch has a run id of its own and would register itself too: the Slurm record wins
+(:func:`register` leaves a folder with ``slurm.json``, or a job folder in one, to it, and
 :func:`all_runs` lists a run directory once), so one job is one run, under the id
 ``launch --slurm`` printed.
 """
@@ -38,6 +40,7 @@ from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.core.launch.runstate import FINAL, RunState, from_manifest, from_nodes
+from fstrain.core.slurm.job import JOB_DIR_PREFIX, TIME_LIMIT_MARKER, job_dir_name
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 
@@ -155,6 +158,8 @@ def register(run_id: str, folder: Path, *, detached: bool) -> None:
     directory that a Slurm submission owns (``slurm.json``, written before the job starts) is
     already registered under the submission's id: the job's own launch adds no second entry."""
     owner = read_json(folder / SLURM_RECORD)
+    if owner is None and folder.name.startswith(JOB_DIR_PREFIX):  # a job's folder in a Slurm run directory
+        owner = read_json(folder.parent / SLURM_RECORD)
     if isinstance(owner, dict) and owner.get("run_id") not in (None, run_id):
         return
     entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid())
@@ -199,9 +204,25 @@ class RunRecord:
     slurm: dict[str, Any] | None = None  # RUN_DIR/slurm.json of a `launch --slurm` run
 
     @property
+    def job_dir(self) -> Path:
+        """Where a Slurm run's job keeps its manifest, logs and summary: RUN_DIR/job-<job id>, or
+        the run directory itself for a job of an fstrain that did not make job folders."""
+        job_id = (self.slurm or {}).get("job_id")
+        if not job_id:
+            return self.run_dir
+        folder = self.run_dir / job_dir_name(str(job_id))
+        return folder if folder.is_dir() or not (self.run_dir / "manifest.json").is_file() else self.run_dir
+
+    @property
+    def slurm_path(self) -> Path:
+        """A Slurm run's record: RUN_DIR/slurm.json for the job `launch --slurm` submitted, the
+        job folder's own for another job of the same script (submitted by hand)."""
+        return self.job_dir / SLURM_RECORD if (self.slurm or {}).get("by_hand") else self.run_dir / SLURM_RECORD
+
+    @property
     def hosts(self) -> list[Host]:
         if self.slurm is not None and not (self.manifest or {}).get("nodes"):  # still running: Slurm's nodes
-            cached = read_cache(self.run_dir / "state.json")
+            cached = read_cache(self.job_dir / "state.json")
             return [Host(name) for name in (cached.get("job") or {}).get("hosts", [])]
         if self.detached:
             return self.detached.hosts
@@ -289,8 +310,28 @@ def _indexed_run(path: Path) -> RunRecord | None:
     slurm = read_document(run_dir / SLURM_RECORD, "slurm")
     if slurm is not None and slurm.get("run_id") != entry.run_id:
         return None  # the job's own launch inside a Slurm run: the submission's entry stands for it
-    return RunRecord(entry.run_id, run_dir, read_detached(run_dir), read_document(run_dir / "manifest.json",
-                                                                                  "manifest"), entry, slurm)
+    record = RunRecord(entry.run_id, run_dir, read_detached(run_dir), None, entry, slurm)
+    record.manifest = read_document(record.job_dir / "manifest.json", "manifest")
+    return record
+
+
+def _slurm_job(runs: Sequence[RunRecord], job_id: str) -> list[RunRecord]:
+    """The Slurm run whose submitted job is ``job_id``, else the one whose script ran as that job
+    too (submitted again by hand: its folder RUN_DIR/job-<job id>), as a record of that job."""
+    submitted = [r for r in runs if r.slurm is not None and str(r.slurm.get("job_id")) == job_id]
+    if submitted or not job_id.isdigit():
+        return submitted
+    found = []
+    for run in runs:
+        folder = run.run_dir / job_dir_name(job_id)
+        if run.slurm is not None and folder.is_dir():
+            own = read_document(folder / SLURM_RECORD, "slurm")  # where a stop of it was recorded
+            slurm = own or {**{k: v for k, v in run.slurm.items() if k != "stop_requested"}, "job_id": job_id,
+                            "by_hand": True, "submitted": folder.stat().st_mtime,
+                            "output": str(run.run_dir / f"slurm-{job_id}.out")}
+            found.append(RunRecord(run.run_id, run.run_dir, None, read_document(folder / "manifest.json", "manifest"),
+                                   run.entry, slurm))
+    return found
 
 
 def find_run(reference: str) -> RunRecord:
@@ -298,15 +339,16 @@ def find_run(reference: str) -> RunRecord:
     A run whose files this fstrain cannot read is named with that error."""
     unreadable: dict[str, InputError] = {}
     runs = all_runs(lambda run_id, exc: unreadable.__setitem__(run_id, exc))
-    exact = [r for r in runs if r.run_id == reference] or \
-        [r for r in runs if r.slurm is not None and str(r.slurm.get("job_id")) == reference]
+    exact = [r for r in runs if r.run_id == reference] or _slurm_job(runs, reference)
     matches = exact or [r for r in runs if r.run_id.startswith(reference)]
     if len(matches) == 1:
         return matches[0]
     path = Path(reference)
     slurm = read_document(path / SLURM_RECORD, "slurm") if not matches else None
     if slurm is not None and slurm.get("job_id"):
-        return RunRecord(slurm["run_id"], path, None, read_document(path / "manifest.json", "manifest"), None, slurm)
+        record = RunRecord(slurm["run_id"], path, None, None, None, slurm)
+        record.manifest = read_document(record.job_dir / "manifest.json", "manifest")
+        return record
     detached = read_detached(path) if not matches and (path / "detached.json").is_file() else None
     if detached is not None:
         return RunRecord(detached.run_id, path, detached, read_document(path / "manifest.json", "manifest"), None)
@@ -408,15 +450,16 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     from fstrain.io.slurm import job_status
 
     assert record.slurm is not None
-    fresh = read_document(record.run_dir / SLURM_RECORD, "slurm")  # another `fstrain stop` may have marked it
+    fresh = read_document(record.slurm_path, "slurm")  # another `fstrain stop` may have marked it
     if fresh is not None and fresh.get("job_id") == record.slurm.get("job_id"):
         record.slurm = fresh
     stop_requested = bool(record.slurm.get("stop_requested"))
-    cached = read_cache(record.run_dir / "state.json")
+    job_dir = record.job_dir
+    cached = read_cache(job_dir / "state.json")
     job_seen: dict[str, Any] = cached.get("job") or {"job_id": record.slurm.get("job_id")}
     if cached.get("state") in FINAL and cached.get("settled") and cached.get("stop_requested") == stop_requested:
         return _cached_state(cached), job_seen  # nothing changes after the end
-    record.manifest = read_document(record.run_dir / "manifest.json", "manifest")
+    record.manifest = read_document(job_dir / "manifest.json", "manifest")
     try:
         job = job_status(str(record.slurm["job_id"]), "RUN")
     except FstrainError:
@@ -430,14 +473,18 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
         except InputError:
             hosts = [job.nodes]
         job_seen = {"job_id": job.job_id, "state": job.state, "reason": job.reason, "nodes": job.nodes,
-                    "hosts": hosts, "exit_code": job.exit_code, "signal": job.signal, "run_time_s": job.run_time_s}
+                    "hosts": hosts, "exit_code": job.exit_code, "signal": job.signal, "run_time_s": job.run_time_s,
+                    "time_limit": job.time_limit}
     else:
         last = job_seen.get("last_state") if job_seen.get("forgotten") else job_seen.get("state")
         job_seen = {**job_seen, "state": "UNKNOWN", "last_state": last, "forgotten": True}
-    state = slurm_run_state(job, record.manifest, stop_requested=stop_requested)
-    # Settled: ended, and the manifest read (or never coming: Slurm forgot the job).
-    settled = state.state in FINAL and (record.manifest is not None or job is None)
-    _write_json(record.run_dir / "state.json",
+    state = slurm_run_state(job, record.manifest, stop_requested=stop_requested,
+                            time_limit_reached=(job_dir / TIME_LIMIT_MARKER).is_file(),
+                            time_limit=str(job_seen.get("time_limit") or ""))
+    # Settled: ended, and the manifest read (or never coming: Slurm forgot the job, or it never
+    # started: cancelled while pending).
+    settled = state.state in FINAL and (record.manifest is not None or job is None or not job_seen.get("nodes"))
+    _write_json(job_dir / "state.json",
                 stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
                          "ended": state.ended, "at": time.time(), "settled": settled,
                          "stop_requested": stop_requested, "job": job_seen}, "state"))
@@ -456,7 +503,7 @@ def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:
         record.slurm["stop_requested"] = time.time()
     else:
         record.slurm.pop("stop_requested", None)
-    _write_json(record.run_dir / SLURM_RECORD, record.slurm)
+    _write_json(record.slurm_path, record.slurm)
 
 
 def process_alive(pid: int) -> bool:

@@ -26,6 +26,7 @@ from fstrain.core.slurm.job import (
     Allocation,
     JobStatus,
     check_hostnames,
+    cpus_per_task_from_env,
     parse_hostnames,
     parse_sbatch_job_id,
     parse_scontrol_job,
@@ -41,6 +42,10 @@ POLL_S = 1.0
 
 class SlurmError(FstrainError):
     """Slurm refused or failed a request (sbatch, scontrol, srun missing)."""
+
+
+class SbatchRefused(SlurmError):
+    """sbatch ran and refused the job (a partition that does not exist, a limit...)."""
 
 
 def require_tool(name: str, where: str) -> str:
@@ -86,11 +91,13 @@ class SrunTransport:
 
 
 def srun_connector(extra: Sequence[str] = ()) -> Callable[[Host], Transport]:
-    """A connector for HostPool and the launcher: every host is a node of this allocation."""
+    """A connector for HostPool and the launcher: every host is a node of this allocation (its
+    steps get the CPUs the job holds per task, ``SLURM_CPUS_PER_TASK``, where it says)."""
     srun = require_tool("srun", "--launcher srun")
+    cpus = cpus_per_task_from_env(os.environ)
 
     def connect(host: Host) -> Transport:
-        return SrunTransport(host.name, srun_step_argv(host.name, srun=srun, extra=extra))
+        return SrunTransport(host.name, srun_step_argv(host.name, srun=srun, extra=extra, cpus_per_task=cpus))
 
     return connect
 
@@ -121,10 +128,17 @@ def submit(script: Path, environ: Mapping[str, str] | None = None) -> str:
     result = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, timeout=120,
                             env=dict(environ) if environ is not None else None, check=False)
     if result.returncode != 0:
-        raise SlurmError(f"sbatch refused the job: {result.stderr.strip()[-400:] or result.stdout.strip()}",
+        raise SbatchRefused(f"sbatch refused the job: {refusal(result.stderr or result.stdout, result.returncode)}",
                          f"check the options in {script} (they are sbatch's), then submit it by hand "
                          f"with `sbatch {script}`", "sbatch")
     return parse_sbatch_job_id(result.stdout)
+
+
+def refusal(text: str, returncode: int) -> str:
+    """Slurm's reason on one line: its last error line without the ``sbatch: error:`` prefix
+    (``Batch job submission failed: Invalid partition name specified``)."""
+    lines = [line.strip().removeprefix("sbatch: error:").strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else f"sbatch exited {returncode}"
 
 
 def job_status(job_id: str, where: str = "--slurm") -> JobStatus | None:

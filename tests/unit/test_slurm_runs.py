@@ -42,19 +42,20 @@ def slurm_tools(folder: Path, fixture: str | None, *, scancel: bool = True) -> d
 
 def slurm_run(home: Path, folder: Path) -> None:
     """A run as `launch --slurm` leaves it, with the job's own launch registered too (a shared
-    home), and the logs that launch writes."""
-    (folder / "logs").mkdir(parents=True)
+    home), and the logs that launch writes in the job's folder (job-42)."""
+    logs = folder / "job-42" / "logs"
+    logs.mkdir(parents=True)
     (folder / "slurm-42.out").write_text("[node1 r0] hello\n[node2 r1] world\n")
-    (folder / "logs" / "node1.log").write_text("[node1 r0] hello\n")
-    (folder / "logs" / "node1.r0.log").write_text("[node1 r0] step 3/10 loss 2.5000 tokens/s 1,000\n")
-    (folder / "logs" / "node2.r1.log").write_text("[node2 r1] world\n")
+    (logs / "node1.log").write_text("[node1 r0] hello\n")
+    (logs / "node1.r0.log").write_text("[node1 r0] step 3/10 loss 2.5000 tokens/s 1,000\n")
+    (logs / "node2.r1.log").write_text("[node2 r1] world\n")
     # The submission's records (slurm.json, the index entry), then the job's own `fstrain launch`
-    # (another run id, the same folder) registering itself, as `launch --slurm` and that launch do.
+    # (another run id, the job's folder) registering itself, as `launch --slurm` and that launch do.
     subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
                     "from fstrain.io.runs import record_slurm, register; folder = Path(sys.argv[1]); "
                     "record_slurm(folder, run_id=sys.argv[2], job_id='42', script=folder / 'sbatch.sh', "
                     "output=folder / 'slurm-42.out', grace_s=1.0); "
-                    "register('20261130-120001-bbbbbb', folder, detached=False)", str(folder), RUN_ID],
+                    "register('20261130-120001-bbbbbb', folder / 'job-42', detached=False)", str(folder), RUN_ID],
                    env={**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO)}, check=True, timeout=60)
 
 
@@ -134,9 +135,9 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert stop.stderr.startswith("error: stop: Slurm does not know job 42") and "(hint: is SLURM_CONF" in stop.stderr
     # Once the manifest recorded the end, the forgotten job is simply over.
     launches = [NodeLaunch(Host(f"node{i + 1}"), i, 1, ("python3", "t.py")) for i in range(2)]
-    write_manifest(tmp_path / "run" / "manifest.json", RunSetup("20261130-120001-bbbbbb", "torchrun", launches),
-                   RunOutcome(0, "ok", None, [], 1.0, 2.0))
-    (tmp_path / "run" / "state.json").unlink()
+    write_manifest(tmp_path / "run" / "job-42" / "manifest.json",
+                   RunSetup("20261130-120001-bbbbbb", "torchrun", launches), RunOutcome(0, "ok", None, [], 1.0, 2.0))
+    (tmp_path / "run" / "job-42" / "state.json").unlink()
     rows = json.loads(run_fstrain("runs", "--all", "--json", env=env).stdout)["runs"]
     assert [(r["state"], r["exit_code"], r["nodes"]) for r in rows] == [("succeeded", 0, ["node1", "node2"])]
 

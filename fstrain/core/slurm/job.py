@@ -21,7 +21,20 @@ FINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED",
 })
-DEFAULT_SIGNAL = "B:USR1@90"  # 90 s before the time limit, USR1 to the batch script only
+SIGNAL_LEAD_S = 90  # the time-limit warning's lead, at most; a quarter of a shorter limit
+# Slurm sends the warning up to a minute early (its timer's resolution): below 2 minutes a lead
+# that leaves the job any time to run does not exist.
+MIN_TIME_LIMIT_S = 120
+CPUS_PER_RANK = 4  # a rank process and its data-loading workers; --cpus-per-rank changes it
+# Each job of a batch script keeps its manifest, logs and summary in RUN_DIR/job-<job id>, so the
+# script submitted again (sbatch FILE) never overwrites an earlier job's; the batch script marks
+# the folder with TIME_LIMIT_MARKER when the time-limit warning (USR1) stops the run.
+JOB_DIR_PREFIX = "job-"
+TIME_LIMIT_MARKER = "time-limit"
+
+
+def job_dir_name(job_id: str) -> str:
+    return f"{JOB_DIR_PREFIX}{job_id}"
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(\d+-\d+)$|^(UNLIMITED|INFINITE|infinite|unlimited)$")
 _GPU_COUNT_RE = re.compile(r"(?:^|[:/])(\d+)$")
 
@@ -89,9 +102,14 @@ def check_hostnames(ours: Sequence[str], scontrol: Sequence[str]) -> str | None:
             "with `scontrol show hostnames`")
 
 
-def srun_step_argv(node: str, *, srun: str = "srun", extra: Sequence[str] = ()) -> list[str]:
+def srun_step_argv(node: str, *, srun: str = "srun", extra: Sequence[str] = (),
+                   cpus_per_task: int | None = None) -> list[str]:
     """The prefix that runs one command as a one-task job step on ``node`` of the current
-    allocation: fstrain's per-node launcher, probe or check, instead of an SSH session."""
+    allocation: fstrain's per-node launcher, probe or check, instead of an SSH session.
+    ``cpus_per_task``: the CPUs the job holds for its one task per node, passed on explicitly
+    (srun 22.05 to 23.02 does not read SLURM_CPUS_PER_TASK: the step, and every rank in it,
+    would otherwise be confined to one CPU where the site binds tasks to their cores)."""
+    cpus = [f"--cpus-per-task={cpus_per_task}"] if cpus_per_task else []
     return [
         srun,
         "--nodes=1",  # this node only...
@@ -105,20 +123,40 @@ def srun_step_argv(node: str, *, srun: str = "srun", extra: Sequence[str] = ()) 
         "--quiet",  # srun's own progress notes are not the job's output; its errors still show
         "--input=all",  # the watchdog's header and heartbeats arrive on stdin, as over SSH
         "--export=ALL",
+        *cpus,
         *extra,
     ]
 
 
-def pyxis_args(container_image: str | None, container_mounts: str | None) -> list[str]:
-    """srun options of the Pyxis plugin (enroot containers): every node's step runs in them."""
-    args = []
-    if container_image:
-        args.append(f"--container-image={container_image}")
-    if container_mounts:
-        args.append(f"--container-mounts={container_mounts}")
+def cpus_per_task_from_env(environ: Mapping[str, str]) -> int | None:
+    """``SLURM_CPUS_PER_TASK`` of the job (sbatch/salloc ``--cpus-per-task``), None when unset."""
+    value = environ.get("SLURM_CPUS_PER_TASK", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def pyxis_args(container_image: str | None, container_mounts: str | None, *, name: str | None = None,
+               default_mounts: Sequence[str] = ()) -> list[str]:
+    """srun options of the Pyxis plugin (enroot containers): every node's step runs in them.
+    ``name``: the container every step of the run shares (``--container-name``: Pyxis imports
+    the image once per node and job, not once per step); ``default_mounts``: directories
+    mounted at the same path after the user's own mounts (the working and run directories),
+    unless the user mounts them already."""
     if container_mounts and not container_image:
         raise InputError("--container-mounts needs --container-image", "give the image to run in",
                          "--container-mounts")
+    if not container_image:
+        return []
+    args = [f"--container-image={container_image}"]
+    if name:
+        args.append(f"--container-name={name}")
+    mounts = [m for m in (container_mounts or "").split(",") if m]
+    targets = {m.split(":")[1] if ":" in m else m for m in mounts}
+    for path in default_mounts:
+        if path not in targets and not any(path.startswith(t.rstrip("/") + "/") for t in targets):
+            mounts.append(f"{path}:{path}")
+            targets.add(path)
+    if mounts:
+        args.append(f"--container-mounts={','.join(mounts)}")
     return args
 
 
@@ -145,10 +183,11 @@ class JobStatus:
     state: str  # COMPLETED, RUNNING, ...
     exit_code: int  # the batch script's exit status
     signal: int  # the signal that ended it, 0 if none
-    reason: str = ""
+    reason: str = ""  # why it waits (Priority, Resources, ...); empty where Slurm says None
     nodes: str = ""  # Slurm's node list expression, e.g. node[1-2]; empty while pending
     run_time_s: int | None = None  # RunTime: how long it has run (or ran)
     num_nodes: int | None = None
+    time_limit: str = ""  # TimeLimit, as Slurm writes it (00:02:00, UNLIMITED)
 
     @property
     def final(self) -> bool:
@@ -175,9 +214,11 @@ def parse_scontrol_job(text: str) -> JobStatus:
         exit_code, signal = int(code), int(sig or 0)
     except ValueError:
         raise ParseError(f"unreadable ExitCode {fields.get('ExitCode')!r}", "", "scontrol show job") from None
-    return JobStatus(fields["JobId"], fields["JobState"], exit_code, signal, fields.get("Reason", ""),
-                     fields.get("NodeList", ""), parse_run_time_s(fields.get("RunTime", "")),
-                     int(fields["NumNodes"]) if fields.get("NumNodes", "").isdigit() else None)
+    reason, nodes = fields.get("Reason", ""), fields.get("NodeList", "")
+    return JobStatus(fields["JobId"], fields["JobState"], exit_code, signal, "" if reason == "None" else reason,
+                     "" if nodes == "(null)" else nodes, parse_run_time_s(fields.get("RunTime", "")),
+                     int(fields["NumNodes"]) if fields.get("NumNodes", "").isdigit() else None,
+                     fields.get("TimeLimit", ""))
 
 
 def parse_step_ids(text: str, job_id: str) -> list[str]:
@@ -211,14 +252,43 @@ class SbatchOptions:
     job_name: str
     output: str  # the script's output file (%j: the job id)
     gpus_per_node: int | None = None
+    cpus_per_task: int | None = None  # the one per-node task's CPUs: every rank of the node runs in it
     partition: str | None = None
     time: str | None = None
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
     exclusive: bool = False
-    signal: str = DEFAULT_SIGNAL
+    signal: str | None = None  # default: USR1 to the script, a lead that fits the time limit
     extra: tuple[str, ...] = field(default_factory=tuple)  # --sbatch-arg, verbatim
+
+    @property
+    def time_limit_s(self) -> int | None:
+        return time_limit_s(self.time) if self.time is not None else None
+
+    @property
+    def batch_signal(self) -> str:
+        """``--signal``: as given, else USR1 to the batch script SIGNAL_LEAD_S before the time
+        limit, or a quarter of the limit where that is shorter (never the whole limit)."""
+        if self.signal is not None:
+            return self.signal
+        limit = self.time_limit_s
+        return f"B:USR1@{SIGNAL_LEAD_S if limit is None else min(SIGNAL_LEAD_S, limit // 4)}"
+
+
+def time_limit_s(text: str) -> int | None:
+    """A Slurm ``--time`` in seconds (MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS,
+    DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS); None for UNLIMITED or what is no time."""
+    if not _TIME_RE.match(text) or text.lower() in ("unlimited", "infinite"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # DAYS-HOURS[:MINUTES[:SECONDS]]
+        parts += [0] * (3 - len(parts))
+        return int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+    if len(parts) == 3:
+        return parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return parts[0] * 60 + (parts[1] if len(parts) == 2 else 0)
 
 
 def check_sbatch_options(options: SbatchOptions) -> None:
@@ -227,9 +297,17 @@ def check_sbatch_options(options: SbatchOptions) -> None:
         raise InputError(f"--nodes must be 1 or more, got {options.nodes}", "", "--nodes")
     if options.gpus_per_node is not None and options.gpus_per_node < 1:
         raise InputError(f"--gpus-per-node must be 1 or more, got {options.gpus_per_node}", "", "--gpus-per-node")
+    if options.cpus_per_task is not None and options.cpus_per_task < 1:
+        raise InputError(f"the CPUs per node must be 1 or more, got {options.cpus_per_task}", "",
+                         "--cpus-per-rank")
     if options.time is not None and not _TIME_RE.match(options.time):
         raise InputError(f"--time {options.time!r} is not a Slurm time",
                          "write MINUTES, HH:MM:SS or DAYS-HH[:MM[:SS]], e.g. 2:00:00", "--time")
+    limit = options.time_limit_s
+    if options.signal is None and limit is not None and limit < MIN_TIME_LIMIT_S:
+        raise InputError(f"--time {options.time} is shorter than the {MIN_TIME_LIMIT_S // 60} minutes a batch "
+                         "job of fstrain needs", "give --time 2 or more (Slurm may send the time-limit "
+                         "warning up to a minute early, and the nodes need time to start)", "--time")
     for value in options.extra:
         if not value.startswith("-") or "\n" in value:
             raise InputError(f"--sbatch-arg {value!r} is not an sbatch option",
@@ -242,11 +320,14 @@ def check_sbatch_options(options: SbatchOptions) -> None:
 
 
 def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir: str, run_id: str,
-                  step_prefix: Sequence[str]) -> str:
-    """The batch script: resources, then one `fstrain launch --launcher srun` that starts a
+                  step_prefix: Sequence[str], run_dir: str, program: Sequence[str] = ()) -> str:
+    """The batch script: resources, then one `fstrain launch --launcher srun` (``launch_argv``,
+    then ``--run-dir`` the job's own folder under ``run_dir``, then ``-- program``) that starts a
     step per node, with the time-limit and cancel signals passed to it. Readable and reusable
-    by hand (``sbatch FILE``)."""
+    by hand (``sbatch FILE``: each job keeps its own records)."""
     check_sbatch_options(options)
+    job_dir = shlex.quote(f"{run_dir}/{JOB_DIR_PREFIX}") + '"${SLURM_JOB_ID:?run this script with sbatch}"'
+    launch_line = f'{shlex.join(launch_argv)} --run-dir "$job_dir"' + (f" -- {shlex.join(program)}" if program else "")
 
     def directive(flag: str, why: str) -> str:
         return f"#SBATCH {flag:<40} # {why}" if why else f"#SBATCH {flag}"
@@ -260,6 +341,8 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
         directive(f"--nodes={options.nodes}", "one fstrain node per Slurm node"),
         directive("--ntasks-per-node=1", "one per-node launcher; it starts the ranks"),
     ]
+    if options.cpus_per_task is not None:
+        lines.append(directive(f"--cpus-per-task={options.cpus_per_task}", "CPUs per node, for all its ranks"))
     if options.gpus_per_node is not None:
         lines.append(directive(f"--gpus-per-node={options.gpus_per_node}", "one rank per GPU"))
     for flag, value, why in (("partition", options.partition, ""), ("time", options.time, "the time limit"),
@@ -271,13 +354,16 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
         lines.append(directive("--exclusive", "no other job on these nodes"))
     lines += [
         directive(f"--output={options.output}", "every rank's tagged lines and the summary"),
-        directive(f"--signal={options.signal}", "time nearly up: USR1 to this script (B:)"),
+        directive(f"--signal={options.batch_signal}", "time nearly up: USR1 to this script (B:)"),
     ]
     lines += [directive(value, "") for value in options.extra]
     lines += [
         "",
         "set -u",
         f"cd {shlex.quote(workdir)}",
+        "# This job's manifest, logs and summary: each submission of this file keeps its own.",
+        f"job_dir={job_dir}",
+        'mkdir -p "$job_dir"',
         "",
         "# fstrain starts one step per node, each running fstrain's watchdog and the per-node",
         "# launcher (torchrun or DeepSpeed's), no SSH:",
@@ -285,11 +371,17 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
         "# On `scancel` or at the time limit Slurm sends SIGTERM to every process of the job:",
         "# fstrain's watchdogs then stop every rank within --grace seconds (keep it below the",
         "# site's KillWait, after which Slurm sends SIGKILL). USR1, sent to this script alone",
-        "# shortly before the time limit (--signal above), becomes that same SIGTERM, early.",
+        "# shortly before the time limit (--signal above), becomes that same SIGTERM, early, and",
+        f"# the mark $job_dir/{TIME_LIMIT_MARKER} that has `fstrain status` name the time limit.",
         "pid=",
-        "trap '[ -n \"$pid\" ] && kill -TERM \"$pid\" 2>/dev/null' USR1",
+        "on_time_limit() {",
+        '    echo "fstrain: the time limit of Slurm job $SLURM_JOB_ID is near: stopping the run"',
+        f'    : > "$job_dir/{TIME_LIMIT_MARKER}"',
+        '    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null',
+        "}",
+        "trap on_time_limit USR1",
         "trap ':' TERM  # fstrain has its own SIGTERM: keep waiting for its exit code",
-        f"{shlex.join(launch_argv)} &",
+        f"{launch_line} &",
         "pid=$!",
         "# `wait` returns early when a trapped signal arrives: wait until fstrain has exited.",
         "while :; do",

@@ -14,11 +14,14 @@ code) and decides alone once Slurm has forgotten the job (MinJobAge). Pure: the 
 | COMPLETED                                                                   | succeeded |
 | FAILED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, TIMEOUT, SPECIAL_EXIT | failed    |
 | CANCELLED, PREEMPTED, REVOKED                                               | stopped   |
+| CANCELLED before it started (no nodes)                                      | stopped, no exit code |
 | another state Slurm calls final / not final                                 | failed / running |
 | (unknown to Slurm)                                                          | the manifest's end, else lost |
 
 A run that ``fstrain stop`` ended is ``stopped`` whatever Slurm calls the end (the job's script
-exits 143 on the SIGTERM, which Slurm records as FAILED).
+exits 143 on the SIGTERM, which Slurm records as FAILED). A run the time limit ended (Slurm's
+TIMEOUT, or the batch script's mark that the time-limit warning stopped it) says so: "time limit
+(--time 00:02:00) reached".
 """
 
 from __future__ import annotations
@@ -42,9 +45,21 @@ _WHY = {"TIMEOUT": "the job reached its time limit (TIMEOUT)", "NODE_FAIL": "a n
 
 
 def slurm_run_state(job: JobStatus | None, manifest: Mapping[str, Any] | None, *,
-                    stop_requested: bool = False) -> RunState:
+                    stop_requested: bool = False, time_limit_reached: bool = False, time_limit: str = "") -> RunState:
     """The run's state from its job (``None``: Slurm no longer knows it) and its manifest
-    (``None``: not written yet, or the job died before writing it)."""
+    (``None``: not written yet, or the job died before writing it). ``time_limit_reached``: the
+    batch script marked that the time-limit warning stopped the run; ``time_limit``: the job's
+    TimeLimit, for the words."""
+    state = _slurm_run_state(job, manifest, stop_requested)
+    if state.state in FINAL and state.state != "succeeded" and not stop_requested and (
+            time_limit_reached or (job is not None and job.state == "TIMEOUT")):
+        limit = time_limit or (job.time_limit if job is not None else "")
+        return RunState("failed", state.exit_code, f"time limit{f' (--time {limit})' if limit else ''} reached",
+                        state.ended)
+    return state
+
+
+def _slurm_run_state(job: JobStatus | None, manifest: Mapping[str, Any] | None, stop_requested: bool) -> RunState:
     ended = manifest.get("ended") if manifest and manifest.get("ended") else None
     if job is None:
         if ended:
@@ -61,6 +76,8 @@ def slurm_run_state(job: JobStatus | None, manifest: Mapping[str, Any] | None, *
     code = job.shell_exit_code
     if job.state in SUCCEEDED:
         state = RunState("succeeded", code, "")
+    elif job.state in STOPPED and not job.nodes and not job.run_time_s and not ended:  # never started: no exit code
+        return RunState("stopped", None, f"cancelled before it started ({job.state})")
     elif job.state in STOPPED:
         state = RunState("stopped", code, _WHY.get(job.state, f"cancelled ({job.state})"))
     elif job.state in FAILED:
