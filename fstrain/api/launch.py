@@ -144,8 +144,8 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
         from fstrain.api.hosts import srun_connect
 
         return srun_connect(request.container_image, request.container_mounts)
-    check_distinct_endpoints(prepared.selection.hosts, request.hosts.ssh_config)
-    return make_connector(request.hosts.ssh_config, accept_new_hosts=request.hosts.accept_new_hosts)
+    config = check_distinct_endpoints(prepared.selection.hosts, request.hosts.ssh_config)
+    return make_connector(request.hosts.ssh_config, accept_new_hosts=request.hosts.accept_new_hosts, config=config)
 
 
 def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> Launched:

@@ -16,10 +16,12 @@ Forms understood:
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import itertools
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fstrain.errors import InventoryError
@@ -77,9 +79,7 @@ def parse_host_token(token: str, where: str, slots: int | None = None) -> Host:
     user: str | None = None
     rest = token
     if "@" in rest:
-        user, rest = rest.rsplit("@", 1)
-        if not user:
-            raise InventoryError(f"empty user name in {token!r}", "write user@host", where)
+        user, rest = _split_user(token, where)
     port: int | None = None
     if rest.startswith("["):
         close = rest.find("]")
@@ -103,6 +103,28 @@ def parse_host_token(token: str, where: str, slots: int | None = None) -> Host:
         )
     _check_name_length(name, token, where)
     return Host(name=name, user=user, port=port, slots=slots, where=where)
+
+
+# What OpenSSH refuses in a user name given on its command line (ssh.c, since 9.6): it reaches
+# ProxyCommand's %r, which a shell runs.
+_USER_REFUSED = frozenset("'`\"$\\;&<>|(){}")
+
+
+def _split_user(token: str, where: str) -> tuple[str, str]:
+    """``user@rest``: one '@' (DeepSpeed, pdsh and fstrain read the user up to it), a user and a
+    host on either side, no shell metacharacters in the user."""
+    user, _, rest = token.partition("@")
+    if "@" in rest:
+        raise InventoryError(f"{token!r} has more than one '@'",
+                             "write user@host; a user name that contains '@' goes in the SSH config (User)", where)
+    if not user:
+        raise InventoryError(f"empty user name in {token!r}", "write user@host", where)
+    if not rest:
+        raise InventoryError(f"empty host name in {token!r}", "write user@host", where)
+    if user.startswith("-") or not _USER_REFUSED.isdisjoint(user):
+        raise InventoryError(f"user name {user!r} in {token!r} starts with '-' or holds a shell metacharacter",
+                             "write the user's login name (letters, digits, '.', '_', '-')", where)
+    return user, rest
 
 
 def _check_name_length(name: str, token: str, where: str) -> None:
@@ -165,16 +187,36 @@ def _parse_slots(tokens: list[str], where: str) -> int:
     return int(value)
 
 
-def check_unique(hosts: Iterable[Host]) -> None:
-    """Refuse the same host twice: it would run two copies of every rank. The user does not
-    matter (``node1`` and ``root@node1`` are one machine); the port does."""
-    seen: dict[tuple[str, int | None], Host] = {}
-    for host in hosts:
-        key = (host.name, host.port)
-        if key in seen:
+DEFAULT_SSH_PORT = 22
+
+
+def machine_key(name: str, port: int | None) -> tuple[str, int]:
+    """Which machine a host entry reaches, as far as names tell without DNS: the name without
+    its case (DNS and ssh's Host patterns ignore it) or a trailing dot, an IP address in one
+    canonical form (``fd00:0::5`` is ``fd00::5``), and the port, 22 when none is written."""
+    key = name.lower().rstrip(".")
+    if key[:1].isdigit() or ":" in key:  # perhaps an address literal (a name such as 1node stays as it is)
+        with contextlib.suppress(ValueError):
+            key = ipaddress.ip_address(key).compressed
+    return key, DEFAULT_SSH_PORT if port is None else port
+
+
+def check_unique(hosts: Sequence[Host], keys: Sequence[tuple[str, int]] | None = None, after: str = "") -> None:
+    """Refuse one machine named twice: it would run two copies of every rank. Two entries are
+    one machine when their :func:`machine_key` is the same (``node1``, ``root@node1``,
+    ``NODE1`` and ``node1:22`` are one; ``gw:2201`` and ``gw:2202`` are two), or their ``keys``
+    where given (the HostName and Port the SSH config resolves each to, ``after`` saying so).
+    The user does not matter: two logins on one machine share its GPUs."""
+    seen: dict[tuple[str, int], Host] = {}
+    for index, host in enumerate(hosts):
+        key = machine_key(host.name, host.port) if keys is None else keys[index]
+        first = seen.get(key)
+        if first is not None:
+            at = f" at {first.where}" if first.where and first.where != host.where else ""
             raise InventoryError(
-                f"duplicate host {host.label()!r} (first at {seen[key].where})",
-                "list each host once and raise its slots instead",
+                f"duplicate host {host.label()!r}: the same machine as {first.label()!r}{at} "
+                f"({key[0]}, port {key[1]}{after})",
+                "list each machine once and raise its slots instead",
                 host.where,
             )
         seen[key] = host
