@@ -157,8 +157,8 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
 
         workdir = request.job.workdir or os.getcwd()
         return srun_connector(container_step_args(request, prepared.run_id, workdir, str(prepared.run_dir.resolve())))
-    check_distinct_endpoints(prepared.selection.hosts, request.hosts.ssh_config)
-    return make_connector(request.hosts.ssh_config, accept_new_hosts=request.hosts.accept_new_hosts)
+    config = check_distinct_endpoints(prepared.selection.hosts, request.hosts.ssh_config)
+    return make_connector(request.hosts.ssh_config, accept_new_hosts=request.hosts.accept_new_hosts, config=config)
 
 
 def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> Launched:

@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from fstrain.core.plan.hfconfig import is_hf_config, recipe_from_hf_config
-from fstrain.core.plan.recipe import Recipe, parse_recipe
+from fstrain.core.plan.recipe import Recipe, parse_recipe, plan_name_from
 from fstrain.errors import InputError
 from fstrain.io.userfiles import load_json, load_yaml, read_text_bounded
 
@@ -62,8 +62,8 @@ def load_recipe_file(path: str) -> Recipe:
         data = load_json(text, path)
         if is_hf_config(data):
             # config.json says nothing of its model's name: its folder does (models/Llama-3.1-8B/config.json)
-            name = file.parent.name if file.name == "config.json" and file.parent.name else stem
-            return parse_recipe(recipe_from_hf_config(data, path, name), path, name)
+            name = plan_name_from(file.parent.name if file.name == "config.json" and file.parent.name else stem)
+            return parse_recipe(recipe_from_hf_config(data, path, name or "model"), path, name)
         return parse_recipe(data, path, stem)
     return _parse_text(text, path, stem)
 

@@ -6,9 +6,11 @@ import pytest
 
 from fstrain.core.hosts.hostfile import (
     Host,
+    check_unique,
     compress_hostlist,
     expand_hostlist,
     hosts_from_environment,
+    machine_key,
     parse_filter,
     parse_host_list,
     parse_host_token,
@@ -45,7 +47,7 @@ def test_hostfile_value_wins_over_gpus_per_node() -> None:
 @pytest.mark.parametrize(
     ("text", "line", "fragment"),
     [
-        ("a slots=2\na slots=4\n", 2, "duplicate host 'a' (first at hf:1)"),
+        ("a slots=2\na slots=4\n", 2, "duplicate host 'a': the same machine as 'a' at hf:1 (a, port 22)"),
         ("a slots=0\n", 1, "slots must be a positive integer, got 0"),
         ("a slots=eight\n", 1, "slots must be a positive integer, got 'eight'"),
         ("a slots = 2\n", 1, "malformed slots"),
@@ -58,7 +60,12 @@ def test_hostfile_value_wins_over_gpus_per_node() -> None:
         ("a slots=\u00b2\n", 1, "slots must be a positive integer, got '\u00b2'"),
         ("a slots=99999999999999999999999\n", 1, "more than 1024 processes on one host"),
         ("a:\u00b2 slots=1\n", 1, "port must be 1-65535"),
-        ("a slots=1\nroot@a slots=1\n", 2, "duplicate host 'root@a' (first at hf:1)"),
+        ("a slots=1\nroot@a slots=1\n", 2, "duplicate host 'root@a': the same machine as 'a' at hf:1"),
+        ("a slots=1\nb slots=1\na:22 slots=1\n", 2 + 1, "duplicate host 'a:22': the same machine as 'a' at hf:1"),
+        ("u@user@a slots=1\n", 1, "'u@user@a' has more than one '@'"),
+        ("u@ slots=1\n", 1, "empty host name in 'u@'"),
+        ("-oProxyCommand=x@a slots=1\n", 1, "starts with '-' or holds a shell metacharacter"),
+        ("a$(reboot)@a slots=1\n", 1, "starts with '-' or holds a shell metacharacter"),
         (f"{'x' * 64}.example slots=1\n", 1, "too long (64 characters in one label"),
     ],
 )
@@ -136,8 +143,46 @@ def test_slurm_job_nodelist_environment() -> None:
 
 
 def test_duplicate_in_host_list() -> None:
-    with pytest.raises(InventoryError, match="duplicate host 'n1'"):
+    with pytest.raises(InventoryError, match="duplicate host 'n1': the same machine as 'n1' \\(n1, port 22\\)"):
         parse_host_list("n[1-2],n1")
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("node1", "node1:22"),
+        ("node1", "root@node1"),
+        ("node1", "NODE1"),
+        ("node1.example", "node1.example."),
+        ("10.0.0.5", "ops@10.0.0.5:22"),
+        ("fd00::5", "[fd00:0:0::5]:22"),
+    ],
+)
+def test_one_machine_named_twice_is_refused_naming_both_lines(first: str, second: str) -> None:
+    with pytest.raises(InventoryError) as info:
+        parse_hostfile(f"{first} slots=8\nother slots=8\n{second} slots=8\n", "cluster/hosts")
+    message = info.value.one_line()
+    assert message.startswith(f"cluster/hosts:3: duplicate host '{second.split()[0]}': the same machine as ")
+    assert f"'{first}' at cluster/hosts:1 (" in message
+    assert "hint: list each machine once" in message
+
+
+def test_machines_apart_by_port_or_name_are_kept() -> None:
+    hosts = parse_hostfile("gw:2201\ngw:2202\ngw\nnode1\nnode10\n10.0.0.5\n10.0.0.50\n", "hf")
+    assert [h.label() for h in hosts] == ["gw:2201", "gw:2202", "gw", "node1", "node10", "10.0.0.5", "10.0.0.50"]
+
+
+def test_machine_key_names_one_machine_one_way() -> None:
+    assert machine_key("Node1.", None) == ("node1", 22)
+    assert machine_key("FD00:0::5", 2222) == ("fd00::5", 2222)
+    assert machine_key("1node", None) == ("1node", 22)  # starts like an address, is a name
+
+
+def test_check_unique_takes_resolved_keys() -> None:
+    hosts = parse_host_list("gpu-a,10.9.8.1:22")
+    check_unique(hosts)  # apart by their names
+    with pytest.raises(InventoryError, match=r"the same machine as 'gpu-a' \(10.9.8.1, port 22 after the SSH"):
+        check_unique(hosts, [("10.9.8.1", 22), ("10.9.8.1", 22)], " after the SSH config")
 
 
 def _cluster() -> list[Host]:
@@ -193,6 +238,10 @@ def test_a_host_named_twice_merges_its_slots_as_deepspeed_does() -> None:
 
 def test_host_token_forms() -> None:
     assert parse_host_token("u@h:22", "x") == Host("h", "u", 22, where="x")
+    assert parse_host_token("ops.team_1-x@h", "x").user == "ops.team_1-x"
+    assert parse_host_token("h", "x", 4).slots == 4
+    with pytest.raises(InventoryError, match="'user@user@host' has more than one '@'"):
+        parse_host_token("user@user@host", "--hosts")
     assert parse_host_token("10.0.0.1", "x").name == "10.0.0.1"
     with pytest.raises(InventoryError, match="unclosed"):
         parse_host_token("[fd00::1:22", "x")

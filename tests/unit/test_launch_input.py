@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fstrain.core.launch.nested import nested_launcher
-from tests.helpers import run_fstrain
+from tests.helpers import require_tool, run_fstrain
 
 DRY = ("launch", "--dry-run", "--hosts", "nodeA,nodeB", "--nproc-per-node", "1")
 
@@ -109,3 +111,18 @@ def test_preflight_error_carries_one_hint_the_transports() -> None:
     assert line.count("(hint:") == 1, line
     assert "b: b:22: connection refused" in line
     assert line.endswith("(hint: start sshd on b, or leave it out with --exclude)"), line
+
+
+def test_an_alias_and_its_address_are_refused_before_any_connection(tmp_path: Path) -> None:
+    require_tool("ssh", "apt-get install openssh-client")
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu-a\n    HostName 198.18.0.250\n    ConnectTimeout 1\n")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("gpu-a slots=1\n198.18.0.251 slots=1\n198.18.0.250:22 slots=1\n")
+    result = run_fstrain("launch", "--hostfile", str(hostfile), "--ssh-config", str(config), "--run-dir",
+                         str(tmp_path / "run"), "--", "python3", "train.py", env={"HOME": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"error: {hostfile}:3: duplicate host '198.18.0.250:22': the same machine as 'gpu-a' at {hostfile}:1 "
+        "(198.18.0.250, port 22 after the SSH config) (hint: list each machine once and raise its slots instead)\n")
+    assert not (tmp_path / "run").exists()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fstrain.core.plan.recipe import PARAMS_TOLERANCE, parse_count, parse_recipe
+from fstrain.core.plan.recipe import PARAMS_TOLERANCE, parse_count, parse_recipe, plan_name_from
 from fstrain.errors import InputError
 from fstrain.io.recipes import load_recipe_file, load_shipped_recipe, shipped_recipe_names
 
@@ -202,6 +202,33 @@ def test_user_recipe_takes_its_name_from_the_file(tmp_path: Path) -> None:
     recipe = load_recipe_file(str(path))
     assert recipe.model.name == "my-model"
     assert recipe.params.total == 6_738_415_616
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "my_model.v2", "A", "x" * 64, "7b"])
+def test_safe_plan_names_are_kept(name: str) -> None:
+    assert parse_recipe({**copy.deepcopy(LLAMA2_7B), "name": name}, "x.yaml").model.name == name
+
+
+@pytest.mark.parametrize("name", ["run; rm -rf ~", "$(reboot)", "a b", "-rf", ".hidden", "x" * 65, "a\nb", "",
+                                  "caf\u00e9", "a/b", 7, None])
+def test_a_plan_name_outside_the_safe_set_is_refused(name: object) -> None:
+    with pytest.raises(InputError) as caught:
+        parse_recipe({**copy.deepcopy(LLAMA2_7B), "name": name}, "x.yaml")
+    line = caught.value.one_line()
+    assert line.startswith("x.yaml: name: the name ") and "\n" not in line
+    assert "is not 1-64 letters, digits, '.', '_' or '-' (not starting with '.' or '-')" in line
+
+
+def test_a_name_from_a_file_or_folder_is_made_safe(tmp_path: Path) -> None:
+    import yaml
+
+    data = copy.deepcopy(LLAMA2_7B)
+    del data["name"]
+    path = tmp_path / "Llama 2 (copy).yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert load_recipe_file(str(path)).model.name == "Llama-2-copy"
+    assert plan_name_from("..-x" * 40) == ("x..-" * 16)[:63]
+    assert plan_name_from("$$$") == ""
 
 
 def test_unknown_shipped_model_lists_the_known_ones() -> None:

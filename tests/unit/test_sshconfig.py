@@ -70,8 +70,30 @@ def test_an_alias_and_its_hostname_are_one_host(tmp_path: Path) -> None:
     path = tmp_path / "config"
     path.write_text("Host gpu-a\n    HostName 10.9.8.1\nHost gpu-b\n    HostName 10.9.8.2\n")
     check_distinct_endpoints(parse_host_list("gpu-a,gpu-b,10.9.8.1:2222"), str(path))
-    with pytest.raises(InventoryError, match=r"'root@10.9.8.1' and 'gpu-a' are the same host \(10.9.8.1:22 after"):
+    with pytest.raises(InventoryError, match=r"duplicate host 'root@10.9.8.1': the same machine as 'gpu-a' "
+                                             r"\(10.9.8.1, port 22 after the SSH config\)"):
         check_distinct_endpoints(parse_host_list("gpu-a,gpu-b,root@10.9.8.1"), str(path))
+
+
+def test_one_machine_under_two_names_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    from fstrain.core.hosts.hostfile import parse_hostfile
+    from fstrain.errors import InventoryError
+    from fstrain.io.connect import check_distinct_endpoints
+
+    require_tool("ssh", "apt-get install openssh-client")
+    config = tmp_path / "config"
+    config.write_text("Host gpu-a\n    HostName Node7.example\nHost gpu-b\n    HostName node7.example\n"
+                      "    Port 22\nHost gpu-c\n    HostName node7.example\n    Port 2222\n")
+    hostfile = tmp_path / "hosts"
+    cases = {"gpu-a slots=8\ngpu-c slots=8\nnode7.example:22 slots=8\n": ("node7.example:22", "gpu-a"),
+             "gpu-a slots=8\ngpu-c slots=8\ngpu-b slots=8\n": ("gpu-b", "gpu-a")}
+    for text, (second, first) in cases.items():
+        hosts = parse_hostfile(text, str(hostfile))  # apart by their names: the config makes them one
+        with pytest.raises(InventoryError) as info:
+            check_distinct_endpoints(hosts, str(config))
+        assert info.value.one_line() == (
+            f"{hostfile}:3: duplicate host '{second}': the same machine as '{first}' at {hostfile}:1 "
+            "(node7.example, port 22 after the SSH config) (hint: list each machine once and raise its slots instead)")
 
 
 class _SilentTransport:

@@ -275,7 +275,10 @@ def plan_launches(hosts: Sequence[Host], nprocs: Sequence[int], job: LaunchJob,
         raise InputError("no program to launch", "put the program after --: fstrain launch ... -- python train.py",
                          "PROGRAM")
     info = world_info(hosts, nprocs)
+    # Global ranks follow node order (torchrun's static rendezvous, DeepSpeed's world info).
+    static = backend == "deepspeed" or job.max_restarts == 0
     launches = []
+    offset = 0  # global rank of this node's local rank 0: a running sum, not a sum per node
     for rank, (host, nproc) in enumerate(zip(hosts, nprocs, strict=True)):
         node_env = {**(per_node_env[rank] if per_node_env else {}), **base_env(env)}
         if backend == "torchrun":
@@ -285,11 +288,10 @@ def plan_launches(hosts: Sequence[Host], nprocs: Sequence[int], job: LaunchJob,
         else:
             argv = deepspeed_argv(job.python, world_info=info, node_rank=rank, master_addr=job.master_addr,
                                   master_port=job.master_port, program=program, no_local_rank=job.no_local_rank)
-        # Global ranks follow node order (torchrun's static rendezvous, DeepSpeed's world info).
-        static = backend == "deepspeed" or job.max_restarts == 0
         launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env,
                                    rank_log_dir=RANK_LOG_DIR % rank if backend == "deepspeed" else "",
-                                   backend=backend, rank_offset=sum(nprocs[:rank]) if static else None))
+                                   backend=backend, rank_offset=offset if static else None))
+        offset += nproc
     return launches
 
 

@@ -20,7 +20,7 @@ from fstrain.core.plan.adafactor import check_adafactor
 from fstrain.core.plan.contextparallel import cp_problem
 from fstrain.core.plan.losses import parse_loss
 from fstrain.core.plan.precision import PRECISIONS, check_strategy
-from fstrain.core.plan.recipe import parse_model_section
+from fstrain.core.plan.recipe import check_plan_name, parse_model_section
 from fstrain.core.plan.schema import (
     DEEPSPEED_STRATEGIES,
     LOSSES,
@@ -63,9 +63,7 @@ class PlanFile:
             )
         check_format(data, "plan", where)  # every version up to this fstrain's
         model_data = dict(_section(data, "model", where))
-        name = model_data.pop("name", "")
-        if not isinstance(name, str) or not name:
-            raise InputError(f"model.name must be a non-empty string, got {name!r}", "name the model", where)
+        name = check_plan_name(model_data.pop("name", ""), f"{where}: model.name")
         # As strict as a recipe: `launch --plan` must refuse what `plan` would never write.
         model = parse_model_section(model_data, where, name)
         knobs = _build(PlanKnobs, _section(data, "plan", where), f"{where}: plan")

@@ -7,7 +7,7 @@ Reading files and YAML lives at the edge (``fstrain.io.recipes``).
 
 Schema (every key is checked; unknown keys are errors, so a typo never passes silently)::
 
-    name: llama2-7b                 # optional, defaults to the file stem
+    name: llama2-7b                 # optional, defaults to the file stem; [A-Za-z0-9._-], 1-64
     description: ...                # optional, free text
     source: ...                     # optional, where the numbers come from
     hf_ids: [meta-llama/Llama-2-7b-hf]   # optional: Hugging Face ids --model also accepts
@@ -45,6 +45,7 @@ well over a percent.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,10 @@ from fstrain.core.plan.schema import ACTIVATIONS, OPTIMIZERS, ModelSpec, MoESpec
 from fstrain.errors import InputError
 
 PARAMS_TOLERANCE = 0.005
+# A plan's name (its model's) travels into plan files, rendered files, run records and the
+# trainer's summary: letters, digits, '.', '_' and '-' need no quoting in a file name or a shell.
+MAX_PLAN_NAME_CHARS = 64
+_PLAN_NAME_RE = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9._-]{{0,{MAX_PLAN_NAME_CHARS - 1}}}")
 NORMS = ("rmsnorm", "layernorm")
 POSITION_EMBEDDINGS = ("rope", "learned")
 _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
@@ -125,11 +130,12 @@ def parse_recipe(data: Any, where: str, default_name: str = "") -> Recipe:
     """Validate a parsed recipe mapping; ``where`` names the file in every error."""
     top = _mapping(data, where, "the recipe")
     _no_unknown(top, _TOP_KEYS, where, "")
-    name = top.get("name", default_name)
-    if not isinstance(name, str) or not name:
-        raise InputError(
-            f"expected a non-empty string, got {name!r}", "name the model, e.g. llama2-7b", _at(where, "name")
-        )
+    if "name" in top:
+        name = check_plan_name(top["name"], _at(where, "name"))
+    else:
+        name = plan_name_from(default_name)
+        if not name:
+            raise InputError("the recipe has no name", "name the model, e.g. name: llama2-7b", where)
     if "model" not in top:
         raise InputError("missing section 'model'", "describe the architecture under model:", where)
     model, stated = _parse_model(_mapping(top["model"], where, "model"), where, name)
@@ -152,6 +158,21 @@ def parse_recipe(data: Any, where: str, default_name: str = "") -> Recipe:
         where=where,
         hf_ids=_text_list(top, "hf_ids", where),
     )
+
+
+def check_plan_name(name: Any, where: str) -> str:
+    """A plan's (its model's) name: 1-64 letters, digits, '.', '_' or '-', not starting with
+    '.' or '-' (a hidden file, an option)."""
+    if not isinstance(name, str) or not _PLAN_NAME_RE.fullmatch(name):
+        shown = name[:80] if isinstance(name, str) else name
+        raise InputError(f"the name {shown!r} is not 1-{MAX_PLAN_NAME_CHARS} letters, digits, '.', '_' or '-' "
+                         "(not starting with '.' or '-')", "rename it, e.g. llama2-7b or my_model.v2", where)
+    return name
+
+
+def plan_name_from(text: str) -> str:
+    """A plan name made from a file or folder name: ``Llama 3 (copy)`` -> ``Llama-3-copy``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".-")[:MAX_PLAN_NAME_CHARS].rstrip("-")
 
 
 def parse_model_section(section: Any, where: str, name: str) -> ModelSpec:
