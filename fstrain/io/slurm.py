@@ -26,6 +26,7 @@ from fstrain.core.slurm.job import (
     Allocation,
     JobStatus,
     check_hostnames,
+    ended_by_slurm,
     job_nodes_note,
     parse_hostnames,
     parse_sbatch_job_id,
@@ -139,6 +140,19 @@ def allocation_nodes(allocation: Allocation, warn: Callable[[str], None],
     if note is not None:
         warn(note)
     return tuple(job_nodes)
+
+
+def slurm_ended_run(job_id: str) -> str | None:
+    """Why Slurm ended job ``job_id`` (``scancel``), or ``None`` while it runs, or when
+    scontrol cannot say: asked when a run inside the job ends or fstrain gets SIGTERM."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return None
+    result = LocalTransport().run([scontrol, "show", "job", "-o", job_id], timeout_s=15)
+    try:
+        return ended_by_slurm(parse_scontrol_job(result.stdout)) if result.ok else None
+    except ParseError:
+        return None
 
 
 def submit(script: Path, environ: Mapping[str, str] | None = None) -> str:

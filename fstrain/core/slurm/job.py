@@ -25,6 +25,9 @@ DEFAULT_SIGNAL = "B:USR1@90"  # 90 s before the time limit, USR1 to the batch sc
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(\d+-\d+)$|^(UNLIMITED|INFINITE|infinite|unlimited)$")
 _GPU_COUNT_RE = re.compile(r"(?:^|[:/])(\d+)$")
 MAX_LISTED_NODES = 8  # a message names this many nodes, then how many more: never a screenful
+CANCELLED_BY_SLURM = "cancelled by Slurm (scancel)"
+_CANCEL_LINE_RE = re.compile(r"slurmstepd\S*: error: \*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+"
+                             r"(?: DUE (?:TO|to) (.+?))? \*\*\*")
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,29 @@ def job_nodes_note(job_id: str, ours: Sequence[str], job_nodes: Sequence[str]) -
                 f"({list_nodes(ours)}); fstrain runs on all of the job's: {list_nodes(job_nodes)}")
     return (f"SLURM_JOB_NODELIST names {list_nodes(ours)}, but Slurm job {job_id} holds {list_nodes(job_nodes)}; "
             "fstrain runs on the job's")
+
+
+def ended_by_slurm(status: JobStatus | None) -> str | None:
+    """Why Slurm itself is ending the job a run lives in, in the run's words: ``scancel`` makes
+    it CANCELLED (COMPLETING first, while its processes end), and Slurm sends SIGTERM to every
+    process of it; ``None`` while it runs."""
+    if status is None:
+        return None
+    if status.state == "CANCELLED":
+        return CANCELLED_BY_SLURM
+    if status.state == "COMPLETING":
+        return f"stopped by Slurm (job {status.job_id} is ending)"
+    return None
+
+
+def slurm_cancel_reason(line: str) -> str | None:
+    """slurmstepd's own line on a node when Slurm cancels a step or the job: ``*** STEP 9.0 ON
+    node1 CANCELLED AT 2026-12-01T18:13:04 ***`` (scancel), ``... DUE TO TIME LIMIT ***``."""
+    match = _CANCEL_LINE_RE.search(line)
+    if match is None:
+        return None
+    due = match.group(1)
+    return f"cancelled by Slurm ({due.lower()})" if due else CANCELLED_BY_SLURM
 
 
 def gpus_from_env(environ: Mapping[str, str]) -> int | None:
