@@ -76,6 +76,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 LIVENESS_INTERVAL_S = 2.0
 # The run's verdict as the manifest and `fstrain runs` have always named it ("ok" for a success)
 OUTCOME_REASONS = {"succeeded": "ok", "running": "ok"}
+ASKED_STOPS = ("interrupted", "terminated", "stalled")  # verdicts that Slurm's cancelling does not replace
 REMOTE_RUNS = ".fstrain/runs"  # under the remote home
 REMOTE_STATE = "~/.fstrain/active"  # where watchdogs record active runs (for doctor --orphans)
 
@@ -511,7 +512,7 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                     run.rank_finished(clock())
                 continue
             why = slurm_cancel_reason(b) if options.ended_by_slurm is not None else None
-            if why and run.reason != why:  # Slurm signals every process of the step itself
+            if why and run.reason != why and run.state not in ASKED_STOPS:  # Slurm signals every process itself
                 run.ended_outside("cancelled", why, EXIT_SIGTERM, clock())
             node.reader.feed(b)
             if split_rank_prefix(b)[0] is not None:
@@ -531,7 +532,8 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                 decisions = run.node_lost(rank, a, clock())
             _carry_out(decisions, nodes, run, hangs, options)
         _carry_out(run.tick(clock()), nodes, run, hangs, options)
-    _slurm_ended(run, options, clock())
+    if run.state not in ASKED_STOPS:
+        _slurm_ended(run, options, clock())
     return run
 
 

@@ -3,11 +3,22 @@ line, the job's state) and the verdict it gives."""
 
 from __future__ import annotations
 
+import io
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import cast
+
 import pytest
 
+from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.runstate import from_manifest
+from fstrain.core.launch.spec import NodeLaunch
 from fstrain.core.launch.supervisor import EXIT_SIGTERM, GIVE_UP, TEARDOWN, Decision, Limits, Supervisor
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, JobStatus, ended_by_slurm, slurm_cancel_reason
+from fstrain.io.launch import RunOptions, RunOutcome, run_nodes
+from fstrain.io.transport.base import Transport
+from fstrain.io.transport.local import LocalRunning, LocalTransport
 
 # -- a run that Slurm cancels -------------------------------------------------------------------
 
@@ -54,3 +65,50 @@ def test_a_cancel_while_nodes_fail_is_the_verdict_not_a_node_failure() -> None:
 def test_a_cancelled_run_is_stopped_in_the_run_list() -> None:
     state = from_manifest({"reason": "cancelled", "exit_code": 143, "detail": CANCELLED_BY_SLURM})
     assert (state.state, state.exit_code) == ("stopped", 143)
+
+
+class NodeStandIn:
+    """A node whose "watchdog" is a script: what a Slurm step's stream shows on scancel."""
+
+    def __init__(self, host: str, script: str) -> None:
+        self.host, self.script = host, script
+
+    def start(self, argv: Sequence[str]) -> LocalRunning:
+        return LocalTransport(self.host).start([sys.executable, "-c", self.script])
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+CANCEL_LINE = "slurmstepd-{host}: error: *** STEP 5.{rank} ON {host} CANCELLED AT 2026-12-01T18:14:10 ***"
+# torchrun's code after its SIGTERM; node2's step ends first, as under load.
+STEP_ENDS = "import sys, time; time.sleep({delay}); sys.stderr.write({line!r} + '\\n'); sys.exit(1)"
+
+
+def drive(tmp_path: Path, ended_by_slurm: Callable[[], str | None] | None, line: bool) -> RunOutcome:
+    hosts = [Host("node1"), Host("node2")]
+    launches = [NodeLaunch(host, rank, 1, ("torchrun",)) for rank, host in enumerate(hosts)]
+    scripts = {h.name: STEP_ENDS.format(delay=0.5 + 0.5 * (h.name == "node1"),
+                                        line=CANCEL_LINE.format(host=h.name, rank=i) if line else "")
+               for i, h in enumerate(hosts)}
+    options = RunOptions(run_id="r1", run_dir=tmp_path / "run", grace_s=5, out=io.StringIO(),
+                         ended_by_slurm=ended_by_slurm)
+
+    def connect(host: Host) -> Transport:
+        return cast("Transport", NodeStandIn(host.name, scripts[host.name]))  # streams only: no `run`
+
+    return run_nodes(launches, connect, "python3", options)
+
+
+@pytest.mark.parametrize(("inside", "line", "slurm_says", "expected"), [
+    (True, True, None, ("cancelled", 143, CANCELLED_BY_SLURM, None)),  # slurmstepd's line on the first node
+    (True, False, CANCELLED_BY_SLURM, ("cancelled", 143, CANCELLED_BY_SLURM, None)),  # the job's state at the end
+    (True, False, None, ("failed", 1, "the job on node2 exited with 1", 1)),  # Slurm did not end it
+    (False, True, None, ("failed", 1, "the job on node2 exited with 1", 1)),  # over SSH the line is only text
+])
+def test_a_run_that_slurm_cancels_is_reported_as_cancelled(tmp_path: Path, inside: bool, line: bool,
+                                                           slurm_says: str | None,
+                                                           expected: tuple[str, int, str, int | None]) -> None:
+    outcome = drive(tmp_path, (lambda: slurm_says) if inside else None, line)
+    assert (outcome.reason, outcome.exit_code, outcome.detail, outcome.first_failure) == expected
+    assert [n.exit_code for n in outcome.nodes] == [1, 1]
