@@ -69,6 +69,7 @@ class DriveRequest:
     ssh_config: str | None = None  # kept with a detached run, for later commands
     color: bool = False
     out: TextIO = sys.stdout  # the ranks' lines
+    slurm_job_id: str | None = None  # inside a Slurm allocation: the job, asked whether Slurm ended it
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                                  heartbeat_timeout_s=request.heartbeat_timeout_s, workdir=workdir,
                                  node_run_dirs=run_dirs, node_files=node_job.node_files, color=request.color,
                                  out=request.out, stall_timeout_s=request.stall_timeout_s,
-                                 finish_timeout_s=request.finish_timeout_s)
+                                 finish_timeout_s=request.finish_timeout_s,
+                                 ended_by_slurm=slurm_ended(request.slurm_job_id))
             if request.detach:
                 return _start_detached(request, connect, checked, node_job, options, started)
             if request.record:
@@ -135,6 +137,14 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                     node.close()
     manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, checked, node_job), outcome)
     return Driven(checked, node_job, outcome, manifest, started)
+
+
+def slurm_ended(job_id: str | None) -> Callable[[], str | None] | None:
+    if job_id is None:
+        return None
+    from fstrain.io.slurm import slurm_ended_run
+
+    return lambda: slurm_ended_run(job_id)
 
 
 def run_setup(request: DriveRequest, checked: Checked, node_job: NodeJob) -> RunSetup:

@@ -1,8 +1,10 @@
 """Which hosts a command runs on, and how they are reached: the host options every
 multi-host command shares, and the Slurm allocation whose nodes run a job through srun.
 
-Order: ``--hostfile`` or ``--hosts`` (not both); else ``SLURM_JOB_NODELIST``; else localhost,
-said out loud. A hostfile that does not exist is an error, never a fallback to localhost.
+Order: ``--hostfile`` or ``--hosts`` (not both); else the Slurm job's nodes (inside a job,
+``SLURM_JOB_ID`` set: as Slurm expands them, see :func:`allocation_nodes`; else
+``SLURM_JOB_NODELIST`` as written); else localhost, said out loud. A hostfile that does not
+exist is an error, never a fallback to localhost.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def resolve_hosts(
     elif hosts:
         found, source = parse_host_list(hosts), "--hosts"
     else:
-        slurm = hosts_from_environment(env)
+        slurm = slurm_job_hosts(env)
         if slurm is not None:
             found, source = slurm, "SLURM_JOB_NODELIST"
         else:
@@ -70,13 +72,29 @@ def resolve_hosts(
     return HostSelection(select_hosts(found, include, exclude), source)
 
 
+def slurm_job_hosts(environ: Mapping[str, str]) -> list[Host] | None:
+    """The hosts ``SLURM_JOB_NODELIST`` names: inside a job, the job's nodes as Slurm has them
+    (a list scontrol cannot read is an error here, before any host is contacted)."""
+    from fstrain.core.slurm.job import allocation_from_env
+
+    allocation = allocation_from_env(environ)
+    if allocation is None:
+        return hosts_from_environment(environ)
+    from fstrain.io.localout import warn
+    from fstrain.io.slurm import allocation_nodes
+
+    return parse_host_list(",".join(allocation_nodes(allocation, warn, environ)), "SLURM_JOB_NODELIST")
+
+
 def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
                       environ: Mapping[str, str] | None = None) -> Allocation | None:
-    """The allocation whose nodes run the job through srun, or ``None`` for SSH."""
-    from fstrain.core.slurm.job import LAUNCHERS, allocation_from_env
+    """The allocation whose nodes run the job through srun, or ``None`` for SSH. Inside an srun
+    step of several tasks nothing is chosen: one launch per task is refused."""
+    from fstrain.core.slurm.job import LAUNCHERS, allocation_from_env, check_one_task
     from fstrain.errors import InputError
 
     env = os.environ if environ is None else environ
+    check_one_task(env)
     if launcher not in LAUNCHERS:
         raise InputError(f"unknown launcher {launcher!r}", f"use one of {', '.join(LAUNCHERS)}", "--launcher")
     if launcher == "ssh":

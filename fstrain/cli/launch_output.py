@@ -62,8 +62,8 @@ def print_summary(outcome: RunOutcome) -> None:
     if outcome.stall is not None:
         print_stall(outcome.stall)
     verdict = {"ok": "[green]all nodes finished ok[/green]", "interrupted": "[yellow]interrupted (Ctrl-C)[/yellow]",
-               "stalled": "[red]stalled[/red]",
-               "terminated": "[yellow]terminated (SIGTERM)[/yellow]"}.get(outcome.reason, "[red]failed[/red]")
+               "stalled": "[red]stalled[/red]", "terminated": "[yellow]terminated (SIGTERM)[/yellow]",
+               "cancelled": f"[yellow]{outcome.detail}[/yellow]"}.get(outcome.reason, "[red]failed[/red]")
     out.print(f"{verdict}; exit code {outcome.exit_code}")
 
 

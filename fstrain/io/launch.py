@@ -61,6 +61,7 @@ from fstrain.core.launch.supervisor import (
     Limits,
     Supervisor,
 )
+from fstrain.core.slurm.job import CANCELLED_BY_SLURM, slurm_cancel_reason
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool
@@ -75,6 +76,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 LIVENESS_INTERVAL_S = 2.0
 # The run's verdict as the manifest and `fstrain runs` have always named it ("ok" for a success)
 OUTCOME_REASONS = {"succeeded": "ok", "running": "ok"}
+ASKED_STOPS = ("interrupted", "terminated", "stalled")  # verdicts that Slurm's cancelling does not replace
 REMOTE_RUNS = ".fstrain/runs"  # under the remote home
 REMOTE_STATE = "~/.fstrain/active"  # where watchdogs record active runs (for doctor --orphans)
 
@@ -271,12 +273,15 @@ class RunOptions:
     out: TextIO = sys.stdout
     stall_timeout_s: float | None = None  # no rank output for this long: stalled
     finish_timeout_s: float | None = None  # some nodes done with 0, others still running: stalled
+    # Inside a Slurm job: why Slurm ended it ("cancelled by Slurm (scancel)"), None while it runs.
+    # Asked on fstrain's own SIGTERM and when the run ends.
+    ended_by_slurm: Callable[[], str | None] | None = None
 
 
 @dataclass
 class RunOutcome:
     exit_code: int
-    reason: str  # "ok", "failed", "lost", "interrupted", "terminated"
+    reason: str  # "ok", "failed", "lost", "interrupted", "terminated", "cancelled" (by Slurm)
     first_failure: int | None  # node rank
     nodes: list[NodeState]
     started: float
@@ -485,6 +490,8 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
     while not run.ended:
         for signum in stop.signals[handled_signals:]:  # the first asks for a graceful stop, the next kills
             how = "term" if run.stopping_since_s is None else "kill"
+            if how == "term" and signum == signal.SIGTERM and _slurm_ended(run, options, clock()):
+                continue  # Slurm signals every node's processes itself
             state, code = ("interrupted", EXIT_SIGINT) if signum == signal.SIGINT else ("terminated", EXIT_SIGTERM)
             _carry_out(run.stop(how, state, f"{state} ({signal.Signals(signum).name})", code, clock()),
                        nodes, run, hangs, options)
@@ -504,6 +511,9 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                 if payload.get("ranks_gone"):
                     run.rank_finished(clock())
                 continue
+            why = slurm_cancel_reason(b) if options.ended_by_slurm is not None else None
+            if why and run.reason != why and run.state not in ASKED_STOPS:  # Slurm signals every process itself
+                run.ended_outside("cancelled", why, EXIT_SIGTERM, clock())
             node.reader.feed(b)
             if split_rank_prefix(b)[0] is not None:
                 run.output(clock())
@@ -522,7 +532,18 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                 decisions = run.node_lost(rank, a, clock())
             _carry_out(decisions, nodes, run, hangs, options)
         _carry_out(run.tick(clock()), nodes, run, hangs, options)
+    if run.state not in ASKED_STOPS:
+        _slurm_ended(run, options, clock())
     return run
+
+
+def _slurm_ended(run: Supervisor, options: RunOptions, now_s: float) -> bool:
+    """Inside a Slurm job that Slurm is ending (scancel): the run's verdict is Slurm's, and
+    nothing is sent to the nodes (Slurm signals every process of the job itself)."""
+    why = options.ended_by_slurm() if options.ended_by_slurm is not None else None
+    if why and (run.state != "cancelled" or why == CANCELLED_BY_SLURM):  # the job's final word wins
+        run.ended_outside("cancelled", why, EXIT_SIGTERM, now_s)
+    return bool(why)
 
 
 def _carry_out(decisions: Sequence[Decision], nodes: Sequence[NodeState], run: Supervisor, hangs: HangReports,
@@ -664,6 +685,7 @@ def write_manifest(path: Path, setup: RunSetup, outcome: RunOutcome | None) -> d
         "exit_code": outcome.exit_code if outcome else None,
         "reason": outcome.reason if outcome else "dry-run",
         "stall": outcome.stall if outcome else None,
+        "detail": outcome.detail if outcome else None,
         "first_failure_node_rank": outcome.first_failure if outcome else None,
         "first_failure": failure_summary(outcome.nodes[outcome.first_failure].failure)
         if outcome and outcome.first_failure is not None else None,

@@ -27,13 +27,16 @@ from fstrain.core.slurm.job import (
     JobStatus,
     check_hostnames,
     cpus_per_task_from_env,
+    ended_by_slurm,
+    job_nodes_note,
     parse_hostnames,
     parse_sbatch_job_id,
     parse_scontrol_job,
     parse_step_ids,
+    rejected_nodelist,
     srun_step_argv,
 )
-from fstrain.errors import FstrainError, TransportError
+from fstrain.errors import FstrainError, ParseError, TransportError
 from fstrain.io.transport.base import CommandResult, Transport
 from fstrain.io.transport.local import LocalRunning, LocalTransport
 
@@ -102,24 +105,61 @@ def srun_connector(extra: Sequence[str] = ()) -> Callable[[Host], Transport]:
     return connect
 
 
-def allocation_nodes(allocation: Allocation, warn: Callable[[str], None]) -> tuple[str, ...]:
-    """The allocation's nodes in order, cross-checked with ``scontrol show hostnames`` where it
-    exists; on a disagreement scontrol wins (it is Slurm's own expansion) and ``warn`` says so."""
+def allocation_nodes(allocation: Allocation, warn: Callable[[str], None],
+                     environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The job's nodes in order, as Slurm has them, where ``scontrol`` exists:
+
+    - ``SLURM_JOB_NODELIST`` cross-checked with ``scontrol show hostnames``; on a disagreement
+      scontrol wins (it is Slurm's own expansion) and ``warn`` says so; a list it cannot read
+      is one InventoryError naming the variable;
+    - then the job's own node list (``scontrol show job``): inside an srun step the variable
+      names the step's nodes only (``srun --jobid=J -N1``), and the launch runs on the job's,
+      said in one line."""
+    env = os.environ if environ is None else environ
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return allocation.nodes
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ",".join(allocation.nodes)
+    name = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    nodelist = env.get(name) or ",".join(allocation.nodes)
     result = LocalTransport().run([scontrol, "show", "hostnames", nodelist], timeout_s=30)
     if not result.ok:
-        warn(f"`scontrol show hostnames` failed ({result.error or result.stderr.strip()}); "
+        warn(f"`scontrol show hostnames` failed ({result.error or result.stderr.strip()[-200:]}); "
              "using fstrain's expansion of SLURM_JOB_NODELIST")
         return allocation.nodes
     theirs = parse_hostnames(result.stdout)
+    if not theirs:
+        raise rejected_nodelist(name, nodelist, result.stderr)
     problem = check_hostnames(allocation.nodes, theirs)
     if problem is not None:
         warn(problem + "; using scontrol's")
+    job = LocalTransport().run([scontrol, "show", "job", "-o", allocation.job_id], timeout_s=30)
+    try:
+        job_nodelist = parse_scontrol_job(job.stdout).nodes if job.ok else ""
+    except ParseError:
+        job_nodelist = ""
+    if not job_nodelist or job_nodelist == nodelist:
         return tuple(theirs)
-    return allocation.nodes
+    expanded = LocalTransport().run([scontrol, "show", "hostnames", job_nodelist], timeout_s=30)
+    job_nodes = parse_hostnames(expanded.stdout) if expanded.ok else []
+    if not job_nodes:
+        return tuple(theirs)
+    note = job_nodes_note(allocation.job_id, theirs, job_nodes)
+    if note is not None:
+        warn(note)
+    return tuple(job_nodes)
+
+
+def slurm_ended_run(job_id: str) -> str | None:
+    """Why Slurm ended job ``job_id`` (``scancel``), or ``None`` while it runs, or when
+    scontrol cannot say: asked when a run inside the job ends or fstrain gets SIGTERM."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return None
+    result = LocalTransport().run([scontrol, "show", "job", "-o", job_id], timeout_s=15)
+    try:
+        return ended_by_slurm(parse_scontrol_job(result.stdout)) if result.ok else None
+    except ParseError:
+        return None
 
 
 def submit(script: Path, environ: Mapping[str, str] | None = None) -> str:

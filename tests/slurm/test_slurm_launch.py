@@ -198,7 +198,7 @@ def test_scancel_mid_run_stops_every_node_within_the_grace_period(slurm: SlurmCl
         time.sleep(0.25)
     manifest = json.loads(manifest_path.read_text())
     # Slurm cancelled it with SIGTERM; fstrain's summary says the same, and its code is the job's.
-    assert manifest["reason"] == "terminated" and manifest["exit_code"] == 143
+    assert manifest["reason"] == "cancelled" and manifest["exit_code"] == 143
     assert (status.state, status.shell_exit_code) == ("CANCELLED", 143), status
 
 

@@ -3,7 +3,7 @@
 States: ``starting`` (not every node's watchdog has joined the coordinator), ``running``,
 ``stalled`` (ended by --stall-timeout/--finish-timeout), ``succeeded`` (every node exited 0),
 ``failed`` (a rank or node failed: the run's exit code is that rank's), ``stopped`` (Ctrl-C,
-SIGTERM or `fstrain stop`), ``lost`` (a node, or the coordinator itself, vanished without a
+SIGTERM, `fstrain stop` or Slurm's scancel), ``lost`` (a node, or the coordinator itself, vanished without a
 record). Pure: the I/O edge (fstrain/io/runs.py) gathers the inputs.
 """
 
@@ -18,7 +18,7 @@ STATES = ("starting", "running", "stalled", "succeeded", "failed", "stopped", "l
 FINAL = frozenset({"stalled", "succeeded", "failed", "stopped", "lost"})
 # The attached launcher's reasons (manifest.json) -> states.
 _REASONS = {"ok": "succeeded", "failed": "failed", "lost": "lost", "interrupted": "stopped", "terminated": "stopped",
-            "stalled": "stalled"}
+            "cancelled": "stopped", "stalled": "stalled"}
 # The bundled trainer: "[fstrain.train] step 5/20 loss 3.1234 lr 1.000e-04 tokens/s 12,345 ..."
 _PROGRESS_RE = re.compile(r"\bstep (\d+)(?:/(\d+))?(?:.*?\bloss ([0-9.eE+-]+|nan|inf))?(?:.*?\btokens/s ([0-9,.]+))?")
 

@@ -179,6 +179,15 @@ class Supervisor:
             return [Decision(KILL, self.live())]
         return []
 
+    def ended_outside(self, state: str, reason: str, exit_code: int, now_s: float) -> None:
+        """The scheduler ended the job (Slurm's ``scancel`` sends SIGTERM to every process of
+        every node itself): the verdict is its, nothing more is sent (a second SIGTERM would
+        cut the launchers' own shutdown short), and the node failures seen meanwhile are its
+        consequences, not a first failure."""
+        self.state, self.reason, self.exit_code, self.first_failure = state, reason, exit_code, None
+        if self.stopping_since_s is None:
+            self.stopping_since_s = now_s
+
     def stacks_reported(self, node: int) -> None:
         self.stacks_waiting.discard(node)
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fstrain.core.hosts.hostfile import expand_hostlist
-from fstrain.errors import InputError, ParseError
+from fstrain.errors import InputError, InventoryError, ParseError
 
 LAUNCHERS = ("auto", "ssh", "srun")
 # Job states after which a job never runs again (squeue/scontrol JobState).
@@ -37,6 +37,10 @@ def job_dir_name(job_id: str) -> str:
     return f"{JOB_DIR_PREFIX}{job_id}"
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(\d+-\d+)$|^(UNLIMITED|INFINITE|infinite|unlimited)$")
 _GPU_COUNT_RE = re.compile(r"(?:^|[:/])(\d+)$")
+MAX_LISTED_NODES = 8  # a message names this many nodes, then how many more: never a screenful
+CANCELLED_BY_SLURM = "cancelled by Slurm (scancel)"
+_CANCEL_LINE_RE = re.compile(r"slurmstepd\S*: error: \*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+"
+                             r"(?: DUE (?:TO|to) (.+?))? \*\*\*")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,79 @@ def allocation_from_env(environ: Mapping[str, str]) -> Allocation | None:
         return None
     nodes = tuple(expand_hostlist(nodelist, "SLURM_JOB_NODELIST"))
     return Allocation(job_id, nodes, gpus_from_env(environ))
+
+
+def check_one_task(environ: Mapping[str, str]) -> None:
+    """``fstrain launch`` starts one step per node itself: inside an srun step of several tasks
+    (``srun fstrain launch`` in a 2-node salloc runs it twice) every task would start a whole
+    launch of its own. Refused before anything starts."""
+    if not environ.get("SLURM_STEP_ID", "").strip():
+        return  # a salloc shell or a batch script: not a step
+    for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            if int(value) > 1:
+                raise InputError(f"this srun step runs {value} tasks ({name}={value}), and each would start a "
+                                 "whole launch of its own", "run fstrain launch once, as one task: `srun -N1 -n1 "
+                                 "--overlap fstrain launch ...`, or straight from the salloc shell or the batch "
+                                 "script (it starts one step per node itself)", "srun")
+            return
+
+
+def list_nodes(nodes: Sequence[str]) -> str:
+    """``n1, n2, n3``, or the first MAX_LISTED_NODES and how many more."""
+    shown = ", ".join(nodes[:MAX_LISTED_NODES])
+    more = len(nodes) - MAX_LISTED_NODES
+    return f"{shown} and {more:,} more" if more > 0 else shown
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def rejected_nodelist(name: str, value: str, why: str) -> InventoryError:
+    """A node list that ``scontrol show hostnames`` cannot read (it says so on stderr, prints no
+    host and still exits 0): one line naming the variable and its value."""
+    said = next((line.strip() for line in why.splitlines() if line.strip()), "")
+    said = said.removeprefix("scontrol: error: ")
+    return InventoryError(f"Slurm cannot read {name}={shorten(value)!r}" + (f": {shorten(said, 120)}" if said else ""),
+                          f"leave {name} as Slurm set it for the job (a node list such as node[01-04]), or name "
+                          "the hosts with --hosts", name)
+
+
+def job_nodes_note(job_id: str, ours: Sequence[str], job_nodes: Sequence[str]) -> str | None:
+    """Inside an srun step ``SLURM_JOB_NODELIST`` is the step's (``srun --jobid=J -N1``), not
+    the job's: one line when the job holds other nodes than it names (fstrain runs on the job's)."""
+    if list(ours) == list(job_nodes):
+        return None
+    if set(ours) < set(job_nodes):
+        return (f"this srun step holds {len(ours)} of Slurm job {job_id}'s {len(job_nodes)} nodes "
+                f"({list_nodes(ours)}); fstrain runs on all of the job's: {list_nodes(job_nodes)}")
+    return (f"SLURM_JOB_NODELIST names {list_nodes(ours)}, but Slurm job {job_id} holds {list_nodes(job_nodes)}; "
+            "fstrain runs on the job's")
+
+
+def ended_by_slurm(status: JobStatus | None) -> str | None:
+    """Why Slurm itself is ending the job a run lives in, in the run's words: ``scancel`` makes
+    it CANCELLED (COMPLETING first, while its processes end), and Slurm sends SIGTERM to every
+    process of it; ``None`` while it runs."""
+    if status is None:
+        return None
+    if status.state == "CANCELLED":
+        return CANCELLED_BY_SLURM
+    if status.state == "COMPLETING":
+        return f"stopped by Slurm (job {status.job_id} is ending)"
+    return None
+
+
+def slurm_cancel_reason(line: str) -> str | None:
+    """slurmstepd's own line on a node when Slurm cancels a step or the job: ``*** STEP 9.0 ON
+    node1 CANCELLED AT 2026-12-01T18:13:04 ***`` (scancel), ``... DUE TO TIME LIMIT ***``."""
+    match = _CANCEL_LINE_RE.search(line)
+    if match is None:
+        return None
+    due = match.group(1)
+    return f"cancelled by Slurm ({due.lower()})" if due else CANCELLED_BY_SLURM
 
 
 def gpus_from_env(environ: Mapping[str, str]) -> int | None:
@@ -98,7 +175,7 @@ def check_hostnames(ours: Sequence[str], scontrol: Sequence[str]) -> str | None:
     they agree, else what differs (the launcher then trusts scontrol)."""
     if list(ours) == list(scontrol):
         return None
-    return (f"SLURM_JOB_NODELIST expands to {', '.join(ours)} here but to {', '.join(scontrol)} "
+    return (f"SLURM_JOB_NODELIST expands to {list_nodes(ours)} here but to {list_nodes(scontrol)} "
             "with `scontrol show hostnames`")
 
 

@@ -21,7 +21,8 @@ After the header (under ``prewarm``, the full header), stdin is the control line
 launcher:
 
 - ``hb``: the launcher is alive;
-- ``term``: SIGTERM the job, SIGKILL whatever is left after ``grace_s``;
+- ``term``: SIGTERM the job, SIGKILL whatever is left after ``grace_s`` (as a Slurm task that
+  Slurm itself sent SIGTERM, the job has it already: no second one, see ``main``);
 - ``kill``: SIGKILL the job now;
 - end of file (the SSH channel closed: launcher killed, network cut) or no ``hb`` for
   ``heartbeat_timeout_s``: as ``term``.
@@ -130,6 +131,17 @@ def dies_with_parent() -> Any:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return arm
+
+
+def slurm_task() -> bool:
+    """Whether srun started this process as the task of a job step (its parent is slurmstepd)."""
+    if not os.environ.get("SLURM_STEP_ID"):
+        return False
+    try:
+        with open(f"/proc/{os.getppid()}/comm") as handle:
+            return handle.read().strip() == "slurmstepd"
+    except OSError:
+        return False
 
 
 def descendants(root: int) -> list[int]:
@@ -299,9 +311,12 @@ class Watchdog:
         self.request("term")
 
     def request(self, how: str) -> None:
+        """``term``, ``kill``, or ``signalled`` (Slurm has sent SIGTERM to the whole job: stop as
+        ``term`` without a SIGTERM of our own, which a later ``term`` does not add)."""
         with self.lock:
-            if self.stop_requested != "kill":
-                self.stop_requested = how
+            if self.stop_requested == "kill" or (self.stop_requested == "signalled" and how == "term"):
+                return
+            self.stop_requested = how
 
     def run(self) -> int:
         if not become_subreaper():
@@ -448,14 +463,21 @@ class Watchdog:
 
     def teardown(self, how: str) -> int:
         assert self.child is not None
-        if how == "term":
-            self.signal_job(signal.SIGTERM)
+        if how in ("term", "signalled"):
+            if how == "term":
+                self.signal_job(signal.SIGTERM)
             deadline = time.monotonic() + self.grace_s
             while time.monotonic() < deadline and self.child.poll() is None:
                 with self.lock:
                     if self.stop_requested == "kill":
                         break
                 time.sleep(POLL_S)
+        if self.child.poll() is None:
+            if how != "kill" and self.stop_requested != "kill":
+                log(f"the job did not end within the {self.grace_s:g} s grace period: SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                self.child.kill()
+            self.child.wait()  # its own status, before the sweep collects every orphan's
         self.sweep()
         code = self.child.wait()
         return code if code >= 0 else 128 - code
@@ -553,7 +575,11 @@ def main(header: dict[str, Any]) -> None:
     watchdog = Watchdog(header)
     # A signal to the watchdog itself (sshd's SIGHUP on a lost channel, a kill by hand) tears
     # the job down like a lost launcher; it never leaves the job running without a watchdog.
-    signal.signal(signal.SIGTERM, lambda *_: watchdog.request("term"))
+    # As a Slurm task, its SIGTERM is Slurm's (scancel, the time limit), sent to every process
+    # of the step at once: the job has it already, and a second one makes torchrun abandon its
+    # own shutdown. The watchdog then waits for the job within the grace period, SIGKILLs the rest.
+    on_term = "signalled" if slurm_task() else "term"
+    signal.signal(signal.SIGTERM, lambda *_: watchdog.request(on_term))
     signal.signal(signal.SIGHUP, lambda *_: watchdog.request("term"))
     signal.signal(signal.SIGINT, lambda *_: watchdog.request("term"))
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)

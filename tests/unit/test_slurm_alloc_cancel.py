@@ -1,0 +1,114 @@
+"""A run inside a Slurm job that Slurm cancels, without a Slurm: how fstrain tells (slurmstepd's
+line, the job's state) and the verdict it gives."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.runstate import from_manifest
+from fstrain.core.launch.spec import NodeLaunch
+from fstrain.core.launch.supervisor import EXIT_SIGTERM, GIVE_UP, TEARDOWN, Decision, Limits, Supervisor
+from fstrain.core.slurm.job import CANCELLED_BY_SLURM, JobStatus, ended_by_slurm, slurm_cancel_reason
+from fstrain.io.launch import RunOptions, RunOutcome, run_nodes
+from fstrain.io.transport.base import Transport
+from fstrain.io.transport.local import LocalRunning, LocalTransport
+
+# -- a run that Slurm cancels -------------------------------------------------------------------
+
+@pytest.mark.parametrize(("line", "reason"), [
+    ("slurmstepd-node1: error: *** STEP 10.5 ON node1 CANCELLED AT 2026-12-01T18:14:10 ***", CANCELLED_BY_SLURM),
+    ("slurmstepd: error: *** JOB 77 ON gpu07 CANCELLED AT 2026-12-01T18:14:10 ***", CANCELLED_BY_SLURM),
+    ("slurmstepd: error: *** JOB 77 ON gpu07 CANCELLED AT 2026-12-01T18:14:10 DUE TO TIME LIMIT ***",
+     "cancelled by Slurm (time limit)"),
+    ("slurmstepd: error: *** STEP 77.1 ON gpu07 CANCELLED AT 2026-12-01T18:14:10 DUE to JOB REQUEUE ***",
+     "cancelled by Slurm (job requeue)"),
+    ("[fstrain.train] step 3 loss 2.1 *** CANCELLED AT ***", None),  # a rank's own text
+    ("srun: error: node1: task 0: Exited with exit code 1", None),
+])
+def test_slurmstepds_cancel_line_names_the_reason(line: str, reason: str | None) -> None:
+    assert slurm_cancel_reason(line) == reason
+
+
+@pytest.mark.parametrize(("state", "reason"), [
+    ("CANCELLED", CANCELLED_BY_SLURM),
+    ("COMPLETING", "stopped by Slurm (job 14 is ending)"),  # scancel, while the job's processes end
+    ("RUNNING", None), ("COMPLETED", None), ("FAILED", None),
+])
+def test_the_jobs_state_says_whether_slurm_ended_it(state: str, reason: str | None) -> None:
+    assert ended_by_slurm(JobStatus("14", state, 0, 0)) == reason
+    assert ended_by_slurm(None) is None
+
+
+def test_a_cancel_while_nodes_fail_is_the_verdict_not_a_node_failure() -> None:
+    """Slurm SIGTERMs every node's processes: the nodes end (any code) and the run's verdict is
+    Slurm's; nothing more is sent to the nodes (no second SIGTERM), and no node is blamed."""
+    run = Supervisor(("node1", "node2"), Limits(grace_s=5), now_s=100.0)
+    assert run.node_exited(1, 1, 101.0) == [Decision(TEARDOWN, (0,))]  # node2's step ended first
+    run.ended_outside("cancelled", CANCELLED_BY_SLURM, EXIT_SIGTERM, 101.1)
+    assert run.node_exited(0, 143, 101.2) == []
+    assert run.ended and run.first_failure is None
+    assert run.verdict() == ("cancelled", EXIT_SIGTERM, CANCELLED_BY_SLURM)
+    # Before any node ended: the stop starts the straggler clock, and decides nothing itself.
+    quiet = Supervisor(("node1", "node2"), Limits(grace_s=5, straggler_margin_s=1), now_s=100.0)
+    quiet.ended_outside("cancelled", CANCELLED_BY_SLURM, EXIT_SIGTERM, 100.0)
+    assert quiet.tick(103.0) == []
+    assert quiet.tick(106.5) == [Decision(GIVE_UP, (0, 1))]
+
+
+def test_a_cancelled_run_is_stopped_in_the_run_list() -> None:
+    state = from_manifest({"reason": "cancelled", "exit_code": 143, "detail": CANCELLED_BY_SLURM})
+    assert (state.state, state.exit_code) == ("stopped", 143)
+
+
+class NodeStandIn:
+    """A node whose "watchdog" is a script: what a Slurm step's stream shows on scancel."""
+
+    def __init__(self, host: str, script: str) -> None:
+        self.host, self.script = host, script
+
+    def start(self, argv: Sequence[str]) -> LocalRunning:
+        return LocalTransport(self.host).start([sys.executable, "-c", self.script])
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+CANCEL_LINE = "slurmstepd-{host}: error: *** STEP 5.{rank} ON {host} CANCELLED AT 2026-12-01T18:14:10 ***"
+# torchrun's code after its SIGTERM; node2's step ends first, as under load.
+STEP_ENDS = "import sys, time; time.sleep({delay}); sys.stderr.write({line!r} + '\\n'); sys.exit(1)"
+
+
+def drive(tmp_path: Path, ended_by_slurm: Callable[[], str | None] | None, line: bool) -> RunOutcome:
+    hosts = [Host("node1"), Host("node2")]
+    launches = [NodeLaunch(host, rank, 1, ("torchrun",)) for rank, host in enumerate(hosts)]
+    scripts = {h.name: STEP_ENDS.format(delay=0.5 + 0.5 * (h.name == "node1"),
+                                        line=CANCEL_LINE.format(host=h.name, rank=i) if line else "")
+               for i, h in enumerate(hosts)}
+    options = RunOptions(run_id="r1", run_dir=tmp_path / "run", grace_s=5, out=io.StringIO(),
+                         ended_by_slurm=ended_by_slurm)
+
+    def connect(host: Host) -> Transport:
+        return cast("Transport", NodeStandIn(host.name, scripts[host.name]))  # streams only: no `run`
+
+    return run_nodes(launches, connect, "python3", options)
+
+
+@pytest.mark.parametrize(("inside", "line", "slurm_says", "expected"), [
+    (True, True, None, ("cancelled", 143, CANCELLED_BY_SLURM, None)),  # slurmstepd's line on the first node
+    (True, False, CANCELLED_BY_SLURM, ("cancelled", 143, CANCELLED_BY_SLURM, None)),  # the job's state at the end
+    (True, False, None, ("failed", 1, "the job on node2 exited with 1", 1)),  # Slurm did not end it
+    (False, True, None, ("failed", 1, "the job on node2 exited with 1", 1)),  # over SSH the line is only text
+])
+def test_a_run_that_slurm_cancels_is_reported_as_cancelled(tmp_path: Path, inside: bool, line: bool,
+                                                           slurm_says: str | None,
+                                                           expected: tuple[str, int, str, int | None]) -> None:
+    outcome = drive(tmp_path, (lambda: slurm_says) if inside else None, line)
+    assert (outcome.reason, outcome.exit_code, outcome.detail, outcome.first_failure) == expected
+    assert [n.exit_code for n in outcome.nodes] == [1, 1]
