@@ -12,7 +12,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from fstrain.io.relay import RelayQueue
+from fstrain.io.remote.watchdog import rank_source
 from fstrain.io.transport.local import LocalTransport
 from tests.integrity import CAT_TWICE, cpu_hogs, payload, payload_lines, started_lines
 
@@ -61,6 +64,20 @@ tailer.finish()
 """
 
 
+def append_in_pieces(path: Path, data: bytes, seed: int) -> None:
+    """``data`` appended to ``path`` as a rank writes: pieces of random sizes (lines cut
+    anywhere, 64 KiB lines), now and then a pause."""
+    chooser = random.Random(seed)
+    with path.open("ab", buffering=0) as handle:
+        at = 0
+        while at < len(data):
+            step = chooser.choice((1, 7, 100, 4096, 70000))
+            handle.write(data[at:at + step])
+            at += step
+            if chooser.random() < 0.05:
+                time.sleep(0.001)
+
+
 def test_rank_log_tailer_relays_every_line_once_and_whole(tmp_path: Path) -> None:
     """DeepSpeed's per-rank log files, appended in random pieces (lines cut anywhere, 64 KiB
     lines), relayed by the watchdog while the files grow: each rank's lines, in order, once."""
@@ -75,15 +92,7 @@ def test_rank_log_tailer_relays_every_line_once_and_whole(tmp_path: Path) -> Non
 
         def write(rank: int) -> None:
             data = ("\n".join(expected[rank]) + "\n").encode()
-            chooser = random.Random(rank)
-            with (folder / f"job_rank{rank}.log").open("ab", buffering=0) as handle:
-                at = 0
-                while at < len(data):
-                    step = chooser.choice((1, 7, 100, 4096, 70000))
-                    handle.write(data[at:at + step])
-                    at += step
-                    if chooser.random() < 0.05:
-                        time.sleep(0.001)
+            append_in_pieces(folder / f"job_rank{rank}.log", data, seed=rank)
 
         with cpu_hogs(2):
             writers = [threading.Thread(target=write, args=(rank,)) for rank in range(ranks)]
@@ -100,6 +109,62 @@ def test_rank_log_tailer_relays_every_line_once_and_whole(tmp_path: Path) -> Non
         got[int(tag.removeprefix(b"[local"))].append(line.decode())
     for rank in range(ranks):
         assert got[rank] == expected[rank], f"rank {rank}: {len(got[rank])} lines of {len(expected[rank])}"
+
+
+def _tagged(data: bytes) -> dict[int, list[bytes]]:
+    got: dict[int, list[bytes]] = {}
+    for raw in data.split(b"\n")[:-1]:
+        tag, _, line = raw.partition(b"]:")
+        got.setdefault(int(tag.removeprefix(b"[local")), []).append(line)
+    return got
+
+
+def test_rank_log_tailer_follows_torchrun_files_across_restarts(tmp_path: Path) -> None:
+    """torchrun's --redirects layout: stdout.log to stdout, stderr.log to stderr, each rank's lines
+    once and whole in attempt order, bytes as written; a half line of an attempt that a restart
+    ended goes out (with a newline) when the next attempt appears, the last one at the end."""
+    folder = tmp_path / "ranklogs"
+    expected: dict[str, dict[int, list[bytes]]] = {"stdout.log": {}, "stderr.log": {}}
+    with (tmp_path / "out").open("wb") as out, (tmp_path / "err").open("wb") as err:
+        tailer = subprocess.Popen([sys.executable, "-c", _TAILER, str(folder), "2"], stdin=subprocess.PIPE,
+                                  stdout=out, stderr=err, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+        def write(attempt: int, local: int, name: str) -> None:
+            lines = [line.encode() for line in payload_lines(300_000, seed=attempt * 10 + local + 20)]
+            lines.insert(1, b"bad \xff\xfe bytes")
+            half = b"half line of attempt %d" % attempt
+            expected[name].setdefault(local, []).extend([*lines, half])
+            data = b"\n".join(lines) + b"\n" + half
+            rank_dir = folder / "run1_abc" / f"attempt_{attempt}" / str(local)
+            rank_dir.mkdir(parents=True, exist_ok=True)
+            append_in_pieces(rank_dir / name, data, seed=attempt * 10 + local)
+
+        for attempt in (0, 1):  # torchrun starts attempt 1's ranks after attempt 0's have ended
+            writers = [threading.Thread(target=write, args=(attempt, local, name))
+                       for local in (0, 1) for name in ("stdout.log", "stderr.log")]
+            for writer in writers:
+                writer.start()
+            for writer in writers:
+                writer.join()
+            time.sleep(0.5)  # the tailer relays what is whole before the next attempt (the end)
+        assert tailer.stdin is not None
+        tailer.stdin.close()
+        assert tailer.wait(120) == 0
+    assert _tagged((tmp_path / "out").read_bytes()) == expected["stdout.log"]
+    assert _tagged((tmp_path / "err").read_bytes()) == expected["stderr.log"]
+
+
+@pytest.mark.parametrize(("relative", "source"), [
+    ("job_rank5.log", (1, 1, 0)),  # DeepSpeed: global rank 5, 2 per node -> local 1
+    ("run_x1/attempt_0/3/stdout.log", (3, 1, 0)),
+    ("run_x1/attempt_12/0/stderr.log", (0, 2, 12)),
+    ("run_x1/attempt_0/3/error.json", None),
+    ("run_x1/attempt_0/filtered_stdout.log", None),
+    ("job_rankx.log", None),
+    ("sub/job_rank1.log", None),
+])
+def test_rank_source_names_the_launchers_files(relative: str, source: tuple[int, int, int] | None) -> None:
+    assert rank_source(relative, 4 if relative.startswith("run") else 2) == source
 
 
 def test_relay_queue_passes_every_line_once_in_order_per_node() -> None:
