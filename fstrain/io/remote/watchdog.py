@@ -98,8 +98,10 @@ PREWARM = "\n".join([
 ])
 
 
-# One lock orders the watchdog's threads' writes to its stdout and stderr (the ranks' lines, its
-# reports): a line goes out whole, however long, with no other thread's bytes inside it.
+# The watchdog is the only writer of its stdout and stderr (the launcher's output comes through
+# pipes it reads, the ranks' through their files), and one lock orders its threads' writes: a
+# line goes out whole, however long, with no other line's bytes inside it (a pipe keeps a write
+# whole only up to PIPE_BUF, 4 KiB, and only against other writers' writes).
 OUTPUT_LOCK = threading.RLock()
 
 
@@ -111,8 +113,17 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def log(message: str) -> None:
-    sys.stderr.write(f"fstrain-watchdog: {message}\n")
-    sys.stderr.flush()
+    with OUTPUT_LOCK:
+        write_all(2, f"fstrain-watchdog: {message}\n".encode())
+
+
+def relay_pipe(source: Any, fd: int) -> None:
+    """The launcher's own output (a pipe) to the watchdog's ``fd``, line by line, each line whole;
+    read to its end even when ``fd`` is gone, so the launcher never blocks on a full pipe."""
+    with source:
+        for line in source:
+            with contextlib.suppress(OSError), OUTPUT_LOCK:
+                write_all(fd, line if line.endswith(b"\n") else line + b"\n")
 
 
 def become_subreaper() -> bool:
@@ -206,6 +217,7 @@ class Watchdog:
         self.full_header_ready = threading.Event()
         self.startup_env: dict[str, str] = {}  # under prewarm: what the waiting interpreter started with
         self.startup_workdir: str | None = None  # and where
+        self.relays: list[threading.Thread] = []  # the launcher's stdout and stderr, copied out
 
     def configure(self) -> None:
         self.grace_s = float(self.header.get("grace_s", 15))
@@ -351,6 +363,8 @@ class Watchdog:
         try:
             return self.supervise()
         finally:
+            for relay in self.relays:  # the job is gone: its pipes end (unless something escaped)
+                relay.join(5.0)
             if tailer is not None:
                 tailer.finish()
             self.clean_up(run_dir)
@@ -361,13 +375,23 @@ class Watchdog:
     def start(self, argv: list[str], env: dict[str, str]) -> int | None:
         """The job, in a session of its own; an exit code where it cannot start."""
         try:
-            self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=dies_with_parent())
+            self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, start_new_session=True,
+                                          preexec_fn=dies_with_parent())
         except OSError as exc:
             log(f"cannot start {argv[0]!r}: {exc.strerror}")
             return 127
+        self.relay_launcher()
         self.write_state()
         return None
+
+    def relay_launcher(self) -> None:
+        """The job's own stdout and stderr (pipes) to the watchdog's, whole lines (see OUTPUT_LOCK)."""
+        assert self.child is not None
+        for source, fd in ((self.child.stdout, 1), (self.child.stderr, 2)):
+            relay = threading.Thread(target=relay_pipe, args=(source, fd), daemon=True)
+            relay.start()
+            self.relays.append(relay)
 
     def prewarm(self, prefix: list[str]) -> int | None:
         """Start the launcher's interpreter in the working directory now (it imports the
@@ -384,8 +408,9 @@ class Watchdog:
         try:
             os.chdir(os.path.expanduser(self.header.get("workdir") or "."))
             self.child = subprocess.Popen([*prefix[:at], "-c", PREWARM, prefix[at + 1]], env=env,
-                                          stdin=subprocess.PIPE, start_new_session=True,
-                                          preexec_fn=dies_with_parent())
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          start_new_session=True, preexec_fn=dies_with_parent())
+            self.relay_launcher()
         except OSError:
             self.child = None  # the full header's own start reports what is wrong
         self.write_state()
