@@ -4,6 +4,7 @@ launcher's bounded relay queue. (The SSH transport: tests/cluster/test_transport
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from fstrain.io.relay import RelayQueue
-from fstrain.io.remote.watchdog import rank_source
+from fstrain.io.remote import source
+from fstrain.io.remote.watchdog import BOOTSTRAP, rank_source
 from fstrain.io.transport.local import LocalTransport
 from tests.integrity import CAT_TWICE, cpu_hogs, payload, payload_lines, started_lines
 
@@ -165,6 +167,55 @@ def test_rank_log_tailer_follows_torchrun_files_across_restarts(tmp_path: Path) 
 ])
 def test_rank_source_names_the_launchers_files(relative: str, source: tuple[int, int, int] | None) -> None:
     assert rank_source(relative, 4 if relative.startswith("run") else 2) == source
+
+
+# A job whose launcher prints 200 KiB lines on its own stdout while its rank writes 200 KiB
+# lines to its log file: the watchdog's stdout carries both.
+_TWO_WRITERS = """
+import os, sys, threading
+folder = os.path.join(os.environ["FSTRAIN_RUN_DIR"], "ranklogs")
+os.makedirs(folder, exist_ok=True)
+def rank():
+    with open(os.path.join(folder, "job_rank0.log"), "ab", buffering=0) as handle:
+        for number in range(40):
+            handle.write(b"rank %d " % number + b"r" * 200000 + b"\\n")
+writer = threading.Thread(target=rank)
+writer.start()
+for number in range(40):
+    sys.stdout.buffer.write(b"launcher %d " % number + b"l" * 200000 + b"\\n")
+    sys.stdout.buffer.flush()
+writer.join()
+"""
+
+
+def test_the_launchers_own_lines_never_land_inside_a_rank_line(tmp_path: Path) -> None:
+    """The watchdog's stdout is a pipe, and a pipe keeps a write whole only up to 4 KiB: the
+    launcher's output comes through the watchdog too, one whole line at a time."""
+    header = {"source": source("watchdog"), "argv": [sys.executable, "-c", _TWO_WRITERS], "env": {},
+              "run_dir": str(tmp_path / "run"), "rank_log_dir": "{run_dir}/ranklogs", "nproc": 1, "grace_s": 2}
+    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert watchdog.stdin is not None
+    watchdog.stdin.write((json.dumps(header) + "\n").encode())
+    watchdog.stdin.flush()
+    read: dict[str, bytes] = {}
+    readers = [threading.Thread(target=lambda name=name, stream=stream: read.update({name: stream.read()}))
+               for name, stream in (("out", watchdog.stdout), ("err", watchdog.stderr))]
+    for reader in readers:
+        reader.start()
+    with cpu_hogs(2):
+        code = watchdog.wait(120)  # stdin open until then: its end would stop the job
+    watchdog.stdin.close()
+    for reader in readers:
+        reader.join(30)
+    for stream in (watchdog.stdout, watchdog.stderr):
+        if stream is not None:
+            stream.close()
+    assert code == 0, read["err"][-2000:]
+    lines = read["out"].split(b"\n")
+    assert lines.pop() == b""
+    assert sorted(lines) == sorted([b"launcher %d " % n + b"l" * 200000 for n in range(40)]
+                                   + [b"[local0]:rank %d " % n + b"r" * 200000 for n in range(40)])
 
 
 def test_relay_queue_passes_every_line_once_in_order_per_node() -> None:
