@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 
 def time_command(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 600) -> tuple[float, str]:
@@ -36,3 +39,21 @@ def machine_line() -> str:
         pass
     return (f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {cpus} CPUs {model}, "
             f"Python {platform.python_version()}")
+
+
+@contextlib.contextmanager
+def namespace_cluster(hosts: int, base: Path, cluster_id: str, run_ids: Sequence[str]) -> Iterator[Path]:
+    """The test cluster (`scripts/testcluster.sh up HOSTS`) with cluster id ``cluster_id`` and
+    its state in ``base/cluster`` (yielded), apart from other sessions' clusters; taken down at
+    the end, with the hosts' folders of fstrain's runs ``run_ids`` (the hosts share this
+    machine's home)."""
+    state = base / "cluster"  # testcluster.sh owns (and removes) this folder
+    env = {**os.environ, "FSTRAIN_TESTCLUSTER_ID": cluster_id, "FSTRAIN_TESTCLUSTER_DIR": str(state)}
+    script = str(Path(__file__).resolve().parent.parent / "scripts" / "testcluster.sh")
+    try:
+        subprocess.run([script, "up", str(hosts)], check=True, env=env, capture_output=True)
+        yield state
+    finally:
+        subprocess.run([script, "down"], check=False, env=env, capture_output=True)
+        for run_id in run_ids:
+            shutil.rmtree(Path.home() / ".fstrain" / "runs" / run_id, ignore_errors=True)

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_line, median
+from common import machine_line, median, namespace_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 # Namespaces fst<id>-node1.., subnet 198.18.<id>.0/24: apart from other sessions' clusters
@@ -121,18 +121,12 @@ def main() -> int:
         print(f"launch benchmark: {'; '.join(problems)}", file=sys.stderr)
         return 2
     base = Path(tempfile.mkdtemp(prefix="fstrain-bench-launch-"))
-    state = base / "cluster"  # testcluster.sh owns (and removes) this folder
-    env = {**os.environ, "FSTRAIN_TESTCLUSTER_ID": CLUSTER_ID, "FSTRAIN_TESTCLUSTER_DIR": str(state)}
-    script = str(REPO / "scripts" / "testcluster.sh")
     load_before = os.getloadavg()
     run_ids: list[str] = []
     try:
-        subprocess.run([script, "up", str(args.hosts)], check=True, env=env, capture_output=True)
-        runs = compare(prepare(base, state, args, run_ids))
+        with namespace_cluster(args.hosts, base, CLUSTER_ID, run_ids) as state:
+            runs = compare(prepare(base, state, args, run_ids))
     finally:
-        subprocess.run([script, "down"], check=False, env=env, capture_output=True)
-        for run_id in run_ids:  # the hosts' run folders (the hosts share this machine's home)
-            shutil.rmtree(Path.home() / ".fstrain" / "runs" / run_id, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
     report(runs, args, load_before, os.getloadavg())
     return 0

@@ -8,9 +8,13 @@ after it has crossed the path, while busy loops compete for the CPUs.
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 HOG_LIMIT_S = 600  # a hog ends by itself even if its test dies without stopping it
@@ -69,3 +73,139 @@ def started_lines(transport: Any, path: str) -> tuple[tuple[int | None, str | No
     ended = running.wait()
     running.close()
     return ended, got
+
+
+# The line-integrity writer (tests/cluster/programs/lines.py): rank R's line N is a pure function
+# of (R, N), so whoever reads the output back knows every line it must find, once and whole.
+LINE_KINDS = ("plain", "two-part", "stderr", "bad-bytes", "64k")
+LONG_LINE_BYTES = 65536
+
+
+def line_kind(number: int, long_every: int) -> str:
+    """Which kind line ``number`` is: one in ``long_every`` a 64 KiB line, then by number mod 4."""
+    if long_every and number % long_every == long_every - 1:
+        return "64k"
+    return ("plain", "two-part", "stderr", "bad-bytes")[number % 4]
+
+
+def rank_line(rank: int, number: int, long_every: int) -> bytes:
+    """Line ``number`` of rank ``rank``, without its newline: a head naming both and the kind, a
+    body (64 KiB for "64k", invalid UTF-8 bytes for "bad-bytes"), and " END"."""
+    kind = line_kind(number, long_every)
+    if kind == "64k":
+        body = b"%d" % (number % 10) * LONG_LINE_BYTES
+    elif kind == "bad-bytes":
+        body = b"\xff\xfe bad \xc3 bytes \x80"
+    else:
+        body = b"x" * (number % 61)
+    return b"R=%d N=%07d %s %s END" % (rank, number, kind.encode(), body)
+
+
+def half_line(rank: int) -> bytes:
+    """What the writer's failing attempt writes last, without a newline."""
+    return b"R=%d attempt 0 ends in half a line" % rank
+
+
+@dataclass
+class LineReport:
+    """What came back of ``ranks`` x ``count`` writer lines: each expected line whole once, or
+    lost, or more than once; anything else tagged with a rank is a broken (split or glued) line."""
+
+    checked: int = 0
+    whole: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    broken: int = 0
+    out_of_order: int = 0  # ranks whose stdout lines did not come in the order written
+    kinds: dict[str, list[int]] = field(default_factory=dict)  # kind -> [whole, expected]
+    examples: list[str] = field(default_factory=list)  # a few broken lines, cut short
+
+    @property
+    def ok(self) -> bool:
+        return self.whole == self.checked and not (self.duplicated or self.broken or self.out_of_order)
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{kind} {w}/{n}" for kind, (w, n) in self.kinds.items())
+        return (f"{self.whole}/{self.checked} whole, {self.lost} lost, {self.duplicated} duplicated, "
+                f"{self.broken} broken, {self.out_of_order} ranks out of order ({kinds})"
+                + (f"; broken e.g. {self.examples}" if self.examples else ""))
+
+
+def check_lines(got: Iterable[tuple[int, bytes]], ranks: int, count: int, long_every: int,
+                decoded: bool) -> LineReport:
+    """Count the writer's lines in ``got`` ((global rank, line) in the order read). ``decoded``:
+    the path decoded the bytes (invalid ones became U+FFFD), so compare with the same decoding."""
+    def expected(rank: int, number: int) -> bytes:
+        line = rank_line(rank, number, long_every)
+        return line.decode(errors="replace").encode() if decoded else line
+
+    index = {expected(r, n): (r, n) for r in range(ranks) for n in range(count)}
+    seen: Counter[tuple[int, int]] = Counter()
+    last: dict[int, int] = {}
+    disordered: set[int] = set()
+    report = LineReport(checked=ranks * count)
+    for rank, line in got:
+        found = index.get(line)
+        if found is None or found[0] != rank:
+            report.broken += 1
+            if len(report.examples) < 3:
+                report.examples.append(repr(line[:80]))
+            continue
+        seen[found] += 1
+        if line_kind(found[1], long_every) != "stderr":  # one stream: its lines keep their order
+            if found[1] < last.get(rank, -1):
+                disordered.add(rank)
+            last[rank] = found[1]
+    for kind in LINE_KINDS:
+        report.kinds[kind] = [0, 0]
+    for rank in range(ranks):
+        for number in range(count):
+            times = seen[(rank, number)]
+            tally = report.kinds[line_kind(number, long_every)]
+            tally[1] += 1
+            if times:
+                report.whole += 1
+                tally[0] += 1
+                report.duplicated += times - 1
+            else:
+                report.lost += 1
+    report.out_of_order = len(disordered)
+    return report
+
+
+_SHOWN_RE = re.compile(rb"^\[\S+ r(\d+)\] (.*)$", re.DOTALL)
+
+
+def shown_lines(text: bytes) -> list[tuple[int, bytes]]:
+    """``[host rN] text`` lines (fstrain launch, fstrain logs) -> (N, text); others are left out."""
+    found = []
+    for line in text.split(b"\n"):
+        match = _SHOWN_RE.match(line)
+        if match:
+            found.append((int(match.group(1)), match.group(2)))
+    return found
+
+
+_NODE_OUT_RE = re.compile(rb"^\d+\.\d+ \[(?:default|rank|local)(\d+)\]:(.*)$", re.DOTALL)
+
+
+def node_out_lines(raw: bytes, rank_offset: int) -> list[tuple[int, bytes]]:
+    """A detached node's ``node<I>.out`` (``TIME [localL]:line``, the bytes as the ranks wrote them)
+    -> (global rank, line) of its rank lines."""
+    found = []
+    for line in raw.split(b"\n"):
+        match = _NODE_OUT_RE.match(line)
+        if match:
+            found.append((int(match.group(1)) + rank_offset, match.group(2)))
+    return found
+
+
+WRITER = str(Path(__file__).resolve().parent / "cluster" / "programs" / "lines.py")
+
+
+def writer_launch_args(backend: str, lines: int, long_every: int, pause_s: float) -> list[str]:
+    """`fstrain launch` options and program for the line-integrity writer on ``backend``."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    return ["--backend", backend, "--env", f"PYTHONPATH={repo}", "--env", f"FSTRAIN_TEST_LINES={lines}",
+            "--env", f"FSTRAIN_TEST_LONG_EVERY={long_every}", "--env", f"FSTRAIN_TEST_PAUSE_S={pause_s}",
+            *(["--no-local-rank"] if backend == "deepspeed" else []), "--", "python3", WRITER]

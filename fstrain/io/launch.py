@@ -39,7 +39,6 @@ from fstrain.core.launch.logtail import split_rank_prefix
 from fstrain.core.launch.noise import NodeNoise
 from fstrain.core.launch.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
 from fstrain.core.launch.spec import (
-    TORCHRUN_LOG_DIR,
     NodeLaunch,
     base_env,
     launcher_prefix,
@@ -415,7 +414,7 @@ def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
         "node_rank": rank,
         "nproc": launch.nproc,
         "rank_log_dir": launch.rank_log_dir,
-        "cleanup": [d for d in (launch.rank_log_dir, TORCHRUN_LOG_DIR) if d],
+        "cleanup": [launch.rank_log_dir] if launch.rank_log_dir else [],
         "grace_s": options.grace_s,
         "heartbeat_timeout_s": options.heartbeat_timeout_s,
         "backend": launch.backend,

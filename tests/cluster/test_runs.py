@@ -270,8 +270,8 @@ def test_stop_of_an_attached_run_from_another_process(cluster: NamespaceCluster,
 def test_logs_keep_rank_tags_after_invalid_utf8_and_name_an_unreachable_host(
     cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
-    """DeepSpeed's per-rank logs reach node<I>.out byte for byte (torchrun's --tee would replace
-    invalid bytes itself): offsets must count those bytes, not their decoded text."""
+    """The ranks' log files reach node<I>.out byte for byte: offsets must count those bytes, not
+    their decoded text."""
     home, run_dir = tmp_path / "home", tmp_path / "run"
     program = str(REPO / "tests" / "cluster" / "programs" / "badbytes.py")
     run_id = detach(cluster, home, run_dir, "--backend", "deepspeed", "--no-local-rank", "--", "python3", program)

@@ -179,12 +179,17 @@ def test_data_parallel_plan_and_world_size_check() -> None:
     assert "{run_dir}/ds_config.json" in trainer_program("python3", zero, steps=5)
 
 
-def test_deepspeed_rank_logs_go_to_a_folder_per_node() -> None:
+@pytest.mark.parametrize(("backend", "option"), [("deepspeed", "--enable_each_rank_log="), ("torchrun", "--log-dir=")])
+def test_rank_logs_go_to_a_folder_per_node(backend: str, option: str) -> None:
+    """Every rank writes files of its own (the watchdog relays them whole): never torchrun's --tee."""
     hosts = [Host("a", slots=2), Host("b", slots=2)]
-    launches = plan_launches(hosts, [2, 2], job(["t.py"], backend="deepspeed", python="p", max_restarts=0))
-    assert [n.rank_log_dir for n in launches] == ["{run_dir}/ranklogs/node0", "{run_dir}/ranklogs/node1"]
-    for launch in launches:
-        assert f"--enable_each_rank_log={launch.rank_log_dir}" in launch.argv
+    for restarts in (0, 2):
+        launches = plan_launches(hosts, [2, 2], job(["t.py"], backend=backend, python="p", max_restarts=restarts))
+        assert [n.rank_log_dir for n in launches] == ["{run_dir}/ranklogs/node0", "{run_dir}/ranklogs/node1"]
+        for launch in launches:
+            assert f"{option}{launch.rank_log_dir}" in launch.argv
+            assert ("--redirects=3" in launch.argv) == (backend == "torchrun")
+            assert not any(arg.startswith("--tee") for arg in launch.argv)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ launcher's bounded relay queue. (The SSH transport: tests/cluster/test_transport
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -12,7 +13,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from fstrain.io.relay import RelayQueue
+from fstrain.io.remote import source
+from fstrain.io.remote.watchdog import BOOTSTRAP, rank_source
 from fstrain.io.transport.local import LocalTransport
 from tests.integrity import CAT_TWICE, cpu_hogs, payload, payload_lines, started_lines
 
@@ -61,6 +66,20 @@ tailer.finish()
 """
 
 
+def append_in_pieces(path: Path, data: bytes, seed: int) -> None:
+    """``data`` appended to ``path`` as a rank writes: pieces of random sizes (lines cut
+    anywhere, 64 KiB lines), now and then a pause."""
+    chooser = random.Random(seed)
+    with path.open("ab", buffering=0) as handle:
+        at = 0
+        while at < len(data):
+            step = chooser.choice((1, 7, 100, 4096, 70000))
+            handle.write(data[at:at + step])
+            at += step
+            if chooser.random() < 0.05:
+                time.sleep(0.001)
+
+
 def test_rank_log_tailer_relays_every_line_once_and_whole(tmp_path: Path) -> None:
     """DeepSpeed's per-rank log files, appended in random pieces (lines cut anywhere, 64 KiB
     lines), relayed by the watchdog while the files grow: each rank's lines, in order, once."""
@@ -75,15 +94,7 @@ def test_rank_log_tailer_relays_every_line_once_and_whole(tmp_path: Path) -> Non
 
         def write(rank: int) -> None:
             data = ("\n".join(expected[rank]) + "\n").encode()
-            chooser = random.Random(rank)
-            with (folder / f"job_rank{rank}.log").open("ab", buffering=0) as handle:
-                at = 0
-                while at < len(data):
-                    step = chooser.choice((1, 7, 100, 4096, 70000))
-                    handle.write(data[at:at + step])
-                    at += step
-                    if chooser.random() < 0.05:
-                        time.sleep(0.001)
+            append_in_pieces(folder / f"job_rank{rank}.log", data, seed=rank)
 
         with cpu_hogs(2):
             writers = [threading.Thread(target=write, args=(rank,)) for rank in range(ranks)]
@@ -100,6 +111,111 @@ def test_rank_log_tailer_relays_every_line_once_and_whole(tmp_path: Path) -> Non
         got[int(tag.removeprefix(b"[local"))].append(line.decode())
     for rank in range(ranks):
         assert got[rank] == expected[rank], f"rank {rank}: {len(got[rank])} lines of {len(expected[rank])}"
+
+
+def _tagged(data: bytes) -> dict[int, list[bytes]]:
+    got: dict[int, list[bytes]] = {}
+    for raw in data.split(b"\n")[:-1]:
+        tag, _, line = raw.partition(b"]:")
+        got.setdefault(int(tag.removeprefix(b"[local")), []).append(line)
+    return got
+
+
+def test_rank_log_tailer_follows_torchrun_files_across_restarts(tmp_path: Path) -> None:
+    """torchrun's --redirects layout: stdout.log to stdout, stderr.log to stderr, each rank's lines
+    once and whole in attempt order, bytes as written; a half line of an attempt that a restart
+    ended goes out (with a newline) when the next attempt appears, the last one at the end."""
+    folder = tmp_path / "ranklogs"
+    expected: dict[str, dict[int, list[bytes]]] = {"stdout.log": {}, "stderr.log": {}}
+    with (tmp_path / "out").open("wb") as out, (tmp_path / "err").open("wb") as err:
+        tailer = subprocess.Popen([sys.executable, "-c", _TAILER, str(folder), "2"], stdin=subprocess.PIPE,
+                                  stdout=out, stderr=err, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+        def write(attempt: int, local: int, name: str) -> None:
+            lines = [line.encode() for line in payload_lines(300_000, seed=attempt * 10 + local + 20)]
+            lines.insert(1, b"bad \xff\xfe bytes")
+            half = b"half line of attempt %d" % attempt
+            expected[name].setdefault(local, []).extend([*lines, half])
+            data = b"\n".join(lines) + b"\n" + half
+            rank_dir = folder / "run1_abc" / f"attempt_{attempt}" / str(local)
+            rank_dir.mkdir(parents=True, exist_ok=True)
+            append_in_pieces(rank_dir / name, data, seed=attempt * 10 + local)
+
+        for attempt in (0, 1):  # torchrun starts attempt 1's ranks after attempt 0's have ended
+            writers = [threading.Thread(target=write, args=(attempt, local, name))
+                       for local in (0, 1) for name in ("stdout.log", "stderr.log")]
+            for writer in writers:
+                writer.start()
+            for writer in writers:
+                writer.join()
+            time.sleep(0.5)  # the tailer relays what is whole before the next attempt (the end)
+        assert tailer.stdin is not None
+        tailer.stdin.close()
+        assert tailer.wait(120) == 0
+    assert _tagged((tmp_path / "out").read_bytes()) == expected["stdout.log"]
+    assert _tagged((tmp_path / "err").read_bytes()) == expected["stderr.log"]
+
+
+@pytest.mark.parametrize(("relative", "source"), [
+    ("job_rank5.log", (1, 1, 0)),  # DeepSpeed: global rank 5, 2 per node -> local 1
+    ("run_x1/attempt_0/3/stdout.log", (3, 1, 0)),
+    ("run_x1/attempt_12/0/stderr.log", (0, 2, 12)),
+    ("run_x1/attempt_0/3/error.json", None),
+    ("run_x1/attempt_0/filtered_stdout.log", None),
+    ("job_rankx.log", None),
+    ("sub/job_rank1.log", None),
+])
+def test_rank_source_names_the_launchers_files(relative: str, source: tuple[int, int, int] | None) -> None:
+    assert rank_source(relative, 4 if relative.startswith("run") else 2) == source
+
+
+# A job whose launcher prints 200 KiB lines on its own stdout while its rank writes 200 KiB
+# lines to its log file: the watchdog's stdout carries both.
+_TWO_WRITERS = """
+import os, sys, threading
+folder = os.path.join(os.environ["FSTRAIN_RUN_DIR"], "ranklogs")
+os.makedirs(folder, exist_ok=True)
+def rank():
+    with open(os.path.join(folder, "job_rank0.log"), "ab", buffering=0) as handle:
+        for number in range(40):
+            handle.write(b"rank %d " % number + b"r" * 200000 + b"\\n")
+writer = threading.Thread(target=rank)
+writer.start()
+for number in range(40):
+    sys.stdout.buffer.write(b"launcher %d " % number + b"l" * 200000 + b"\\n")
+    sys.stdout.buffer.flush()
+writer.join()
+"""
+
+
+def test_the_launchers_own_lines_never_land_inside_a_rank_line(tmp_path: Path) -> None:
+    """The watchdog's stdout is a pipe, and a pipe keeps a write whole only up to 4 KiB: the
+    launcher's output comes through the watchdog too, one whole line at a time."""
+    header = {"source": source("watchdog"), "argv": [sys.executable, "-c", _TWO_WRITERS], "env": {},
+              "run_dir": str(tmp_path / "run"), "rank_log_dir": "{run_dir}/ranklogs", "nproc": 1, "grace_s": 2}
+    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert watchdog.stdin is not None
+    watchdog.stdin.write((json.dumps(header) + "\n").encode())
+    watchdog.stdin.flush()
+    read: dict[str, bytes] = {}
+    readers = [threading.Thread(target=lambda name=name, stream=stream: read.update({name: stream.read()}))
+               for name, stream in (("out", watchdog.stdout), ("err", watchdog.stderr))]
+    for reader in readers:
+        reader.start()
+    with cpu_hogs(2):
+        code = watchdog.wait(120)  # stdin open until then: its end would stop the job
+    watchdog.stdin.close()
+    for reader in readers:
+        reader.join(30)
+    for stream in (watchdog.stdout, watchdog.stderr):
+        if stream is not None:
+            stream.close()
+    assert code == 0, read["err"][-2000:]
+    lines = read["out"].split(b"\n")
+    assert lines.pop() == b""
+    assert sorted(lines) == sorted([b"launcher %d " % n + b"l" * 200000 for n in range(40)]
+                                   + [b"[local0]:rank %d " % n + b"r" * 200000 for n in range(40)])
 
 
 def test_relay_queue_passes_every_line_once_in_order_per_node() -> None:

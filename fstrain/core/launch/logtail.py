@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterator
 TAIL_BLOCK_BYTES = 1 << 16  # read backwards this much at a time: a few lines' worth, many times over
 CHUNK_BYTES = 1 << 20  # read forward this much at a time
 
-# The local-rank tag of a line: torchrun's --tee prefix ([default3]:, [rank3]: in newer
-# releases) or the watchdog's relay of DeepSpeed's per-rank logs ([local3]:). A word before the
-# number is required: torchrun's failure report prints "[0]:" headers that are not rank tags.
+# The local-rank tag of a line: the watchdog's relay of the ranks' log files ([local3]:, both
+# backends), or torchrun's own --tee prefix ([default3]:, [rank3]: in newer releases), which the
+# node files of runs started by earlier fstrain releases hold. A word before the number is
+# required: torchrun's failure report prints "[0]:" headers that are not rank tags.
 _RANK_PREFIX_RE = re.compile(r"^\[(?:default|rank|local)(\d+)\]:(.*)$")
 
 

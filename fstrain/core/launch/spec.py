@@ -22,16 +22,15 @@ SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 MASK = "****"
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PORT_RANGE = (20000, 40000)  # master ports are drawn from here, by a hash of the run id
-# Set on every node unless the user sets them: without it, Python ranks (and torchrun's --tee
-# relay) block-buffer their output into the pipe, and lines arrive only when the job ends.
+# Set on every node unless the user sets them: without it, Python ranks block-buffer their
+# output, and lines reach the files (and the user) only in blocks, or when the job ends.
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
-# Where DeepSpeed's launcher writes each rank's output, the watchdog relaying it line by line:
-# one folder per node, since the run directory may be on a file system all nodes share.
+# Where each backend's launcher writes every rank's output to a file of its own (DeepSpeed's
+# --enable_each_rank_log, torchrun's --redirects with --log-dir), the node's watchdog relaying
+# each file as whole tagged lines: one folder per node, since the run directory may be on a file
+# system all nodes share. The files hold whatever the program printed (secrets included), so the
+# watchdog removes the folder once it has relayed them (``cleanup`` in its header).
 RANK_LOG_DIR = "{run_dir}/ranklogs/node%d"
-# torchrun's own copies of every rank's output (--tee), in the run directory rather than a
-# /tmp/torchelastic_* folder nobody removes: they hold whatever the program printed (secrets
-# included), so the watchdog removes them, and the rank logs, once it has relayed them.
-TORCHRUN_LOG_DIR = "{run_dir}/torchrun"
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class NodeLaunch:
     nproc: int
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
-    rank_log_dir: str = ""  # per-rank log files the watchdog relays (DeepSpeed's launcher)
+    rank_log_dir: str = ""  # the folder of per-rank log files the watchdog relays
     backend: str = "torchrun"
     rank_offset: int | None = None  # global rank of local rank 0, where known before the start
 
@@ -187,8 +186,10 @@ def torchrun_argv(job: LaunchJob, *, nnodes: int, node_rank: int, nproc: int) ->
         *rendezvous,
         f"--rdzv-id={job.run_id}",
         f"--max-restarts={max_restarts}",
-        "--tee=3",  # prefix every worker line with its rank, so the stream can be attributed
-        f"--log-dir={TORCHRUN_LOG_DIR}",
+        # Each rank's stdout and stderr to files of its own, relayed by the watchdog as whole
+        # tagged lines (see RANK_LOG_DIR); torchrun's --tee relay forwards half lines.
+        "--redirects=3",
+        f"--log-dir={RANK_LOG_DIR % node_rank}",
         *_program_for_torchrun(python, job.program),
     )
 
@@ -289,7 +290,7 @@ def plan_launches(hosts: Sequence[Host], nprocs: Sequence[int], job: LaunchJob,
             argv = deepspeed_argv(job.python, world_info=info, node_rank=rank, master_addr=job.master_addr,
                                   master_port=job.master_port, program=program, no_local_rank=job.no_local_rank)
         launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env,
-                                   rank_log_dir=RANK_LOG_DIR % rank if backend == "deepspeed" else "",
+                                   rank_log_dir=RANK_LOG_DIR % rank,
                                    backend=backend, rank_offset=offset if static else None))
         offset += nproc
     return launches

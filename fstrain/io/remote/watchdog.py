@@ -4,8 +4,9 @@ Sent as source over SSH (stdlib only, Python >= 3.8) and started by ``BOOTSTRAP`
 one JSON header line from stdin: ``argv`` (``{run_dir}`` in an argument becomes the run
 directory, ``{{run_dir}}`` the text ``{run_dir}``), ``env``, ``workdir``, ``files`` (written
 into ``run_dir`` with mode 0600), ``grace_s``, ``heartbeat_timeout_s``, ``run_id``,
-``node_rank``, ``state_dir``, ``cleanup`` (folders under ``run_dir`` removed when the job is
-over: the launchers' per-rank copies of the output, which may hold secrets the program
+``node_rank``, ``state_dir``, ``rank_log_dir`` (where the launcher writes each rank's output to
+files, relayed as whole tagged lines by ``RankLogTailer``), ``cleanup`` (folders under ``run_dir``
+removed when the job is over: those per-rank files, which may hold secrets the program
 printed). Values travel on stdin, never on the command line.
 
 With ``prewarm`` (the launcher's command up to its module: ``[python, "-m",
@@ -98,9 +99,32 @@ PREWARM = "\n".join([
 ])
 
 
+# The watchdog is the only writer of its stdout and stderr (the launcher's output comes through
+# pipes it reads, the ranks' through their files), and one lock orders its threads' writes: a
+# line goes out whole, however long, with no other line's bytes inside it (a pipe keeps a write
+# whole only up to PIPE_BUF, 4 KiB, and only against other writers' writes).
+OUTPUT_LOCK = threading.RLock()
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (os.write may write part of it); the caller holds OUTPUT_LOCK."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def log(message: str) -> None:
-    sys.stderr.write(f"fstrain-watchdog: {message}\n")
-    sys.stderr.flush()
+    with OUTPUT_LOCK:
+        write_all(2, f"fstrain-watchdog: {message}\n".encode())
+
+
+def relay_pipe(source: Any, fd: int) -> None:
+    """The launcher's own output (a pipe) to the watchdog's ``fd``, line by line, each line whole;
+    read to its end even when ``fd`` is gone, so the launcher never blocks on a full pipe."""
+    with source:
+        for line in source:
+            with contextlib.suppress(OSError), OUTPUT_LOCK:
+                write_all(fd, line if line.endswith(b"\n") else line + b"\n")
 
 
 def become_subreaper() -> bool:
@@ -205,6 +229,7 @@ class Watchdog:
         self.full_header_ready = threading.Event()
         self.startup_env: dict[str, str] = {}  # under prewarm: what the waiting interpreter started with
         self.startup_workdir: str | None = None  # and where
+        self.relays: list[threading.Thread] = []  # the launcher's stdout and stderr, copied out
 
     def configure(self) -> None:
         self.grace_s = float(self.header.get("grace_s", 15))
@@ -251,7 +276,8 @@ class Watchdog:
         self.event({"stacks": report})
 
     def event(self, payload: dict[str, Any]) -> None:
-        os.write(1, (EVENT_PREFIX + json.dumps(payload) + "\n").encode())
+        with OUTPUT_LOCK:
+            write_all(1, (EVENT_PREFIX + json.dumps(payload) + "\n").encode())
 
     def watch_ranks(self) -> None:
         """Report ranks whose process ended while the job runs on (``ranks_gone``): the launcher's
@@ -352,6 +378,8 @@ class Watchdog:
         try:
             return self.supervise()
         finally:
+            for relay in self.relays:  # the job is gone: its pipes end (unless something escaped)
+                relay.join(5.0)
             if tailer is not None:
                 tailer.finish()
             self.clean_up(run_dir)
@@ -362,13 +390,23 @@ class Watchdog:
     def start(self, argv: list[str], env: dict[str, str]) -> int | None:
         """The job, in a session of its own; an exit code where it cannot start."""
         try:
-            self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=dies_with_parent())
+            self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, start_new_session=True,
+                                          preexec_fn=dies_with_parent())
         except OSError as exc:
             log(f"cannot start {argv[0]!r}: {exc.strerror}")
             return 127
+        self.relay_launcher()
         self.write_state()
         return None
+
+    def relay_launcher(self) -> None:
+        """The job's own stdout and stderr (pipes) to the watchdog's, whole lines (see OUTPUT_LOCK)."""
+        assert self.child is not None
+        for source, fd in ((self.child.stdout, 1), (self.child.stderr, 2)):
+            relay = threading.Thread(target=relay_pipe, args=(source, fd), daemon=True)
+            relay.start()
+            self.relays.append(relay)
 
     def prewarm(self, prefix: list[str]) -> int | None:
         """Start the launcher's interpreter in the working directory now (it imports the
@@ -385,8 +423,9 @@ class Watchdog:
         try:
             os.chdir(os.path.expanduser(self.header.get("workdir") or "."))
             self.child = subprocess.Popen([*prefix[:at], "-c", PREWARM, prefix[at + 1]], env=env,
-                                          stdin=subprocess.PIPE, start_new_session=True,
-                                          preexec_fn=dies_with_parent())
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          start_new_session=True, preexec_fn=dies_with_parent())
+            self.relay_launcher()
         except OSError:
             self.child = None  # the full header's own start reports what is wrong
         self.write_state()
@@ -509,16 +548,49 @@ class Watchdog:
         reap()
 
 
+def rank_source(relative: str, nproc: int) -> tuple[int, int, int] | None:
+    """A launcher's per-rank log file, by its path under the rank log folder -> (local rank, the
+    watchdog's descriptor it goes to: 1 stdout, 2 stderr, restart attempt); None for any other file.
+
+    - DeepSpeed (``--enable_each_rank_log``): ``<run id>_rank<R>.log``, global rank R, the rank's
+      stdout and stderr in one file;
+    - torchrun (``--redirects 3 --log-dir``): ``<run id>_<random>/attempt_<A>/<L>/stdout.log`` and
+      ``stderr.log``, local rank L, a new ``attempt_<A>`` folder for each restart.
+    """
+    parts = relative.split(os.sep)
+    name = parts[-1]
+    if len(parts) == 1 and name.endswith(".log") and "_rank" in name:
+        digits = name.rsplit("_rank", 1)[1][:-4]
+        return (int(digits) % max(1, nproc), 1, 0) if digits.isdigit() else None
+    if len(parts) >= 3 and name in ("stdout.log", "stderr.log") and parts[-2].isdigit() \
+            and parts[-3].startswith("attempt_") and parts[-3][8:].isdigit():
+        return int(parts[-2]), 1 if name == "stdout.log" else 2, int(parts[-3][8:])
+    return None
+
+
 class RankLogTailer:
-    """Relays per-rank log files (DeepSpeed's ``--enable_each_rank_log``) to stdout as whole
-    lines tagged ``[local<L>]:``, one write each: ranks that share one pipe would otherwise split
-    each other's lines, and the launcher could not tell them apart."""
+    """Relays the ranks' own log files (see :func:`rank_source`) to the watchdog's stdout, a rank's
+    stderr file to its stderr, as whole lines tagged ``[local<L>]:``. Ranks that share a pipe
+    split each other's lines, and a launcher's relay of their pipes (torchrun's ``--tee``) forwards
+    half lines; here every rank writes a file of its own, and only this relay writes the lines.
+
+    Bytes go out as read, never decoded. A line goes out once its newline is on disk, whatever its
+    length, in order, tag and line in one write where they fit in one; the relay keeps at most a
+    chunk in memory, never a line still being written: a file's offset, counted in bytes read,
+    stays at that line's start, and the line is read again once whole. A file of an earlier restart
+    attempt is complete once a later attempt exists: its last line, if it has no newline, goes out
+    then, with one; every other file's at :meth:`finish`, once."""
+
+    CHUNK_BYTES = 1 << 20
+    # Lines go out joined in writes of up to PIPE_BUF bytes (a longer line alone): few system
+    # calls, and a pipe takes such a write whole even from processes that share it (the launcher).
+    BATCH_BYTES = 4096
 
     def __init__(self, folder: str, nproc: int) -> None:
         self.folder = folder
         self.nproc = max(1, nproc)
-        self.offsets: dict[str, int] = {}
-        self.partial: dict[str, bytes] = {}
+        self.start: dict[str, int] = {}  # file -> offset of its first byte not relayed (a line's start)
+        self.scanned: dict[str, int] = {}  # file -> offset up to which it holds no newline after start
         self.done = threading.Event()
         self.lock = threading.Lock()
 
@@ -531,36 +603,83 @@ class RankLogTailer:
         self.done.set()
         self.poll(final=True)
 
+    def sources(self) -> list[tuple[int, int, int, str]]:
+        """(attempt, local rank, descriptor, path) of every rank log file now in the folder."""
+        found = []
+        for root, folders, names in os.walk(self.folder):
+            folders.sort()
+            for name in names:
+                path = os.path.join(root, name)
+                source = rank_source(os.path.relpath(path, self.folder), self.nproc)
+                if source is not None:
+                    found.append((source[2], source[0], source[1], path))
+        return sorted(found)
+
     def poll(self, final: bool) -> None:
         with self.lock:
-            try:
-                names = sorted(n for n in os.listdir(self.folder) if n.endswith(".log") and "_rank" in n)
-            except OSError:
-                return
-            for name in names:
-                self.relay(name, final)
+            sources = self.sources()
+            latest = max((attempt for attempt, *_ in sources), default=0)
+            for attempt, local, fd, path in sources:
+                try:
+                    self.relay(path, b"[local%d]:" % local, fd, final or attempt < latest)
+                except OSError as exc:  # the file went away, or the output did: nothing to relay to
+                    if not isinstance(exc, FileNotFoundError):
+                        return
 
-    def relay(self, name: str, final: bool) -> None:
-        try:
-            with open(os.path.join(self.folder, name), "rb") as handle:
-                handle.seek(self.offsets.get(name, 0))
-                data = handle.read()
-        except OSError:
-            return
-        self.offsets[name] = self.offsets.get(name, 0) + len(data)
-        text = self.partial.pop(name, b"") + data
-        lines = text.split(b"\n")
-        rest = lines.pop()
-        if rest and not final:
-            self.partial[name] = rest
-        elif rest:
-            lines.append(rest)
-        try:
-            local = int(name.rsplit("_rank", 1)[1][:-4]) % self.nproc
-        except ValueError:
-            local = 0
-        for line in lines:
-            os.write(1, b"[local%d]:" % local + line + b"\n")
+    def relay(self, path: str, tag: bytes, fd: int, complete: bool) -> None:
+        """The whole lines ``path`` holds past its offset; its last partial line too if ``complete``."""
+        start = self.start.get(path, 0)
+        scanned = self.scanned.get(path, start)
+        with open(path, "rb") as handle:
+            handle.seek(scanned)
+            while True:
+                chunk = handle.read(self.CHUNK_BYTES)
+                if not chunk:
+                    break
+                newline = chunk.rfind(b"\n")
+                if newline < 0:
+                    scanned += len(chunk)
+                    continue
+                end = scanned + newline + 1
+                self.copy(handle, start, end, tag, fd)
+                start = scanned = end
+                handle.seek(end)
+            if complete and scanned > start:
+                self.copy(handle, start, scanned, tag, fd)
+                start = scanned
+        self.start[path], self.scanned[path] = start, scanned
+
+    def copy(self, handle: Any, start: int, end: int, tag: bytes, fd: int) -> None:
+        """Bytes ``start`` to ``end`` of the file, ``start`` a line's start, as tagged lines (a
+        newline added at the end where the last has none), in writes of whole lines where they fit."""
+        handle.seek(start)
+        left = end - start
+        batch: list[bytes] = []
+        size = 0
+        in_line = False  # the chunk before ended inside a line: its next piece gets no tag
+        with OUTPUT_LOCK:
+            while left > 0:
+                chunk = handle.read(min(self.CHUNK_BYTES, left))
+                if not chunk:
+                    break
+                left -= len(chunk)
+                pieces = chunk.split(b"\n")
+                last = pieces.pop()
+                if last:
+                    pieces.append(last)
+                for number, piece in enumerate(pieces):
+                    whole = number < len(pieces) - 1 or not last  # its newline is in this chunk
+                    item = (piece if in_line else tag + piece) + (b"\n" if whole else b"")
+                    if batch and size + len(item) > self.BATCH_BYTES:
+                        write_all(fd, b"".join(batch))
+                        batch, size = [], 0
+                    batch.append(item)
+                    size += len(item)
+                    in_line = not whole
+            if in_line:
+                batch.append(b"\n")
+            if batch:
+                write_all(fd, b"".join(batch))
 
 
 def main(header: dict[str, Any]) -> None:
