@@ -169,6 +169,13 @@ def test_rank_source_names_the_launchers_files(relative: str, source: tuple[int,
     assert rank_source(relative, 4 if relative.startswith("run") else 2) == source
 
 
+def test_deepspeed_local_ranks_count_from_the_nodes_first_rank() -> None:
+    # Nodes of 3 and 1 ranks: the second node's only rank is global rank 3, its local rank 0.
+    assert rank_source("job_rank3.log", 1, rank_offset=3) == (0, 1, 0)
+    assert rank_source("job_rank4.log", 3, rank_offset=0) == (1, 1, 0)  # not this node's: still relayed
+    assert [rank_source(f"job_rank{r}.log", 3, rank_offset=0) for r in range(3)] == [(r, 1, 0) for r in range(3)]
+
+
 # A job whose launcher prints 200 KiB lines on its own stdout while its rank writes 200 KiB
 # lines to its log file: the watchdog's stdout carries both.
 _TWO_WRITERS = """

@@ -368,7 +368,8 @@ class Watchdog:
         if code is not None:
             return code
         tail_dir = expand(str(self.header.get("rank_log_dir") or ""), run_dir)
-        tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1)) if tail_dir else None
+        tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1),
+                               self.header.get("rank_offset")) if tail_dir else None
         if tailer is not None:
             threading.Thread(target=tailer.follow, daemon=True).start()
         if self.header.get("stacks"):
@@ -548,12 +549,13 @@ class Watchdog:
         reap()
 
 
-def rank_source(relative: str, nproc: int) -> tuple[int, int, int] | None:
+def rank_source(relative: str, nproc: int, rank_offset: int | None = None) -> tuple[int, int, int] | None:
     """A launcher's per-rank log file, by its path under the rank log folder -> (local rank, the
     watchdog's descriptor it goes to: 1 stdout, 2 stderr, restart attempt); None for any other file.
 
     - DeepSpeed (``--enable_each_rank_log``): ``<run id>_rank<R>.log``, global rank R, the rank's
-      stdout and stderr in one file;
+      stdout and stderr in one file; local rank R - ``rank_offset`` (the node's first global rank:
+      nodes may run different numbers of ranks), else R mod ``nproc`` (the line is relayed either way);
     - torchrun (``--redirects 3 --log-dir``): ``<run id>_<random>/attempt_<A>/<L>/stdout.log`` and
       ``stderr.log``, local rank L, a new ``attempt_<A>`` folder for each restart.
     """
@@ -561,7 +563,10 @@ def rank_source(relative: str, nproc: int) -> tuple[int, int, int] | None:
     name = parts[-1]
     if len(parts) == 1 and name.endswith(".log") and "_rank" in name:
         digits = name.rsplit("_rank", 1)[1][:-4]
-        return (int(digits) % max(1, nproc), 1, 0) if digits.isdigit() else None
+        if not digits.isdigit():
+            return None
+        local = int(digits) - rank_offset if rank_offset is not None else -1
+        return (local if 0 <= local < max(1, nproc) else int(digits) % max(1, nproc), 1, 0)
     if len(parts) >= 3 and name in ("stdout.log", "stderr.log") and parts[-2].isdigit() \
             and parts[-3].startswith("attempt_") and parts[-3][8:].isdigit():
         return int(parts[-2]), 1 if name == "stdout.log" else 2, int(parts[-3][8:])
@@ -586,9 +591,10 @@ class RankLogTailer:
     # calls, and a pipe takes such a write whole even from processes that share it (the launcher).
     BATCH_BYTES = 4096
 
-    def __init__(self, folder: str, nproc: int) -> None:
+    def __init__(self, folder: str, nproc: int, rank_offset: int | None = None) -> None:
         self.folder = folder
         self.nproc = max(1, nproc)
+        self.rank_offset = rank_offset  # the node's first global rank (DeepSpeed's files name global ranks)
         self.start: dict[str, int] = {}  # file -> offset of its first byte not relayed (a line's start)
         self.scanned: dict[str, int] = {}  # file -> offset up to which it holds no newline after start
         self.done = threading.Event()
@@ -610,7 +616,7 @@ class RankLogTailer:
             folders.sort()
             for name in names:
                 path = os.path.join(root, name)
-                source = rank_source(os.path.relpath(path, self.folder), self.nproc)
+                source = rank_source(os.path.relpath(path, self.folder), self.nproc, self.rank_offset)
                 if source is not None:
                     found.append((source[2], source[0], source[1], path))
         return sorted(found)
