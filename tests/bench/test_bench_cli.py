@@ -87,3 +87,13 @@ def test_from_a_bad_file_is_one_line_and_exit_2(tmp_path: Path, content: str | N
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith(f"error: {path}: {message}")
+
+
+def test_calibrating_from_a_bench_that_named_outliers_warns(tmp_path: Path) -> None:
+    args = ["plan", "--model", "tiny", "--num-nodes", "3", "--gpu", "h100-sxm", "--calibrate"]
+    named = run_fstrain(*args, str(_saved(tmp_path, "node2")))
+    assert named.returncode == 0, named.stderr
+    (line,) = [x for x in named.stderr.splitlines() if x.startswith("warning:")]
+    assert "the bench named outliers (node2)" in line and "--exclude node2" in line
+    clean = run_fstrain(*args, str(_saved(tmp_path, None)))
+    assert clean.returncode == 0 and "warning:" not in clean.stderr
