@@ -24,8 +24,9 @@ direction at both of its ends (what tells a slow host from a slow link) and the 
 nearest the median (the yardstick, timed under the same load); a second re-time
 (``MAX_RETIMES``) follows only when a link the last re-time did not time has become slow. Each
 link's capacity is then its best sample over every pass (:func:`link_table` over all the
-records), and a link is named only when it is still slow *and* the last re-time timed it: a link
-that only fell below the threshold because the re-timed median rose was never confirmed.
+records), and a link is named only when it is still slow *and* the last re-time found it slow
+against that re-time's own median (the yardsticks timed beside it, under the same load): a link
+the last re-time did not time, or timed at the pace of its yardsticks, was never confirmed.
 """
 
 from __future__ import annotations
@@ -188,19 +189,25 @@ def link_table(samples: Sequence[Mapping[str, object]], statistic: str = "best")
     return {key: max(values) if statistic == "best" else statistics.median(values) for key, values in merged.items()}
 
 
+def slow_in_pass(links: Mapping[tuple[str, str], float], threshold: float = DEFAULT_THRESHOLD) -> set[tuple[str, str]]:
+    """The links of one pass below ``threshold`` times that pass's median link."""
+    check_threshold(threshold)
+    if not links:
+        return set()
+    median = statistics.median(links.values())
+    return {key for key, gbps in links.items() if gbps < threshold * median}
+
+
 def retime_links(links: Mapping[tuple[str, str], float], threshold: float = DEFAULT_THRESHOLD,
                  confirmed: Collection[tuple[str, str]] = ()) -> list[tuple[str, str]]:
     """The links to time again before a verdict: every link below ``threshold`` times the median,
     the other links leaving its sender and entering its receiver, and the ``MEDIAN_REFERENCES``
     other links nearest the median; none when no link is slow, or when every slow link is in
     ``confirmed`` (re-timed in the last pass, and still slow)."""
-    check_threshold(threshold)
-    if not links:
+    slow = slow_in_pass(links, threshold)
+    if not slow or slow <= set(confirmed):
         return []
     median = statistics.median(links.values())
-    slow = [key for key, gbps in links.items() if gbps < threshold * median]
-    if not slow or set(slow) <= set(confirmed):
-        return []
     wanted = set(slow)
     for src, dst in slow:
         wanted.update(key for key in links if key[0] == src or key[1] == dst)

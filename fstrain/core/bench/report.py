@@ -23,7 +23,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.bench.pairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table
+from fstrain.core.bench.pairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table, slow_in_pass
 from fstrain.core.plan.gpus import GpuSpec, lookup_gpu
 from fstrain.errors import InputError
 
@@ -180,15 +180,15 @@ def compute_rows(document: Mapping[str, Any]) -> list[ComputeRow]:
 
 def pairs_verdict(document: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD) -> PairsVerdict | None:
     """The outlier analysis of the pairs suite (None when it did not run or had one node): every
-    link at its best sample over all passes; after a re-time only the last pass's links can be
-    named (see :mod:`fstrain.core.bench.pairs`)."""
+    link at its best sample over all passes; after a re-time only the links the last re-time
+    found slow against its own median can be named (see :mod:`fstrain.core.bench.pairs`)."""
     pairs = document.get("pairs", {})
     links = pairs.get("links", [])
     if not links:
         return None
     retimes = pairs.get("retimes", [])
     records = [*links, *(record for retime in retimes for record in retime["links"])]
-    confirmed = {(str(r["src"]), str(r["dst"])) for r in retimes[-1]["links"]} if retimes else None
+    confirmed = slow_in_pass(link_table(retimes[-1]["links"]), threshold) if retimes else None
     return analyze_links(link_table(records), threshold, confirmed)
 
 
