@@ -206,7 +206,7 @@ def run_collectives(
         if suspects:
             # A node whose own collective is slow: that collective at the largest size, on every
             # node at once as in the first pass, before the node is named.
-            progress(f"collectives: re-timing {', '.join(suspects)} on every node ({max(all_sizes)} B)")
+            progress(f"collectives: re-timing {', '.join(suspects)} at {format_size(max(all_sizes))} on every node")
             again = [{**time_collective(c, max(all_sizes), device=device, group=handles[mine],
                                         seconds=args.seconds), "scope": scope, "latency_size": False}
                      for c in suspects]
