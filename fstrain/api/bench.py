@@ -3,7 +3,9 @@
 The stages are every run's (fstrain/api/driver.py): preflight, rendezvous, one torchrun per
 node under the watchdog and the supervisor (heartbeats, teardown on failure or Ctrl-C), the
 manifest. The job is ``python -m fstrain.bench``; every node's first rank writes the result
-document into its run directory, and node 0's is copied into the local run directory.
+document into its run directory, and node 0's is copied into the local run directory (another
+node's copy when node 0's cannot be read). The preflight checks that every host's Python imports
+torch, so a host without it stops the run before anything starts.
 """
 
 from __future__ import annotations
@@ -126,10 +128,11 @@ def run_bench(request: BenchRequest, connect: Callable[[Host], Transport], *, fa
         return NodeJob("torchrun", launches)
 
     drive_request = DriveRequest(hosts=hosts, run_id=request.run_id, run_dir=request.run_dir, python=request.python,
-                                 workdir=request.workdir, here_by_default=False, packages=(), env=dict(request.env),
+                                 workdir=request.workdir, here_by_default=False, packages=("torch",),
+                                 env=dict(request.env),
                                  master_port=request.master_port, fanout=fanout, grace_s=request.grace_s,
                                  heartbeat_timeout_s=request.heartbeat_timeout_s, record=False, out=out)
     driven = drive(drive_request, connect, worker)
-    document = fetch_document(hosts[0], driven.checked.run_dirs[0], connect, request.run_dir) \
+    document = fetch_document(hosts, driven.checked.run_dirs, connect, request.run_dir) \
         if driven.outcome.exit_code == 0 else None
     return BenchRun(driven.outcome, document, driven.checked.facts, driven.checked.rendezvous)

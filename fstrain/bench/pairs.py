@@ -10,13 +10,14 @@ idle in a round, only join the barriers).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from fstrain.bench.timing import sync, wait
-from fstrain.core.bench.pairs import pair_rounds
+from fstrain.core.bench.pairs import pair_rounds, schedule
 
 _DATA_TAG = 1
 _ACK_TAG = 2
@@ -31,9 +32,12 @@ def time_pairs(
     mode: str = "auto",
     samples: int = 5,
     warmup: int = 1,
+    links: Sequence[tuple[int, int]] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Per directed link ``{src, dst, size_bytes, samples_seconds, samples_gbps}``; the full list
-    on every rank. ``leaders[i]`` is the global rank that speaks for node ``node_names[i]``."""
+    on every rank. ``leaders[i]`` is the global rank that speaks for node ``node_names[i]``;
+    ``links`` (node index pairs, the same on every rank) times only those instead of ``mode``'s."""
     rank = dist.get_rank()
     me = leaders.index(rank) if rank in leaders else None
     count = max(1, size_bytes // 4)
@@ -41,16 +45,18 @@ def time_pairs(
     recv = torch.empty_like(send)
     ack_out = torch.ones(1, dtype=torch.float32, device=device)
     ack_in = torch.empty_like(ack_out)
-    rounds = pair_rounds(len(leaders), mode)
+    rounds = pair_rounds(len(leaders), mode) if links is None else schedule(links, len(leaders))
     times: list[list[float]] = [[] for _ in rounds]
     # Samples go round the schedule, so a burst of load elsewhere touches every link alike.
     for iteration in range(warmup + samples):
-        for index, links in enumerate(rounds):
+        if progress is not None and iteration >= warmup:
+            progress(f"sample {iteration - warmup + 1} of {samples} of {sum(len(r) for r in rounds)} links")
+        for index, links_now in enumerate(rounds):
             dist.barrier()
             if me is None:
                 continue
-            send_to = dict(links).get(me)
-            receive_from = {dst: src for src, dst in links}.get(me)
+            send_to = dict(links_now).get(me)
+            receive_from = {dst: src for src, dst in links_now}.get(me)
             if send_to is not None:
                 seconds = _send(leaders[send_to], send, ack_in, device)
                 if iteration >= warmup:
@@ -58,8 +64,8 @@ def time_pairs(
             elif receive_from is not None:
                 _receive(leaders[receive_from], recv, ack_out, device)
     mine: list[dict[str, Any]] = []
-    for index, links in enumerate(rounds):
-        send_to = dict(links).get(me) if me is not None else None
+    for index, links_now in enumerate(rounds):
+        send_to = dict(links_now).get(me) if me is not None else None
         if me is not None and send_to is not None:
             nbytes = count * 4
             mine.append({

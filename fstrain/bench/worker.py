@@ -6,6 +6,11 @@ through torchrun on every host) it joins the process group torchrun describes. R
 JSON document with every sample; the first rank of every node writes it to ``--json-out`` (written
 whole, then renamed into place).
 
+Before the document is written, every suspect is timed again (the rule is in
+:mod:`fstrain.core.bench.report`): rank 0 decides what to re-time from the gathered results and
+broadcasts it, so every rank takes part in the same operations. Rank 0 prints what is being
+timed, n of m, on stderr (``fstrain bench`` shows it on the user's stderr).
+
 Exit codes: 0 done, 2 bad arguments (one ``error:`` line on stderr).
 """
 
@@ -28,7 +33,8 @@ from fstrain.bench.collectives import time_collective
 from fstrain.bench.compute import matmul_tflops, memory_bandwidth_gbps
 from fstrain.bench.pairs import time_pairs
 from fstrain.core.bench.arithmetic import COLLECTIVES, format_size, parse_size, parse_sizes, parse_suites
-from fstrain.core.bench.report import SCHEMA
+from fstrain.core.bench.pairs import MAX_RETIMES, link_table, retime_links
+from fstrain.core.bench.report import SCHEMA, compute_stragglers, slow_groups
 from fstrain.errors import FstrainError
 
 DEFAULT_SIZES = {"nccl": "1M-1G", "gloo": "64K-16M"}
@@ -121,6 +127,29 @@ def node_names(leaders: list[dict[str, Any]]) -> list[str]:
     return [r["node"] for r in leaders]
 
 
+def progress(text: str) -> None:
+    """One line on stderr from rank 0: what is being timed now."""
+    if dist.get_rank() == 0:
+        print(f"[fstrain.bench] {text}", file=sys.stderr, flush=True)
+
+
+def decided(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (what to re-time is decided once, and alike everywhere)."""
+    shared = [value if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
+def run_compute_confirmed(device_kind: str, seconds: float) -> dict[str, Any]:
+    """Compute on every rank; when a rank is a straggler, every rank once more (same conditions)."""
+    progress(f"compute: matmul and memory copy on every rank, {2 * seconds:g} s")
+    compute = run_compute(device_kind, seconds)
+    if decided(sorted(compute_stragglers(compute["per_rank"]))):
+        progress(f"compute: re-timing every rank, stragglers in the first pass, {2 * seconds:g} s")
+        compute["retime"] = run_compute(device_kind, seconds)["per_rank"]
+    return compute
+
+
 def run_compute(device_kind: str, seconds: float) -> dict[str, Any]:
     # Each rank its own GPU, also when the collectives run over gloo (which set no device).
     local_gpu = int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
@@ -157,6 +186,7 @@ def run_collectives(
     # Across nodes: local rank k of every node together; only where every node has as many ranks.
     if len(groups) > 1 and "inter" in wanted and min(len(g) for g in groups) > 1 and len({len(g) for g in groups}) == 1:
         plan.append(("inter_node", [list(ranks) for ranks in zip(*groups, strict=False)]))
+    total, done = len(plan) * len(names) * len(all_sizes), 0
     for scope, members in plan:
         # Every rank creates every group, in the same order (torch.distributed requires it).
         handles = [None if len(m) == world else dist.new_group(m) for m in members]
@@ -164,19 +194,57 @@ def run_collectives(
         rows = []
         for collective in names:
             for size in all_sizes:
+                done += 1
+                progress(f"collectives: {scope} {collective} {format_size(size)} ({done} of {total})")
                 row = time_collective(collective, size, device=device, group=handles[mine], seconds=args.seconds)
                 row["scope"] = scope
                 row["latency_size"] = size in LATENCY_SIZES and size not in sizes
                 rows.append(row)
-        per_group: list[list[dict[str, Any]] | None] = [None] * world
-        dist.all_gather_object(per_group, rows if dist.get_rank() == members[mine][0] else None)
-        scopes.append({
-            "scope": scope,
-            "groups": members,
-            "results": [{**row, "group": i} for i, m in enumerate(members)
-                        for row in (per_group[m[0]] or [])],
-        })
+        results = gather_groups(rows, members, mine)
+        entry: dict[str, Any] = {"scope": scope, "groups": members, "results": results}
+        suspects = decided(slow_groups(results)) if scope == "intra_node" else {}
+        if suspects:
+            # A node whose own collective is slow: that collective at the largest size, on every
+            # node at once as in the first pass, before the node is named.
+            progress(f"collectives: re-timing {', '.join(suspects)} at {format_size(max(all_sizes))} on every node")
+            again = [{**time_collective(c, max(all_sizes), device=device, group=handles[mine],
+                                        seconds=args.seconds), "scope": scope, "latency_size": False}
+                     for c in suspects]
+            entry["retime"] = gather_groups(again, members, mine)
+        scopes.append(entry)
     return {"sizes": sizes, "latency_sizes": [] if args.no_latency else list(LATENCY_SIZES), "scopes": scopes}
+
+
+def gather_groups(rows: list[dict[str, Any]], members: list[list[int]], mine: int) -> list[dict[str, Any]]:
+    """Every group's rows (its first rank's), tagged with the group's index, on every rank."""
+    per_group: list[list[dict[str, Any]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(per_group, rows if dist.get_rank() == members[mine][0] else None)
+    return [{**row, "group": i} for i, m in enumerate(members) for row in (per_group[m[0]] or [])]
+
+
+def run_pairs(args: argparse.Namespace, pair_bytes: int, device: torch.device, leaders: list[int],
+              names: list[str]) -> dict[str, Any]:
+    """Every link, then the suspects and their yardsticks again (:func:`retime_links`); another
+    re-time (up to ``MAX_RETIMES``) only for slow links the last one did not time."""
+
+    def timed(links: list[tuple[int, int]] | None, what: str) -> list[dict[str, Any]]:
+        return time_pairs(leaders, names, pair_bytes, device=device, mode=args.pairs_mode,
+                          samples=args.pair_samples, links=links, progress=lambda text: progress(f"{what}: {text}"))
+
+    first = timed(None, "pairs")
+    records = list(first)
+    retimes: list[dict[str, Any]] = []
+    last: list[tuple[str, str]] = []
+    for attempt in range(MAX_RETIMES):
+        last = decided(retime_links(link_table(records), confirmed=last))
+        if not last:
+            break
+        index = {name: i for i, name in enumerate(names)}
+        again = timed([(index[src], index[dst]) for src, dst in last], f"pairs re-time {attempt + 1}")
+        retimes.append({"links": again})
+        records += again
+    return {"size_bytes": pair_bytes, "size": format_size(pair_bytes), "mode": args.pairs_mode,
+            "links": first, "retimes": retimes}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -201,18 +269,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "torch_version": torch.__version__,
     }
     if "compute" in suites:
-        document["compute"] = run_compute("cuda" if torch.cuda.is_available() else "cpu", args.compute_seconds)
+        document["compute"] = run_compute_confirmed("cuda" if torch.cuda.is_available() else "cpu",
+                                                    args.compute_seconds)
     if "collectives" in suites:
         document["collectives"] = run_collectives(args, sizes, device, groups)
     if "pairs" in suites:
-        leaders = [g[0] for g in groups]
-        document["pairs"] = {
-            "size_bytes": pair_bytes,
-            "size": format_size(pair_bytes),
-            "mode": args.pairs_mode,
-            "links": time_pairs(leaders, document["nodes"], pair_bytes, device=device, mode=args.pairs_mode,
-                                samples=args.pair_samples),
-        }
+        document["pairs"] = run_pairs(args, pair_bytes, device, [g[0] for g in groups], document["nodes"])
     return document
 
 

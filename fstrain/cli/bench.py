@@ -1,7 +1,9 @@
 """``fstrain bench``: measure the fabric and every GPU, name the slow link or the straggler.
 
 Exit status: 0 measured and nothing stands out, 1 an outlier link or host or a straggler rank,
-2 bad input (one ``error:`` line), the job's exit code when a node failed, 130 on Ctrl-C.
+2 bad input (one ``error:`` line, before any host is contacted), 3 nothing to judge: a host
+could not run the benchmark (down, no torch), the job failed, or its result was lost; 130 on
+Ctrl-C. ``--from FILE`` prints a saved result's report and verdict again, contacting no host.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from fstrain.cli import hostopts
 from fstrain.cli.output import console, print_json
 
 EXIT_OUTLIERS = 1
+EXIT_NOT_MEASURED = 3
 
 
 def register(app: typer.Typer) -> None:
     app.command("bench", help="Measure collectives, node-to-node links and GPUs on every selected host; "
-                "name outliers. Exit 0 ok, 1 outliers, 2 bad input.")(bench_command)
+                "name outliers. Exit 0 ok, 1 outliers, 2 bad input, 3 not measured.")(bench_command)
 
 
 def bench_command(
@@ -55,11 +58,17 @@ def bench_command(
     out: str | None = typer.Option(None, "--out", metavar="FILE",
                                    help="Also write the result document (JSON) to FILE."),
     json_output: bool = typer.Option(False, "--json", help="Print the result document on stdout."),
+    from_file: str | None = typer.Option(None, "--from", metavar="FILE",
+                                         help="Print the report of a saved result (bench.json) again; "
+                                         "no host is contacted."),
 ) -> None:
     """Run the benchmark suites on every selected host and report what stands out."""
     from fstrain.api.bench import BenchOptions, bench_request
     from fstrain.api.job import collect_env
     from fstrain.api.requests import HostRequest
+
+    if from_file is not None:
+        raise typer.Exit(reprint(from_file, json_output))
 
     request, source = bench_request(
         HostRequest(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude, gpus_per_node=gpus_per_node),
@@ -76,7 +85,7 @@ def bench_command(
 
         # Inside a Slurm allocation its nodes are reached through srun, as doctor and exec reach them.
         connect = allocation_connector(source) or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
-        document, exit_code = measure(request, connect, fanout)
+        document, exit_code, failure = measure(request, connect, fanout)
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
@@ -87,10 +96,25 @@ def bench_command(
             save_document(Path(out), document)
         if json_output:
             print_json(document)
-    elif json_output:  # the job failed: still one document, saying how (the manifest has the rest)
+    elif json_output:  # nothing measured: still one document, saying why (the manifest has the rest)
         print_json({"run_id": request.run_id, "run_dir": str(request.run_dir), "exit_code": exit_code,
-                    "manifest": str(request.run_dir / "manifest.json")})
+                    "failure": failure, "manifest": str(request.run_dir / "manifest.json")})
     raise typer.Exit(exit_code)
+
+
+def reprint(path: str, json_output: bool) -> int:
+    """``--from FILE``: the report and the verdict's exit code of a saved document."""
+    from fstrain.core.bench.report import analysis
+    from fstrain.io.bench import read_document
+
+    saved = read_document(path)
+    document = {**saved, "analysis": analysis(saved)}
+    console().print(f"bench {saved.get('run_id', '')} from {path}: {', '.join(saved.get('suites', []))} on "
+                    f"{len(saved.get('nodes', []))} hosts", highlight=False)
+    print_report(document)
+    if json_output:
+        print_json(document)
+    return EXIT_OUTLIERS if has_outliers(document["analysis"]) else 0
 
 
 def _check_writable(out: str) -> None:
@@ -101,32 +125,39 @@ def _check_writable(out: str) -> None:
         raise InputError("the folder for --out does not exist", "create it first or give another path", out)
 
 
-def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | None, int]:
-    """Run the suites, print the report on stderr; (document with its analysis, exit code)."""
+def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | None, int, str]:
+    """Run the suites, print the report on stderr; (document with its analysis, exit code, why
+    nothing was measured)."""
     from fstrain.api.bench import run_bench
     from fstrain.api.job import interface_env
     from fstrain.cli.launch_output import print_summary
     from fstrain.core.bench.report import analysis
+    from fstrain.errors import FstrainError
     from fstrain.io.bench import save_document
 
     out = console()
     out.print(f"bench {request.run_id}: {', '.join(request.suites)} on {len(request.hosts)} hosts; "
               f"logs in {request.run_dir}/logs")
-    run = run_bench(request, connect, fanout=fanout, node_env=lambda ifname: interface_env(ifname, dict(request.env)))
+    try:
+        run = run_bench(request, connect, fanout=fanout,
+                        node_env=lambda ifname: interface_env(ifname, dict(request.env)))
+    except FstrainError as error:  # a host down or without torch, a lost result: nothing to judge
+        out.print(f"[red]error:[/red] {error.one_line()}", highlight=False, soft_wrap=True)
+        return None, EXIT_NOT_MEASURED, error.one_line()
     if run.document is None:
         print_summary(run.outcome)
-        return None, run.outcome.exit_code
+        return None, EXIT_NOT_MEASURED, f"the benchmark job exited {run.outcome.exit_code}"
     document = {**run.document, "run_id": request.run_id, "run_dir": str(request.run_dir),
                 "analysis": analysis(run.document)}
     save_document(request.run_dir / "bench.json", document)
     lines = print_report(document)
     (request.run_dir / "report.txt").write_text("\n".join(lines) + "\n")
-    return document, EXIT_OUTLIERS if has_outliers(document["analysis"]) else 0
+    return document, EXIT_OUTLIERS if has_outliers(document["analysis"]) else 0, ""
 
 
 def has_outliers(result: dict[str, Any]) -> bool:
-    pairs = result.get("pairs", {})
-    return bool(pairs.get("outlier_hosts") or result.get("compute", {}).get("stragglers"))
+    return bool(result.get("outlier_hosts") or result.get("pairs", {}).get("outlier_hosts")
+                or result.get("compute", {}).get("stragglers"))
 
 
 def print_report(document: dict[str, Any]) -> list[str]:

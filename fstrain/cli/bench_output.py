@@ -31,45 +31,67 @@ def _pct(value: float | None) -> str:
 
 
 def print_collectives(document: dict[str, Any]) -> list[str]:
+    """Per scope and collective: latency at the smallest size, bus bandwidth at the largest, the
+    slowest group by its hosts; then the nodes whose own collective is slow (every size of every
+    group is in bench.json)."""
     from fstrain.core.bench.arithmetic import format_size
-    from fstrain.core.bench.report import bar_chart, collective_rows, collective_summaries
+    from fstrain.core.bench.report import bar_chart, collective_summaries, group_names, node_outliers
 
-    table = _table("scope", "group", "collective", "size", "time us", "algbw GB/s", "busbw GB/s")
-    for row in collective_rows(document):
-        table.add_row(row.scope, str(row.group), row.collective, format_size(row.requested_bytes),
-                      f"{row.time_us:,.1f}", f"{row.algbw_gbps:.3f}", f"{row.busbw_gbps:.3f}")
-    console().print(table)
+    table = _table("scope", "collective", "ranks", "latency us", "largest", "busbw GB/s", "slowest group")
+    scopes = {scope["scope"]: scope for scope in document.get("collectives", {}).get("scopes", [])}
     summaries = collective_summaries(document)
+    for s in summaries:
+        scope = scopes[s.scope]
+        names = group_names(document, scope)
+        table.add_row(s.scope, s.collective, f"{s.groups} x {s.group_size}" if s.groups > 1 else str(s.group_size),
+                      f"{s.latency_us:,.0f}", format_size(s.size_bytes), f"{s.busbw_gbps or s.algbw_gbps:.3g}",
+                      _slowest_group(scope, s.collective, s.size_bytes, names))
+    console().print(table)
     items = [(f"{s.scope} {s.collective} ({s.group_size} ranks)", s.busbw_gbps or s.algbw_gbps) for s in summaries]
     marks = [f"at {format_size(s.size_bytes)}, latency {s.latency_us:,.0f} us"
              + ("" if s.busbw_gbps else " (algbw: one rank)") for s in summaries]
-    return _chart("collectives: bus bandwidth at the largest size (slowest group)",
-                  bar_chart(items, unit="GB/s", marks=marks))
+    lines = _chart("collectives: bus bandwidth at the largest size (slowest group)",
+                   bar_chart(items, unit="GB/s", marks=marks))
+    slow = node_outliers(document)
+    verdicts = [f"collectives: outlier host {n.host}: its own {n.collective} reaches {n.busbw_gbps:.3g} GB/s at "
+                f"{format_size(n.size_bytes)}, {100 * n.busbw_gbps / n.median_gbps:.0f} % of the median node "
+                f"({n.median_gbps:.3g} GB/s), in both passes" for n in slow]
+    for text in verdicts:
+        console().print(f"[red]{text}[/red]", highlight=False)
+    return lines + verdicts
+
+
+def _slowest_group(scope: dict[str, Any], collective: str, size_bytes: int, names: list[str]) -> str:
+    """The host (or group) with the lowest bandwidth at ``size_bytes``, when the scope has several."""
+    if len(names) < 2:
+        return names[0] if names else ""
+    rows = [r for r in scope["results"] if r["collective"] == collective
+            and int(r.get("requested_bytes", r["size_bytes"])) == size_bytes]
+    if not rows:
+        return ""
+    worst = min(rows, key=lambda r: float(r["busbw_gbps"]) or float(r["algbw_gbps"]))
+    return names[int(worst.get("group", 0))]
 
 
 def print_pairs(document: dict[str, Any]) -> list[str]:
     from fstrain.core.bench.pairs import link_table
-    from fstrain.core.bench.report import bar_chart, pairs_verdict
+    from fstrain.core.bench.report import pair_matrix, pairs_verdict
 
-    links = link_table(document["pairs"]["links"])
-    medians = link_table(document["pairs"]["links"], "median")
     verdict = pairs_verdict(document)
-    if verdict is None or not links:
+    if verdict is None:
         line = "pairs: one node, no links to time"
         console().print(f"[dim]{line}[/dim]")
         return [line]
+    pairs = document["pairs"]
+    records = [*pairs["links"], *(r for retime in pairs.get("retimes", []) for r in retime["links"])]
+    links = link_table(records)
     slow = {(link.src, link.dst) for link in verdict.slow_links}
-    table = _table("link", "best GB/s", "median GB/s", "of median link", "note")
-    for (src, dst), gbps in sorted(links.items()):
-        table.add_row(f"{src} -> {dst}", f"{gbps:.3f}", f"{medians[(src, dst)]:.3f}",
-                      _pct(gbps / verdict.median_gbps if verdict.median_gbps else 0),
-                      "[red]slow[/red]" if (src, dst) in slow else "")
-    console().print(table)
-    keys = sorted(links)
-    lines = _chart(f"pairs: {document['pairs']['size']} per transfer, best of {_samples(document)} per link; "
-                   f"median link {verdict.median_gbps:.3f} GB/s, outlier below {verdict.threshold_gbps:.3f} GB/s",
-                   bar_chart([(f"{s} -> {d}", links[(s, d)]) for s, d in keys], unit="GB/s",
-                             marks=["SLOW" if k in slow else "" for k in keys]))
+    retimed = sum(len(r["links"]) for r in pairs.get("retimes", []))
+    title = (f"pairs: best GB/s of {_samples(document)} transfers of {pairs['size']} per link"
+             + (f", {retimed} link timings repeated" if retimed else "")
+             + f"; median link {verdict.median_gbps:.3f} GB/s, slow (*) below {verdict.threshold_gbps:.3f} GB/s"
+             + ("" if slow else ", < the slowest"))
+    lines = _chart(title, pair_matrix(links, list(document.get("nodes", [])), slow))
     verdicts = pairs_text(verdict)
     for text in verdicts:
         console().print(f"[{'red' if verdict.outlier_hosts else 'green'}]{text}[/]")
@@ -83,7 +105,7 @@ def _samples(document: dict[str, Any]) -> int:
 def pairs_text(verdict: Any) -> list[str]:
     """The verdict in words: who is slow, and what the slow links share."""
     if not verdict.slow_links:
-        return ["pairs: no outliers (every link within 70 % of the median)"]
+        return ["pairs: no outliers (every link within 70 % of the median, or faster when timed again)"]
     lines = []
     for host in verdict.hosts:
         way = "into" if host.direction == "in" else "out of"

@@ -22,7 +22,13 @@ def calibrated(path: str, request: PlanRequest, assumptions: Assumptions, cluste
     from fstrain.core.plan.calibrate import calibrate
     from fstrain.io.bench import read_json
 
-    result = calibrate(read_json(path), path, assumptions=assumptions, cluster=cluster, precision=precision,
+    document = read_json(path)
+    outliers = bench_outliers(document)
+    if outliers:  # on stderr even with --json: a calibration that carries a faulty host is worth a line
+        console().print(f"[yellow]warning:[/yellow] {path}: the bench named outliers ({', '.join(outliers)}); "
+                        f"the calibration includes them (hint: fix them, or rerun `fstrain bench` with "
+                        f"--exclude {','.join(outliers)}, and calibrate from that)", highlight=False, soft_wrap=True)
+    result = calibrate(document, path, assumptions=assumptions, cluster=cluster, precision=precision,
                        model=model)
     flags = {pair.partition("=")[0].strip().replace("-", "_"): "--assume" for pair in request.assume}
     if request.mfu is not None:
@@ -37,6 +43,15 @@ def calibrated(path: str, request: PlanRequest, assumptions: Assumptions, cluste
     if not quiet:
         print_calibration(path, result)
     return result
+
+
+def bench_outliers(document: Any) -> list[str]:
+    """The hosts a bench document's analysis names (none for any other document)."""
+    from fstrain.core.bench.report import SCHEMA, analysis
+
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        return []
+    return list(analysis(document)["outlier_hosts"])
 
 
 def print_calibration(path: str, result: Calibration) -> None:

@@ -4,7 +4,7 @@ read back (the run itself is a job of the run driver: fstrain/api/bench.py)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +16,50 @@ from fstrain.io.transport.base import Transport
 DOCUMENT = "bench.json"
 
 
+FETCH_ATTEMPTS = 3
+"""Reads of a node's bench.json before the next node's copy is tried (a read can come back short)."""
+
+
 class BenchError(FstrainError):
-    """The benchmark ran but left no result to read."""
+    """The benchmark ran but its result could not be read: a failure to measure (exit 3)."""
+
+    exit_code = 3
 
 
-def fetch_document(host: Host, node_run_dir: str, connect: Callable[[Host], Transport],
+def fetch_document(hosts: Sequence[Host], node_run_dirs: Sequence[str], connect: Callable[[Host], Transport],
                    local_run_dir: Path) -> dict[str, Any]:
-    """Node 0's bench.json, checked, and kept in the local run directory."""
+    """The result document, checked, and kept in the local run directory: node 0's bench.json,
+    read again when a read comes back short or unreadable, else another node's copy (every
+    node's first rank writes one)."""
+    problems: list[str] = []
+    for host, node_run_dir in zip(hosts, node_run_dirs, strict=True):
+        where = f"{host.label()}:{node_run_dir}/{DOCUMENT}"
+        for _ in range(FETCH_ATTEMPTS):
+            try:
+                document = _read_remote(host, f"{node_run_dir}/{DOCUMENT}", connect, where)
+            except FstrainError as error:
+                problems.append(error.message)
+                continue
+            save_document(local_run_dir / DOCUMENT, document)
+            return document
+    first = f"{hosts[0].label()}:{node_run_dirs[0]}/{DOCUMENT}"
+    raise BenchError(f"the benchmark finished but its result could not be read ({problems[-1]})",
+                     f"copy {first} here and print its report with `fstrain bench --from {DOCUMENT}`",
+                     first)
+
+
+def _read_remote(host: Host, path: str, connect: Callable[[Host], Transport], where: str) -> dict[str, Any]:
     transport = connect(host)
     try:
-        result = transport.run(["cat", f"{node_run_dir}/{DOCUMENT}"], timeout_s=60)
+        result = transport.run(["cat", path], timeout_s=60)
     finally:
         transport.close()
-    where = f"{host.label()}:{node_run_dir}/{DOCUMENT}"
     if not result.ok:
-        raise BenchError(f"the benchmark finished but left no result: {result.error or result.stderr.strip()}",
-                         "see the logs in the run directory", where)
+        raise BenchError(f"{where}: {result.error or result.stderr.strip() or 'cat failed'}")
     try:
-        document = check_document(json.loads(result.stdout), where)
+        return check_document(json.loads(result.stdout), where)
     except json.JSONDecodeError as exc:
-        raise BenchError(f"unreadable result: {exc}", "see the logs in the run directory", where) from None
-    save_document(local_run_dir / DOCUMENT, document)
-    return document
+        raise BenchError(f"{where}: unreadable ({exc})") from None
 
 
 def save_document(path: Path, document: Mapping[str, Any]) -> None:

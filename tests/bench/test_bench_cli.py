@@ -50,3 +50,50 @@ def test_collectives_and_compute_on_localhost(tmp_path: Path) -> None:
     assert (run_dir / "manifest.json").is_file() and (run_dir / "logs").is_dir()
     # The human report went to stderr; stdout is the one document.
     assert "world all_reduce (2 ranks)" in result.stderr
+
+
+def _saved(tmp_path: Path, slow_into: str | None) -> Path:
+    nodes = ["node1", "node2", "node3"]
+    links = [{"src": a, "dst": b, "samples_gbps": [0.05 if b == slow_into else 1.0]}
+             for a in nodes for b in nodes if a != b]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"schema": "fstrain.bench/1", "suites": ["pairs"], "nodes": nodes, "run_id": "r1",
+                                "world_size": 3, "num_nodes": 3, "pairs": {"size": "16M", "links": links}}))
+    return path
+
+
+def test_from_file_prints_the_report_and_the_verdict_again_contacting_nobody(tmp_path: Path) -> None:
+    path = _saved(tmp_path, "node2")
+    # --hosts names a host that does not exist: nothing is contacted, so nothing fails.
+    result = run_fstrain("bench", "--from", str(path), "--hosts", "nowhere.invalid", "--json")
+    assert result.returncode == 1, result.stderr
+    assert "pairs: outlier host node2: traffic into it is slow" in result.stderr
+    assert "node1     |" in result.stderr  # a sender row of the matrix
+    assert json.loads(result.stdout)["analysis"]["outlier_hosts"] == ["node2"]
+    healthy = run_fstrain("bench", "--from", str(_saved(tmp_path, None)))
+    assert healthy.returncode == 0 and "pairs: no outliers" in healthy.stderr
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "file not found (hint: check the path)"),
+    ("{", "cannot read JSON"),
+    ('{"losses": [1]}', "not an fstrain bench document"),
+])
+def test_from_a_bad_file_is_one_line_and_exit_2(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "bench.json"
+    if content is not None:
+        path.write_text(content)
+    result = run_fstrain("bench", "--from", str(path))
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(f"error: {path}: {message}")
+
+
+def test_calibrating_from_a_bench_that_named_outliers_warns(tmp_path: Path) -> None:
+    args = ["plan", "--model", "tiny", "--num-nodes", "3", "--gpu", "h100-sxm", "--calibrate"]
+    named = run_fstrain(*args, str(_saved(tmp_path, "node2")))
+    assert named.returncode == 0, named.stderr
+    (line,) = [x for x in named.stderr.splitlines() if x.startswith("warning:")]
+    assert "the bench named outliers (node2)" in line and "--exclude node2" in line
+    clean = run_fstrain(*args, str(_saved(tmp_path, None)))
+    assert clean.returncode == 0 and "warning:" not in clean.stderr

@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from fstrain.core.bench.report import analysis, bar_chart, check_document, collective_summaries, compute_rows
+from fstrain.core.bench.report import (
+    analysis,
+    bar_chart,
+    check_document,
+    collective_summaries,
+    compute_rows,
+    group_names,
+    pair_matrix,
+)
 from fstrain.errors import InputError
 
 
@@ -84,3 +92,20 @@ def test_bar_chart() -> None:
         "z    |..........| 0 GB/s",
     ]
     assert bar_chart([], unit="x") == []
+
+
+def test_groups_are_named_by_their_hosts() -> None:
+    doc = {"nodes": ["n1", "n2", "n3", "n4"]}
+    assert group_names(doc, {"scope": "intra_node", "groups": [[0, 1], [2, 3], [4, 5], [6, 7]]}) == doc["nodes"]
+    assert group_names(doc, {"scope": "inter_node", "groups": [[0, 2, 4, 6], [1, 3, 5, 7]]}) == \
+        ["local rank 0", "local rank 1"]
+    assert group_names(doc, {"scope": "world", "groups": [list(range(8))]}) == ["all hosts"]
+
+
+def test_pair_matrix_marks_the_slow_cells_or_the_slowest() -> None:
+    links = {("n1", "n2"): 0.024, ("n2", "n1"): 0.8, ("n1", "n3"): 0.6, ("n3", "n1"): 0.7}
+    lines = pair_matrix(links, ["n1", "n2", "n3"], {("n1", "n2")})
+    assert len(lines) == 4  # a header and one row per sender, not a row per link
+    assert lines[1].split("|")[1].split() == ["0.024*", "0.6"]
+    assert lines[2].split("|")[1].split() == ["0.8", "-"]  # n2 -> n3 was not timed
+    assert pair_matrix(links, ["n1", "n2", "n3"], set())[1].split("|")[1].split() == ["0.024<", "0.6"]

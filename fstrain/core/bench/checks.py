@@ -2,19 +2,21 @@
 
 - ``bench.pairs``: a host whose traffic in one direction is slow fails (every job runs at its
   speed); a single slow link warns (a cable, a port, a switch path); ok otherwise.
-- ``bench.collectives``: the all_reduce of each node's own ranks (``intra_node``) compared
+- ``bench.collectives``: each collective of each node's own ranks (``intra_node``) compared
   across nodes: a node below 70 % of the median node warns; the bus bandwidth and latency of
   the whole world are reported with the ok row.
+
+Every suspect is timed again before it becomes a verdict (:mod:`fstrain.core.bench.report`):
+a host, a link or a node is named only when the re-time confirms it.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fstrain.core.bench.pairs import DEFAULT_THRESHOLD
-from fstrain.core.bench.report import collective_rows, collective_summaries, pairs_verdict
+from fstrain.core.bench.report import collective_summaries, node_outliers, pairs_verdict
 from fstrain.core.doctor.result import CheckResult
 
 
@@ -63,22 +65,14 @@ def _collectives(document: Mapping[str, Any], hosts: Sequence[str]) -> list[Chec
     if not summaries:
         return [CheckResult("bench.collectives", "skipped", tuple(hosts), "no all_reduce was timed")]
     results = []
-    scopes = {scope["scope"]: scope for scope in document.get("collectives", {}).get("scopes", [])}
-    names = list(document.get("nodes", []))
-    intra = scopes.get("intra_node")
-    if intra is not None and len(names) == len(intra["groups"]):
-        rows = [r for r in collective_rows({"collectives": {"scopes": [intra]}}) if r.collective == "all_reduce"]
-        largest = max(r.size_bytes for r in rows)
-        per_node = {names[r.group]: r.busbw_gbps for r in rows if r.size_bytes == largest}
-        median = statistics.median(per_node.values())
-        for node, busbw in per_node.items():
-            if busbw < DEFAULT_THRESHOLD * median:
-                results.append(CheckResult(
-                    "bench.collectives", "warn", (node,),
-                    f"all_reduce among {node}'s own ranks: {busbw:.3g} GB/s bus bandwidth, "
-                    f"{100 * busbw / median:.0f} % of the median node ({median:.3g} GB/s)",
-                    f"check {node}'s GPU interconnect (`nvidia-smi topo -m`, `nvidia-smi nvlink -s`) and "
-                    "PCIe links; run `fstrain bench --suite compute` for a throttling GPU"))
+    for node in node_outliers(document):
+        results.append(CheckResult(
+            "bench.collectives", "warn", (node.host,),
+            f"{node.collective} among {node.host}'s own ranks: {node.busbw_gbps:.3g} GB/s bus bandwidth, "
+            f"{100 * node.busbw_gbps / node.median_gbps:.0f} % of the median node ({node.median_gbps:.3g} GB/s), "
+            "in both passes",
+            f"check {node.host}'s GPU interconnect (`nvidia-smi topo -m`, `nvidia-smi nvlink -s`) and "
+            "PCIe links; run `fstrain bench --suite compute` for a throttling GPU"))
     if not results:
         text = "; ".join(f"{s.scope} ({s.group_size} ranks): {s.busbw_gbps or s.algbw_gbps:.3g} GB/s "
                          f"{'bus' if s.busbw_gbps else 'algorithm'} bandwidth, latency {s.latency_us:,.0f} us"

@@ -6,16 +6,24 @@ Everything here is a function of the document: the CLI prints it, ``plan --calib
 Compute: a rank is a *straggler* below ``COMPUTE_STRAGGLER_FRACTION`` of the median rank (matmul
 TFLOPS or memory bandwidth), and each rank is compared with its GPU's datasheet peak
 (:mod:`fstrain.core.plan.gpus`) where the GPU is in the table.
+
+Collectives: a node whose own ranks' collective (the ``intra_node`` scope) reaches less than
+``DEFAULT_THRESHOLD`` of the median node's bus bandwidth at the largest size is an outlier host.
+
+Every verdict is confirmed before it is given: the worker times the suspects again (pairs: see
+:mod:`fstrain.core.bench.pairs`; compute: every rank once more; intra-node collectives: the
+suspect collective at its largest size on every node once more) and a rank or a node stands only
+when it is below the threshold in both passes, each pass against its own median.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.bench.pairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table
+from fstrain.core.bench.pairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table, slow_in_pass
 from fstrain.core.plan.gpus import GpuSpec, lookup_gpu
 from fstrain.errors import InputError
 
@@ -122,38 +130,121 @@ def gpu_of(device_name: str) -> GpuSpec | None:
         return None
 
 
-def compute_rows(document: Mapping[str, Any]) -> list[ComputeRow]:
-    per_rank = document.get("compute", {}).get("per_rank", [])
-    nodes = {r["rank"]: r.get("hostname", "") for r in document.get("ranks", [])}
-    raw = [(r, float(r["matmul"]["tflops"]["median"]), float(r["memory"]["gbps"]["median"])) for r in per_rank]
+def compute_stragglers(per_rank: Sequence[Mapping[str, Any]]) -> dict[int, list[str]]:
+    """``{rank: ["matmul", "memory"]}``: what of each rank is below ``COMPUTE_STRAGGLER_FRACTION``
+    of the median rank, in one pass; ranks with nothing slow are left out."""
+    raw = [(int(r["rank"]), float(r["matmul"]["tflops"]["median"]), float(r["memory"]["gbps"]["median"]))
+           for r in per_rank]
     if not raw:
-        return []
+        return {}
     median_tflops = statistics.median([t for _, t, _ in raw])
     median_gbps = statistics.median([g for _, _, g in raw])
+    slow = {rank: [name for name, value, median in (("matmul", tflops, median_tflops), ("memory", gbps, median_gbps))
+                   if value < COMPUTE_STRAGGLER_FRACTION * median]
+            for rank, tflops, gbps in raw}
+    return {rank: kinds for rank, kinds in slow.items() if kinds}
+
+
+def compute_rows(document: Mapping[str, Any]) -> list[ComputeRow]:
+    """One row per rank: its best median over the passes, and a straggler only where the re-time
+    (when there was one) found the same rank slow in the same way."""
+    compute = document.get("compute", {})
+    per_rank = compute.get("per_rank", [])
+    nodes = {r["rank"]: r.get("hostname", "") for r in document.get("ranks", [])}
+    if not per_rank:
+        return []
+    slow = compute_stragglers(per_rank)
+    retime = compute.get("retime")
+    if retime is not None:
+        again = compute_stragglers(retime)
+        slow = {rank: [k for k in kinds if k in again.get(rank, [])] for rank, kinds in slow.items()}
+    second = {int(r["rank"]): r for r in retime or []}
     rows = []
-    for record, tflops, gbps in raw:
+    for record in per_rank:
+        passes = [record, *([second[record["rank"]]] if record["rank"] in second else [])]
+        tflops = max(float(r["matmul"]["tflops"]["median"]) for r in passes)
+        gbps = max(float(r["memory"]["gbps"]["median"]) for r in passes)
         spec = gpu_of(record["device_name"]) if record["device"].startswith("cuda") else None
         dtype = record["matmul"]["dtype"]
         peak = spec.peak_flops("bf16" if dtype == "bfloat16" else "fp16" if dtype == "float16" else "fp32") \
             if spec else None
-        slow = [name for name, value, median in (("matmul", tflops, median_tflops), ("memory", gbps, median_gbps))
-                if value < COMPUTE_STRAGGLER_FRACTION * median]
         rows.append(ComputeRow(
             rank=int(record["rank"]), node=nodes.get(record["rank"], ""), device_name=record["device_name"],
             tflops=tflops, memory_gbps=gbps, dtype=dtype,
             peak_tflops=peak / 1e12 if peak else None,
             peak_memory_gbps=spec.hbm_bandwidth_bytes_per_s / 1e9 if spec else None,
-            straggler="+".join(slow),
+            straggler="+".join(slow.get(int(record["rank"]), [])),
         ))
     return rows
 
 
 def pairs_verdict(document: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD) -> PairsVerdict | None:
-    """The outlier analysis of the pairs suite (None when it did not run or had one node)."""
-    links = document.get("pairs", {}).get("links", [])
+    """The outlier analysis of the pairs suite (None when it did not run or had one node): every
+    link at its best sample over all passes; after a re-time only the links the last re-time
+    found slow against its own median can be named (see :mod:`fstrain.core.bench.pairs`)."""
+    pairs = document.get("pairs", {})
+    links = pairs.get("links", [])
     if not links:
         return None
-    return analyze_links(link_table(links), threshold)
+    retimes = pairs.get("retimes", [])
+    records = [*links, *(record for retime in retimes for record in retime["links"])]
+    confirmed = slow_in_pass(link_table(retimes[-1]["links"]), threshold) if retimes else None
+    return analyze_links(link_table(records), threshold, confirmed)
+
+
+@dataclass(frozen=True)
+class NodeOutlier:
+    """A node whose own ranks' collective is slow, in every pass."""
+
+    host: str
+    collective: str
+    size_bytes: int
+    busbw_gbps: float
+    median_gbps: float
+
+
+def slow_groups(results: Sequence[Mapping[str, Any]], threshold: float = DEFAULT_THRESHOLD) -> dict[str, list[int]]:
+    """``{collective: [group, ...]}``: the groups of one scope whose bandwidth at the collective's
+    largest size is below ``threshold`` times the median group's (at least three groups)."""
+    slow: dict[str, list[int]] = {}
+    for collective in dict.fromkeys(str(r["collective"]) for r in results):
+        mine = [r for r in results if r["collective"] == collective]
+        largest = max(int(r.get("requested_bytes", r["size_bytes"])) for r in mine)
+        per_group = {int(r.get("group", 0)): _bandwidth(r) for r in mine
+                     if int(r.get("requested_bytes", r["size_bytes"])) == largest}
+        if len(per_group) < 3:
+            continue  # with two nodes the median is their mean: nothing says which one is off
+        median = statistics.median(per_group.values())
+        groups = sorted(g for g, value in per_group.items() if value < threshold * median)
+        if groups:
+            slow[collective] = groups
+    return slow
+
+
+def _bandwidth(result: Mapping[str, Any]) -> float:
+    return float(result["busbw_gbps"]) or float(result["algbw_gbps"])
+
+
+def node_outliers(document: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD) -> list[NodeOutlier]:
+    """Nodes whose intra-node collective is slow in the first pass and in the re-time (when the
+    worker re-timed; a document without a re-time is read as it is)."""
+    scope = next((s for s in document.get("collectives", {}).get("scopes", []) if s["scope"] == "intra_node"), None)
+    names = list(document.get("nodes", []))
+    if scope is None or len(names) != len(scope["groups"]):
+        return []
+    first = slow_groups(scope["results"], threshold)
+    retime = scope.get("retime")
+    again = slow_groups(retime, threshold) if retime is not None else first
+    out = []
+    for collective, groups in first.items():
+        rows = [r for r in scope["results"] if r["collective"] == collective]
+        largest = max(int(r.get("requested_bytes", r["size_bytes"])) for r in rows)
+        at_large = {int(r.get("group", 0)): _bandwidth(r) for r in rows
+                    if int(r.get("requested_bytes", r["size_bytes"])) == largest}
+        median = statistics.median(at_large.values())
+        out += [NodeOutlier(names[g], collective, largest, at_large[g], median)
+                for g in groups if g in again.get(collective, [])]
+    return out
 
 
 def analysis(document: Mapping[str, Any]) -> dict[str, Any]:
@@ -170,6 +261,9 @@ def analysis(document: Mapping[str, Any]) -> dict[str, Any]:
             "stragglers": [row.rank for row in compute if row.straggler],
             "straggler_fraction": COMPUTE_STRAGGLER_FRACTION,
         }
+    nodes = node_outliers(document)
+    if nodes:
+        result["collectives_outliers"] = [node.__dict__ for node in nodes]
     verdict = pairs_verdict(document)
     if verdict is not None:
         result["pairs"] = {
@@ -180,7 +274,48 @@ def analysis(document: Mapping[str, Any]) -> dict[str, Any]:
             "unexplained_links": [link.__dict__ for link in verdict.unexplained],
             "outlier_hosts": verdict.outlier_hosts,
         }
+    result["outlier_hosts"] = outlier_hosts(result, document)
     return result
+
+
+def outlier_hosts(result: Mapping[str, Any], document: Mapping[str, Any]) -> list[str]:
+    """Every host an analysis names: pairs outliers, slow intra-node collectives, straggler ranks' hosts."""
+    hosts = {r["rank"]: r.get("hostname", "") for r in document.get("ranks", [])}
+    names = [*result.get("pairs", {}).get("outlier_hosts", []),
+             *(node["host"] for node in result.get("collectives_outliers", [])),
+             *(hosts.get(rank, f"rank {rank}") for rank in result.get("compute", {}).get("stragglers", []))]
+    return list(dict.fromkeys(names))
+
+
+def group_names(document: Mapping[str, Any], scope: Mapping[str, Any]) -> list[str]:
+    """A name per group of a collectives scope, in hosts: ``world`` for every rank, a node's host
+    for ``intra_node``, ``local rank k`` for ``inter_node`` (its hosts are every node)."""
+    names = list(document.get("nodes", []))
+    if scope["scope"] == "intra_node" and len(names) == len(scope["groups"]):
+        return names
+    if scope["scope"] == "inter_node":
+        return [f"local rank {k}" for k in range(len(scope["groups"]))]
+    return ["all hosts" if len(scope["groups"]) == 1 else f"group {i}" for i in range(len(scope["groups"]))]
+
+
+def pair_matrix(links: Mapping[tuple[str, str], float], nodes: Sequence[str],
+                slow: Collection[tuple[str, str]]) -> list[str]:
+    """Sender rows x receiver columns of GB/s, plain text: ``*`` after a slow link, ``<`` after
+    the slowest link when none is slow, ``-`` for a link not timed (``--pairs ring``)."""
+    worst = min(links, key=lambda key: links[key]) if links and not slow else None
+    width = max([9, *(len(n) + 1 for n in nodes)])
+    lines = ["from \\ to".ljust(width) + " | " + " ".join(f"{n} ".rjust(width) for n in nodes)]
+    for src in nodes:
+        cells = []
+        for dst in nodes:
+            key = (src, dst)
+            if key not in links:
+                cells.append(("-" if src != dst else "").rjust(width))
+                continue
+            mark = "*" if key in slow else "<" if key == worst else " "
+            cells.append(f"{_number(links[key])}{mark}".rjust(width))
+        lines.append(src.ljust(width) + " | " + " ".join(cells))
+    return lines
 
 
 def bar_chart(items: Sequence[tuple[str, float]], *, unit: str, width: int = 40,
