@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -365,36 +364,35 @@ def gc_command(
     python: str = PYTHON,
 ) -> None:
     """Remove finished runs' folders on the hosts (~/.fstrain/runs/<id>) and their entries here;
-    a run still running, or whose state cannot be told, is kept."""
-    from fstrain.api.runs import SshRun, all_runs
+    a run still running, or whose state cannot be told, is kept. A run whose folder could not be
+    removed on some host keeps its entry (a later `gc` tries again); exit 1 then."""
+    from fstrain.api.runs import collect
     from fstrain.core.launch.duration import parse_duration_s
-    from fstrain.core.launch.runstate import FINAL
-    from fstrain.io.connect import make_connector
-    from fstrain.io.runs import gc_on_nodes, index_dir, run_state
 
     age_s = parse_duration_s(older_than, "--older-than")
     out = console()
-    removed = 0
-    for handle in all_runs(_access(ssh_config, accept_new_hosts, python)):
-        record = handle.record
-        if time.time() - record.started < age_s:
+    results = collect(age_s, dry_run=dry_run, access=_access(ssh_config, accept_new_hosts, python))
+    for done in results:
+        if done.outcome == "kept":
+            out.print(f"{done.run_id}: kept ({done.why})", markup=False)
             continue
-        views = handle.backend.views() if isinstance(handle.backend, SshRun) else None
-        state = run_state(record, views)
-        if state.state not in FINAL:
-            out.print(f"{record.run_id}: kept ({state.state})")
+        if done.outcome == "would remove":
+            out.print(f"{done.run_id}: would be removed ({done.state.state})", markup=False)
             continue
-        if dry_run:
-            out.print(f"{record.run_id}: would be removed ({state.state})")
-            continue
-        if record.slurm is not None:  # its nodes are Slurm's: only this machine's entry goes
-            out.print(f"{record.run_id}: Slurm job {record.slurm.get('job_id')}: forgotten here; its run directory "
-                      f"{record.run_dir} is kept")
-        connect = handle.backend.connect if isinstance(handle.backend, SshRun) \
-            else make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
-        py = handle.backend.python if isinstance(handle.backend, SshRun) else python
-        for host, result in gc_on_nodes(record, connect, py) if record.slurm is None else []:
-            out.print(f"{record.run_id}: {host}: {result}")
-        Path(index_dir() / f"{record.run_id}.json").unlink(missing_ok=True)
-        removed += 1
-    out.print(f"{removed} run(s) removed" if not dry_run else "dry run: nothing removed")
+        if done.slurm_job is not None:
+            out.print(f"{done.run_id}: Slurm job {done.slurm_job}: forgotten here; its run directory "
+                      f"{done.run_dir} is kept",
+                      markup=False)
+        for folder in done.folders:
+            verdict = f"kept: {folder.why}" if folder.verdict == "kept" else folder.verdict
+            out.print(f"{done.run_id}: {folder.host}: {verdict}", markup=False)
+        if done.left:
+            hosts = ", ".join(f.host for f in done.left)
+            out.print(f"{done.run_id}: its entry here is kept until its folder is gone from {hosts}: "
+                      "run `fstrain gc` again once they answer", markup=False)
+    if dry_run:
+        out.print("dry run: nothing removed")
+        return
+    out.print(f"{sum(d.outcome == 'removed' for d in results)} run(s) removed")
+    if any(d.outcome == "retry" for d in results):
+        raise typer.Exit(1)

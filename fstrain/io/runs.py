@@ -494,8 +494,24 @@ def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, 
     return answer
 
 
-def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[tuple[str, str]]:
-    """Remove the run's folder on every host (never a node's whose watchdog runs): (host, result)."""
+@dataclass(frozen=True)
+class FolderGone:
+    """What `gc` found of a run's folder on one host: ``removed``, ``already gone`` (another
+    node sharing the home removed it, or it never existed) or ``kept`` (``why``: the host could
+    not be reached or refused, or the run's watchdog still runs there)."""
+
+    host: str
+    folder: str
+    verdict: str
+    why: str = ""
+
+    @property
+    def gone(self) -> bool:
+        return self.verdict != "kept"
+
+
+def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[FolderGone]:
+    """Remove the run's folder on every remote host (never a node's whose watchdog runs)."""
     from fstrain.io.connect import is_local
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import REMOTE_RUNS
@@ -520,10 +536,15 @@ def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python:
         except ValueError:
             answer = {"removed": False, "why": result.stdout[-200:]}
         if answer.get("removed"):
-            verdict = "removed"
-        elif answer.get("why") == "not there":  # another node removed it (a shared home) or it never existed
-            verdict = "already gone"
+            out.append(FolderGone(host.label(), folders[host], "removed"))
+        elif answer.get("why") == "not there":
+            out.append(FolderGone(host.label(), folders[host], "already gone"))
         else:
-            verdict = f"kept: {answer.get('why')}"
-        out.append((host.label(), verdict))
+            why = str(answer.get("why") or result.stderr.strip()[-200:] or f"exit {result.exit_code}")
+            out.append(FolderGone(host.label(), folders[host], "kept", why))
     return out
+
+
+def unregister(run_id: str) -> None:
+    """Remove the run's index entry here (its local run directory stays)."""
+    (index_dir() / f"{run_id}.json").unlink(missing_ok=True)

@@ -169,21 +169,34 @@ def test_a_detached_deepspeed_run_names_the_rank_that_failed(cluster: NamespaceC
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 
-def test_gc_removes_finished_runs_on_the_hosts(cluster: NamespaceCluster, tmp_path: Path) -> None:
+def test_gc_keeps_a_run_until_its_folder_is_gone_from_every_host(cluster: NamespaceCluster, tmp_path: Path) -> None:
     home, run_dir = tmp_path / "home", tmp_path / "run"
     run_id = detach(cluster, home, run_dir, "--env", "FSTRAIN_TEST_SECONDS=1", "--", "python3", WORKER)
     wait_state(home, run_id, {"succeeded"}, 180)
+    wait_finals(cluster, run_dir, 30)
     folders = [n["run_dir"] for n in json.loads((run_dir / "detached.json").read_text())["nodes"]]
     assert cluster.in_namespace(1, "test", "-d", folders[0], check=False).returncode == 0
     kept = fstrain(home, "gc", "--older-than", "1d")
     assert "0 run(s) removed" in kept.stderr
+    cluster.script("stop-sshd", "2")
+    try:
+        partly = fstrain(home, "gc", "--older-than", "1s")
+    finally:
+        cluster.script("start-sshd", "2")
+    # node2 is down: node1's folder goes, the run's entry stays so that a later gc tries again.
+    assert partly.returncode == 1, partly.stderr
+    assert f"{run_id}: node1: removed" in partly.stderr
+    assert f"{run_id}: node2: kept: " in partly.stderr
+    assert f"{run_id}: its entry here is kept until its folder is gone from node2" in partly.stderr
+    assert "0 run(s) removed" in partly.stderr
+    assert cluster.in_namespace(1, "test", "-d", folders[0], check=False).returncode != 0
+    assert cluster.in_namespace(2, "test", "-d", folders[1], check=False).returncode == 0
+    assert [r["run_id"] for r in json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"]] == [run_id]
     removed = fstrain(home, "gc", "--older-than", "1s")
     assert removed.returncode == 0, removed.stderr
-    # The namespace hosts share one home: one node removes the folder, the other finds it gone.
-    verdicts = sorted(line.split(": ", 2)[2] for line in removed.stderr.splitlines() if ": node" in line)
-    assert verdicts in (["already gone", "removed"], ["removed", "removed"]), removed.stderr
+    assert f"{run_id}: node1: already gone" in removed.stderr and f"{run_id}: node2: removed" in removed.stderr
     assert "1 run(s) removed" in removed.stderr
-    assert cluster.in_namespace(1, "test", "-d", folders[0], check=False).returncode != 0
+    assert cluster.in_namespace(2, "test", "-d", folders[1], check=False).returncode != 0
     assert json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"] == []
 
 
@@ -298,3 +311,4 @@ def test_logs_keep_rank_tags_after_invalid_utf8_and_name_an_unreachable_host(
     assert missing.stderr.startswith("error: node2: its output could not be read: "), missing.stderr
     assert missing.stderr.count("\n") == 1
     assert_no_job_processes(cluster, 10)
+
