@@ -312,3 +312,50 @@ def test_logs_keep_rank_tags_after_invalid_utf8_and_name_an_unreachable_host(
     assert missing.stderr.count("\n") == 1
     assert_no_job_processes(cluster, 10)
 
+
+def test_a_run_whose_client_was_killed_while_starting_it_is_listed_and_stopped(
+    cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """The client dies after node 0's coordinator started and before node 2 answered: node 2's
+    watchdog cannot reach the coordinator's port (its packets to node1 crawl, but for ssh and the
+    rendezvous port), so its start hangs for the watchdog's 30 s; the client is killed in there."""
+    home, run_dir, master_port = tmp_path / "home", tmp_path / "run", 29533
+    node1 = cluster.address(1)
+    shaping = [["qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10"],
+               ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb", "rate", "1gbit"],
+               ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb", "rate", "8bit", "ceil", "8bit",
+                "burst", "1", "cburst", "1"]]
+    for prio, port in ((1, 22), (2, master_port)):
+        shaping.append(["filter", "add", "dev", "eth0", "parent", "1:", "prio", str(prio), "protocol", "ip", "u32",
+                        "match", "ip", "dst", f"{node1}/32", "match", "ip", "dport", str(port), "0xffff",
+                        "flowid", "1:10"])
+    shaping.append(["filter", "add", "dev", "eth0", "parent", "1:", "prio", "3", "protocol", "ip", "u32",
+                    "match", "ip", "dst", f"{node1}/32", "flowid", "1:20"])
+    for command in shaping:
+        cluster.in_namespace(2, "tc", *command)
+    try:
+        client = subprocess.Popen(
+            [sys.executable, "-m", "fstrain", "launch", "--detach", "--ssh-config", cluster.ssh_config,
+             "--hosts", "node[1-2]", "--nproc-per-node", "2", "--grace", str(GRACE_S), "--run-dir", str(run_dir),
+             "--master-port", str(master_port), "--env", f"PYTHONPATH={REPO}", "--", "python3", WORKER],
+            cwd=REPO, env={**os.environ, "HOME": str(home)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while not any("fstrain-watchdog" in p for p in job_processes(cluster).get(cluster.namespace(2), [])):
+                assert client.poll() is None and time.monotonic() < deadline, "node2's watchdog never started"
+                time.sleep(0.2)
+            assert any("fstrain-watchdog" in p for p in job_processes(cluster)[cluster.namespace(1)])
+        finally:
+            client.kill()
+            client.wait()
+        rows = json.loads(fstrain(home, "runs", "--json").stdout)["runs"]
+        assert [(r["state"], r["nodes"]) for r in rows] == [("starting", ["node1", "node2"])], rows
+        run_id = rows[0]["run_id"]
+        stop = fstrain(home, "stop", run_id)
+        assert stop.returncode == 0, stop.stderr
+        assert f"run {run_id} stopped" in stop.stderr
+        # node2's watchdog gives up on the coordinator after 30 s and never starts its job.
+        assert_no_job_processes(cluster, 45)
+        assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "stopped"
+    finally:
+        cluster.in_namespace(2, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
