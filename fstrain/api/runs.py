@@ -294,10 +294,6 @@ class SshRun:
                  if not hosts or n.host.name in hosts or n.host.label() in hosts]
         return NodeOutputs(nodes, self.connect, self.python, rank=rank, since=since)
 
-    def final_record(self) -> dict[str, Any]:
-        """The coordinator's record of the run's end (``run.json``), as a node keeps it."""
-        return first_final(self.views()) or {}
-
     def training_summary(self) -> dict[str, Any] | None:
         """The bundled trainer's rank-0 summary (node 0's run directory), copied into the local one."""
         node0 = self.detached.nodes[0]
@@ -326,8 +322,8 @@ class SshRun:
             state = self.state()
             if state.state in FINAL:
                 return Stopped(state, True)
-            raise FstrainError(f"could not reach run {self.record.run_id}'s coordinator: {answer['error']}",
-                               "check node 0 with `fstrain status`", "stop")
+            raise FstrainError(f"could not reach run {self.record.run_id}'s coordinator on {node0.host.label()}: "
+                               f"{answer['error']}", f"check {node0.host.label()} with `fstrain status`", "stop")
         deadline = time.monotonic() + wait_s
         while True:
             ended = self.finished()
@@ -373,6 +369,18 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
                       "last_lines": node.get("last_lines") or []})
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
             "first_failure": failure, "detached": bool(record.detached), "started": record.started, "nodes": nodes}
+
+
+def recorded_failure(record: RunRecord) -> dict[str, Any] | None:
+    """The run's first failure as this machine last saw it, without asking any host: a
+    detached run's from RUN_DIR/state.json (written whenever its nodes are asked), any other
+    run's from its manifest."""
+    from fstrain.io.runs import read_cache
+
+    if record.detached is not None:
+        failure = read_cache(record.run_dir / "state.json").get("first_failure")
+        return failure if isinstance(failure, dict) else None
+    return _manifest_failure(record.manifest)
 
 
 def _manifest_failure(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -505,7 +513,8 @@ class SlurmRun:
                 "detached": True, "started": record.started, "seconds": round(seconds, 1) if seconds is not None
                 else round(time.time() - record.started, 1), "nodes": [h.label() for h in record.hosts]
                 or ([job["nodes"]] if job.get("nodes") else []), "run_dir": str(record.run_dir),
-                "mode": f"slurm {job.get('job_id')}", "job_id": job.get("job_id"), "slurm_state": job.get("state")}
+                "mode": f"slurm {job.get('job_id')}", "job_id": job.get("job_id"), "slurm_state": job.get("state"),
+                "first_failure": _manifest_failure(record.manifest)}
 
     def status(self) -> dict[str, Any]:
         """The state, the job, and per node and per rank what the job's fstrain wrote in the run

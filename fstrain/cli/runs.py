@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from fstrain.cli import hostopts
-from fstrain.cli.launch_output import describe_state
+from fstrain.cli.launch_output import describe_failure, describe_state
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def runs_command(
     """Runs started from this machine: state, duration, nodes, exit code."""
     from rich.table import Table
 
-    from fstrain.api.runs import SlurmRun
+    from fstrain.api.runs import SlurmRun, recorded_failure
     from fstrain.api.runs import all_runs as list_runs
     from fstrain.core.launch.runstate import FINAL
     from fstrain.io.runs import run_state
@@ -92,7 +92,8 @@ def runs_command(
         rows.append({"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code,
                      "reason": state.reason, "detached": bool(record.detached), "started": record.started,
                      "seconds": round((ended or time.time()) - record.started, 1) if record.started else None,
-                     "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir)})
+                     "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir),
+                     "first_failure": recorded_failure(record)})
     if hostfile or hosts:  # and the detached runs found on those hosts
         known = {row["run_id"] for row in rows}
         rows += [row for row in _runs_on_hosts(hostfile, hosts, ssh_config, accept_new_hosts, python)
@@ -101,13 +102,14 @@ def runs_command(
         print_json({"runs": rows})
         return
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("run", "state", "exit", "started", "duration", "nodes", "mode"):
+    for column in ("run", "state", "exit", "started", "duration", "nodes", "mode", "first failure"):
         table.add_column(column)
     for row in rows:
         table.add_row(row["run_id"], row["state"], "" if row["exit_code"] is None else str(row["exit_code"]),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"])) if row["started"] else "",
                       _duration(row["seconds"] or 0), ",".join(row["nodes"]),
-                      row.get("mode") or ("detached" if row["detached"] else "attached"))
+                      row.get("mode") or ("detached" if row["detached"] else "attached"),
+                      describe_failure(row["first_failure"]) if row.get("first_failure") else "")
     console().print(table if rows else "no runs" + ("" if all_runs else " running (--all lists finished ones)"))
 
 
@@ -182,14 +184,17 @@ def status_command(
         return
     out = console()
     state = f"{document['state']}" + (f", exit {document['exit_code']}" if document["exit_code"] is not None else "")
-    out.print(f"run {record.run_id}: {state}" + (f" ({document['reason']})" if document["reason"] else ""))
+    out.print(f"run {record.run_id}: {state}" + (f" ({document['reason']})" if document["reason"] else ""),
+              markup=False)
+    if document.get("first_failure"):
+        out.print(f"first failure: {describe_failure(document['first_failure'])}", markup=False)
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "rank", "alive", "last output", "step", "loss", "tokens/s", "gpus"):
         table.add_column(column)
     now = time.time()
     if not record.detached:
         for node in document["nodes"]:
-            out.print(f"  node {node['node_rank']} {node['host']}: exit {node['exit_code']}"
+            out.print(f"  {node['host']} (node {node['node_rank']}): exit {node['exit_code']}"
                       + (f" ({node['error']})" if node["error"] else ""), markup=False)
         return
     for node in document["nodes"]:
@@ -303,24 +308,22 @@ def attach_command(
 
 def _print_end(handle: Run, state: RunState) -> None:
     """How the run ended: its hang report, its first failure, the training summary, its state."""
-    from fstrain.api.runs import SshRun
-    from fstrain.core.launch.rankexit import RankFailure
+    from fstrain.api.runs import SshRun, first_final, status_document
 
     out = console()
     reason = f": {state.reason}" if state.reason else ""
     if not isinstance(handle.backend, SshRun):  # a Slurm job: its output file said the rest
         out.print(f"run {handle.run_id} {describe_state(state)}{reason}")
         return
-    final = handle.backend.final_record()
+    views = handle.backend.views()
+    final = first_final(views) or {}
     if final.get("stall"):
         from fstrain.cli.launch_output import print_stall
 
-        print_stall(final["stall"])
-    failure = final.get("first_failure")
+        print_stall(final["stall"], [h.label() for h in handle.record.hosts])
+    failure = status_document(handle.record, views)["first_failure"]
     if failure:
-        described = RankFailure(failure.get("rank"), failure.get("local_rank"), failure["exit_code"]).describe()
-        where = final.get("first_failure_host") or f"node {final.get('first_failure_node_rank')}"
-        out.print(f"[red]first failure: {described} on {where}[/red]")
+        out.print(f"[red]first failure: {describe_failure(failure)}[/red]")
     summary = handle.backend.training_summary()
     if summary is not None:
         from fstrain.cli.launch_output import print_training_summary

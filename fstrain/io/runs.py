@@ -37,7 +37,7 @@ from fstrain import __version__
 from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
-from fstrain.core.launch.runstate import FINAL, RunState, from_manifest, from_nodes
+from fstrain.core.launch.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 
@@ -396,7 +396,7 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
         if cached:
             return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
         return RunState("running", None, "not asked")
-    state = from_nodes(views)
+    state = from_nodes(views, [h.label() for h in record.hosts])
     seen = any((v or {}).get("node") or (v or {}).get("run") or (v or {}).get("watchdog_alive") for v in views)
     if state.state == "lost" and record.detached.nodes[0].watchdog_pid is None and not seen:
         state = _unanswered_start(record)
@@ -406,7 +406,8 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
              for v in views]
     write_json(record.run_dir / "state.json",
                 stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
-                         "ended": state.ended, "at": time.time(), "nodes": nodes}, "state"))
+                         "ended": state.ended, "at": time.time(), "first_failure": first_failure(views),
+                         "nodes": nodes}, "state"))
     return state
 
 
