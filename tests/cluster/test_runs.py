@@ -71,6 +71,17 @@ def wait_state(home: Path, run_id: str, states: set[str], timeout: float) -> dic
         time.sleep(2)
 
 
+def wait_all_ranks(home: Path, run_id: str, timeout: float = 120) -> dict:
+    """The run's status once it runs and all 4 ranks are alive (asserted)."""
+    status = wait_state(home, run_id, {"running"}, timeout)
+    deadline = time.monotonic() + timeout
+    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
+        time.sleep(2)
+        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    assert sorted(r for n in status["nodes"] for r in n["ranks_alive"]) == [0, 1, 2, 3], status
+    return status
+
+
 def test_detached_training_outlives_the_client_and_is_followed_to_its_end(
     cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
@@ -110,13 +121,7 @@ def test_detached_training_outlives_the_client_and_is_followed_to_its_end(
 def test_stop_leaves_no_process_on_any_host_within_the_grace_period(cluster: NamespaceCluster, tmp_path: Path) -> None:
     home = tmp_path / "home"
     run_id = detach(cluster, home, tmp_path / "run", "--", "python3", WORKER)
-    status = wait_state(home, run_id, {"running"}, 120)
-    assert status["state"] == "running"
-    deadline = time.monotonic() + 120
-    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
-        time.sleep(2)
-        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
-    assert sorted(r for n in status["nodes"] for r in n["ranks_alive"]) == [0, 1, 2, 3], status
+    status = wait_all_ranks(home, run_id)
     # The test hosts have no nvidia-smi: no GPU column, and no error either.
     assert [(n["gpus"], n["gpus_error"]) for n in status["nodes"]] == [([], None), ([], None)]
     stop = fstrain(home, "stop", run_id)
@@ -129,6 +134,22 @@ def test_stop_leaves_no_process_on_any_host_within_the_grace_period(cluster: Nam
                     cluster.ssh_config, "--json")
     rows = [r for r in json.loads(found.stdout)["runs"] if r["run_id"] == run_id]
     assert [(r["state"], r["nodes"], r["mode"]) for r in rows] == [("stopped", ["node1", "node2"], "found on hosts")]
+
+
+def test_stop_force_kills_at_once_and_says_sigkill(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    # Ranks that ignore SIGTERM and a grace period longer than the test waits: only SIGKILL ends them in time.
+    run_id = detach(cluster, home, tmp_path / "run", "--grace", "60", "--env", "FSTRAIN_TEST_IGNORE_TERM=1",
+                    "--", "python3", WORKER)
+    wait_all_ranks(home, run_id)
+    started = time.monotonic()
+    stop = fstrain(home, "stop", run_id, "--force")
+    assert stop.returncode == 0, stop.stderr
+    assert f"run {run_id} stopped, exit 137 (SIGKILL)" in stop.stderr
+    assert_no_job_processes(cluster, 15)
+    assert time.monotonic() - started < 45
+    status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    assert (status["state"], status["exit_code"]) == ("stopped", 137)
 
 
 def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
@@ -236,11 +257,7 @@ def test_a_detached_run_with_a_blocked_rank_ends_stalled(
 def test_a_node_cut_off_tears_the_detached_run_down(cluster: NamespaceCluster, tmp_path: Path) -> None:
     home, run_dir = tmp_path / "home", tmp_path / "run"
     run_id = detach(cluster, home, run_dir, "--heartbeat-timeout", "4", "--", "python3", WORKER)
-    deadline = time.monotonic() + 120
-    status = wait_state(home, run_id, {"running"}, 120)
-    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
-        time.sleep(2)
-        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    wait_all_ranks(home, run_id)
     subprocess.run(["ip", "link", "set", cluster.veth(2), "down"], check=True)
     try:
         # The coordinator misses node2's heartbeats and stops node1; node2's watchdog misses the
@@ -259,11 +276,7 @@ def test_node_0s_watchdog_killed_leaves_no_job_on_any_host(cluster: NamespaceClu
     gets its parent-death signal and the other nodes miss its heartbeats."""
     home, run_dir = tmp_path / "home", tmp_path / "run"
     run_id = detach(cluster, home, run_dir, "--heartbeat-timeout", "4", "--", "python3", WORKER)
-    status = wait_state(home, run_id, {"running"}, 120)
-    deadline = time.monotonic() + 120
-    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
-        time.sleep(2)
-        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    wait_all_ranks(home, run_id)
     launchers = [entry for entry in job_processes(cluster)[cluster.namespace(1)] if "torch.distributed.run" in entry]
     assert len(launchers) == 1, launchers
     stat = Path(f"/proc/{launchers[0].split()[0]}/stat").read_text()
@@ -368,3 +381,4 @@ def test_a_run_whose_client_was_killed_while_starting_it_is_listed_and_stopped(
         assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "stopped"
     finally:
         cluster.in_namespace(2, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+
