@@ -147,7 +147,7 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     """Every node's watchdog started detached (node 0 the coordinator), recorded here: before
     the first starts, so that a launch killed half-way leaves a run that `runs` lists and
     `stop` ends; then with node 0's answer (its coordinator's port); then with every node's."""
-    from fstrain.io.runs import record_detached, start_detached, write_json
+    from fstrain.io.runs import record_detached, register, start_detached, write_json
 
     setup = run_setup(request, checked, node_job)
     reach = (request.ssh_config, request.python)
@@ -156,7 +156,13 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
         record_detached(request.run_dir, setup, checked.run_dirs, answers, options, reach, started)
 
     record([{}] * len(node_job.launches))
-    answers = start_detached(node_job.launches, connect, request.python, options, checked.rendezvous, record)
+    try:
+        answers = start_detached(node_job.launches, connect, request.python, options, checked.rendezvous, record)
+    except BaseException:
+        # This process no longer starts it (it may live on: the API's caller): what shows on
+        # the nodes decides the run's state from now on.
+        register(request.run_id, request.run_dir, detached=True, launching=False)
+        raise
     record(answers)
     manifest = write_manifest(request.run_dir / "manifest.json", setup, None)
     manifest.update(reason="detached", started=started, detached=True)

@@ -158,14 +158,15 @@ def record_detached(folder: Path, setup: RunSetup, run_dirs: Sequence[str], answ
     return record
 
 
-def register(run_id: str, folder: Path, *, detached: bool) -> None:
-    """This machine's index entry for a run, so `fstrain runs` finds it from anywhere. A run
-    directory that a Slurm submission owns (``slurm.json``, written before the job starts) is
-    already registered under the submission's id: the job's own launch adds no second entry."""
+def register(run_id: str, folder: Path, *, detached: bool, launching: bool = True) -> None:
+    """This machine's index entry for a run, so `fstrain runs` finds it from anywhere, with this
+    process's pid while it is ``launching`` the run. A run directory that a Slurm submission
+    owns (``slurm.json``, written before the job starts) is already registered under the
+    submission's id: the job's own launch adds no second entry."""
     owner = read_json(folder / SLURM_RECORD)
     if isinstance(owner, dict) and owner.get("run_id") not in (None, run_id):
         return
-    entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid())
+    entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid() if launching else None)
     write_json(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
 
 

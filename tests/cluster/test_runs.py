@@ -382,3 +382,35 @@ def test_a_run_whose_client_was_killed_while_starting_it_is_listed_and_stopped(
     finally:
         cluster.in_namespace(2, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
 
+
+def test_a_detached_start_that_failed_on_node_0_is_lost_not_starting(
+    cluster: NamespaceCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the API, whose process lives on after a failed launch: node 1 cannot make its run
+    directory (a file where ~/.fstrain/runs should be), so its watchdog never answers."""
+    from fstrain import api
+    from fstrain.errors import FstrainError
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # this machine's index of runs
+    blocker = cluster.home(1) / ".fstrain" / "runs"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    saved = tmp_path / "runs-saved"
+    if blocker.exists():
+        blocker.rename(saved)
+    blocker.write_text("not a folder\n")
+    try:
+        request = api.LaunchRequest(
+            hosts=api.HostRequest(hosts="node[1-2]", ssh_config=cluster.ssh_config),
+            job=api.JobRequest(program=("python3", WORKER), nproc_per_node=2, env={"PYTHONPATH": str(REPO)}),
+            run=api.RunSettings(run_dir=str(tmp_path / "run"), grace_s=GRACE_S, detach=True))
+        with open(os.devnull, "w") as sink, pytest.raises(FstrainError, match="node1"):
+            api.launch(request, out=sink, report=lambda line: None)
+    finally:
+        blocker.unlink()
+        if saved.exists():
+            saved.rename(blocker)
+    handles = api.runs()
+    assert len(handles) == 1
+    state = handles[0].state()
+    assert (state.state, state.reason) == ("lost", "the launch ended before node1's watchdog answered")
+    assert_no_job_processes(cluster, 10)
