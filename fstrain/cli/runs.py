@@ -308,7 +308,8 @@ def attach_command(
 
 def _print_end(handle: Run, state: RunState) -> None:
     """How the run ended: its hang report, its first failure, the training summary, its state."""
-    from fstrain.api.runs import SshRun, first_final, status_document
+    from fstrain.api.runs import SshRun, first_final
+    from fstrain.core.launch.runstate import first_failure
 
     out = console()
     reason = f": {state.reason}" if state.reason else ""
@@ -321,7 +322,7 @@ def _print_end(handle: Run, state: RunState) -> None:
         from fstrain.cli.launch_output import print_stall
 
         print_stall(final["stall"], [h.label() for h in handle.record.hosts])
-    failure = status_document(handle.record, views)["first_failure"]
+    failure = first_failure(views)
     if failure:
         out.print(f"[red]first failure: {describe_failure(failure)}[/red]")
     summary = handle.backend.training_summary()
