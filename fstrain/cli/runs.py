@@ -117,7 +117,7 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
                    python: str) -> list[dict[str, Any]]:
     """Detached runs whose node records are in the hosts' ``~/.fstrain/runs``, merged per run."""
     from fstrain.api.hosts import resolve_hosts
-    from fstrain.core.launch.runstate import from_host_records
+    from fstrain.core.launch.runstate import first_failure, from_host_records
     from fstrain.io.connect import make_connector
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import REMOTE_RUNS
@@ -152,7 +152,8 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
                      "detached": True, "started": started,
                      "seconds": round((state.ended or time.time()) - started, 1) if started else None,
                      "nodes": sorted({str(n.get("hostname")) for n in nodes}), "run_dir": None,
-                     "mode": "found on hosts"})
+                     "mode": "found on hosts",
+                     "first_failure": first_failure([{"node": n, "run": entry["run"]} for n in nodes])})
     return rows
 
 

@@ -133,7 +133,8 @@ def test_stop_leaves_no_process_on_any_host_within_the_grace_period(cluster: Nam
     found = fstrain(tmp_path / "elsewhere", "runs", "--all", "--hosts", "node[1-2]", "--ssh-config",
                     cluster.ssh_config, "--json")
     rows = [r for r in json.loads(found.stdout)["runs"] if r["run_id"] == run_id]
-    assert [(r["state"], r["nodes"], r["mode"]) for r in rows] == [("stopped", ["node1", "node2"], "found on hosts")]
+    assert [(r["state"], r["nodes"], r["mode"], r["first_failure"]) for r in rows] == [
+        ("stopped", ["node1", "node2"], "found on hosts", None)]
 
 
 def test_stop_force_kills_at_once_and_says_sigkill(cluster: NamespaceCluster, tmp_path: Path) -> None:
@@ -177,6 +178,10 @@ def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
         status["first_failure"]
     attach = fstrain(home, "attach", run_id)
     assert attach.returncode == 7 and named in attach.stderr, attach.stderr
+    found = fstrain(tmp_path / "elsewhere", "runs", "--all", "--hosts", "node[1-2]", "--ssh-config",
+                    cluster.ssh_config, "--json")
+    rows = [r for r in json.loads(found.stdout)["runs"] if r["run_id"] == run_id]
+    assert [r["first_failure"]["host"] for r in rows] == ["node2"] and rows[0]["first_failure"]["rank"] == 3
     logs = fstrain(home, "logs", run_id, "--rank", "3")
     assert "[node2 r3] rank 3 exits 7 on purpose" in logs.stdout
     assert "[node1 r0]" not in logs.stdout
