@@ -154,16 +154,28 @@ def run_setup(request: DriveRequest, checked: Checked, node_job: NodeJob) -> Run
 
 def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport], checked: Checked,
                     node_job: NodeJob, options: RunOptions, started: float) -> Driven:
-    """Every node's watchdog started detached (node 0 the coordinator), recorded here."""
-    import json
+    """Every node's watchdog started detached (node 0 the coordinator), recorded here: before
+    the first starts, so that a launch killed half-way leaves a run that `runs` lists and
+    `stop` ends; then with node 0's answer (its coordinator's port); then with every node's."""
+    from fstrain.io.runs import record_detached, register, start_detached, write_json
 
-    from fstrain.io.runs import record_detached, start_detached
-
-    answers = start_detached(node_job.launches, connect, request.python, options, checked.rendezvous)
     setup = run_setup(request, checked, node_job)
-    record_detached(request.run_dir, setup, checked.run_dirs, answers, options, (request.ssh_config, request.python))
+    reach = (request.ssh_config, request.python)
+
+    def record(answers: Sequence[dict[str, Any]]) -> None:
+        record_detached(request.run_dir, setup, checked.run_dirs, answers, options, reach, started)
+
+    record([{}] * len(node_job.launches))
+    try:
+        answers = start_detached(node_job.launches, connect, request.python, options, checked.rendezvous, record)
+    except BaseException:
+        # This process no longer starts it (it may live on: the API's caller): what shows on
+        # the nodes decides the run's state from now on.
+        register(request.run_id, request.run_dir, detached=True, launching=False)
+        raise
+    record(answers)
     manifest = write_manifest(request.run_dir / "manifest.json", setup, None)
     manifest.update(reason="detached", started=started, detached=True)
-    (request.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_json(request.run_dir / "manifest.json", manifest)
     outcome = RunOutcome(0, "detached", None, [], started, time.time())
     return Driven(checked, node_job, outcome, manifest, started, answers)

@@ -30,7 +30,7 @@ from fstrain.errors import FstrainError, InputError
 if TYPE_CHECKING:
     from fstrain.core.hosts.hostfile import Host
     from fstrain.io.logs import FileOutputs, NodeOutputs
-    from fstrain.io.runs import RunRecord
+    from fstrain.io.runs import FolderGone, RunRecord
     from fstrain.io.transport.base import Transport
 
 STOP_MARGIN_S = 10.0  # Slurm: after the run's --grace, time for the job's fstrain to write its manifest and exit
@@ -170,6 +170,73 @@ def all_runs(access: Access | None = None) -> list[Run]:
     return [Run(record, access) for record in records()]
 
 
+@dataclass(frozen=True)
+class Collected:
+    """What `gc` did with one run. ``outcome``: ``kept`` (not ended, or its state cannot be
+    told), ``would remove`` (a dry run), ``removed`` (every host's folder is gone: its index
+    entry went too), ``retry`` (a host's folder is still there: the index entry stays, so a
+    later `gc` tries again)."""
+
+    run_id: str
+    state: RunState
+    outcome: str
+    folders: tuple[FolderGone, ...] = ()
+    slurm_job: str | None = None  # a Slurm run: only its index entry goes, the job's folders are Slurm's
+    run_dir: Path | None = None  # the local run directory (always kept)
+    why: str = ""  # kept: why (its state, or the hosts that cannot be reached)
+
+    @property
+    def left(self) -> list[FolderGone]:
+        """The hosts whose folder could not be removed."""
+        return [f for f in self.folders if not f.gone]
+
+
+def collect(older_than_s: float, *, dry_run: bool = False, access: Access | None = None) -> list[Collected]:
+    """`fstrain gc`: for each run started here at least ``older_than_s`` ago that has ended,
+    remove its folder on every remote host, then its index entry once no folder is left."""
+    from fstrain.io.connect import make_connector
+    from fstrain.io.runs import gc_on_nodes, run_state, unregister
+
+    access = access or Access()
+    results = []
+    for handle in all_runs(access):
+        record, backend = handle.record, handle.backend
+        if time.time() - record.started < older_than_s:
+            continue
+        views = backend.views() if isinstance(backend, SshRun) else None
+        state = run_state(record, views)
+        unreachable = [h.label() for h, v in zip(record.hosts, views or [], strict=False) if v is None]
+        if state.state not in FINAL:
+            results.append(Collected(record.run_id, state, "kept", why=state.state))
+            continue
+        if unreachable and not first_final(views or []):  # "lost" only because a host did not answer
+            results.append(Collected(record.run_id, state, "kept",
+                                     why=f"its state cannot be told: {', '.join(unreachable)} cannot be reached"))
+            continue
+        slurm_job = str(record.slurm.get("job_id")) if record.slurm is not None else None
+        if dry_run:
+            results.append(Collected(record.run_id, state, "would remove", slurm_job=slurm_job))
+            continue
+        folders: tuple[FolderGone, ...] = ()
+        if record.slurm is None:
+            connect = backend.connect if isinstance(backend, SshRun) else \
+                make_connector(access.ssh_config, accept_new_hosts=access.accept_new_hosts)
+            folders = tuple(gc_on_nodes(record, connect, backend.python if isinstance(backend, SshRun)
+                                        else access.python))
+        left = [f for f in folders if not f.gone]
+        if not left:
+            unregister(record.run_id)
+        results.append(Collected(record.run_id, state, "retry" if left else "removed", folders, slurm_job,
+                                 record.run_dir))
+    return results
+
+
+def first_final(views: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The run's final record, as the first node that keeps one has it."""
+    return next((((v or {}).get("node") or {}).get("final") for v in views
+                 if ((v or {}).get("node") or {}).get("final")), None)
+
+
 def backend_for(record: RunRecord, access: Access) -> Backend:
     if record.slurm is not None:
         return SlurmRun(record, access)
@@ -227,12 +294,6 @@ class SshRun:
                  if not hosts or n.host.name in hosts or n.host.label() in hosts]
         return NodeOutputs(nodes, self.connect, self.python, rank=rank, since=since)
 
-    def final_record(self) -> dict[str, Any]:
-        """The coordinator's record of the run's end (``run.json``), as a node keeps it."""
-        views = self.views()
-        return next(((v or {}).get("node", {}).get("final") for v in views
-                     if (v or {}).get("node", {}).get("final")), None) or {}
-
     def training_summary(self) -> dict[str, Any] | None:
         """The bundled trainer's rank-0 summary (node 0's run directory), copied into the local one."""
         node0 = self.detached.nodes[0]
@@ -261,8 +322,8 @@ class SshRun:
             state = self.state()
             if state.state in FINAL:
                 return Stopped(state, True)
-            raise FstrainError(f"could not reach run {self.record.run_id}'s coordinator: {answer['error']}",
-                               "check node 0 with `fstrain status`", "stop")
+            raise FstrainError(f"could not reach run {self.record.run_id}'s coordinator on {node0.host.label()}: "
+                               f"{answer['error']}", f"check {node0.host.label()} with `fstrain status`", "stop")
         deadline = time.monotonic() + wait_s
         while True:
             ended = self.finished()
@@ -308,6 +369,18 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
                       "last_lines": node.get("last_lines") or []})
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
             "first_failure": failure, "detached": bool(record.detached), "started": record.started, "nodes": nodes}
+
+
+def recorded_failure(record: RunRecord) -> dict[str, Any] | None:
+    """The run's first failure as this machine last saw it, without asking any host: a
+    detached run's from RUN_DIR/state.json (written whenever its nodes are asked), any other
+    run's from its manifest."""
+    from fstrain.io.runs import read_cache
+
+    if record.detached is not None:
+        failure = read_cache(record.run_dir / "state.json").get("first_failure")
+        return failure if isinstance(failure, dict) else None
+    return _manifest_failure(record.manifest)
 
 
 def _manifest_failure(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -440,7 +513,8 @@ class SlurmRun:
                 "detached": True, "started": record.started, "seconds": round(seconds, 1) if seconds is not None
                 else round(time.time() - record.started, 1), "nodes": [h.label() for h in record.hosts]
                 or ([job["nodes"]] if job.get("nodes") else []), "run_dir": str(record.run_dir),
-                "mode": f"slurm {job.get('job_id')}", "job_id": job.get("job_id"), "slurm_state": job.get("state")}
+                "mode": f"slurm {job.get('job_id')}", "job_id": job.get("job_id"), "slurm_state": job.get("state"),
+                "first_failure": _manifest_failure(record.manifest)}
 
     def status(self) -> dict[str, Any]:
         """The state, the job, and per node and per rank what the job's fstrain wrote in the run

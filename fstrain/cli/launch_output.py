@@ -1,11 +1,12 @@
-"""What `fstrain launch` prints at the end of a run, and what `runs`, `attach` and `bench`
-print the same way: the per-node table, the first failure, a stall's report, the training
-summary."""
+"""What `fstrain launch` prints at the end of a run, and what `runs`, `status`, `attach` and
+`bench` print the same way: the per-node table, the first failure, a stall's report, the
+training summary. Nodes are named by host (the node rank, where given, after it)."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fstrain.cli.output import console
@@ -51,7 +52,7 @@ def print_summary(outcome: RunOutcome) -> None:
     out.print(table)
     if outcome.first_failure is not None:
         failed = outcome.nodes[outcome.first_failure]
-        where = f"node {failed.launch.node_rank} ({failed.launch.host.label()})"
+        where = f"{failed.launch.host.label()} (node {failed.launch.node_rank})"
         if failed.failure is not None:  # the rank's own code (torchrun itself exits 1)
             what = f"{failed.failure.describe()} on {where}"
         else:
@@ -60,15 +61,16 @@ def print_summary(outcome: RunOutcome) -> None:
         for line in last_lines(failed):
             out.print(f"  {line}", markup=False)
     if outcome.stall is not None:
-        print_stall(outcome.stall)
+        print_stall(outcome.stall, [node.launch.host.label() for node in outcome.nodes])
     verdict = {"ok": "[green]all nodes finished ok[/green]", "interrupted": "[yellow]interrupted (Ctrl-C)[/yellow]",
                "stalled": "[red]stalled[/red]", "terminated": "[yellow]terminated (SIGTERM)[/yellow]",
                "cancelled": f"[yellow]{outcome.detail}[/yellow]"}.get(outcome.reason, "[red]failed[/red]")
     out.print(f"{verdict}; exit code {outcome.exit_code}")
 
 
-def print_stall(report: dict[str, Any]) -> None:
-    """Why the job counts as stalled, where each group of ranks was, and the odd ranks."""
+def print_stall(report: dict[str, Any], hosts: Sequence[str]) -> None:
+    """Why the job counts as stalled, where each group of ranks was, and the odd ranks
+    (``hosts``: the run's, by node rank)."""
     out = console()
     odd = report.get("odd_ranks") or []
     named = f"; odd {'rank' if len(odd) == 1 else 'ranks'}: {', '.join(map(str, odd))}" if odd else ""
@@ -79,7 +81,22 @@ def print_stall(report: dict[str, Any]) -> None:
         out.print(f"  NCCL flight recorder dump: {trace}", markup=False)
     out.print(f"  stacks: {report['folder']}", markup=False)
     if report.get("unanswered_nodes"):
-        out.print(f"  no stacks from node(s) {', '.join(map(str, report['unanswered_nodes']))}")
+        names = [hosts[i] if isinstance(i, int) and 0 <= i < len(hosts) else f"node rank {i}"
+                 for i in report["unanswered_nodes"]]
+        out.print(f"  no stacks from {', '.join(names)}", markup=False)
+
+
+def describe_failure(failure: Mapping[str, Any]) -> str:
+    """``rank 3 (local rank 1), exit 139 (SIGSEGV) on node2``: a run's first failure (``status
+    --json``'s ``first_failure``) as `status`, `attach` and `runs` name it; a node that failed
+    without a rank's code (lost, or no exit status) by its host and why."""
+    from fstrain.core.launch.rankexit import RankFailure
+
+    host = failure.get("host") or f"node rank {failure.get('node_rank')}"
+    if failure.get("exit_code") is None:
+        reason = str(failure.get("reason") or "failed")
+        return reason if host in reason else f"{host}: {reason}"
+    return f"{RankFailure(failure.get('rank'), failure.get('local_rank'), failure['exit_code']).describe()} on {host}"
 
 
 def describe_state(state: RunState) -> str:

@@ -8,13 +8,12 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from fstrain.cli import hostopts
-from fstrain.cli.launch_output import describe_state
+from fstrain.cli.launch_output import describe_failure, describe_state
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
@@ -71,7 +70,7 @@ def runs_command(
     """Runs started from this machine: state, duration, nodes, exit code."""
     from rich.table import Table
 
-    from fstrain.api.runs import SlurmRun
+    from fstrain.api.runs import SlurmRun, recorded_failure
     from fstrain.api.runs import all_runs as list_runs
     from fstrain.core.launch.runstate import FINAL
     from fstrain.io.runs import run_state
@@ -93,7 +92,8 @@ def runs_command(
         rows.append({"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code,
                      "reason": state.reason, "detached": bool(record.detached), "started": record.started,
                      "seconds": round((ended or time.time()) - record.started, 1) if record.started else None,
-                     "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir)})
+                     "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir),
+                     "first_failure": recorded_failure(record)})
     if hostfile or hosts:  # and the detached runs found on those hosts
         known = {row["run_id"] for row in rows}
         rows += [row for row in _runs_on_hosts(hostfile, hosts, ssh_config, accept_new_hosts, python)
@@ -102,13 +102,14 @@ def runs_command(
         print_json({"runs": rows})
         return
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("run", "state", "exit", "started", "duration", "nodes", "mode"):
+    for column in ("run", "state", "exit", "started", "duration", "nodes", "mode", "first failure"):
         table.add_column(column)
     for row in rows:
         table.add_row(row["run_id"], row["state"], "" if row["exit_code"] is None else str(row["exit_code"]),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"])) if row["started"] else "",
                       _duration(row["seconds"] or 0), ",".join(row["nodes"]),
-                      row.get("mode") or ("detached" if row["detached"] else "attached"))
+                      row.get("mode") or ("detached" if row["detached"] else "attached"),
+                      describe_failure(row["first_failure"]) if row.get("first_failure") else "")
     console().print(table if rows else "no runs" + ("" if all_runs else " running (--all lists finished ones)"))
 
 
@@ -116,7 +117,7 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
                    python: str) -> list[dict[str, Any]]:
     """Detached runs whose node records are in the hosts' ``~/.fstrain/runs``, merged per run."""
     from fstrain.api.hosts import resolve_hosts
-    from fstrain.core.launch.runstate import from_host_records
+    from fstrain.core.launch.runstate import first_failure, from_host_records
     from fstrain.io.connect import make_connector
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import REMOTE_RUNS
@@ -151,7 +152,8 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
                      "detached": True, "started": started,
                      "seconds": round((state.ended or time.time()) - started, 1) if started else None,
                      "nodes": sorted({str(n.get("hostname")) for n in nodes}), "run_dir": None,
-                     "mode": "found on hosts"})
+                     "mode": "found on hosts",
+                     "first_failure": first_failure([{"node": n, "run": entry["run"]} for n in nodes])})
     return rows
 
 
@@ -183,14 +185,17 @@ def status_command(
         return
     out = console()
     state = f"{document['state']}" + (f", exit {document['exit_code']}" if document["exit_code"] is not None else "")
-    out.print(f"run {record.run_id}: {state}" + (f" ({document['reason']})" if document["reason"] else ""))
+    out.print(f"run {record.run_id}: {state}" + (f" ({document['reason']})" if document["reason"] else ""),
+              markup=False)
+    if document.get("first_failure"):
+        out.print(f"first failure: {describe_failure(document['first_failure'])}", markup=False)
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "rank", "alive", "last output", "step", "loss", "tokens/s", "gpus"):
         table.add_column(column)
     now = time.time()
     if not record.detached:
         for node in document["nodes"]:
-            out.print(f"  node {node['node_rank']} {node['host']}: exit {node['exit_code']}"
+            out.print(f"  {node['host']} (node {node['node_rank']}): exit {node['exit_code']}"
                       + (f" ({node['error']})" if node["error"] else ""), markup=False)
         return
     for node in document["nodes"]:
@@ -314,24 +319,23 @@ def attach_command(
 
 def _print_end(handle: Run, state: RunState) -> None:
     """How the run ended: its hang report, its first failure, the training summary, its state."""
-    from fstrain.api.runs import SshRun
-    from fstrain.core.launch.rankexit import RankFailure
+    from fstrain.api.runs import SshRun, first_final
+    from fstrain.core.launch.runstate import first_failure
 
     out = console()
     reason = f": {state.reason}" if state.reason else ""
     if not isinstance(handle.backend, SshRun):  # a Slurm job: its output file said the rest
         out.print(f"run {handle.run_id} {describe_state(state)}{reason}")
         return
-    final = handle.backend.final_record()
+    views = handle.backend.views()
+    final = first_final(views) or {}
     if final.get("stall"):
         from fstrain.cli.launch_output import print_stall
 
-        print_stall(final["stall"])
-    failure = final.get("first_failure")
+        print_stall(final["stall"], [h.label() for h in handle.record.hosts])
+    failure = first_failure(views)
     if failure:
-        described = RankFailure(failure.get("rank"), failure.get("local_rank"), failure["exit_code"]).describe()
-        where = final.get("first_failure_host") or f"node {final.get('first_failure_node_rank')}"
-        out.print(f"[red]first failure: {described} on {where}[/red]")
+        out.print(f"[red]first failure: {describe_failure(failure)}[/red]")
     summary = handle.backend.training_summary()
     if summary is not None:
         from fstrain.cli.launch_output import print_training_summary
@@ -375,36 +379,35 @@ def gc_command(
     python: str = PYTHON,
 ) -> None:
     """Remove finished runs' folders on the hosts (~/.fstrain/runs/<id>) and their entries here;
-    a run still running, or whose state cannot be told, is kept."""
-    from fstrain.api.runs import SshRun, all_runs
+    a run still running, or whose state cannot be told, is kept. A run whose folder could not be
+    removed on some host keeps its entry (a later `gc` tries again); exit 1 then."""
+    from fstrain.api.runs import collect
     from fstrain.core.launch.duration import parse_duration_s
-    from fstrain.core.launch.runstate import FINAL
-    from fstrain.io.connect import make_connector
-    from fstrain.io.runs import gc_on_nodes, index_dir, run_state
 
     age_s = parse_duration_s(older_than, "--older-than")
     out = console()
-    removed = 0
-    for handle in all_runs(_access(ssh_config, accept_new_hosts, python)):
-        record = handle.record
-        if time.time() - record.started < age_s:
+    results = collect(age_s, dry_run=dry_run, access=_access(ssh_config, accept_new_hosts, python))
+    for done in results:
+        if done.outcome == "kept":
+            out.print(f"{done.run_id}: kept ({done.why})", markup=False)
             continue
-        views = handle.backend.views() if isinstance(handle.backend, SshRun) else None
-        state = run_state(record, views)
-        if state.state not in FINAL:
-            out.print(f"{record.run_id}: kept ({state.state})")
+        if done.outcome == "would remove":
+            out.print(f"{done.run_id}: would be removed ({done.state.state})", markup=False)
             continue
-        if dry_run:
-            out.print(f"{record.run_id}: would be removed ({state.state})")
-            continue
-        if record.slurm is not None:  # its nodes are Slurm's: only this machine's entry goes
-            out.print(f"{record.run_id}: Slurm job {record.slurm.get('job_id')}: forgotten here; its run directory "
-                      f"{record.run_dir} is kept")
-        connect = handle.backend.connect if isinstance(handle.backend, SshRun) \
-            else make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
-        py = handle.backend.python if isinstance(handle.backend, SshRun) else python
-        for host, result in gc_on_nodes(record, connect, py) if record.slurm is None else []:
-            out.print(f"{record.run_id}: {host}: {result}")
-        Path(index_dir() / f"{record.run_id}.json").unlink(missing_ok=True)
-        removed += 1
-    out.print(f"{removed} run(s) removed" if not dry_run else "dry run: nothing removed")
+        if done.slurm_job is not None:
+            out.print(f"{done.run_id}: Slurm job {done.slurm_job}: forgotten here; its run directory "
+                      f"{done.run_dir} is kept",
+                      markup=False)
+        for folder in done.folders:
+            verdict = f"kept: {folder.why}" if folder.verdict == "kept" else folder.verdict
+            out.print(f"{done.run_id}: {folder.host}: {verdict}", markup=False)
+        if done.left:
+            hosts = ", ".join(f.host for f in done.left)
+            out.print(f"{done.run_id}: its entry here is kept until its folder is gone from {hosts}: "
+                      "run `fstrain gc` again once they answer", markup=False)
+    if dry_run:
+        out.print("dry run: nothing removed")
+        return
+    out.print(f"{sum(d.outcome == 'removed' for d in results)} run(s) removed")
+    if any(d.outcome == "retry" for d in results):
+        raise typer.Exit(1)

@@ -39,7 +39,7 @@ from fstrain import __version__
 from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
-from fstrain.core.launch.runstate import FINAL, RunState, from_manifest, from_nodes
+from fstrain.core.launch.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes
 from fstrain.core.slurm.job import JOB_DIR_PREFIX, TIME_LIMIT_MARKER, job_dir_name
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
@@ -64,9 +64,12 @@ def index_dir() -> Path:
 
 
 def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transport], python: str,
-                   options: RunOptions, rendezvous: Rendezvous) -> list[dict[str, Any]]:
+                   options: RunOptions, rendezvous: Rendezvous,
+                   coordinator_started: Callable[[list[dict[str, Any]]], None] = lambda answers: None,
+                   ) -> list[dict[str, Any]]:
     """Start node 0's watchdog as the coordinator, then every other node's as a member; return
-    each node's answer (pids, the coordinator's port) once all of them started."""
+    each node's answer (pids, the coordinator's port) once all of them started.
+    ``coordinator_started`` gets the answers as soon as node 0's is in (the others' empty)."""
     from fstrain.core.launch.spec import secret_values
     from fstrain.io.launch import LaunchError, watchdog_header
 
@@ -85,6 +88,7 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     first = _start_one(launches[0], connect, python,
                        header(launches[0], {"role": "coordinator", "bind": rendezvous.master_addr}))
     answers: list[dict[str, Any]] = [first] + [{}] * (len(launches) - 1)
+    coordinator_started(list(answers))
     member = {"role": "member", "coordinator": [rendezvous.master_addr, first["port"]]}
 
     def one(index: int) -> None:
@@ -136,34 +140,39 @@ def _start_one(launch: NodeLaunch, connect: Callable[[Host], Transport], python:
 
 
 def record_detached(folder: Path, setup: RunSetup, run_dirs: Sequence[str], answers: Sequence[dict[str, Any]],
-                    options: RunOptions, reach: tuple[str | None, str]) -> DetachedRecord:
+                    options: RunOptions, reach: tuple[str | None, str], started: float) -> DetachedRecord:
     """RUN_DIR/detached.json (each node's run directory and its start answer; ``reach``: the
-    SSH config and interpreter later commands use), and this machine's index entry."""
+    SSH config and interpreter later commands use), and this machine's index entry. Written
+    before any node starts (no answers yet: every node's folder is known, so `runs` lists the
+    run and `stop` reaches node 0's coordinator even if this process dies while starting
+    them), again once node 0 has answered, and once every node has; each time whole (a
+    temporary file renamed over the last)."""
     ssh_config, python = reach
     assert setup.rendezvous is not None
     record = DetachedRecord(
-        setup.run_id, setup.backend, time.time(), python, options.grace_s,
+        setup.run_id, setup.backend, started, python, options.grace_s,
         str(Path(ssh_config).resolve()) if ssh_config else None, setup.rendezvous.master_addr, answers[0].get("port"),
         tuple(DetachedNode(Host(launch.host.name, launch.host.user, launch.host.port), launch.node_rank, launch.nproc,
                            launch.rank_offset, run_dir, answer.get("pid"), answer.get("job_pid"))
               for launch, run_dir, answer in zip(setup.launches, run_dirs, answers, strict=True)))
     folder.mkdir(parents=True, exist_ok=True)
-    _write_json(folder / "detached.json", record.to_dict(__version__))
+    write_json(folder / "detached.json", record.to_dict(__version__))
     register(setup.run_id, folder, detached=True)
     return record
 
 
-def register(run_id: str, folder: Path, *, detached: bool) -> None:
-    """This machine's index entry for a run, so `fstrain runs` finds it from anywhere. A run
-    directory that a Slurm submission owns (``slurm.json``, written before the job starts) is
-    already registered under the submission's id: the job's own launch adds no second entry."""
+def register(run_id: str, folder: Path, *, detached: bool, launching: bool = True) -> None:
+    """This machine's index entry for a run, so `fstrain runs` finds it from anywhere, with this
+    process's pid while it is ``launching`` the run. A run directory that a Slurm submission
+    owns (``slurm.json``, written before the job starts) is already registered under the
+    submission's id: the job's own launch adds no second entry."""
     owner = read_json(folder / SLURM_RECORD)
     if owner is None and folder.name.startswith(JOB_DIR_PREFIX):  # a job's folder in a Slurm run directory
         owner = read_json(folder.parent / SLURM_RECORD)
     if isinstance(owner, dict) and owner.get("run_id") not in (None, run_id):
         return
-    entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid())
-    _write_json(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
+    entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid() if launching else None)
+    write_json(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
 
 
 def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output: Path,
@@ -171,20 +180,20 @@ def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output
     """RUN_DIR/slurm.json and this machine's index entry for a submitted batch job."""
     document = stamped({"kind": "slurm", "run_id": run_id, "job_id": job_id, "submitted": time.time(),
                         "script": str(script), "output": str(output), "grace_s": grace_s}, "slurm", __version__)
-    _write_json(folder / SLURM_RECORD, document)
+    write_json(folder / SLURM_RECORD, document)
     entry = IndexEntry(run_id, str(folder.resolve()), True, document["submitted"], kind="slurm", job_id=job_id)
-    _write_json(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
+    write_json(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
     return document
 
 
 def claim_for_slurm(folder: Path, run_id: str) -> None:
     """Before sbatch: mark the run directory as the submission's, so that a job starting at
     once finds it claimed (the job id is added by :func:`record_slurm`)."""
-    _write_json(folder / SLURM_RECORD, stamped({"kind": "slurm", "run_id": run_id, "job_id": None,
+    write_json(folder / SLURM_RECORD, stamped({"kind": "slurm", "run_id": run_id, "job_id": None,
                                                 "submitted": time.time()}, "slurm", __version__))
 
 
-def _write_json(path: Path, document: dict[str, Any]) -> None:
+def write_json(path: Path, document: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(document, indent=2) + "\n")
@@ -430,15 +439,29 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
         if cached:
             return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
         return RunState("running", None, "not asked")
-    state = from_nodes(views)
+    state = from_nodes(views, [h.label() for h in record.hosts])
+    seen = any((v or {}).get("node") or (v or {}).get("run") or (v or {}).get("watchdog_alive") for v in views)
+    if state.state == "lost" and record.detached.nodes[0].watchdog_pid is None and not seen:
+        state = _unanswered_start(record)
     nodes = [{k: (v.get("node") or {}).get(k) for k in ("node_rank", "hostname", "watchdog_pid", "job_pid", "started",
                                                          "ended", "exit_code", "failure", "last_lines")}
              | {"reachable": True, "watchdog_alive": v.get("watchdog_alive")} if v else {"reachable": False}
              for v in views]
-    _write_json(record.run_dir / "state.json",
+    write_json(record.run_dir / "state.json",
                 stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
-                         "ended": state.ended, "at": time.time(), "nodes": nodes}, "state"))
+                         "ended": state.ended, "at": time.time(), "first_failure": first_failure(views),
+                         "nodes": nodes}, "state"))
     return state
+
+
+def _unanswered_start(record: RunRecord) -> RunState:
+    """A detached run whose node 0 has not answered its start, and shows nothing of it yet:
+    still being started while the launching fstrain lives, else lost."""
+    assert record.detached is not None
+    node0 = record.detached.hosts[0].label()
+    if process_alive(record.client_pid):
+        return RunState("starting", None, f"fstrain (pid {record.client_pid}) is starting {node0}'s watchdog")
+    return RunState("lost", None, f"the launch ended before {node0}'s watchdog answered")
 
 
 def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, dict[str, Any]]:
@@ -484,7 +507,7 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     # Settled: ended, and the manifest read (or never coming: Slurm forgot the job, or it never
     # started: cancelled while pending).
     settled = state.state in FINAL and (record.manifest is not None or job is None or not job_seen.get("nodes"))
-    _write_json(job_dir / "state.json",
+    write_json(job_dir / "state.json",
                 stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
                          "ended": state.ended, "at": time.time(), "settled": settled,
                          "stop_requested": stop_requested, "job": job_seen}, "state"))
@@ -503,7 +526,7 @@ def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:
         record.slurm["stop_requested"] = time.time()
     else:
         record.slurm.pop("stop_requested", None)
-    _write_json(record.slurm_path, record.slurm)
+    write_json(record.slurm_path, record.slurm)
 
 
 def process_alive(pid: int) -> bool:
@@ -541,8 +564,24 @@ def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, 
     return answer
 
 
-def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[tuple[str, str]]:
-    """Remove the run's folder on every host (never a node's whose watchdog runs): (host, result)."""
+@dataclass(frozen=True)
+class FolderGone:
+    """What `gc` found of a run's folder on one host: ``removed``, ``already gone`` (another
+    node sharing the home removed it, or it never existed) or ``kept`` (``why``: the host could
+    not be reached or refused, or the run's watchdog still runs there)."""
+
+    host: str
+    folder: str
+    verdict: str
+    why: str = ""
+
+    @property
+    def gone(self) -> bool:
+        return self.verdict != "kept"
+
+
+def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[FolderGone]:
+    """Remove the run's folder on every remote host (never a node's whose watchdog runs)."""
     from fstrain.io.connect import is_local
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import REMOTE_RUNS
@@ -567,10 +606,15 @@ def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python:
         except ValueError:
             answer = {"removed": False, "why": result.stdout[-200:]}
         if answer.get("removed"):
-            verdict = "removed"
-        elif answer.get("why") == "not there":  # another node removed it (a shared home) or it never existed
-            verdict = "already gone"
+            out.append(FolderGone(host.label(), folders[host], "removed"))
+        elif answer.get("why") == "not there":
+            out.append(FolderGone(host.label(), folders[host], "already gone"))
         else:
-            verdict = f"kept: {answer.get('why')}"
-        out.append((host.label(), verdict))
+            why = str(answer.get("why") or result.stderr.strip()[-200:] or f"exit {result.exit_code}")
+            out.append(FolderGone(host.label(), folders[host], "kept", why))
     return out
+
+
+def unregister(run_id: str) -> None:
+    """Remove the run's index entry here (its local run directory stays)."""
+    (index_dir() / f"{run_id}.json").unlink(missing_ok=True)

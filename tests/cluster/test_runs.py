@@ -71,6 +71,17 @@ def wait_state(home: Path, run_id: str, states: set[str], timeout: float) -> dic
         time.sleep(2)
 
 
+def wait_all_ranks(home: Path, run_id: str, timeout: float = 120) -> dict:
+    """The run's status once it runs and all 4 ranks are alive (asserted)."""
+    status = wait_state(home, run_id, {"running"}, timeout)
+    deadline = time.monotonic() + timeout
+    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
+        time.sleep(2)
+        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    assert sorted(r for n in status["nodes"] for r in n["ranks_alive"]) == [0, 1, 2, 3], status
+    return status
+
+
 def test_detached_training_outlives_the_client_and_is_followed_to_its_end(
     cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
@@ -110,13 +121,7 @@ def test_detached_training_outlives_the_client_and_is_followed_to_its_end(
 def test_stop_leaves_no_process_on_any_host_within_the_grace_period(cluster: NamespaceCluster, tmp_path: Path) -> None:
     home = tmp_path / "home"
     run_id = detach(cluster, home, tmp_path / "run", "--", "python3", WORKER)
-    status = wait_state(home, run_id, {"running"}, 120)
-    assert status["state"] == "running"
-    deadline = time.monotonic() + 120
-    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
-        time.sleep(2)
-        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
-    assert sorted(r for n in status["nodes"] for r in n["ranks_alive"]) == [0, 1, 2, 3], status
+    status = wait_all_ranks(home, run_id)
     # The test hosts have no nvidia-smi: no GPU column, and no error either.
     assert [(n["gpus"], n["gpus_error"]) for n in status["nodes"]] == [([], None), ([], None)]
     stop = fstrain(home, "stop", run_id)
@@ -128,7 +133,24 @@ def test_stop_leaves_no_process_on_any_host_within_the_grace_period(cluster: Nam
     found = fstrain(tmp_path / "elsewhere", "runs", "--all", "--hosts", "node[1-2]", "--ssh-config",
                     cluster.ssh_config, "--json")
     rows = [r for r in json.loads(found.stdout)["runs"] if r["run_id"] == run_id]
-    assert [(r["state"], r["nodes"], r["mode"]) for r in rows] == [("stopped", ["node1", "node2"], "found on hosts")]
+    assert [(r["state"], r["nodes"], r["mode"], r["first_failure"]) for r in rows] == [
+        ("stopped", ["node1", "node2"], "found on hosts", None)]
+
+
+def test_stop_force_kills_at_once_and_says_sigkill(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    # Ranks that ignore SIGTERM and a grace period longer than the test waits: only SIGKILL ends them in time.
+    run_id = detach(cluster, home, tmp_path / "run", "--grace", "60", "--env", "FSTRAIN_TEST_IGNORE_TERM=1",
+                    "--", "python3", WORKER)
+    wait_all_ranks(home, run_id)
+    started = time.monotonic()
+    stop = fstrain(home, "stop", run_id, "--force")
+    assert stop.returncode == 0, stop.stderr
+    assert f"run {run_id} stopped, exit 137 (SIGKILL)" in stop.stderr
+    assert_no_job_processes(cluster, 15)
+    assert time.monotonic() - started < 45
+    status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    assert (status["state"], status["exit_code"]) == ("stopped", 137)
 
 
 def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
@@ -147,6 +169,19 @@ def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
     assert status["reason"] == "rank 3 (local rank 1) on node2 exited with 7"  # the host by name, not node 1
     assert status["first_failure"] == {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None, "node_rank": 1,
                                        "host": "node2", "reason": status["reason"]}
+    # Every command names the first failure as an attached launch does: rank, local rank, code, host.
+    named = "first failure: rank 3 (local rank 1), exit 7 on node2"
+    shown = fstrain(home, "status", run_id)
+    assert f"run {run_id}: failed, exit 7 (rank 3 (local rank 1) on node2 exited with 7)" in shown.stderr
+    assert named in shown.stderr, shown.stderr
+    assert json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"][0]["first_failure"] == \
+        status["first_failure"]
+    attach = fstrain(home, "attach", run_id)
+    assert attach.returncode == 7 and named in attach.stderr, attach.stderr
+    found = fstrain(tmp_path / "elsewhere", "runs", "--all", "--hosts", "node[1-2]", "--ssh-config",
+                    cluster.ssh_config, "--json")
+    rows = [r for r in json.loads(found.stdout)["runs"] if r["run_id"] == run_id]
+    assert [r["first_failure"]["host"] for r in rows] == ["node2"] and rows[0]["first_failure"]["rank"] == 3
     logs = fstrain(home, "logs", run_id, "--rank", "3")
     assert "[node2 r3] rank 3 exits 7 on purpose" in logs.stdout
     assert "[node1 r0]" not in logs.stdout
@@ -169,21 +204,34 @@ def test_a_detached_deepspeed_run_names_the_rank_that_failed(cluster: NamespaceC
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 
-def test_gc_removes_finished_runs_on_the_hosts(cluster: NamespaceCluster, tmp_path: Path) -> None:
+def test_gc_keeps_a_run_until_its_folder_is_gone_from_every_host(cluster: NamespaceCluster, tmp_path: Path) -> None:
     home, run_dir = tmp_path / "home", tmp_path / "run"
     run_id = detach(cluster, home, run_dir, "--env", "FSTRAIN_TEST_SECONDS=1", "--", "python3", WORKER)
     wait_state(home, run_id, {"succeeded"}, 180)
+    wait_finals(cluster, run_dir, 30)
     folders = [n["run_dir"] for n in json.loads((run_dir / "detached.json").read_text())["nodes"]]
     assert cluster.in_namespace(1, "test", "-d", folders[0], check=False).returncode == 0
     kept = fstrain(home, "gc", "--older-than", "1d")
     assert "0 run(s) removed" in kept.stderr
+    cluster.script("stop-sshd", "2")
+    try:
+        partly = fstrain(home, "gc", "--older-than", "1s")
+    finally:
+        cluster.script("start-sshd", "2")
+    # node2 is down: node1's folder goes, the run's entry stays so that a later gc tries again.
+    assert partly.returncode == 1, partly.stderr
+    assert f"{run_id}: node1: removed" in partly.stderr
+    assert f"{run_id}: node2: kept: " in partly.stderr
+    assert f"{run_id}: its entry here is kept until its folder is gone from node2" in partly.stderr
+    assert "0 run(s) removed" in partly.stderr
+    assert cluster.in_namespace(1, "test", "-d", folders[0], check=False).returncode != 0
+    assert cluster.in_namespace(2, "test", "-d", folders[1], check=False).returncode == 0
+    assert [r["run_id"] for r in json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"]] == [run_id]
     removed = fstrain(home, "gc", "--older-than", "1s")
     assert removed.returncode == 0, removed.stderr
-    # The namespace hosts share one home: one node removes the folder, the other finds it gone.
-    verdicts = sorted(line.split(": ", 2)[2] for line in removed.stderr.splitlines() if ": node" in line)
-    assert verdicts in (["already gone", "removed"], ["removed", "removed"]), removed.stderr
+    assert f"{run_id}: node1: already gone" in removed.stderr and f"{run_id}: node2: removed" in removed.stderr
     assert "1 run(s) removed" in removed.stderr
-    assert cluster.in_namespace(1, "test", "-d", folders[0], check=False).returncode != 0
+    assert cluster.in_namespace(2, "test", "-d", folders[1], check=False).returncode != 0
     assert json.loads(fstrain(home, "runs", "--all", "--json").stdout)["runs"] == []
 
 
@@ -214,11 +262,7 @@ def test_a_detached_run_with_a_blocked_rank_ends_stalled(
 def test_a_node_cut_off_tears_the_detached_run_down(cluster: NamespaceCluster, tmp_path: Path) -> None:
     home, run_dir = tmp_path / "home", tmp_path / "run"
     run_id = detach(cluster, home, run_dir, "--heartbeat-timeout", "4", "--", "python3", WORKER)
-    deadline = time.monotonic() + 120
-    status = wait_state(home, run_id, {"running"}, 120)
-    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
-        time.sleep(2)
-        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    wait_all_ranks(home, run_id)
     subprocess.run(["ip", "link", "set", cluster.veth(2), "down"], check=True)
     try:
         # The coordinator misses node2's heartbeats and stops node1; node2's watchdog misses the
@@ -237,11 +281,7 @@ def test_node_0s_watchdog_killed_leaves_no_job_on_any_host(cluster: NamespaceClu
     gets its parent-death signal and the other nodes miss its heartbeats."""
     home, run_dir = tmp_path / "home", tmp_path / "run"
     run_id = detach(cluster, home, run_dir, "--heartbeat-timeout", "4", "--", "python3", WORKER)
-    status = wait_state(home, run_id, {"running"}, 120)
-    deadline = time.monotonic() + 120
-    while sum(len(n["ranks_alive"]) for n in status["nodes"]) < 4 and time.monotonic() < deadline:
-        time.sleep(2)
-        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    wait_all_ranks(home, run_id)
     launchers = [entry for entry in job_processes(cluster)[cluster.namespace(1)] if "torch.distributed.run" in entry]
     assert len(launchers) == 1, launchers
     stat = Path(f"/proc/{launchers[0].split()[0]}/stat").read_text()
@@ -297,4 +337,85 @@ def test_logs_keep_rank_tags_after_invalid_utf8_and_name_an_unreachable_host(
     assert "[node1 r1] done rank=1\n" in missing.stdout and "[node2" not in missing.stdout
     assert missing.stderr.startswith("error: node2: its output could not be read: "), missing.stderr
     assert missing.stderr.count("\n") == 1
+    assert_no_job_processes(cluster, 10)
+
+
+def test_a_run_whose_client_was_killed_while_starting_it_is_listed_and_stopped(
+    cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """The client dies after node 0's coordinator started and before node 2 answered: node 2's
+    watchdog cannot reach the coordinator's port (its packets to node1 crawl, but for ssh and the
+    rendezvous port), so its start hangs for the watchdog's 30 s; the client is killed in there."""
+    home, run_dir, master_port = tmp_path / "home", tmp_path / "run", 29533
+    node1 = cluster.address(1)
+    shaping = [["qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10"],
+               ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb", "rate", "1gbit"],
+               ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb", "rate", "8bit", "ceil", "8bit",
+                "burst", "1", "cburst", "1"]]
+    for prio, port in ((1, 22), (2, master_port)):
+        shaping.append(["filter", "add", "dev", "eth0", "parent", "1:", "prio", str(prio), "protocol", "ip", "u32",
+                        "match", "ip", "dst", f"{node1}/32", "match", "ip", "dport", str(port), "0xffff",
+                        "flowid", "1:10"])
+    shaping.append(["filter", "add", "dev", "eth0", "parent", "1:", "prio", "3", "protocol", "ip", "u32",
+                    "match", "ip", "dst", f"{node1}/32", "flowid", "1:20"])
+    for command in shaping:
+        cluster.in_namespace(2, "tc", *command)
+    try:
+        client = subprocess.Popen(
+            [sys.executable, "-m", "fstrain", "launch", "--detach", "--ssh-config", cluster.ssh_config,
+             "--hosts", "node[1-2]", "--nproc-per-node", "2", "--grace", str(GRACE_S), "--run-dir", str(run_dir),
+             "--master-port", str(master_port), "--env", f"PYTHONPATH={REPO}", "--", "python3", WORKER],
+            cwd=REPO, env={**os.environ, "HOME": str(home)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while not any("fstrain-watchdog" in p for p in job_processes(cluster).get(cluster.namespace(2), [])):
+                assert client.poll() is None and time.monotonic() < deadline, "node2's watchdog never started"
+                time.sleep(0.2)
+            assert any("fstrain-watchdog" in p for p in job_processes(cluster)[cluster.namespace(1)])
+        finally:
+            client.kill()
+            client.wait()
+        rows = json.loads(fstrain(home, "runs", "--json").stdout)["runs"]
+        assert [(r["state"], r["nodes"]) for r in rows] == [("starting", ["node1", "node2"])], rows
+        run_id = rows[0]["run_id"]
+        stop = fstrain(home, "stop", run_id)
+        assert stop.returncode == 0, stop.stderr
+        assert f"run {run_id} stopped" in stop.stderr
+        # node2's watchdog gives up on the coordinator after 30 s and never starts its job.
+        assert_no_job_processes(cluster, 45)
+        assert json.loads(fstrain(home, "status", run_id, "--json").stdout)["state"] == "stopped"
+    finally:
+        cluster.in_namespace(2, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+
+
+def test_a_detached_start_that_failed_on_node_0_is_lost_not_starting(
+    cluster: NamespaceCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the API, whose process lives on after a failed launch: node 1 cannot make its run
+    directory (a file where ~/.fstrain/runs should be), so its watchdog never answers."""
+    from fstrain import api
+    from fstrain.errors import FstrainError
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # this machine's index of runs
+    blocker = cluster.home(1) / ".fstrain" / "runs"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    saved = tmp_path / "runs-saved"
+    if blocker.exists():
+        blocker.rename(saved)
+    blocker.write_text("not a folder\n")
+    try:
+        request = api.LaunchRequest(
+            hosts=api.HostRequest(hosts="node[1-2]", ssh_config=cluster.ssh_config),
+            job=api.JobRequest(program=("python3", WORKER), nproc_per_node=2, env={"PYTHONPATH": str(REPO)}),
+            run=api.RunSettings(run_dir=str(tmp_path / "run"), grace_s=GRACE_S, detach=True))
+        with open(os.devnull, "w") as sink, pytest.raises(FstrainError, match="node1"):
+            api.launch(request, out=sink, report=lambda line: None)
+    finally:
+        blocker.unlink()
+        if saved.exists():
+            saved.rename(blocker)
+    handles = api.runs()
+    assert len(handles) == 1
+    state = handles[0].state()
+    assert (state.state, state.reason) == ("lost", "the launch ended before node1's watchdog answered")
     assert_no_job_processes(cluster, 10)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,10 +13,10 @@ import pytest
 
 from fstrain import __version__
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord
+from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.core.launch.spec import NodeLaunch
 from fstrain.io.launch import RunOutcome, RunSetup, write_manifest
-from fstrain.io.runs import register
+from fstrain.io.runs import RunRecord, register, run_state
 from tests.helpers import run_fstrain
 
 
@@ -117,3 +119,28 @@ def test_since_is_refused_where_lines_have_no_time(tmp_path: Path, monkeypatch: 
     logs = run_fstrain("logs", "20261130-12", "--since", "5m", env={"HOME": str(home)})
     assert logs.returncode == 2
     assert logs.stderr.startswith("error: --since: --since needs the time of each line, and an attached run's")
+
+
+def test_a_detached_run_recorded_before_node_0_answered(tmp_path: Path) -> None:
+    """The record is written before any node starts: while nothing of the run shows on the
+    nodes, it is starting as long as its launch lives, and lost once that is gone."""
+    nodes = tuple(DetachedNode(Host(name), rank, 2, 2 * rank, f"/runs/x{rank}", None, None)
+                  for rank, name in enumerate(("gpu-a", "gpu-b")))
+    detached = DetachedRecord("20261201-120000-cccccc", "torchrun", time.time(), "python3", 15.0, None, "10.0.0.1",
+                              None, nodes)
+    nothing: list[dict[str, object] | None] = [{"node": None, "run": None, "watchdog_alive": False}] * 2
+
+    def state(pid: int) -> tuple[str, str]:
+        entry = IndexEntry(detached.run_id, str(tmp_path), True, time.time(), pid)
+        found = run_state(RunRecord(detached.run_id, tmp_path, detached, None, entry), nothing)
+        return found.state, found.reason
+
+    assert state(os.getpid()) == ("starting", f"fstrain (pid {os.getpid()}) is starting gpu-a's watchdog")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    assert state(int(gone.stdout)) == ("lost", "the launch ended before gpu-a's watchdog answered")
+    # Node 0 answered but shows nothing any more: the coordinator is gone, whoever launched it.
+    answered = DetachedRecord(detached.run_id, "torchrun", detached.started, "python3", 15.0, None, "10.0.0.1", 4242,
+                              (DetachedNode(Host("gpu-a"), 0, 2, 0, "/runs/x0", 99, 100), nodes[1]))
+    entry = IndexEntry(detached.run_id, str(tmp_path), True, time.time(), os.getpid())
+    assert run_state(RunRecord(detached.run_id, tmp_path, answered, None, entry), nothing).state == "lost"

@@ -18,8 +18,8 @@ def test_while_running_node_0s_record_decides() -> None:
 
 
 def test_a_decided_end_shows_while_the_nodes_are_torn_down() -> None:
-    decided = from_nodes([view(True, {"state": "failed", "exit_code": 7, "reason": "node 1's job failed"})])
-    assert decided == RunState("failed", 7, "node 1's job failed")
+    decided = from_nodes([view(True, {"state": "failed", "exit_code": 7, "reason": "the job on node2 exited with 7"})])
+    assert decided == RunState("failed", 7, "the job on node2 exited with 7")
 
 
 def test_any_nodes_final_record_decides_after_the_end() -> None:
@@ -30,6 +30,11 @@ def test_any_nodes_final_record_decides_after_the_end() -> None:
 def test_a_vanished_coordinator_is_lost() -> None:
     assert from_nodes([view(False, {"state": "running"}), view(True)]).state == "lost"
     assert from_nodes([None, view(True)]).state == "lost"
+    # Reasons name the coordinator's host, not a node number.
+    named = from_nodes([None, view(True)], ["gpu-a", "gpu-b"])
+    assert named.reason == "gpu-a (the coordinator's host) cannot be reached"
+    assert from_nodes([view(False), view(True)], ["gpu-a", "gpu-b"]).reason == \
+        "the coordinator (gpu-a's watchdog) is gone without a record"
     assert from_nodes([view(False, {"state": "stopped", "exit_code": 143})]).state == "stopped"
 
 

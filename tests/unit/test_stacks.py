@@ -72,7 +72,9 @@ def test_hang_report_from_node_reports() -> None:
                1: {"ranks": {"2": {"faulthandler": dump(2), "py_spy": "Thread 1 (idle)"}}}}
     document, files = hang_report(reports, "no rank printed anything for 20 s", [])
     assert document["odd_ranks"] == [1] and document["node_of_rank"] == {"0": 0, "1": 0, "2": 1}
-    assert document["nccl_traces"] == ["node 0: /r/nccl_trace_rank_0"]
+    assert document["nccl_traces"] == ["node rank 0: /r/nccl_trace_rank_0"]
+    named, _ = hang_report(reports, "no rank printed anything for 20 s", [], ["gpu-a", "gpu-b"])
+    assert named["nccl_traces"] == ["gpu-a: /r/nccl_trace_rank_0"]  # by host, where the hosts are known
     assert sorted(files) == ["rank0.faulthandler.txt", "rank1.faulthandler.txt", "rank2.faulthandler.txt",
                              "rank2.py-spy.txt"]
 

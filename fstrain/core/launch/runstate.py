@@ -37,22 +37,24 @@ def from_manifest(manifest: Mapping[str, Any]) -> RunState:
     return RunState(_REASONS.get(reason, "failed"), manifest.get("exit_code"), reason, manifest.get("ended"))
 
 
-def from_nodes(views: Sequence[Mapping[str, Any] | None]) -> RunState:
+def from_nodes(views: Sequence[Mapping[str, Any] | None], names: Sequence[str] = ()) -> RunState:
     """A detached run's state from each node's view (``fstrain/io/remote/runctl.py state``;
-    None for a node that could not be reached). Node 0's run record decides while it exists;
-    any node's copy of the final record decides after the end."""
+    None for a node that could not be reached; ``names``: the nodes' hosts, for the reasons).
+    Node 0's run record decides while it exists; any node's copy of the final record decides
+    after the end."""
     for view in views:
         final = ((view or {}).get("node") or {}).get("final")
         if final:
             return RunState(final["state"], final.get("exit_code"), final.get("reason", ""), final.get("ended"))
     coordinator = views[0] if views else None
+    node0 = names[0] if names else "node rank 0"
     if coordinator is None:
-        return RunState("lost", None, "node 0 cannot be reached")
+        return RunState("lost", None, f"{node0} (the coordinator's host) cannot be reached")
     record = coordinator.get("run") or {}
     if not coordinator.get("watchdog_alive"):
         if record.get("state") in FINAL:
             return RunState(record["state"], record.get("exit_code"), record.get("reason", ""), record.get("ended"))
-        return RunState("lost", None, "the coordinator (node 0's watchdog) is gone without a record")
+        return RunState("lost", None, f"the coordinator ({node0}'s watchdog) is gone without a record")
     state = str(record.get("state") or "starting")
     if state in FINAL:  # decided, the nodes are still being torn down
         return RunState(state, record.get("exit_code"), record.get("reason", ""))

@@ -174,17 +174,19 @@ def _collective_name(records: Mapping[int, Mapping[str, Any]], pg: str, seq: int
 
 
 def hang_report(reports: Mapping[int, Mapping[str, Any]], reason: str,
-                unanswered: Sequence[int]) -> tuple[dict[str, Any], dict[str, str]]:
+                unanswered: Sequence[int], names: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, str]]:
     """The hang report and its stack files from every node's stacks report (node rank ->
     ``{"ranks": {rank: {"faulthandler", "py_spy"}}, "nccl_traces": [...]}``, as the watchdog's
-    fstrain/io/remote/stacks.py collects them): (report document, file name -> text)."""
+    fstrain/io/remote/stacks.py collects them): (report document, file name -> text).
+    ``names``: the nodes' hosts by node rank, to name where each NCCL trace is."""
     dumps: dict[int, str] = {}
     nodes_of: dict[int, int] = {}
     traces: list[str] = []
     files: dict[str, str] = {}
     recorders: dict[int, Mapping[str, Any]] = {}
     for node_rank, payload in sorted(reports.items()):
-        traces += [f"node {node_rank}: {path}" for path in payload.get("nccl_traces", [])]
+        where = names[node_rank] if 0 <= node_rank < len(names) else f"node rank {node_rank}"
+        traces += [f"{where}: {path}" for path in payload.get("nccl_traces", [])]
         for rank_text, record in (payload.get("flight_recorder") or {}).items():
             recorders[int(rank_text)] = record
             files[f"rank{rank_text}.flight-recorder.json"] = json.dumps(

@@ -366,7 +366,8 @@ class Coordinator:
     def write_hang_report(self, unanswered: Any) -> dict[str, Any]:
         """RUN_DIR/stacks: a file per rank and stack tool, and report.json (fstrain/core/launch/stacks.py
         names the odd ranks)."""
-        document, files = self.analysis.hang_report(self.stacks, self.run.stall_reason, sorted(unanswered))
+        document, files = self.analysis.hang_report(self.stacks, self.run.stall_reason, sorted(unanswered),
+                                                    [n.name for n in self.run.nodes])
         folder = os.path.join(self.node.run_dir, "stacks")
         with contextlib.suppress(OSError):
             os.makedirs(folder, mode=0o700, exist_ok=True)
