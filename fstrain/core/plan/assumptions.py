@@ -81,10 +81,12 @@ class Assumptions:
 
     autocast_weight_cache: bool = _stated(
         True,
-        "amp-bf16/amp-fp16: torch.autocast caches the cast of each weight until the forward's "
-        "autocast region exits, checkpointed blocks included (aten autocast_mode.h cached_cast; "
-        "seen on plain modules and FSDP2 with torch's CPU autocast; ATorch's FSDP runs measure within "
-        "3 % with it, 33-42 % under without). False for torch.autocast(cache_enabled=False).",
+        "amp-bf16/amp-fp16: torch.autocast caches the cast of each weight until the outermost "
+        "autocast region exits, checkpointed blocks included (torch 2.13: at::autocast::cached_cast in "
+        "aten/src/ATen/autocast_mode.cpp caches casts of fp32 leaves that require grad and are not "
+        "views; torch.autocast.__exit__ in torch/amp/autocast_mode.py clears the cache at nesting 0; "
+        "shown on CPU for plain modules and FSDP2; ATorch's FSDP runs measure within 3 % with it, "
+        "33-42 % under without). False for torch.autocast(cache_enabled=False).",
     )
 
     adamw_foreach: bool = _stated(

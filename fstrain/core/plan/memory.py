@@ -679,13 +679,19 @@ def autocast_weight_copies(
     A matmul under autocast saves its cast weight for backward, so a block that is not
     checkpointed (and the head) keeps one compute-dtype copy of its weights until its backward.
     Inside a checkpointed block nothing is saved, but autocast caches the cast of every leaf
-    weight that requires grad until the autocast region (forward and loss) exits
-    (``cached_cast`` in aten/src/ATen/autocast_mode.h), so a copy of every block's weights is
-    live at the loss: seen with torch's CPU autocast on plain modules and FSDP2 (whose unsharded
-    parameters are leaves); ATorch's FSDP runs (tests/fixtures/planner/measured) measure within
-    3 % with it and 33-42 % under without it. A script that passes
-    ``torch.autocast(cache_enabled=False)`` keeps none:
-    ``--assume autocast_weight_cache=false``.
+    weight that requires grad until the outermost autocast region (forward and loss) exits, so a
+    copy of every block's weights is live at the loss. The mechanism, torch 2.13:
+    ``at::autocast::cached_cast`` (aten/src/ATen/autocast_mode.cpp, declared in the wheel's
+    include/ATen/autocast_mode.h) keeps the lower-precision cast of an fp32 tensor that requires
+    grad, is a leaf and not a view, while the cache is enabled; ``torch.autocast.__exit__``
+    (torch/amp/autocast_mode.py) calls ``torch.clear_autocast_cache()`` only when
+    ``autocast_decrement_nesting()`` returns 0. A recomputed block runs under a fresh autocast
+    region (torch/utils/checkpoint.py re-enters autocast with the forward's settings), so it
+    casts again. tests/unit/test_precision_modes.py shows the cast alive inside the region and
+    gone after it on CPU; FSDP2's unsharded parameters are such leaves (not views), FSDP1's flat
+    parameter views are not. ATorch's FSDP runs (tests/fixtures/planner/measured) measure within
+    3 % with the term and 33-42 % under without it. A script that passes
+    ``torch.autocast(cache_enabled=False)`` keeps none: ``--assume autocast_weight_cache=false``.
     """
     a = weight_bytes(knobs.precision)
     per_block = block_matmul_params(model) // knobs.tp
