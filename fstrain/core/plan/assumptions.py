@@ -53,15 +53,15 @@ class Assumptions:
 
     reduce_bucket_elements: int = _stated(
         0,
-        "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype); 0: hidden^2, the value "
-        "`fstrain render` writes (fstrain/core/plan/buckets.py). DeepSpeed's own default is 5e8. ZeRO-1/2 "
+        "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype); 0: DeepSpeed's default 5e8, "
+        "capped at the model's size, as `fstrain render` writes it (fstrain/core/plan/buckets.py). ZeRO-1/2 "
         "allocate it twice during backward (overlap_comm).",
     )
 
     zero3_prefetch_bucket_elements: int = _stated(
         0,
-        "DeepSpeed ``stage3_prefetch_bucket_size``: parameters gathered ahead of use; 0: 0.9 hidden^2, "
-        "as rendered. DeepSpeed's own default is 5e7.",
+        "DeepSpeed ``stage3_prefetch_bucket_size``: parameters gathered ahead of use; 0: DeepSpeed's "
+        "default 5e7, capped at the model's size, as rendered.",
     )
 
     zero3_max_live_parameters: int = _stated(

@@ -756,7 +756,7 @@ def buffer_items(
     fp8: :func:`fp8_gathered_block_params`)."""
     w = param_bytes(knobs.precision)
     gather, reduce = comm_bytes(knobs.precision, strategy, assumptions)
-    rendered = bucket_sizes(hidden_size)
+    rendered = bucket_sizes(stage.params)
     reduce_bucket = assumptions.reduce_bucket_elements or rendered["reduce_bucket_size"]
     prefetch_bucket = assumptions.zero3_prefetch_bucket_elements or rendered["stage3_prefetch_bucket_size"]
     items: list[tuple[str, int]] = []
@@ -833,7 +833,6 @@ def backward_buffer_items(
     strategy: str,
     stage: StageShape,
     knobs: PlanKnobs,
-    hidden_size: int,
     assumptions: Assumptions = Assumptions(),
 ) -> list[tuple[str, int]]:
     """Buffers that exist only while gradients are being reduced, not at the end of forward.
@@ -850,7 +849,7 @@ def backward_buffer_items(
     if strategy not in ("zero1", "zero2"):
         return []
     _, w = comm_bytes(knobs.precision, strategy, assumptions)
-    reduce_bucket = assumptions.reduce_bucket_elements or bucket_sizes(hidden_size)["reduce_bucket_size"]
+    reduce_bucket = assumptions.reduce_bucket_elements or bucket_sizes(stage.params)["reduce_bucket_size"]
     copies = 1 if knobs.pp > 1 else 2
     label = "DeepSpeed reduce bucket" if copies == 1 else "DeepSpeed reduce buckets (2, overlap_comm)"
     return [(label, copies * w * min(reduce_bucket, stage.params))]
@@ -1082,7 +1081,7 @@ def _stage_breakdown(
     units = _memo(memo, ("units", k.strategy, stage, k.precision, k.pp, fp8_block),
                   lambda: fsdp_unit_items(k.strategy, stage, k, assumptions, fp8_block))
     loss_buffers = [item for item in buffers if item not in units]
-    backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
+    backward_buffers = backward_buffer_items(k.strategy, stage, k, assumptions)
     backward_buffers += ring
     if model is not None and k.fp8:
         backward_buffers = [*backward_buffers, (FP8_CASTS_ITEM, fp8_cast_bytes(model, k))]
