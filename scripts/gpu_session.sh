@@ -4,12 +4,18 @@
 #   1. scripts/gpu_check.py          a real probe report; NCCL loads the topology XML fstrain writes;
 #                                    the bench compute suite (bf16 matmul TFLOPS, HBM bandwidth) and
 #                                    NCCL all_reduce bus bandwidth over the machine's GPUs
-#   2. scripts/gpu_train_check.py    --matrix calibration: the bundled trainer's measured peak memory
+#   2. scripts/gpu_train_check.py    --matrix speed: FSDP2 and the rendered ZeRO-2 and ZeRO-3 files
+#                                    on gpt2-1.5b with the same batch; fails unless each DeepSpeed
+#                                    run reaches 80 % of FSDP2's tokens/s (the verdict is in
+#                                    session.log and speed/summary.md in the archive)
+#   3. scripts/gpu_train_check.py    --matrix calibration: the bundled trainer's measured peak memory
 #                                    and tokens/s for several models, layouts and activation-
 #                                    checkpointing policies, beside the plan's prediction
 #
 # Run from the repository root:  scripts/gpu_session.sh OUT_DIR   (default $OUT)
-# With the device tool: run(command='scripts/gpu_session.sh "$OUT"', carry=['.whl'], timeout_s=480).
+# With the device tool: run(command='scripts/gpu_session.sh "$OUT"', carry=['.whl'], timeout_s=600)
+# (the stages' limits add up to 580 s: check 120, speed 220, train 240; FSTRAIN_GPU_SPEED_S and
+# FSTRAIN_GPU_TRAIN_S change the last two, 0 skips a stage).
 # Wheels in .whl/ (deepspeed and what it needs that the machine lacks; see docs/benchmarks.md) are
 # installed into /tmp/site first. Each stage has its own time limit, so a stage that hangs costs
 # only its own share; the stages' files are packed at the end into at most 8 files in OUT_DIR
@@ -20,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-${OUT:-gpu-session-out}}")
 work=$(mktemp -d /tmp/fstrain-gpu-session.XXXXXX)
-mkdir -p "$out" "$work/check" "$work/train"
+mkdir -p "$out" "$work/check" "$work/speed" "$work/train"
 log="$out/session.log"
 : >"$log"
 say() { echo "[gpu_session $(date +%H:%M:%S)] $*" | tee -a "$log" >&2; }
@@ -35,6 +41,7 @@ export PYTHONUNBUFFERED=1
 stage() {  # name seconds argv...
     local name=$1 seconds=$2
     shift 2
+    if [ "$seconds" -le 0 ]; then say "stage $name: skipped"; return; fi
     say "stage $name (limit ${seconds}s): $*"
     timeout --kill-after=10 "$seconds" "$@" >"$work/$name.log" 2>&1
     local code=$?
@@ -43,9 +50,13 @@ stage() {  # name seconds argv...
 }
 
 stage check 120 python3 scripts/gpu_check.py "$work/check"
+speed_s=${FSTRAIN_GPU_SPEED_S:-220}
+stage speed "$speed_s" python3 scripts/gpu_train_check.py "$work/speed" --matrix speed --steps 4 \
+    --budget-s "$(( speed_s - 25 ))"
+train_s=${FSTRAIN_GPU_TRAIN_S:-240}
 # FSTRAIN_GPU_CASES=name,name runs only those calibration cases (names as gpu_train_check.py's table prints them).
-stage train "${FSTRAIN_GPU_TRAIN_S:-270}" python3 scripts/gpu_train_check.py "$work/train" --matrix calibration \
-    --steps 4 --budget-s "$(( ${FSTRAIN_GPU_TRAIN_S:-270} - 25 ))" ${FSTRAIN_GPU_CASES:+--only "$FSTRAIN_GPU_CASES"}
+stage train "$train_s" python3 scripts/gpu_train_check.py "$work/train" --matrix calibration \
+    --steps 4 --budget-s "$(( train_s - 25 ))" ${FSTRAIN_GPU_CASES:+--only "$FSTRAIN_GPU_CASES"}
 
 cp "$work/check/probe-report.json" "$out/probe-report.json" 2>/dev/null
 cp "$work/check/summary.json" "$out/check-summary.json" 2>/dev/null

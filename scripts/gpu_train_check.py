@@ -7,9 +7,11 @@ no fstrain module itself: every fstrain step is `python3 -m fstrain ...` with PY
     python3 scripts/gpu_train_check.py OUT_DIR [--steps 8] [--model gpt2-1.5b] [--dry-run]
 
 With the device tool: run(command='PYTHONUNBUFFERED=1 timeout 470 python3 scripts/gpu_train_check.py "$OUT"',
-timeout_s=500). Without a GPU: `--dry-run` stops after planning and rendering (exit 0), and
-`--rehearse-on-cpu` also runs the trainer on the CPU with gloo (tiny recipe by default) to rehearse
-every step; its numbers are RSS, not a memory check.
+timeout_s=500). `--matrix speed` runs FSDP2 and the rendered ZeRO-2 and ZeRO-3 files on the same
+model and batch and fails unless each DeepSpeed run reaches 80 % of FSDP2's tokens/s (any matrix
+that holds such a pair reports the same verdict). Without a GPU: `--dry-run` stops after planning
+and rendering (exit 0), and `--rehearse-on-cpu` also runs the trainer on the CPU with gloo (tiny
+recipe by default) to rehearse every step; its numbers are RSS, not a memory check.
 
 1. Records the machine: python, nvidia-smi, torch (version, CUDA, the GPU and its memory), deepspeed.
 2. For each case (fsdp-full, zero2, zero3, fsdp-grad-op), `fstrain plan` pinned to 1 node x 1 GPU
@@ -121,6 +123,16 @@ CALIBRATION_CASES = (
     Case("fsdp-grad-op", "fsdp", "fsdp.yaml", SLICED, "full", 2, 1, 4096),
     Case("fsdp-full", "fsdp", "fsdp.yaml", "gpt2-1.5b", "full", 16, 1, 1024),
 )
+
+# `--matrix speed`: the rendered DeepSpeed files against FSDP2 on the same model (the run's:
+# gpt2-1.5b on a GPU, tiny in a CPU rehearsal) and the same batch, no checkpointing. The rendered
+# ZeRO-2 file once trained gpt2-1.5b at 285 tokens/s where FSDP2 ran 13,890 (docs/configs.md).
+SPEED_CASES = (
+    Case("fsdp-full", "fsdp", "fsdp.yaml"),
+    Case("zero2", "deepspeed", "ds_config.json"),
+    Case("zero3", "deepspeed", "ds_config.json"),
+)
+SPEED_MIN_RATIO = 0.8  # a rendered DeepSpeed file must reach 80 % of FSDP2's tokens/s
 
 TORCH_PROBE = r"""
 import json, torch
@@ -394,13 +406,15 @@ def render_notes(render: Path, case: Case, assumptions: dict[str, Any], predicte
     for key, assumed_key in (("reduce_bucket_size", "reduce_bucket_elements"),
                              ("allgather_bucket_size", "allgather_bucket_elements"),
                              ("stage3_prefetch_bucket_size", "zero3_prefetch_bucket_elements")):
-        if key in zero and assumed_key in assumptions and int(zero[key]) != int(assumptions[assumed_key]):
+        # An assumption of 0 means "as fstrain render writes it", so it cannot disagree.
+        assumed = int(assumptions.get(assumed_key) or 0)
+        if key in zero and assumed and int(zero[key]) != assumed:
             notes.append(f"{case.strategy}: ds_config.json {key} = {int(zero[key]):,} elements, but the plan assumed "
-                         f"{assumed_key} = {int(assumptions[assumed_key]):,}")
+                         f"{assumed_key} = {assumed:,}")
     if notes:
         buckets = sum(v for k, v in predicted["details_bytes"].items() if "bucket" in k or "prefetch" in k)
         notes.append(f"{case.strategy}: so the prediction's bucket terms ({buckets / GIB:.3f} GiB) are sized for "
-                     "DeepSpeed's defaults, not for the rendered file")
+                     "the assumed values, not for the rendered file")
     return notes
 
 
@@ -488,6 +502,51 @@ def compare(predicted: dict[str, Any], peak: dict[str, Any], smi: dict[str, Any]
     }
 
 
+def speed_verdicts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each DeepSpeed run's tokens/s against FSDP2's (fsdp-full) on the same model, batch,
+    sequence and checkpointing: "ok" at SPEED_MIN_RATIO or more, "too slow" below it, "not
+    measured" when either run has no rate (failed, timed out or skipped: its status says why)."""
+
+    def key(record: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(record.get(k) for k in ("model", "micro_batch", "grad_accum", "seq_len", "ac"))
+
+    def rate(record: dict[str, Any]) -> float | None:
+        value = (record.get("measured") or {}).get("tokens_per_s")
+        return float(value) if record.get("status") == "ok" and value else None
+
+    fsdp = {key(r): r for r in records if r.get("strategy") == "fsdp-full" and r.get("backend") == "fsdp"}
+    verdicts = []
+    for record in records:
+        base = fsdp.get(key(record))
+        if record.get("backend") != "deepspeed" or base is None:
+            continue
+        mine, theirs = rate(record), rate(base)
+        ratio = round(mine / theirs, 3) if mine is not None and theirs else None
+        verdict = "not measured" if ratio is None else "ok" if ratio >= SPEED_MIN_RATIO else "too slow"
+        verdicts.append({"case": record["case"], "fsdp_case": base["case"], "tokens_per_s": mine,
+                         "fsdp_tokens_per_s": theirs, "ratio": ratio, "verdict": verdict,
+                         "statuses": [record.get("status"), base.get("status")]})
+    return verdicts
+
+
+def speed_lines(verdicts: list[dict[str, Any]]) -> list[str]:
+    """The speed section of summary.md: one line per DeepSpeed run with an FSDP2 run to compare."""
+    if not verdicts:
+        return []
+
+    def rate(value: float | None) -> str:
+        return f"{value:,.0f}" if value else "-"
+
+    lines = ["", f"Rendered DeepSpeed file against FSDP2 (same model and batch; needs >= {SPEED_MIN_RATIO:.0%} "
+             "of FSDP2's tokens/s):"]
+    for v in verdicts:
+        ratio = f"{v['ratio']:.0%}" if v["ratio"] is not None else "-"
+        status = "" if v["verdict"] != "not measured" else f" (status: {' / '.join(map(str, v['statuses']))})"
+        lines.append(f"- {v['case']}: {rate(v['tokens_per_s'])} tokens/s against {v['fsdp_case']} "
+                     f"{rate(v['fsdp_tokens_per_s'])}: {ratio}, {v['verdict']}{status}")
+    return lines
+
+
 def gib(value: Any) -> str:
     return f"{value / GIB:.2f}" if isinstance(value, (int, float)) else "-"
 
@@ -531,6 +590,7 @@ def markdown(summary: dict[str, Any]) -> str:
             f"| {f'{rate:,.0f}' if rate else '-'} ({f'{plan_rate:,.0f}' if plan_rate else '-'}) | {loss} "
             f"| {record.get('status')}{': ' + record['skipped'] if record.get('skipped') else ''} |"
         )
+    lines += speed_lines(summary.get("speed", []))
     notes = [note for record in summary.get("cases", []) for note in record.get("notes", [])]
     if notes:
         lines += ["", "Plan vs rendered file:"] + [f"- {note}" for note in notes]
@@ -550,9 +610,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--gpu", default="h200", help="the GPU type the plans are pinned to (default h200)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting work after this (default 420)")
-    p.add_argument("--matrix", choices=("default", "calibration"), default="default",
+    p.add_argument("--matrix", choices=("default", "calibration", "speed"), default="default",
                    help="default: four layouts of one model (with fallbacks); calibration: the planner's "
-                        "calibration points (several models, AC policies, micro-batches), each planned on its own")
+                        "calibration points (several models, AC policies, micro-batches), each planned on its own; "
+                        "speed: FSDP2 and the rendered ZeRO-2 and ZeRO-3 files on the same model and batch")
     p.add_argument("--only", default="", help="comma list of case names (as in the table) to run, in that order")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="plan and render only; no trainer run, no GPU needed")
@@ -561,7 +622,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.steps < 2 or args.micro_batch < 1 or args.grad_accum < 1:
         p.error("--steps must be at least 2, --micro-batch and --grad-accum at least 1")
     args.model = args.model or ("tiny" if args.rehearse_on_cpu else "gpt2-1.5b")
-    args.cases = CALIBRATION_CASES if args.matrix == "calibration" else CASES
+    args.cases = {"calibration": CALIBRATION_CASES, "speed": SPEED_CASES}.get(args.matrix, CASES)
     if args.only:
         by_name = {case.name: case for case in args.cases}
         unknown = [name for name in args.only.split(",") if name not in by_name]
@@ -608,15 +669,18 @@ def steps(check: Check, args: argparse.Namespace) -> int:
                            f"x grad-accum {args.grad_accum}, {args.steps} steps")
     if args.matrix == "calibration":
         summary["settings"] = f"1 x {args.gpu}, bf16, adamw, offload none, {args.steps} steps; per case: see the table"
+    if args.matrix == "speed":
+        summary["settings"] += "; tokens/s of the rendered DeepSpeed files against FSDP2's"
     summary["mode"] = "dry-run" if args.dry_run else "rehearse-on-cpu" if args.rehearse_on_cpu else "gpu"
     machine = summary["machine"] = record_machine(check)
     check.save()
     torch_info = machine.get("torch") or {}
     gpu_bytes = torch_info.get("total_memory_bytes") if torch_info.get("cuda_available") else None
-    if args.matrix == "calibration":
+    if args.matrix in ("calibration", "speed"):
         # Each case stands alone: one that cannot be planned or does not fit is recorded, the rest run.
         records = [plan_and_render(check, args.model, case, args) for case in args.cases]
-        summary["cases"], summary["model"] = records, "calibration matrix"
+        summary["cases"] = records
+        summary["model"] = "calibration matrix" if args.matrix == "calibration" else args.model
         check.save()
         unplanned = [r for r in records if r["status"] != "rendered"]
         for record in unplanned:
@@ -653,6 +717,9 @@ def steps(check: Check, args: argparse.Namespace) -> int:
             train_case(check, record, args, on_gpu)
         check.save()
     records = summary["cases"]  # in the calibration matrix, the cases that could not be planned count too
+    summary["speed"] = speed_verdicts(records)
+    slow = [v for v in summary["speed"] if v["verdict"] == "too slow"]
+    unmeasured = [v for v in summary["speed"] if v["verdict"] == "not measured"] if args.matrix == "speed" else []
     bad = [r for r in records if r["status"] not in ("ok", "skipped")]
     ran = [r for r in records if r["status"] == "ok"]
     if args.rehearse_on_cpu:
@@ -660,7 +727,15 @@ def steps(check: Check, args: argparse.Namespace) -> int:
         summary["note"] = "CPU rehearsal: the trainer measured peak RSS (measured in summary.json), not GPU memory"
     summary["message"] = (f"{len(ran)} run(s) ok, {len(bad)} failed, {len(records) - len(ran) - len(bad)} skipped"
                           + (": " + ", ".join(f"{r['strategy']} {r['status']}" for r in bad) if bad else ""))
-    return 1 if bad or not ran else 0
+    if slow or unmeasured:
+        summary["message"] += "; DeepSpeed against FSDP2: " + ", ".join(
+            f"{v['case']} {v['verdict']}" + (f" ({v['ratio']:.0%})" if v["ratio"] is not None else "")
+            for v in slow + unmeasured)
+    if args.rehearse_on_cpu and (slow or unmeasured):
+        # A CPU's rates say nothing about a GPU's: the rehearsal checks that the comparison runs.
+        summary["note"] += "; the speed verdict needs a GPU, a CPU rehearsal only shows it is computed"
+        slow, unmeasured = [], []
+    return 1 if bad or not ran or slow or unmeasured else 0
 
 
 if __name__ == "__main__":

@@ -123,8 +123,11 @@ def test_the_backward_holds_the_largest_linears_fp8_casts() -> None:
     backward = dict(with_casts.moments)["backward"] - dict(without.moments)["backward"]
     assert abs(backward - 163_840 * (1 + Assumptions().fragmentation_fraction)) <= 1  # + the allocator's share
     assert dict(with_casts.moments)["optimizer step"] == dict(without.moments)["optimizer step"]
-    if with_casts.phase == "backward":
-        assert (FP8_CASTS_ITEM, 163_840) in with_casts.details
+    # With the logits in chunks the loss moment shrinks and the backward holds the peak, so the
+    # peak's itemised details must show the casts.
+    chunked = memory_breakdown(TINY_MODEL, params, params.total, tiny_knobs(loss="chunked:8"), 8)
+    assert chunked.phase == "backward"
+    assert (FP8_CASTS_ITEM, 163_840) in chunked.details
 
 
 def test_the_gpu_table_has_the_datasheets_dense_fp8_peaks() -> None:

@@ -89,20 +89,24 @@ def test_deepspeed_buffers_by_moment() -> None:
         knobs = dataclasses.replace(TUTORIAL, strategy=strategy, offload="none")
         assert buffer_items(strategy, stage, knobs, 4096, DS_DEFAULT_BUCKETS) == []  # no all-gather bucket
         assert persistent_buffer_items(strategy, stage, knobs) == []
-        assert backward_buffer_items(strategy, stage, knobs, 4096, DS_DEFAULT_BUCKETS) == [
+        assert backward_buffer_items(strategy, stage, knobs, DS_DEFAULT_BUCKETS) == [
             ("DeepSpeed reduce buckets (2, overlap_comm)", 2 * 2 * 500_000_000)
         ]
     piped = dataclasses.replace(TUTORIAL, pp=2, offload="none")  # the pipeline engine reduces into one
-    assert backward_buffer_items("zero1", stage, piped, 4096, DS_DEFAULT_BUCKETS) == [
+    assert backward_buffer_items("zero1", stage, piped, DS_DEFAULT_BUCKETS) == [
         ("DeepSpeed reduce bucket", 2 * 500_000_000)
     ]
-    # Without an override the bucket is the rendered hidden^2, capped at the rank's parameters.
-    assert backward_buffer_items("zero2", stage, TUTORIAL, 4096)[0][1] == 2 * 2 * 4096 * 4096
+    # Without an override the bucket is the rendered one, DeepSpeed's 5e8, capped at the rank's parameters.
+    assert backward_buffer_items("zero2", stage, TUTORIAL)[0][1] == 2 * 2 * 500_000_000
+    small = dataclasses.replace(stage, params=1_000_000)
+    assert backward_buffer_items("zero2", small, TUTORIAL)[0][1] == 2 * 2 * 1_000_000
+    stated = Assumptions(reduce_bucket_elements=4096 * 4096)
+    assert backward_buffer_items("zero2", stage, TUTORIAL, stated)[0][1] == 2 * 2 * 4096 * 4096
     assert persistent_buffer_items("zero2", stage, TUTORIAL) == [
         ("DeepSpeed offload staging buffer", 2 * stage.largest_layer)
     ]
     for strategy in ("ddp", "zero3", "fsdp-full", "fsdp-grad-op"):
-        assert backward_buffer_items(strategy, stage, TUTORIAL, 4096, DS_DEFAULT_BUCKETS) == []
+        assert backward_buffer_items(strategy, stage, TUTORIAL, DS_DEFAULT_BUCKETS) == []
 
 
 def test_a_stated_bytes_per_logit_replaces_every_loss() -> None:

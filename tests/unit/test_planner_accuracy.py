@@ -484,6 +484,26 @@ def test_helpers_on_values() -> None:
     assert median_abs([-30.0, 10.0, 20.0]) == 20.0
 
 
+def test_errors_are_signed_and_relative_to_the_measurement_in_its_unit() -> None:
+    fits = cast(Plan, types.SimpleNamespace(fits=True))
+
+    def outcome(memory: float, unit: str, predicted_bytes: float, tokens: float = 1000.0,
+                predicted_tokens: float = 1000.0) -> Outcome:
+        measured = {"fits": True, "memory": memory, "memory_unit": unit, "memory_kind": "nvidia_smi",
+                    "tokens_per_s_per_gpu": tokens}
+        case = Case("hand", "hand.yaml", {}, {}, {"expressible": True, "measured": measured})
+        return Outcome(case, fits, predicted_memory_bytes=predicted_bytes,
+                       predicted_tokens_per_s_per_gpu=predicted_tokens)
+
+    # Worked by hand: 40 GiB predicted for 40 GB measured (nvidia-smi's decimal unit) is
+    # 2^30 / 10^9 - 1 = 7.3741824 % over; 36 GiB for 40,960 MiB (40 GiB) is 10 % under.
+    assert outcome(40, "GB", 40 * 2**30).memory_error_pct == pytest.approx(7.3741824)
+    assert outcome(40_960, "MiB", 36 * 2**30).memory_error_pct == pytest.approx(-10.0)
+    # Relative to the measurement: 800 tokens/s predicted for 1,000 measured is -20 %, not -25 %.
+    assert outcome(1, "GiB", 2**30, predicted_tokens=800).throughput_error_pct == pytest.approx(-20.0)
+    assert outcome(1, "GiB", 2**30, tokens=800, predicted_tokens=1000).throughput_error_pct == pytest.approx(25.0)
+
+
 def test_needs_and_gaps_on_values() -> None:
     base = next(c for c in CASES if c.file == "deepspeed_zero_tutorial.yaml")
     assert needs(base) == ["loss=megatron"] and planner_gaps(base) == []  # Megatron-LM's loss
@@ -539,9 +559,12 @@ def test_error_table_has_every_expressible_case(outcomes: list[Outcome]) -> None
     for o in outcomes:
         # The planner may only refuse what the run is recorded to need beyond the base planner.
         assert set(o.unsupported) <= set(needs(o.case)), f"{o.case.id}: refused {o.unsupported}"
-        measured, predicted = o.case.measured_memory_bytes(), o.predicted_memory_bytes
-        if measured is not None and predicted is not None:
-            assert o.memory_error_pct == pytest.approx(100 * (predicted - measured) / measured)
+        if o.predicted_memory_bytes is not None and o.case.measured_memory_bytes() is not None:
+            assert o.plan is not None
+            # The compared prediction is the part the source's logger sees: the whole peak for
+            # nvidia-smi only; the allocator's counters see neither the CUDA context nor NCCL.
+            kind = o.case.measured.get("memory_kind", "max_reserved")
+            assert (o.predicted_memory_bytes == o.plan.memory.peak) == (kind == "nvidia_smi"), o.case.id
 
 
 def test_median_memory_error(outcomes: list[Outcome]) -> None:

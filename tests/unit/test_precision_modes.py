@@ -173,6 +173,44 @@ def test_autocast_weight_casts_are_cached_or_saved() -> None:
     assert per_block == 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
 
 
+def test_torch_autocast_keeps_a_checkpointed_weights_cast_until_the_region_exits() -> None:
+    """The mechanism the cache term counts, in the installed torch: ``at::autocast::cached_cast``
+    (aten/src/ATen/autocast_mode.cpp) caches the 16-bit cast of an fp32 leaf that requires grad,
+    and ``torch.autocast.__exit__`` clears the cache only when the outermost region exits
+    (torch/amp/autocast_mode.py, ``autocast_decrement_nesting() == 0``). A checkpointed block
+    saves nothing for backward, yet its weight's cast stays alive; without the cache it dies."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint
+
+    class WeightCasts(TorchDispatchMode):
+        def __init__(self, weight: torch.Tensor) -> None:
+            super().__init__()
+            self.weight, self.casts = weight, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and args[0] is self.weight:
+                self.casts.append(weakref.ref(out))
+            return out
+
+    def run(cache_enabled: bool) -> tuple[int, list[bool], list[bool]]:
+        linear = torch.nn.Linear(16, 16)
+        x = torch.randn(2, 16, requires_grad=True)
+        with WeightCasts(linear.weight) as mode:
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache_enabled):
+                for _ in range(2):  # two checkpointed uses of the same weight in one forward
+                    checkpoint(linear, x, use_reentrant=False)
+                inside = [cast() is not None for cast in mode.casts]
+            after = [cast() is not None for cast in mode.casts]
+        return len(mode.casts), inside, after
+
+    assert run(cache_enabled=True) == (1, [True], [False])  # cast once, alive to the region's end
+    assert run(cache_enabled=False) == (2, [False, False], [False, False])
+
+
 def test_cache_counts_at_the_loss_moment_only() -> None:
     params = count_parameters(LLAMA_8B)
     knobs = _knobs(activation_checkpointing="full")

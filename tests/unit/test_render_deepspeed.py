@@ -8,6 +8,7 @@ DeepSpeed looked up, and a key it never read fails the test.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import warnings
@@ -15,12 +16,15 @@ from typing import Any
 
 import pytest
 
+from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.render import TrainingOptions, render_deepspeed
 from fstrain.core.render.deepspeed import bucket_sizes
 from fstrain.errors import ConfigError, FstrainError, InputError
-from tests.plans import make_plan, with_model
+from fstrain.io.recipes import load_shipped_recipe
+from tests.plans import TINY_MODEL, make_plan
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+TINY_PARAMS = count_parameters(TINY_MODEL).total  # the buckets of the test model: its size
 
 
 def variants() -> list[tuple[str, str, str, str, str]]:
@@ -148,9 +152,9 @@ def test_deepspeed_reads_every_rendered_key(
         assert zero.offload_optimizer.device == "cpu" and zero.offload_optimizer.pin_memory
     assert (zero.offload_param is not None) == (offload == "optimizer+params")
     if strategy != "ddp":
-        assert zero.reduce_bucket_size == 64 * 64 and zero.overlap_comm
+        assert zero.reduce_bucket_size == TINY_PARAMS and zero.overlap_comm
     if strategy == "zero3":
-        assert (zero.prefetch_bucket_size, zero.param_persistence_threshold) == (3686, 640)
+        assert (zero.prefetch_bucket_size, zero.param_persistence_threshold) == (TINY_PARAMS, 100_000)
     # selective-op is torch's own (no section); every-k:2 checkpoints one of the 2 blocks.
     expected_checkpoints = {"none": None, "selective-op": None, "every-k:2": 1}.get(ac, 2)
     assert loaded.activation_checkpointing_config.number_checkpoints == expected_checkpoints
@@ -197,30 +201,38 @@ def test_train_batch_size_is_micro_times_accum_times_dp(dp: int, micro: int, acc
     assert config["gradient_accumulation_steps"] == accum
 
 
-@pytest.mark.parametrize(
-    ("hidden", "expected"),
-    [
-        (64, (4096, 4096, 3686, 640)),
-        (4096, (16_777_216, 16_777_216, 15_099_494, 40_960)),  # Llama 2 7B
-        (8192, (67_108_864, 67_108_864, 60_397_977, 81_920)),  # Llama 2 70B
-    ],
-)
-def test_bucket_sizes_follow_hidden_squared(hidden: int, expected: tuple[int, int, int, int]) -> None:
-    sizes = bucket_sizes(hidden)
-    assert (sizes["reduce_bucket_size"], sizes["allgather_bucket_size"], sizes["stage3_prefetch_bucket_size"],
-            sizes["stage3_param_persistence_threshold"]) == expected
-    zero3 = render_deepspeed(with_model(make_plan("zero3"), hidden_size=hidden, num_heads=hidden // 64,
-                                        num_kv_heads=hidden // 64)).config["zero_optimization"]
-    assert zero3["reduce_bucket_size"] == expected[0]
-    assert zero3["stage3_prefetch_bucket_size"] == expected[2]
+def test_bucket_sizes_are_deepspeeds_defaults_capped_at_the_model() -> None:
+    # DeepSpeed 0.19.8's defaults (deepspeed/runtime/zero/config.py), read from its own config
+    # class so a DeepSpeed that changes them fails here.
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    defaults = DeepSpeedZeroConfig(stage=3)
+    assert bucket_sizes(10**12) == {
+        "reduce_bucket_size": defaults.reduce_bucket_size,
+        "allgather_bucket_size": defaults.allgather_bucket_size,
+        "stage3_prefetch_bucket_size": defaults.prefetch_bucket_size,
+        "stage3_param_persistence_threshold": defaults.param_persistence_threshold,
+    }
+    # DeepSpeed allocates the whole bucket, so a small model's is its size.
+    assert bucket_sizes(30_000_000) == {"reduce_bucket_size": 30_000_000, "allgather_bucket_size": 30_000_000,
+                                        "stage3_prefetch_bucket_size": 30_000_000,
+                                        "stage3_param_persistence_threshold": 100_000}
+    gpt2 = dataclasses.replace(make_plan("zero2"), model=load_shipped_recipe("gpt2-1.5b").model)
+    zero2 = render_deepspeed(gpt2).config["zero_optimization"]
+    assert (zero2["reduce_bucket_size"], zero2["allgather_bucket_size"]) == (500_000_000, 500_000_000)
+    zero3 = render_deepspeed(dataclasses.replace(gpt2, knobs=make_plan("zero3").knobs)).config["zero_optimization"]
+    assert (zero3["reduce_bucket_size"], zero3["stage3_prefetch_bucket_size"],
+            zero3["stage3_param_persistence_threshold"]) == (500_000_000, 50_000_000, 100_000)
     assert "allgather_bucket_size" not in zero3  # stage 3 gathers with its prefetcher
+    tiny = count_parameters(TINY_MODEL).total
+    assert render_deepspeed(make_plan("zero3")).config["zero_optimization"]["reduce_bucket_size"] == tiny
 
 
 def test_zero_sections_per_stage() -> None:
     assert render_deepspeed(make_plan("ddp")).config["zero_optimization"] == {"stage": 0}
     zero1 = render_deepspeed(make_plan("zero1")).config["zero_optimization"]
     assert zero1 == {"stage": 1, "overlap_comm": True, "contiguous_gradients": True,
-                     "reduce_bucket_size": 4096, "allgather_bucket_size": 4096}
+                     "reduce_bucket_size": TINY_PARAMS, "allgather_bucket_size": TINY_PARAMS}
     zero3 = render_deepspeed(make_plan("zero3", offload="optimizer+params")).config["zero_optimization"]
     assert zero3["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert zero3["offload_param"] == {"device": "cpu", "pin_memory": True}

@@ -53,15 +53,15 @@ class Assumptions:
 
     reduce_bucket_elements: int = _stated(
         0,
-        "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype); 0: hidden^2, the value "
-        "`fstrain render` writes (fstrain/core/plan/buckets.py). DeepSpeed's own default is 5e8. ZeRO-1/2 "
+        "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype); 0: DeepSpeed's default 5e8, "
+        "capped at the model's size, as `fstrain render` writes it (fstrain/core/plan/buckets.py). ZeRO-1/2 "
         "allocate it twice during backward (overlap_comm).",
     )
 
     zero3_prefetch_bucket_elements: int = _stated(
         0,
-        "DeepSpeed ``stage3_prefetch_bucket_size``: parameters gathered ahead of use; 0: 0.9 hidden^2, "
-        "as rendered. DeepSpeed's own default is 5e7.",
+        "DeepSpeed ``stage3_prefetch_bucket_size``: parameters gathered ahead of use; 0: DeepSpeed's "
+        "default 5e7, capped at the model's size, as rendered.",
     )
 
     zero3_max_live_parameters: int = _stated(
@@ -81,10 +81,12 @@ class Assumptions:
 
     autocast_weight_cache: bool = _stated(
         True,
-        "amp-bf16/amp-fp16: torch.autocast caches the cast of each weight until the forward's "
-        "autocast region exits, checkpointed blocks included (aten autocast_mode.h cached_cast; "
-        "seen on plain modules and FSDP2 with torch's CPU autocast; ATorch's FSDP runs measure within "
-        "3 % with it, 33-42 % under without). False for torch.autocast(cache_enabled=False).",
+        "amp-bf16/amp-fp16: torch.autocast caches the cast of each weight until the outermost "
+        "autocast region exits, checkpointed blocks included (torch 2.13: at::autocast::cached_cast in "
+        "aten/src/ATen/autocast_mode.cpp caches casts of fp32 leaves that require grad and are not "
+        "views; torch.autocast.__exit__ in torch/amp/autocast_mode.py clears the cache at nesting 0; "
+        "shown on CPU for plain modules and FSDP2; ATorch's FSDP runs measure within 3 % with it, "
+        "33-42 % under without). False for torch.autocast(cache_enabled=False).",
     )
 
     adamw_foreach: bool = _stated(

@@ -679,13 +679,19 @@ def autocast_weight_copies(
     A matmul under autocast saves its cast weight for backward, so a block that is not
     checkpointed (and the head) keeps one compute-dtype copy of its weights until its backward.
     Inside a checkpointed block nothing is saved, but autocast caches the cast of every leaf
-    weight that requires grad until the autocast region (forward and loss) exits
-    (``cached_cast`` in aten/src/ATen/autocast_mode.h), so a copy of every block's weights is
-    live at the loss: seen with torch's CPU autocast on plain modules and FSDP2 (whose unsharded
-    parameters are leaves); ATorch's FSDP runs (tests/fixtures/planner/measured) measure within
-    3 % with it and 33-42 % under without it. A script that passes
-    ``torch.autocast(cache_enabled=False)`` keeps none:
-    ``--assume autocast_weight_cache=false``.
+    weight that requires grad until the outermost autocast region (forward and loss) exits, so a
+    copy of every block's weights is live at the loss. The mechanism, torch 2.13:
+    ``at::autocast::cached_cast`` (aten/src/ATen/autocast_mode.cpp, declared in the wheel's
+    include/ATen/autocast_mode.h) keeps the lower-precision cast of an fp32 tensor that requires
+    grad, is a leaf and not a view, while the cache is enabled; ``torch.autocast.__exit__``
+    (torch/amp/autocast_mode.py) calls ``torch.clear_autocast_cache()`` only when
+    ``autocast_decrement_nesting()`` returns 0. A recomputed block runs under a fresh autocast
+    region (torch/utils/checkpoint.py re-enters autocast with the forward's settings), so it
+    casts again. tests/unit/test_precision_modes.py shows the cast alive inside the region and
+    gone after it on CPU; FSDP2's unsharded parameters are such leaves (not views), FSDP1's flat
+    parameter views are not. ATorch's FSDP runs (tests/fixtures/planner/measured) measure within
+    3 % with the term and 33-42 % under without it. A script that passes
+    ``torch.autocast(cache_enabled=False)`` keeps none: ``--assume autocast_weight_cache=false``.
     """
     a = weight_bytes(knobs.precision)
     per_block = block_matmul_params(model) // knobs.tp
@@ -750,7 +756,7 @@ def buffer_items(
     fp8: :func:`fp8_gathered_block_params`)."""
     w = param_bytes(knobs.precision)
     gather, reduce = comm_bytes(knobs.precision, strategy, assumptions)
-    rendered = bucket_sizes(hidden_size)
+    rendered = bucket_sizes(stage.params)
     reduce_bucket = assumptions.reduce_bucket_elements or rendered["reduce_bucket_size"]
     prefetch_bucket = assumptions.zero3_prefetch_bucket_elements or rendered["stage3_prefetch_bucket_size"]
     items: list[tuple[str, int]] = []
@@ -827,7 +833,6 @@ def backward_buffer_items(
     strategy: str,
     stage: StageShape,
     knobs: PlanKnobs,
-    hidden_size: int,
     assumptions: Assumptions = Assumptions(),
 ) -> list[tuple[str, int]]:
     """Buffers that exist only while gradients are being reduced, not at the end of forward.
@@ -844,7 +849,7 @@ def backward_buffer_items(
     if strategy not in ("zero1", "zero2"):
         return []
     _, w = comm_bytes(knobs.precision, strategy, assumptions)
-    reduce_bucket = assumptions.reduce_bucket_elements or bucket_sizes(hidden_size)["reduce_bucket_size"]
+    reduce_bucket = assumptions.reduce_bucket_elements or bucket_sizes(stage.params)["reduce_bucket_size"]
     copies = 1 if knobs.pp > 1 else 2
     label = "DeepSpeed reduce bucket" if copies == 1 else "DeepSpeed reduce buckets (2, overlap_comm)"
     return [(label, copies * w * min(reduce_bucket, stage.params))]
@@ -1076,7 +1081,7 @@ def _stage_breakdown(
     units = _memo(memo, ("units", k.strategy, stage, k.precision, k.pp, fp8_block),
                   lambda: fsdp_unit_items(k.strategy, stage, k, assumptions, fp8_block))
     loss_buffers = [item for item in buffers if item not in units]
-    backward_buffers = backward_buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions)
+    backward_buffers = backward_buffer_items(k.strategy, stage, k, assumptions)
     backward_buffers += ring
     if model is not None and k.fp8:
         backward_buffers = [*backward_buffers, (FP8_CASTS_ITEM, fp8_cast_bytes(model, k))]

@@ -3,8 +3,14 @@
 Every key written here is one DeepSpeed 0.19 reads: the pydantic sections (``zero_optimization``,
 ``bf16``, ``fp16``, ``comms_logger``) forbid unknown keys, and the tests load every variant with
 ``deepspeed.runtime.config.DeepSpeedConfig`` and record which top-level and
-``activation_checkpointing`` keys it looked up. Bucket sizes follow the model's hidden size the
-way the Hugging Face integration resolves DeepSpeed's ``"auto"`` values.
+``activation_checkpointing`` keys it looked up.
+
+Every value that decides speed is DeepSpeed's own default or has its reason beside it, with the
+line of DeepSpeed 0.19.8 it acts on; docs/configs.md ("Why these ZeRO values") has the measured
+effect. Bucket sizes are DeepSpeed's defaults capped at the model's size
+(fstrain.core.plan.buckets), not sizes scaled by the model's hidden size: buckets of hidden^2
+split ZeRO-1/2's gradient reduction into one reduction per weight matrix
+(benchmarks/deepspeed_render_speed.py).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.buckets import bucket_sizes
+from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.options import TrainingOptions
@@ -27,8 +34,9 @@ FP16_LOSS_SCALING = {
     "hysteresis": 2,
     "min_loss_scale": 1,
 }
-# ZeRO-3 caps on gathered parameters: DeepSpeed's defaults (1e9 elements, 2 GB in bf16). They
-# bound memory, not communication granularity, so they do not scale with the model.
+# ZeRO-3 caps on gathered parameters: DeepSpeed's defaults (1e9 elements, 2 GB in bf16;
+# deepspeed/runtime/zero/config.py lines 245 and 251). They bound memory, not communication
+# granularity, so they do not scale with the model.
 STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
 STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
 STEPS_PER_PRINT = 100  # the bundled trainer logs every step itself
@@ -39,11 +47,22 @@ def _zero_section(plan: PlanFile) -> dict[str, Any]:
     stage = knobs.zero_stage
     if stage == 0:
         return {"stage": 0}
-    buckets = bucket_sizes(plan.model.hidden_size)
+    buckets = bucket_sizes(count_parameters(plan.model).total)
     zero: dict[str, Any] = {
         "stage": stage,
-        "overlap_comm": True,  # overlap gradient reduction with the backward pass
-        "contiguous_gradients": True,  # copy gradients into one buffer: less fragmentation
+        # Reduce each full bucket on a side stream while backward goes on (stage_1_and_2.py
+        # average_tensor, line 1600; stage3.py reduce_and_partition_stream). DeepSpeed's default
+        # for stage 3 only (config.py line 386); with buckets of 5e8 a ZeRO-1/2 micro-batch closes a
+        # few buckets, so its cost, a second bucket buffer and one synchronize per micro-batch
+        # (stage_1_and_2.py line 1028), is small against the reduction it hides on many GPUs.
+        "overlap_comm": True,
+        # Copy each gradient into the preallocated bucket as it is produced (stage_1_and_2.py line
+        # 1455) instead of leaving it where autograd put it: less fragmentation. DeepSpeed's
+        # default (config.py line 102).
+        "contiguous_gradients": True,
+        # DeepSpeed's default 5e8 elements (config.py line 113), or the model's size if smaller: a
+        # bucket holds several blocks' gradients, so they are reduced in a few large collectives
+        # (fstrain.core.plan.buckets says why).
         "reduce_bucket_size": buckets["reduce_bucket_size"],
     }
     if stage in (1, 2):
@@ -104,8 +123,10 @@ def _optimizer(plan: PlanFile, options: TrainingOptions) -> tuple[dict[str, Any]
             "weight_decay": options.weight_decay,
         }
         if knobs.offload == "none":
-            # torch.optim.AdamW (foreach) instead of DeepSpeed's FusedAdam: same math, no JIT
-            # build of a CUDA extension on every node.
+            # torch.optim.AdamW instead of DeepSpeed's FusedAdam (engine.py line 2380): same math,
+            # no JIT build of a CUDA extension on every node. ZeRO hands the optimizer one flat
+            # fp32 partition per parameter group, so torch's foreach update (its default on CUDA)
+            # is a handful of kernels over one tensor, as FusedAdam's is.
             params["torch_adam"] = True
             return {"optimizer": {"type": "AdamW", "params": params}}, []
         return {"optimizer": {"type": "AdamW", "params": params}}, [
