@@ -3,9 +3,10 @@
 The bundled trainer's model (:class:`fstrain.train.model.GPT`, the recipe's exact layout, the
 plan's activation checkpointing policy through the same code the trainer runs) is built under
 ``FakeTensorMode`` on a fake process group of the plan's data-parallel size, sharded with the
-rendered FSDP file's layout (:func:`fstrain.train.fsdp_backend.build_sharded_model`), and run for
-two optimizer steps of up to two micro-batches each (each reduce-scatters its gradients, as the
-trainer does) under ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``. The tracker files
+rendered FSDP file's layout (:func:`fstrain.train.fsdp_backend.build_sharded_model`), and run,
+after one untracked warm-up step, for two optimizer steps of up to two micro-batches each (each
+reduce-scatters its gradients, as the trainer does) under
+``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``. The tracker files
 every tensor under a kind (sharded/unsharded parameters and gradients, optimizer state,
 activations, temporaries, all-gather and reduce-scatter buffers). Three moments are read in the
 second step: the root module's forward peak, its backward peak, and the end of the optimizer step.
@@ -204,6 +205,7 @@ class _Tracer:
             optimizer_cfg = {**cfg.get("optimizer", {}), "foreach": False}
             optimizer = build_optimizer(model, optimizer_cfg, 1e-4)
             tokens = torch.randint(0, spec.vocab_size, (knobs.micro_batch_size, knobs.seq_len or spec.seq_len))
+            _warm_up(model, optimizer, tokens, cfg, lm_loss, autocast_context)
             tracker = FSDPMemTracker(model, optimizer)
             tracker.track_inputs((tokens,))
             with tracker:
@@ -228,6 +230,21 @@ class _Tracer:
         else:  # the overall peak is one of the three moments already read
             moments["loss or elsewhere"] = {key: 0 for key in overall}
         return moments
+
+
+def _warm_up(model: Any, optimizer: Any, tokens: Any, cfg: Mapping[str, Any], loss_fn: Any, autocast: Any) -> None:
+    """One step before the tracker starts. DTensor's sharding propagation builds a full-size fake
+    tensor for every argument of an op it has not yet seen in this process (a cache miss in
+    ``propagate_op_sharding_non_cached``: ``gen_fake_args``), and the tracker files those under
+    the phase they happen in: the first optimizer step's showed up as optimizer state, 4x its
+    size, but only in a process that had not traced those shapes before. After this step every
+    op of the traced steps hits the cache, and the optimizer state exists from the start."""
+    with autocast(cfg, "cpu"):
+        loss = loss_fn(model(tokens), tokens)
+    loss.backward()
+    del loss
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _flash_attention_dropout(model: Any) -> None:
