@@ -168,17 +168,18 @@ def submit(script: Path, environ: Mapping[str, str] | None = None) -> str:
     result = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, timeout=120,
                             env=dict(environ) if environ is not None else None, check=False)
     if result.returncode != 0:
-        raise SbatchRefused(f"sbatch refused the job: {refusal(result.stderr or result.stdout, result.returncode)}",
-                         f"check the options in {script} (they are sbatch's), then submit it by hand "
-                         f"with `sbatch {script}`", "sbatch")
+        reason = last_error_line(result.stderr or result.stdout, f"sbatch exited {result.returncode}", "sbatch: error:")
+        raise SbatchRefused(f"sbatch refused the job: {reason}",
+                            f"check the options in {script} (they are sbatch's), then submit it by hand "
+                            f"with `sbatch {script}`", "sbatch")
     return parse_sbatch_job_id(result.stdout)
 
 
-def refusal(text: str, returncode: int) -> str:
-    """Slurm's reason on one line: its last error line without the ``sbatch: error:`` prefix
-    (``Batch job submission failed: Invalid partition name specified``)."""
-    lines = [line.strip().removeprefix("sbatch: error:").strip() for line in text.splitlines() if line.strip()]
-    return lines[-1][-300:] if lines else f"sbatch exited {returncode}"
+def last_error_line(text: str, fallback: str, prefix: str = "") -> str:
+    """A Slurm tool's reason on one line: the last line it printed (the lines before it say where),
+    without ``prefix`` (``sbatch: error:``), at most 300 characters; ``fallback`` if it printed none."""
+    lines = [line.strip().removeprefix(prefix).strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else fallback
 
 
 def job_status(job_id: str, where: str = "--slurm") -> JobStatus | None:
@@ -219,9 +220,8 @@ def signal_job(job_id: str, signal: str | None, where: str = "stop") -> str | No
     scancel = require_tool("scancel", where)
     argv = [scancel, *([f"--signal={signal}", "--full"] if signal else []), job_id]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    if result.returncode != 0:  # Slurm's last word is the reason (the lines before it, its path there)
-        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
-        return lines[-1][-300:] if lines else f"scancel exited {result.returncode}"
+    if result.returncode != 0:
+        return last_error_line(result.stderr, f"scancel exited {result.returncode}")
     return None
 
 
