@@ -152,14 +152,13 @@ def allocation_nodes(allocation: Allocation, warn: Callable[[str], None],
 def slurm_ended_run(job_id: str) -> str | None:
     """Why Slurm ended job ``job_id`` (``scancel``), or ``None`` while it runs, or when
     scontrol cannot say: asked when a run inside the job ends or fstrain gets SIGTERM."""
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
+    if shutil.which("scontrol") is None:
         return None
-    result = LocalTransport().run([scontrol, "show", "job", "-o", job_id], timeout_s=15)
     try:
-        return ended_by_slurm(parse_scontrol_job(result.stdout)) if result.ok else None
-    except ParseError:
+        job = job_status(job_id, "launch", timeout_s=15)
+    except (FstrainError, subprocess.TimeoutExpired):
         return None
+    return ended_by_slurm(job) if job is not None else None
 
 
 def submit(script: Path, environ: Mapping[str, str] | None = None) -> str:
@@ -182,11 +181,11 @@ def last_error_line(text: str, fallback: str, prefix: str = "") -> str:
     return lines[-1][-300:] if lines else fallback
 
 
-def job_status(job_id: str, where: str = "--slurm") -> JobStatus | None:
+def job_status(job_id: str, where: str = "--slurm", timeout_s: float = 60) -> JobStatus | None:
     """The job as ``scontrol show job`` sees it; ``None`` once Slurm has forgotten it."""
     scontrol = require_tool("scontrol", where)
-    result = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60,
-                            check=False)
+    result = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True,
+                            timeout=timeout_s, check=False)
     if result.returncode != 0:
         if "Invalid job id" in result.stderr:
             return None
