@@ -1,0 +1,123 @@
+"""The metric line: one line a rank prints to report a training step's numbers.
+
+Any program fstrain launches can report its steps by printing, on stdout or stderr, a line
+that starts with ``FSTRAIN_METRICS `` followed by one JSON object on the same line::
+
+    FSTRAIN_METRICS {"v": 1, "step": 120, "loss": 2.314, "tokens_per_s": 51234.5, "step_s": 0.81}
+
+Only ``step`` (an integer >= 0) is required; every other field is optional and may be null.
+Nothing from fstrain needs to be installed on the nodes to print it. The bundled trainer prints
+it on every rank for every logged step (fstrain.train). The watchdog, ``status``, the
+Prometheus textfile and ``fstrain report`` read it from the ranks' output.
+
+Fields (units in the names): ``v`` the format version (absent: 1), ``step``, ``steps`` (the
+final step), ``loss``, ``lr``, ``tokens_per_s`` (this rank's share of the step's tokens per
+second or the whole job's, as ``scope`` says: "rank" or "job"), ``step_s`` (wall seconds of the
+step), ``memory_bytes`` (peak bytes the rank's accelerator allocator reserved), ``rank``,
+``time`` (Unix seconds when the step ended). Unknown fields are kept in ``extra``.
+
+Pure and stdlib only: the node-side watchdog sends this module with itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "FSTRAIN_METRICS "
+METRIC_LINE_VERSION = 1
+SCOPES = ("rank", "job")
+_FLOATS = ("loss", "lr", "tokens_per_s", "step_s", "time")
+_INTS = ("steps", "memory_bytes", "rank")
+_KNOWN = frozenset(("v", "step", "scope", *_FLOATS, *_INTS))
+MAX_LINE_BYTES = 64 * 1024  # a longer line is not a metric line
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One step's numbers as one rank reported them; None where the line left a field out."""
+
+    step: int
+    steps: int | None = None
+    loss: float | None = None
+    lr: float | None = None
+    tokens_per_s: float | None = None
+    scope: str = "job"
+    step_s: float | None = None
+    memory_bytes: int | None = None
+    rank: int | None = None
+    time: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The line's JSON object: the version, then every field that is set."""
+        out: dict[str, Any] = {"v": METRIC_LINE_VERSION, "step": self.step}
+        for name in ("steps", "loss", "lr", "tokens_per_s", "step_s", "memory_bytes", "rank", "time"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.tokens_per_s is not None:
+            out["scope"] = self.scope
+        out.update({k: v for k, v in self.extra.items() if k not in _KNOWN})
+        return out
+
+
+def format_metric_line(metrics: StepMetrics) -> str:
+    """The line (without its newline): the prefix and compact JSON (non-finite numbers as null)."""
+    body = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.as_dict().items()}
+    return PREFIX + json.dumps(body, separators=(",", ":"), allow_nan=False)
+
+
+def parse_metric_line(line: str | bytes) -> StepMetrics | None:
+    """The step's numbers from one output line; None when the line is not a metric line, or is
+    one this fstrain cannot read (bad JSON, no integer step, a newer version, a wrong type).
+    Text before the prefix (a launcher's "[rank 3]: " tag) is allowed."""
+    if isinstance(line, bytes):
+        if len(line) > MAX_LINE_BYTES:
+            return None
+        line = line.decode("utf-8", "replace")
+    elif len(line) > MAX_LINE_BYTES:
+        return None
+    at = line.find(PREFIX)
+    if at < 0:
+        return None
+    try:
+        body = json.loads(line[at + len(PREFIX):].strip())
+    except ValueError:
+        return None
+    return from_mapping(body)
+
+
+def from_mapping(body: Any) -> StepMetrics | None:
+    """A metric line's object (also one line of a metrics.jsonl file) as values; None when unreadable."""
+    if not isinstance(body, Mapping):
+        return None
+    version = body.get("v", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= METRIC_LINE_VERSION:
+        return None
+    step = body.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None
+    values: dict[str, Any] = {}
+    for name in _FLOATS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        values[name] = float(value)
+    for name in _INTS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None
+        values[name] = value
+    scope = body.get("scope", "job")
+    if scope not in SCOPES:
+        return None
+    extra = {k: v for k, v in body.items() if k not in _KNOWN}
+    return StepMetrics(step=step, scope=scope, extra=extra, **values)
