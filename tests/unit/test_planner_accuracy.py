@@ -69,6 +69,7 @@ EXTRA_KNOBS: dict[str, Any] = {
     "activation_offload": False,
     "lora": False,
     "fused_rmsnorm": False,
+    "framework": "fstrain",
 }
 # What `fstrain plan` could express when the calibration set was collected. A run needing more
 # (a newer AC policy, a precision mode, a knob above) is planned as soon as the planner accepts
@@ -300,6 +301,7 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--shard-group-size", str(f["shard_group_size"])]
     if f.get("loss"):
         argv += ["--loss", f["loss"]]
+    argv += ["--framework", f.get("framework", "fstrain")]
     if f.get("pp_schedule"):
         argv += ["--pp-schedule", f["pp_schedule"]]
     if f.get("cp", 1) != 1:
