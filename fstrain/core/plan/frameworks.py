@@ -146,8 +146,9 @@ PROFILES: dict[str, FrameworkProfile] = {
             deepspeed_buckets="deepspeed",
             citations=(
                 ("unsharded_accumulation", f"{_LIGHTNING} src/lightning/fabric/strategies/fsdp.py L840-854 "
-                                           "no_backward_sync returns module.no_sync() (FSDP1); LitGPT "
-                                           "litgpt/pretrain.py L352 enters it while accumulating"),
+                                           "no_backward_sync returns module.no_sync() (FSDP1); "
+                                           "Lightning-AI/litgpt@2685705 litgpt/pretrain.py L352 enters it "
+                                           "while accumulating"),
                 _DEEPSPEED_BUCKETS,
             ),
         ),
