@@ -29,7 +29,7 @@ METAVARS = {
     "--zero-stage": "0-3", "--tp": "N", "--pp": "N", "--shard-group-size": "N",
     "--pp-schedule": "1f1b|interleaved|zero-bubble", "--pp-virtual-stages": "V", "--ep": "N", "--cp": "N",
     "--offload": "none|optimizer|optimizer+params",
-    "--loss": "full|fused|megatron|megatron-core|megatron-inplace|chunked[:N]|none", "--framework": "NAME",
+    "--loss": "full|fused|megatron|megatron-core|megatron-inplace|litgpt|chunked[:N]|none", "--framework": "NAME",
     "--train-tokens": "COUNT",
     "--mfu": "FRACTION",
     "--assume": "KEY=VALUE", "--top": "N", "--render": "DIR", "--gpu-memory": "GIB", "--gpu-tflops": "TFLOPS",

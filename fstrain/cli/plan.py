@@ -77,8 +77,8 @@ def plan_command(
         "(Megatron-LM core's, as ATorch's fork runs it) or chunked[:N] "
         "(torchtune's CEWithChunkedOutputLoss, N chunks of tokens, default 8; the bundled trainer runs it too), "
         "or none (no vocabulary head: a classification or regression head, e.g. BERT fine-tuning; the recipe's "
-        "pooler and num_labels describe it), or megatron-inplace (Megatron-LM core's current one). Default: "
-        "the --framework's.",
+        "pooler and num_labels describe it), megatron-inplace (Megatron-LM core's current one) or litgpt "
+        "(LitGPT's chunked_cross_entropy, no upcast). Default: the --framework's.",
     ),
     framework: str = typer.Option(
         "fstrain", "--framework",
