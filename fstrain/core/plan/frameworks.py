@@ -6,10 +6,14 @@ plan.yaml) sets what differs, each number cited to the framework's source (file,
 
 - ``loss``: the loss kernel the framework calls, and so its bytes per logit
   (:mod:`fstrain.core.plan.losses`). The default of ``--loss``; a ``--loss`` given wins.
-- ``unsharded_accumulation``: gradient accumulation under FSDP1's ``no_sync`` (Lightning
-  Fabric's ``no_backward_sync``, Accelerate's ``accumulate``) keeps the whole stage's gradient
-  unsharded on every GPU between optimizer steps; FSDP2 as torchtitan and the bundled trainer
-  run it reduce-scatters every micro-batch into sharded gradients.
+- ``fsdp1``: the framework wraps the model in FSDP1 (``FullyShardedDataParallel``), not FSDP2
+  (``fully_shard``). Gradient accumulation under FSDP1's ``no_sync`` (Lightning Fabric's
+  ``no_backward_sync``, Accelerate's ``accumulate``) keeps the whole stage's gradient unsharded on
+  every GPU between optimizer steps, where FSDP2 as torchtitan and the bundled trainer run it
+  reduce-scatters every micro-batch into sharded gradients; and FSDP1 keeps the root unit (the
+  embeddings, final norm and head) gathered from its forward to its backward, through the loss
+  (torch 2.13 ``torch/distributed/fsdp/_runtime_utils.py`` L493-498 ``_post_forward_reshard``:
+  ``free_unsharded_flat_param = not state._is_root and ...``).
 - ``tp_gather_buffer``: with sequence parallelism, Megatron-LM and nanotron all-gather a column
   linear's input into one global buffer that is allocated once and never freed (``s b h`` in the
   compute dtype, what the rank's sequence shard becomes when gathered).
@@ -52,7 +56,7 @@ class FrameworkProfile:
     name: str
     summary: str
     loss: str = "full"
-    unsharded_accumulation: bool = False
+    fsdp1: bool = False
     tp_gather_buffer: bool = False
     sequence_parallel: bool | None = None
     deepspeed_buckets: str = "rendered"  # rendered | deepspeed | hf-auto
@@ -83,7 +87,7 @@ _DEEPSPEED_BUCKETS = (
     "stage3_max_live_parameters 1e9; stage3.py L538 allocates the reduce bucket whole at start",
 )
 _ACCELERATE_NO_SYNC = (
-    "unsharded_accumulation",
+    "fsdp1",
     f"{_ACCELERATE} src/accelerate/accelerator.py L1255-1296 accumulate() enters no_sync() between "
     "optimizer steps; L1175 FSDP1's model.no_sync (fsdp_version defaults to 1: "
     "utils/dataclasses.py L1591), L1167 FSDP2's set_requires_gradient_sync(False)",
@@ -142,10 +146,13 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "lightning",
             "Lightning Fabric / LitGPT with FSDPStrategy (FSDP1): no_backward_sync while accumulating",
-            unsharded_accumulation=True,
+            loss="litgpt",
+            fsdp1=True,
             deepspeed_buckets="deepspeed",
             citations=(
-                ("unsharded_accumulation", f"{_LIGHTNING} src/lightning/fabric/strategies/fsdp.py L840-854 "
+                ("loss", "Lightning-AI/litgpt@2685705 litgpt/utils.py L302-352 chunked_cross_entropy "
+                         "(chunk_size=128, no upcast), called from litgpt/finetune/full.py L284"),
+                ("fsdp1", f"{_LIGHTNING} src/lightning/fabric/strategies/fsdp.py L840-854 "
                                            "no_backward_sync returns module.no_sync() (FSDP1); "
                                            "Lightning-AI/litgpt@2685705 litgpt/pretrain.py L352 enters it "
                                            "while accumulating"),
@@ -155,14 +162,14 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "accelerate",
             "Hugging Face Accelerate: no_sync while accumulating, DeepSpeed's bucket defaults",
-            unsharded_accumulation=True,
+            fsdp1=True,
             deepspeed_buckets="deepspeed",
             citations=(_ACCELERATE_NO_SYNC, _DEEPSPEED_BUCKETS),
         ),
         FrameworkProfile(
             "hf-trainer",
             "the Hugging Face Trainer: Accelerate's no_sync, DeepSpeed's 'auto' buckets from the hidden size",
-            unsharded_accumulation=True,
+            fsdp1=True,
             deepspeed_buckets="hf-auto",
             citations=(
                 _ACCELERATE_NO_SYNC,

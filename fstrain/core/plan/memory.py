@@ -61,6 +61,7 @@ FP8_CASTS_ITEM = "fp8 casts of one linear's backward (--fp8)"
 EP_ALL_TO_ALL_ITEM = "MoE all-to-all send/recv (one layer, ep > 1)"  # what a recomputed block's backward rebuilds
 # What a framework profile adds (fstrain.core.plan.frameworks).
 NO_SYNC_ITEM = "FSDP1 no_sync: unsharded gradients of the whole stage (grad accumulation)"
+FSDP1_ROOT_ITEM = "FSDP1 root unit, kept gathered after forward (embeddings, final norm, head)"
 TP_GATHER_ITEM = "TP all-gather buffer (sequence parallel, global)"
 ZERO3_PERSISTENT_ITEM = "ZeRO-3 persistent parameters (below the threshold, whole)"
 
@@ -922,18 +923,31 @@ def optimizer_step_items(
 
 def no_sync_gradient_bytes(stage: StageShape, knobs: PlanKnobs) -> int:
     """The unsharded gradients FSDP1 keeps while accumulating under ``no_sync`` (a framework with
-    ``unsharded_accumulation``: Lightning Fabric's ``no_backward_sync``, Accelerate's
-    ``accumulate``): autograd accumulates every micro-batch's gradient into the unsharded flat
+    ``fsdp1``: Lightning Fabric's ``no_backward_sync``, Accelerate's ``accumulate``): autograd
+    accumulates every micro-batch's gradient into the unsharded flat
     parameter's ``.grad``, in the parameter dtype FSDP gathers in, for the whole stage, and
-    reduce-scatters only in the last micro-batch's backward (torch/distributed/fsdp
-    fully_sharded_data_parallel.py ``no_sync``: "accumulate gradients ... in the unsharded
-    parameters, which may use more GPU memory"). From the second micro-batch on they are live
+    reduce-scatters only in the last micro-batch's backward (torch 2.13
+    torch/distributed/fsdp/fully_sharded_data_parallel.py L1034-1045 ``no_sync``: "FSDP will
+    accumulate the full model gradients (instead of gradient shards) until the eventual sync").
+    From the second micro-batch on they are live
     beside its activations. 0 with one micro-batch, under pipeline parallelism (counted by
     :func:`pipeline_fsdp_gradient_bytes`), outside FSDP and for FSDP2 frameworks."""
     if (not knobs.strategy.startswith("fsdp") or knobs.grad_accum_steps == 1 or knobs.pp > 1
-            or not profile(knobs.framework).unsharded_accumulation):
+            or not profile(knobs.framework).fsdp1):
         return 0
     return stage.params * param_bytes(knobs.precision)
+
+
+def fsdp1_root_bytes(stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> int:
+    """The root unit FSDP1 keeps gathered from its forward to its backward, so through the loss
+    (torch 2.13 torch/distributed/fsdp/_runtime_utils.py L493-498: the post-forward reshard frees
+    no root parameters). FSDP2 as ``fstrain render`` writes it reshards the root too. Full and
+    hybrid sharding without pipeline parallelism; 0 for FSDP2 frameworks."""
+    if (knobs.strategy not in ("fsdp-full", "fsdp-hybrid") or knobs.pp > 1
+            or not profile(knobs.framework).fsdp1):
+        return 0
+    gather, _ = comm_bytes(knobs.precision, knobs.strategy, assumptions)
+    return stage.outside_blocks * gather
 
 
 def framework_persistent_items(
@@ -1173,6 +1187,9 @@ def _stage_breakdown(
         compute_gradients = 0
         buffers.append((NO_SYNC_ITEM, no_sync))
         loss_buffers.append((NO_SYNC_ITEM, no_sync))
+    root = fsdp1_root_bytes(stage, k, assumptions)
+    if root:  # backward gathers it anyway (fsdp_unit_items); FSDP1 never let it go
+        loss_buffers.append((FSDP1_ROOT_ITEM, root))
     step_items = [*persistent, *optimizer_step_items(k, states, stage, assumptions)]
     first_block_stored = 0
     recomputing = (True, True)
