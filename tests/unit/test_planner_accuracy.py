@@ -578,7 +578,7 @@ def test_median_memory_error(outcomes: list[Outcome]) -> None:
 
 
 @pytest.mark.parametrize("case_id", ["tt24-l2-70b-fsdp64-full", "atorch-l2-7b-ds3d-tp2-pp2-dp2",
-                                     "foundry-3b-s2048-8xh100-fp8-mbs10"])
+                                     "foundry-3b-s2048-8xh100-fp8-mbs10", "litgpt-gemma-2b-full-4xa10g-mbs1"])
 def test_the_harness_plans_what_the_command_line_plans(case_id: str, tmp_path: Path) -> None:
     """The harness's plan is the one ``fstrain plan ... --json`` prints for the same flags."""
     case = next(c for c in CASES if c.id == case_id)
