@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from fstrain.api.plan import ClusterRequest, TrainingRequest, resolve_cluster, resolve_training
+from fstrain.core.launch.plan import check_trace_framework
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.frameworks import FRAMEWORKS, framework_assumptions, profile
 from fstrain.core.plan.memory import (
@@ -22,9 +23,10 @@ from fstrain.core.plan.memory import (
 )
 from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
-from fstrain.errors import InputError
+from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.helpers import run_fstrain
+from tests.plans import make_plan
 
 LLAMA = PlanModel.from_spec(load_shipped_recipe("llama3.1-8b").model)  # 32 layers, hidden 4096
 H100X8 = resolve_cluster(ClusterRequest(num_nodes=1, gpus_per_node=8, gpu="h100-sxm"))
@@ -161,3 +163,9 @@ def test_plan_flag_json_and_plan_file(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         f"error: --framework: unknown framework 'keras' (hint: use one of {', '.join(FRAMEWORKS)})"]
+
+
+def test_the_trace_refuses_another_frameworks_plan() -> None:
+    check_trace_framework(make_plan("fsdp-full"), "--trace")
+    with pytest.raises(ConfigError, match=r"--framework lightning.*re-plan with --framework fstrain"):
+        check_trace_framework(make_plan("fsdp-full", framework="lightning"), "--trace")
