@@ -128,11 +128,11 @@ def test_a_hand_written_deepspeed_config_allocates_deepspeed_default_buckets_who
         "DeepSpeed reduce buckets (2, overlap_comm)"] == 2 * 2 * 500_000_000
 
 
-def test_zero3_buckets_and_persistent_parameters_by_profile() -> None:
+def test_deepspeed_buckets_and_persistent_parameters_by_profile() -> None:
     h = 4096
-    assert profile("deepspeed").zero3_buckets(h) == (500_000_000, 50_000_000, 100_000)
-    assert profile("hf-trainer").zero3_buckets(h) == (h * h, int(0.9 * h * h), 10 * h)
-    assert profile("fstrain").zero3_buckets(h) == (0, 0, 0)
+    assert profile("deepspeed").bucket_elements(h) == (500_000_000, 50_000_000, 100_000)
+    assert profile("hf-trainer").bucket_elements(h) == (h * h, int(0.9 * h * h), 10 * h)
+    assert profile("fstrain").bucket_elements(h) == (0, 0, 0)
     offloaded = items(breakdown("deepspeed", strategy="zero3", offload="optimizer+params"))
     # Llama 3.1 8B: two RMSNorm weights of 4096 per block and the final norm stay whole (bf16).
     assert offloaded[ZERO3_PERSISTENT_ITEM] == 2 * (32 * 2 * 4096 + 4096)

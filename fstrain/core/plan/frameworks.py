@@ -41,7 +41,7 @@ DEFAULT_FRAMEWORK = "fstrain"
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # L109 reduce_bucket_size pp_int(5e8)
 DEEPSPEED_PREFETCH_BUCKET_ELEMENTS = 50_000_000  # L208 stage3_prefetch_bucket_size pp_int(5e7)
 DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000  # L214 stage3_param_persistence_threshold pp_int(1e5)
-DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000  # L231 stage3_max_live_parameters pp_int(1e9)
+# (L231 stage3_max_live_parameters 1e9 is fstrain's assumption zero3_max_live_parameters already.)
 # Hugging Face's "auto" (huggingface/transformers v4.57.1 src/transformers/integrations/deepspeed.py
 # L245-254, HfTrainerDeepSpeedConfig.trainer_config_finalize): reduce_bucket_size hidden^2,
 # stage3_prefetch_bucket_size 0.9 hidden^2, stage3_param_persistence_threshold 10 hidden.
@@ -62,9 +62,10 @@ class FrameworkProfile:
     deepspeed_buckets: str = "rendered"  # rendered | deepspeed | hf-auto
     citations: tuple[tuple[str, str], ...] = ()
 
-    def zero3_buckets(self, hidden_size: int) -> tuple[int, int, int]:
-        """(reduce bucket, prefetch bucket, persistence threshold) in elements for a hand-written
-        DeepSpeed config; (0, 0, 0) for ``rendered`` (the planner then uses what render writes)."""
+    def bucket_elements(self, hidden_size: int) -> tuple[int, int, int]:
+        """(reduce bucket, ZeRO-3 prefetch bucket, ZeRO-3 persistence threshold) in elements for a
+        hand-written DeepSpeed config; (0, 0, 0) for ``rendered`` (the planner then uses what
+        render writes)."""
         if self.deepspeed_buckets == "deepspeed":
             return DEEPSPEED_REDUCE_BUCKET_ELEMENTS, DEEPSPEED_PREFETCH_BUCKET_ELEMENTS, DEEPSPEED_PERSISTENCE_THRESHOLD
         if self.deepspeed_buckets == "hf-auto":

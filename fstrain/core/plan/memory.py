@@ -794,11 +794,11 @@ def deepspeed_bucket_elements(
     """(reduce bucket, ZeRO-3 prefetch bucket, cap on the reduce bucket) in elements.
 
     An ``--assume`` wins; then a framework's hand-written config (DeepSpeed's defaults or Hugging
-    Face's ``"auto"``: :meth:`~fstrain.core.plan.frameworks.FrameworkProfile.zero3_buckets`),
+    Face's ``"auto"``: :meth:`~fstrain.core.plan.frameworks.FrameworkProfile.bucket_elements`),
     which DeepSpeed allocates whole whatever the model's size (stage3.py L538, ``torch.empty(
     reduce_bucket_size)``); else what ``fstrain render`` writes, capped at the model's size."""
     rendered = bucket_sizes(stage.params)
-    own_reduce, own_prefetch, _ = profile(knobs.framework).zero3_buckets(hidden_size)
+    own_reduce, own_prefetch, _ = profile(knobs.framework).bucket_elements(hidden_size)
     reduce_bucket = assumptions.reduce_bucket_elements or own_reduce or rendered["reduce_bucket_size"]
     prefetch = assumptions.zero3_prefetch_bucket_elements or own_prefetch or rendered["stage3_prefetch_bucket_size"]
     cap = reduce_bucket if own_reduce else stage.params
@@ -810,7 +810,7 @@ def zero3_persistent_params(model: ModelSpec, stage: StageShape, knobs: PlanKnob
     hand-written config: each tensor of at most ``stage3_param_persistence_threshold`` elements
     (norm weights, biases; DeepSpeed partition_parameters.py ``_convert_to_zero_parameters`` marks
     them ``ds_persist``). 0 for the rendered config (a threshold the planner does not count yet)."""
-    _, _, threshold = profile(knobs.framework).zero3_buckets(model.hidden_size)
+    _, _, threshold = profile(knobs.framework).bucket_elements(model.hidden_size)
     if not threshold or not stage.layers:
         return 0
     small = 0
