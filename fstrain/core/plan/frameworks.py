@@ -100,7 +100,7 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "fstrain",
             "the bundled trainer (python -m fstrain.train): FSDP2 or the rendered DeepSpeed config",
-            citations=(("loss", "fstrain/train/steps.py: F.cross_entropy on logits.float()"),),
+            citations=(("loss", "fstrain/train/steps.py L29: F.cross_entropy(output[:, :-1].float()...)"),),
         ),
         FrameworkProfile(
             "torchtitan",
