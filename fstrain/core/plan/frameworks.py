@@ -91,7 +91,7 @@ _ACCELERATE_NO_SYNC = (
     "fsdp1",
     f"{_ACCELERATE} src/accelerate/accelerator.py L1255-1296 accumulate() enters no_sync() between "
     "optimizer steps; L1175 FSDP1's model.no_sync (fsdp_version defaults to 1: "
-    "utils/dataclasses.py L1591), L1167 FSDP2's set_requires_gradient_sync(False)",
+    "utils/dataclasses.py L1591), L1166 FSDP2's set_requires_gradient_sync(False)",
 )
 
 PROFILES: dict[str, FrameworkProfile] = {
@@ -128,7 +128,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             sequence_parallel=False,
             citations=(
                 ("loss", f"{_NANOTRON} src/nanotron/models/llama.py L993-997 sharded_cross_entropy(..., "
-                         "dtype=torch.float); parallel/tensor_parallel/functional.py L41 subtracts the max "
+                         "dtype=torch.float); parallel/tensor_parallel/functional.py L43 subtracts the max "
                          "out of place"),
                 ("sequence_parallel", f"{_NANOTRON} src/nanotron/config/parallelism_config.py L45-46 tp_mode "
                                       "defaults to ALL_REDUCE (REDUCE_SCATTER is sequence parallelism)"),
