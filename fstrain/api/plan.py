@@ -57,11 +57,12 @@ class TrainingRequest:
     optimizer: str | None = None
     flash_attention: bool | None = None
     train_tokens: str | None = None  # '2e12', '15T'
-    loss: str = "full"
+    loss: str | None = None  # None: the framework's loss kernel (fstrain.core.plan.frameworks)
     compile: bool = False
     fused_rmsnorm: bool = False
     fp8: bool = False
     fp8_all_gather: bool = False
+    framework: str = "fstrain"  # fstrain.core.plan.frameworks.FRAMEWORKS
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ def resolve_model(request: ModelRequest) -> tuple[PlanModel, Recipe | None]:
 def resolve_training(plan_model: PlanModel, recipe: Recipe | None,
                      request: TrainingRequest) -> tuple[TrainingSpec, str]:
     """Flags first, then the recipe's training defaults, then fstrain's; the note says which."""
+    from fstrain.core.plan.frameworks import profile
     from fstrain.core.plan.losses import parse_loss
     from fstrain.core.plan.planner import TrainingSpec
     from fstrain.core.plan.precision import PRECISIONS
@@ -201,13 +203,13 @@ def resolve_training(plan_model: PlanModel, recipe: Recipe | None,
         batch = max(1, DEFAULT_BATCH_TOKENS // seq) if seq else 1
         note = "fstrain's default of 4M tokens (set --global-batch)"
     budget = parse_count(train_tokens, "--train-tokens") if train_tokens else defaults.train_tokens
-    chosen_loss = parse_loss(loss, "--loss")
+    chosen_loss = parse_loss(loss or profile(r.framework).loss, "--loss")
     if fused_rmsnorm and plan_model.spec is not None and plan_model.spec.norm != "rmsnorm":
         raise InputError(f"{plan_model.spec.name} normalises with {plan_model.spec.norm}, not RMSNorm",
                          "leave --fused-rmsnorm out for this model", "--fused-rmsnorm")
     spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss,
                         compile=r.compile, fused_rmsnorm=fused_rmsnorm, fp8=r.fp8,
-                        fp8_all_gather=r.fp8_all_gather)
+                        fp8_all_gather=r.fp8_all_gather, framework=r.framework)
     return spec, note
 
 

@@ -68,8 +68,8 @@ def plan_command(
     flash_attention: bool | None = typer.Option(
         None, "--flash-attention/--no-flash-attention", help="FlashAttention (default on, off for fp32)."
     ),
-    loss: str = typer.Option(
-        "full", "--loss",
+    loss: str | None = typer.Option(
+        None, "--loss",
         help="How the training code computes the loss, which sets the logits' memory: full (cross-entropy on "
         "an fp32 copy: the bundled trainer, torchtitan, Hugging Face), fused (a fused kernel on the "
         "compute-dtype logits, e.g. flash-attn's: llm-foundry's default), megatron (Megatron-LM's "
@@ -77,7 +77,14 @@ def plan_command(
         "(Megatron-LM core's, as ATorch's fork runs it) or chunked[:N] "
         "(torchtune's CEWithChunkedOutputLoss, N chunks of tokens, default 8; the bundled trainer runs it too), "
         "or none (no vocabulary head: a classification or regression head, e.g. BERT fine-tuning; the recipe's "
-        "pooler and num_labels describe it).",
+        "pooler and num_labels describe it), megatron-inplace (Megatron-LM core's current one) or litgpt "
+        "(LitGPT's chunked_cross_entropy, no upcast). Default: the --framework's.",
+    ),
+    framework: str = typer.Option(
+        "fstrain", "--framework",
+        help="The training code whose memory habits to model: fstrain (the bundled trainer), torchtitan, "
+        "megatron, nanotron, deepspeed (a hand-written DeepSpeed config), lightning (Fabric/LitGPT, FSDP1), "
+        "accelerate, hf-trainer or flash-attn (docs/planner.md, framework profiles).",
     ),
     compile_blocks: bool = typer.Option(
         False, "--compile/--no-compile",
@@ -170,7 +177,7 @@ def plan_command(
                                nvlink_domain_size, inter_node_gbps),
         training=TrainingRequest(seq_len, global_batch, global_batch_tokens, micro_batch, grad_accum, precision,
                                  optimizer, flash_attention, train_tokens, loss, compile_blocks, fused_rmsnorm, fp8,
-                                 fp8_all_gather),
+                                 fp8_all_gather, framework),
         pins=PinRequest(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
                         pp_schedule, pp_virtual_stages, ep, cp),
         assume=tuple(assume or ()), mfu=mfu)

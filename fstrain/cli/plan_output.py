@@ -130,6 +130,8 @@ def header_lines(
         kernels = ", torch.compile" if training.compile else ", fused RMSNorm" if training.fused_rmsnorm else ""
         if training.loss == "none":
             loss = ", no vocabulary head (loss none)"
+        if training.framework != "fstrain":
+            kernels += f", as {training.framework} keeps it"
         lines.append(
             f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision}"
             f"{FP8_NOTE if training.fp8 else ''}, {training.optimizer}, {flash}{loss}{kernels}"

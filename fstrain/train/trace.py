@@ -83,12 +83,13 @@ class TracedMemory:
 
 def check_traceable(plan: PlanFile) -> None:
     """Refuse what the bundled trainer (and so the trace) does not run, before importing torch."""
-    from fstrain.core.launch.plan import check_trace_eager, check_trainer_runs
+    from fstrain.core.launch.plan import check_trace_eager, check_trace_framework, check_trainer_runs
     from fstrain.train.settings import check_supported
 
     check_supported(plan.model)
     check_trainer_runs(plan, "--trace")  # the trace runs the bundled trainer's model, loss and optimizer
     check_trace_eager(plan, "--trace")  # under fake tensors, eagerly: no compiled blocks
+    check_trace_framework(plan, "--trace")  # the bundled trainer's memory, not another framework's
     k = plan.knobs
     if k.tp > 1 or k.pp > 1:
         raise ConfigError(

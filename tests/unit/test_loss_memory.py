@@ -103,6 +103,8 @@ def test_the_peaks_by_loss_on_values() -> None:
     assert loss_peaks("fused", n, 2) == LossPeaks(2 * n, 4 * n)
     assert loss_peaks("megatron", n, 2) == LossPeaks(12 * n, 6 * n)  # forward: fp32 logits, clone, exp
     assert loss_peaks("megatron-core", n, 2) == LossPeaks(10 * n, 6 * n)  # logits, fp32 copy, shifted copy
+    assert loss_peaks("megatron-inplace", n, 2) == LossPeaks(6 * n, 6 * n)  # logits, fp32 copy shifted in place
+    assert loss_peaks("litgpt", n, 2) == LossPeaks(4 * n, 8 * n)  # no upcast; logits, log-softmax, grads, concat
     assert loss_peaks("chunked:8", n, 2) == LossPeaks(2 * n + 4 * n + 4 * 125, 4 * n + 8 * 125)
     assert loss_peaks("chunked:1", n, 2) == loss_peaks("full", n, 2)
     assert loss_peaks("megatron", n, 2).moment == "forward" and loss_peaks("full", n, 2).moment == "backward"

@@ -69,6 +69,7 @@ EXTRA_KNOBS: dict[str, Any] = {
     "activation_offload": False,
     "lora": False,
     "fused_rmsnorm": False,
+    "framework": "fstrain",
 }
 # What `fstrain plan` could express when the calibration set was collected. A run needing more
 # (a newer AC policy, a precision mode, a knob above) is planned as soon as the planner accepts
@@ -300,6 +301,7 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--shard-group-size", str(f["shard_group_size"])]
     if f.get("loss"):
         argv += ["--loss", f["loss"]]
+    argv += ["--framework", f.get("framework", "fstrain")]
     if f.get("pp_schedule"):
         argv += ["--pp-schedule", f["pp_schedule"]]
     if f.get("cp", 1) != 1:
@@ -576,7 +578,7 @@ def test_median_memory_error(outcomes: list[Outcome]) -> None:
 
 
 @pytest.mark.parametrize("case_id", ["tt24-l2-70b-fsdp64-full", "atorch-l2-7b-ds3d-tp2-pp2-dp2",
-                                     "foundry-3b-s2048-8xh100-fp8-mbs10"])
+                                     "foundry-3b-s2048-8xh100-fp8-mbs10", "litgpt-gemma-2b-full-4xa10g-mbs1"])
 def test_the_harness_plans_what_the_command_line_plans(case_id: str, tmp_path: Path) -> None:
     """The harness's plan is the one ``fstrain plan ... --json`` prints for the same flags."""
     case = next(c for c in CASES if c.id == case_id)

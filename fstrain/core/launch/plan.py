@@ -8,6 +8,7 @@ searched, GPU-aware plan, run ``fstrain plan --out`` first.
 
 from __future__ import annotations
 
+from fstrain.core.plan.frameworks import DEFAULT_FRAMEWORK
 from fstrain.core.plan.losses import TRAINER_LOSSES
 from fstrain.core.plan.planfile import PlanFile, validate_knobs
 from fstrain.core.plan.schema import ClusterSummary, ModelSpec, PlanKnobs
@@ -99,6 +100,20 @@ def check_trace_eager(plan: PlanFile, where: str) -> None:
             "the plan is for torch.compile (--compile), but the trace runs the model eagerly, which keeps "
             "more activations than a compiled block",
             "re-plan without --compile to trace (what a compiled block keeps: docs/planner.md, Kernel fusion)",
+            where,
+        )
+
+
+def check_trace_framework(plan: PlanFile, where: str) -> None:
+    """The memory trace runs the bundled trainer's model: a plan made for another framework
+    (``--framework``) counts what that framework's training code keeps (FSDP1's unsharded
+    accumulation, TP buffers, its DeepSpeed buckets: fstrain.core.plan.frameworks), which the
+    trace does not hold."""
+    if plan.knobs.framework != DEFAULT_FRAMEWORK:
+        raise ConfigError(
+            f"the plan is for --framework {plan.knobs.framework}, but the trace runs the bundled trainer, whose "
+            "training code keeps other memory",
+            "re-plan with --framework fstrain (the default) to trace",
             where,
         )
 

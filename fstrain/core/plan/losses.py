@@ -25,7 +25,19 @@ dtype's size (2 for bf16/fp16, 4 for fp32); ``n`` the logit elements (tokens x v
   at 19a9b780, as ATorch's ``vocab_parallel_cross_entropy`` forks it): called on
   ``logits.float()`` while the caller still holds the logits (w), it subtracts the row maximum
   out of place (4 beside the fp32 copy's 4) and takes ``exp`` in place; backward as above. Peak:
-  forward, w + 8. (Later Megatron-LM versions subtract in place.)
+  forward, w + 8. (Later Megatron-LM versions subtract in place: ``megatron-inplace``.)
+- ``megatron-inplace``: Megatron-LM core's current version (NVIDIA/Megatron-LM
+  ``megatron/core/tensor_parallel/cross_entropy.py`` @d98e8a6 L25 ``.float()``, L42 ``-=``): the
+  caller's logits (w) and one fp32 copy (4), on which the max is subtracted and ``exp`` taken in
+  place and which is saved as the softmax; backward as above. Peak: forward and backward, w + 4.
+- ``litgpt``: LitGPT's ``chunked_cross_entropy`` (Lightning-AI/litgpt ``litgpt/utils.py`` @2685705
+  L302-352, default ``chunk_size=128``), called on the logits in the compute dtype as the caller
+  holds them (``litgpt/finetune/full.py`` L284, ``pretrain.py`` L354): ``F.cross_entropy`` per chunk
+  of 128 tokens without an upcast, so each chunk's log-softmax is saved in the compute dtype (w
+  over all chunks). Forward: the logits and the saved log-softmaxes, 2w (a micro-batch above one
+  adds the contiguous copy that ``reshape`` makes of the shifted logits, freed before backward).
+  Backward: the logits (still held by the training loop), the saved log-softmaxes, every chunk's
+  gradient and their concatenation into the logits' gradient (``split``'s backward), 4w.
 - ``chunked:N``: torchtune's ``CEWithChunkedOutputLoss`` (default 8 chunks), eager: the output
   projection runs per chunk of tokens (``chunked_output``), so every chunk's logits are
   materialised at once (w); each chunk is upcast (4c) and its log-softmax saved (4 per logit over
@@ -46,7 +58,7 @@ from dataclasses import dataclass
 
 from fstrain.errors import InputError
 
-LOSS_KINDS = ("full", "fused", "megatron", "megatron-core", "chunked", "none")
+LOSS_KINDS = ("full", "fused", "megatron", "megatron-core", "megatron-inplace", "litgpt", "chunked", "none")
 DEFAULT_CHUNKS = 8  # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8)
 TRAINER_LOSSES = ("full", "chunked")  # what the bundled trainer computes (fstrain/train/steps.py)
 
@@ -106,6 +118,10 @@ def loss_peaks(loss: str, logits: int, compute_bytes: int) -> LossPeaks:
         return LossPeaks(12 * n, (4 + w) * n)
     if kind == "megatron-core":
         return LossPeaks((w + 4 + 4) * n, (4 + w) * n)
+    if kind == "megatron-inplace":
+        return LossPeaks((w + 4) * n, (4 + w) * n)
+    if kind == "litgpt":
+        return LossPeaks(2 * w * n, 4 * w * n)
     chunks = loss_chunks(loss)
     c = -(-n // chunks)  # the largest chunk
     upcast = 4 if w != 4 else 0  # .float() of an fp32 chunk is the chunk itself

@@ -39,6 +39,7 @@ from fstrain.core.plan.adafactor import state_bytes_per_param, step_temporary_by
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.buckets import bucket_sizes
 from fstrain.core.plan.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes
+from fstrain.core.plan.frameworks import profile
 from fstrain.core.plan.kernels import norm_is_fused, swiglu_saved_tensors
 from fstrain.core.plan.losses import LossPeaks, has_vocab_head, loss_peaks
 from fstrain.core.plan.modelsize import ParamCount, parameter_shapes
@@ -58,6 +59,11 @@ CLASSIFIER_ITEM = "classification head input (loss none)"  # the loss moment's i
 RECOMPUTE_ITEM = "recompute working set (one layer)"
 FP8_CASTS_ITEM = "fp8 casts of one linear's backward (--fp8)"
 EP_ALL_TO_ALL_ITEM = "MoE all-to-all send/recv (one layer, ep > 1)"  # what a recomputed block's backward rebuilds
+# What a framework profile adds (fstrain.core.plan.frameworks).
+NO_SYNC_ITEM = "FSDP1 no_sync: unsharded gradients of the whole stage (grad accumulation)"
+FSDP1_ROOT_ITEM = "FSDP1 root unit, kept gathered after forward (embeddings, final norm, head)"
+TP_GATHER_ITEM = "TP all-gather buffer (sequence parallel, global)"
+ZERO3_PERSISTENT_ITEM = "ZeRO-3 persistent parameters (below the threshold, whole)"
 
 STRATEGY_LABELS = {
     "ddp": "DDP",
@@ -756,9 +762,7 @@ def buffer_items(
     fp8: :func:`fp8_gathered_block_params`)."""
     w = param_bytes(knobs.precision)
     gather, reduce = comm_bytes(knobs.precision, strategy, assumptions)
-    rendered = bucket_sizes(stage.params)
-    reduce_bucket = assumptions.reduce_bucket_elements or rendered["reduce_bucket_size"]
-    prefetch_bucket = assumptions.zero3_prefetch_bucket_elements or rendered["stage3_prefetch_bucket_size"]
+    reduce_bucket, prefetch_bucket, cap = deepspeed_bucket_elements(stage, knobs, hidden_size, assumptions)
     items: list[tuple[str, int]] = []
     if strategy == "zero3":
         items.append(
@@ -767,7 +771,7 @@ def buffer_items(
         room = max(0, assumptions.zero3_max_live_parameters - stage.largest_layer)
         prefetch = min(prefetch_bucket, room, stage.params)
         items.append(("ZeRO-3 prefetch", w * prefetch))
-        items.append(("DeepSpeed reduce bucket", reduce * min(reduce_bucket, stage.params)))
+        items.append(("DeepSpeed reduce bucket", reduce * min(reduce_bucket, cap)))
     elif strategy in ("fsdp-full", "fsdp-hybrid") and knobs.pp > 1:
         # Under pipeline parallelism torchtitan shards each stage with reshard_after_forward=False
         # (parallelize.py: `reshard_after_forward = not pp_enabled`), and torch's pipeline stage
@@ -782,6 +786,40 @@ def buffer_items(
         p2p = 2 * boundary // knobs.tp * stage.chunks
         items.append(("pipeline send/recv", p2p))
     return items
+
+
+def deepspeed_bucket_elements(
+    stage: StageShape, knobs: PlanKnobs, hidden_size: int, assumptions: Assumptions = Assumptions()
+) -> tuple[int, int, int]:
+    """(reduce bucket, ZeRO-3 prefetch bucket, cap on the reduce bucket) in elements.
+
+    An ``--assume`` wins; then a framework's hand-written config (DeepSpeed's defaults or Hugging
+    Face's ``"auto"``: :meth:`~fstrain.core.plan.frameworks.FrameworkProfile.bucket_elements`),
+    which DeepSpeed allocates whole whatever the model's size (stage3.py L538, ``torch.empty(
+    reduce_bucket_size)``); else what ``fstrain render`` writes, capped at the model's size."""
+    rendered = bucket_sizes(stage.params)
+    own_reduce, own_prefetch, _ = profile(knobs.framework).bucket_elements(hidden_size)
+    reduce_bucket = assumptions.reduce_bucket_elements or own_reduce or rendered["reduce_bucket_size"]
+    prefetch = assumptions.zero3_prefetch_bucket_elements or own_prefetch or rendered["stage3_prefetch_bucket_size"]
+    cap = reduce_bucket if own_reduce else stage.params
+    return reduce_bucket, prefetch, cap
+
+
+def zero3_persistent_params(model: ModelSpec, stage: StageShape, knobs: PlanKnobs) -> int:
+    """Parameters of ``stage`` that ZeRO-3 keeps whole on every GPU under a framework's
+    hand-written config: each tensor of at most ``stage3_param_persistence_threshold`` elements
+    (norm weights, biases; DeepSpeed partition_parameters.py ``_convert_to_zero_parameters`` marks
+    them ``ds_persist``). 0 for the rendered config (a threshold the planner does not count yet)."""
+    _, _, threshold = profile(knobs.framework).bucket_elements(model.hidden_size)
+    if not threshold or not stage.layers:
+        return 0
+    small = 0
+    for shape in parameter_shapes(model, has_vocab_head(knobs.loss)):
+        size = 1
+        for dim in shape:
+            size *= dim
+        small += size if size <= threshold else 0
+    return small * stage.layers // model.num_layers
 
 
 def fsdp_unit_items(
@@ -834,6 +872,7 @@ def backward_buffer_items(
     stage: StageShape,
     knobs: PlanKnobs,
     assumptions: Assumptions = Assumptions(),
+    hidden_size: int = 0,
 ) -> list[tuple[str, int]]:
     """Buffers that exist only while gradients are being reduced, not at the end of forward.
 
@@ -849,10 +888,10 @@ def backward_buffer_items(
     if strategy not in ("zero1", "zero2"):
         return []
     _, w = comm_bytes(knobs.precision, strategy, assumptions)
-    reduce_bucket = assumptions.reduce_bucket_elements or bucket_sizes(stage.params)["reduce_bucket_size"]
+    reduce_bucket, _, cap = deepspeed_bucket_elements(stage, knobs, hidden_size, assumptions)
     copies = 1 if knobs.pp > 1 else 2
     label = "DeepSpeed reduce bucket" if copies == 1 else "DeepSpeed reduce buckets (2, overlap_comm)"
-    return [(label, copies * w * min(reduce_bucket, stage.params))]
+    return [(label, copies * w * min(reduce_bucket, cap))]
 
 
 def optimizer_step_items(
@@ -880,6 +919,56 @@ def optimizer_step_items(
     if not assumptions.adamw_foreach and stage is not None:
         return [("AdamW temporaries (one parameter)", 4 * stage.largest_layer)]
     return [("AdamW foreach temporaries", states.optimizer_states // 2)]
+
+
+def no_sync_gradient_bytes(stage: StageShape, knobs: PlanKnobs) -> int:
+    """The unsharded gradients FSDP1 keeps while accumulating under ``no_sync`` (a framework with
+    ``fsdp1``: Lightning Fabric's ``no_backward_sync``, Accelerate's ``accumulate``): autograd
+    accumulates every micro-batch's gradient into the unsharded flat
+    parameter's ``.grad``, in the parameter dtype FSDP gathers in, for the whole stage, and
+    reduce-scatters only in the last micro-batch's backward (torch 2.13
+    torch/distributed/fsdp/fully_sharded_data_parallel.py L1034-1045 ``no_sync``: "FSDP will
+    accumulate the full model gradients (instead of gradient shards) until the eventual sync").
+    From the second micro-batch on they are live
+    beside its activations. 0 with one micro-batch, under pipeline parallelism (counted by
+    :func:`pipeline_fsdp_gradient_bytes`), outside FSDP and for FSDP2 frameworks."""
+    if (not knobs.strategy.startswith("fsdp") or knobs.grad_accum_steps == 1 or knobs.pp > 1
+            or not profile(knobs.framework).fsdp1):
+        return 0
+    return stage.params * param_bytes(knobs.precision)
+
+
+def fsdp1_root_bytes(stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> int:
+    """The root unit FSDP1 keeps gathered from its forward to its backward, so through the loss
+    (torch 2.13 torch/distributed/fsdp/_runtime_utils.py L493-498: the post-forward reshard frees
+    no root parameters). FSDP2 as ``fstrain render`` writes it reshards the root too. Full and
+    hybrid sharding without pipeline parallelism; 0 for FSDP2 frameworks."""
+    if (knobs.strategy not in ("fsdp-full", "fsdp-hybrid") or knobs.pp > 1
+            or not profile(knobs.framework).fsdp1):
+        return 0
+    gather, _ = comm_bytes(knobs.precision, knobs.strategy, assumptions)
+    return stage.outside_blocks * gather
+
+
+def framework_persistent_items(
+    model: ModelSpec | None, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
+) -> list[tuple[str, int]]:
+    """What a framework allocates once and keeps (fstrain.core.plan.frameworks): Megatron-LM's and
+    nanotron's global all-gather buffer under sequence parallelism (a column linear's input
+    gathered to the full sequence, ``s b h`` in the compute dtype, reused by every layer and by
+    backward's re-gather), and ZeRO-3's persistent parameters under a hand-written config."""
+    if model is None:
+        return []
+    fw = profile(knobs.framework)
+    items = []
+    if fw.tp_gather_buffer and knobs.tp > 1 and assumptions.sequence_parallel:
+        gathered = knobs.micro_batch_size * knobs.seq_len * model.hidden_size * weight_bytes(knobs.precision)
+        items.append((TP_GATHER_ITEM, gathered))
+    if knobs.strategy == "zero3":
+        persistent = zero3_persistent_params(model, stage, knobs)
+        if persistent:
+            items.append((ZERO3_PERSISTENT_ITEM, param_bytes(knobs.precision) * persistent))
+    return items
 
 
 def pipeline_fsdp_gradient_bytes(stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> int:
@@ -1068,11 +1157,12 @@ def _stage_breakdown(
             ),
             lambda: stage_activation_bytes(model, stage, k, assumptions),
         )
-    persistent = persistent_buffer_items(k.strategy, stage, k, assumptions)
+    persistent = [*persistent_buffer_items(k.strategy, stage, k, assumptions),
+                  *framework_persistent_items(model, stage, k, assumptions)]
     fp8_block = fp8_gathered_block_params(model, k)
     shared: list[tuple[str, int]] = _memo(
         memo,
-        ("buffers", k.strategy, stage, k.precision, k.micro_batch_size, k.seq_len, k.tp, k.pp, fp8_block),
+        ("buffers", k.strategy, stage, k.precision, k.micro_batch_size, k.seq_len, k.tp, k.pp, fp8_block, k.framework),
         lambda: buffer_items(k.strategy, stage, k, model.hidden_size if model else 0, assumptions, fp8_block),
     )
     buffers = [*persistent, *shared]
@@ -1081,7 +1171,7 @@ def _stage_breakdown(
     units = _memo(memo, ("units", k.strategy, stage, k.precision, k.pp, fp8_block),
                   lambda: fsdp_unit_items(k.strategy, stage, k, assumptions, fp8_block))
     loss_buffers = [item for item in buffers if item not in units]
-    backward_buffers = backward_buffer_items(k.strategy, stage, k, assumptions)
+    backward_buffers = backward_buffer_items(k.strategy, stage, k, assumptions, model.hidden_size if model else 0)
     backward_buffers += ring
     if model is not None and k.fp8:
         backward_buffers = [*backward_buffers, (FP8_CASTS_ITEM, fp8_cast_bytes(model, k))]
@@ -1092,6 +1182,14 @@ def _stage_breakdown(
     compute_gradients = 0 if fsdp and k.grad_accum_steps == 1 else states.gradients
     if fsdp and k.pp > 1:
         compute_gradients = pipeline_fsdp_gradient_bytes(stage, k, assumptions)
+    no_sync = no_sync_gradient_bytes(stage, k)
+    if no_sync:  # replaces the sharded gradients through forward and backward
+        compute_gradients = 0
+        buffers.append((NO_SYNC_ITEM, no_sync))
+        loss_buffers.append((NO_SYNC_ITEM, no_sync))
+    root = fsdp1_root_bytes(stage, k, assumptions)
+    if root:  # backward gathers it anyway (fsdp_unit_items); FSDP1 never let it go
+        loss_buffers.append((FSDP1_ROOT_ITEM, root))
     step_items = [*persistent, *optimizer_step_items(k, states, stage, assumptions)]
     first_block_stored = 0
     recomputing = (True, True)

@@ -18,6 +18,7 @@ from fstrain.core.formats import KINDS, check_format
 from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.adafactor import check_adafactor
 from fstrain.core.plan.contextparallel import cp_problem
+from fstrain.core.plan.frameworks import FRAMEWORKS
 from fstrain.core.plan.losses import parse_loss
 from fstrain.core.plan.precision import PRECISIONS, check_strategy
 from fstrain.core.plan.recipe import check_plan_name, parse_model_section
@@ -105,6 +106,8 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
         raise InputError(f"plan.loss is {knobs.loss!r}", f"use one of {', '.join(LOSSES)} (chunked:N)", where) from None
     if loss != knobs.loss:
         raise InputError(f"plan.loss is {knobs.loss!r}", f"write it as {loss!r}", where)
+    if knobs.framework not in FRAMEWORKS:
+        raise InputError(f"plan.framework is {knobs.framework!r}", f"use one of {', '.join(FRAMEWORKS)}", where)
     if parse_ac(knobs.activation_checkpointing, where) != knobs.activation_checkpointing:
         raise InputError(
             f"plan.activation_checkpointing is {knobs.activation_checkpointing!r}",

@@ -21,6 +21,7 @@ from fstrain.core.plan.acpolicy import AC_SEARCHED, every_k
 from fstrain.core.plan.adafactor import adafactor_problem, check_adafactor
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.contextparallel import CP_STRATEGIES, cp_problem
+from fstrain.core.plan.frameworks import framework_assumptions, profile
 from fstrain.core.plan.losses import has_vocab_head, parse_loss
 from fstrain.core.plan.memory import (
     GIB,
@@ -93,6 +94,7 @@ class TrainingSpec:
     fused_rmsnorm: bool = False  # a fused RMSNorm kernel in an otherwise eager model
     fp8: bool = False  # the blocks' linears compute in fp8 (PlanKnobs.fp8)
     fp8_all_gather: bool = False  # FSDP gathers their weights in fp8 (PlanKnobs.fp8_all_gather)
+    framework: str = "fstrain"  # fstrain.core.plan.frameworks: what the training code keeps (PlanKnobs.framework)
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class Plan:
             "cp": k.cp,
             "fp8": k.fp8,
             "fp8_all_gather": k.fp8_all_gather,
+            "framework": k.framework,
             "memory": self.memory.to_dict(),
             "usable_bytes": self.usable_bytes,
             "fits": self.fits,
@@ -219,6 +222,7 @@ def plan(
     """Search every configuration the pins allow; rank those that fit by throughput."""
     _check_inputs(model, training, cluster, pins)
     training = dataclasses.replace(training, loss=parse_loss(training.loss, "--loss"))  # chunked: chunked:8
+    assumptions = framework_assumptions(profile(training.framework), assumptions)
     model = model.for_loss(training.loss)
     plans, rejected, considered = _search(model, training, cluster, pins, assumptions, first_fit=False)
     plans.sort(key=_rank_key)
@@ -307,6 +311,7 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
                 "--precision",
             )
     parse_loss(training.loss, "--loss")
+    profile(training.framework)
     if training.fp8:
         _check_fp8(training, cluster)
     if training.fp8_all_gather:
@@ -592,6 +597,7 @@ class _Evaluator:
             fused_rmsnorm=t.fused_rmsnorm,
             fp8=t.fp8,
             fp8_all_gather=t.fp8_all_gather,
+            framework=t.framework,
         )
         self.considered += 1
         m = self.model

@@ -20,8 +20,8 @@ ACTIVATION_CHECKPOINTING = AC_NAMES  # see fstrain.core.plan.acpolicy (every-k:N
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 OPTIMIZERS = ("adamw", "sgd", "adam8bit", "adafactor")  # adafactor: Hugging Face's (fstrain/core/plan/adafactor.py)
 # How the loss is computed over the logits, which sets their memory (fstrain/core/plan/losses.py):
-# full, fused, megatron, megatron-core, chunked:N, or none (no vocabulary head: a classification
-# or regression head; validated by losses.parse_loss).
+# full, fused, megatron, megatron-core, megatron-inplace, litgpt, chunked:N, or none (no vocabulary
+# head: a classification or regression head; validated by losses.parse_loss).
 LOSSES = LOSS_KINDS
 # Pipeline schedules (fstrain/core/plan/pipeline.py): "1f1b" (PipeDream-Flush, DeepSpeed's and torch's
 # Schedule1F1B), "interleaved" (Narayanan et al. 2021's interleaved 1F1B, ``pp_virtual_stages``
@@ -123,6 +123,9 @@ class PlanKnobs:
     # block saves and the time of its memory-bound ops (fstrain.core.plan.kernels).
     compile: bool = False
     fused_rmsnorm: bool = False
+    # The training framework whose memory habits the plan models (fstrain.core.plan.frameworks:
+    # FSDP1 no_sync accumulation, TP all-gather buffers, hand-written DeepSpeed buckets).
+    framework: str = "fstrain"
 
     @property
     def world_size(self) -> int:
