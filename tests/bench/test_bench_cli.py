@@ -19,6 +19,13 @@ from tests.helpers import REPO, run_fstrain
     (["--backend", "mpi"], "error: --backend: unknown backend 'mpi' (hint: use nccl or gloo)"),
     (["--pair-bytes", "lots"], "error: --pair-bytes: cannot read 'lots' as a size (hint: write a byte count such "
                                "as 8, 64K, 1M or 1G)"),
+    (["--suite", "pairs", "--model", "tiny"], "error: --model: the compute suite times a model's GEMMs, and --suite "
+                                              "pairs leaves it out (hint: add compute to --suite)"),
+    (["--model", "llama3.1-8b", "--tp", "3"], "error: --tp: 3 does not divide the q projection's width 4096 (hint: "
+                                              "give a --tp that divides the model's widths (heads, FFN))"),
+    (["--gemm-dtype", "int8"], "error: --gemm-dtype: unknown GEMM dtype 'int8' (hint: use auto, bf16, fp16 or fp32)"),
+    (["--max-gemm-flops", "lots"], "error: --max-gemm-flops: cannot read 'lots' as a positive FLOP count (hint: "
+                                   "write e.g. 2e10)"),
     (["--hosts", "nowhere", "--out", "/nonexistent-dir/x.json"],
      "error: /nonexistent-dir/x.json: the folder for --out does not exist (hint: create it first or give another "
      "path)"),
@@ -50,6 +57,30 @@ def test_collectives_and_compute_on_localhost(tmp_path: Path) -> None:
     assert (run_dir / "manifest.json").is_file() and (run_dir / "logs").is_dir()
     # The human report went to stderr; stdout is the one document.
     assert "world all_reduce (2 ranks)" in result.stderr
+
+
+def test_compute_times_the_gemms_of_a_model_on_localhost(tmp_path: Path) -> None:
+    """`--model tiny`: the GEMMs the planner prices for tiny at 2 x 128 tokens, timed on one CPU rank."""
+    from fstrain.core.plan.gemmshapes import model_gemms
+    from fstrain.io.recipes import load_shipped_recipe
+
+    run_dir, out = tmp_path / "run", tmp_path / "compute.json"
+    result = run_fstrain("bench", "--suite", "compute", "--model", "tiny", "--micro-batch", "2",
+                         "--nproc-per-node", "1", "--workdir", str(REPO), "--run-dir", str(run_dir),
+                         "--out", str(out), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(out.read_text())
+    gemm = document["compute"]["gemm"]
+    assert gemm["grid"] == "model"
+    assert gemm["model"] == {"name": "tiny", "seq_len": 128, "micro_batch": 2, "tp": 1, "tokens": 256}
+    expected = model_gemms(load_shipped_recipe("tiny").model, 256)
+    ((*points,),) = [r["points"] for r in gemm["per_rank"]]
+    assert [(p["m"], p["n"], p["k"], p["label"]) for p in points] == [(s.m, s.n, s.k, s.label) for s in expected]
+    shapes = document["analysis"]["gemm"]["shapes"]
+    assert max(s["fraction_of_best"] for s in shapes) == 1.0
+    report = (run_dir / "report.txt").read_text()
+    assert f"compute: GEMM TFLOP/s, tiny at 2 x 128 tokens, tp 1, {gemm['dtype']}" in report
+    assert "256x128x128" in report and "q fwd, q dgrad" in result.stderr
 
 
 def _saved(tmp_path: Path, slow_into: str | None) -> Path:

@@ -122,7 +122,7 @@ def test_tensor_parallel_splits_columns_and_rows_and_moe_splits_tokens() -> None
     mixtral = load_shipped_recipe("mixtral-8x7b").model  # 8 experts, top 2
     moe = {label: (s.m, s.n, s.k) for s in model_gemms(mixtral, 4096) for label in s.label.split(", ")}
     assert moe["expert gate fwd"][0] == 4096 * 2 // 8 and moe["q fwd"][0] == 4096
-    with pytest.raises(InputError, match="--tp 3 does not divide the q projection's width 4096"):
+    with pytest.raises(InputError, match="3 does not divide the q projection's width 4096"):
         model_gemms(llama, 4096, tp=3)
     with pytest.raises(InputError, match="tokens and tp must be at least 1"):
         model_gemms(llama, 0)

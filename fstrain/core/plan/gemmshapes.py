@@ -73,6 +73,6 @@ def model_gemms(model: ModelSpec, tokens: int, tp: int = 1, *, head: bool = True
 
 def _split(width: int, tp: int, name: str, exact: bool = True) -> int:
     if exact and width % tp:
-        raise InputError(f"--tp {tp} does not divide the {name} projection's width {width}",
+        raise InputError(f"{tp} does not divide the {name} projection's width {width}",
                          "give a --tp that divides the model's widths (heads, FFN)", "--tp")
     return max(1, -(-width // tp))
