@@ -59,8 +59,9 @@ def test_collectives_and_compute_on_localhost(tmp_path: Path) -> None:
     assert "world all_reduce (2 ranks)" in result.stderr
 
 
-def test_compute_times_the_gemms_of_a_model_on_localhost(tmp_path: Path) -> None:
-    """`--model tiny`: the GEMMs the planner prices for tiny at 2 x 128 tokens, timed on one CPU rank."""
+def test_compute_times_the_gemms_of_a_model_on_localhost_and_plan_reads_them(tmp_path: Path) -> None:
+    """`--model tiny`: the GEMMs the planner prices for tiny at 2 x 128 tokens, timed on one CPU rank;
+    `plan --calibrate` reads the result."""
     from fstrain.core.plan.gemmshapes import model_gemms
     from fstrain.io.recipes import load_shipped_recipe
 
@@ -81,6 +82,15 @@ def test_compute_times_the_gemms_of_a_model_on_localhost(tmp_path: Path) -> None
     report = (run_dir / "report.txt").read_text()
     assert f"compute: GEMM TFLOP/s, tiny at 2 x 128 tokens, tp 1, {gemm['dtype']}" in report
     assert "256x128x128" in report and "q fwd, q dgrad" in result.stderr
+    # plan --calibrate reads the curve, and leaves it out of a GPU plan: a CPU's rates are not an H100's.
+    name = gemm["per_rank"][0]["device_name"]
+    planned = run_fstrain("plan", "--model", "tiny", "--gpu", "h100-sxm", "--num-nodes", "1", "--calibrate", str(out),
+                          "--json")
+    assert planned.returncode == 0, planned.stderr
+    calibration = json.loads(planned.stdout)["calibration"]
+    assert calibration["gemm_curve"] is None
+    assert f"GEMM curve ({len(points)} GEMMs from {name}): measured on a CPU, and the plan is for H100-SXM GPUs" \
+        in calibration["ignored"]
 
 
 def _saved(tmp_path: Path, slow_into: str | None) -> Path:
