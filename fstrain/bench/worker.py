@@ -217,14 +217,21 @@ def run_gemm(args: argparse.Namespace, device_kind: str) -> dict[str, Any]:
     shapes, cap = gemm_shapes(args, device_kind)
     dtype, probe = decided(gemm_dtype(args.gemm_dtype, device) if dist.get_rank() == 0 else None)
     timed = [s for s in shapes if cap is None or s.flops <= cap]
-    points = []
+    points, out_of_memory = [], []
     for index, shape in enumerate(timed, 1):
         progress(f"compute: GEMM {shape.m}x{shape.n}x{shape.k} {str(dtype).removeprefix('torch.')} "
                  f"({index} of {len(timed)})")
-        timing = gemm_tflops(device, dtype, shape.m, shape.n, shape.k, args.gemm_seconds)
+        try:
+            timing = gemm_tflops(device, dtype, shape.m, shape.n, shape.k, args.gemm_seconds)
+        except (torch.cuda.OutOfMemoryError, MemoryError):  # a head's GEMM on a small GPU: the other shapes stand
+            out_of_memory.append(shape.__dict__)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         points.append({**timing, "label": shape.label})
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    mine = {"rank": dist.get_rank(), "device": str(device), "device_name": name, "points": points}
+    mine = {"rank": dist.get_rank(), "device": str(device), "device_name": name, "points": points,
+            "out_of_memory": out_of_memory}
     gathered: list[dict[str, Any] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return {

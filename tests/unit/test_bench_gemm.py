@@ -88,9 +88,12 @@ def test_each_shape_at_its_slowest_rank_and_its_share_of_the_best() -> None:
     assert lines[3].split()[-3:] == ["90", "16", "%"]
 
 
-def test_shapes_over_the_cap_are_listed_as_not_timed() -> None:
+def test_shapes_over_the_cap_or_out_of_memory_are_listed_as_not_timed() -> None:
     doc = _swept(max_gemm_flops=1e9, skipped=[{"m": 8192, "n": 8192, "k": 8192, "label": "square", "flops": 2**40}])
-    assert gemm_lines(doc)[-1] == "not timed (over 1e+09 FLOPs, --max-gemm-flops): 8192x8192x8192 square"
+    doc["compute"]["gemm"]["per_rank"][1]["out_of_memory"] = [{"m": 65536, "n": 4096, "k": 8192, "label": "head"}]
+    assert gemm_lines(doc)[-2:] == ["not timed (over 1e+09 FLOPs, --max-gemm-flops): 8192x8192x8192 square",
+                                    "not timed (out of memory on rank 1): 65536x4096x8192 head"]
+    assert analysis(doc)["gemm"]["out_of_memory"] == [{"m": 65536, "n": 4096, "k": 8192, "label": "head", "rank": 1}]
 
 
 def test_a_document_without_the_sweep_gives_its_square_matmul_as_the_curve() -> None:

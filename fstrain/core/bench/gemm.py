@@ -122,6 +122,8 @@ def gemm_summary(document: Mapping[str, Any]) -> dict[str, Any] | None:
     return {
         "grid": gemm.get("grid"), "model": gemm.get("model"), "dtype": gemm.get("dtype"),
         "max_gemm_flops": gemm.get("max_gemm_flops"), "skipped": gemm.get("skipped", []),
+        "out_of_memory": [{**shape, "rank": record["rank"]} for record in gemm.get("per_rank", [])
+                          for shape in record.get("out_of_memory", [])],
         "shapes": [{**r.__dict__, "fraction_of_best": r.tflops / best[r.dtype]} for r in rows],
     }
 
@@ -173,4 +175,6 @@ def gemm_lines(document: Mapping[str, Any]) -> list[str]:
               for row in cells]
     lines += [f"not timed (over {summary['max_gemm_flops']:.3g} FLOPs, --max-gemm-flops): {s['m']}x{s['n']}x{s['k']} "
               f"{s['label']}".rstrip() for s in summary["skipped"]]
+    lines += [f"not timed (out of memory on rank {s['rank']}): {s['m']}x{s['n']}x{s['k']} {s['label']}".rstrip()
+              for s in summary["out_of_memory"]]
     return [line.rstrip() for line in lines]
