@@ -176,6 +176,12 @@ def test_a_curve_from_a_cpu_or_an_unknown_gpu_is_left_out_with_the_reason() -> N
                     precision="bf16", model=None)
     assert odd.ignored == ["GEMM curve (1 GEMM from Some GPU 9000): Some GPU 9000 is not in the GPU table, so it "
                            "cannot be matched with the plan's H100-SXM"]
+    mixed = _swept("cuda:0", "NVIDIA H100 80GB HBM3")
+    mixed["compute"]["gemm"]["per_rank"].append({**mixed["compute"]["gemm"]["per_rank"][0], "rank": 1,
+                                                 "device_name": "NVIDIA A100-SXM4-80GB"})
+    assert calibrate(mixed, "b.json", assumptions=Assumptions(), cluster=H100, precision="bf16",
+                     model=None).ignored[-1].endswith("measured on GPUs of several kinds: calibrate from a bench of "
+                                                      "the plan's GPU kind alone")
     same = calibrate(_swept("cuda:0", "NVIDIA H100 80GB HBM3"), "b.json", assumptions=Assumptions(), cluster=H100,
                      precision="bf16", model=None)
     assert same.gemm_curve is not None and same.gemm_curve.tflops(256, 128, 128, "fp32") == 0.05

@@ -134,7 +134,8 @@ def gemm_curve(document: Mapping[str, Any], where: str) -> MeasuredGemmCurve | N
     before the sweep existed, such as a captured GPU run); None when it measured no compute."""
     rows = gemm_rows(document)
     points = [GemmPoint(r.m, r.n, r.k, dtype_name(r.dtype, where), r.tflops) for r in rows]
-    devices = [(r.device_name, r.device) for r in rows]
+    devices = [(str(record.get("device_name", "")), str(record.get("device", "")))  # every rank's, not only the slowest
+               for record in document.get("compute", {}).get("gemm", {}).get("per_rank", [])]
     if not rows:
         for record in document.get("compute", {}).get("per_rank", []):
             matmul = record.get("matmul", {})

@@ -146,6 +146,8 @@ def curve_mismatch(curve: MeasuredGemmCurve, cluster: PlanCluster) -> str:
     planned = sorted({node.gpu.label for node in cluster.nodes})
     if curve.device_type != "cuda":
         return f"measured on a CPU, and the plan is for {', '.join(planned)} GPUs"
+    if " + " in curve.device_name:  # gemm_curve joins the names of the ranks' devices
+        return "measured on GPUs of several kinds: calibrate from a bench of the plan's GPU kind alone"
     spec = gpu_of(curve.device_name)
     if spec is None:
         return (f"{curve.device_name} is not in the GPU table, so it cannot be matched with the plan's "
