@@ -107,3 +107,12 @@ def test_a_document_without_the_sweep_gives_its_square_matmul_as_the_curve() -> 
     assert point.tflops == doc["compute"]["per_rank"][0]["matmul"]["tflops"]["median"]
     assert curve.source == "bench-compute.json (square matmul)"
     assert gemm_curve({"schema": "fstrain.bench/1", "collectives": {}}, "c.json") is None
+
+
+def test_over_several_hosts_the_table_names_the_slowest_host_per_shape() -> None:
+    doc = _swept()
+    doc.update(num_nodes=2, ranks=[{"rank": 0, "hostname": "node1"}, {"rank": 1, "hostname": "node2"}])
+    lines = gemm_lines(doc)
+    assert lines[1].split()[-1] == "slowest"
+    assert lines[2].split()[-2:] == ["node2", "r1"] and lines[3].split()[-2:] == ["node1", "r0"]
+    assert [s["host"] for s in analysis(doc)["gemm"]["shapes"]] == ["node2", "node1"]

@@ -119,12 +119,14 @@ def gemm_summary(document: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     rows = gemm_rows(document)
     best = {d: max(r.tflops for r in rows if r.dtype == d) for d in {r.dtype for r in rows}}
+    hosts = {r["rank"]: r.get("hostname", "") for r in document.get("ranks", [])}
     return {
         "grid": gemm.get("grid"), "model": gemm.get("model"), "dtype": gemm.get("dtype"),
         "max_gemm_flops": gemm.get("max_gemm_flops"), "skipped": gemm.get("skipped", []),
         "out_of_memory": [{**shape, "rank": record["rank"]} for record in gemm.get("per_rank", [])
                           for shape in record.get("out_of_memory", [])],
-        "shapes": [{**r.__dict__, "fraction_of_best": r.tflops / best[r.dtype]} for r in rows],
+        "shapes": [{**r.__dict__, "host": hosts.get(r.rank, ""), "fraction_of_best": r.tflops / best[r.dtype]}
+                   for r in rows],
     }
 
 
@@ -166,14 +168,18 @@ def gemm_lines(document: Mapping[str, Any]) -> list[str]:
     title = f"compute: GEMM TFLOP/s, {what}, {summary['dtype']}" + (f" on {', '.join(devices)}" if devices else "") \
         + (", slowest rank per shape" if len(document.get("compute", {}).get("gemm", {}).get("per_rank", [])) > 1
            else "")
-    cells = [(f"{s['m']}x{s['n']}x{s['k']}", s["label"], f"{s['tflops']:.3g}", f"{100 * s['fraction_of_best']:.0f} %")
-             for s in shapes]
-    header = ("m x n x k", "GEMM", "TFLOP/s", "of best")
-    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(4)]
-    lines = [title, "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths,
-                                                                                                strict=True)))]
-    lines += ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-              for row in cells]
+    # Several hosts: which one was the slowest at each shape (the table's rate is that host's rank's).
+    by_host = len({s["host"] for s in shapes}) > 1 or int(document.get("num_nodes", 1)) > 1
+    cells = [(f"{s['m']}x{s['n']}x{s['k']}", s["label"], f"{s['tflops']:.3g}", f"{100 * s['fraction_of_best']:.0f} %",
+              *([f"{s['host']} r{s['rank']}"] if by_host else [])) for s in shapes]
+    header = ("m x n x k", "GEMM", "TFLOP/s", "of best", *(["slowest"] if by_host else []))
+    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in (2, 3) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths,
+                                                                                                 strict=True)))
+
+    lines = [title, line(header), *(line(row) for row in cells)]
     lines += [f"not timed (over {summary['max_gemm_flops']:.3g} FLOPs, --max-gemm-flops): {s['m']}x{s['n']}x{s['k']} "
               f"{s['label']}".rstrip() for s in summary["skipped"]]
     lines += [f"not timed (out of memory on rank {s['rank']}): {s['m']}x{s['n']}x{s['k']} {s['label']}".rstrip()
