@@ -9,9 +9,12 @@ no fstrain module itself: every fstrain step is `python3 -m fstrain ...` with PY
 With the device tool: run(command='PYTHONUNBUFFERED=1 timeout 470 python3 scripts/gpu_train_check.py "$OUT"',
 timeout_s=500). `--matrix speed` runs FSDP2 and the rendered ZeRO-2 and ZeRO-3 files on the same
 model and batch and fails unless each DeepSpeed run reaches 80 % of FSDP2's tokens/s (any matrix
-that holds such a pair reports the same verdict). Without a GPU: `--dry-run` stops after planning
-and rendering (exit 0), and `--rehearse-on-cpu` also runs the trainer on the CPU with gloo (tiny
-recipe by default) to rehearse every step; its numbers are RSS, not a memory check.
+that holds such a pair reports the same verdict). `--matrix timeterms` first times GEMM-shape
+sweeps with `fstrain bench --suite compute --model M --micro-batch B` (the bench documents go into
+summary.json's `gemm`), then trains a small and a large model at micro-batch 1 and 8. Without a GPU:
+`--dry-run` stops after planning and rendering (exit 0), and `--rehearse-on-cpu` also runs the
+trainer on the CPU with gloo (tiny recipe by default) to rehearse every step; its numbers are RSS,
+not a memory check (timeterms: the sweeps time only the shapes under 2e9 FLOPs, and only tiny trains).
 
 1. Records the machine: python, nvidia-smi, torch (version, CUDA, the GPU and its memory), deepspeed.
 2. For each case (fsdp-full, zero2, zero3, fsdp-grad-op), `fstrain plan` pinned to 1 node x 1 GPU
@@ -133,6 +136,50 @@ SPEED_CASES = (
     Case("zero3", "deepspeed", "ds_config.json"),
 )
 SPEED_MIN_RATIO = 0.8  # a rendered DeepSpeed file must reach 80 % of FSDP2's tokens/s
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One `fstrain bench --suite compute` run: its GEMM sweep times a model's own shapes at a
+    micro-batch and sequence length (model None: the default grid)."""
+
+    model: str | None = None
+    micro_batch: int = 1
+    seq_len: int | None = None  # None: the recipe's
+
+    @property
+    def name(self) -> str:
+        if self.model is None:
+            return "gemm-default-grid"
+        return "-".join(p for p in ("gemm", self.model, f"mb{self.micro_batch}",
+                                    f"s{self.seq_len}" if self.seq_len else "") if p)
+
+
+# `--matrix timeterms`: runs that separate the step-time model's terms (issue 20, item 5). The GEMM
+# sweeps give each model's GEMMs their measured rate at micro-batch 1 and 8; the training runs of
+# the same models and micro-batches give the measured step around them: a small model (tiny, whose
+# step is kernel launches and elementwise work), a large one (gpt2-1.5b, GEMM-bound), each at
+# micro-batch 1 and 8 (the per-micro-batch costs against the per-token ones). The sliced Llama at
+# 8k tokens is the model of the 2026-11-30 calibration runs (tests/fixtures/gpu/h200-2026-11-30),
+# whose tokens/s are measured already. Sweeps first (about 20 s each), then the training runs the
+# budget leaves time for.
+TIME_SWEEPS = (
+    Sweep("gpt2-1.5b", 1, 1024),
+    Sweep("gpt2-1.5b", 8, 1024),
+    Sweep(SLICED, 1, 8192),
+    Sweep("tiny", 1),
+    Sweep("tiny", 8),
+    Sweep(None),
+)
+TIME_CASES = (  # tiny first: its runs take seconds, gpt2-1.5b's about 45 s each (2026-11-30)
+    Case("fsdp-full", "fsdp", "fsdp.yaml", "tiny", "none", 1, 1),
+    Case("fsdp-full", "fsdp", "fsdp.yaml", "tiny", "none", 8, 1),
+    Case("fsdp-full", "fsdp", "fsdp.yaml", "gpt2-1.5b", "none", 1, 1, 1024),
+    Case("fsdp-full", "fsdp", "fsdp.yaml", "gpt2-1.5b", "none", 8, 1, 1024),
+)
+SWEEP_TIMEOUT_S = 120  # one fstrain bench run: start-up, the 6 s matmul and copy pass, the sweep
+MIN_SWEEP_S = 30
+CPU_SWEEP_MAX_FLOPS = "2e9"  # a CPU rehearsal times only the small shapes (the rest are listed as skipped)
 
 TORCH_PROBE = r"""
 import json, torch
@@ -452,6 +499,65 @@ def env_file_vars(path: Path) -> dict[str, str]:
     return found
 
 
+def run_sweep(check: Check, sweep: Sweep, args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
+    """`fstrain bench --suite compute` on this machine (one rank): the sweep's record, with the
+    whole bench document (the calibration fixture) when it ran."""
+    folder = check.work / "gemm" / sweep.name
+    folder.mkdir(parents=True, exist_ok=True)
+    model_flag: list[str] = []
+    if sweep.model is not None:
+        model_flag = ["--recipe", str(sliced_recipe(check))] if sweep.model == SLICED else ["--model", sweep.model]
+        model_flag += ["--micro-batch", str(sweep.micro_batch)]
+        model_flag += ["--seq-len", str(sweep.seq_len)] if sweep.seq_len else []
+    argv = [
+        sys.executable, "-m", "fstrain", "bench", "--suite", "compute", "--nproc-per-node", "1",
+        "--python", sys.executable, "--workdir", str(REPO), "--run-dir", str(folder / "run"),
+        "--out", str(folder / "bench.json"), *model_flag,
+        *([] if on_gpu else ["--max-gemm-flops", CPU_SWEEP_MAX_FLOPS]),
+    ]  # fmt: skip
+    record: dict[str, Any] = {"sweep": sweep.name, "model": sweep.model, "micro_batch": sweep.micro_batch,
+                              "seq_len": sweep.seq_len, "argv": argv}
+    if args.dry_run:
+        record["status"] = "dry run"
+        return record
+    if check.left_s() - RESERVE_S < MIN_SWEEP_S:
+        record["status"], record["skipped"] = "skipped", f"out of time ({check.left_s():.0f} s left)"
+        return record
+    env = dict(check.env)
+    if not on_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    record["status"] = "running"
+    record["bench"] = check.run(argv, folder / "bench.log", min(SWEEP_TIMEOUT_S, check.left_s() - RESERVE_S), env=env)
+    # Exit 1 is a measurement too (a straggler rank); 2 and 3 are not.
+    if record["bench"]["exit_code"] not in (0, 1) or not (folder / "bench.json").exists():
+        record["status"] = "timed out" if record["bench"]["timed_out"] else "failed"
+        return record
+    document = json.loads((folder / "bench.json").read_text())
+    shapes = (document.get("analysis", {}).get("gemm") or {}).get("shapes", [])
+    record.update(status="ok", document=document, shapes=len(shapes),
+                  skipped_shapes=len((document.get("analysis", {}).get("gemm") or {}).get("skipped", [])),
+                  best_tflops=max((s["tflops"] for s in shapes), default=None),
+                  device_name=shapes[0]["device_name"] if shapes else None,
+                  dtype=shapes[0]["dtype"] if shapes else None)
+    return record
+
+
+def sweep_lines(sweeps: list[dict[str, Any]]) -> list[str]:
+    """The GEMM sweeps' section of summary.md (the shapes themselves are in summary.json)."""
+    if not sweeps:
+        return []
+    lines = ["", "GEMM sweeps (`fstrain bench --suite compute --model ...`; every shape in summary.json's "
+             "gemm[].document):", "", "| sweep | status | device | dtype | shapes (not timed) | best TFLOP/s | s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sweeps:
+        best = f"{r['best_tflops']:.4g}" if r.get("best_tflops") else "-"
+        seconds = (r.get("bench") or {}).get("seconds", "-")
+        status = r["status"] + (f": {r['skipped']}" if r.get("skipped") else "")
+        lines.append(f"| {r['sweep']} | {status} | {r.get('device_name') or '-'} | {r.get('dtype') or '-'} "
+                     f"| {r.get('shapes', '-')} ({r.get('skipped_shapes', 0)}) | {best} | {seconds} |")
+    return lines
+
+
 def train_case(check: Check, record: dict[str, Any], args: argparse.Namespace, on_gpu: bool) -> None:
     """One trainer run under torchrun on one GPU (or the CPU in a rehearsal), compared with the plan."""
     case = next(c for c in args.cases if c.name == record["case"])
@@ -591,6 +697,7 @@ def markdown(summary: dict[str, Any]) -> str:
             f"| {record.get('status')}{': ' + record['skipped'] if record.get('skipped') else ''} |"
         )
     lines += speed_lines(summary.get("speed", []))
+    lines += sweep_lines(summary.get("gemm", []))
     notes = [note for record in summary.get("cases", []) for note in record.get("notes", [])]
     if notes:
         lines += ["", "Plan vs rendered file:"] + [f"- {note}" for note in notes]
@@ -610,10 +717,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--gpu", default="h200", help="the GPU type the plans are pinned to (default h200)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting work after this (default 420)")
-    p.add_argument("--matrix", choices=("default", "calibration", "speed"), default="default",
+    p.add_argument("--matrix", choices=("default", "calibration", "speed", "timeterms"), default="default",
                    help="default: four layouts of one model (with fallbacks); calibration: the planner's "
                         "calibration points (several models, AC policies, micro-batches), each planned on its own; "
-                        "speed: FSDP2 and the rendered ZeRO-2 and ZeRO-3 files on the same model and batch")
+                        "speed: FSDP2 and the rendered ZeRO-2 and ZeRO-3 files on the same model and batch; "
+                        "timeterms: GEMM-shape sweeps (fstrain bench) and training runs of a small and a large "
+                        "model at micro-batch 1 and 8")
     p.add_argument("--only", default="", help="comma list of case names (as in the table) to run, in that order")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="plan and render only; no trainer run, no GPU needed")
@@ -622,7 +731,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.steps < 2 or args.micro_batch < 1 or args.grad_accum < 1:
         p.error("--steps must be at least 2, --micro-batch and --grad-accum at least 1")
     args.model = args.model or ("tiny" if args.rehearse_on_cpu else "gpt2-1.5b")
-    args.cases = {"calibration": CALIBRATION_CASES, "speed": SPEED_CASES}.get(args.matrix, CASES)
+    args.cases = {"calibration": CALIBRATION_CASES, "speed": SPEED_CASES, "timeterms": TIME_CASES}.get(args.matrix,
+                                                                                                      CASES)
     if args.only:
         by_name = {case.name: case for case in args.cases}
         unknown = [name for name in args.only.split(",") if name not in by_name]
@@ -671,16 +781,19 @@ def steps(check: Check, args: argparse.Namespace) -> int:
         summary["settings"] = f"1 x {args.gpu}, bf16, adamw, offload none, {args.steps} steps; per case: see the table"
     if args.matrix == "speed":
         summary["settings"] += "; tokens/s of the rendered DeepSpeed files against FSDP2's"
+    if args.matrix == "timeterms":
+        summary["settings"] = (f"1 x {args.gpu}, bf16, adamw, AC none, offload none, {args.steps} steps; GEMM "
+                               "sweeps, then training runs at micro-batch 1 and 8")
     summary["mode"] = "dry-run" if args.dry_run else "rehearse-on-cpu" if args.rehearse_on_cpu else "gpu"
     machine = summary["machine"] = record_machine(check)
     check.save()
     torch_info = machine.get("torch") or {}
     gpu_bytes = torch_info.get("total_memory_bytes") if torch_info.get("cuda_available") else None
-    if args.matrix in ("calibration", "speed"):
+    if args.matrix in ("calibration", "speed", "timeterms"):
         # Each case stands alone: one that cannot be planned or does not fit is recorded, the rest run.
         records = [plan_and_render(check, args.model, case, args) for case in args.cases]
         summary["cases"] = records
-        summary["model"] = "calibration matrix" if args.matrix == "calibration" else args.model
+        summary["model"] = f"{args.matrix} matrix" if args.matrix in ("calibration", "timeterms") else args.model
         check.save()
         unplanned = [r for r in records if r["status"] != "rendered"]
         for record in unplanned:
@@ -695,21 +808,29 @@ def steps(check: Check, args: argparse.Namespace) -> int:
             failures = "; ".join(f"{r['model']} {r['strategy']}: {r['status']}" for r in failed)
             summary["message"] = f"{failures} (see logs.txt)"
             return 1
+    on_gpu = not args.rehearse_on_cpu
+    sweeps = TIME_SWEEPS if args.matrix == "timeterms" else ()
     if args.dry_run:
+        summary["gemm"] = [run_sweep(check, sweep, args, on_gpu) for sweep in sweeps]
         summary["status"] = "DRY RUN"
         summary["message"] = f"planned and rendered {len(records)} cases for {summary['model']}; no trainer run"
         return 0
     if not torch_info:
         summary["message"] = "not run: torch is not importable here (see probes/torch.log in logs.txt)"
         return 2
-    on_gpu = not args.rehearse_on_cpu
     if on_gpu and not torch_info.get("cuda_available"):
         summary["message"] = (f"not run: no CUDA GPU (torch {torch_info.get('version')} sees none; nvidia-smi: "
                               f"{machine.get('nvidia_smi') or 'none'}); plans and configs were rendered; "
                               "--dry-run stops there, --rehearse-on-cpu trains on the CPU")
         return 2
+    summary["gemm"] = []
+    for sweep in sweeps:
+        summary["gemm"].append(run_sweep(check, sweep, args, on_gpu))
+        check.save()
     for record in records:
-        if record["backend"] == "deepspeed" and not machine.get("deepspeed"):
+        if args.rehearse_on_cpu and args.matrix == "timeterms" and record["model"] != "tiny":
+            record["status"], record["skipped"] = "skipped", "a CPU rehearsal trains only tiny"
+        elif record["backend"] == "deepspeed" and not machine.get("deepspeed"):
             record["status"], record["skipped"] = "skipped", "deepspeed is not importable here"
         elif check.left_s() - RESERVE_S < MIN_RUN_S:
             record["status"], record["skipped"] = "skipped", f"out of time ({check.left_s():.0f} s left)"
@@ -720,13 +841,15 @@ def steps(check: Check, args: argparse.Namespace) -> int:
     summary["speed"] = speed_verdicts(records)
     slow = [v for v in summary["speed"] if v["verdict"] == "too slow"]
     unmeasured = [v for v in summary["speed"] if v["verdict"] == "not measured"] if args.matrix == "speed" else []
-    bad = [r for r in records if r["status"] not in ("ok", "skipped")]
-    ran = [r for r in records if r["status"] == "ok"]
+    runs = [*records, *summary["gemm"]]  # training runs, then GEMM sweeps (timeterms)
+    bad = [r for r in runs if r["status"] not in ("ok", "skipped")]
+    ran = [r for r in runs if r["status"] == "ok"]
     if args.rehearse_on_cpu:
         summary["status"] = "REHEARSAL (CPU)" if not bad and ran else "FAILED"
         summary["note"] = "CPU rehearsal: the trainer measured peak RSS (measured in summary.json), not GPU memory"
-    summary["message"] = (f"{len(ran)} run(s) ok, {len(bad)} failed, {len(records) - len(ran) - len(bad)} skipped"
-                          + (": " + ", ".join(f"{r['strategy']} {r['status']}" for r in bad) if bad else ""))
+    summary["message"] = (f"{len(ran)} run(s) ok, {len(bad)} failed, {len(runs) - len(ran) - len(bad)} skipped"
+                          + (": " + ", ".join(f"{r.get('strategy') or r['sweep']} {r['status']}" for r in bad)
+                             if bad else ""))
     if slow or unmeasured:
         summary["message"] += "; DeepSpeed against FSDP2: " + ", ".join(
             f"{v['case']} {v['verdict']}" + (f" ({v['ratio']:.0%})" if v["ratio"] is not None else "")

@@ -62,6 +62,45 @@ class BenchOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     master_port: int | None = None
     run_dir: str | None = None
+    model: str | None = None  # the compute suite times this model's GEMMs: a shipped recipe or Hugging Face id
+    recipe: str | None = None  # ... or a recipe file's
+    seq_len: int | None = None  # default: the recipe's
+    micro_batch: int | None = None  # default: the recipe's, else 1
+    tp: int = 1
+    gemm_dtype: str = "auto"  # auto, bf16, fp16, fp32
+    max_gemm_flops: str | None = None  # GEMMs above this many FLOPs are not timed
+
+
+def gemm_args(options: BenchOptions, suites: Sequence[str]) -> list[str]:
+    """The worker's GEMM-sweep flags: the model's shapes (``--model``/``--recipe``), the dtype, the cap."""
+    import json
+
+    from fstrain.core.bench.gemm import format_shapes, parse_flops
+    from fstrain.core.plan.gemmshapes import model_gemms
+    from fstrain.errors import InputError
+
+    if options.gemm_dtype not in ("auto", "bf16", "fp16", "fp32"):
+        raise InputError(f"unknown GEMM dtype {options.gemm_dtype!r}", "use auto, bf16, fp16 or fp32", "--gemm-dtype")
+    args = ["--gemm-dtype", options.gemm_dtype]
+    if options.max_gemm_flops:
+        args += ["--max-gemm-flops", repr(parse_flops(options.max_gemm_flops))]
+    if not (options.model or options.recipe):
+        return args
+    flag = "--model" if options.model else "--recipe"
+    if options.model and options.recipe:
+        raise InputError("give one of --model and --recipe", "drop one of them", "fstrain bench")
+    if "compute" not in suites:
+        raise InputError(f"the compute suite times a model's GEMMs, and --suite {','.join(suites)} leaves it out",
+                         "add compute to --suite", flag)
+    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+
+    recipe = load_shipped_recipe(options.model) if options.model else load_recipe_file(str(options.recipe))
+    seq_len = options.seq_len or recipe.model.seq_len
+    micro_batch = options.micro_batch or recipe.training.micro_batch_size or 1
+    shapes = model_gemms(recipe.model, seq_len * micro_batch, options.tp)
+    described = {"name": recipe.model.name, "seq_len": seq_len, "micro_batch": micro_batch, "tp": options.tp,
+                 "tokens": seq_len * micro_batch}
+    return [*args, "--gemm-shapes", format_shapes(shapes), "--gemm-model", json.dumps(described, sort_keys=True)]
 
 
 def bench_request(hosts: HostRequest, options: BenchOptions) -> tuple[BenchRequest, str]:
@@ -80,9 +119,10 @@ def bench_request(hosts: HostRequest, options: BenchOptions) -> tuple[BenchReque
     if options.backend not in (None, "nccl", "gloo"):
         raise InputError(f"unknown backend {options.backend!r}", "use nccl or gloo", "--backend")
     pair_rounds(2, options.pairs_mode)  # checks the mode's name
+    gemm = gemm_args(options, suites)
     selection = resolve_hosts(hosts.hostfile, hosts.hosts, hosts.include, hosts.exclude, hosts.gpus_per_node)
     run_id = new_run_id()
-    extra = ["--pairs-mode", options.pairs_mode, "--seconds", str(options.seconds)]
+    extra = ["--pairs-mode", options.pairs_mode, "--seconds", str(options.seconds), *gemm]
     if options.pair_bytes:
         extra += ["--pair-bytes", options.pair_bytes]
     request = BenchRequest(hosts=selection.hosts, suites=suites, run_id=run_id,

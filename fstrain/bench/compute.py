@@ -1,4 +1,4 @@
-"""Compute measurements on one device: dense matmul throughput and memory bandwidth.
+"""Compute measurements on one device: matmul (GEMM) throughput and memory bandwidth.
 
 Both run a short warm-up, then repeat timed samples until ``seconds`` have passed (at least
 ``min_samples``), and return a plain dict with every sample so a report can show the spread.
@@ -42,10 +42,27 @@ def matmul_tflops(
     product. ``size`` defaults to 8192 on a GPU and 1024 on a CPU."""
     device = torch.device(device)
     n = size or (GPU_MATMUL_SIZE if device.type == "cuda" else CPU_MATMUL_SIZE)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-    flops_per_op = 2 * n**3
+    result = gemm_tflops(device, dtype, n, n, n, seconds, warmup=warmup, min_samples=min_samples)
+    return {"kind": "matmul", **{k: v for k, v in result.items() if k not in ("m", "n", "k")}, "size": n}
+
+
+def gemm_tflops(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    m: int,
+    n: int,
+    k: int,
+    seconds: float = 0.25,
+    *,
+    warmup: int = 3,
+    min_samples: int = 3,
+) -> dict[str, Any]:
+    """Throughput in TFLOPS of ``C[m x n] = A[m x k] @ B[k x n]``, 2 m n k FLOPs per product."""
+    device = torch.device(device)
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    out = torch.empty(m, n, device=device, dtype=dtype)
+    flops_per_op = 2 * m * n * k
 
     def op() -> None:
         torch.matmul(a, b, out=out)
@@ -54,10 +71,11 @@ def matmul_tflops(
         samples_s, ops_per_sample = _time_samples(device, op, seconds, warmup, min_samples)
     tflops = [flops_per_op * ops_per_sample / s / 1e12 for s in samples_s]
     return {
-        "kind": "matmul",
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
-        "size": n,
+        "m": m,
+        "n": n,
+        "k": k,
         "flops_per_op": flops_per_op,
         "ops_per_sample": ops_per_sample,
         "samples_seconds": samples_s,

@@ -30,11 +30,20 @@ import torch
 import torch.distributed as dist
 
 from fstrain.bench.collectives import time_collective
-from fstrain.bench.compute import matmul_tflops, memory_bandwidth_gbps
+from fstrain.bench.compute import gemm_tflops, matmul_tflops, memory_bandwidth_gbps
 from fstrain.bench.pairs import time_pairs
 from fstrain.core.bench.arithmetic import COLLECTIVES, format_size, parse_size, parse_sizes, parse_suites
+from fstrain.core.bench.gemm import (
+    CPU_GRID_TOP,
+    CPU_MAX_GEMM_FLOPS,
+    GPU_GRID_TOP,
+    default_grid,
+    parse_flops,
+    parse_shapes,
+)
 from fstrain.core.bench.pairs import MAX_RETIMES, link_table, retime_links
 from fstrain.core.bench.report import SCHEMA, compute_stragglers, slow_groups
+from fstrain.core.plan.gemmshapes import GemmShape
 from fstrain.errors import FstrainError
 
 DEFAULT_SIZES = {"nccl": "1M-1G", "gloo": "64K-16M"}
@@ -56,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma list of collectives to time")
     parser.add_argument("--seconds", type=float, default=0.5, help="time budget per collective and size")
     parser.add_argument("--compute-seconds", type=float, default=3.0, help="seconds per compute measurement")
+    parser.add_argument("--gemm-shapes", default="",
+                        help="GEMMs the compute suite times, MxNxK=label;... (default: the default grid)")
+    parser.add_argument("--gemm-model", default="", help="JSON saying which model the shapes are of (recorded)")
+    parser.add_argument("--gemm-dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
+                        help="auto: bf16 on a GPU; on a CPU bf16 where it is faster than float32, else float32")
+    parser.add_argument("--gemm-seconds", type=float, default=0.25, help="seconds per GEMM shape")
+    parser.add_argument("--max-gemm-flops", default="",
+                        help=f"skip GEMMs over this many FLOPs (default: none on GPUs, {CPU_MAX_GEMM_FLOPS:g} on CPUs)")
+    parser.add_argument("--no-gemm", action="store_true", help="the compute suite without the GEMM-shape sweep")
     parser.add_argument("--pair-bytes", default="", help="bytes each pair transfer moves (default 256M nccl, 16M gloo)")
     parser.add_argument("--pair-samples", type=int, default=5, help="timed transfers per link")
     parser.add_argument("--pairs-mode", choices=("auto", "all", "ring"), default="auto",
@@ -168,6 +186,65 @@ def run_compute(device_kind: str, seconds: float) -> dict[str, Any]:
     return {"per_rank": [g for g in gathered if g is not None]}
 
 
+GEMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def gemm_dtype(choice: str, device: torch.device) -> tuple[torch.dtype, dict[str, float]]:
+    """The sweep's dtype and, for ``auto`` on a CPU, the two rates it was chosen by (bf16 on most
+    CPUs runs through a slow emulation; on one with AMX or AVX512-BF16 it is the faster)."""
+    if choice != "auto":
+        return GEMM_DTYPES[choice], {}
+    if device.type == "cuda":
+        return torch.bfloat16, {}
+    rates = {name: gemm_tflops(device, GEMM_DTYPES[name], 256, 256, 256, 0.05, warmup=1)["tflops"]["median"]
+             for name in ("fp32", "bf16")}
+    return (torch.bfloat16 if rates["bf16"] > rates["fp32"] else torch.float32), rates
+
+
+def gemm_shapes(args: argparse.Namespace, device_kind: str) -> tuple[list[GemmShape], float | None]:
+    """The shapes to time and the FLOPs cap (checked before anything starts)."""
+    shapes = parse_shapes(args.gemm_shapes) if args.gemm_shapes else \
+        default_grid(GPU_GRID_TOP if device_kind == "cuda" else CPU_GRID_TOP)
+    if args.max_gemm_flops:
+        return shapes, parse_flops(args.max_gemm_flops)
+    return shapes, (None if device_kind == "cuda" else CPU_MAX_GEMM_FLOPS)
+
+
+def run_gemm(args: argparse.Namespace, device_kind: str) -> dict[str, Any]:
+    """Every rank times every shape at once (as in training, every GPU busy); rank 0 chooses the dtype."""
+    local_gpu = int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
+    device = torch.device("cuda", local_gpu) if device_kind == "cuda" else torch.device("cpu")
+    shapes, cap = gemm_shapes(args, device_kind)
+    dtype, probe = decided(gemm_dtype(args.gemm_dtype, device) if dist.get_rank() == 0 else None)
+    timed = [s for s in shapes if cap is None or s.flops <= cap]
+    points, out_of_memory = [], []
+    for index, shape in enumerate(timed, 1):
+        progress(f"compute: GEMM {shape.m}x{shape.n}x{shape.k} {str(dtype).removeprefix('torch.')} "
+                 f"({index} of {len(timed)})")
+        try:
+            timing = gemm_tflops(device, dtype, shape.m, shape.n, shape.k, args.gemm_seconds)
+        except (torch.cuda.OutOfMemoryError, MemoryError):  # a head's GEMM on a small GPU: the other shapes stand
+            out_of_memory.append(shape.__dict__)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        points.append({**timing, "label": shape.label})
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    mine = {"rank": dist.get_rank(), "device": str(device), "device_name": name, "points": points,
+            "out_of_memory": out_of_memory}
+    gathered: list[dict[str, Any] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return {
+        "grid": "model" if args.gemm_shapes else "default",
+        "model": json.loads(args.gemm_model) if args.gemm_model else None,
+        "dtype": str(dtype).removeprefix("torch."),
+        "dtype_probe_tflops": probe,
+        "max_gemm_flops": cap,
+        "skipped": [{**shape.__dict__, "flops": shape.flops} for shape in shapes if shape not in timed],
+        "per_rank": [g for g in gathered if g is not None],
+    }
+
+
 def run_collectives(
     args: argparse.Namespace, sizes: list[int], device: torch.device, groups: list[list[int]]
 ) -> dict[str, Any]:
@@ -249,6 +326,7 @@ def run_pairs(args: argparse.Namespace, pair_bytes: int, device: torch.device, l
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     suites = parse_suites(args.suite)
+    gemm_shapes(args, "cpu")  # bad shapes or cap: one line before the process group starts
     backend, device = init(args.backend)
     if args.quick:
         args.collectives, args.pair_samples = "all_reduce,all_gather", min(args.pair_samples, 3)
@@ -269,8 +347,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "torch_version": torch.__version__,
     }
     if "compute" in suites:
-        document["compute"] = run_compute_confirmed("cuda" if torch.cuda.is_available() else "cpu",
-                                                    args.compute_seconds)
+        device_kind = "cuda" if torch.cuda.is_available() else "cpu"
+        document["compute"] = run_compute_confirmed(device_kind, args.compute_seconds)
+        if not args.no_gemm:
+            document["compute"]["gemm"] = run_gemm(args, device_kind)
     if "collectives" in suites:
         document["collectives"] = run_collectives(args, sizes, device, groups)
     if "pairs" in suites:

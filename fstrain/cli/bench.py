@@ -51,6 +51,20 @@ def bench_command(
                                           help="Bytes per pair transfer (default 256M nccl, 16M gloo)."),
     seconds: float = typer.Option(0.5, "--seconds", min=0.01, metavar="SECONDS",
                                   help="Time budget per collective and size."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Compute suite: time the GEMMs this shipped recipe "
+                                     "(or Hugging Face id) runs, not the default grid."),
+    recipe: str | None = typer.Option(None, "--recipe", help="Compute suite: the GEMMs of your recipe file's model."),
+    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="With --model: tokens per sequence "
+                                       "(default: the recipe's)."),
+    micro_batch: int | None = typer.Option(None, "--micro-batch", min=1, help="With --model: sequences per "
+                                           "micro-batch (default: the recipe's, else 1)."),
+    tp: int = typer.Option(1, "--tp", min=1, help="With --model: the tensor-parallel degree the GEMMs are split by."),
+    gemm_dtype: str = typer.Option("auto", "--gemm-dtype", metavar="auto|bf16|fp16|fp32",
+                                   help="dtype of the GEMM sweep (auto: bf16 on GPUs; on a CPU the faster of "
+                                   "bf16 and fp32)."),
+    max_gemm_flops: str | None = typer.Option(None, "--max-gemm-flops", metavar="FLOPS",
+                                              help="Do not time GEMMs above this many FLOPs (default: none on "
+                                              "GPUs, 2e10 on CPUs)."),
     workdir: str | None = typer.Option(None, "--workdir", help="Working directory on every host."),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE for every rank (repeatable)."),
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port."),
@@ -74,7 +88,9 @@ def bench_command(
         HostRequest(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude, gpus_per_node=gpus_per_node),
         BenchOptions(suite=suite, sizes=sizes, backend=backend, python=python, nproc_per_node=nproc_per_node,
                      pairs_mode=pairs_mode, pair_bytes=pair_bytes, seconds=seconds, workdir=workdir,
-                     env=collect_env(env, None), master_port=master_port, run_dir=run_dir))
+                     env=collect_env(env, None), master_port=master_port, run_dir=run_dir, model=model,
+                     recipe=recipe, seq_len=seq_len, micro_batch=micro_batch, tp=tp, gemm_dtype=gemm_dtype,
+                     max_gemm_flops=max_gemm_flops))
     if out:
         _check_writable(out)
     if source.startswith("localhost"):

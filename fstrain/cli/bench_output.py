@@ -135,4 +135,9 @@ def print_compute(document: dict[str, Any]) -> list[str]:
                + ", ".join(f"{r.node} rank {r.rank} ({r.straggler})" for r in stragglers)) if stragglers \
         else "compute: no stragglers"
     console().print(f"[{'red' if stragglers else 'green'}]{verdict}[/]")
-    return [*lines, verdict]
+    from fstrain.core.bench.gemm import gemm_lines
+
+    gemm = gemm_lines(document)
+    for line in gemm:
+        console().print(line, markup=False, highlight=False, soft_wrap=True)
+    return [*lines, verdict, *gemm]

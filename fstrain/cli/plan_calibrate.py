@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from fstrain.api.plan import PlanRequest
     from fstrain.core.plan.assumptions import Assumptions
     from fstrain.core.plan.calibrate import Calibration
+    from fstrain.core.plan.gemmcurve import MeasuredGemmCurve
     from fstrain.core.plan.plancluster import PlanCluster
     from fstrain.core.plan.schema import ModelSpec
 
@@ -56,14 +57,26 @@ def bench_outliers(document: Any) -> list[str]:
 
 def print_calibration(path: str, result: Calibration) -> None:
     out = console()
-    if not result.replaced:
+    if not result.replaced and result.gemm_curve is None:
         out.print(f"[yellow]calibration from {path} ({result.kind}): nothing replaced[/yellow]")
     for r in result.replaced:
         out.print(f"calibrated [bold]{r.name}[/bold]: {r.old:.4g} -> {r.new:.4g} ({r.source})", highlight=False)
+    if result.gemm_curve is not None:
+        out.print(f"calibrated [bold]gemm_curve[/bold]: {curve_text(result.gemm_curve)}", highlight=False)
     for reason in result.ignored:
         out.print(f"[dim]not calibrated: {reason}[/dim]", highlight=False)
 
 
+def curve_text(curve: MeasuredGemmCurve) -> str:
+    """``12 GEMMs from NVIDIA H200 (bf16 best 712 TFLOP/s; bench.json (GEMM-shape sweep))``."""
+    best = ", ".join(f"{d} best {curve.best_tflops(d):.3g} TFLOP/s" for d in curve.dtypes)
+    return f"{curve} ({best}; {curve.source})"
+
+
 def calibration_document(path: str, result: Calibration) -> dict[str, Any]:
+    curve = result.gemm_curve
     return {"file": path, "kind": result.kind, "replaced": [asdict(r) for r in result.replaced],
-            "ignored": list(result.ignored)}
+            "ignored": list(result.ignored),
+            "gemm_curve": None if curve is None else {
+                "device_name": curve.device_name, "points": len(curve.points), "source": curve.source,
+                "best_tflops": {d: curve.best_tflops(d) for d in curve.dtypes}}}

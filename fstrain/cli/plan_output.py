@@ -245,6 +245,8 @@ def _assumption_lines(assumptions: Assumptions, cluster: PlanCluster) -> str:
         key, value = field.name, getattr(assumptions, field.name)
         if key.endswith("_bytes") or key == "nccl_bytes_per_communicator":
             shown = f"{value / GIB:.2f} GiB"
+        elif value is None:
+            shown = "not measured"
         elif key == "mfu" and not value:
             shown = ", ".join(sorted({f"{n.gpu.achievable_mfu:g} ({n.gpu.label})" for n in cluster.nodes}))
         elif isinstance(value, float):

@@ -19,6 +19,13 @@ from tests.helpers import REPO, run_fstrain
     (["--backend", "mpi"], "error: --backend: unknown backend 'mpi' (hint: use nccl or gloo)"),
     (["--pair-bytes", "lots"], "error: --pair-bytes: cannot read 'lots' as a size (hint: write a byte count such "
                                "as 8, 64K, 1M or 1G)"),
+    (["--suite", "pairs", "--model", "tiny"], "error: --model: the compute suite times a model's GEMMs, and --suite "
+                                              "pairs leaves it out (hint: add compute to --suite)"),
+    (["--model", "llama3.1-8b", "--tp", "3"], "error: --tp: 3 does not divide the q projection's width 4096 (hint: "
+                                              "give a --tp that divides the model's widths (heads, FFN))"),
+    (["--gemm-dtype", "int8"], "error: --gemm-dtype: unknown GEMM dtype 'int8' (hint: use auto, bf16, fp16 or fp32)"),
+    (["--max-gemm-flops", "lots"], "error: --max-gemm-flops: cannot read 'lots' as a positive FLOP count (hint: "
+                                   "write e.g. 2e10)"),
     (["--hosts", "nowhere", "--out", "/nonexistent-dir/x.json"],
      "error: /nonexistent-dir/x.json: the folder for --out does not exist (hint: create it first or give another "
      "path)"),
@@ -31,11 +38,16 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], line: str, tmp_path: 
     assert not (tmp_path / "run").exists()  # nothing ran
 
 
-def test_collectives_and_compute_on_localhost(tmp_path: Path) -> None:
+def test_collectives_and_compute_with_a_models_gemms_on_localhost(tmp_path: Path) -> None:
+    """Two CPU ranks; `--model tiny`: the compute suite times the GEMMs the planner prices for tiny
+    at 2 x 128 tokens, and `plan --calibrate` reads the result."""
+    from fstrain.core.plan.gemmshapes import model_gemms
+    from fstrain.io.recipes import load_shipped_recipe
+
     run_dir, out = tmp_path / "run", tmp_path / "result.json"
     result = run_fstrain("bench", "--suite", "collectives,compute", "--sizes", "256K", "--seconds", "0.05",
-                         "--nproc-per-node", "2", "--workdir", str(REPO), "--run-dir", str(run_dir),
-                         "--out", str(out), "--json", timeout=600)
+                         "--model", "tiny", "--micro-batch", "2", "--nproc-per-node", "2", "--workdir", str(REPO),
+                         "--run-dir", str(run_dir), "--out", str(out), "--json", timeout=600)
     assert result.returncode in (0, 1), result.stderr[-3000:]
     document = json.loads(result.stdout)
     assert document == json.loads(out.read_text()) == json.loads((run_dir / "bench.json").read_text())
@@ -50,6 +62,30 @@ def test_collectives_and_compute_on_localhost(tmp_path: Path) -> None:
     assert (run_dir / "manifest.json").is_file() and (run_dir / "logs").is_dir()
     # The human report went to stderr; stdout is the one document.
     assert "world all_reduce (2 ranks)" in result.stderr
+    # The GEMM sweep: exactly the planner's shapes for tiny, on both ranks; each shape at its slowest rank.
+    gemm = document["compute"]["gemm"]
+    assert gemm["grid"] == "model"
+    assert gemm["model"] == {"name": "tiny", "seq_len": 128, "micro_batch": 2, "tp": 1, "tokens": 256}
+    expected = [(s.m, s.n, s.k, s.label) for s in model_gemms(load_shipped_recipe("tiny").model, 256)]
+    for rank in gemm["per_rank"]:
+        assert [(p["m"], p["n"], p["k"], p["label"]) for p in rank["points"]] == expected
+    shapes = document["analysis"]["gemm"]["shapes"]
+    for shape in shapes:
+        rates = [p["tflops"]["median"] for r in gemm["per_rank"] for p in r["points"]
+                 if (p["m"], p["n"], p["k"]) == (shape["m"], shape["n"], shape["k"])]
+        assert shape["tflops"] == min(rates)
+    assert max(s["fraction_of_best"] for s in shapes) == 1.0
+    assert f"compute: GEMM TFLOP/s, tiny at 2 x 128 tokens, tp 1, {gemm['dtype']}" in report
+    assert "256x128x128" in report and "q fwd, q dgrad" in result.stderr
+    # plan --calibrate reads the curve, and leaves it out of a GPU plan: a CPU's rates are not an H100's.
+    name = gemm["per_rank"][0]["device_name"]
+    planned = run_fstrain("plan", "--model", "tiny", "--gpu", "h100-sxm", "--num-nodes", "1", "--calibrate", str(out),
+                          "--json")
+    assert planned.returncode == 0, planned.stderr
+    calibration = json.loads(planned.stdout)["calibration"]
+    assert calibration["gemm_curve"] is None
+    assert f"GEMM curve ({len(expected)} GEMMs from {name}): measured on a CPU, and the plan is for H100-SXM GPUs" \
+        in calibration["ignored"]
 
 
 def _saved(tmp_path: Path, slow_into: str | None) -> Path:

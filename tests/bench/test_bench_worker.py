@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from fstrain.core.bench.gemm import CPU_GRID_TOP, default_grid
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -34,7 +36,7 @@ def run_worker(args: list[str], out: Path, nproc: int = 0, timeout: int = 300) -
 
 
 def test_compute_standalone_on_cpu(tmp_path: Path) -> None:
-    doc = run_worker(["--suite", "compute", "--compute-seconds", "0.3"], tmp_path / "c.json")
+    doc = run_worker(["--suite", "compute", "--compute-seconds", "0.3", "--gemm-seconds", "0.02"], tmp_path / "c.json")
     assert doc["schema"] == "fstrain.bench/1" and doc["world_size"] == 1
     (rank,) = doc["compute"]["per_rank"]
     matmul, memory = rank["matmul"], rank["memory"]
@@ -44,6 +46,27 @@ def test_compute_standalone_on_cpu(tmp_path: Path) -> None:
     first = matmul["flops_per_op"] * matmul["ops_per_sample"] / matmul["samples_seconds"][0] / 1e12
     assert matmul["samples_tflops"][0] == pytest.approx(first)
     assert memory["bytes_moved_per_op"] == 2 * memory["bytes"] and memory["gbps"]["median"] > 0
+    # The GEMM sweep: the default grid at the CPU's size, in the dtype the CPU runs faster.
+    gemm = doc["compute"]["gemm"]
+    assert gemm["grid"] == "default" and gemm["model"] is None and gemm["skipped"] == []
+    probe = gemm["dtype_probe_tflops"]
+    assert gemm["dtype"] == ("bfloat16" if probe["bf16"] > probe["fp32"] else "float32")
+    (swept,) = gemm["per_rank"]
+    assert [(p["m"], p["n"], p["k"]) for p in swept["points"]] == [(s.m, s.n, s.k) for s in default_grid(CPU_GRID_TOP)]
+    for point in swept["points"]:
+        assert point["flops_per_op"] == 2 * point["m"] * point["n"] * point["k"] and point["tflops"]["median"] > 0
+        assert point["dtype"] == gemm["dtype"] and len(point["samples_tflops"]) >= 3
+
+
+def test_gemm_shapes_given_and_the_cap_on_cpu(tmp_path: Path) -> None:
+    doc = run_worker(["--suite", "compute", "--compute-seconds", "0.05", "--gemm-seconds", "0.02", "--gemm-dtype",
+                      "fp32", "--gemm-shapes", "64x32x16=q fwd;4096x4096x4096=big", "--max-gemm-flops", "1e9",
+                      "--gemm-model", '{"name": "x"}'], tmp_path / "g.json")
+    gemm = doc["compute"]["gemm"]
+    assert gemm["grid"] == "model" and gemm["model"] == {"name": "x"} and gemm["dtype"] == "float32"
+    ((point,),) = [r["points"] for r in gemm["per_rank"]]
+    assert (point["m"], point["n"], point["k"], point["label"]) == (64, 32, 16, "q fwd")
+    assert gemm["skipped"] == [{"m": 4096, "n": 4096, "k": 4096, "label": "big", "flops": 2 * 4096**3}]
 
 
 def test_collectives_two_ranks_gloo(tmp_path: Path) -> None:
@@ -79,6 +102,12 @@ def test_bad_suite_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: --suite: unknown suite gpu in 'gpu'")
     assert not (tmp_path / "x.json").exists()
+    shapes = subprocess.run([sys.executable, "-m", "fstrain.bench", "--suite", "compute", "--gemm-shapes", "8x8",
+                             "--json-out", str(tmp_path / "x.json")], env=_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert shapes.returncode == 2
+    assert shapes.stderr.strip().splitlines()[-1] == ("error: --gemm-shapes: cannot read '8x8' as a GEMM shape "
+                                                      "(hint: write MxNxK, e.g. 4096x4096x4096)")
 
 
 def _free_port() -> int:

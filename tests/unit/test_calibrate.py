@@ -144,7 +144,66 @@ def test_a_real_h200_bench_document() -> None:
                        model=None)
     # One GPU: no straggler to wait for, and its matmul rate is above the table's MFU: the MFU stands.
     assert [(r.name, r.old, r.new) for r in result.replaced] == [("mfu", 0.45, 0.45)]
+    # The capture predates the GEMM sweep: its curve is the one square bf16 matmul it timed.
+    curve = result.assumptions.gemm_curve
+    assert curve is not None and curve is result.gemm_curve and curve.device_name == "NVIDIA H200"
+    assert [(p.m, p.n, p.k, p.dtype) for p in curve.points] == [(8192, 8192, 8192, "bf16")]
+    assert curve.tflops(8192, 8192, 8192, "bf16") == pytest.approx(row.tflops)
+    assert curve.tflops(8192, 1024, 4096, "bfloat16") == pytest.approx(row.tflops)  # one point: its rate everywhere
+    # Measured on an H200, it does not price an H100 plan.
+    h100 = calibrate(doc, "bench-compute.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=None)
+    assert h100.gemm_curve is None and h100.assumptions.gemm_curve is None
+    assert "GEMM curve (1 GEMM from NVIDIA H200): measured on H200-SXM, and the plan is for H100-SXM: measure on " \
+           "the plan's GPUs" in h100.ignored
     # One GPU has no link to measure: its collectives replace nothing.
     collectives = json.loads((GPU_RUN / "bench-collectives.json").read_text())
     assert calibrate(collectives, "c.json", assumptions=Assumptions(), cluster=h200, precision="bf16",
                      model=None).replaced == []
+
+
+def _swept(device: str, device_name: str) -> dict[str, Any]:
+    point = {"m": 256, "n": 128, "k": 128, "dtype": "float32", "label": "q fwd", "tflops": {"median": 0.05}}
+    return bench(backend="gloo", device_type="cpu", world_size=1, num_nodes=1, compute={"per_rank": [], "gemm": {
+        "per_rank": [{"rank": 0, "device": device, "device_name": device_name, "points": [point]}]}})
+
+
+def test_a_curve_from_a_cpu_or_an_unknown_gpu_is_left_out_with_the_reason() -> None:
+    cpu = calibrate(_swept("cpu", "x86_64"), "b.json", assumptions=Assumptions(), cluster=H100, precision="bf16",
+                    model=None)
+    assert cpu.gemm_curve is None and cpu.assumptions == Assumptions()
+    assert cpu.ignored == ["GEMM curve (1 GEMM from x86_64): measured on a CPU, and the plan is for H100-SXM GPUs"]
+    odd = calibrate(_swept("cuda:0", "Some GPU 9000"), "b.json", assumptions=Assumptions(), cluster=H100,
+                    precision="bf16", model=None)
+    assert odd.ignored == ["GEMM curve (1 GEMM from Some GPU 9000): Some GPU 9000 is not in the GPU table, so it "
+                           "cannot be matched with the plan's H100-SXM"]
+    mixed = _swept("cuda:0", "NVIDIA H100 80GB HBM3")
+    mixed["compute"]["gemm"]["per_rank"].append({**mixed["compute"]["gemm"]["per_rank"][0], "rank": 1,
+                                                 "device_name": "NVIDIA A100-SXM4-80GB"})
+    assert calibrate(mixed, "b.json", assumptions=Assumptions(), cluster=H100, precision="bf16",
+                     model=None).ignored[-1].endswith("measured on GPUs of several kinds: calibrate from a bench of "
+                                                      "the plan's GPU kind alone")
+    same = calibrate(_swept("cuda:0", "NVIDIA H100 80GB HBM3"), "b.json", assumptions=Assumptions(), cluster=H100,
+                     precision="bf16", model=None)
+    assert same.gemm_curve is not None and same.gemm_curve.tflops(256, 128, 128, "fp32") == 0.05
+    assert same.gemm_curve.source == "b.json (GEMM-shape sweep)"
+
+
+def test_the_curve_is_measured_not_assumed() -> None:
+    from fstrain.core.plan.assumptions import with_overrides
+
+    with pytest.raises(InputError, match="gemm_curve is measured, not a number to assume") as caught:
+        with_overrides(Assumptions(), ["gemm_curve=600"])
+    assert "--calibrate" in caught.value.hint
+
+
+def test_plan_cli_says_where_the_gemm_curve_came_from() -> None:
+    path = GPU_RUN / "bench-compute.json"
+    shown = run_fstrain("plan", "--model", "llama3.1-8b", "--gpu", "h200", "--num-nodes", "1", "--calibrate", str(path))
+    assert shown.returncode == 0, shown.stderr
+    (line,) = [x for x in shown.stderr.splitlines() if x.startswith("calibrated gemm_curve")]
+    assert line == (f"calibrated gemm_curve: 1 GEMM from NVIDIA H200 (bf16 best 687 TFLOP/s; {path} (square matmul))")
+    document = json.loads(run_fstrain("plan", "--model", "llama3.1-8b", "--gpu", "h200", "--num-nodes", "1",
+                                      "--calibrate", str(path), "--json").stdout)
+    assert document["calibration"]["gemm_curve"]["device_name"] == "NVIDIA H200"
+    assert document["calibration"]["gemm_curve"]["points"] == 1
+    assert document["assumptions"]["gemm_curve"]["points"][0]["m"] == 8192

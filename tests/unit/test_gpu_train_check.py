@@ -96,3 +96,38 @@ def test_plan_notes_only_where_an_assumed_bucket_differs_from_the_rendered_file(
                      "reduce_bucket_elements = 4,096",
                      "zero2: so the prediction's bucket terms (2.000 GiB) are sized for the assumed values, "
                      "not for the rendered file"]
+
+
+def test_the_timeterms_matrix_is_a_small_and_a_large_model_at_micro_batch_1_and_8() -> None:
+    args = check.parse_args(["out", "--matrix", "timeterms"])
+    assert {(c.model, c.micro_batch) for c in args.cases} == {("tiny", 1), ("tiny", 8), ("gpt2-1.5b", 1),
+                                                              ("gpt2-1.5b", 8)}
+    assert {(c.strategy, c.ac, c.grad_accum) for c in args.cases} == {("fsdp-full", "none", 1)}
+    sweeps = {(s.model, s.micro_batch, s.seq_len) for s in check.TIME_SWEEPS}
+    # Each trained model and micro-batch has its GEMM sweep; the default grid too.
+    assert {(c.model, c.micro_batch, c.seq_len) for c in args.cases} <= sweeps
+    assert (None, 1, None) in sweeps and (check.SLICED, 1, 8192) in sweeps
+    assert [s.name for s in check.TIME_SWEEPS][:2] == ["gemm-gpt2-1.5b-mb1-s1024", "gemm-gpt2-1.5b-mb8-s1024"]
+    assert check.Sweep().name == "gemm-default-grid"
+
+
+def test_a_dry_run_sweep_records_the_bench_command_and_runs_nothing(tmp_path: Path) -> None:
+    args = check.parse_args([str(tmp_path / "out"), "--matrix", "timeterms", "--dry-run"])
+    state = check.Check(tmp_path / "out", tmp_path, 60)
+    sweep = check.run_sweep(state, check.Sweep("gpt2-1.5b", 8, 1024), args, on_gpu=True)
+    assert sweep["status"] == "dry run" and "document" not in sweep
+    argv = sweep["argv"]
+    assert argv[1:6] == ["-m", "fstrain", "bench", "--suite", "compute"]
+    assert argv[argv.index("--model") + 1] == "gpt2-1.5b" and argv[argv.index("--micro-batch") + 1] == "8"
+    assert argv[argv.index("--seq-len") + 1] == "1024" and "--max-gemm-flops" not in argv
+    on_cpu = check.run_sweep(state, check.Sweep(), args, on_gpu=False)["argv"]
+    assert "--model" not in on_cpu and on_cpu[on_cpu.index("--max-gemm-flops") + 1] == check.CPU_SWEEP_MAX_FLOPS
+
+
+def test_summary_md_lists_the_sweeps() -> None:
+    sweeps = [{"sweep": "gemm-tiny-mb1", "status": "ok", "device_name": "NVIDIA H200", "dtype": "bfloat16",
+               "shapes": 5, "skipped_shapes": 0, "best_tflops": 12.345, "bench": {"seconds": 21.0}},
+              {"sweep": "gemm-default-grid", "status": "skipped", "skipped": "out of time (40 s left)"}]
+    text = check.markdown({"argv": ["gpu_train_check.py"], "cases": [], "gemm": sweeps})
+    assert "| gemm-tiny-mb1 | ok | NVIDIA H200 | bfloat16 | 5 (0) | 12.35 | 21.0 |" in text
+    assert "| gemm-default-grid | skipped: out of time (40 s left) | - | - | - (0) | - | - |" in text

@@ -23,6 +23,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fstrain.core.bench.gemm import gemm_summary
 from fstrain.core.bench.pairs import DEFAULT_THRESHOLD, PairsVerdict, analyze_links, link_table, slow_in_pass
 from fstrain.core.plan.gpus import GpuSpec, lookup_gpu
 from fstrain.errors import InputError
@@ -261,6 +262,9 @@ def analysis(document: Mapping[str, Any]) -> dict[str, Any]:
             "stragglers": [row.rank for row in compute if row.straggler],
             "straggler_fraction": COMPUTE_STRAGGLER_FRACTION,
         }
+    gemm = gemm_summary(document)
+    if gemm is not None:
+        result["gemm"] = gemm
     nodes = node_outliers(document)
     if nodes:
         result["collectives_outliers"] = [node.__dict__ for node in nodes]

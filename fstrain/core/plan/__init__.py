@@ -8,7 +8,8 @@ that ranks configurations. Pure: values in, values out (no files, network, proce
 - what runs: ``precision`` (dtypes per mode), ``acpolicy`` (activation checkpointing policies),
   ``losses``, ``kernels`` (torch.compile, fused RMSNorm), ``pipeline`` (schedules),
   ``contextparallel`` (ring attention), ``adafactor``, ``buckets`` (DeepSpeed/FSDP bucket sizes);
-- models: ``memory`` (per-GPU bytes at each moment of a step), ``timemodel`` (step time);
+- models: ``memory`` (per-GPU bytes at each moment of a step), ``timemodel`` (step time),
+  ``gemmshapes`` (the GEMMs a block runs, by shape), ``gemmcurve`` (measured GEMM rates by shape);
 - ``planner`` (the search and the plan file), ``calibrate`` (measured numbers -> assumptions);
 - output: ``planfile`` (``plan.yaml``: the values the renderers, the launcher and the trainer read).
 """

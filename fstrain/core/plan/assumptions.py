@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from fstrain.core.plan.gemmcurve import MeasuredGemmCurve
 from fstrain.errors import InputError
 
 _MIB = 1 << 20
@@ -191,6 +192,12 @@ class Assumptions:
         "taken below the achievable MFU.",
     )
 
+    gemm_curve: MeasuredGemmCurve | None = field(default=None, metadata={"doc": (
+        "Achieved TFLOP/s of each GEMM by its (m, n, k) and dtype, measured on the plan's GPU kind by "
+        "`fstrain bench --suite compute` (with --model: the model's own shapes) and set by `plan --calibrate "
+        "BENCH.json` (fstrain/core/plan/gemmcurve.py); None: not measured. Not settable with --assume."
+    )})
+
     fp8_scale_kernel_s: float = _stated(
         2e-6,
         "Time of the second-stage amax reduction kernel of one dynamic fp8 scale, three per "
@@ -204,17 +211,22 @@ def assumption_docs() -> dict[str, str]:
     return {f.name: f.metadata["doc"] for f in fields(Assumptions)}
 
 
+_NUMBERS = ("int", "float", "bool")
+
+
 def with_overrides(base: Assumptions, pairs: list[str], where: str = "--assume") -> Assumptions:
     """Apply ``KEY=VALUE`` overrides, converting VALUE to the field's type."""
     types = {f.name: f.type for f in fields(Assumptions)}
+    settable = ", ".join(k for k, t in types.items() if str(t) in _NUMBERS)
     changes: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in types:
-            raise InputError(
-                f"expected KEY=VALUE with a known key, got {pair!r}", f"known keys: {', '.join(types)}", where
-            )
+            raise InputError(f"expected KEY=VALUE with a known key, got {pair!r}", f"known keys: {settable}", where)
+        if str(types[key]) not in _NUMBERS:
+            raise InputError(f"{key} is measured, not a number to assume", "set it with --calibrate BENCH.json from "
+                             "`fstrain bench --suite compute --out BENCH.json`", where)
         changes[key] = _convert(text.strip(), str(types[key]), f"{where} {key}")
     return replace(base, **changes)
 

@@ -11,7 +11,10 @@ FILE is one of two documents, told apart by their keys:
     It is divided by ``collective_efficiency`` because the time model multiplies them again, so
     the model's effective bandwidth equals the measured bus bandwidth;
   - matmul TFLOPS of the slowest GPU -> ``mfu``: a step waits for its slowest GPU, so the MFU is
-    scaled by slowest/median, and no GPU can beat the matmul rate it reached: mfu <= slowest/peak.
+    scaled by slowest/median, and no GPU can beat the matmul rate it reached: mfu <= slowest/peak;
+  - the GEMM-shape sweep (every shape at its slowest rank; a document without one: the square
+    matmul) -> ``gemm_curve`` (fstrain/core/plan/gemmcurve.py), only when it was measured on the
+    plan's GPU kind: a curve from a CPU or another GPU is left out with the reason.
 - the bundled trainer's summary (``summary.json``, fstrain/train/loop.py):
   - tokens/s -> ``mfu`` = tokens/s x model FLOPs per token / (ranks x peak FLOP/s);
   - max reserved / max allocated memory -> ``fragmentation_fraction`` = reserved/allocated - 1.
@@ -27,9 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fstrain.core.bench.gemm import gemm_curve
 from fstrain.core.bench.pairs import link_table
-from fstrain.core.bench.report import SCHEMA, collective_summaries, compute_rows
+from fstrain.core.bench.report import SCHEMA, collective_summaries, compute_rows, gpu_of
 from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.gemmcurve import MeasuredGemmCurve
 from fstrain.core.plan.plancluster import PlanCluster
 from fstrain.core.plan.schema import ModelSpec
 from fstrain.core.plan.timemodel import flops_per_token
@@ -56,13 +61,15 @@ class Calibration:
     replaced: list[Replacement] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     """Measurements left out, each with the reason."""
+    gemm_curve: MeasuredGemmCurve | None = None
+    """The GEMM curve now in ``assumptions`` (None: the document had none for this plan)."""
 
 
 def calibrate(document: Any, where: str, *, assumptions: Assumptions, cluster: PlanCluster, precision: str,
               model: ModelSpec | None) -> Calibration:
     """Replace what ``document`` measures; ``where`` names the file in errors."""
     if isinstance(document, dict) and document.get("schema") == SCHEMA:
-        return _from_bench(document, assumptions, cluster, precision)
+        return _from_bench(document, where, assumptions, cluster, precision)
     if isinstance(document, dict) and all(key in document for key in SUMMARY_KEYS):
         return _from_summary(document, where, assumptions, cluster, precision, model)
     raise InputError("neither a bench document nor a trainer summary",
@@ -73,7 +80,7 @@ def current_mfu(assumptions: Assumptions, cluster: PlanCluster, precision: str) 
     return assumptions.mfu or cluster.speed_node(precision, assumptions.mfu).gpu.achievable_mfu
 
 
-def _from_bench(doc: Mapping[str, Any], assumptions: Assumptions, cluster: PlanCluster,
+def _from_bench(doc: Mapping[str, Any], where: str, assumptions: Assumptions, cluster: PlanCluster,
                 precision: str) -> Calibration:
     replaced: list[Replacement] = []
     ignored: list[str] = []
@@ -123,7 +130,31 @@ def _from_bench(doc: Mapping[str, Any], assumptions: Assumptions, cluster: PlanC
         replaced.append(Replacement("mfu", old_mfu, new_mfu,
                                     f"slowest GPU's bf16 matmul {slowest:.0f} TFLOPS (median {median:.0f}, "
                                     f"peak {peak:.0f}): mfu x slowest/median, at most slowest/peak"))
-    return _result(assumptions, new_cluster, "bench", replaced, ignored)
+    result = _result(assumptions, new_cluster, "bench", replaced, ignored)
+    curve = gemm_curve(doc, where)
+    mismatch = curve_mismatch(curve, cluster) if curve is not None else ""
+    if curve is None:
+        return result
+    if mismatch:
+        ignored.append(f"GEMM curve ({curve}): {mismatch}")
+        return result
+    return replace(result, assumptions=replace(result.assumptions, gemm_curve=curve), gemm_curve=curve)
+
+
+def curve_mismatch(curve: MeasuredGemmCurve, cluster: PlanCluster) -> str:
+    """Why a measured GEMM curve cannot price this plan's GPUs ("" when it can: same GPU kind)."""
+    planned = sorted({node.gpu.label for node in cluster.nodes})
+    if curve.device_type != "cuda":
+        return f"measured on a CPU, and the plan is for {', '.join(planned)} GPUs"
+    if " + " in curve.device_name:  # gemm_curve joins the names of the ranks' devices
+        return "measured on GPUs of several kinds: calibrate from a bench of the plan's GPU kind alone"
+    spec = gpu_of(curve.device_name)
+    if spec is None:
+        return (f"{curve.device_name} is not in the GPU table, so it cannot be matched with the plan's "
+                f"{', '.join(planned)}")
+    if {node.gpu.name for node in cluster.nodes} != {spec.name}:
+        return f"measured on {spec.label}, and the plan is for {', '.join(planned)}: measure on the plan's GPUs"
+    return ""
 
 
 def _inter_node_gbps(doc: Mapping[str, Any], summaries: Mapping[tuple[str, str], Any],
