@@ -204,7 +204,6 @@ def framework_assumptions(framework: FrameworkProfile, assumptions: Assumptions)
     """``assumptions`` with the framework's defaults in the fields still at fstrain's: an
     ``--assume`` that differs from fstrain's default wins over the profile."""
     defaults = {f.name: f.default for f in fields(Assumptions)}
-    changes = {}
     if framework.sequence_parallel is not None and assumptions.sequence_parallel == defaults["sequence_parallel"]:
-        changes["sequence_parallel"] = framework.sequence_parallel
-    return replace(assumptions, **changes)
+        return replace(assumptions, sequence_parallel=framework.sequence_parallel)
+    return assumptions
