@@ -20,7 +20,9 @@ from typing import Any
 from fstrain.core.plan.acpolicy import AC_SEARCHED, every_k
 from fstrain.core.plan.adafactor import adafactor_problem, check_adafactor
 from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.blocktime import KernelModel
 from fstrain.core.plan.contextparallel import CP_STRATEGIES, cp_problem
+from fstrain.core.plan.kernelcost import GemmEfficiency, GpuRates
 from fstrain.core.plan.losses import has_vocab_head, parse_loss
 from fstrain.core.plan.memory import (
     GIB,
@@ -215,17 +217,22 @@ def plan(
     assumptions: Assumptions = Assumptions(),
     *,
     suggest: bool = True,
+    gemm_curve: GemmEfficiency | None = None,
 ) -> PlanResult:
-    """Search every configuration the pins allow; rank those that fit by throughput."""
+    """Search every configuration the pins allow; rank those that fit by throughput.
+
+    ``gemm_curve``: the slowest GPU's measured GEMM efficiency (``fstrain bench --suite compute``),
+    which replaces the published curve the kernel model prices GEMMs on."""
     _check_inputs(model, training, cluster, pins)
     training = dataclasses.replace(training, loss=parse_loss(training.loss, "--loss"))  # chunked: chunked:8
     model = model.for_loss(training.loss)
-    plans, rejected, considered = _search(model, training, cluster, pins, assumptions, first_fit=False)
+    plans, rejected, considered = _search(model, training, cluster, pins, assumptions, first_fit=False,
+                                          gemm_curve=gemm_curve)
     plans.sort(key=_rank_key)
     rejected.sort(key=lambda p: (round(p.overshoot, 2), p.memory.peak, *_tie_key(p)))
     suggestions: tuple[str, ...] = ()
     if not plans and model.spec is not None:  # what the closest would run at, had they fitted
-        timer = _Evaluator(model, training, cluster, assumptions)
+        timer = _Evaluator(model, training, cluster, assumptions, gemm_curve)
         closest = rejected[:CLOSEST_TIMED]
         rejected[:CLOSEST_TIMED] = [dataclasses.replace(p, time=timer.timing(p.knobs)) for p in closest]
     if not plans and suggest:
@@ -536,7 +543,8 @@ class _Evaluator:
     """Evaluates one configuration; holds what every evaluation of a search shares."""
 
     def __init__(
-        self, model: PlanModel, training: TrainingSpec, cluster: PlanCluster, assumptions: Assumptions
+        self, model: PlanModel, training: TrainingSpec, cluster: PlanCluster, assumptions: Assumptions,
+        gemm_curve: GemmEfficiency | None = None,
     ) -> None:
         self.model, self.training, self.cluster, self.assumptions = model, training, cluster, assumptions
         self.usable = cluster.usable_memory_bytes
@@ -550,6 +558,9 @@ class _Evaluator:
         peak = gpu.peak_flops(training.precision)
         self.fp8 = Fp8Rates(peak, gpu.fp8_flops, gpu.hbm_bandwidth_bytes_per_s,
                             assumptions.mfu or gpu.achievable_mfu) if training.fp8 else None
+        rates = GpuRates(gpu.name, tuple((d, gpu.peak_flops(d)) for d in ("bf16", "fp16", "fp8", "fp32")),
+                         gpu.hbm_bandwidth_bytes_per_s)
+        self.kernels = KernelModel(rates, assumptions, gemm_curve)
         self.cache: dict[Any, Any] = {}
         self.considered = 0
 
@@ -613,7 +624,7 @@ class _Evaluator:
         assert m.spec is not None
         return step_time(
             m.spec, rank_params(m, knobs), knobs, self.effective, self.cluster_peak, self.links, self.assumptions,
-            rank_expert_params(m, knobs), self.fp8,
+            rank_expert_params(m, knobs), self.fp8, self.kernels,
         )
 
 
@@ -624,6 +635,7 @@ def _search(
     pins: Pins,
     assumptions: Assumptions,
     first_fit: bool,
+    gemm_curve: GemmEfficiency | None = None,
 ) -> tuple[list[Plan], list[Plan], int]:
     """Evaluate the configurations the pins allow, skipping the ones that cannot matter.
 
@@ -635,7 +647,7 @@ def _search(
     """
     plans: list[Plan] = []
     rejected: list[Plan] = []
-    evaluate = _Evaluator(model, training, cluster, assumptions)
+    evaluate = _Evaluator(model, training, cluster, assumptions, gemm_curve)
     cp = pins.cp or 1
     acs = [pins.activation_checkpointing] if pins.activation_checkpointing else list(AC_SEARCHED)
     if model.spec is None:
