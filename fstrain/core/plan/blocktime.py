@@ -45,6 +45,11 @@ FP32 = 4
 OPTIMIZER_BYTES_PER_PARAM = {"adamw": 30.0, "sgd": 14.0, "adam8bit": 14.0, "adafactor": 14.0}
 
 
+def fitted_scale(gpu_name: str) -> float:
+    """The shipped ``compute_time_scale`` of the GPU's generation (all runs' for one without runs)."""
+    return COMPUTE_TIME_SCALE.get(generation(gpu_name), COMPUTE_TIME_SCALE["all"])
+
+
 @dataclass(frozen=True)
 class ComputeTerms:
     """Seconds of one micro-batch's kernels on one rank, by kind."""
@@ -68,17 +73,23 @@ class KernelModel:
         self.assumptions = assumptions
         self.gemms = GemmPricer(curve or PublishedGemmCurve(gpu, assumptions.hbm_efficiency))
         self.hbm_bytes_per_s = gpu.hbm_bytes_per_s * assumptions.hbm_efficiency
-        fitted = COMPUTE_TIME_SCALE.get(generation(gpu.name), COMPUTE_TIME_SCALE["all"])
-        self.scale = assumptions.compute_time_scale or fitted
+        self.scale = assumptions.compute_time_scale or fitted_scale(gpu.name)
         self._cache: dict[Any, ComputeTerms] = {}
+        self._models: list[ModelSpec] = []  # keeps each id() in the cache keys alive
 
     def micro_batch(self, model: ModelSpec, knobs: PlanKnobs, layers: int, last_stage: bool = True) -> ComputeTerms:
         """``layers`` blocks (and the output layer when ``last_stage``) of one micro-batch on one
         rank of ``knobs`` (with ``cp > 1``, ``seq_len / cp`` tokens of each sequence, attending over
         all ``seq_len``)."""
-        key = (model, knobs, layers, last_stage)
+        # Only these knobs change a micro-batch's kernels (not dp, the strategy, accumulation...):
+        # the search asks for the same few many times.
+        k = knobs
+        key = (id(model), k.tp, k.cp, k.micro_batch_size, k.seq_len, k.activation_checkpointing, k.precision,
+               k.flash_attention, k.loss, k.compile, k.fused_rmsnorm, k.fp8,
+               k.shard_group_size if k.fp8_all_gather else 0, layers, last_stage)
         cached = self._cache.get(key)
         if cached is None:
+            self._models.append(model)
             cached = self._price(model, knobs, layers, last_stage)
             self._cache[key] = cached
         return cached
