@@ -408,10 +408,10 @@ def summary(outcomes: list[Outcome]) -> dict[str, float]:
     mem, tput, counted = memory_errors(outcomes), throughput_errors(outcomes), scored(outcomes)
     return {
         "memory runs": len(mem),
-        "memory median |error| %": median_abs(mem),
+        "memory median abs. error (%)": median_abs(mem),
         f"memory within {MEMORY_WITHIN_PCT:g} %": share_within(mem, MEMORY_WITHIN_PCT),
         "throughput runs": len(tput),
-        "throughput median |error| %": median_abs(tput),
+        "throughput median abs. error (%)": median_abs(tput),
         f"throughput within {THROUGHPUT_WITHIN_PCT:g} %": share_within(tput, THROUGHPUT_WITHIN_PCT),
         "fit verdicts right": sum(o.fit_agrees for o in counted),
         "fit verdicts": len(counted),
@@ -420,9 +420,9 @@ def summary(outcomes: list[Outcome]) -> dict[str, float]:
 
 def side_by_side(in_sample: list[Outcome], loso: list[Outcome]) -> str:
     """In-sample and leave-one-source-out figures, one row per figure, with the targets."""
-    targets = {"memory median |error| %": f"<= {MEMORY_TARGET_PCT:g}",
+    targets = {"memory median abs. error (%)": f"<= {MEMORY_TARGET_PCT:g}",
                f"memory within {MEMORY_WITHIN_PCT:g} %": f">= {MEMORY_WITHIN_SHARE:.0%}",
-               "throughput median |error| %": f"<= {THROUGHPUT_TARGET_PCT:g}",
+               "throughput median abs. error (%)": f"<= {THROUGHPUT_TARGET_PCT:g}",
                f"throughput within {THROUGHPUT_WITHIN_PCT:g} %": f">= {THROUGHPUT_WITHIN_SHARE:.0%}",
                "fit verdicts right": "all"}
     rows = ["| figure | in sample | leave one source out | target |", "|---|---|---|---|"]
@@ -752,7 +752,7 @@ def test_loso_throughput_error(loso: list[Outcome]) -> None:
 def test_side_by_side_and_sources_tables(outcomes: list[Outcome], loso: list[Outcome]) -> None:
     table = side_by_side(outcomes, loso).splitlines()
     assert table[0] == "| figure | in sample | leave one source out | target |"
-    median_row = next(row for row in table if row.startswith("| throughput median |error| % |"))
+    median_row = next(row for row in table if row.startswith("| throughput median abs. error (%) |"))
     assert median_row.split(" | ")[2] == f"{median_abs(throughput_errors(loso)):.1f}"
     sources = calibration_sources(CASES).splitlines()[2:]
     assert len(sources) == len({c.file for c in CASES})
