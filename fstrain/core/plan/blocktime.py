@@ -150,6 +150,7 @@ class KernelModel:
         else:
             forward, backward = eager_attention_s(self.gemms, self.hbm_bytes_per_s, dtype, b * heads, full_seq,
                                                   model.head_dim)
+            forward, backward = forward / knobs.cp, backward / knobs.cp  # a CP rank's share of the scores
             attention_again = full_again or (1.0 if ac == "megatron-selective" else 0.0)
             forward_kernels += 5
         out.attention_s += (1 + attention_again) * forward + backward
