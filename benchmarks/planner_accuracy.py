@@ -1,12 +1,15 @@
-"""The planner against published training runs, as a markdown table (not a test).
+"""The planner against published training runs, as markdown tables (not a test).
 
-    python benchmarks/planner_accuracy.py [--all] [--by-source]
+    python benchmarks/planner_accuracy.py [--all] [--by-source] [--fit]
 
 Plans every expressible run in tests/fixtures/planner/measured/ with all knobs pinned and prints
-measured vs predicted memory and tokens/s/GPU, the errors, the fit verdicts and the medians
-(the same evaluation tests/unit/test_planner_accuracy.py asserts on). ``--all`` also lists the
-runs the planner cannot express yet, with the reason; ``--by-source`` a summary with one row per
-source file (its runs, the median errors and the fit verdicts over the runs it has scored).
+the figures in sample (the shipped constants, fitted on every source) and leave one source out
+(each source predicted by constants re-fitted without it: the headline), then the error table
+of each, measured vs predicted memory and tokens/s/GPU with the fit verdicts (the same
+evaluation tests/unit/test_planner_accuracy.py asserts on), and the calibration sources.
+``--all`` also lists the runs the planner cannot express yet, with the reason; ``--by-source``
+a summary with one row per source file; ``--fit`` the constants fitted on every source (what
+fstrain/core/plan/fitted.py must hold) and on each leave-one-out fold.
 """
 
 from __future__ import annotations
@@ -16,17 +19,32 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.unit.test_planner_accuracy import evaluate_all, load_cases, markdown_table, source_table
+from fstrain.core.plan.fit import fit_constants
+from tests.unit.test_planner_accuracy import (
+    calibration_sources,
+    evaluate_all,
+    evaluate_loso,
+    fit_runs,
+    load_cases,
+    markdown_table,
+    side_by_side,
+    source_table,
+)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="also list the runs that are not expressible")
     parser.add_argument("--by-source", action="store_true", help="also print one summary row per source file")
+    parser.add_argument("--fit", action="store_true", help="also print the fitted constants, overall and per fold")
     args = parser.parse_args()
     cases = load_cases()
     outcomes = evaluate_all(cases)
-    print(markdown_table(outcomes))
+    loso, folds = evaluate_loso(cases)
+    print(side_by_side(outcomes, loso))
+    print("\n### Leave one source out\n\n" + markdown_table(loso))
+    print("\n### In sample\n\n" + markdown_table(outcomes))
+    print("\n### Calibration sources\n\n" + calibration_sources(cases))
     if args.all:
         print("\n| not expressible | source | why |\n|---|---|---|")
         for case in cases:
@@ -34,7 +52,13 @@ def main() -> int:
                 why = "; ".join(case.run.get("not_expressible_because") or [])
                 print(f"| {case.id} | {case.file} | {why} |")
     if args.by_source:
-        print("\n" + source_table(cases, outcomes))
+        print("\n### By source, leave one source out\n\n" + source_table(cases, loso))
+        print("\n### By source, in sample\n\n" + source_table(cases, outcomes))
+    if args.fit:
+        times, memories = fit_runs(cases)
+        print(f"\nfitted on every source: {fit_constants(times, memories).as_dict()}")
+        for source, constants in folds.items():
+            print(f"without {source}: {constants.as_dict()}")
     return 0
 
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from fstrain.core.plan.memory import MemoryBreakdown
     from fstrain.core.plan.plancluster import PlanCluster
     from fstrain.core.plan.planner import Plan, PlanModel, PlanResult, TrainingSpec
+    from fstrain.core.plan.timemodel import StepTime
 
 GIB = 1 << 30
 BAR_WIDTH = 64
@@ -58,15 +59,7 @@ def print_plans(
                  "PyTorch frees cached blocks and retries before it fails (expect slower steps)")
         emit(_details_lines(best.memory))
         if best.time is not None:
-            t = best.time
-            emit(
-                f"step {t.step_time_s:.2f} s = compute {t.compute_s:.2f} + bubble {t.bubble_s:.2f}"
-                f" + TP {t.tp_comm_s:.2f} + PP {t.pp_comm_s:.2f}"
-                + (f" + EP all-to-all {t.ep_comm_s:.2f}" if t.ep_comm_s else "")
-                + (f" + CP ring {t.cp_comm_s:.2f}" if t.cp_comm_s else "")
-                + f" + exposed DP {t.dp_exposed_s:.2f}"
-                f" (of {t.dp_comm_s:.2f}) + offload {t.offload_s:.2f}"
-            )
+            emit(_time_lines(best.time))
     else:
         emit("[red bold]nothing fits.[/red bold] The closest configurations:")
         emit(_plans_table(result.rejected[:top], training, fitting=False))
@@ -236,9 +229,34 @@ def _details_lines(memory: MemoryBreakdown) -> str:
     )
 
 
+def _time_lines(t: StepTime) -> str:
+    """One step's time, term by term, each with its share of the step (aligned like memory's).
+
+    Compute runs in the pipeline's slots; the optimizer's update, the exposed data-parallel
+    traffic and offload come after them. Communication inside the slots (TP, PP, EP, CP) and the
+    bubble add to the step as shown; the data-parallel traffic hidden behind compute does not."""
+    rows: list[tuple[str, float]] = [("compute", t.compute_s)]
+    if t.gemm_s or t.attention_s:
+        rows += [("  GEMMs", t.gemm_s), ("  attention", t.attention_s), ("  elementwise, norms, loss (HBM)",
+                                                                           t.elementwise_s)]
+        rows += [("  kernel launches (not hidden)", t.launch_s)] if t.launch_s else []
+    rows += [("optimizer step", t.optimizer_s), ("pipeline bubble", t.bubble_s), ("TP communication", t.tp_comm_s),
+             ("PP communication", t.pp_comm_s), ("EP all-to-all", t.ep_comm_s), ("CP ring attention", t.cp_comm_s),
+             (f"DP communication exposed (of {t.dp_comm_s:.3f} s)", t.dp_exposed_s), ("offload", t.offload_s)]
+    shown = [(name, value) for name, value in rows if value or name == "compute"]
+    shown.append(("step", t.step_time_s))
+    width = max(len(name) for name, _ in shown)
+    lines = [f"  {name:<{width}} {value:>9.3f} s {100 * value / t.step_time_s:>5.1f} %" for name, value in shown]
+    lines[-1] = f"[bold]{lines[-1]}[/bold]"
+    return "\n".join(lines)
+
+
 def _assumption_lines(assumptions: Assumptions, cluster: PlanCluster) -> str:
     """Every assumption and its value, two to a line; docs/planner.md says why each is what it is."""
     from dataclasses import fields
+
+    from fstrain.core.plan.blocktime import fitted_scale
+    from fstrain.core.plan.kernelcost import generation
 
     cells: list[str] = []
     for field in fields(assumptions):
@@ -248,7 +266,10 @@ def _assumption_lines(assumptions: Assumptions, cluster: PlanCluster) -> str:
         elif value is None:
             shown = "not measured"
         elif key == "mfu" and not value:
-            shown = ", ".join(sorted({f"{n.gpu.achievable_mfu:g} ({n.gpu.label})" for n in cluster.nodes}))
+            shown = "0 (kernels)"
+        elif key == "compute_time_scale" and not value:
+            names = {n.gpu.name for n in cluster.nodes}
+            shown = ", ".join(sorted(f"{fitted_scale(name):g} ({generation(name)})" for name in names))
         elif isinstance(value, float):
             shown = f"{value:g}"
         elif isinstance(value, int) and not isinstance(value, bool):

@@ -77,7 +77,8 @@ def test_fsdp1_no_sync_keeps_the_whole_unsharded_gradient() -> None:
     outside = 2 * 128256 * 4096 + 4096
     assert items(lightning)[FSDP1_ROOT_ITEM] == 2 * outside and FSDP1_ROOT_ITEM not in items(torchtitan)
     assert lightning.peak - torchtitan.peak == pytest.approx(
-        1.1 * (2 * LLAMA.num_params + 2 * outside - 4 * LLAMA.num_params // 8), rel=1e-6)  # plus fragmentation
+        (1 + Assumptions().fragmentation_fraction) * (2 * LLAMA.num_params + 2 * outside - 4 * LLAMA.num_params // 8),
+        rel=1e-6)  # plus the allocator's margin
     # One micro-batch: nothing accumulates; a DeepSpeed strategy has no no_sync.
     assert NO_SYNC_ITEM not in items(breakdown("lightning", gas=1))
     assert NO_SYNC_ITEM not in items(breakdown("accelerate", strategy="zero2", gas=4))

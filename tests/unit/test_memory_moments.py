@@ -59,7 +59,8 @@ def test_zero2_offload_tutorial_charges_each_transient_at_its_own_moment() -> No
         "optimizer step": weights + staging,  # DeepSpeed's fused Adam runs on the host
     }
     overhead = 512 << 20  # CUDA context; one GPU: no NCCL communicator
-    expected = {name: value + overhead + int(value * 0.10) for name, value in live.items()}
+    margin = Assumptions().fragmentation_fraction
+    expected = {name: value + overhead + int(value * margin) for name, value in live.items()}
     assert dict(m.moments) == expected
     assert m.phase == "loss" and m.peak == expected["loss"] == max(expected.values())
     assert items["logits and loss"] == logits and "DeepSpeed reduce buckets (2, overlap_comm)" not in items
@@ -133,7 +134,7 @@ def test_fused_loss_shrinks_only_the_logits() -> None:
     without = {k: v for k, v in full.details if k not in ("logits and loss", "allocator fragmentation")}
     assert without == {k: v for k, v in fused.details if k not in ("logits and loss", "allocator fragmentation")}
     usable = 79.6 * GIB  # 80 GB H100 after fstrain's reserve
-    assert full.required > usable > fused.peak
+    assert full.required > usable > fused.required  # fits without the allocator's margin, as it ran
 
 
 def test_the_loss_travels_in_the_plan_file_and_unknown_ones_are_refused() -> None:

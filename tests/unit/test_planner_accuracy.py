@@ -8,10 +8,15 @@ can express is planned with every knob pinned, through the same resolvers
 tokens per second per GPU, and whether it fits at all. The error table of every case is printed
 (``pytest -s`` shows it; ``python benchmarks/planner_accuracy.py`` prints it as markdown).
 
-Targets: median |memory error| <= 10 % and median |throughput error| <= 20 % (each over at least
-8 runs from 3 sources), the fit verdict right on every run the planner can plan. Runs that need a
-planner feature it lacks (an AC policy, a precision mode, torch.compile, ...) are listed as
-waiting for exactly that feature and join the targets as soon as the planner accepts it.
+The targets hold **leave one source out** (LOSO): every constant fitted on measured runs
+(:mod:`fstrain.core.plan.fit`) is re-fitted without a source, and that source's runs are planned
+with the re-fit, so no run is predicted by constants read off itself or its siblings. Targets
+(issue 20): memory median |error| <= 10 % with >= 80 % of runs within 15 %; throughput median
+<= 15 % with >= 80 % within 25 % (each over at least 8 runs from 3 sources); the fit verdict right
+on every run the planner can plan. In-sample figures (the shipped constants, fitted on every
+source) are printed beside them. Runs that need a planner feature it lacks (an AC policy, a
+precision mode, torch.compile, ...) are listed as waiting for exactly that feature and join the
+targets as soon as the planner accepts it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import re
 import statistics
 import types
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +46,10 @@ from fstrain.api.plan import (
     resolve_training,
 )
 from fstrain.core.plan.assumptions import Assumptions, with_overrides
+from fstrain.core.plan.fit import FittedConstants, MemoryRun, TimeRun, fit_constants
+from fstrain.core.plan.fitted import COMPUTE_TIME_SCALE, FRAGMENTATION_FRACTION
+from fstrain.core.plan.gpus import lookup_gpu
+from fstrain.core.plan.kernelcost import generation
 from fstrain.core.plan.memory import MemoryBreakdown
 from fstrain.core.plan.planner import Pins, Plan, PlanModel, TrainingSpec, plan
 from fstrain.core.plan.recipe import parse_recipe
@@ -53,7 +62,9 @@ GIB = 1 << 30
 UNITS = {"GiB": GIB, "GB": 10**9, "MiB": 1 << 20, "MB": 10**6, "B": 1}
 MEMORY_KINDS = ("max_allocated", "max_active", "max_reserved", "nvidia_smi")
 MEMORY_TARGET_PCT = 10.0
-THROUGHPUT_TARGET_PCT = 20.0
+MEMORY_WITHIN_PCT, MEMORY_WITHIN_SHARE = 15.0, 0.80
+THROUGHPUT_TARGET_PCT = 15.0
+THROUGHPUT_WITHIN_PCT, THROUGHPUT_WITHIN_SHARE = 25.0, 0.80
 # Knobs a run may need beyond the flags every planner version has, with the value that means
 # "nothing special". A run needing another value is planned only once TrainingSpec or Pins has
 # a field of that name (then it is passed through); until then it is reported, not guessed.
@@ -247,8 +258,9 @@ def _has_field(obj: Any, name: str) -> bool:
     return name in {f.name for f in dataclasses.fields(obj)}
 
 
-def evaluate(case: Case) -> Outcome:
-    """Plan ``case`` with every knob pinned, as ``fstrain plan ... --json`` would."""
+def evaluate(case: Case, base: Assumptions = Assumptions()) -> Outcome:
+    """Plan ``case`` with every knob pinned, as ``fstrain plan ... --json`` would (``base``: the
+    assumptions before the run's own ``--assume``; the fitted constants of a fold)."""
     flags = case.flags
     gaps = planner_gaps(case)
     if gaps:
@@ -266,7 +278,7 @@ def evaluate(case: Case) -> Outcome:
         cluster = resolve_cluster(ClusterRequest(
             num_nodes=flags["num_nodes"], gpus_per_node=flags["gpus_per_node"], gpu=flags["gpu"],
             inter_node_gbps=flags.get("inter_node_gbps"), **overrides))
-        assumptions = with_overrides(Assumptions(), [f"{k}={v}" for k, v in (flags.get("assume") or {}).items()])
+        assumptions = with_overrides(base, [f"{k}={v}" for k, v in (flags.get("assume") or {}).items()])
         result = plan(model, training, cluster, pins, assumptions, suggest=False)
     except FstrainError as exc:
         return Outcome(case, error=" ".join(str(exc).split()))
@@ -315,8 +327,60 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
     return [*argv, "--json"]
 
 
-def evaluate_all(cases: Iterable[Case] | None = None) -> list[Outcome]:
-    return [evaluate(case) for case in (load_cases() if cases is None else cases) if case.expressible]
+def evaluate_all(cases: Iterable[Case] | None = None, base: Assumptions = Assumptions()) -> list[Outcome]:
+    return [evaluate(case, base) for case in (load_cases() if cases is None else cases) if case.expressible]
+
+
+def fit_runs(cases: Iterable[Case]) -> tuple[list[TimeRun], list[MemoryRun]]:
+    """What :func:`fstrain.core.plan.fit.fit_constants` fits on: every scored run's measured step
+    time against the model's, linearised in ``compute_time_scale`` (planned at 1 and at 2), and
+    every run's max reserved and max allocated bytes where it reports both."""
+    cases = [c for c in cases if c.expressible]
+    at_one = evaluate_all(cases, replace(Assumptions(), compute_time_scale=1.0, fragmentation_fraction=0.0))
+    at_two = evaluate_all(cases, replace(Assumptions(), compute_time_scale=2.0, fragmentation_fraction=0.0))
+    times, memories = [], []
+    for one, two in zip(at_one, at_two, strict=True):
+        case = one.case
+        if one.plan is None or one.unsupported:
+            continue
+        tokens = case.measured_tokens_per_s_per_gpu()
+        if one.plan.time and two.plan and two.plan.time and tokens and case.measured.get("fits"):
+            world = case.flags["num_nodes"] * case.flags["gpus_per_node"]
+            scaled = two.plan.time.step_time_s - one.plan.time.step_time_s
+            times.append(TimeRun(case.file, case_generation(case),
+                                 one.plan.time.tokens_per_step / (tokens * world),
+                                 one.plan.time.step_time_s - scaled, scaled))
+        allocated = case.measured.get("max_allocated_bytes")
+        if allocated and case.measured.get("memory_kind", "max_reserved") == "max_reserved":
+            memories.append(MemoryRun(case.file, case.measured_memory_bytes() or 0.0, float(allocated)))
+    return times, memories
+
+
+def case_generation(case: Case) -> str:
+    """The GPU generation the planner prices ``case`` with: a GPU outside the table (given by its
+    memory and TFLOPS, as `plan --gpu NAME --gpu-memory --gpu-tflops` takes it) keeps its own name."""
+    try:
+        return generation(lookup_gpu(case.flags["gpu"]).name)
+    except FstrainError:
+        return generation(str(case.flags["gpu"]).lower())
+
+
+def fitted_assumptions(constants: FittedConstants, case: Case) -> Assumptions:
+    """The assumptions ``constants`` make for ``case`` (its GPU generation's compute scale)."""
+    scale = constants.scale_for(case_generation(case))
+    return replace(Assumptions(), compute_time_scale=scale, fragmentation_fraction=constants.fragmentation_fraction)
+
+
+def evaluate_loso(cases: Iterable[Case]) -> tuple[list[Outcome], dict[str, FittedConstants]]:
+    """Leave one source out: each source's runs planned with the constants fitted on the others'
+    (same order as :func:`evaluate_all`), and each source's fold."""
+    cases = [c for c in cases if c.expressible]
+    times, memories = fit_runs(cases)
+    folds = {}
+    for source in sorted({c.file for c in cases}):
+        folds[source] = fit_constants([r for r in times if r.source != source],
+                                      [r for r in memories if r.source != source])
+    return [evaluate(case, fitted_assumptions(folds[case.file], case)) for case in cases], folds
 
 
 def median_abs(errors: Iterable[float | None]) -> float:
@@ -334,12 +398,68 @@ def memory_errors(outcomes: Iterable[Outcome]) -> list[float | None]:
     return [o.memory_error_pct for o in scored(outcomes) if o.case.measured_memory_bytes() is not None]
 
 
+def throughput_scored(outcomes: Iterable[Outcome]) -> list[Outcome]:
+    """The scored runs with a measured throughput that trained (what the throughput targets count)."""
+    return [o for o in scored(outcomes) if o.case.measured_tokens_per_s_per_gpu() is not None
+            and o.case.measured.get("fits")]
+
+
 def throughput_errors(outcomes: Iterable[Outcome]) -> list[float | None]:
-    return [
-        o.throughput_error_pct
-        for o in scored(outcomes)
-        if o.case.measured_tokens_per_s_per_gpu() is not None and o.case.measured.get("fits")
-    ]
+    return [o.throughput_error_pct for o in throughput_scored(outcomes)]
+
+
+def share_within(errors: Iterable[float | None], bound_pct: float) -> float:
+    """The share of runs whose |error| is at most ``bound_pct`` (no number counts as outside)."""
+    values = list(errors)
+    return sum(e is not None and abs(e) <= bound_pct for e in values) / len(values) if values else math.nan
+
+
+def summary(outcomes: list[Outcome]) -> dict[str, float]:
+    """The figures the targets are stated in."""
+    mem, tput, counted = memory_errors(outcomes), throughput_errors(outcomes), scored(outcomes)
+    return {
+        "memory runs": len(mem),
+        "memory median abs. error (%)": median_abs(mem),
+        f"memory within {MEMORY_WITHIN_PCT:g} %": share_within(mem, MEMORY_WITHIN_PCT),
+        "throughput runs": len(tput),
+        "throughput median abs. error (%)": median_abs(tput),
+        f"throughput within {THROUGHPUT_WITHIN_PCT:g} %": share_within(tput, THROUGHPUT_WITHIN_PCT),
+        "fit verdicts right": sum(o.fit_agrees for o in counted),
+        "fit verdicts": len(counted),
+    }
+
+
+def side_by_side(in_sample: list[Outcome], loso: list[Outcome]) -> str:
+    """In-sample and leave-one-source-out figures, one row per figure, with the targets."""
+    targets = {"memory median abs. error (%)": f"<= {MEMORY_TARGET_PCT:g}",
+               f"memory within {MEMORY_WITHIN_PCT:g} %": f">= {MEMORY_WITHIN_SHARE:.0%}",
+               "throughput median abs. error (%)": f"<= {THROUGHPUT_TARGET_PCT:g}",
+               f"throughput within {THROUGHPUT_WITHIN_PCT:g} %": f">= {THROUGHPUT_WITHIN_SHARE:.0%}",
+               "fit verdicts right": "all"}
+    rows = ["| figure | in sample | leave one source out | target |", "|---|---|---|---|"]
+    for (name, inside), outside in zip(summary(in_sample).items(), summary(loso).values(), strict=True):
+        def shown(value: float, figure: str = name) -> str:
+            if "within" in figure:
+                return f"{value:.0%}"
+            return f"{value:.1f}" if "%" in figure else f"{value:g}"
+        rows.append(f"| {name} | {shown(inside)} | {shown(outside)} | {targets.get(name, '')} |")
+    return "\n".join(rows)
+
+
+def calibration_sources(cases: Iterable[Case]) -> str:
+    """The calibration sources, one row per file: what it is, at which commit, how many runs."""
+    rows = ["| file | source | commit | runs |", "|---|---|---|---|"]
+    counts = collections.Counter(case.file for case in cases)
+    firsts = {}
+    for case in cases:
+        firsts.setdefault(case.file, case)
+    for name in sorted(counts):
+        source = firsts[name].source
+        what = source.get("repository") or source.get("paper") or source.get("url") or source.get("title") or "-"
+        where = f"{what}: {source['path']}" if source.get("path") else str(what)
+        commit = str(source.get("commit") or "-")[:12]
+        rows.append(f"| `{name}` | {' '.join(where.split())} | {commit} | {counts[name]} |")
+    return "\n".join(rows)
 
 
 def _num(value: float | None, digits: int = 1, suffix: str = "") -> str:
@@ -569,12 +689,51 @@ def test_error_table_has_every_expressible_case(outcomes: list[Outcome]) -> None
             assert (o.predicted_memory_bytes == o.plan.memory.peak) == (kind == "nvidia_smi"), o.case.id
 
 
-def test_median_memory_error(outcomes: list[Outcome]) -> None:
-    errors = memory_errors(outcomes)
-    sources = {o.case.file for o in scored(outcomes) if o.case.measured_memory_bytes() is not None}
+@pytest.fixture(scope="module")
+def loso() -> list[Outcome]:
+    results, _ = evaluate_loso(CASES)
+    print("\nleave one source out\n" + markdown_table(results))
+    return results
+
+
+def test_shipped_constants_are_the_fit_over_every_source() -> None:
+    times, memories = fit_runs(CASES)
+    fitted = fit_constants(times, memories)
+    assert fitted.compute_time_scale == COMPUTE_TIME_SCALE, "update fstrain/core/plan/fitted.py from the fit"
+    assert fitted.fragmentation_fraction == FRAGMENTATION_FRACTION, "update fstrain/core/plan/fitted.py"
+    # Every source with runs of its kind joins the fit: a new file in the folder joins by itself.
+    assert {r.source for r in times} == {o.case.file for o in throughput_scored(evaluate_all(CASES))}
+    assert len(times) >= 8 and len(memories) >= 3
+
+
+def test_loso_refits_without_the_source_it_predicts() -> None:
+    _, folds = evaluate_loso(CASES)
+    times, memories = fit_runs(CASES)
+    assert set(folds) == {c.file for c in CASES if c.expressible}
+    for source, constants in folds.items():
+        assert constants == fit_constants([r for r in times if r.source != source],
+                                          [r for r in memories if r.source != source]), source
+
+
+def test_loso_median_memory_error(loso: list[Outcome]) -> None:
+    errors = memory_errors(loso)
+    sources = {o.case.file for o in scored(loso) if o.case.measured_memory_bytes() is not None}
     # A median is only a statement about the planner when it spans frameworks.
     assert len(errors) >= 8 and len(sources) >= 3, f"{len(errors)} memory cases from {len(sources)} sources"
-    assert median_abs(errors) <= MEMORY_TARGET_PCT, markdown_table(outcomes)
+    assert median_abs(errors) <= MEMORY_TARGET_PCT, markdown_table(loso)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20's target: >= 80 % of runs within 15 %; measured 78 % (36 of 46)")
+def test_loso_memory_within_15_percent_meets_the_target(loso: list[Outcome]) -> None:
+    assert share_within(memory_errors(loso), MEMORY_WITHIN_PCT) >= MEMORY_WITHIN_SHARE
+
+
+def test_loso_memory_within_15_percent_does_not_regress(loso: list[Outcome]) -> None:
+    """What the model reaches today (10 of 46 runs off by more than 15 %), held until the target
+    above is met: a new source may add runs, none may fall out of the band."""
+    errors = memory_errors(loso)
+    outside = [e for e in errors if e is None or abs(e) > MEMORY_WITHIN_PCT]
+    assert len(outside) <= 10, markdown_table(loso)
 
 
 @pytest.mark.parametrize("case_id", ["tt24-l2-70b-fsdp64-full", "atorch-l2-7b-ds3d-tp2-pp2-dp2",
@@ -596,11 +755,22 @@ def test_the_harness_plans_what_the_command_line_plans(case_id: str, tmp_path: P
     assert printed["tokens_per_s"] == pytest.approx(outcome.plan.time.tokens_per_s)
 
 
-def test_median_throughput_error(outcomes: list[Outcome]) -> None:
-    errors = throughput_errors(outcomes)
-    sources = {o.case.file for o in scored(outcomes) if o.case.measured_tokens_per_s_per_gpu() is not None}
+def test_loso_throughput_error(loso: list[Outcome]) -> None:
+    errors = throughput_errors(loso)
+    sources = {o.case.file for o in scored(loso) if o.case.measured_tokens_per_s_per_gpu() is not None}
     assert len(errors) >= 8 and len(sources) >= 3, f"{len(errors)} throughput cases from {len(sources)} sources"
-    assert median_abs(errors) <= THROUGHPUT_TARGET_PCT, markdown_table(outcomes)
+    assert median_abs(errors) <= THROUGHPUT_TARGET_PCT, markdown_table(loso)
+    assert share_within(errors, THROUGHPUT_WITHIN_PCT) >= THROUGHPUT_WITHIN_SHARE, markdown_table(loso)
+
+
+def test_side_by_side_and_sources_tables(outcomes: list[Outcome], loso: list[Outcome]) -> None:
+    table = side_by_side(outcomes, loso).splitlines()
+    assert table[0] == "| figure | in sample | leave one source out | target |"
+    median_row = next(row for row in table if row.startswith("| throughput median abs. error (%) |"))
+    assert median_row.split(" | ")[2] == f"{median_abs(throughput_errors(loso)):.1f}"
+    sources = calibration_sources(CASES).splitlines()[2:]
+    assert len(sources) == len({c.file for c in CASES})
+    assert sum(int(row.strip("| ").split(" | ")[-1]) for row in sources) == len(CASES)
 
 
 def test_source_table_adds_up_to_the_summary_line(outcomes: list[Outcome]) -> None:
@@ -614,6 +784,7 @@ def test_source_table_adds_up_to_the_summary_line(outcomes: list[Outcome]) -> No
     assert cells[-1][2:] == [str(len(outcomes)), of, mem_n, f"{mem} %", tput_n, f"{tput} %", f"{right} of {of}"]
 
 
-def test_fit_verdict_agrees_on_every_expressible_case(outcomes: list[Outcome]) -> None:
-    wrong = [f"{o.case.id}: {o.error or _fit(o.predicted_fits)}" for o in scored(outcomes) if not o.fit_agrees]
-    assert not wrong, "\n".join(wrong)
+def test_fit_verdict_agrees_on_every_expressible_case(outcomes: list[Outcome], loso: list[Outcome]) -> None:
+    for results in (outcomes, loso):
+        wrong = [f"{o.case.id}: {o.error or _fit(o.predicted_fits)}" for o in scored(results) if not o.fit_agrees]
+        assert not wrong, "\n".join(wrong)

@@ -218,7 +218,8 @@ def test_cache_counts_at_the_loss_moment_only() -> None:
     off = memory_breakdown(LLAMA_8B, params, params.total, knobs, 8, Assumptions(autocast_weight_cache=False))
     on_moments, off_moments = dict(on.moments), dict(off.moments)
     cache = 2 * 32 * block_matmul_params(LLAMA_8B)
-    assert on_moments["loss"] - off_moments["loss"] == pytest.approx(cache * 1.1, rel=1e-6)
+    margin = 1 + Assumptions().fragmentation_fraction
+    assert on_moments["loss"] - off_moments["loss"] == pytest.approx(cache * margin, rel=1e-6)
     assert on_moments["backward"] == off_moments["backward"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from fstrain.core.plan.fitted import FRAGMENTATION_FRACTION
 from fstrain.core.plan.gemmcurve import MeasuredGemmCurve
 from fstrain.errors import InputError
 
@@ -39,9 +40,10 @@ class Assumptions:
     )
 
     fragmentation_fraction: float = _stated(
-        0.10,
-        "Allocator reserve above the live tensors (reserved/allocated 1.05-1.15 with the default "
-        "caching allocator; ZeRO section 3.2 saw more in extreme cases). Part of the peak, not of "
+        FRAGMENTATION_FRACTION,
+        "Allocator reserve above the live tensors, fitted on the calibration runs that report "
+        "reserved or nvidia-smi memory (fstrain/core/plan/fit.py; the literature's reserved/allocated "
+        "is 1.05-1.15 with the default caching allocator). Part of the peak, not of "
         "what must fit: the allocator frees its cache and retries before it fails an allocation.",
     )
 
@@ -163,6 +165,20 @@ class Assumptions:
         "Fixed time per transformer block and micro-batch, forward + backward, whatever its size: "
         "eager PyTorch launches about 30 kernels per block at a few microseconds each, so tiny "
         "micro-batches (seq 1) do not reach the GPU's FLOPs.",
+    )
+
+    kernel_launch_s: float = _stated(
+        4e-6,
+        "CPU time eager PyTorch takes to issue one kernel (dispatcher, autograd, the CUDA launch: a "
+        "few microseconds per op). A micro-batch costs at least its kernel count times this: what "
+        "bounds small models and micro-batches (fstrain/core/plan/kernelcost.py).",
+    )
+
+    compute_time_scale: float = _stated(
+        0.0,
+        "Measured step compute / the kernel model's priced GPU work: what a framework and the GPU's "
+        "sustained clocks add beyond the priced kernels. 0 takes the value fitted on the calibration "
+        "runs for the GPU's generation (fstrain/core/plan/fitted.py, fit.py; docs/validation/planner.md).",
     )
 
     hbm_efficiency: float = _stated(

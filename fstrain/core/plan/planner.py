@@ -20,8 +20,10 @@ from typing import Any
 from fstrain.core.plan.acpolicy import AC_SEARCHED, every_k
 from fstrain.core.plan.adafactor import adafactor_problem, check_adafactor
 from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.blocktime import KernelModel
 from fstrain.core.plan.contextparallel import CP_STRATEGIES, cp_problem
 from fstrain.core.plan.frameworks import framework_assumptions, profile
+from fstrain.core.plan.kernelcost import GpuRates
 from fstrain.core.plan.losses import has_vocab_head, parse_loss
 from fstrain.core.plan.memory import (
     GIB,
@@ -219,7 +221,10 @@ def plan(
     *,
     suggest: bool = True,
 ) -> PlanResult:
-    """Search every configuration the pins allow; rank those that fit by throughput."""
+    """Search every configuration the pins allow; rank those that fit by throughput.
+
+    ``assumptions.gemm_curve`` (``plan --calibrate`` with a bench of ``--suite compute``) replaces
+    the published curve the kernel model prices GEMMs on, for the dtypes it measured."""
     _check_inputs(model, training, cluster, pins)
     training = dataclasses.replace(training, loss=parse_loss(training.loss, "--loss"))  # chunked: chunked:8
     assumptions = framework_assumptions(profile(training.framework), assumptions)
@@ -541,7 +546,7 @@ class _Evaluator:
     """Evaluates one configuration; holds what every evaluation of a search shares."""
 
     def __init__(
-        self, model: PlanModel, training: TrainingSpec, cluster: PlanCluster, assumptions: Assumptions
+        self, model: PlanModel, training: TrainingSpec, cluster: PlanCluster, assumptions: Assumptions,
     ) -> None:
         self.model, self.training, self.cluster, self.assumptions = model, training, cluster, assumptions
         self.usable = cluster.usable_memory_bytes
@@ -555,6 +560,9 @@ class _Evaluator:
         peak = gpu.peak_flops(training.precision)
         self.fp8 = Fp8Rates(peak, gpu.fp8_flops, gpu.hbm_bandwidth_bytes_per_s,
                             assumptions.mfu or gpu.achievable_mfu) if training.fp8 else None
+        rates = GpuRates(gpu.name, tuple((d, gpu.peak_flops(d)) for d in ("bf16", "fp16", "fp8", "fp32")),
+                         gpu.hbm_bandwidth_bytes_per_s)
+        self.kernels = KernelModel(rates, assumptions)
         self.cache: dict[Any, Any] = {}
         self.considered = 0
 
@@ -619,7 +627,7 @@ class _Evaluator:
         assert m.spec is not None
         return step_time(
             m.spec, rank_params(m, knobs), knobs, self.effective, self.cluster_peak, self.links, self.assumptions,
-            rank_expert_params(m, knobs), self.fp8,
+            rank_expert_params(m, knobs), self.fp8, self.kernels,
         )
 
 

@@ -51,6 +51,7 @@ from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.blocktime import ComputeTerms, KernelModel
 from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
 from fstrain.core.plan.kernels import fusion_seconds_saved_per_token
 from fstrain.core.plan.losses import has_vocab_head
@@ -293,6 +294,12 @@ class StepTime:
     mfu: float
     ep_comm_s: float = 0.0  # MoE all-to-all of the step (ep > 1), inside the pipeline slots
     cp_comm_s: float = 0.0  # ring attention's exposed K/V and dK/dV traffic (cp > 1), inside the slots
+    # compute_s by kind of kernel (the kernel model; all 0 when --mfu prices compute instead)
+    gemm_s: float = 0.0
+    attention_s: float = 0.0
+    elementwise_s: float = 0.0  # elementwise, norms, loss, fp8 casts: HBM traffic
+    launch_s: float = 0.0  # kernel launches not hidden behind GPU work
+    optimizer_s: float = 0.0  # the optimizer's update on the GPU, once a step (not in compute_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -313,6 +320,11 @@ class StepTime:
             "offload_s": self.offload_s,
             **({"ep_comm_s": self.ep_comm_s} if self.ep_comm_s else {}),
             **({"cp_comm_s": self.cp_comm_s} if self.cp_comm_s else {}),
+            "gemm_s": self.gemm_s,
+            "attention_s": self.attention_s,
+            "elementwise_s": self.elementwise_s,
+            "launch_s": self.launch_s,
+            "optimizer_s": self.optimizer_s,
         }
 
 
@@ -326,6 +338,7 @@ def step_time(
     assumptions: Assumptions = Assumptions(),
     expert_params: int = 0,
     fp8_rates: Fp8Rates | None = None,
+    kernels: KernelModel | None = None,
 ) -> StepTime:
     """Step time of ``knobs`` for ``model``; ``stage_params`` is the heaviest rank's parameter share,
     ``expert_params`` the part of it that is experts under expert parallelism (reduced over dp/ep).
@@ -333,7 +346,10 @@ def step_time(
     ``effective_flops_per_gpu`` is the slowest GPU's peak x achievable MFU; MFU is reported
     against ``cluster_peak_flops``, the sum of every GPU's peak in the compute dtype (with fp8
     too: its MFU is not well defined, torchtitan benchmarks/llama3_h100_202412_torchtitan.md).
-    ``fp8_rates``: that GPU's rates, needed when ``knobs.fp8``.
+    ``kernels``: the kernel model of that GPU (:mod:`fstrain.core.plan.blocktime`, whose GEMM
+    curve a measured one replaces); with it, and no ``mfu`` assumption, compute is the sum of
+    the kernels a micro-batch runs. Without it, or with ``--mfu``, compute is hardware FLOPs /
+    ``effective_flops_per_gpu`` (``fp8_rates``: that GPU's rates, needed when ``knobs.fp8``).
     """
     # One context-parallel rank computes s / cp tokens of each sequence (attention over all s)
     # and is one of dp x cp ranks to FSDP; without CP this is knobs itself.
@@ -344,14 +360,15 @@ def step_time(
     flops = flops_per_token(model, knobs.seq_len, knobs.loss)
     chunks = knobs.pp_virtual_stages if p > 1 else 1
     layers = layers_per_rank(model.num_layers, p, chunks)
-    per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
-    per_token += 3 * flops.head  # the last stage (or the only one) also computes the logits
-    compute_mb = b * s * per_token / t / effective_flops_per_gpu + layers * assumptions.layer_overhead_s
-    compute_mb -= b * s * layers * _fusion_saved_s(model, knobs, links, assumptions)
-    if knobs.fp8:
-        if fp8_rates is None:
-            raise ValueError("knobs.fp8 needs the GPU's fp8 rates")
-        compute_mb -= layers * fp8_linear_saving_s(model, rank, fp8_rates, assumptions)
+    terms: ComputeTerms | None = None
+    attention_rate = effective_flops_per_gpu
+    if kernels is not None and not assumptions.mfu:
+        terms = kernels.micro_batch(model, knobs, layers)  # the last stage's (it adds the logits)
+        compute_mb = terms.total_s
+        attention_rate = terms.attention_forward_flops_per_s
+    else:
+        compute_mb = _mfu_compute_s(model, knobs, rank, flops, layers, effective_flops_per_gpu, links, assumptions,
+                                    fp8_rates)
 
     tp_mb = 0.0
     if t > 1:
@@ -371,7 +388,7 @@ def step_time(
         crossings = boundary_crossings(knobs.pp_schedule, chunks)  # v times the traffic, interleaved
         pp_mb = crossings * 2 * b * s * model.hidden_size * residual_bytes(knobs.precision) / t / (boundary * eff)
     ep_mb = layers * moe_all_to_all_time(model, rank, links, assumptions)
-    cp_mb = layers * ring_attention_time(model, knobs, flops, effective_flops_per_gpu, links, assumptions)
+    cp_mb = layers * ring_attention_time(model, knobs, flops, attention_rate, links, assumptions)
     slot = compute_mb + tp_mb + pp_mb + ep_mb + cp_mb
     bubble = bubble_slots(knobs.pp_schedule, p, chunks) * slot
     pipeline = m * slot + bubble
@@ -383,7 +400,11 @@ def step_time(
     dp_total, dp_exposed = _data_parallel_time(rank, stage_params, compute_mb, links, assumptions, layers,
                                                expert_params, fp8_gathered)
     offload = _offload_time(rank, stage_params, links, assumptions, expert_params)
-    total = pipeline + dp_exposed + offload
+    optimizer = 0.0
+    if terms is not None and kernels is not None and knobs.offload == "none":
+        local = stage_params / (rank.shard_group_size if knobs.zero_stage else 1)
+        optimizer = kernels.optimizer_s(local, knobs.optimizer)
+    total = pipeline + dp_exposed + offload + optimizer
     tokens = knobs.global_batch_size * knobs.seq_len
     model_flops = flops.training * tokens
     return StepTime(
@@ -400,7 +421,30 @@ def step_time(
         mfu=model_flops / (total * cluster_peak_flops),
         ep_comm_s=m * ep_mb,
         cp_comm_s=m * cp_mb,
+        gemm_s=m * terms.gemm_s if terms else 0.0,
+        attention_s=m * terms.attention_s if terms else 0.0,
+        elementwise_s=m * terms.memory_s if terms else 0.0,
+        launch_s=m * terms.launch_s if terms else 0.0,
+        optimizer_s=optimizer,
     )
+
+
+def _mfu_compute_s(
+    model: ModelSpec, knobs: PlanKnobs, rank: PlanKnobs, flops: FlopsPerToken, layers: int,
+    effective_flops_per_gpu: float, links: Links, assumptions: Assumptions, fp8_rates: Fp8Rates | None,
+) -> float:
+    """One micro-batch's compute on the last stage at an achievable MFU (``--mfu``): hardware
+    FLOPs over peak x MFU, a fixed cost per block, less what fusion and fp8 save."""
+    b, s, t = knobs.micro_batch_size, rank.seq_len, knobs.tp
+    per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
+    per_token += 3 * flops.head  # the last stage (or the only one) also computes the logits
+    compute_mb = b * s * per_token / t / effective_flops_per_gpu + layers * assumptions.layer_overhead_s
+    compute_mb -= b * s * layers * _fusion_saved_s(model, knobs, links, assumptions)
+    if knobs.fp8:
+        if fp8_rates is None:
+            raise ValueError("knobs.fp8 needs the GPU's fp8 rates")
+        compute_mb -= layers * fp8_linear_saving_s(model, rank, fp8_rates, assumptions)
+    return compute_mb
 
 
 def _fusion_saved_s(model: ModelSpec, knobs: PlanKnobs, links: Links, assumptions: Assumptions) -> float:

@@ -1,0 +1,223 @@
+"""The kernels one micro-batch runs on one rank, priced (:mod:`fstrain.core.plan.kernelcost`).
+
+Per transformer block: every linear's three GEMMs (forward; backward's grad-input and
+grad-weight) at its ``(M, N, K)`` on this rank (``M = b s`` tokens, ``s / cp`` under context
+parallelism; a column-parallel linear's ``N`` and a row-parallel one's ``K`` split by ``tp``);
+recompute runs forwards again (full: every linear, ``every-k:N`` one block in N, op-level
+selective every other matmul, an MoE layer's whole FFN); fp8 linears run on the fp8 curve and
+pay their casts as HBM traffic and their scale kernels (torchao's float8 roofline, pytorch/ao
+torchao/float8/roofline_utils.py @d370196). Attention by its kernel at the full sequence
+length. Elementwise ops and norms as :func:`fstrain.core.plan.kernels.elementwise_bytes_per_token`
+counts them, eager or fused (``--compile``, ``--fused-rmsnorm``). The last stage adds the output
+layer's GEMMs and the loss's traffic over the logits. The GPU's work, times the fitted
+``compute_time_scale``, or the kernels' launches when issuing them takes longer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fstrain.core.plan.acpolicy import every_k
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.fitted import COMPUTE_TIME_SCALE
+from fstrain.core.plan.gemmcurve import MeasuredGemmCurve, dtype_name
+from fstrain.core.plan.kernelcost import (
+    DTYPE_BYTES,
+    GemmEfficiency,
+    GemmPricer,
+    GpuRates,
+    KernelTime,
+    PublishedGemmCurve,
+    eager_attention_s,
+    flash_attention_s,
+    generation,
+)
+from fstrain.core.plan.kernels import elementwise_bytes_per_token, elementwise_passes
+from fstrain.core.plan.losses import has_vocab_head
+from fstrain.core.plan.memory import block_matmuls, converted_linears, replicated_split
+from fstrain.core.plan.precision import compute_dtype
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
+
+FP32 = 4
+# Bytes the optimizer's update moves per local parameter: AdamW reads the fp32 parameter,
+# gradient and both moments and writes the parameter and moments back (28), plus a 16-bit copy
+# of the parameter; SGD with momentum and the factored/8-bit optimizers about half.
+OPTIMIZER_BYTES_PER_PARAM = {"adamw": 30.0, "sgd": 14.0, "adam8bit": 14.0, "adafactor": 14.0}
+
+
+def fitted_scale(gpu_name: str) -> float:
+    """The shipped ``compute_time_scale`` of the GPU's generation (all runs' for one without runs)."""
+    return COMPUTE_TIME_SCALE.get(generation(gpu_name), COMPUTE_TIME_SCALE["all"])
+
+
+@dataclass(frozen=True)
+class ComputeTerms:
+    """Seconds of one micro-batch's kernels on one rank, by kind."""
+
+    gemm_s: float
+    attention_s: float
+    memory_s: float  # elementwise, norms, loss: HBM traffic
+    launch_s: float  # launch overhead not hidden behind GPU work
+    attention_forward_flops_per_s: float  # the attention kernel's rate (ring attention overlaps it)
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.memory_s + self.launch_s
+
+
+@dataclass(frozen=True)
+class MeasuredFirst:
+    """A measured GEMM curve for the dtypes it measured, the published curve for the others
+    (a bf16 sweep says nothing of fp8's tensor cores)."""
+
+    measured: MeasuredGemmCurve
+    published: GemmEfficiency
+
+    def tflops(self, m: int, n: int, k: int, dtype: str) -> float:
+        if dtype_name(dtype) in self.measured.dtypes:
+            return self.measured.tflops(m, n, k, dtype)
+        return self.published.tflops(m, n, k, dtype)
+
+
+class KernelModel:
+    """Prices a rank's micro-batch on one GPU type; caches per configuration and per GEMM shape."""
+
+    def __init__(self, gpu: GpuRates, assumptions: Assumptions, curve: GemmEfficiency | None = None) -> None:
+        self.gpu = gpu
+        self.assumptions = assumptions
+        published = PublishedGemmCurve(gpu, assumptions.hbm_efficiency)
+        measured = assumptions.gemm_curve
+        self.gemms = GemmPricer(curve or (MeasuredFirst(measured, published) if measured else published))
+        self.hbm_bytes_per_s = gpu.hbm_bytes_per_s * assumptions.hbm_efficiency
+        self.scale = assumptions.compute_time_scale or fitted_scale(gpu.name)
+        self._cache: dict[Any, ComputeTerms] = {}
+        self._models: list[ModelSpec] = []  # keeps each id() in the cache keys alive
+
+    def micro_batch(self, model: ModelSpec, knobs: PlanKnobs, layers: int, last_stage: bool = True) -> ComputeTerms:
+        """``layers`` blocks (and the output layer when ``last_stage``) of one micro-batch on one
+        rank of ``knobs`` (with ``cp > 1``, ``seq_len / cp`` tokens of each sequence, attending over
+        all ``seq_len``)."""
+        # Only these knobs change a micro-batch's kernels (not dp, the strategy, accumulation...):
+        # the search asks for the same few many times.
+        k = knobs
+        key = (id(model), k.tp, k.cp, k.micro_batch_size, k.seq_len, k.activation_checkpointing, k.precision,
+               k.flash_attention, k.loss, k.compile, k.fused_rmsnorm, k.fp8,
+               k.shard_group_size if k.fp8_all_gather else 0, layers, last_stage)
+        cached = self._cache.get(key)
+        if cached is None:
+            self._models.append(model)
+            cached = self._price(model, knobs, layers, last_stage)
+            self._cache[key] = cached
+        return cached
+
+    def _price(self, model: ModelSpec, knobs: PlanKnobs, layers: int, last_stage: bool) -> ComputeTerms:
+        block, attention_rate = self._block(model, knobs)
+        total = KernelTime()
+        total.add(block, layers)
+        if last_stage:
+            total.add(self._head(model, knobs))
+        scale = self.scale
+        gpu_s = scale * total.gpu_s
+        launch = max(0.0, total.kernels * self.assumptions.kernel_launch_s - gpu_s)
+        return ComputeTerms(scale * total.gemm_s, scale * total.attention_s, scale * total.memory_s, launch,
+                            attention_rate / scale)
+
+    def _block(self, model: ModelSpec, knobs: PlanKnobs) -> tuple[KernelTime, float]:
+        """One block's kernels for one micro-batch (forward, backward, recompute)."""
+        t, b = knobs.tp, knobs.micro_batch_size
+        full_seq = knobs.seq_len
+        tokens = b * knobs.seq_len // knobs.cp
+        dtype = compute_dtype(knobs.precision)
+        a = DTYPE_BYTES.get(dtype, 2)
+        ac = knobs.activation_checkpointing
+        k = every_k(ac)
+        full_again = 1.0 if ac == "full" else (1.0 / k if k else 0.0)
+        out = KernelTime()
+        matmuls = block_matmuls(model)
+        converted = len(converted_linears(model)) if knobs.fp8 else 0
+        forward_kernels = 0.0
+        for index, (n_in, n_out) in enumerate(matmuls):
+            moe_ffn = model.moe is not None and index >= 4
+            again = full_again or (1.0 if ac == "selective-op" and (index % 2 == 1 or moe_ffn) else 0.0)
+            rows = tokens * model.moe.top_k if (moe_ffn and model.moe is not None) else tokens
+            row_parallel = index == 3 or index == len(matmuls) - 1
+            n_in_local, n_out_local = (n_in // t, n_out) if row_parallel else (n_in, max(1, n_out // t))
+            gemm_dtype = "fp8" if index < converted else dtype
+            forward, backward = self.gemms.linear(rows, n_in_local, n_out_local, gemm_dtype)
+            out.gemm_s += (1 + again) * forward + backward
+            forward_kernels += 1
+            if index < converted:  # casts to fp8 (torchao's roofline) and their amax kernels
+                share = 1.0 / knobs.shard_group_size if knobs.fp8_all_gather else 1.0
+                casts = (1 + again) * (4.0 * rows * n_in + 6.0 * n_in * n_out * share) + 4.0 * rows * n_out
+                out.memory_s += casts / t / self.hbm_bytes_per_s
+                scale_kernels = 3 + 2 * again
+                out.memory_s += scale_kernels * self.assumptions.fp8_scale_kernel_s
+                out.kernels += scale_kernels
+        if model.moe is not None:  # the router
+            forward, backward = self.gemms.linear(tokens, model.hidden_size, model.moe.num_experts, dtype)
+            out.gemm_s += (1 + full_again) * forward + backward
+            forward_kernels += 2
+        heads = max(1, model.num_heads // t)
+        attention_flops = tokens * 4.0 * full_seq * heads * model.head_dim
+        if knobs.flash_attention:
+            forward, backward = flash_attention_s(self.gpu, dtype, attention_flops, full_seq, causal=not model.pooler)
+            attention_again = full_again
+            forward_kernels += 1
+        else:
+            forward, backward = eager_attention_s(self.gemms, self.hbm_bytes_per_s, dtype, b * heads, full_seq,
+                                                  model.head_dim)
+            forward, backward = forward / knobs.cp, backward / knobs.cp  # a CP rank's share of the scores
+            attention_again = full_again or (1.0 if ac == "megatron-selective" else 0.0)
+            forward_kernels += 5
+        out.attention_s += (1 + attention_again) * forward + backward
+        elementwise = elementwise_bytes_per_token(model, a, knobs.compile, knobs.fused_rmsnorm)
+        per_token = (elementwise.replicated / replicated_split(t, self.assumptions.sequence_parallel)
+                     + elementwise.sharded / t)
+        passes = elementwise_passes(ac, k)
+        out.memory_s += tokens * per_token * passes / self.hbm_bytes_per_s
+        forward_kernels += _elementwise_kernels(model, knobs.compile, knobs.fused_rmsnorm)
+        out.kernels += forward_kernels * passes
+        return out, attention_flops / forward
+
+    def _head(self, model: ModelSpec, knobs: PlanKnobs) -> KernelTime:
+        """The output layer and the loss of one micro-batch (the last stage's)."""
+        t, b = knobs.tp, knobs.micro_batch_size
+        tokens = b * knobs.seq_len // knobs.cp
+        dtype = compute_dtype(knobs.precision)
+        a = DTYPE_BYTES.get(dtype, 2)
+        h = model.hidden_size
+        out = KernelTime()
+        if has_vocab_head(knobs.loss):
+            forward, backward = self.gemms.linear(tokens, h, max(1, model.vocab_size // t), dtype)
+            # log-softmax over fp32 logits and its gradient: read a write 4, read 4 write 4, read 4 write a
+            logits = tokens * model.vocab_size / t
+            out.memory_s += logits * (3 * FP32 + 2 * a) / self.hbm_bytes_per_s
+            out.kernels += 9
+        else:
+            rows = b if model.pooler else tokens
+            forward, backward = self.gemms.linear(rows, h, max(1, model.num_labels), dtype)
+            if model.pooler:
+                pool_forward, pool_backward = self.gemms.linear(rows, h, h, dtype)
+                forward, backward = forward + pool_forward, backward + pool_backward
+            out.kernels += 9
+        out.gemm_s += forward + backward
+        return out
+
+    def optimizer_s(self, local_params: float, optimizer: str) -> float:
+        """Seconds of one optimizer step over ``local_params`` on the GPU (HBM-bound)."""
+        bytes_per_param = OPTIMIZER_BYTES_PER_PARAM.get(optimizer, OPTIMIZER_BYTES_PER_PARAM["adamw"])
+        return self.scale * local_params * bytes_per_param / self.hbm_bytes_per_s
+
+
+def _elementwise_kernels(model: ModelSpec, compiled: bool, fused_rmsnorm: bool) -> int:
+    """Forward kernels of one block besides its GEMMs and attention: eager, each norm's ops
+    (RMSNorm: ``float``, ``pow``, ``mean``, ``rsqrt`` multiply, ``to``, ``* weight``; a LayerNorm or
+    a fused RMSNorm one), two residual adds, rotary on q and k (three each), the activation
+    (SwiGLU two, GeLU one); compiled, Inductor fuses each chain between GEMMs into one kernel."""
+    if compiled:
+        return 4 + (1 if model.position_embedding == "rope" else 0)
+    norm = 6 if model.norm == "rmsnorm" and not fused_rmsnorm else 1
+    rope = 6 if model.position_embedding == "rope" else 0
+    activation = 2 if model.activation == "swiglu" else 1
+    return 2 * norm + 2 + rope + activation
