@@ -103,8 +103,9 @@ def check_tensorboard() -> None:
 
     if importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(
-            "--tensorboard needs the tensorboard package, which is not installed in this Python",
-            "pip install 'fstrain[tensorboard]' (or pip install tensorboard) on every node, or leave out --tensorboard",
+            "the tensorboard package, which it writes through, is not installed in this Python",
+            "pip install 'fstrain[tensorboard]' (or pip install tensorboard) where rank 0 runs, or leave out "
+            "--tensorboard",
             "--tensorboard",
         )
 
@@ -184,7 +185,7 @@ def load_settings(argv: list[str] | None, world_size: int) -> TrainSettings:
     check_trainer_optimizer(plan, "--plan")
     if plan.knobs.compile:
         check_compiler_toolchain()
-    if args.tensorboard is not None:
+    if args.tensorboard is not None and os.environ.get("RANK", "0") == "0":  # only rank 0 writes events
         check_tensorboard()
     # Without rendered files, render them here with a schedule that fits --steps.
     options = TrainingOptions(warmup_steps=max(1, args.steps // 10), total_steps=args.steps)
