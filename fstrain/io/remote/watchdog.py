@@ -381,8 +381,9 @@ class Watchdog:
         if code is not None:
             return code
         tail_dir = expand(str(self.header.get("rank_log_dir") or ""), run_dir)
+        observe = self.observe_line if self.textfile is not None else None  # no cost per line without it
         tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1),
-                               self.header.get("rank_offset"), self.observe_line) if tail_dir else None
+                               self.header.get("rank_offset"), observe) if tail_dir else None
         if tailer is not None:
             threading.Thread(target=tailer.follow, daemon=True).start()
         if self.textfile is not None:
