@@ -1,0 +1,103 @@
+"""`fstrain report RUN`: gather a run's output, records and summary, and make its report.
+
+The output is read as `fstrain logs` reads it (every rank's lines, from the nodes for a
+detached run, from the run directory for an attached or Slurm run); the plan and the events
+from the run's manifest (a detached run: its nodes' records); the measured numbers from the
+bundled trainer's summary.json (a detached run's is fetched from node 0 into the run directory).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fstrain.core.report.series import PROGRESS_MARK, RESUMED_MARK
+from fstrain.errors import InputError
+
+if TYPE_CHECKING:
+    from fstrain.api.runs import Access, Run
+    from fstrain.core.report.numbers import Report
+
+METRIC_MARK = "FSTRAIN_METRICS "
+
+
+def report(reference: str, access: Access | None = None) -> Report:
+    """The report of run ``reference`` (an id, a unique prefix or its run directory)."""
+    from fstrain.api.runs import open_run
+
+    return report_of(open_run(reference, access))
+
+
+def report_of(run: Run) -> Report:
+    from fstrain.api.runs import SlurmRun, SshRun
+    from fstrain.core.report import events as timeline
+    from fstrain.core.report.numbers import build
+    from fstrain.core.report.series import rank_series, resumed_steps
+
+    state = run.state()
+    lines, unread = numbered_lines(run)
+    summary: dict[str, Any] | None
+    backend = run.backend
+    if isinstance(backend, SshRun):
+        summary = backend.training_summary()
+        views = backend.views()
+        events = timeline.from_views(run.record.started, [h.label() for h in run.record.hosts], views, state)
+    else:
+        folder = run.record.job_dir if isinstance(backend, SlurmRun) else run.run_dir
+        summary = read_summary(folder / "summary.json")
+        manifest = run.record.manifest or {}
+        events = timeline.from_manifest({"started": run.record.started, **manifest}, state)
+    tokens_per_step = (summary or {}).get("tokens_per_step")
+    series = rank_series(lines, tokens_per_step if isinstance(tokens_per_step, int) else None)
+    events = [*events, *timeline.restarts(resumed_steps(lines))]
+    plan = (run.record.manifest or {}).get("plan")
+    result = build(run.run_id, run.kind, state, series=series, events=events,
+                   plan=plan if isinstance(plan, dict) else None, summary=summary)
+    if unread:
+        from dataclasses import replace
+
+        said = ", ".join(f"{host} ({why})" for host, why in sorted(unread.items()))
+        result = replace(result, notes=(*result.notes, f"the output of {said} could not be read"))
+    return result
+
+
+def numbered_lines(run: Run) -> tuple[list[str], dict[str, str]]:
+    """The run's lines that carry numbers or a resume (every other line is dropped as it is
+    read, so a long run's output is never held whole), and the hosts that could not be read."""
+    outputs = run.outputs()
+    kept: list[str] = []
+    try:
+        for chunk in outputs.read():
+            for line in chunk.splitlines():
+                if METRIC_MARK in line or PROGRESS_MARK in line or RESUMED_MARK in line:
+                    kept.append(line)
+    finally:
+        outputs.close()
+    return kept, dict(outputs.failed)
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The trainer's summary.json; None where there is none (the training did not finish)."""
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the trainer's summary: {exc}", "remove the file, or run again",
+                         str(path)) from None
+    return document if isinstance(document, dict) else None
+
+
+def write_html(result: Report, out: Path) -> Path:
+    """The page, written whole or not at all."""
+    import os
+
+    from fstrain import __version__
+    from fstrain.core.report.page import render
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(render(result, __version__), encoding="utf-8")
+    os.replace(tmp, out)
+    return out
