@@ -47,7 +47,7 @@ def from_manifest(manifest: Mapping[str, Any], state: RunState) -> list[Event]:
     if manifest.get("stall") and state.state != "stalled":  # a stalled run's end is the stall
         events.append(Event(_number(manifest.get("ended")), "stall", "", str(manifest.get("detail") or
                                                                             "no rank made progress")))
-    events.append(_end(state, _number(manifest.get("ended"))))
+    events.append(_end(state, _number(manifest.get("ended")), events))
     return _ordered(events)
 
 
@@ -70,7 +70,7 @@ def from_views(started: float | None, names: Sequence[str], views: Sequence[Mapp
         stall = stall or (view.get("run") or {}).get("stall") or (node.get("final") or {}).get("stall")
     if stall and state.state != "stalled":
         events.append(Event(state.ended, "stall", "", state.reason or "no rank made progress"))
-    events.append(_end(state, state.ended))
+    events.append(_end(state, state.ended, events))
     return _ordered(events)
 
 
@@ -96,8 +96,12 @@ def _node_end(host: str, ended: Any, exit_code: Any, error: Any, failure: Any) -
     return [Event(_number(ended), "failure", host, said)]
 
 
-def _end(state: RunState, ended: float | None) -> Event:
+def _end(state: RunState, ended: float | None, events: Sequence[Event]) -> Event:
+    """The run's last event: its verdict, at the later of when it was recorded and when the last
+    node ended (a detached run's record may be written while a node still tears its job down)."""
     kind = _END_KINDS.get(state.state, "end")
+    ended = max([t for t in (ended, *(e.time for e in events if e.kind in ("node end", "failure"))) if t is not None],
+                default=None)
     text = f"{state.state}" + (f", exit {state.exit_code}" if state.exit_code is not None else "")
     return Event(ended if state.state in _END_KINDS else None, kind, "",
                  text + (f" ({state.reason})" if state.reason else ""))
