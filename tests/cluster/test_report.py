@@ -1,0 +1,93 @@
+"""`fstrain report` of real runs on the namespace cluster, opened in a real headless browser:
+no console error, every plot and table there, the table's numbers those of the run's files."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fstrain.core.launch.runstate import FINAL
+from tests.browser import open_page
+from tests.cluster.launch_helpers import WORKER
+from tests.cluster.test_runs import detach, fstrain, wait_state
+from tests.conftest import NamespaceCluster
+
+pytestmark = pytest.mark.cluster
+CHARTS = ("loss", "tokens", "step-times", "memory", "timeline")
+
+
+def cells(dom: str) -> dict[str, list[float | None]]:
+    """The table "planned vs measured" as the browser holds it: row -> planned, measured, error."""
+    table = dom[dom.index('<table id="planned-vs-measured"'):dom.index("</table>")]
+    rows = {}
+    for name, body in re.findall(r'<tr data-row="([^"]+)">(.*?)</tr>', table):
+        rows[name] = [float(v) if v else None for v in re.findall(r'data-value="([^"]*)"', body)]
+    return rows
+
+
+def opened_report(home: Path, run_id: str, tmp_path: Path) -> tuple[dict[str, Any], str]:
+    page = tmp_path / "report.html"
+    written = fstrain(home, "report", run_id, "--out", str(page))
+    assert written.returncode == 0, written.stderr
+    document = json.loads(fstrain(home, "report", run_id, "--json").stdout)
+    opened = open_page(page, tmp_path / "browser")
+    print(f"screenshot of the report of run {run_id}: {opened.screenshot}")
+    assert opened.console == []
+    for chart in CHARTS:
+        assert f'data-chart="{chart}"' in opened.dom
+    return document, opened.dom
+
+
+def test_report_of_a_detached_training_run(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home, run_dir, plan = tmp_path / "home", tmp_path / "run", tmp_path / "plan.yaml"
+    planned = fstrain(home, "plan", "--model", "tiny", "--num-nodes", "2", "--gpus-per-node", "2", "--gpu",
+                      "h100-sxm", "--micro-batch", "4", "--grad-accum", "1", "--global-batch", "16", "--strategy",
+                      "fsdp-full", "--out", str(plan))
+    assert planned.returncode == 0, planned.stderr
+    run_id = detach(cluster, home, run_dir, "--plan", str(plan), "--steps", "8")
+    assert wait_state(home, run_id, set(FINAL), 240)["state"] == "succeeded"
+    document, dom = opened_report(home, run_id, tmp_path)
+    for chart in CHARTS:
+        assert f'data-chart="{chart}" data-empty' not in dom
+    summary = json.loads((run_dir / "summary.json").read_text())  # fetched from node 0 by the report
+    predicted = _predicted(run_dir)
+    measured = {"memory": summary["peak_memory_max_over_ranks"]["max_rss_bytes"],
+                "tokens/s": summary["tokens_per_s"], "step time": summary["tokens_per_step"] / summary["tokens_per_s"]}
+    expected = {"memory": predicted["memory"]["peak"], "tokens/s": predicted["tokens_per_s"],
+                "step time": predicted["step_time_s"]}
+    table = cells(dom)
+    for name in ("memory", "tokens/s", "step time"):
+        plan_value, run_value, error = table[name]
+        assert (plan_value, run_value) == (expected[name], measured[name]), name
+        assert error == pytest.approx(measured[name] / expected[name] - 1)
+    assert [r["measured"] for r in document["planned_vs_measured"]] == [measured[n] for n in measured]
+    rank0 = document["ranks"][0]
+    assert rank0["rank"] == 0 and [p["step"] for p in rank0["points"]][-1] == 8
+    assert [p["loss"] for p in rank0["points"]][-1] == pytest.approx(summary["last_loss"], abs=1e-4)
+    kinds = [(e["kind"], e["where"]) for e in document["events"]]
+    assert kinds[0] == ("start", "") and kinds[-1] == ("end", "")
+    assert {("node up", "node1"), ("node up", "node2"), ("node end", "node1"), ("node end", "node2")} <= set(kinds)
+    assert document["memory_label"].startswith("CPU peak RSS")
+
+
+def _predicted(run_dir: Path) -> dict[str, Any]:
+    predicted: dict[str, Any] = json.loads((run_dir / "manifest.json").read_text())["plan"]["predicted"]
+    return predicted
+
+
+def test_report_of_a_failed_run_shows_the_failure_on_its_timeline(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    run_id = detach(cluster, home, run_dir, "--env", "FSTRAIN_TEST_FAULT=exit7", "--env", "FSTRAIN_TEST_FAULT_RANK=3",
+                    "--", "python3", WORKER)
+    assert wait_state(home, run_id, set(FINAL), 180)["state"] == "failed"
+    document, dom = opened_report(home, run_id, tmp_path)
+    failures = [e for e in document["events"] if e["kind"] == "failure"]
+    assert failures[0]["where"] == "node2" and "rank 3 exited with 7" in failures[0]["text"]
+    assert failures[-1]["where"] == "" and failures[-1]["text"].startswith("failed, exit 7")
+    assert dom.count('data-event="failure"') == len(failures)
+    assert 'data-chart="loss" data-empty="1"' in dom  # the worker reports no steps: said, not drawn
+    assert any("no summary.json" in note for note in document["notes"])
