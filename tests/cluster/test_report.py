@@ -15,6 +15,7 @@ from tests.browser import open_page
 from tests.cluster.launch_helpers import WORKER
 from tests.cluster.test_runs import detach, fstrain, wait_state
 from tests.conftest import NamespaceCluster
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.cluster
 CHARTS = ("loss", "tokens", "step-times", "memory", "timeline")
@@ -79,15 +80,21 @@ def _predicted(run_dir: Path) -> dict[str, Any]:
     return predicted
 
 
-def test_report_of_a_failed_run_shows_the_failure_on_its_timeline(cluster: NamespaceCluster, tmp_path: Path) -> None:
+def test_report_of_an_attached_run_that_failed_shows_the_failure_on_its_timeline(
+    cluster: NamespaceCluster, tmp_path: Path
+) -> None:
     home, run_dir = tmp_path / "home", tmp_path / "run"
-    run_id = detach(cluster, home, run_dir, "--env", "FSTRAIN_TEST_FAULT=exit7", "--env", "FSTRAIN_TEST_FAULT_RANK=3",
-                    "--", "python3", WORKER)
-    assert wait_state(home, run_id, set(FINAL), 180)["state"] == "failed"
+    launched = fstrain(home, "launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]", "--nproc-per-node",
+                       "2", "--grace", "3", "--run-dir", str(run_dir), "--env", f"PYTHONPATH={REPO}", "--env",
+                       "FSTRAIN_TEST_FAULT=exit7", "--env", "FSTRAIN_TEST_FAULT_RANK=3", "--", "python3", WORKER)
+    assert launched.returncode == 7, launched.stderr[-3000:]
+    run_id = json.loads((run_dir / "manifest.json").read_text())["run_id"]
     document, dom = opened_report(home, run_id, tmp_path)
+    assert (document["kind"], document["state"]["state"]) == ("attached", "failed")
     failures = [e for e in document["events"] if e["kind"] == "failure"]
     assert failures[0]["where"] == "node2" and "rank 3 exited with 7" in failures[0]["text"]
     assert failures[-1]["where"] == "" and failures[-1]["text"].startswith("failed, exit 7")
+    assert {("node up", "node1"), ("node up", "node2")} <= {(e["kind"], e["where"]) for e in document["events"]}
     assert dom.count('data-event="failure"') == len(failures)
     assert 'data-chart="loss" data-empty="1"' in dom  # the worker reports no steps: said, not drawn
     assert any("no summary.json" in note for note in document["notes"])
