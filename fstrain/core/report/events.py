@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.launch.runstate import RunState
+from fstrain.core.launch.runstate import FINAL, RunState
 
 # The state a run ended in -> the kind of its last event.
 _END_KINDS = {"succeeded": "end", "failed": "failure", "lost": "failure", "stopped": "stop", "stalled": "stall"}
@@ -47,7 +47,8 @@ def from_manifest(manifest: Mapping[str, Any], state: RunState) -> list[Event]:
     if manifest.get("stall") and state.state != "stalled":  # a stalled run's end is the stall
         events.append(Event(_number(manifest.get("ended")), "stall", "", str(manifest.get("detail") or
                                                                             "no rank made progress")))
-    events.append(_end(state, _number(manifest.get("ended")), events))
+    if state.state in FINAL:
+        events.append(_end(state, _number(manifest.get("ended")), events))
     return _ordered(events)
 
 
@@ -70,7 +71,8 @@ def from_views(started: float | None, names: Sequence[str], views: Sequence[Mapp
         stall = stall or (view.get("run") or {}).get("stall") or (node.get("final") or {}).get("stall")
     if stall and state.state != "stalled":
         events.append(Event(state.ended, "stall", "", state.reason or "no rank made progress"))
-    events.append(_end(state, state.ended, events))
+    if state.state in FINAL:  # a run still going has no end yet
+        events.append(_end(state, state.ended, events))
     return _ordered(events)
 
 
@@ -103,7 +105,7 @@ def _end(state: RunState, ended: float | None, events: Sequence[Event]) -> Event
     ended = max([t for t in (ended, *(e.time for e in events if e.kind in ("node end", "failure"))) if t is not None],
                 default=None)
     text = f"{state.state}" + (f", exit {state.exit_code}" if state.exit_code is not None else "")
-    return Event(ended if state.state in _END_KINDS else None, kind, "",
+    return Event(ended, kind, "",
                  text + (f" ({state.reason})" if state.reason else ""))
 
 
