@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fstrain.core.report.series import PROGRESS_MARK, RESUMED_MARK
-from fstrain.errors import InputError
+from fstrain.errors import FstrainError, InputError
 
 if TYPE_CHECKING:
     from fstrain.api.runs import Access, Run
@@ -40,7 +40,12 @@ def report_of(run: Run) -> Report:
     summary: dict[str, Any] | None
     backend = run.backend
     if isinstance(backend, SshRun):
-        summary = backend.training_summary()
+        node0 = run.record.hosts[0].label()
+        try:
+            summary = backend.training_summary()
+        except FstrainError as exc:  # node 0 does not answer: the copy fetched before, if any
+            unread.setdefault(node0, exc.one_line())
+            summary = read_summary(run.run_dir / "summary.json")
         views = backend.views()
         events = timeline.from_views(run.record.started, [h.label() for h in run.record.hosts], views, state)
     else:

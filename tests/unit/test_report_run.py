@@ -1,0 +1,31 @@
+"""`fstrain report` of a run whose hosts do not answer: a report all the same, the hosts named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_fstrain
+from tests.unit.test_cli_runs import detached_run
+
+
+def test_a_detached_run_whose_node_0_refuses_ssh_is_reported_all_the_same(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    config = tmp_path / "ssh_config"  # a host whose SSH port refuses connections (loopback, port 1)
+    config.write_text("Host deadnode\n  HostName 127.0.0.1\n  Port 1\n  ConnectTimeout 5\n")
+    detached_run(home, tmp_path / "run", "20261201-150000-dddddd", [{"name": "deadnode"}], [tmp_path / "node0"],
+                 monkeypatch)
+    shown = run_fstrain("report", "20261201-15", "--ssh-config", str(config), "--json", env={"HOME": str(home)})
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    # Its launch (this test's process, as the index says) lives: still starting, no end yet.
+    assert document["state"]["state"] == "starting" and document["summary"] is None
+    assert [(e["kind"], e["where"]) for e in document["events"]] == [("start", ""), ("failure", "deadnode")]
+    assert any(note.startswith("the output of deadnode (") for note in document["notes"])
+    assert "note: the output of deadnode" in shown.stderr and not (tmp_path / "run" / "report.html").exists()
+    written = run_fstrain("report", "20261201-15", "--ssh-config", str(config), env={"HOME": str(home)})
+    assert written.returncode == 0 and (tmp_path / "run" / "report.html").is_file()
+    assert f"written to {tmp_path / 'run' / 'report.html'}" in written.stderr
