@@ -41,7 +41,7 @@ def from_manifest(manifest: Mapping[str, Any], state: RunState) -> list[Event]:
         host = str(node.get("host") or f"node rank {node.get('node_rank')}")
         if node.get("started") is not None:
             events.append(Event(_number(node.get("started")), "node up", host,
-                                f"node rank {node.get('node_rank')} started {node.get('nproc') or '?'} processes"))
+                                f"node rank {node.get('node_rank')} started {_processes(node.get('nproc'))}"))
         events.extend(_node_end(host, node.get("ended"), node.get("exit_code"), node.get("error"),
                                 node.get("failed_rank")))
     if manifest.get("stall") and state.state != "stalled":  # a stalled run's end is the stall
@@ -65,7 +65,7 @@ def from_views(started: float | None, names: Sequence[str], views: Sequence[Mapp
         node = view.get("node") or {}
         if node.get("started") is not None:
             events.append(Event(_number(node.get("started")), "node up", host,
-                                f"node rank {index}'s watchdog started {node.get('nproc') or '?'} processes"))
+                                f"node rank {index}'s watchdog started {_processes(node.get('nproc'))}"))
         failure = node.get("failure")
         events.extend(_node_end(host, node.get("ended"), node.get("exit_code"), None, failure))
         stall = stall or (view.get("run") or {}).get("stall") or (node.get("final") or {}).get("stall")
@@ -118,6 +118,10 @@ def _ordered(events: list[Event]) -> list[Event]:
             last = max(last, event.time)
         keyed.append(((event.time if event.time is not None else last), index, event))
     return [event for _, _, event in sorted(keyed, key=lambda item: (item[0], item[1]))]
+
+
+def _processes(count: Any) -> str:
+    return "1 process" if count == 1 else f"{count or '?'} processes"
 
 
 def _number(value: Any) -> float | None:
