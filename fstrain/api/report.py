@@ -101,8 +101,12 @@ def write_html(result: Report, out: Path) -> Path:
     from fstrain import __version__
     from fstrain.core.report.page import render
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(render(result, __version__), encoding="utf-8")
-    os.replace(tmp, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(render(result, __version__), encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise InputError(f"cannot write the report: {exc.strerror or exc}", "give another --out FILE",
+                         str(out)) from None
     return out

@@ -29,3 +29,18 @@ def test_a_detached_run_whose_node_0_refuses_ssh_is_reported_all_the_same(tmp_pa
     written = run_fstrain("report", "20261201-15", "--ssh-config", str(config), env={"HOME": str(home)})
     assert written.returncode == 0 and (tmp_path / "run" / "report.html").is_file()
     assert f"written to {tmp_path / 'run' / 'report.html'}" in written.stderr
+
+
+def test_a_report_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    config = tmp_path / "ssh_config"
+    config.write_text("Host deadnode\n  HostName 127.0.0.1\n  Port 1\n  ConnectTimeout 5\n")
+    detached_run(home, tmp_path / "run", "20261201-160000-eeeeee", [{"name": "deadnode"}], [tmp_path / "node0"],
+                 monkeypatch)
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "report.html"  # under a file, not a folder
+    shown = run_fstrain("report", "20261201-16", "--ssh-config", str(config), "--out", str(out),
+                        env={"HOME": str(home)})
+    assert shown.returncode == 2
+    assert shown.stderr == f"error: {out}: cannot write the report: File exists (hint: give " \
+        "another --out FILE)\n"
