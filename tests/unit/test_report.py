@@ -63,8 +63,9 @@ def test_resumes_are_restart_events() -> None:
 
 MANIFEST = {
     "run_id": "r1", "backend": "torchrun", "started": 100.0, "ended": 130.0, "reason": "failed", "exit_code": 7,
+    "first_failure_node_rank": 1,
     "nodes": [
-        {"host": "node1", "node_rank": 0, "nproc": 2, "started": 101.0, "ended": 129.0, "exit_code": 0},
+        {"host": "node1", "node_rank": 0, "nproc": 2, "started": 101.0, "ended": 129.0, "exit_code": 137},
         {"host": "node2", "node_rank": 1, "nproc": 2, "started": 102.0, "ended": 120.0, "exit_code": 7,
          "error": None, "failed_rank": {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None}},
     ],
@@ -78,6 +79,8 @@ def test_a_manifest_gives_the_start_each_node_up_the_failure_and_the_end_in_time
         (100.0, "start", ""), (101.0, "node up", "node1"), (102.0, "node up", "node2"),
         (120.0, "failure", "node2"), (129.0, "node end", "node1"), (130.0, "failure", "")]
     assert events[3].text == "exit 7: rank 3 exited with 7"
+    assert events[4].text == "exit 137: stopped by the teardown after node rank 1's failure"
+    assert events[5].text == "failed, exit 7 (rank 3 exited with 7)"
 
 
 def test_detached_views_give_each_node_a_stall_and_a_node_not_reached() -> None:

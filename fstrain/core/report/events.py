@@ -42,8 +42,9 @@ def from_manifest(manifest: Mapping[str, Any], state: RunState) -> list[Event]:
         if node.get("started") is not None:
             events.append(Event(_number(node.get("started")), "node up", host,
                                 f"node rank {node.get('node_rank')} started {_processes(node.get('nproc'))}"))
+        torn_down = _torn_down(manifest.get("first_failure_node_rank"), node.get("node_rank"))
         events.extend(_node_end(host, node.get("ended"), node.get("exit_code"), node.get("error"),
-                                node.get("failed_rank")))
+                                node.get("failed_rank"), torn_down))
     if manifest.get("stall") and state.state != "stalled":  # a stalled run's end is the stall
         events.append(Event(_number(manifest.get("ended")), "stall", "", str(manifest.get("detail") or
                                                                             "no rank made progress")))
@@ -57,6 +58,9 @@ def from_views(started: float | None, names: Sequence[str], views: Sequence[Mapp
     """A detached run's events from each node's view (None: a node not reached)."""
     events = [Event(started, "start", "", "run started detached")]
     stall = None
+    records = [r for v in views if v for r in ((v.get("node") or {}).get("final"), v.get("run")) if r]
+    first = next((r["first_failure_node_rank"] for r in records if r.get("first_failure_node_rank") is not None),
+                 None)
     for index, view in enumerate(views):
         host = names[index] if index < len(names) else f"node rank {index}"
         if view is None:
@@ -67,7 +71,8 @@ def from_views(started: float | None, names: Sequence[str], views: Sequence[Mapp
             events.append(Event(_number(node.get("started")), "node up", host,
                                 f"node rank {index}'s watchdog started {_processes(node.get('nproc'))}"))
         failure = node.get("failure")
-        events.extend(_node_end(host, node.get("ended"), node.get("exit_code"), None, failure))
+        events.extend(_node_end(host, node.get("ended"), node.get("exit_code"), None, failure,
+                                _torn_down(first, index)))
         stall = stall or (view.get("run") or {}).get("stall") or (node.get("final") or {}).get("stall")
     if stall and state.state != "stalled":
         events.append(Event(state.ended, "stall", "", state.reason or "no rank made progress"))
@@ -82,12 +87,21 @@ def restarts(resumed: Sequence[tuple[str, int]]) -> list[Event]:
             for host, step in resumed]
 
 
-def _node_end(host: str, ended: Any, exit_code: Any, error: Any, failure: Any) -> list[Event]:
+def _torn_down(first_failure_node_rank: Any, node_rank: Any) -> str:
+    """Why a node that did not fail itself ended: another node failed first ("": none did)."""
+    if first_failure_node_rank is None or first_failure_node_rank == node_rank:
+        return ""
+    return f"stopped by the teardown after node rank {first_failure_node_rank}'s failure"
+
+
+def _node_end(host: str, ended: Any, exit_code: Any, error: Any, failure: Any, torn_down: str = "") -> list[Event]:
     if ended is None and exit_code is None and not error:
         return []
     if exit_code == 0 and not error:
         return [Event(_number(ended), "node end", host, "exited 0")]
     said = f"exit {exit_code}" if exit_code is not None else "no exit code"
+    if torn_down and not failure and not error:
+        return [Event(_number(ended), "node end", host, f"{said}: {torn_down}")]
     if isinstance(failure, Mapping) and failure.get("rank") is not None:
         said += f": rank {failure['rank']} " + (f"exited with {failure['exit_code']}" if failure.get("exit_code")
                                                  is not None else f"died of signal {failure.get('signal')}")
@@ -105,8 +119,8 @@ def _end(state: RunState, ended: float | None, events: Sequence[Event]) -> Event
     ended = max([t for t in (ended, *(e.time for e in events if e.kind in ("node end", "failure"))) if t is not None],
                 default=None)
     text = f"{state.state}" + (f", exit {state.exit_code}" if state.exit_code is not None else "")
-    return Event(ended, kind, "",
-                 text + (f" ({state.reason})" if state.reason else ""))
+    said = state.reason if state.reason not in ("", "ok", state.state) else ""
+    return Event(ended, kind, "", text + (f" ({said})" if said else ""))
 
 
 def _ordered(events: list[Event]) -> list[Event]:

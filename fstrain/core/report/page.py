@@ -29,7 +29,7 @@ def render(report: Report, fstrain_version: str) -> str:
     head = (f'<h1>fstrain report: run {escape(report.run_id)}</h1><p>{escape(report.kind)} run, '
             f'<b class="state-{escape(state.state)}">{escape(state.state)}</b>'
             + (f", exit {state.exit_code}" if state.exit_code is not None else "")
-            + (f" ({escape(state.reason)})" if state.reason else "")
+            + (f" ({escape(state.reason)})" if state.reason not in ("", "ok", state.state) else "")
             + (f"; trained on {escape(report.device)}" if report.device else "") + "</p>")
     sections = [
         _section("table", "Planned vs measured", _table(report.table)),
