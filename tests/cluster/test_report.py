@@ -12,12 +12,12 @@ import pytest
 
 from fstrain.core.launch.runstate import FINAL
 from tests.browser import open_page
-from tests.cluster.launch_helpers import WORKER
 from tests.cluster.test_runs import detach, fstrain, wait_state
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.cluster
+PROGRAM = str(REPO / "tests" / "cluster" / "programs" / "metrics_then_fail.py")
 CHARTS = ("loss", "tokens", "step-times", "memory", "timeline")
 
 
@@ -81,13 +81,13 @@ def _predicted(run_dir: Path) -> dict[str, Any]:
     return predicted
 
 
-def test_report_of_an_attached_run_that_failed_shows_the_failure_on_its_timeline(
+def test_report_of_an_attached_run_of_a_program_that_failed(
     cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
     home, run_dir = tmp_path / "home", tmp_path / "run"
     launched = fstrain(home, "launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]", "--nproc-per-node",
-                       "2", "--grace", "3", "--run-dir", str(run_dir), "--env", f"PYTHONPATH={REPO}", "--env",
-                       "FSTRAIN_TEST_FAULT=exit7", "--env", "FSTRAIN_TEST_FAULT_RANK=3", "--", "python3", WORKER)
+                       "2", "--grace", "3", "--run-dir", str(run_dir), "--env", f"PYTHONPATH={REPO}", "--",
+                       "python3", PROGRAM)
     assert launched.returncode == 7, launched.stderr[-3000:]
     run_id = json.loads((run_dir / "manifest.json").read_text())["run_id"]
     document, dom = opened_report(home, run_id, tmp_path)
@@ -95,7 +95,12 @@ def test_report_of_an_attached_run_that_failed_shows_the_failure_on_its_timeline
     failures = [e for e in document["events"] if e["kind"] == "failure"]
     assert failures[0]["where"] == "node2" and "rank 3 exited with 7" in failures[0]["text"]
     assert failures[-1]["where"] == "" and failures[-1]["text"].startswith("failed, exit 7")
+    node1 = [e["text"] for e in document["events"] if (e["kind"], e["where"]) == ("node end", "node1")]
+    assert node1 and node1[0].endswith("stopped by the teardown after node rank 1's failure")
     assert {("node up", "node1"), ("node up", "node2")} <= {(e["kind"], e["where"]) for e in document["events"]}
     assert dom.count('data-event="failure"') == len(failures)
-    assert 'data-chart="loss" data-empty="1"' in dom  # the worker reports no steps: said, not drawn
+    # The program's own metric lines: every rank's steps, rank 3 a straggler; no summary to compare.
+    assert [[p["step"] for p in r["points"]] for r in document["ranks"]] == [[1, 2, 3]] * 4
+    assert [s["straggler"] for s in document["step_times"]] == [False, False, False, True]
+    assert 'data-chart="loss" data-empty' not in dom and "stragglers: rank 3 on node2" in dom
     assert any("no summary.json" in note for note in document["notes"])
