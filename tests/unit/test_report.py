@@ -14,7 +14,7 @@ from fstrain.core.report import events as timeline
 from fstrain.core.report.numbers import as_document, build
 from fstrain.core.report.page import render
 from fstrain.core.report.series import Point, RankSeries, differ, rank_series, resumed_steps, step_times
-from fstrain.core.report.svg import nice_ticks
+from fstrain.core.report.svg import Group, Line, distribution_chart, line_chart, nice_ticks, thinned
 
 PROGRESS = ("[node1 r0] [fstrain.train] step {step}/4 loss {loss} lr 3.000e-04 tokens/s {rate} "
             "max_allocated_bytes=100.0MiB max_reserved_bytes=128.5MiB")
@@ -143,3 +143,14 @@ def test_the_page_has_every_section_well_formed_svg_and_no_script_or_link() -> N
 def test_ticks_cover_the_range_with_round_steps() -> None:
     assert nice_ticks(0.0, 0.93) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert nice_ticks(5.0, 5.0)[0] <= 5.0 <= nice_ticks(5.0, 5.0)[-1]
+
+
+def test_a_long_run_on_many_ranks_draws_a_bounded_page() -> None:
+    assert thinned(list(range(10)), 4) == [0, 3, 6, 9] and thinned([1, 2], 4) == [1, 2]
+    lines = [Line(f"rank {r}", tuple((float(s), 1.0 / s) for s in range(1, 20001))) for r in range(64)]
+    chart = line_chart("loss", "loss", lines, "step", "loss")
+    ET.fromstring(chart)
+    assert chart.count("<path") == 64 and chart.count("<circle") == 0  # no marker per point at this length
+    assert max(len(p) for p in re.findall(r' d="([^"]*)"', chart)) < 20 * 1000 and "and more" in chart
+    groups = [Group(f"rank {r}", tuple(0.1 for _ in range(5000)), r == 3) for r in range(8)]
+    assert distribution_chart("step-times", "t", groups, "s", "straggler").count("<circle") == 8 * 300

@@ -12,13 +12,23 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import TypeVar
 
 from fstrain.core.report.series import quantile
 
+T = TypeVar("T")
 WIDTH, HEIGHT = 760, 300
 LEFT, RIGHT, TOP, BOTTOM = 72, 150, 34, 44  # margins: the y ticks left, the legend right
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 ALERT = "#d62728"
+# A long run on many ranks must still make a page a browser opens at once: a line keeps at most
+# MAX_LINE_POINTS points (evenly spaced, the last always), hover markers are drawn up to
+# MAX_MARKERS points per line, a distribution at most MAX_DOTS dots per rank, and the legend
+# names the first LEGEND_ROWS series (the --json output keeps every number).
+MAX_LINE_POINTS = 1000
+MAX_MARKERS = 200
+MAX_DOTS = 300
+LEGEND_ROWS = 12
 
 
 @dataclass(frozen=True)
@@ -127,12 +137,16 @@ class _Frame:
         return HEIGHT - BOTTOM - (value - self.y0) / span * (HEIGHT - BOTTOM - TOP)
 
     def legend(self, label: str, colour: str, dashed: bool = False) -> None:
-        y = TOP + 8 + 16 * self.legend_rows
+        if self.legend_rows == LEGEND_ROWS:
+            self.parts.append(f'<text x="{WIDTH - RIGHT + 10}" y="{TOP + 12 + 16 * LEGEND_ROWS}">and more</text>')
+        self.legend_rows += 1
+        if self.legend_rows > LEGEND_ROWS:
+            return
+        y = TOP + 8 + 16 * (self.legend_rows - 1)
         x = WIDTH - RIGHT + 10
         dash = ' stroke-dasharray="5 3"' if dashed else ""
         self.parts.append(f'<line x1="{x}" x2="{x + 18}" y1="{y}" y2="{y}" stroke="{colour}" stroke-width="2"{dash}/>'
                           f'<text x="{x + 24}" y="{y + 4}">{escape(label[:22])}</text>')
-        self.legend_rows += 1
 
     def done(self) -> str:
         return "".join(self.parts) + "</svg>"
@@ -157,10 +171,11 @@ def line_chart(name: str, title: str, lines: Sequence[Line], x_label: str, y_lab
     frame = _Frame(name, title, _span(xs), _span(ys), x_label, y_label)
     for index, line in enumerate(lines):
         colour = COLOURS[index % len(COLOURS)]
+        points = thinned(line.points, MAX_LINE_POINTS)
         path = " ".join(f"{'M' if i == 0 else 'L'}{frame.x(x):.1f},{frame.y(y):.1f}"
-                        for i, (x, y) in enumerate(line.points))
+                        for i, (x, y) in enumerate(points))
         frame.parts.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="1.8"/>')
-        for x, y in line.points:
+        for x, y in points if len(points) <= MAX_MARKERS else ():
             frame.parts.append(f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="2.5" fill="{colour}">'
                                f'<title>{escape(line.label)}: step {x:g}, {number(y)}</title></circle>')
         frame.legend(line.label, colour)
@@ -170,8 +185,8 @@ def line_chart(name: str, title: str, lines: Sequence[Line], x_label: str, y_lab
 def distribution_chart(name: str, title: str, groups: Sequence[Group], y_label: str, mark_label: str) -> str:
     """Per group: every value as a dot, the 10-90 % range as a box, the median as a bar."""
     values = [v for group in groups for v in group.values]
-    frame = _Frame(name, title, (0.0, float(len(groups))), _span(values, floor_zero=True), "", y_label,
-                   x_ticks=False)
+    low, high = _span(values, floor_zero=True)
+    frame = _Frame(name, title, (0.0, float(len(groups))), (low, high * 1.05), "", y_label, x_ticks=False)
     slot = (WIDTH - RIGHT - LEFT) / max(1, len(groups))
     for index, group in enumerate(groups):
         centre = LEFT + slot * (index + 0.5)
@@ -186,7 +201,7 @@ def distribution_chart(name: str, title: str, groups: Sequence[Group], y_label: 
                            f'<line x1="{centre - half:.1f}" x2="{centre + half:.1f}" y1="{frame.y(median):.1f}" '
                            f'y2="{frame.y(median):.1f}" stroke="{colour}" stroke-width="2.5">'
                            f'<title>{escape(group.label)}: median {number(median)}</title></line>')
-        for position, value in enumerate(group.values):
+        for position, value in enumerate(thinned(group.values, MAX_DOTS)):
             jitter = ((position * 7) % 11 - 5) / 5 * half * 0.7
             frame.parts.append(f'<circle cx="{centre + jitter:.1f}" cy="{frame.y(value):.1f}" r="2" '
                                f'fill="{colour}" fill-opacity="0.7"><title>{escape(group.label)}: '
@@ -223,6 +238,14 @@ def bar_chart(name: str, title: str, bars: Sequence[Bar], references: Sequence[R
                            f'{number(reference.value)}</title></line>')
         frame.legend(reference.label, colour, dashed=True)
     return frame.done()
+
+
+def thinned(values: Sequence[T], most: int) -> Sequence[T]:
+    """At most ``most`` of ``values``, evenly spaced, the first and the last kept."""
+    if len(values) <= most:
+        return values
+    step = (len(values) - 1) / (most - 1)
+    return [values[round(i * step)] for i in range(most)]
 
 
 def timeline(name: str, title: str, marks: Sequence[Mark], origin: float | None) -> str:
