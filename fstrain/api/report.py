@@ -12,14 +12,16 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fstrain.core.launch.metricline import PREFIX as METRIC_MARK
 from fstrain.core.report.series import PROGRESS_MARK, RESUMED_MARK
 from fstrain.errors import FstrainError, InputError
 
 if TYPE_CHECKING:
-    from fstrain.api.runs import Access, Run
+    from collections.abc import Iterator
+
+    from fstrain.api.runs import Access, Outputs, Run
     from fstrain.core.report.numbers import Report
 
-METRIC_MARK = "FSTRAIN_METRICS "
 
 
 def report(reference: str, access: Access | None = None) -> Report:
@@ -36,7 +38,7 @@ def report_of(run: Run) -> Report:
     from fstrain.core.report.series import rank_series, resumed_steps
 
     state = run.state()
-    lines, unread = numbered_lines(run)
+    unread: dict[str, str] = {}  # host -> why it could not be read
     summary: dict[str, Any] | None
     backend = run.backend
     if isinstance(backend, SshRun):
@@ -44,7 +46,7 @@ def report_of(run: Run) -> Report:
         try:
             summary = backend.training_summary()
         except FstrainError as exc:  # node 0 does not answer: the copy fetched before, if any
-            unread.setdefault(node0, exc.one_line())
+            unread[node0] = exc.one_line()
             summary = read_summary(run.run_dir / "summary.json")
         views = backend.views()
         events = timeline.from_views(run.record.started, [h.label() for h in run.record.hosts], views, state)
@@ -54,8 +56,15 @@ def report_of(run: Run) -> Report:
         manifest = run.record.manifest or {}
         events = timeline.from_manifest({"started": run.record.started, **manifest}, state)
     tokens_per_step = (summary or {}).get("tokens_per_step")
-    series = rank_series(lines, tokens_per_step if isinstance(tokens_per_step, int) else None)
-    events = [*events, *timeline.restarts(resumed_steps(lines))]
+    resumes: list[str] = []
+    outputs = run.outputs()
+    try:
+        series = rank_series(numbered_lines(outputs, resumes),
+                             tokens_per_step if isinstance(tokens_per_step, int) else None)
+    finally:
+        outputs.close()
+    unread.update(outputs.failed)
+    events = [*events, *timeline.restarts(resumed_steps(resumes))]
     plan = (run.record.manifest or {}).get("plan")
     result = build(run.run_id, run.kind, state, series=series, events=events,
                    plan=plan if isinstance(plan, dict) else None, summary=summary)
@@ -67,19 +76,15 @@ def report_of(run: Run) -> Report:
     return result
 
 
-def numbered_lines(run: Run) -> tuple[list[str], dict[str, str]]:
-    """The run's lines that carry numbers or a resume (every other line is dropped as it is
-    read, so a long run's output is never held whole), and the hosts that could not be read."""
-    outputs = run.outputs()
-    kept: list[str] = []
-    try:
-        for chunk in outputs.read():
-            for line in chunk.splitlines():
-                if METRIC_MARK in line or PROGRESS_MARK in line or RESUMED_MARK in line:
-                    kept.append(line)
-    finally:
-        outputs.close()
-    return kept, dict(outputs.failed)
+def numbered_lines(outputs: Outputs, resumes: list[str]) -> Iterator[str]:
+    """The run's lines that carry a step's numbers, as they are read (every other line is
+    dropped at once: a long run's output is never held whole); a resume's lines go to ``resumes``."""
+    for chunk in outputs.read():
+        for line in chunk.splitlines():
+            if RESUMED_MARK in line:
+                resumes.append(line)
+            elif METRIC_MARK in line or PROGRESS_MARK in line:
+                yield line
 
 
 def read_summary(path: Path) -> dict[str, Any] | None:
