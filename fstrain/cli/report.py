@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def report_command(
-    run: str = typer.Argument(..., metavar="RUN", help="Run id (or a unique prefix), or its local run directory."),
+    run: str = typer.Argument(..., help="Run id (or a unique prefix), or its local run directory."),
     out: Path | None = typer.Option(None, "--out", help="The HTML file (default RUN_DIR/report.html)."),
     ssh_config: str | None = hostopts.SSH_CONFIG,
     accept_new_hosts: bool = hostopts.ACCEPT_NEW,
