@@ -65,6 +65,7 @@ class DriveRequest:
     stall_timeout_s: float | None = None
     finish_timeout_s: float | None = None
     detach: bool = False
+    metrics_textfile: str | None = None  # each node's watchdog writes a Prometheus textfile here
     record: bool = True  # list the run in this machine's index (`fstrain runs`)
     ssh_config: str | None = None  # kept with a detached run, for later commands
     color: bool = False
@@ -123,6 +124,7 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                                  node_run_dirs=run_dirs, node_files=node_job.node_files, color=request.color,
                                  out=request.out, stall_timeout_s=request.stall_timeout_s,
                                  finish_timeout_s=request.finish_timeout_s,
+                                 metrics_textfile=request.metrics_textfile,
                                  ended_by_slurm=slurm_ended(request.slurm_job_id))
             if request.detach:
                 return _start_detached(request, connect, checked, node_job, options, started)

@@ -36,6 +36,7 @@ class JobSpec:
     micro_batch: int = 1
     precision: str = "bf16"
     steps: int = 0
+    tensorboard: str | None = None  # the bundled trainer's --tensorboard DIR
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ def job_spec(request: JobRequest) -> JobSpec:
         raise InputError(f"{' and '.join(given)} cannot be combined", "give one of them", "/".join(given))
     if program:
         refuse_nested_launcher(program)
+        if request.tensorboard:
+            raise InputError("the flag is the bundled trainer's, and this launch runs PROGRAM",
+                             "give your program its own TensorBoard flag after --, or print metric lines "
+                             "(docs/observability.md)", "--tensorboard")
     if not given:
         if not program:
             raise InputError("no program to launch",
@@ -77,14 +82,15 @@ def job_spec(request: JobRequest) -> JobSpec:
     if request.plan:
         from fstrain.io.render_files import read_plan_file
 
-        return JobSpec(program, plan=read_plan_file(Path(request.plan)), flag="--plan", steps=request.steps)
+        return JobSpec(program, plan=read_plan_file(Path(request.plan)), flag="--plan", steps=request.steps,
+                       tensorboard=request.tensorboard)
     from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
 
     loaded = load_shipped_recipe(str(request.model)) if request.model else load_recipe_file(str(request.recipe))
     chosen = request.strategy or DEFAULT_STRATEGY[request.backend]
     check_strategy(chosen)
     return JobSpec(program, model=loaded.model, flag=given[0], strategy=chosen, micro_batch=request.micro_batch,
-                   precision=request.precision, steps=request.steps)
+                   precision=request.precision, steps=request.steps, tensorboard=request.tensorboard)
 
 
 def refuse_nested_launcher(program: list[str]) -> None:
@@ -119,7 +125,7 @@ def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str, d
     check_plan_fits_launch(plan, sum(nprocs), spec.flag)
     if spec.program:
         return Job(spec.program, plan, False, spec.steps)
-    return Job(trainer_program(python, plan, steps=spec.steps), plan, True, spec.steps)
+    return Job(trainer_program(python, plan, steps=spec.steps, tensorboard=spec.tensorboard), plan, True, spec.steps)
 
 
 def parse_nproc(value: str) -> int | None:

@@ -185,7 +185,7 @@ def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> La
         env=dict(job_request.env), master_port=run.master_port, fanout=request.hosts.fanout,
         prewarm_backend=job_request.backend, grace_s=run.grace_s, heartbeat_timeout_s=run.heartbeat_timeout_s,
         stall_timeout_s=run.stall_timeout_s, finish_timeout_s=run.finish_timeout_s, detach=run.detach,
-        ssh_config=request.hosts.ssh_config, color=color, out=out,
+        metrics_textfile=run.metrics_textfile, ssh_config=request.hosts.ssh_config, color=color, out=out,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None)
     driven = drive(drive_request, connect, node_job)
     job = built[0]

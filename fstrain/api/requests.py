@@ -37,6 +37,7 @@ class JobRequest:
     micro_batch: int = 4
     precision: str = "bf16"
     steps: int = 20  # optimizer steps of the bundled trainer
+    tensorboard: str | None = None  # the bundled trainer's event folder on node 0 ('{run_dir}/tb' allowed)
     env: Mapping[str, str] = field(default_factory=dict)  # for every rank (already collected)
     python: str = "python3"  # the interpreter on the hosts
     workdir: str | None = None  # default: this directory, checked on every host
@@ -56,6 +57,7 @@ class RunSettings:
     stall_timeout_s: float | None = None  # no rank output for this long: stacks, then stop (124)
     finish_timeout_s: float | None = None  # ranks finished apart by this long: the same
     detach: bool = False  # return once every node has started; the nodes supervise the job
+    metrics_textfile: str | None = None  # each node's watchdog writes Prometheus textfiles here
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,13 @@ def launch_command(
     precision: str = typer.Option(
         "bf16", "--precision", help="With --model/--recipe: bf16, fp16, fp32, bf16-pure, amp-bf16 or amp-fp16."),
     steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps for the bundled trainer."),
+    tensorboard: str | None = typer.Option(None, "--tensorboard", help="The bundled trainer's rank 0 writes "
+                                           "TensorBoard event files to this folder on node 0 ('{run_dir}/tb': in "
+                                           "the run directory; needs the tensorboard package there)."),
+    metrics_textfile: str | None = typer.Option(None, "--metrics-textfile", help="Each node writes "
+                                                "fstrain_<run id>_node<I>.prom (Prometheus text format) to this "
+                                                "folder on the node every few seconds, for node_exporter's "
+                                                "textfile collector."),
     stall_timeout: str | None = typer.Option(None, "--stall-timeout", metavar="DURATION",
                                              help="No rank output for this long (e.g. 20m): collect every rank's "
                                              "stacks, name the odd ranks, stop the job (exit 124)."),
@@ -109,11 +116,12 @@ def launch_command(
                           fanout=fanout, launcher=launcher),
         job=JobRequest(program=tuple(program or ()), backend=backend, nproc_per_node=parse_nproc(nproc_per_node),
                        plan=plan_path, model=model, recipe=recipe, strategy=strategy, micro_batch=micro_batch,
-                       precision=precision, steps=steps, env=collect_env(env, env_file), python=python,
+                       precision=precision, steps=steps, tensorboard=tensorboard,
+                       env=collect_env(env, env_file), python=python,
                        workdir=workdir, no_local_rank=no_local_rank),
         run=RunSettings(run_id=new_run_id(), run_dir=run_dir, master_port=master_port, max_restarts=max_restarts,
                         grace_s=grace, heartbeat_timeout_s=heartbeat_timeout, stall_timeout_s=stall_s,
-                        finish_timeout_s=finish_s, detach=detach),
+                        finish_timeout_s=finish_s, detach=detach, metrics_textfile=metrics_textfile),
         container_image=container_image, container_mounts=container_mounts,
         container_default_mounts=not no_default_mounts)
     if slurm or slurm_render_only:

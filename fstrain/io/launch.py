@@ -271,6 +271,7 @@ class RunOptions:
     color: bool = False
     out: TextIO = sys.stdout
     stall_timeout_s: float | None = None  # no rank output for this long: stalled
+    metrics_textfile: str | None = None  # each node writes its Prometheus textfile into this folder
     finish_timeout_s: float | None = None  # some nodes done with 0, others still running: stalled
     # Inside a Slurm job: why Slurm ended it ("cancelled by Slurm (scancel)"), None while it runs.
     # Asked on fstrain's own SIGTERM and when the run ends.
@@ -425,6 +426,12 @@ def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
                       finish_timeout_s=options.finish_timeout_s)
     if launch.backend == "deepspeed":  # its launcher does not say which rank failed: the watchdog looks
         header.update(watch_rank_exits=True, modules={**header.get("modules", {}), "stacks": source("stacks")})
+    if options.metrics_textfile:  # the node's .prom file: its ranks' lines, alive ranks from /proc
+        core = Path(__file__).resolve().parent.parent / "core" / "launch"  # pure, stdlib-only: the nodes run them
+        header.update(metrics_textfile=options.metrics_textfile,
+                      modules={**header.get("modules", {}), "stacks": source("stacks"),
+                               "promfile": (core / "promfile.py").read_text(),
+                               "metricline": (core / "metricline.py").read_text()})
     return header
 
 

@@ -13,9 +13,18 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from fstrain.core.launch.metricline import StepMetrics
 from fstrain.train.data import SyntheticData
-from fstrain.train.runtime import Runtime, all_reduce_max, all_reduce_mean, peak_memory, reset_peak_memory
+from fstrain.train.runtime import (
+    Runtime,
+    all_reduce_max,
+    all_reduce_mean,
+    peak_bytes,
+    peak_memory,
+    reset_peak_memory,
+)
 from fstrain.train.settings import TrainSettings
+from fstrain.train.steplog import StepLog
 
 
 class Engine(Protocol):
@@ -52,31 +61,32 @@ def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
     losses: list[float] = []
     step_seconds: list[float] = []
     reset_peak_memory(runtime.device)
-    for step in range(start_step, settings.steps):
-        batches = [data.batch(step, m, runtime.rank, world, mbs) for m in range(accum)]
-        started = time.perf_counter()
-        local_loss, lr = engine.train_step(batches)
-        loss = all_reduce_mean(local_loss, runtime.device)  # also a barrier: the step is done everywhere
-        seconds = time.perf_counter() - started
-        losses.append(loss)
-        step_seconds.append(seconds)
-        if runtime.is_main and ((step + 1) % settings.log_every == 0 or step + 1 == settings.steps):
-            memory = " ".join(f"{k}={v / 2**20:.1f}MiB" for k, v in peak_memory(runtime.device).items())
-            _log(
-                runtime,
-                f"step {step + 1}/{settings.steps} loss {loss:.4f} lr {lr:.3e} "
-                f"tokens/s {tokens_per_step / seconds:,.0f} {memory}",
-            )
-        saved_step = step + 1
-        if settings.checkpoint_dir is not None and (
-            saved_step == settings.steps
-            or (settings.checkpoint_interval and saved_step % settings.checkpoint_interval == 0)
-        ):
-            if runtime.is_main:
-                settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            dist.barrier()
-            engine.save(settings.checkpoint_dir, saved_step)
-            _log(runtime, f"checkpoint saved: step {saved_step} in {settings.checkpoint_dir}")
+    steplog = StepLog(settings.metrics_dir, settings.tensorboard_dir, runtime.rank)
+    try:
+        for step in range(start_step, settings.steps):
+            batches = [data.batch(step, m, runtime.rank, world, mbs) for m in range(accum)]
+            started = time.perf_counter()
+            local_loss, lr = engine.train_step(batches)
+            rank_seconds = time.perf_counter() - started  # this rank's own step, before it waits for the others
+            loss = all_reduce_mean(local_loss, runtime.device)  # also a barrier: the step is done everywhere
+            seconds = time.perf_counter() - started
+            losses.append(loss)
+            step_seconds.append(seconds)
+            if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
+                peaks = peak_memory(runtime.device)
+                steplog.step(StepMetrics(step=step + 1, steps=settings.steps, loss=local_loss, lr=lr,
+                                         tokens_per_s=tokens_per_step / seconds, scope="job", step_s=rank_seconds,
+                                         memory_bytes=peak_bytes(peaks), rank=runtime.rank, time=time.time()),
+                             job_loss=loss)
+                memory = " ".join(f"{k}={v / 2**20:.1f}MiB" for k, v in peaks.items())
+                _log(
+                    runtime,
+                    f"step {step + 1}/{settings.steps} loss {loss:.4f} lr {lr:.3e} "
+                    f"tokens/s {tokens_per_step / seconds:,.0f} {memory}",
+                )
+            _checkpoint(settings, runtime, engine, step + 1)
+    finally:
+        steplog.close()
     memory_max = all_reduce_max(peak_memory(runtime.device), runtime.device)
     # The first step includes one-time work (allocation, DeepSpeed buffers): leave it out of the rate.
     timed = step_seconds[1:] if len(step_seconds) > 1 else step_seconds
@@ -107,6 +117,19 @@ def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, settings.summary_json)
     return summary
+
+
+def _checkpoint(settings: TrainSettings, runtime: Runtime, engine: Engine, saved_step: int) -> None:
+    """Save after ``saved_step`` steps when it is the last or the interval says so."""
+    if settings.checkpoint_dir is not None and (
+        saved_step == settings.steps
+        or (settings.checkpoint_interval and saved_step % settings.checkpoint_interval == 0)
+    ):
+        if runtime.is_main:
+            settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        engine.save(settings.checkpoint_dir, saved_step)
+        _log(runtime, f"checkpoint saved: step {saved_step} in {settings.checkpoint_dir}")
 
 
 def _log(runtime: Runtime, message: str) -> None:

@@ -145,6 +145,15 @@ def peak_memory(device: torch.device) -> dict[str, int]:
     return {"max_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale}
 
 
+def peak_bytes(peaks: dict[str, int]) -> int | None:
+    """The one number a metric line carries (``memory_bytes``): the allocator's reserved peak on a
+    GPU (what the card must hold), the peak RSS on CPU."""
+    for key in ("max_reserved_bytes", "max_rss_bytes"):
+        if key in peaks:
+            return peaks[key]
+    return None
+
+
 def all_reduce_mean(value: float, device: torch.device) -> float:
     tensor = torch.tensor([value], dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)

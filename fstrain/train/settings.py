@@ -23,6 +23,7 @@ from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import FSDP_FILE_VERSION, render_fsdp
 from fstrain.core.render.options import TrainingOptions
 from fstrain.errors import ConfigError, InputError
+from fstrain.train.metrics import METRICS_FOLDER
 
 BACKENDS = ("fsdp", "deepspeed")
 _PRECISION_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -43,6 +44,8 @@ class TrainSettings:
     resume: bool
     summary_json: Path | None
     log_every: int
+    metrics_dir: Path | None = None  # each rank's metrics.jsonl goes here: rank<R>.jsonl
+    tensorboard_dir: Path | None = None  # rank 0's TensorBoard event files
 
     @property
     def micro_batch_size(self) -> int:
@@ -90,6 +93,20 @@ def check_compiler_toolchain() -> None:
             "(CXX, g++, c++, clang++)",
             "install one (Debian/Ubuntu: apt-get install g++), or re-plan without --compile",
             "--plan",
+        )
+
+
+def check_tensorboard() -> None:
+    """--tensorboard writes through torch.utils.tensorboard, which needs the tensorboard package:
+    checked before any process group exists, without importing it."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "the tensorboard package, which it writes through, is not installed in this Python",
+            "pip install 'fstrain[tensorboard]' (or pip install tensorboard) where rank 0 runs, or leave out "
+            "--tensorboard",
+            "--tensorboard",
         )
 
 
@@ -141,7 +158,14 @@ def parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir, if any"
     )
     p.add_argument("--summary-json", type=Path, help="write the final summary here (rank 0)")
-    p.add_argument("--log-every", type=int, default=1, help="log every N steps from rank 0")
+    p.add_argument("--log-every", type=int, default=1,
+                   help="log every N steps: rank 0's progress line, every rank's metric line")
+    p.add_argument("--metrics-dir", type=Path,
+                   help="each rank appends its logged steps to DIR/rank<R>.jsonl (default: "
+                   "$FSTRAIN_RUN_DIR/metrics when fstrain launched it, else none)")
+    p.add_argument("--tensorboard", type=Path, metavar="DIR",
+                   help="rank 0 writes TensorBoard event files of each logged step here (needs the tensorboard "
+                   "package: pip install 'fstrain[tensorboard]')")
     # The deepspeed launcher appends --local_rank; LOCAL_RANK in the environment is what we use.
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p
@@ -161,6 +185,8 @@ def load_settings(argv: list[str] | None, world_size: int) -> TrainSettings:
     check_trainer_optimizer(plan, "--plan")
     if plan.knobs.compile:
         check_compiler_toolchain()
+    if args.tensorboard is not None and os.environ.get("RANK", "0") == "0":  # only rank 0 writes events
+        check_tensorboard()
     # Without rendered files, render them here with a schedule that fits --steps.
     options = TrainingOptions(warmup_steps=max(1, args.steps // 10), total_steps=args.steps)
     fsdp: Mapping[str, Any] | None = None
@@ -191,7 +217,17 @@ def load_settings(argv: list[str] | None, world_size: int) -> TrainSettings:
         resume=args.resume,
         summary_json=args.summary_json,
         log_every=args.log_every,
+        metrics_dir=_metrics_dir(args.metrics_dir),
+        tensorboard_dir=args.tensorboard,
     )
+
+
+def _metrics_dir(given: Path | None) -> Path | None:
+    """--metrics-dir, else the metrics folder of the run directory fstrain's watchdog names."""
+    if given is not None:
+        return given
+    run_dir = os.environ.get("FSTRAIN_RUN_DIR")
+    return Path(run_dir) / METRICS_FOLDER if run_dir else None
 
 
 def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:

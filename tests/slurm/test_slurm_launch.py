@@ -119,9 +119,10 @@ def test_doctor_inside_an_allocation_checks_the_nodes_through_srun(slurm: SlurmC
 
 
 def test_sbatch_submit_follows_the_job_to_its_training_summary(slurm: SlurmCluster, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+    run_dir, prom = tmp_path / "run", tmp_path / "prom"
     result = fstrain(slurm, tmp_path, "launch", "--slurm", "--nodes", "2", "--time", "10:00", "--nproc-per-node",
-                     "2", "--model", "tiny", "--steps", "4", "--grace", "5", "--run-dir", str(run_dir))
+                     "2", "--model", "tiny", "--steps", "4", "--grace", "5", "--run-dir", str(run_dir),
+                     "--metrics-textfile", str(prom))
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     job_id = (run_dir / "slurm_job_id").read_text().strip()
     assert f"submitted Slurm job {job_id}" in result.stderr
@@ -135,6 +136,15 @@ def test_sbatch_submit_follows_the_job_to_its_training_summary(slurm: SlurmClust
     script = (run_dir / "sbatch.sh").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --time=10:00" in script
     assert json.loads((run_dir / f"job-{job_id}" / "manifest.json").read_text())["exit_code"] == 0
+    # Each node's watchdog, an srun task here, wrote its Prometheus textfile: both ranks at the last step.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    files = sorted(prom.glob("fstrain_*_node*.prom"))
+    assert [path.name.rsplit("_", 1)[1] for path in files] == ["node0.prom", "node1.prom"]
+    for node_rank, path in enumerate(files):
+        steps = {s.labels["rank"]: s.value for f in text_string_to_metric_families(path.read_text())
+                 if f.name == "fstrain_step" for s in f.samples}
+        assert steps == {str(2 * node_rank): 4, str(2 * node_rank + 1): 4}
     # Its report gathers the job folder's output, manifest and summary as for any other run.
     report = fstrain(slurm, tmp_path, "report", str(run_dir), "--json")
     assert report.returncode == 0, report.stderr

@@ -9,7 +9,8 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[2] / "fstrain" / "core"
 # Sent to the nodes as source text with the scripts of fstrain/io/remote (fstrain/io/runs.py reads
 # them by path, fstrain/io/logs.py through logtail.__file__): they run alone there, beside no fstrain.
-NODE_SIDE = ("launch/rankexit.py", "launch/stacks.py", "launch/supervisor.py", "launch/logtail.py")
+NODE_SIDE = ("launch/rankexit.py", "launch/stacks.py", "launch/supervisor.py", "launch/logtail.py",
+             "launch/metricline.py", "launch/promfile.py")
 FORBIDDEN = {"paramiko", "subprocess", "socket", "torch", "deepspeed", "rich", "typer", "pynvml", "multiprocessing",
              "asyncio", "threading", "shutil", "requests", "urllib", "http", "ctypes", "signal", "pty", "select"}
 FORBIDDEN_CALLS = {("os", "system"), ("os", "popen"), ("os", "spawnv"), ("os", "execv"), ("os", "fork"),

@@ -8,13 +8,15 @@ mean. Pure: the edge (fstrain/io/launch.py, fstrain/io/runs.py, fstrain/io/logs.
 - :mod:`.rankexit`: the failed rank and its own exit code, from the launchers' output
 - :mod:`.stacks`: hang analysis: stack dumps -> where each rank is, the odd ranks
 - :mod:`.supervisor`: the supervision rules: events in, decisions and the run's verdict out
-- :mod:`.runstate`: a run's state (starting ... lost) from its nodes' records; progress lines
+- :mod:`.runstate`: a run's state (starting ... lost) from its nodes' records
+- :mod:`.metricline`: the metric line a rank prints per step, and metrics.jsonl
+- :mod:`.promfile`: a node's ranks as a Prometheus textfile; the bundled trainer's progress line
 - :mod:`.runrecord`: this machine's records of a run (index entry, detached.json)
 - :mod:`.logtail`: log files by whole lines and byte offsets, forward or from the end
 - :mod:`.gpuusage`: GPU memory and utilisation of a run's nodes (`fstrain status`)
 - :mod:`.duration`: durations on the command line (``20s``, ``5m``, ``1.5h``)
 
-``rankexit``, ``stacks``, ``supervisor`` and ``logtail`` also run on the nodes: the edge sends
-their source text with the scripts of fstrain/io/remote, so they import nothing but the standard
-library (tests/unit/test_core_purity.py holds them to it).
+``rankexit``, ``stacks``, ``supervisor``, ``logtail``, ``metricline`` and ``promfile`` also run
+on the nodes: the edge sends their source text with the scripts of fstrain/io/remote, so they
+import nothing but the standard library (tests/unit/test_core_purity.py holds them to it).
 """

@@ -121,3 +121,17 @@ def from_mapping(body: Any) -> StepMetrics | None:
         return None
     extra = {k: v for k, v in body.items() if k not in _KNOWN}
     return StepMetrics(step=step, scope=scope, extra=extra, **values)
+
+
+def parse_metrics_jsonl(text: str) -> list[StepMetrics]:
+    """The steps a metrics.jsonl holds (``RUN_DIR/metrics/rank<R>.jsonl``), in file order; a line
+    that is not a readable object (a run killed while writing its last line) is left out."""
+    found = []
+    for line in text.splitlines():
+        try:
+            metrics = from_mapping(json.loads(line))
+        except ValueError:
+            continue
+        if metrics is not None:
+            found.append(metrics)
+    return found

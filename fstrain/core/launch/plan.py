@@ -147,13 +147,16 @@ def trainer_backend(plan: PlanFile) -> str:
     return "fsdp" if plan.knobs.strategy.startswith("fsdp") else "deepspeed"
 
 
-def trainer_program(python: str, plan: PlanFile, *, steps: int) -> list[str]:
-    """``python -m fstrain.train`` reading the files rendered into the run directory."""
+def trainer_program(python: str, plan: PlanFile, *, steps: int, tensorboard: str | None = None) -> list[str]:
+    """``python -m fstrain.train`` reading the files rendered into the run directory (each rank's
+    metrics.jsonl goes to its metrics folder, FSTRAIN_RUN_DIR/metrics); rank 0's TensorBoard
+    event files to ``tensorboard`` (on node 0, relative to the working directory)."""
     backend = trainer_backend(plan)
     config = ["--fsdp-config", "{run_dir}/fsdp.yaml"] if backend == "fsdp" else \
         ["--deepspeed-config", "{run_dir}/ds_config.json"]
+    board = ["--tensorboard", tensorboard] if tensorboard else []
     return [python, "-m", "fstrain.train", "--plan", "{run_dir}/plan.yaml", "--backend", backend, *config,
-            "--steps", str(steps), "--summary-json", "{run_dir}/summary.json"]
+            "--steps", str(steps), "--summary-json", "{run_dir}/summary.json", *board]
 
 
 def check_strategy(strategy: str) -> None:

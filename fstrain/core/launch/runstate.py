@@ -9,18 +9,18 @@ record). Pure: the I/O edge (fstrain/io/runs.py) gathers the inputs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+# The bundled trainer's progress line ("[fstrain.train] step 5/20 loss 3.1234 ... tokens/s 12,345").
+from fstrain.core.launch.promfile import parse_progress as parse_progress
 
 STATES = ("starting", "running", "stalled", "succeeded", "failed", "stopped", "lost")
 FINAL = frozenset({"stalled", "succeeded", "failed", "stopped", "lost"})
 # The attached launcher's reasons (manifest.json) -> states.
 _REASONS = {"ok": "succeeded", "failed": "failed", "lost": "lost", "interrupted": "stopped", "terminated": "stopped",
             "cancelled": "stopped", "stalled": "stalled"}
-# The bundled trainer: "[fstrain.train] step 5/20 loss 3.1234 lr 1.000e-04 tokens/s 12,345 ..."
-_PROGRESS_RE = re.compile(r"\bstep (\d+)(?:/(\d+))?(?:.*?\bloss ([0-9.eE+-]+|nan|inf))?(?:.*?\btokens/s ([0-9,.]+))?")
 
 
 @dataclass(frozen=True)
@@ -73,20 +73,6 @@ def first_failure(views: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] |
             return {**failure, "node_rank": record["first_failure_node_rank"],
                     "host": record.get("first_failure_host"), "reason": record.get("reason", "")}
     return None
-
-
-def parse_progress(line: str) -> dict[str, Any] | None:
-    """step, total steps, loss and tokens/s from a progress line (the bundled trainer's form)."""
-    match = _PROGRESS_RE.search(line)
-    if match is None:
-        return None
-    step, total, loss, rate = match.groups()
-    return {
-        "step": int(step),
-        "steps": int(total) if total else None,
-        "loss": float(loss) if loss else None,
-        "tokens_per_s": float(rate.replace(",", "")) if rate else None,
-    }
 
 
 def from_host_records(run: Mapping[str, Any] | None, nodes: Sequence[Mapping[str, Any]]) -> RunState:

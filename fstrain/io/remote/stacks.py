@@ -224,6 +224,16 @@ def rank_processes(pids: list[int]) -> dict[int, int]:
     return {rank: pid for rank, (pid, _) in _rank_envs(pids).items()}
 
 
+def local_ranks(pids: list[int]) -> dict[int, int]:
+    """Local rank -> global rank of every rank process alive (its LOCAL_RANK and RANK)."""
+    found = {}
+    for rank, (_, env) in _rank_envs(pids).items():
+        local = env.get("LOCAL_RANK", "")
+        if local.isdigit():
+            found[int(local)] = rank
+    return found
+
+
 def _wait_status(fields: list[str]) -> int | None:
     """A zombie's wait status (``exit_code``, field 52), else None."""
     return int(fields[49]) if fields[0] == "Z" and len(fields) > 49 and fields[49].isdigit() else None

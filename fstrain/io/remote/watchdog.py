@@ -118,13 +118,16 @@ def log(message: str) -> None:
         write_all(2, f"fstrain-watchdog: {message}\n".encode())
 
 
-def relay_pipe(source: Any, fd: int) -> None:
+def relay_pipe(source: Any, fd: int, observe: Any = None) -> None:
     """The launcher's own output (a pipe) to the watchdog's ``fd``, line by line, each line whole;
-    read to its end even when ``fd`` is gone, so the launcher never blocks on a full pipe."""
+    read to its end even when ``fd`` is gone, so the launcher never blocks on a full pipe.
+    ``observe(None, line)`` sees each line (ranks that share the launcher's pipe print there)."""
     with source:
         for line in source:
             with contextlib.suppress(OSError), OUTPUT_LOCK:
                 write_all(fd, line if line.endswith(b"\n") else line + b"\n")
+            if observe is not None:
+                observe(None, line)
 
 
 def become_subreaper() -> bool:
@@ -230,6 +233,7 @@ class Watchdog:
         self.startup_env: dict[str, str] = {}  # under prewarm: what the waiting interpreter started with
         self.startup_workdir: str | None = None  # and where
         self.relays: list[threading.Thread] = []  # the launcher's stdout and stderr, copied out
+        self.textfile: MetricsTextfile | None = None  # --metrics-textfile: this node's .prom file
 
     def configure(self) -> None:
         self.grace_s = float(self.header.get("grace_s", 15))
@@ -257,7 +261,16 @@ class Watchdog:
             env["FSTRAIN_RUN_DIR"] = run_dir
         if run_dir and header.get("stacks"):  # hang reports: see stacks.py
             self.module("stacks").install_hook(run_dir, env)
+        if header.get("metrics_textfile"):
+            folder = expand(os.path.expanduser(str(header["metrics_textfile"])), run_dir)
+            self.textfile = MetricsTextfile(header, folder, self.module("promfile"), self.module("metricline"),
+                                            self.module("stacks"))
         return env
+
+    def observe_line(self, local_rank: int | None, line: bytes) -> None:
+        """A line of the job's output (a rank's file, or the launcher's pipe), for the textfile."""
+        if self.textfile is not None:
+            self.textfile.line(local_rank, line)
 
     def module(self, name: str) -> Any:
         """A helper module sent in the header (``modules``), loaded once."""
@@ -368,10 +381,13 @@ class Watchdog:
         if code is not None:
             return code
         tail_dir = expand(str(self.header.get("rank_log_dir") or ""), run_dir)
+        observe = self.observe_line if self.textfile is not None else None  # no cost per line without it
         tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1),
-                               self.header.get("rank_offset")) if tail_dir else None
+                               self.header.get("rank_offset"), observe) if tail_dir else None
         if tailer is not None:
             threading.Thread(target=tailer.follow, daemon=True).start()
+        if self.textfile is not None:
+            threading.Thread(target=self.textfile.follow, args=(self.child, tailer), daemon=True).start()
         if self.header.get("stacks"):
             threading.Thread(target=self.watch_ranks, daemon=True).start()
         if self.header.get("watch_rank_exits"):
@@ -383,6 +399,8 @@ class Watchdog:
                 relay.join(5.0)
             if tailer is not None:
                 tailer.finish()
+            if self.textfile is not None:
+                self.textfile.finish(tailer)
             self.clean_up(run_dir)
             if self.state_file:
                 with contextlib.suppress(OSError):
@@ -405,7 +423,7 @@ class Watchdog:
         """The job's own stdout and stderr (pipes) to the watchdog's, whole lines (see OUTPUT_LOCK)."""
         assert self.child is not None
         for source, fd in ((self.child.stdout, 1), (self.child.stderr, 2)):
-            relay = threading.Thread(target=relay_pipe, args=(source, fd), daemon=True)
+            relay = threading.Thread(target=relay_pipe, args=(source, fd, self.observe_line), daemon=True)
             relay.start()
             self.relays.append(relay)
 
@@ -549,6 +567,69 @@ class Watchdog:
         reap()
 
 
+class MetricsTextfile:
+    """``--metrics-textfile DIR``: this node's ranks as ``DIR/fstrain_<run id>_node<I>.prom``
+    (Prometheus text format, for node_exporter's textfile collector), rewritten every
+    ``metrics_interval_s`` and once more at the end, each time into a ``.tmp`` file beside it
+    that is then renamed over it. The numbers come from the lines the relays see
+    (fstrain/core/launch/promfile.py); alive ranks from /proc (stacks.py). A folder that cannot
+    be written is said once on stderr: the job runs on."""
+
+    def __init__(self, header: dict[str, Any], folder: str, promfile: Any, metricline: Any, stacks: Any) -> None:
+        self.folder = folder
+        self.path = os.path.join(self.folder, promfile.textfile_name(header.get("run_id", ""),
+                                                                       int(header.get("node_rank") or 0)))
+        self.interval_s = float(header.get("metrics_interval_s") or promfile.INTERVAL_S)
+        self.metrics = promfile.NodeMetrics(str(header.get("run_id", "")), os.uname().nodename,
+                                            int(header.get("node_rank") or 0), int(header.get("nproc") or 1),
+                                            header.get("rank_offset"), time.time(), metricline.parse_metric_line)
+        self.max_line_bytes = int(metricline.MAX_LINE_BYTES)
+        self.stacks = stacks
+        self.lock = threading.Lock()
+        self.failed = False
+        self.done = threading.Event()
+
+    def line(self, local_rank: int | None, line: bytes) -> None:
+        text = line[:self.max_line_bytes + 1].decode("utf-8", "replace").rstrip("\r\n")
+        with self.lock:
+            self.metrics.line(local_rank, text, time.time())
+
+    def follow(self, child: Any, tailer: RankLogTailer | None) -> None:
+        """Write now, then every interval while the job runs."""
+        while child is not None and child.poll() is None:
+            self.write(self.stacks.local_ranks(descendants(os.getpid())), tailer, final=False)
+            if self.done.wait(self.interval_s):
+                return
+
+    def finish(self, tailer: RankLogTailer | None) -> None:
+        """The job is over: every rank gone, the last numbers written."""
+        self.done.set()
+        self.write({}, tailer, final=True)
+
+    def write(self, alive: dict[int, int], tailer: RankLogTailer | None, final: bool) -> None:
+        """Under the lock from the numbers to the rename: a late periodic write never replaces the final one."""
+        with self.lock:
+            if self.done.is_set() and not final:
+                return
+            self.metrics.set_alive(alive)
+            if tailer is not None:
+                self.metrics.restarts = tailer.latest_attempt
+            text = self.metrics.render(time.time())
+            partial = f"{self.path}.{os.getpid()}.tmp"  # not *.prom: the collector skips it
+            try:
+                os.makedirs(self.folder, exist_ok=True)
+                with open(partial, "w") as handle:
+                    handle.write(text)
+                os.chmod(partial, 0o644)  # node_exporter often runs as a user of its own
+                os.replace(partial, self.path)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+                if not self.failed:
+                    self.failed = True
+                    log(f"--metrics-textfile: cannot write {self.path}: {exc.strerror or exc}; the job goes on")
+
+
 def rank_source(relative: str, nproc: int, rank_offset: int | None = None) -> tuple[int, int, int] | None:
     """A launcher's per-rank log file, by its path under the rank log folder -> (local rank, the
     watchdog's descriptor it goes to: 1 stdout, 2 stderr, restart attempt); None for any other file.
@@ -591,8 +672,10 @@ class RankLogTailer:
     # calls, and a pipe takes such a write whole even from processes that share it (the launcher).
     BATCH_BYTES = 4096
 
-    def __init__(self, folder: str, nproc: int, rank_offset: int | None = None) -> None:
+    def __init__(self, folder: str, nproc: int, rank_offset: int | None = None, observe: Any = None) -> None:
         self.folder = folder
+        self.observe = observe  # observe(local rank, line): each whole line relayed, without its newline
+        self.latest_attempt = 0  # torchrun's restart attempts seen so far
         self.nproc = max(1, nproc)
         self.rank_offset = rank_offset  # the node's first global rank (DeepSpeed's files name global ranks)
         self.start: dict[str, int] = {}  # file -> offset of its first byte not relayed (a line's start)
@@ -625,14 +708,15 @@ class RankLogTailer:
         with self.lock:
             sources = self.sources()
             latest = max((attempt for attempt, *_ in sources), default=0)
+            self.latest_attempt = max(self.latest_attempt, latest)
             for attempt, local, fd, path in sources:
                 try:
-                    self.relay(path, b"[local%d]:" % local, fd, final or attempt < latest)
+                    self.relay(path, b"[local%d]:" % local, fd, final or attempt < latest, local)
                 except OSError as exc:  # the file went away, or the output did: nothing to relay to
                     if not isinstance(exc, FileNotFoundError):
                         return
 
-    def relay(self, path: str, tag: bytes, fd: int, complete: bool) -> None:
+    def relay(self, path: str, tag: bytes, fd: int, complete: bool, local: int = 0) -> None:
         """The whole lines ``path`` holds past its offset; its last partial line too if ``complete``."""
         start = self.start.get(path, 0)
         scanned = self.scanned.get(path, start)
@@ -647,22 +731,24 @@ class RankLogTailer:
                     scanned += len(chunk)
                     continue
                 end = scanned + newline + 1
-                self.copy(handle, start, end, tag, fd)
+                self.copy(handle, start, end, tag, fd, local)
                 start = scanned = end
                 handle.seek(end)
             if complete and scanned > start:
-                self.copy(handle, start, scanned, tag, fd)
+                self.copy(handle, start, scanned, tag, fd, local)
                 start = scanned
         self.start[path], self.scanned[path] = start, scanned
 
-    def copy(self, handle: Any, start: int, end: int, tag: bytes, fd: int) -> None:
+    def copy(self, handle: Any, start: int, end: int, tag: bytes, fd: int, local: int = 0) -> None:
         """Bytes ``start`` to ``end`` of the file, ``start`` a line's start, as tagged lines (a
-        newline added at the end where the last has none), in writes of whole lines where they fit."""
+        newline added at the end where the last has none), in writes of whole lines where they fit;
+        each line that fits in a chunk also to ``observe`` (a longer one is no metric line)."""
         handle.seek(start)
         left = end - start
         batch: list[bytes] = []
         size = 0
         in_line = False  # the chunk before ended inside a line: its next piece gets no tag
+        observed: list[bytes] = []
         with OUTPUT_LOCK:
             while left > 0:
                 chunk = handle.read(min(self.CHUNK_BYTES, left))
@@ -675,6 +761,8 @@ class RankLogTailer:
                     pieces.append(last)
                 for number, piece in enumerate(pieces):
                     whole = number < len(pieces) - 1 or not last  # its newline is in this chunk
+                    if self.observe is not None and not in_line:
+                        observed.append(piece)
                     item = (piece if in_line else tag + piece) + (b"\n" if whole else b"")
                     if batch and size + len(item) > self.BATCH_BYTES:
                         write_all(fd, b"".join(batch))
@@ -686,6 +774,8 @@ class RankLogTailer:
                 batch.append(b"\n")
             if batch:
                 write_all(fd, b"".join(batch))
+        for line in observed:
+            self.observe(local, line)
 
 
 def main(header: dict[str, Any]) -> None:

@@ -1,0 +1,181 @@
+"""One node's ranks as a Prometheus text exposition, for node_exporter's textfile collector.
+
+With ``fstrain launch --metrics-textfile DIR``, each node's watchdog (fstrain/io/remote/watchdog.py)
+feeds a :class:`NodeMetrics` every line its ranks print and which ranks are alive, and every few
+seconds and at the end writes :meth:`NodeMetrics.render` to ``DIR/<textfile_name>`` (a file
+beside it first, then renamed over it: the collector never reads half a file, and it skips
+names that do not end in ``.prom``).
+
+A rank's numbers come from its metric lines (fstrain/core/launch/metricline.py); a rank that
+prints none but the bundled trainer's progress line (``step 5/20 loss 3.1 ... tokens/s 12,345``)
+is read from that. Every sample carries ``run_id``, ``host`` and ``node_rank``; per-rank
+samples also ``rank`` (global; empty while unknown) and ``local_rank``.
+
+Pure and stdlib only: it travels to the nodes with the watchdog, as does metricline.py, whose
+parser is passed in (modules sent to a node cannot import each other).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+INTERVAL_S = 5.0  # how often the watchdog rewrites the file
+# A local-rank tag in front of a line: the watchdog's relay ([local3]:) or torchrun's --tee.
+_TAG_RE = re.compile(r"^\[(?:default|rank|local)(\d+)\]:")
+# The bundled trainer's progress line (fstrain/train/loop.py), read where a rank prints no metric line.
+PROGRESS_RE = re.compile(r"\bstep (\d+)(?:/(\d+))?(?:.*?\bloss ([0-9.eE+-]+|nan|inf))?(?:.*?\btokens/s ([0-9,.]+))?")
+PROGRESS_MARK = "[fstrain.train] step "
+
+# (name, type, help, the rank's field it shows); None: computed here.
+RANK_METRICS = (
+    ("fstrain_step", "gauge", "The last training step the rank reported.", "step"),
+    ("fstrain_final_step", "gauge", "The step the rank's training ends at, as it reported it.", "steps"),
+    ("fstrain_loss", "gauge", "The loss of the rank's last reported step.", "loss"),
+    ("fstrain_learning_rate", "gauge", "The learning rate of the rank's last reported step.", "lr"),
+    ("fstrain_tokens_per_second", "gauge",
+     "Tokens per second of the last reported step: the whole job's (scope=job) or the rank's (scope=rank).",
+     "tokens_per_s"),
+    ("fstrain_step_seconds", "gauge", "Wall seconds of the rank's last reported step.", "step_s"),
+    ("fstrain_memory_bytes", "gauge", "Peak accelerator memory the rank reported (CPU ranks: peak RSS), in bytes.",
+     "memory_bytes"),
+    ("fstrain_rank_alive", "gauge", "1 while the rank's process runs, 0 once it is gone or not yet started.", None),
+    ("fstrain_last_output_age_seconds", "gauge",
+     "Seconds since the rank last printed a line (since the node started, before its first).", None),
+)
+NODE_METRICS = (
+    ("fstrain_restarts_total", "counter", "Restarts of the node's worker group (torchrun --max-restarts).", None),
+)
+
+
+def textfile_name(run_id: str, node_rank: int) -> str:
+    """``fstrain_<run id>_node<I>.prom``: one file per node and run, so nodes sharing the
+    directory (a shared file system) and runs on one node never overwrite each other."""
+    return f"fstrain_{run_id}_node{node_rank}.prom"
+
+
+@dataclass
+class RankSeries:
+    local_rank: int
+    rank: int | None = None
+    values: dict[str, Any] = field(default_factory=dict)  # step, loss, ... of the last report
+    scope: str = "job"
+    from_metric_line: bool = False  # once it printed one, progress lines no longer count
+    last_output: float | None = None  # Unix seconds of its last line
+    alive: bool = False
+
+
+class NodeMetrics:
+    """What one node's ranks reported, and the exposition of it.
+
+    ``parse_metric_line``: fstrain.core.launch.metricline.parse_metric_line (text -> StepMetrics
+    or None). ``rank_offset``: the global rank of local rank 0 where the launch knows it."""
+
+    def __init__(self, run_id: str, host: str, node_rank: int, nproc: int, rank_offset: int | None,
+                 started: float, parse_metric_line: Callable[[str], Any]) -> None:
+        self.labels = {"run_id": run_id, "host": host, "node_rank": str(node_rank)}
+        self.rank_offset = rank_offset
+        self.started = started
+        self.parse = parse_metric_line
+        self.restarts = 0
+        self.ranks = {local: RankSeries(local, None if rank_offset is None else rank_offset + local)
+                      for local in range(max(1, nproc))}
+
+    def line(self, local_rank: int | None, text: str, now: float) -> None:
+        """One output line of the node: ``local_rank`` where the relay knows whose it is, else
+        read from the line's tag; a line no rank can be found for is left out."""
+        tag = _TAG_RE.match(text)
+        if tag is not None:
+            text = text[tag.end():]
+            if local_rank is None:
+                local_rank = int(tag.group(1))
+        metrics = self.parse(text) if "FSTRAIN_METRICS " in text else None
+        if local_rank is None and metrics is not None and metrics.rank is not None and self.rank_offset is not None:
+            local_rank = metrics.rank - self.rank_offset
+        if local_rank is None and len(self.ranks) == 1:
+            local_rank = next(iter(self.ranks))
+        series = self.ranks.get(local_rank) if local_rank is not None else None
+        if series is None:
+            return
+        series.last_output = now
+        if metrics is not None:
+            series.from_metric_line = True
+            series.values = {name: getattr(metrics, name) for name in ("step", "steps", "loss", "lr",
+                                                                       "tokens_per_s", "step_s", "memory_bytes")}
+            series.scope = metrics.scope
+            if metrics.rank is not None:
+                series.rank = metrics.rank
+        elif not series.from_metric_line and PROGRESS_MARK in text:
+            progress = parse_progress(text)
+            if progress is not None:
+                series.values = progress
+
+    def set_alive(self, ranks: Mapping[int, int]) -> None:
+        """The ranks whose process runs now: local rank -> global rank."""
+        for local, series in self.ranks.items():
+            series.alive = local in ranks
+            if local in ranks:
+                series.rank = ranks[local]
+
+    def render(self, now: float) -> str:
+        """The exposition text: a HELP and a TYPE line, then the samples, for every metric."""
+        out: list[str] = []
+        for name, kind, help_text, source in RANK_METRICS:
+            samples = []
+            for local in sorted(self.ranks):
+                series = self.ranks[local]
+                value = self._rank_value(series, name, source, now)
+                if value is None:
+                    continue
+                labels = {**self.labels, "rank": "" if series.rank is None else str(series.rank),
+                          "local_rank": str(local)}
+                if name == "fstrain_tokens_per_second":
+                    labels["scope"] = series.scope
+                samples.append(_sample(name, labels, value))
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+        for name, kind, help_text, _ in NODE_METRICS:
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", _sample(name, self.labels, self.restarts)]
+        return "\n".join(out) + "\n"
+
+    def _rank_value(self, series: RankSeries, name: str, source: str | None, now: float) -> float | None:
+        if source is not None:
+            value = series.values.get(source)
+            return None if value is None else float(value)
+        if name == "fstrain_rank_alive":
+            return 1.0 if series.alive else 0.0
+        return max(0.0, now - (series.last_output if series.last_output is not None else self.started))
+
+
+def parse_progress(line: str) -> dict[str, Any] | None:
+    """step, total steps, loss and tokens/s from the bundled trainer's progress line."""
+    match = PROGRESS_RE.search(line)
+    if match is None:
+        return None
+    step, total, loss, rate = match.groups()
+    return {
+        "step": int(step),
+        "steps": int(total) if total else None,
+        "loss": float(loss) if loss else None,
+        "tokens_per_s": float(rate.replace(",", "")) if rate else None,
+    }
+
+
+def _sample(name: str, labels: Mapping[str, str], value: float) -> str:
+    body = ",".join(f'{key}="{_escape(text)}"' for key, text in labels.items())
+    return f"{name}{{{body}}} {_number(float(value))}"
+
+
+def _escape(text: str) -> str:
+    """A label value as the text format writes it: backslash, double quote and newline escaped."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)

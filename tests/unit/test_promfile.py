@@ -1,0 +1,86 @@
+"""The node's Prometheus textfile (fstrain.core.launch.promfile), as values: what it reads from
+the ranks' lines, and a text that Prometheus's own parser (prometheus_client) reads back."""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fstrain.core.launch.metricline import StepMetrics, format_metric_line, parse_metric_line
+from fstrain.core.launch.promfile import NODE_METRICS, RANK_METRICS, NodeMetrics, textfile_name
+
+NAMES = [name for name, *_ in RANK_METRICS + NODE_METRICS]
+
+
+def families(text: str) -> dict[str, dict[str, object]]:
+    """name -> {"type", "help", "samples": [(sample name, labels, value)]}."""
+    return {f.name: {"type": f.type, "help": f.documentation, "samples": [(s.name, s.labels, s.value)
+                                                                          for s in f.samples]}
+            for f in text_string_to_metric_families(text)}
+
+
+def node(nproc: int = 2, offset: int | None = 2) -> NodeMetrics:
+    return NodeMetrics('run-"1"', "node\\a", 1, nproc, offset, started=100.0, parse_metric_line=parse_metric_line)
+
+
+def samples(found: dict[str, dict[str, object]], name: str) -> dict[str, float]:
+    """local rank -> value of a per-rank metric."""
+    return {labels["local_rank"]: value for _, labels, value in found[name]["samples"]}  # type: ignore[attr-defined]
+
+
+def test_metric_lines_become_one_series_per_rank_with_help_and_type() -> None:
+    metrics = node()
+    metrics.line(0, format_metric_line(StepMetrics(step=5, steps=20, loss=2.5, lr=1e-4, tokens_per_s=900.0,
+                                                   step_s=0.25, memory_bytes=2**30, rank=2)), now=110.0)
+    metrics.line(None, "[local1]:" + format_metric_line(StepMetrics(step=4, loss=float("nan"), tokens_per_s=40.0,
+                                                                    scope="rank", rank=3)), now=112.0)
+    metrics.set_alive({0: 2})
+    metrics.restarts = 1
+    text = metrics.render(now=115.0)
+    found = families(text)
+    assert sorted(found) == sorted(name.removesuffix("_total") for name in NAMES)
+    assert all(f["help"] for f in found.values())
+    assert (found["fstrain_step"]["type"], found["fstrain_restarts"]["type"]) == ("gauge", "counter")
+    assert samples(found, "fstrain_step") == {"0": 5.0, "1": 4.0}
+    assert samples(found, "fstrain_final_step") == {"0": 20.0}  # rank 1 did not say
+    assert samples(found, "fstrain_rank_alive") == {"0": 1.0, "1": 0.0}
+    assert samples(found, "fstrain_last_output_age_seconds") == {"0": 5.0, "1": 3.0}
+    assert samples(found, "fstrain_memory_bytes") == {"0": 2.0**30}
+    [(_, labels, _), (_, labels1, _)] = found["fstrain_tokens_per_second"]["samples"]  # type: ignore[misc]
+    assert labels == {"run_id": 'run-"1"', "host": "node\\a", "node_rank": "1", "rank": "2", "local_rank": "0",
+                      "scope": "job"}
+    assert (labels1["rank"], labels1["scope"]) == ("3", "rank")
+    node_labels = {"run_id": 'run-"1"', "host": "node\\a", "node_rank": "1"}
+    assert found["fstrain_restarts"]["samples"] == [("fstrain_restarts_total", node_labels, 1.0)]
+    assert samples(found, "fstrain_loss") == {"0": 2.5}  # rank 1's NaN went out as null: no sample
+
+
+def test_progress_lines_count_only_where_a_rank_prints_no_metric_line() -> None:
+    metrics = node(nproc=1, offset=None)
+    metrics.line(None, "[fstrain.train] step 3/10 loss 4.2500 lr 1.000e-04 tokens/s 12,345 max_rss_bytes=1MiB", 101.0)
+    found = families(metrics.render(102.0))
+    assert (samples(found, "fstrain_step"), samples(found, "fstrain_loss")) == ({"0": 3.0}, {"0": 4.25})
+    assert samples(found, "fstrain_tokens_per_second") == {"0": 12345.0}
+    [(_, labels, _)] = found["fstrain_step"]["samples"]  # type: ignore[misc]
+    assert labels["rank"] == ""  # not known yet: no offset, no metric line, not seen alive
+    metrics.line(0, format_metric_line(StepMetrics(step=4, loss=4.0, rank=0)), 103.0)
+    metrics.line(0, "[fstrain.train] step 9/10 loss 1.0000", 104.0)
+    found = families(metrics.render(105.0))
+    assert samples(found, "fstrain_step") == {"0": 4.0}
+    [(_, labels, _)] = found["fstrain_step"]["samples"]  # type: ignore[misc]
+    assert labels["rank"] == "0"
+
+
+def test_lines_without_a_known_rank_and_odd_lines_are_left_out() -> None:
+    metrics = node(nproc=2, offset=None)
+    metrics.line(None, format_metric_line(StepMetrics(step=1, rank=7)), 101.0)  # no tag, no offset: whose?
+    metrics.line(0, "FSTRAIN_METRICS {not json", 102.0)
+    metrics.line(1, "FSTRAIN_METRICS " + json.dumps({"v": 99, "step": 1}), 103.0)
+    found = families(metrics.render(104.0))
+    assert found["fstrain_step"]["samples"] == []
+    assert samples(found, "fstrain_last_output_age_seconds") == {"0": 2.0, "1": 1.0}  # still output
+
+
+def test_the_file_name_is_one_per_run_and_node() -> None:
+    assert textfile_name("20261201-120000-abc123", 3) == "fstrain_20261201-120000-abc123_node3.prom"
