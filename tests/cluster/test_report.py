@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,14 @@ def test_report_of_a_detached_training_run(cluster: NamespaceCluster, tmp_path: 
         assert (plan_value, run_value) == (expected[name], measured[name]), name
         assert error == pytest.approx(measured[name] / expected[name] - 1)
     assert [r["measured"] for r in document["planned_vs_measured"]] == [measured[n] for n in measured]
-    rank0 = document["ranks"][0]
-    assert rank0["rank"] == 0 and [p["step"] for p in rank0["points"]][-1] == 6
-    assert [p["loss"] for p in rank0["points"]][-1] == pytest.approx(summary["last_loss"], abs=1e-4)
+    # Every rank's own metric lines: its steps, its loss (their mean is the job's), its step time.
+    ranks = document["ranks"]
+    assert [(r["rank"], r["host"], r["source"]) for r in ranks] == [(0, "node1", "metric line"),
+                                                                     (1, "node2", "metric line")]
+    assert all([p["step"] for p in r["points"]] == [1, 2, 3, 4, 5, 6] for r in ranks)
+    assert statistics.mean(r["points"][-1]["loss"] for r in ranks) == pytest.approx(summary["last_loss"])
+    assert [s["rank"] for s in document["step_times"]] == [0, 1]
+    assert [m["rank"] for m in document["memory"]] == [0, 1, None]
     kinds = [(e["kind"], e["where"]) for e in document["events"]]
     assert kinds[0] == ("start", "") and kinds[-1] == ("end", "")
     assert {("node up", "node1"), ("node up", "node2"), ("node end", "node1"), ("node end", "node2")} <= set(kinds)
