@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from fstrain.core.report.numbers import Report
 
 
-
 def report(reference: str, access: Access | None = None) -> Report:
     """The report of run ``reference`` (an id, a unique prefix or its run directory)."""
     from fstrain.api.runs import open_run

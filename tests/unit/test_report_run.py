@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fstrain import api
 from tests.helpers import run_fstrain
 from tests.unit.test_cli_runs import detached_run
 
@@ -26,6 +27,8 @@ def test_a_detached_run_whose_node_0_refuses_ssh_is_reported_all_the_same(tmp_pa
     assert [(e["kind"], e["where"]) for e in document["events"]] == [("start", ""), ("failure", "deadnode")]
     assert any(note.startswith("the output of deadnode (") for note in document["notes"])
     assert "note: the output of deadnode" in shown.stderr and not (tmp_path / "run" / "report.html").exists()
+    same = api.report("20261201-15", api.Access(ssh_config=str(config)))  # the Python API: the same numbers
+    assert (same.state.state, same.summary, [e.kind for e in same.events]) == ("starting", None, ["start", "failure"])
     written = run_fstrain("report", "20261201-15", "--ssh-config", str(config), env={"HOME": str(home)})
     assert written.returncode == 0 and (tmp_path / "run" / "report.html").is_file()
     assert f"written to {tmp_path / 'run' / 'report.html'}" in written.stderr
