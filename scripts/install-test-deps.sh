@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Install what the test suite needs on Debian/Ubuntu: sshd and iproute2 for the namespace test
 # cluster, slurm-wlm and munge for the test Slurm (scripts/testslurm.sh), pdsh for the fan-out
-# benchmark, and the Python test extras (torch, deepspeed, accelerate, pytest, ruff, mypy, py-spy)
-# at the versions CI pins in constraints/ci.txt (torch 2.13.0). Needs root (or sudo) for the
-# Debian packages.
+# benchmark, chromium to open `fstrain report`'s page, and the Python test extras (torch,
+# deepspeed, accelerate, pytest, ruff, mypy, py-spy) at the versions CI pins in
+# constraints/ci.txt (torch 2.13.0). Needs root (or sudo) for the Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +23,7 @@ command -v pgrep >/dev/null 2>&1 || missing+=(procps)
 command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
 command -v slurmctld >/dev/null 2>&1 || missing+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || missing+=(munge)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # opens `fstrain report`'s page (tests/browser.py)
 # Another apt (unattended-upgrades on a fresh machine, a second CI job) may hold the dpkg lock:
 # wait for it (up to 10 minutes) rather than fail.
 APT=(apt-get -o DPkg::Lock::Timeout=600)

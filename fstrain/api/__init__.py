@@ -13,6 +13,7 @@ below, calls these functions and prints what they return. Bad input raises the s
     handle = api.open_run(run.run_id)
     handle.state(); handle.status(); handle.logs(tail=5); handle.stop(); handle.wait()
     api.collect(7 * 86400)          # `fstrain gc`: what was removed per run and host
+    api.report(run.run_id)          # `fstrain report`: planned vs measured, series, events
 
 Layers (docs/architecture.md): ``fstrain.core`` is pure, ``fstrain.io`` touches hosts and
 processes, ``fstrain.api`` resolves requests and drives runs through both, ``fstrain.cli``
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from fstrain.api.launch import DryRun, Launched, Prepared, dry_run, launch, prepare
 from fstrain.api.plan import ClusterRequest, ModelRequest, PinRequest, Planned, PlanRequest, TrainingRequest, plan
+from fstrain.api.report import report
 from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings
 from fstrain.api.runs import Access, Collected, Run, Stopped, collect, open_run
 from fstrain.api.runs import all_runs as runs
@@ -30,5 +32,5 @@ from fstrain.api.runs import all_runs as runs
 __all__ = [
     "Access", "ClusterRequest", "Collected", "DryRun", "HostRequest", "JobRequest", "LaunchRequest", "Launched",
     "ModelRequest", "PinRequest", "PlanRequest", "Planned", "Prepared", "Run", "RunSettings", "Stopped",
-    "TrainingRequest", "collect", "dry_run", "launch", "open_run", "plan", "prepare", "runs",
+    "TrainingRequest", "collect", "dry_run", "launch", "open_run", "plan", "prepare", "report", "runs",
 ]

@@ -27,8 +27,8 @@ from fstrain.errors import FstrainError
 # Each top-level command -> the module that defines it (keep sorted by command name).
 COMMAND_MODULES = {
     "attach": "runs", "bench": "bench", "doctor": "doctor", "exec": "exec_cmd", "gc": "runs", "launch": "launch",
-    "logs": "runs", "plan": "plan", "render": "render", "runs": "runs", "status": "runs", "stop": "runs",
-    "topo": "topo",
+    "logs": "runs", "plan": "plan", "render": "render", "report": "report", "runs": "runs", "status": "runs",
+    "stop": "runs", "topo": "topo",
 }
 
 

@@ -50,7 +50,7 @@ METAVARS = {
 # The same flag meaning something else in one command.
 COMMAND_METAVARS = {
     ("bench", "--backend"): "nccl|gloo", ("bench", "--out"): "FILE", ("plan", "--out"): "FILE",
-    ("render", "--out"): "DIR",
+    ("render", "--out"): "DIR", ("report", "--out"): "FILE",
 }
 ARGUMENTS = {"command": "[--] CMD ARGS...", "program": "[-- PROGRAM ARGS...]", "file": "FILE", "run": "RUN"}
 

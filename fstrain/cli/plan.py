@@ -140,9 +140,10 @@ def plan_command(
     train_tokens: str | None = typer.Option(None, "--train-tokens", help="Token budget for time to train (2e12, 15T)."),
     mfu: float | None = typer.Option(None, "--mfu", min=0.01, max=1.0, help="Achievable MFU (default per GPU type)."),
     assume: list[str] | None = typer.Option(None, "--assume", help="Override an assumption: KEY=VALUE, repeatable."),
-    calibrate: str | None = typer.Option(None, "--calibrate", metavar="FILE",
+    calibrate: str | None = typer.Option(None, "--calibrate", metavar="FILE|RUN_DIR",
                                          help="Measured numbers in place of assumptions: a bench JSON "
-                                         "(fstrain bench --out) or the trainer's summary.json."),
+                                         "(fstrain bench --out), a finished run's directory or report "
+                                         "(fstrain report --json), or the trainer's summary.json."),
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     trace: bool = typer.Option(

@@ -361,6 +361,9 @@ def find_run(reference: str) -> RunRecord:
     detached = read_detached(path) if not matches and (path / "detached.json").is_file() else None
     if detached is not None:
         return RunRecord(detached.run_id, path, detached, read_document(path / "manifest.json", "manifest"), None)
+    manifest = read_document(path / "manifest.json", "manifest") if not matches else None
+    if manifest is not None and manifest.get("run_id") and not manifest.get("detached"):  # an attached run's folder
+        return RunRecord(str(manifest["run_id"]), path, None, manifest, None)
     if matches:
         raise InputError(f"{reference!r} matches {len(matches)} runs", "give more of the run id", "RUN")
     for run_id, error in unreadable.items():

@@ -145,6 +145,15 @@ def test_sbatch_submit_follows_the_job_to_its_training_summary(slurm: SlurmClust
         steps = {s.labels["rank"]: s.value for f in text_string_to_metric_families(path.read_text())
                  if f.name == "fstrain_step" for s in f.samples}
         assert steps == {str(2 * node_rank): 4, str(2 * node_rank + 1): 4}
+    # Its report gathers the job folder's output, manifest and summary as for any other run.
+    report = fstrain(slurm, tmp_path, "report", str(run_dir), "--json")
+    assert report.returncode == 0, report.stderr
+    document = json.loads(report.stdout)
+    summary = json.loads((run_dir / f"job-{job_id}" / "summary.json").read_text())
+    assert (document["kind"], document["state"]["state"]) == ("slurm", "succeeded")
+    assert document["planned_vs_measured"][1]["measured"] == summary["tokens_per_s"]
+    assert [p["step"] for p in document["ranks"][0]["points"]] == [1, 2, 3, 4]
+    assert {("node up", "node1"), ("node up", "node2")} <= {(e["kind"], e["where"]) for e in document["events"]}
 
 
 def test_detach_returns_the_job_id_and_a_failing_rank_gives_its_exit_code(slurm: SlurmCluster,

@@ -105,7 +105,7 @@ def test_wrong_model_or_document_is_one_clear_error() -> None:
         calibrate(summary(), "s.json", assumptions=Assumptions(), cluster=H100, precision="bf16",
                   model=load_shipped_recipe("tiny").model.__class__(**{**TINY.__dict__, "name": "llama"}))
     assert caught.value.where == "s.json"
-    with pytest.raises(InputError, match="neither a bench document nor a trainer summary"):
+    with pytest.raises(InputError, match="neither a bench document, a run's report nor a trainer summary"):
         calibrate({"x": 1}, "x.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=TINY)
 
 

@@ -15,6 +15,8 @@ FILE is one of two documents, told apart by their keys:
   - the GEMM-shape sweep (every shape at its slowest rank; a document without one: the square
     matmul) -> ``gemm_curve`` (fstrain/core/plan/gemmcurve.py), only when it was measured on the
     plan's GPU kind: a curve from a CPU or another GPU is left out with the reason.
+- a run's report (``fstrain report --json``, schema ``fstrain.report/1``; ``plan --calibrate
+  RUN_DIR`` makes it from the run): the trainer's summary it carries, once the run has ended;
 - the bundled trainer's summary (``summary.json``, fstrain/train/loop.py):
   - tokens/s -> ``mfu`` = tokens/s x model FLOPs per token / (ranks x peak FLOP/s);
   - max reserved / max allocated memory -> ``fragmentation_fraction`` = reserved/allocated - 1.
@@ -33,11 +35,13 @@ from typing import Any
 from fstrain.core.bench.gemm import gemm_curve
 from fstrain.core.bench.pairs import link_table
 from fstrain.core.bench.report import SCHEMA, collective_summaries, compute_rows, gpu_of
+from fstrain.core.launch.runstate import FINAL
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.gemmcurve import MeasuredGemmCurve
 from fstrain.core.plan.plancluster import PlanCluster
 from fstrain.core.plan.schema import ModelSpec
 from fstrain.core.plan.timemodel import flops_per_token
+from fstrain.core.report.numbers import SCHEMA as REPORT_SCHEMA
 from fstrain.errors import InputError
 
 SUMMARY_KEYS = ("tokens_per_s", "world_size", "peak_memory_max_over_ranks", "device")
@@ -57,7 +61,7 @@ class Calibration:
     assumptions: Assumptions
     cluster: PlanCluster
     kind: str
-    """``bench`` or ``trainer summary``."""
+    """``bench``, ``trainer summary`` or ``run <id> (<state>)``."""
     replaced: list[Replacement] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     """Measurements left out, each with the reason."""
@@ -70,10 +74,13 @@ def calibrate(document: Any, where: str, *, assumptions: Assumptions, cluster: P
     """Replace what ``document`` measures; ``where`` names the file in errors."""
     if isinstance(document, dict) and document.get("schema") == SCHEMA:
         return _from_bench(document, where, assumptions, cluster, precision)
+    if isinstance(document, dict) and document.get("schema") == REPORT_SCHEMA:
+        return _from_report(document, where, assumptions, cluster, precision, model)
     if isinstance(document, dict) and all(key in document for key in SUMMARY_KEYS):
         return _from_summary(document, where, assumptions, cluster, precision, model)
-    raise InputError("neither a bench document nor a trainer summary",
-                     "give the JSON from `fstrain bench --out FILE` or the trainer's summary.json", where)
+    raise InputError("neither a bench document, a run's report nor a trainer summary",
+                     "give the JSON from `fstrain bench --out FILE`, a run directory or the trainer's summary.json",
+                     where)
 
 
 def current_mfu(assumptions: Assumptions, cluster: PlanCluster, precision: str) -> float:
@@ -202,6 +209,21 @@ def _from_summary(doc: Mapping[str, Any], where: str, assumptions: Assumptions, 
                                     f"{doc['tokens_per_s']:,.0f} tokens/s on {world} {gpu.label} at {seq_len} "
                                     f"tokens per sequence"))
     return _result(assumptions, cluster, "trainer summary", replaced, ignored)
+
+
+def _from_report(doc: Mapping[str, Any], where: str, assumptions: Assumptions, cluster: PlanCluster,
+                 precision: str, model: ModelSpec | None) -> Calibration:
+    """A finished run's measured step time (as tokens/s) and memory: the summary its report carries."""
+    state = (doc.get("state") or {}).get("state")
+    run = f"run {doc.get('run_id')}"
+    if state not in FINAL:
+        raise InputError(f"{run} has not ended ({state}): its numbers are not final",
+                         "calibrate from it once it has ended (`fstrain status` says when)", where)
+    summary = doc.get("summary")
+    if not isinstance(summary, dict) or not all(key in summary for key in SUMMARY_KEYS):
+        raise InputError(f"{run} ({state}) left no trainer summary: it did not finish its steps, or its program is "
+                         "not the bundled trainer", "calibrate from a run of the bundled trainer that finished", where)
+    return replace(_from_summary(summary, where, assumptions, cluster, precision, model), kind=f"{run} ({state})")
 
 
 def _result(assumptions: Assumptions, cluster: PlanCluster, kind: str, replaced: list[Replacement],

@@ -1,0 +1,116 @@
+"""`fstrain report RUN`: gather a run's output, records and summary, and make its report.
+
+The output is read as `fstrain logs` reads it (every rank's lines, from the nodes for a
+detached run, from the run directory for an attached or Slurm run); the plan and the events
+from the run's manifest (a detached run: its nodes' records); the measured numbers from the
+bundled trainer's summary.json (a detached run's is fetched from node 0 into the run directory).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fstrain.core.launch.metricline import PREFIX as METRIC_MARK
+from fstrain.core.report.series import PROGRESS_MARK, RESUMED_MARK
+from fstrain.errors import FstrainError, InputError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from fstrain.api.runs import Access, Outputs, Run
+    from fstrain.core.report.numbers import Report
+
+
+def report(reference: str, access: Access | None = None) -> Report:
+    """The report of run ``reference`` (an id, a unique prefix or its run directory)."""
+    from fstrain.api.runs import open_run
+
+    return report_of(open_run(reference, access))
+
+
+def report_of(run: Run) -> Report:
+    from fstrain.api.runs import SlurmRun, SshRun
+    from fstrain.core.report import events as timeline
+    from fstrain.core.report.numbers import build
+    from fstrain.core.report.series import rank_series, resumed_steps
+
+    state = run.state()
+    unread: dict[str, str] = {}  # host -> why it could not be read
+    summary: dict[str, Any] | None
+    backend = run.backend
+    if isinstance(backend, SshRun):
+        node0 = run.record.hosts[0].label()
+        try:
+            summary = backend.training_summary()
+        except FstrainError as exc:  # node 0 does not answer: the copy fetched before, if any
+            unread[node0] = exc.one_line()
+            summary = read_summary(run.run_dir / "summary.json")
+        views = backend.views()
+        events = timeline.from_views(run.record.started, [h.label() for h in run.record.hosts], views, state)
+    else:
+        folder = run.record.job_dir if isinstance(backend, SlurmRun) else run.run_dir
+        summary = read_summary(folder / "summary.json")
+        manifest = run.record.manifest or {}
+        events = timeline.from_manifest({"started": run.record.started, **manifest}, state)
+    tokens_per_step = (summary or {}).get("tokens_per_step")
+    resumes: list[str] = []
+    outputs = run.outputs()
+    try:
+        series = rank_series(numbered_lines(outputs, resumes),
+                             tokens_per_step if isinstance(tokens_per_step, int) else None)
+    finally:
+        outputs.close()
+    unread.update(outputs.failed)
+    events = [*events, *timeline.restarts(resumed_steps(resumes))]
+    plan = (run.record.manifest or {}).get("plan")
+    result = build(run.run_id, run.kind, state, series=series, events=events,
+                   plan=plan if isinstance(plan, dict) else None, summary=summary)
+    if unread:
+        from dataclasses import replace
+
+        said = ", ".join(f"{host} ({why})" for host, why in sorted(unread.items()))
+        result = replace(result, notes=(*result.notes, f"the output of {said} could not be read"))
+    return result
+
+
+def numbered_lines(outputs: Outputs, resumes: list[str]) -> Iterator[str]:
+    """The run's lines that carry a step's numbers, as they are read (every other line is
+    dropped at once: a long run's output is never held whole); a resume's lines go to ``resumes``."""
+    for chunk in outputs.read():
+        for line in chunk.splitlines():
+            if RESUMED_MARK in line:
+                resumes.append(line)
+            elif METRIC_MARK in line or PROGRESS_MARK in line:
+                yield line
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The trainer's summary.json; None where there is none (the training did not finish)."""
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the trainer's summary: {exc}", "remove the file, or run again",
+                         str(path)) from None
+    return document if isinstance(document, dict) else None
+
+
+def write_html(result: Report, out: Path) -> Path:
+    """The page, written whole or not at all."""
+    import os
+
+    from fstrain import __version__
+    from fstrain.core.report.page import render
+
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(render(result, __version__), encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise InputError(f"cannot write the report: {exc.strerror or exc}", "give another --out FILE",
+                         str(out)) from None
+    return out

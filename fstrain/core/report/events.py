@@ -1,0 +1,142 @@
+"""The timeline of a run: its start, each node up, stalls, failures, stops, restarts, its end.
+
+Two sources, one per kind of run:
+
+- a manifest (``RUN_DIR/manifest.json``: an attached run's, a Slurm job's), written at the end
+  by the launcher: the run's and each node's start and end, exit codes, the stall;
+- a detached run's node views (fstrain/io/remote/runctl.py ``state``): each node's watchdog
+  record (its start and end, exit code, failure) and node 0's run record (the verdict, the stall).
+
+Restarts come from the ranks' output: the bundled trainer's "resumed from step N" line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fstrain.core.launch.runstate import FINAL, RunState
+
+# The state a run ended in -> the kind of its last event.
+_END_KINDS = {"succeeded": "end", "failed": "failure", "lost": "failure", "stopped": "stop", "stalled": "stall"}
+KINDS = ("start", "node up", "node end", "stall", "failure", "stop", "restart", "end")
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float | None
+    """Unix seconds; None where the source does not say when."""
+    kind: str
+    where: str
+    """The host, or "" for the run as a whole."""
+    text: str
+
+
+def from_manifest(manifest: Mapping[str, Any], state: RunState) -> list[Event]:
+    """An attached run's (or a Slurm job's) events, as its manifest recorded them."""
+    events = [Event(_number(manifest.get("started")), "start", "", f"run {manifest.get('run_id', '')} started "
+                    f"({manifest.get('backend', '')})")]
+    for node in manifest.get("nodes") or []:
+        host = str(node.get("host") or f"node rank {node.get('node_rank')}")
+        if node.get("started") is not None:
+            events.append(Event(_number(node.get("started")), "node up", host,
+                                f"node rank {node.get('node_rank')} started {_processes(node.get('nproc'))}"))
+        torn_down = _torn_down(manifest.get("first_failure_node_rank"), node.get("node_rank"))
+        events.extend(_node_end(host, node.get("ended"), node.get("exit_code"), node.get("error"),
+                                node.get("failed_rank"), torn_down))
+    if manifest.get("stall") and state.state != "stalled":  # a stalled run's end is the stall
+        events.append(Event(_number(manifest.get("ended")), "stall", "", str(manifest.get("detail") or
+                                                                            "no rank made progress")))
+    if state.state in FINAL:
+        events.append(_end(state, _number(manifest.get("ended")), events))
+    return _ordered(events)
+
+
+def from_views(started: float | None, names: Sequence[str], views: Sequence[Mapping[str, Any] | None],
+               state: RunState) -> list[Event]:
+    """A detached run's events from each node's view (None: a node not reached)."""
+    events = [Event(started, "start", "", "run started detached")]
+    stall = None
+    records = [r for v in views if v for r in ((v.get("node") or {}).get("final"), v.get("run")) if r]
+    first = next((r["first_failure_node_rank"] for r in records if r.get("first_failure_node_rank") is not None),
+                 None)
+    for index, view in enumerate(views):
+        host = names[index] if index < len(names) else f"node rank {index}"
+        if view is None:
+            events.append(Event(None, "failure", host, "the node could not be reached for its record"))
+            continue
+        node = view.get("node") or {}
+        if node.get("started") is not None:
+            events.append(Event(_number(node.get("started")), "node up", host,
+                                f"node rank {index}'s watchdog started {_processes(node.get('nproc'))}"))
+        failure = node.get("failure")
+        events.extend(_node_end(host, node.get("ended"), node.get("exit_code"), None, failure,
+                                _torn_down(first, index)))
+        stall = stall or (view.get("run") or {}).get("stall") or (node.get("final") or {}).get("stall")
+    if stall and state.state != "stalled":
+        events.append(Event(state.ended, "stall", "", state.reason or "no rank made progress"))
+    if state.state in FINAL:  # a run still going has no end yet
+        events.append(_end(state, state.ended, events))
+    return _ordered(events)
+
+
+def restarts(resumed: Sequence[tuple[str, int]]) -> list[Event]:
+    """A restart event per resume of the trainer (no time: the lines carry none)."""
+    return [Event(None, "restart", host, f"training resumed from the checkpoint of step {step}")
+            for host, step in resumed]
+
+
+def _torn_down(first_failure_node_rank: Any, node_rank: Any) -> str:
+    """Why a node that did not fail itself ended: another node failed first ("": none did)."""
+    if first_failure_node_rank is None or first_failure_node_rank == node_rank:
+        return ""
+    return f"stopped by the teardown after node rank {first_failure_node_rank}'s failure"
+
+
+def _node_end(host: str, ended: Any, exit_code: Any, error: Any, failure: Any, torn_down: str = "") -> list[Event]:
+    if ended is None and exit_code is None and not error:
+        return []
+    if exit_code == 0 and not error:
+        return [Event(_number(ended), "node end", host, "exited 0")]
+    said = f"exit {exit_code}" if exit_code is not None else "no exit code"
+    if torn_down and not failure and not error:
+        return [Event(_number(ended), "node end", host, f"{said}: {torn_down}")]
+    if isinstance(failure, Mapping) and failure.get("rank") is not None:
+        said += f": rank {failure['rank']} " + (f"exited with {failure['exit_code']}" if failure.get("exit_code")
+                                                 is not None else f"died of signal {failure.get('signal')}")
+    elif isinstance(failure, int):
+        said += f": rank {failure} failed"
+    if error:
+        said += f" ({error})"
+    return [Event(_number(ended), "failure", host, said)]
+
+
+def _end(state: RunState, ended: float | None, events: Sequence[Event]) -> Event:
+    """The run's last event: its verdict, at the later of when it was recorded and when the last
+    node ended (a detached run's record may be written while a node still tears its job down)."""
+    kind = _END_KINDS.get(state.state, "end")
+    ended = max([t for t in (ended, *(e.time for e in events if e.kind in ("node end", "failure"))) if t is not None],
+                default=None)
+    text = f"{state.state}" + (f", exit {state.exit_code}" if state.exit_code is not None else "")
+    said = state.reason if state.reason not in ("", "ok", state.state) else ""
+    return Event(ended, kind, "", text + (f" ({said})" if said else ""))
+
+
+def _ordered(events: list[Event]) -> list[Event]:
+    """By time; events without one keep their place after the timed event before them."""
+    last = float("-inf")
+    keyed = []
+    for index, event in enumerate(events):
+        if event.time is not None:
+            last = max(last, event.time)
+        keyed.append(((event.time if event.time is not None else last), index, event))
+    return [event for _, _, event in sorted(keyed, key=lambda item: (item[0], item[1]))]
+
+
+def _processes(count: Any) -> str:
+    return "1 process" if count == 1 else f"{count or '?'} processes"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,0 +1,166 @@
+"""Each rank's step numbers over the run, from the run's output lines.
+
+A line is read as the run's logs show it, tagged ``[host rN] text`` (``[host] text`` where the
+launcher does not say the rank). Two forms carry numbers:
+
+- the metric line (fstrain/core/launch/metricline.py), which any program may print on every
+  rank: step, loss, tokens/s, step time, memory;
+- the bundled trainer's rank-0 progress line, ``[fstrain.train] step 5/20 loss 3.12 lr ...
+  tokens/s 12,345 max_reserved_bytes=812.0MiB``: the step time is the step's tokens over its
+  tokens/s, the memory the allocator's reserved peak (the process's peak RSS on CPU).
+
+Where a rank prints metric lines, its progress lines are left out (they say the same once more).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from fstrain.core.launch.metricline import parse_metric_line
+from fstrain.core.launch.runstate import parse_progress
+
+TAG_RE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
+PROGRESS_MARK = "[fstrain.train] step "
+RESUMED_MARK = "[fstrain.train] resumed from step "
+_MEMORY_RE = re.compile(r"\b(max_(?:reserved|allocated|rss)_bytes)=([0-9.]+)MiB")
+# The progress line's memory, most telling first: what the allocator holds, what tensors use, the RSS.
+_MEMORY_KEYS = ("max_reserved_bytes", "max_allocated_bytes", "max_rss_bytes")
+# A rank whose median step time is this much over the median of all ranks' medians is a straggler:
+# 10 % is well above the step-to-step noise of a synchronous step (every rank waits at the same
+# collectives, so their times differ only by what each does on its own).
+STRAGGLER_FRACTION = 0.10
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    step_s: float | None = None
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class RankSeries:
+    rank: int
+    host: str
+    source: str
+    """``metric line`` or ``progress line``."""
+    points: tuple[Point, ...]
+
+
+@dataclass(frozen=True)
+class RankSteps:
+    """One rank's step times (the first logged step left out: it includes one-time work)."""
+
+    rank: int
+    host: str
+    step_s: tuple[float, ...]
+    median_s: float
+    p90_s: float
+    max_s: float
+    straggler: bool
+
+
+def split_tag(line: str) -> tuple[str, int | None, str]:
+    """(host, rank or None, text) of a tagged line; ("", None, line) for an untagged one."""
+    match = TAG_RE.match(line.rstrip("\r\n"))
+    if match is None:
+        return "", None, line.rstrip("\r\n")
+    return match.group(1), int(match.group(2)) if match.group(2) else None, match.group(3)
+
+
+def progress_point(text: str, tokens_per_step: int | None) -> Point | None:
+    """A point from the bundled trainer's progress line; None for any other line."""
+    at = text.find(PROGRESS_MARK)
+    if at < 0:
+        return None
+    found = parse_progress(text[at + len("[fstrain.train] "):])
+    if found is None:
+        return None
+    rate = found["tokens_per_s"]
+    memory = {key: float(value) for key, value in _MEMORY_RE.findall(text)}
+    chosen = next((memory[k] for k in _MEMORY_KEYS if k in memory), None)
+    return Point(step=found["step"], loss=found["loss"], tokens_per_s=rate,
+                 step_s=tokens_per_step / rate if tokens_per_step and rate else None,
+                 memory_bytes=round(chosen * 2**20) if chosen is not None else None)
+
+
+def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> list[RankSeries]:
+    """Every rank's points in step order (the last report of a step wins: a resumed run logs
+    the steps after its checkpoint again), ranks in order."""
+    metric: dict[int, dict[int, Point]] = {}
+    progress: dict[int, dict[int, Point]] = {}
+    hosts: dict[int, str] = {}
+    for line in lines:
+        host, tagged_rank, text = split_tag(line)
+        metrics = parse_metric_line(text)
+        if metrics is not None:
+            rank = metrics.rank if metrics.rank is not None else tagged_rank
+            if rank is None:
+                continue
+            step_s = metrics.step_s
+            metric.setdefault(rank, {})[metrics.step] = Point(metrics.step, metrics.loss, metrics.tokens_per_s,
+                                                              step_s, metrics.memory_bytes)
+            hosts.setdefault(rank, host)
+            continue
+        point = progress_point(text, tokens_per_step)
+        if point is not None:
+            rank = tagged_rank if tagged_rank is not None else 0  # the trainer prints it on rank 0 only
+            progress.setdefault(rank, {})[point.step] = point
+            hosts.setdefault(rank, host)
+    out = []
+    for rank in sorted(set(metric) | set(progress)):
+        source, points = ("metric line", metric[rank]) if rank in metric else ("progress line", progress[rank])
+        out.append(RankSeries(rank, hosts.get(rank, ""), source, tuple(points[s] for s in sorted(points))))
+    return out
+
+
+def resumed_steps(lines: Iterable[str]) -> list[tuple[str, int]]:
+    """(host, step) for each time the bundled trainer resumed from a checkpoint."""
+    found = []
+    for line in lines:
+        host, _, text = split_tag(line)
+        at = text.find(RESUMED_MARK)
+        if at >= 0:
+            digits = re.match(r"\d+", text[at + len(RESUMED_MARK):])
+            if digits:
+                found.append((host, int(digits.group())))
+    return found
+
+
+def step_times(series: Sequence[RankSeries]) -> list[RankSteps]:
+    """Each rank's step-time distribution, stragglers marked (with two ranks or more)."""
+    timed = []
+    for one in series:
+        values = tuple(p.step_s for p in one.points if p.step_s is not None)
+        values = values[1:] if len(values) > 1 else values
+        if values:
+            timed.append((one, values))
+    medians = [statistics.median(values) for _, values in timed]
+    typical = statistics.median(medians) if medians else 0.0
+    out = []
+    for (one, values), median in zip(timed, medians, strict=True):
+        ordered = sorted(values)
+        straggler = len(timed) > 1 and median > typical * (1 + STRAGGLER_FRACTION)
+        out.append(RankSteps(one.rank, one.host, values, median, quantile(ordered, 0.9), ordered[-1], straggler))
+    return out
+
+
+def quantile(ordered: Sequence[float], fraction: float) -> float:
+    """The value at ``fraction`` of sorted values (the nearest rank; 0 for none)."""
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def differ(series: Sequence[RankSeries], field: str) -> bool:
+    """Whether the ranks report different values of ``field`` at any step (then each is plotted)."""
+    by_step: dict[int, set[float]] = {}
+    for one in series:
+        for point in one.points:
+            value = getattr(point, field)
+            if value is not None:
+                by_step.setdefault(point.step, set()).add(round(float(value), 6))
+    return any(len(values) > 1 for values in by_step.values())

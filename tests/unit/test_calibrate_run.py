@@ -1,0 +1,67 @@
+"""plan --calibrate RUN_DIR (or a run's report JSON): a finished run's measured numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fstrain.core.formats import stamped
+from fstrain.core.launch.runstate import RunState
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.calibrate import calibrate
+from fstrain.core.plan.plancluster import uniform_cluster
+from fstrain.core.report.numbers import as_document, build
+from fstrain.errors import InputError
+from fstrain.io.recipes import load_shipped_recipe
+from tests.helpers import run_fstrain
+from tests.unit.test_calibrate import summary
+
+H100 = uniform_cluster(2, 8, "h100-sxm")
+TINY = load_shipped_recipe("tiny").model
+
+
+def report(state: str, trainer: dict[str, Any] | None) -> dict[str, Any]:
+    return as_document(build("r1", "attached", RunState(state, 0 if state == "succeeded" else None), series=[],
+                             events=[], plan=None, summary=trainer))
+
+
+def test_a_finished_runs_report_calibrates_as_its_summary_does() -> None:
+    kwargs: dict[str, Any] = {"assumptions": Assumptions(), "cluster": H100, "precision": "bf16", "model": TINY}
+    from_report = calibrate(report("succeeded", summary()), "r.json", **kwargs)
+    from_summary = calibrate(summary(), "s.json", **kwargs)
+    assert from_report.assumptions == from_summary.assumptions and from_report.replaced == from_summary.replaced
+    assert from_report.kind == "run r1 (succeeded)"
+
+
+def test_a_running_run_or_one_without_a_summary_is_one_clear_error() -> None:
+    kwargs: dict[str, Any] = {"assumptions": Assumptions(), "cluster": H100, "precision": "bf16", "model": TINY}
+    with pytest.raises(InputError, match=r"run r1 has not ended \(running\)"):
+        calibrate(report("running", summary()), "r.json", **kwargs)
+    with pytest.raises(InputError, match=r"run r1 \(failed\) left no trainer summary") as caught:
+        calibrate(report("failed", None), "RUN_DIR", **kwargs)
+    assert caught.value.where == "RUN_DIR"
+
+
+def test_plan_calibrate_takes_a_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    manifest = {"run_id": "20261201-000000-abcdef", "backend": "torchrun", "started": 1.0, "ended": 9.0,
+                "exit_code": 0, "reason": "ok", "nodes": [{"host": "node1", "node_rank": 0, "nproc": 8,
+                                                           "started": 1.5, "ended": 8.5, "exit_code": 0}]}
+    (run_dir / "manifest.json").write_text(json.dumps(stamped(manifest, "manifest")))
+    (run_dir / "summary.json").write_text(json.dumps(summary()))
+    (run_dir / "logs" / "node1.log").write_text("[node1 r0] [fstrain.train] step 1/2 loss 6.0 lr 1e-4 tokens/s 9\n")
+    env = {"HOME": str(tmp_path / "home")}
+    args = ["plan", "--model", "tiny", "--num-nodes", "2", "--gpu", "h100-sxm", "--calibrate", str(run_dir)]
+    shown = run_fstrain(*args, "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    calibration = json.loads(shown.stdout)["calibration"]
+    assert calibration["kind"] == "run 20261201-000000-abcdef (succeeded)"
+    assert [r["name"] for r in calibration["replaced"]] == ["fragmentation_fraction", "mfu"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = run_fstrain(*args[:-1], str(empty), env=env)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"no run '{empty}'" in bad.stderr

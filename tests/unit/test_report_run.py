@@ -1,0 +1,49 @@
+"""`fstrain report` of a run whose hosts do not answer: a report all the same, the hosts named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fstrain import api
+from tests.helpers import run_fstrain
+from tests.unit.test_cli_runs import detached_run
+
+
+def test_a_detached_run_whose_node_0_refuses_ssh_is_reported_all_the_same(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    config = tmp_path / "ssh_config"  # a host whose SSH port refuses connections (loopback, port 1)
+    config.write_text("Host deadnode\n  HostName 127.0.0.1\n  Port 1\n  ConnectTimeout 5\n")
+    detached_run(home, tmp_path / "run", "20261201-150000-dddddd", [{"name": "deadnode"}], [tmp_path / "node0"],
+                 monkeypatch)
+    shown = run_fstrain("report", "20261201-15", "--ssh-config", str(config), "--json", env={"HOME": str(home)})
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    # Its launch (this test's process, as the index says) lives: still starting, no end yet.
+    assert document["state"]["state"] == "starting" and document["summary"] is None
+    assert [(e["kind"], e["where"]) for e in document["events"]] == [("start", ""), ("failure", "deadnode")]
+    assert any(note.startswith("the output of deadnode (") for note in document["notes"])
+    assert "note: the output of deadnode" in shown.stderr and not (tmp_path / "run" / "report.html").exists()
+    same = api.report("20261201-15", api.Access(ssh_config=str(config)))  # the Python API: the same numbers
+    assert (same.state.state, same.summary, [e.kind for e in same.events]) == ("starting", None, ["start", "failure"])
+    written = run_fstrain("report", "20261201-15", "--ssh-config", str(config), env={"HOME": str(home)})
+    assert written.returncode == 0 and (tmp_path / "run" / "report.html").is_file()
+    assert f"written to {tmp_path / 'run' / 'report.html'}" in written.stderr
+
+
+def test_a_report_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    config = tmp_path / "ssh_config"
+    config.write_text("Host deadnode\n  HostName 127.0.0.1\n  Port 1\n  ConnectTimeout 5\n")
+    detached_run(home, tmp_path / "run", "20261201-160000-eeeeee", [{"name": "deadnode"}], [tmp_path / "node0"],
+                 monkeypatch)
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "report.html"  # under a file, not a folder
+    shown = run_fstrain("report", "20261201-16", "--ssh-config", str(config), "--out", str(out),
+                        env={"HOME": str(home)})
+    assert shown.returncode == 2
+    assert shown.stderr == f"error: {out}: cannot write the report: File exists (hint: give " \
+        "another --out FILE)\n"
