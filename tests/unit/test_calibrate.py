@@ -10,6 +10,8 @@ import pytest
 
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.calibrate import calibrate
+from fstrain.core.plan.gpus import lookup_gpu
+from fstrain.core.plan.kernelcost import GpuRates
 from fstrain.core.plan.plancluster import uniform_cluster
 from fstrain.core.plan.timemodel import flops_per_token
 from fstrain.errors import InputError
@@ -30,23 +32,32 @@ def _scope(scope: str, groups: list[list[int]], busbw: float, collective: str = 
 
 def _gpu(rank: int, tflops: float) -> dict[str, Any]:
     return {"rank": rank, "device": f"cuda:{rank}", "device_name": "NVIDIA H100 80GB HBM3",
-            "matmul": {"dtype": "bfloat16", "tflops": {"median": tflops}}, "memory": {"gbps": {"median": 3000.0}}}
+            "matmul": {"dtype": "bfloat16", "size": 8192, "tflops": {"median": tflops}},
+            "memory": {"gbps": {"median": 3000.0}}}
+
+
+def h200_rates() -> GpuRates:
+    gpu = lookup_gpu("h200")
+    return GpuRates(gpu.name, tuple((d, gpu.peak_flops(d)) for d in ("bf16", "fp16", "fp8", "fp32")),
+                    gpu.hbm_bandwidth_bytes_per_s)
 
 
 def bench(**parts: Any) -> dict[str, Any]:
     return {"schema": "fstrain.bench/1", "backend": "nccl", "device_type": "cuda", "ranks": [], **parts}
 
 
-def test_one_gpu_node_sets_efficiency_and_mfu() -> None:
+def test_one_gpu_node_sets_efficiency_and_the_slowest_gpus_gemm_rate() -> None:
     doc = bench(world_size=8, num_nodes=1,
                 collectives={"scopes": [_scope("world", [list(range(8))], 360.0)]},
                 compute={"per_rank": [_gpu(r, 600.0 if r == 3 else 700.0) for r in range(8)]})
     result = calibrate(doc, "b.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=None)
     names = {r.name: r for r in result.replaced}
-    assert set(names) == {"collective_efficiency", "mfu"}
+    assert set(names) == {"collective_efficiency"}
     assert result.assumptions.collective_efficiency == pytest.approx(360 / 450)
-    assert names["mfu"].old == pytest.approx(0.45)
-    assert result.assumptions.mfu == pytest.approx(min(0.45 * 600 / 700, 600 / 989.4))
+    # The matmul rate prices GEMMs at the slowest GPU's rate; no mfu, which would turn off the kernel model.
+    assert result.assumptions.mfu == 0.0
+    curve = result.assumptions.gemm_curve
+    assert curve is not None and [p.tflops for p in curve.points] == [600.0]
     assert result.cluster is H100 and result.kind == "bench"
 
 
@@ -142,14 +153,25 @@ def test_a_real_h200_bench_document() -> None:
     h200 = uniform_cluster(1, 1, "h200")
     result = calibrate(doc, "bench-compute.json", assumptions=Assumptions(), cluster=h200, precision="bf16",
                        model=None)
-    # One GPU: no straggler to wait for, and its matmul rate is above the table's MFU: the MFU stands.
-    assert [(r.name, r.old, r.new) for r in result.replaced] == [("mfu", 0.45, 0.45)]
+    assert result.replaced == [] and result.assumptions.mfu == 0.0
     # The capture predates the GEMM sweep: its curve is the one square bf16 matmul it timed.
     curve = result.assumptions.gemm_curve
     assert curve is not None and curve is result.gemm_curve and curve.device_name == "NVIDIA H200"
     assert [(p.m, p.n, p.k, p.dtype) for p in curve.points] == [(8192, 8192, 8192, "bf16")]
     assert curve.tflops(8192, 8192, 8192, "bf16") == pytest.approx(row.tflops)
     assert curve.tflops(8192, 1024, 4096, "bfloat16") == pytest.approx(row.tflops)  # one point: its rate everywhere
+    # In the kernel model one point sets the level of the published curve, which keeps its shape:
+    # a small GEMM is priced below the large one's rate, by the published curve's own ratio.
+    from fstrain.core.plan.blocktime import KernelModel
+
+    h200_kernels = KernelModel(h200_rates(), result.assumptions)
+    published = KernelModel(h200_rates(), Assumptions())
+    big, small = (8192, 8192, 8192), (512, 256, 512)
+    assert h200_kernels.gemms.curve.tflops(*big, "bf16") == pytest.approx(row.tflops)
+    ratio = row.tflops / published.gemms.curve.tflops(*big, "bf16")
+    assert h200_kernels.gemms.curve.tflops(*small, "bf16") == pytest.approx(
+        ratio * published.gemms.curve.tflops(*small, "bf16"))
+    assert h200_kernels.gemms.curve.tflops(*small, "bf16") < 0.5 * row.tflops
     # Measured on an H200, it does not price an H100 plan.
     h100 = calibrate(doc, "bench-compute.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=None)
     assert h100.gemm_curve is None and h100.assumptions.gemm_curve is None

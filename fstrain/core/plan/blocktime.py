@@ -15,13 +15,14 @@ layer's GEMMs and the loss's traffic over the logits. The GPU's work, times the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.fitted import COMPUTE_TIME_SCALE
-from fstrain.core.plan.gemmcurve import MeasuredGemmCurve, dtype_name
+from fstrain.core.plan.gemmcurve import MeasuredGemmCurve, dtype_name, weighted_log_mean
 from fstrain.core.plan.kernelcost import (
     DTYPE_BYTES,
     GemmEfficiency,
@@ -68,16 +69,24 @@ class ComputeTerms:
 
 @dataclass(frozen=True)
 class MeasuredFirst:
-    """A measured GEMM curve for the dtypes it measured, the published curve for the others
-    (a bf16 sweep says nothing of fp8's tensor cores)."""
+    """A measured GEMM curve over the published one: a measured shape at its measured rate; any
+    other shape at the published rate times the measured/published ratio of the nearest
+    measured shapes (weighted as the measured curve weighs them), so a sweep of few shapes
+    corrects the published curve's level without losing what it knows of small and skinny
+    GEMMs; a dtype the sweep did not measure on the published curve alone (a bf16 sweep says
+    nothing of fp8's tensor cores)."""
 
     measured: MeasuredGemmCurve
     published: GemmEfficiency
 
     def tflops(self, m: int, n: int, k: int, dtype: str) -> float:
-        if dtype_name(dtype) in self.measured.dtypes:
-            return self.measured.tflops(m, n, k, dtype)
-        return self.published.tflops(m, n, k, dtype)
+        if dtype_name(dtype) not in self.measured.dtypes:
+            return self.published.tflops(m, n, k, dtype)
+        nearest = self.measured.nearest(m, n, k, dtype)
+        if nearest[0][0] == 0.0:
+            return nearest[0][1].tflops
+        ratios = [(d, p.tflops / self.published.tflops(p.m, p.n, p.k, dtype)) for d, p in nearest]
+        return self.published.tflops(m, n, k, dtype) * math.exp(weighted_log_mean(ratios))
 
 
 class KernelModel:

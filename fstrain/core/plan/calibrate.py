@@ -10,11 +10,11 @@ FILE is one of two documents, told apart by their keys:
     all_reduce over the world when it has one rank per node, else the pairs suite's median link.
     It is divided by ``collective_efficiency`` because the time model multiplies them again, so
     the model's effective bandwidth equals the measured bus bandwidth;
-  - matmul TFLOPS of the slowest GPU -> ``mfu``: a step waits for its slowest GPU, so the MFU is
-    scaled by slowest/median, and no GPU can beat the matmul rate it reached: mfu <= slowest/peak;
-  - the GEMM-shape sweep (every shape at its slowest rank; a document without one: the square
-    matmul) -> ``gemm_curve`` (fstrain/core/plan/gemmcurve.py), only when it was measured on the
-    plan's GPU kind: a curve from a CPU or another GPU is left out with the reason.
+  - the GEMM-shape sweep (every shape at its slowest rank: a step waits for its slowest GPU; a
+    document without one: the square matmul) -> ``gemm_curve`` (fstrain/core/plan/gemmcurve.py),
+    only when it was measured on the plan's GPU kind: a curve from a CPU or another GPU is left
+    out with the reason. The kernel time model prices GEMMs on it; the bench sets no ``mfu``,
+    which would replace that model by FLOPs at one rate.
 - a run's report (``fstrain report --json``, schema ``fstrain.report/1``; ``plan --calibrate
   RUN_DIR`` makes it from the run): the trainer's summary it carries, once the run has ended;
 - the bundled trainer's summary (``summary.json``, fstrain/train/loop.py):
@@ -124,19 +124,8 @@ def _from_bench(doc: Mapping[str, Any], where: str, assumptions: Assumptions, cl
                                     f"{how}: {node_gbps:.3g} Gb/s per node, / collective_efficiency "
                                     f"{efficiency:.2f}"))
 
-    rows = compute_rows(doc)
-    gpu_rows = [r for r in rows if r.peak_tflops]
-    if rows and not gpu_rows:
+    if compute_rows(doc) and not any(r.peak_tflops for r in compute_rows(doc)):
         ignored.append("compute: measured on CPUs (or GPUs not in the table), no GPU peak to compare with")
-    elif gpu_rows:
-        slowest = min(r.tflops for r in gpu_rows)
-        median = statistics.median(r.tflops for r in gpu_rows)
-        peak = min(r.peak_tflops or 0.0 for r in gpu_rows)
-        old_mfu = current_mfu(assumptions, cluster, precision)
-        new_mfu = min(old_mfu * slowest / median, slowest / peak)
-        replaced.append(Replacement("mfu", old_mfu, new_mfu,
-                                    f"slowest GPU's bf16 matmul {slowest:.0f} TFLOPS (median {median:.0f}, "
-                                    f"peak {peak:.0f}): mfu x slowest/median, at most slowest/peak"))
     result = _result(assumptions, new_cluster, "bench", replaced, ignored)
     curve = gemm_curve(doc, where)
     mismatch = curve_mismatch(curve, cluster) if curve is not None else ""

@@ -53,6 +53,13 @@ def dtype_name(text: str, where: str = "dtype") -> str:
     return name
 
 
+def weighted_log_mean(values: list[tuple[float, float]]) -> float:
+    """The mean of log(value) over (distance, value) pairs, each weighted 1 / distance^2
+    (distances > 0)."""
+    weights = [1.0 / d**2 for d, _ in values]
+    return sum(w * math.log(v) for w, (_, v) in zip(weights, values, strict=True)) / sum(weights)
+
+
 @dataclass(frozen=True)
 class GemmPoint:
     """One measured GEMM: its shape, dtype and achieved TFLOP/s (10**12 FLOP/s)."""
@@ -102,16 +109,20 @@ class MeasuredGemmCurve:
 
     def tflops(self, m: int, n: int, k: int, dtype: str) -> float:
         """Achieved TFLOP/s of ``C[m x n] = A[m x k] @ B[k x n]`` in ``dtype``."""
+        nearest = self.nearest(m, n, k, dtype)
+        if nearest[0][0] == 0.0:
+            return nearest[0][1].tflops
+        rate = math.exp(weighted_log_mean([(d, p.tflops) for d, p in nearest]))
+        return min(rate, max(p.tflops for _, p in nearest))  # rounding must not lift it above them
+
+    def nearest(self, m: int, n: int, k: int, dtype: str) -> list[tuple[float, GemmPoint]]:
+        """The ``NEIGHBOURS`` measured points of ``dtype`` nearest to the shape in log2(m, n, k),
+        with their distances, nearest first."""
         if min(m, n, k) < 1:
             raise InputError(f"a GEMM needs positive sizes, got {m}x{n}x{k}", "ask for m, n, k >= 1", "GEMM curve")
         here = (math.log2(m), math.log2(n), math.log2(k))
-        nearest = sorted((math.dist(here, (math.log2(p.m), math.log2(p.n), math.log2(p.k))), p.tflops)
-                         for p in self._of(dtype))[:NEIGHBOURS]
-        if nearest[0][0] == 0.0:
-            return nearest[0][1]
-        weights = [1.0 / d**2 for d, _ in nearest]
-        log_rate = sum(w * math.log(t) for w, (_, t) in zip(weights, nearest, strict=True)) / sum(weights)
-        return min(math.exp(log_rate), max(t for _, t in nearest))  # rounding must not lift it above them
+        return sorted(((math.dist(here, (math.log2(p.m), math.log2(p.n), math.log2(p.k))), p)
+                       for p in self._of(dtype)), key=lambda dp: dp[0])[:NEIGHBOURS]
 
     def _of(self, dtype: str) -> list[GemmPoint]:
         name = dtype_name(dtype, "GEMM curve")
