@@ -121,10 +121,12 @@ def test_a_measured_gemm_curve_replaces_the_published_one_for_the_dtypes_it_meas
 def test_fit_takes_medians_by_generation_and_falls_back_to_all() -> None:
     times = [TimeRun("a", "hopper", 3.0, 1.0, 1.0), TimeRun("a", "hopper", 5.0, 1.0, 2.0),
              TimeRun("b", "ampere", 2.0, 0.0, 2.0), TimeRun("b", "ampere", 1.0, 2.0, 1.0)]  # last: no scale fits
-    memories = [MemoryRun("a", 12.0, 10.0), MemoryRun("b", 13.0, 10.0), MemoryRun("b", 11.0, 10.0)]
+    # (reserved - live) / (live - persistent): 2/5, 3/5, 1/5; the last run has nothing transient.
+    memories = [MemoryRun("a", 12.0, 10.0, 5.0), MemoryRun("b", 13.0, 10.0, 5.0), MemoryRun("b", 11.0, 10.0, 5.0),
+                MemoryRun("c", 11.0, 10.0, 10.0)]
     fitted = fit_constants(times, memories)
     assert fitted.compute_time_scale == {"all": 2.0, "hopper": 2.0, "ampere": 1.0}
-    assert fitted.fragmentation_fraction == pytest.approx(0.2)
+    assert fitted.fragmentation_fraction == pytest.approx(0.4)
     assert fitted.scale_for("volta") == 2.0
     with pytest.raises(ValueError):
         fit_constants([], memories)

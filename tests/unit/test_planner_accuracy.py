@@ -334,7 +334,7 @@ def evaluate_all(cases: Iterable[Case] | None = None, base: Assumptions = Assump
 def fit_runs(cases: Iterable[Case]) -> tuple[list[TimeRun], list[MemoryRun]]:
     """What :func:`fstrain.core.plan.fit.fit_constants` fits on: every scored run's measured step
     time against the model's, linearised in ``compute_time_scale`` (planned at 1 and at 2), and
-    every run's max reserved and max allocated bytes where it reports both."""
+    every run's max reserved bytes against the model's live and persistent bytes."""
     cases = [c for c in cases if c.expressible]
     at_one = evaluate_all(cases, replace(Assumptions(), compute_time_scale=1.0, fragmentation_fraction=0.0))
     at_two = evaluate_all(cases, replace(Assumptions(), compute_time_scale=2.0, fragmentation_fraction=0.0))
@@ -350,9 +350,11 @@ def fit_runs(cases: Iterable[Case]) -> tuple[list[TimeRun], list[MemoryRun]]:
             times.append(TimeRun(case.file, case_generation(case),
                                  one.plan.time.tokens_per_step / (tokens * world),
                                  one.plan.time.step_time_s - scaled, scaled))
-        allocated = case.measured.get("max_allocated_bytes")
-        if allocated and case.measured.get("memory_kind", "max_reserved") == "max_reserved":
-            memories.append(MemoryRun(case.file, case.measured_memory_bytes() or 0.0, float(allocated)))
+        reserved = case.measured_memory_bytes()
+        if reserved and case.measured.get("memory_kind", "max_reserved") == "max_reserved" and one.plan.memory:
+            memory = one.plan.memory  # at fragmentation 0: the live bytes at the peak
+            memories.append(MemoryRun(case.file, reserved, float(one.predicted_memory_bytes or 0.0),
+                                      float(memory.parameters + memory.optimizer_states)))
     return times, memories
 
 
@@ -723,17 +725,8 @@ def test_loso_median_memory_error(loso: list[Outcome]) -> None:
     assert median_abs(errors) <= MEMORY_TARGET_PCT, markdown_table(loso)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20's target: >= 80 % of runs within 15 %; measured 78 % (36 of 46)")
-def test_loso_memory_within_15_percent_meets_the_target(loso: list[Outcome]) -> None:
-    assert share_within(memory_errors(loso), MEMORY_WITHIN_PCT) >= MEMORY_WITHIN_SHARE
-
-
-def test_loso_memory_within_15_percent_does_not_regress(loso: list[Outcome]) -> None:
-    """What the model reaches today (10 of 46 runs off by more than 15 %), held until the target
-    above is met: a new source may add runs, none may fall out of the band."""
-    errors = memory_errors(loso)
-    outside = [e for e in errors if e is None or abs(e) > MEMORY_WITHIN_PCT]
-    assert len(outside) <= 10, markdown_table(loso)
+def test_loso_memory_within_15_percent(loso: list[Outcome]) -> None:
+    assert share_within(memory_errors(loso), MEMORY_WITHIN_PCT) >= MEMORY_WITHIN_SHARE, markdown_table(loso)
 
 
 @pytest.mark.parametrize("case_id", ["tt24-l2-70b-fsdp64-full", "atorch-l2-7b-ds3d-tp2-pp2-dp2",

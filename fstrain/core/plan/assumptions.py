@@ -41,10 +41,11 @@ class Assumptions:
 
     fragmentation_fraction: float = _stated(
         FRAGMENTATION_FRACTION,
-        "Allocator reserve above the live tensors, fitted on the calibration runs that report "
-        "reserved or nvidia-smi memory (fstrain/core/plan/fit.py; the literature's reserved/allocated "
-        "is 1.05-1.15 with the default caching allocator). Part of the peak, not of "
-        "what must fit: the allocator frees its cache and retries before it fails an allocation.",
+        "Allocator reserve above the live tensors, as a fraction of the step's transient memory "
+        "(all that is live at the peak but parameters and optimizer states, which are allocated once): "
+        "the caching allocator keeps freed blocks of activations, gradients and buffers. Fitted on the "
+        "calibration runs that report reserved memory (fstrain/core/plan/fit.py). Part of the peak, not "
+        "of what must fit: the allocator frees its cache and retries before it fails an allocation.",
     )
 
     deepspeed_fp32_grad_partition: bool = _stated(

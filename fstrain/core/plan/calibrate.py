@@ -19,7 +19,8 @@ FILE is one of two documents, told apart by their keys:
   RUN_DIR`` makes it from the run): the trainer's summary it carries, once the run has ended;
 - the bundled trainer's summary (``summary.json``, fstrain/train/loop.py):
   - tokens/s -> ``mfu`` = tokens/s x model FLOPs per token / (ranks x peak FLOP/s);
-  - max reserved / max allocated memory -> ``fragmentation_fraction`` = reserved/allocated - 1.
+  - max reserved and max allocated memory -> ``fragmentation_fraction`` = (reserved - allocated) /
+    (allocated - parameters and optimizer states), the allocator's cache over what a step frees.
 
 A number measured on CPUs (gloo, CPU ranks) says nothing about GPUs: it is left out and the
 report says why, except the inter-node bandwidth, which is the network's whatever moves the bytes.
@@ -38,6 +39,8 @@ from fstrain.core.bench.report import SCHEMA, collective_summaries, compute_rows
 from fstrain.core.launch.runstate import FINAL
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.gemmcurve import MeasuredGemmCurve
+from fstrain.core.plan.memory import model_states
+from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.plancluster import PlanCluster
 from fstrain.core.plan.schema import ModelSpec
 from fstrain.core.plan.timemodel import flops_per_token
@@ -170,6 +173,15 @@ def _inter_node_gbps(doc: Mapping[str, Any], summaries: Mapping[tuple[str, str],
     return None, ""
 
 
+def _allocated_once_bytes(doc: Mapping[str, Any], model: ModelSpec, precision: str, assumptions: Assumptions) -> int:
+    """One rank's parameters and optimizer states in the run the summary describes: what is
+    allocated once, outside the allocator's cache of freed blocks (AdamW, as the trainer runs)."""
+    strategy = str(doc.get("strategy") or "fsdp-full")
+    states = model_states(count_parameters(model).total, strategy, int(doc["world_size"]), precision,
+                          assumptions=assumptions)
+    return states.parameters + states.optimizer_states
+
+
 def _from_summary(doc: Mapping[str, Any], where: str, assumptions: Assumptions, cluster: PlanCluster,
                   precision: str, model: ModelSpec | None) -> Calibration:
     replaced: list[Replacement] = []
@@ -179,11 +191,17 @@ def _from_summary(doc: Mapping[str, Any], where: str, assumptions: Assumptions, 
         return _result(assumptions, cluster, "trainer summary", replaced, ignored)
     memory = doc["peak_memory_max_over_ranks"]
     allocated, reserved = memory.get("max_allocated_bytes"), memory.get("max_reserved_bytes")
-    if allocated and reserved:
-        fragmentation = max(0.0, reserved / allocated - 1)
-        replaced.append(Replacement("fragmentation_fraction", assumptions.fragmentation_fraction, fragmentation,
-                                    f"max reserved {reserved / 2**30:.2f} GiB / max allocated "
-                                    f"{allocated / 2**30:.2f} GiB - 1"))
+    if allocated and reserved and model is None:
+        ignored.append("fragmentation_fraction: the plan has no architecture to count the parameters and optimizer "
+                       "states with, which the allocator's cache does not hold")
+    elif allocated and reserved and model is not None:
+        once = _allocated_once_bytes(doc, model, precision, assumptions)
+        if allocated > once:
+            fragmentation = max(0.0, (reserved - allocated) / (allocated - once))
+            replaced.append(Replacement(
+                "fragmentation_fraction", assumptions.fragmentation_fraction, fragmentation,
+                f"(max reserved {reserved / 2**30:.2f} GiB - max allocated {allocated / 2**30:.2f} GiB) / "
+                f"(max allocated - {once / 2**30:.2f} GiB of parameters and optimizer states)"))
     if model is None:
         ignored.append("tokens/s: the plan has no architecture (--model-params) to count FLOPs with")
     elif doc.get("model") != model.name:

@@ -11,9 +11,13 @@ these two are not, so they are fitted, and only here:
   the model's step time as ``fixed + scale x scaled`` (two plans at scale 1 and 2); the fit is
   the median of those over a generation's runs (half slower than predicted, half faster: no run
   weighs more than another), and over all runs (``all``) for a generation without runs.
-- ``fragmentation_fraction``: the caching allocator's reserve above the live tensors. Each run
-  that reports both PyTorch's max reserved and max allocated bytes gives ``reserved / allocated
-  - 1`` (what ``plan --calibrate`` reads off a trainer summary); the fit is their median.
+- ``fragmentation_fraction``: the caching allocator's reserve above the live tensors, as a
+  fraction of the step's transient memory (everything live at the peak but the parameters and
+  the optimizer states, which are allocated once and never freed: the cache holds the freed
+  blocks of activations, gradients and buffers of varying sizes). Each run that reports
+  PyTorch's max reserved bytes gives the fraction that would reproduce it,
+  ``(reserved - live) / (live - persistent)`` with the model's live and persistent bytes at the
+  peak; the fit is their median.
 
 ``fit_constants`` of every source is what ships (:mod:`fstrain.core.plan.fitted`); the accuracy
 harness re-fits it without each source in turn to predict that source's runs (leave one source
@@ -42,11 +46,13 @@ class TimeRun:
 
 @dataclass(frozen=True)
 class MemoryRun:
-    """One measured run's peak memory as PyTorch's caching allocator reports it (bytes)."""
+    """One measured run's peak reserved memory (PyTorch's caching allocator) against the model's
+    live and persistent bytes at that peak, without any allocator margin (bytes)."""
 
     source: str
     max_reserved_bytes: float
-    max_allocated_bytes: float
+    predicted_live_bytes: float
+    predicted_persistent_bytes: float  # parameters and optimizer states
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,8 @@ def fit_constants(times: Iterable[TimeRun], memories: Iterable[MemoryRun]) -> Fi
     """The constants that best reproduce ``times`` and ``memories`` (see the module doc)."""
     scales = [(r.generation, (r.measured_step_s - r.fixed_s) / r.scaled_s) for r in times
               if r.scaled_s > 0 and r.measured_step_s > r.fixed_s]
-    reserves = [r.max_reserved_bytes / r.max_allocated_bytes - 1 for r in memories if r.max_allocated_bytes > 0]
+    reserves = [(r.max_reserved_bytes - r.predicted_live_bytes) / transient
+                for r in memories if (transient := r.predicted_live_bytes - r.predicted_persistent_bytes) > 0]
     if not scales or not reserves:
         raise ValueError(f"nothing to fit: {len(scales)} step times, {len(reserves)} memory measurements")
     by_generation = {"all": round(statistics.median(v for _, v in scales), DIGITS)}

@@ -7,4 +7,4 @@ by hand.
 """
 
 COMPUTE_TIME_SCALE: dict[str, float] = {"all": 1.152, "ampere": 1.026, "hopper": 1.328, "volta": 0.951}
-FRAGMENTATION_FRACTION = 0.23
+FRAGMENTATION_FRACTION = 0.299

@@ -1213,8 +1213,10 @@ def _stage_breakdown(
         gradients = states.gradients if name == "optimizer step" else compute_gradients
         return states.parameters + gradients + states.optimizer_states + sum(v for _, v in items)
 
+    allocated_once = states.parameters + states.optimizer_states  # no freed blocks of theirs to cache
+
     def moment_peak(live: int) -> int:
-        return live + fixed + int(live * assumptions.fragmentation_fraction)
+        return live + fixed + int((live - allocated_once) * assumptions.fragmentation_fraction)
 
     lives = [moment_live(name, items) for name, items in moments]  # each moment summed once
     # The peak is the highest moment; a tie goes to the earlier one.
@@ -1226,7 +1228,7 @@ def _stage_breakdown(
                                                                  if name.startswith("activations (")}
     activations = sum(v for name, v in live_items if name in activation_names)
     buffer_total = sum(v for name, v in live_items if name not in activation_names)
-    fragmentation = int(live * assumptions.fragmentation_fraction)
+    fragmentation = int((live - allocated_once) * assumptions.fragmentation_fraction)
     overhead = (
         ("CUDA context", assumptions.cuda_context_bytes),
         ("NCCL communicators", communicators * assumptions.nccl_bytes_per_communicator),
