@@ -80,6 +80,12 @@ class RankEnd(RankFailure):
 
 @dataclass(frozen=True)
 class Evidence:
+    """What an ended attempt left. ``failed``: the first failure, and every rank whose own
+    output ends in a traceback or a fault (read from its log: a rank that raised on another
+    host at the same step is evidence too, though its node was then torn down). Leave out the
+    ends the teardown caused (SIGTERM, SIGKILL after the grace period): they are consequences,
+    and a SIGKILL would read as the OOM killer's."""
+
     hosts: tuple[str, ...]  # the attempt's hosts, node rank order
     failed: tuple[RankEnd, ...] = ()  # ranks that ended non-zero (one per node is enough)
     lost_hosts: tuple[str, ...] = ()  # hosts that stopped answering (heartbeat/SSH lost)
