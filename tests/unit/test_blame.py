@@ -159,6 +159,14 @@ def test_last_exception_reads_the_last_traceback_and_skips_the_agents() -> None:
     assert last_exception(["step 1"]) == ""
 
 
+def test_the_launchers_rank_tails_are_read_through_their_tags() -> None:
+    tail = ["[node2 r3] step 3", "[node2 r3] [rank3]: Traceback (most recent call last):",
+            '[node2 r3] [rank3]:   File "train.py", line 7, in <module>', "[node2 r3] [rank3]: KeyError: 'w'"]
+    assert last_exception(tail) == "KeyError: 'w'"
+    assert last_exception(["[node-a.example r12] Traceback (most recent call last):",
+                           "[node-a.example r12] ValueError: x"]) == "ValueError: x"
+
+
 def test_rank_end_is_a_rank_failure_with_its_lines() -> None:
     failure = RankFailure(3, 1, 139)
     ranked = RankEnd.of(failure, host="node2", last_lines=["x"])

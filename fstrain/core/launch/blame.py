@@ -51,9 +51,10 @@ _COMM_RE = re.compile(
 _TRACEBACK = "Traceback (most recent call last):"
 # The last line of a traceback: 'ValueError: bad batch', 'torch.OutOfMemoryError: ...'.
 _EXCEPTION_RE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Fault)\b(?::.*)?$")
-# The rank tags before a rank's line: fstrain's relay ('[local3]:'), torchrun's --tee
-# ('[default3]:') and torch's own ('[rank3]: ', before a traceback's lines).
-_TAG_RE = re.compile(r"^(?:\[(?:default|rank|local)\d+\]:\s?)+")
+# The rank tags before a rank's line: the launcher's ('[node2 r3] ', as the rank tails and
+# `fstrain logs` keep them), the node relay's ('[local3]:'), torchrun's --tee ('[default3]:')
+# and torch's own ('[rank3]: ', before a traceback's lines).
+_TAG_RE = re.compile(r"^(?:(?:\[(?:default|rank|local)\d+\]:|\[[^\]\s]+ r\d+\])\s?)+")
 _NUMBER_RE = re.compile(r"\d+")
 # torchrun's own exception after a rank failed: the agent's, not the rank's.
 _AGENT_EXCEPTIONS = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError",)
