@@ -174,6 +174,9 @@ def test_rank_end_is_a_rank_failure_with_its_lines() -> None:
                                                                                             "SIGSEGV")
     assert ranked.last_lines == ("x",) and ranked.describe() == "rank 3 (local rank 1), exit 139 (SIGSEGV)"
     assert read_end(ranked).cause == "signal"
+    record = RankEnd.from_record("node2", {"rank": 3, "local_rank": 1, "exit_code": 137, "signal": "SIGKILL"}, ["x"])
+    assert record == RankEnd(3, 1, 137, "node2", ("x",)) and record.signal == "SIGKILL"
+    assert RankEnd.from_record("node2", {"rank": 3}) is None
 
 
 def test_stalled_host_from_a_hang_report() -> None:

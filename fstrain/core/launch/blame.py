@@ -78,6 +78,17 @@ class RankEnd(RankFailure):
         where the failure does not name one."""
         return cls(failure.rank, failure.local_rank, failure.exit_code, failure.host or host, tuple(last_lines))
 
+    @classmethod
+    def from_record(cls, host: str, failure: Mapping[str, Any], last_lines: Iterable[str] = ()) -> RankEnd | None:
+        """From the supervisor's ``NodeRecord.failure`` (``{"rank", "local_rank", "exit_code",
+        "signal"}``, fstrain/core/launch/supervisor.py); None when it names no exit code."""
+        code = failure.get("exit_code")
+        if not isinstance(code, int) or isinstance(code, bool):
+            return None
+        rank, local = failure.get("rank"), failure.get("local_rank")
+        return cls(rank if isinstance(rank, int) else None, local if isinstance(local, int) else None, code, host,
+                   tuple(last_lines))
+
 
 @dataclass(frozen=True)
 class Evidence:
