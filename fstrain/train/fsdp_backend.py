@@ -119,7 +119,8 @@ class FSDPEngine:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(staging))
         if self.runtime.is_main:
-            state: dict[str, Any] = {"step": step, "scheduler": self.scheduler.state_dict()}
+            state: dict[str, Any] = {"step": step, "scheduler": self.scheduler.state_dict(),
+                                     "world_size": self.runtime.world_size}
             if self.scaler is not None:
                 state["scaler"] = self.scaler.state_dict()
             (staging / "trainer_state.json").write_text(json.dumps(state, sort_keys=True) + "\n")
@@ -143,6 +144,11 @@ class FSDPEngine:
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
         trainer = json.loads((directory / tag / "trainer_state.json").read_text())
+        written_by = trainer.get("world_size")
+        if self.runtime.is_main and isinstance(written_by, int) and written_by != self.runtime.world_size:
+            # DCP reads each rank's part of every tensor from the shards another world wrote.
+            print(f"[fstrain.train] {tag} was written by {written_by} ranks: resharded for "
+                  f"{self.runtime.world_size}", flush=True)
         self.scheduler.load_state_dict(trainer["scheduler"])
         if self.scaler is not None and "scaler" in trainer:
             self.scaler.load_state_dict(trainer["scaler"])
