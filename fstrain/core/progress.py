@@ -193,7 +193,10 @@ class RunStages:
             self._say(measured)
 
     def end(self) -> None:
-        """The run has ended: a stage it did not get through failed; the measurements are done."""
+        """The run has ended: nodes that never came up failed to start; a program that prints
+        no step (not every program does) and the measurements are simply over."""
         for stage in sorted(self.open):
-            missed = stage != "measure"
-            self._say(Event(stage, ended=True, failed=missed, text="the run ended first" if missed else ""))
+            if stage == "start":
+                self._say(Event(stage, len(self.up), self.total, "the run ended first", ended=True, failed=True))
+            else:
+                self._say(Event(stage, ended=True, text="no step reported" if stage == "first step" else ""))

@@ -77,7 +77,13 @@ def test_run_stages_close_what_the_run_did_not_get_through() -> None:
     stages.begin()
     stages.line(0, True, "[fstrain.train] rank 0/4")
     stages.end()
-    assert events[-1] == Event("start", ended=True, failed=True, text="the run ended first")
+    assert events[-1] == Event("start", 1, 2, "the run ended first", ended=True, failed=True)
+    events.clear()
+    quiet = RunStages(1, events.append)  # a program that prints no step
+    quiet.begin()
+    quiet.line(0, True, "hello")
+    quiet.end()
+    assert plain_line(events[-1]) == "[first step] done no step reported" and not events[-1].failed
 
 
 def test_bench_runs_have_no_first_step_and_their_measurements_end_with_the_run() -> None:
