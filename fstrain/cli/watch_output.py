@@ -100,10 +100,9 @@ def plain_line(view: WatchView) -> str:
 
 def read_view(handle: Run, outputs: Outputs, watch: Watch) -> WatchView:
     """One refresh: the run's status, then the last lines of its ranks' output (a bounded tail)."""
-    from fstrain.core.launch.watch import tail_lines
-
     document = handle.status()
-    lines = list(outputs.read(tail_lines(document)))
+    # Pieces of whole lines: one line each from the nodes, a chunk of lines each from local files.
+    lines = [line for piece in outputs.read(watch.tail_lines(document)) for line in piece.splitlines()]
     return watch.update(document, lines, time.time())
 
 

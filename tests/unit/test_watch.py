@@ -81,7 +81,7 @@ def test_the_nodes_progress_record_is_the_fallback_when_the_tail_has_no_numbers(
 def test_ranks_only_in_the_output_get_rows_and_the_run_step_is_the_lowest() -> None:
     doc = {"run_id": "a", "state": "running", "nodes": [{"host": "h", "node_rank": 0, "ranks": []}]}
     view = Watch().update(doc, [metric("h", 0, 9, steps=10), metric("h", 1, 8, steps=10)], now=1.0)
-    assert [(r.rank, r.step) for r in view.rows] == [(0, 9), (1, 8)] and view.step == 8
+    assert [(r.host, r.rank, r.step) for r in view.rows] == [("h", 0, 9), ("h", 1, 8)] and view.step == 8
 
 
 def test_ended_view_and_unreachable_hosts() -> None:
@@ -133,3 +133,7 @@ def test_tail_is_bounded_by_the_ranks() -> None:
     assert tail_lines(status(("h", [0, 1]))) == 2 * TAIL_LINES_PER_RANK
     assert tail_lines({"nodes": []}) == TAIL_LINES_PER_RANK
     assert tail_lines(status(("h", list(range(10_000))))) == TAIL_LINES_MAX
+    watch = Watch()  # an attached run: its status lists no ranks, its output shows them
+    attached = {"nodes": [{"host": "h", "ranks": []}]}
+    watch.update(attached, [metric("h", r, 1) for r in range(8)], now=1.0)
+    assert watch.tail_lines(attached) == 8 * TAIL_LINES_PER_RANK

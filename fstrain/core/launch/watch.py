@@ -103,10 +103,10 @@ def _from_progress(found: Mapping[str, Any]) -> StepMetrics:
                        tokens_per_s=found.get("tokens_per_s"))
 
 
-def tail_lines(status: Mapping[str, Any]) -> int:
+def tail_lines(status: Mapping[str, Any], ranks_seen: int = 0) -> int:
     """How many of the run's last output lines a refresh reads: enough for every rank's last
-    numbers, bounded."""
-    ranks = sum(len(node.get("ranks") or []) or 1 for node in status.get("nodes") or [])
+    numbers (the ranks the status lists, or as many as the output showed), bounded."""
+    ranks = max(ranks_seen, sum(len(node.get("ranks") or []) or 1 for node in status.get("nodes") or []))
     return max(TAIL_LINES_PER_RANK, min(TAIL_LINES_MAX, TAIL_LINES_PER_RANK * max(1, ranks)))
 
 
@@ -118,11 +118,18 @@ class Watch:
         self.window_s = window_s
         self.seen: dict[int, list[tuple[float, int]]] = {}  # rank -> (time first seen at the step, step)
         self.run_seen: list[tuple[float, int]] = []  # the run's step the same way
+        self.ranks_seen: set[int] = set()  # every rank whose numbers were read
+
+    def tail_lines(self, status: Mapping[str, Any]) -> int:
+        """What the next refresh reads of the run's output (:func:`tail_lines`)."""
+        return tail_lines(status, len(self.ranks_seen))
 
     def update(self, status: Mapping[str, Any], lines: Iterable[str], now: float) -> WatchView:
         """The view from one refresh: ``status`` (`fstrain status --json`'s document), the
         ranks' last output ``lines``, and the time ``now`` (Unix seconds)."""
+        lines = list(lines)
         samples = latest_samples(lines)
+        self.ranks_seen.update(samples)
         rows = []
         unreachable = []
         placed: set[int] = set()
@@ -133,9 +140,10 @@ class Watch:
             for rank in node.get("ranks") or []:
                 placed.add(int(rank["rank"]))
                 rows.append(self._row(host, node, rank, samples.get(int(rank["rank"])), now))
+        hosts = {int(m.group(2)): m.group(1) for m in map(_TAGGED_RE.match, lines) if m is not None}
         for rank_number, sample in sorted(samples.items()):  # ranks the status does not list (attached runs)
             if rank_number not in placed:
-                rows.append(self._row("", None, {"rank": rank_number}, sample, now))
+                rows.append(self._row(hosts[rank_number], None, {"rank": rank_number}, sample, now))
         rows.sort(key=lambda r: r.rank)
         slowest = slowest_rank(rows)
         rows = [_with_slowest(r, r.rank == slowest) for r in rows]
