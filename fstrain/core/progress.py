@@ -2,8 +2,8 @@
 
 The work says where it is with :class:`Event` values given to a :class:`Reporter`: a stage
 (``connect``, ``preflight``, ...) begins, advances (``done`` of ``total``: hosts answered, nodes
-started, measurements taken), and ends. A reporter is also called with a plain line (what the
-driver's ``Report`` callable took before), for what is said once. The CLI decides how events
+started, measurements taken), and ends. A reporter is also called with a plain line, for what
+is said once (the plan a launch trains with, the run's id). The CLI decides how events
 show: a live display on a terminal, plain lines otherwise (:class:`PlainLines` turns events into
 those, a few per stage, never one per host of a thousand), always on stderr.
 
@@ -24,7 +24,7 @@ STAGES = {
     "connect": "connecting",  # one connection per host
     "preflight": "preflight",  # interpreter, packages, working directory on every host
     "rendezvous": "rendezvous",  # the master address every node reaches, and its port
-    "start": "starting nodes",  # each node's watchdog started
+    "start": "starting nodes",  # each node up: its watchdog answered (detached), a rank printed (attached)
     "first step": "first step",  # the first training step reported by any rank
     "measure": "measuring",  # bench: the suites' measurements
     "hosts": "hosts answered",  # doctor: every host probed
@@ -74,7 +74,7 @@ class Silent:
 
 
 def plain_line(event: Event) -> str:
-    """An event as one line: ``[preflight] 3/4 node2``, ``[first step] done: step 1/20``."""
+    """An event as one line: ``[connect] 3/4 node2``, ``[first step] done step 1/20``."""
     count = f"{event.done}/{event.total}" if event.done is not None and event.total else \
         f"{event.done}" if event.done is not None else ""
     words = " ".join(w for w in (("failed" if event.failed else "done") if event.ended else "", count, event.text)
