@@ -21,6 +21,7 @@ from fstrain.api.requests import HostRequest
 from fstrain.core.bench.arithmetic import worker_argv
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.spec import LaunchJob, plan_launches, resolve_nproc
+from fstrain.core.progress import Reporter
 from fstrain.io.bench import DOCUMENT, fetch_document
 from fstrain.io.launch import HostFacts, Rendezvous, RunOutcome
 from fstrain.io.transport.base import Transport
@@ -148,10 +149,12 @@ def bench_nprocs(hosts: Sequence[Host], requested: int | None, gpu_counts: Seque
 
 
 def run_bench(request: BenchRequest, connect: Callable[[Host], Transport], *, fanout: int,
-              node_env: Callable[[str], Mapping[str, str]], out: TextIO = sys.stderr) -> BenchRun:
+              node_env: Callable[[str], Mapping[str, str]], out: TextIO = sys.stderr,
+              progress: Reporter | None = None) -> BenchRun:
     """Run the worker on every node through the driver, then fetch node 0's document.
     ``node_env(interface)`` is the environment a node adds for the interface that reaches the
-    master (NCCL/GLOO_SOCKET_IFNAME)."""
+    master (NCCL/GLOO_SOCKET_IFNAME); ``progress`` hears the driver's stages and the worker's
+    measurements (its rank 0's progress lines)."""
     hosts = list(request.hosts)
 
     def worker(checked: Checked) -> NodeJob:
@@ -171,8 +174,9 @@ def run_bench(request: BenchRequest, connect: Callable[[Host], Transport], *, fa
                                  workdir=request.workdir, here_by_default=False, packages=("torch",),
                                  env=dict(request.env),
                                  master_port=request.master_port, fanout=fanout, grace_s=request.grace_s,
-                                 heartbeat_timeout_s=request.heartbeat_timeout_s, record=False, out=out)
-    driven = drive(drive_request, connect, worker)
+                                 heartbeat_timeout_s=request.heartbeat_timeout_s, record=False, out=out,
+                                 first_step=False)
+    driven = drive(drive_request, connect, worker, progress)
     document = fetch_document(hosts, driven.checked.run_dirs, connect, request.run_dir) \
         if driven.outcome.exit_code == 0 else None
     return BenchRun(driven.outcome, document, driven.checked.facts, driven.checked.rendezvous)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any, TextIO
 
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.spec import NodeLaunch
+from fstrain.core.progress import Event, Reporter, Silent
 from fstrain.io.fanout import HostPool
 from fstrain.io.launch import (
     HostFacts,
@@ -41,8 +43,6 @@ from fstrain.io.launch import (
     write_manifest,
 )
 from fstrain.io.transport.base import Transport
-
-Report = Callable[[str], None]  # one line for the humans watching (stderr in the CLI)
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ class DriveRequest:
     color: bool = False
     out: TextIO = sys.stdout  # the ranks' lines
     slurm_job_id: str | None = None  # inside a Slurm allocation: the job, asked whether Slurm ended it
+    first_step: bool = True  # a training job: its progress waits for the first step
 
 
 @dataclass(frozen=True)
@@ -102,19 +103,28 @@ class Driven:
     answers: list[dict[str, Any]] = field(default_factory=list)  # detached: each node's start answer
 
 
-def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Callable[[Checked], NodeJob]) -> Driven:
-    """Run the stages; never leaves a job running (a failure in any stage stops what started)."""
+def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Callable[[Checked], NodeJob],
+          progress: Reporter | None = None) -> Driven:
+    """Run the stages; never leaves a job running (a failure in any stage stops what started).
+    ``progress`` hears where the stages are (connect, preflight, rendezvous, start, first step)."""
     hosts = list(request.hosts)
     # Like DeepSpeed's launcher: by default this directory, checked on every host.
     workdir = request.workdir or (os.getcwd() if request.here_by_default else None)
     started = time.time()
+    stages = progress or Silent()
     with HostPool(hosts, connect, fanout=request.fanout) as pool:
+        connect_all(pool, stages)
         prewarmed = prewarm_nodes(pool, request.prewarm_backend, request.python, workdir, request.env,
                                   request.run_id) if request.prewarm_backend and not request.detach else []
         try:
+            stages.event(Event("preflight", text="interpreter, packages, working directory"))
             facts = preflight(pool, request.python, workdir, packages=request.packages,
                               workdir_is_default=request.workdir is None and workdir is not None)
+            stages.event(Event("preflight", ended=True))
+            stages.event(Event("rendezvous", text="the master address and port"))
             rendezvous = choose_rendezvous(pool, connect, facts, request.python, request.run_id, request.master_port)
+            stages.event(Event("rendezvous", ended=True,
+                               text=f"{rendezvous.master_addr}:{rendezvous.master_port}"))
             run_dirs = [remote_run_dir(h, f.info.get("home"), request.run_id, request.run_dir)
                         for h, f in zip(hosts, facts, strict=True)]
             checked = Checked(facts, rendezvous, run_dirs)
@@ -125,7 +135,9 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                                  out=request.out, stall_timeout_s=request.stall_timeout_s,
                                  finish_timeout_s=request.finish_timeout_s,
                                  metrics_textfile=request.metrics_textfile,
-                                 ended_by_slurm=slurm_ended(request.slurm_job_id))
+                                 ended_by_slurm=slurm_ended(request.slurm_job_id),
+                                 progress=stages.event if progress is not None else None,
+                                 first_step=request.first_step)
             if request.detach:
                 return _start_detached(request, connect, checked, node_job, options, started)
             if request.record:
@@ -139,6 +151,26 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                     node.close()
     manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, checked, node_job), outcome)
     return Driven(checked, node_job, outcome, manifest, started)
+
+
+def connect_all(pool: HostPool, stages: Reporter) -> None:
+    """One connection per host, all at once, each counted as it answers (a host that cannot
+    be reached is named by the preflight next)."""
+    total = len(pool.hosts)
+    answered: list[str] = []
+    lock = threading.Lock()
+    stages.event(Event("connect", 0, total))
+
+    def one(host: Host) -> str | None:
+        error = pool.connect_error(host)
+        with lock:
+            answered.append(host.label())
+            stages.event(Event("connect", len(answered), total, host.label()))
+        return error
+
+    failed = [e for e in pool.map(one) if e is not None]
+    stages.event(Event("connect", total - len(failed), total, f"{len(failed)} cannot be reached" if failed else "",
+                       ended=True, failed=bool(failed)))
 
 
 def slurm_ended(job_id: str | None) -> Callable[[], str | None] | None:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from fstrain.api.job import Job, JobSpec, build_job, interface_env, job_spec, new_run_id, rendered_files, resolve_nprocs
 from fstrain.api.requests import LaunchRequest
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from fstrain.core.hosts.hostfile import Host
     from fstrain.core.launch.spec import LaunchJob, NodeLaunch
     from fstrain.core.plan.planfile import PlanFile
+    from fstrain.core.progress import Reporter
     from fstrain.core.slurm.job import Allocation
     from fstrain.io.runs import RunRecord
     from fstrain.io.transport.base import Transport
@@ -140,10 +141,11 @@ def dry_run(prepared: Prepared) -> DryRun:
     return DryRun(launches, job, master, port)
 
 
-def launch(request: LaunchRequest | Prepared, *, out: TextIO | None = None, report: Report = _to_stderr,
+def launch(request: LaunchRequest | Prepared, *, out: TextIO | None = None, report: Report | Reporter = _to_stderr,
            color: bool = False) -> Launched:
     """Run the job (attached: to its end; detached: until every node has started). The ranks'
-    lines go to ``out`` (stdout by default), one line of progress each to ``report``."""
+    lines go to ``out`` (stdout by default), lines said once to ``report``; a ``report`` with
+    an ``event`` method (fstrain.core.progress.Reporter) also hears where each stage is."""
     prepared = request if isinstance(request, Prepared) else prepare(request)
     return _execute(prepared, out or sys.stdout, report, color)
 
@@ -161,7 +163,7 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
     return make_connector(request.hosts.ssh_config, accept_new_hosts=request.hosts.accept_new_hosts, config=config)
 
 
-def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> Launched:
+def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: bool) -> Launched:
     from fstrain.api.driver import DriveRequest, drive
     from fstrain.io.runs import launched_record
 
@@ -187,7 +189,7 @@ def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> La
         stall_timeout_s=run.stall_timeout_s, finish_timeout_s=run.finish_timeout_s, detach=run.detach,
         metrics_textfile=run.metrics_textfile, ssh_config=request.hosts.ssh_config, color=color, out=out,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None)
-    driven = drive(drive_request, connect, node_job)
+    driven = drive(drive_request, connect, node_job, cast("Reporter", report) if hasattr(report, "event") else None)
     job = built[0]
     access = Access(request.hosts.ssh_config, request.hosts.accept_new_hosts, job_request.python)
     record = launched_record(prepared.run_id, prepared.run_dir, detached=run.detach)

@@ -429,6 +429,7 @@ class AttachedRun:
         return run_state(self.record, None)  # running() has just read the manifest again
 
     def status(self) -> dict[str, Any]:
+        self.refresh()  # asked again and again (`status --watch`): the launcher writes the end
         return status_document(self.record, None)
 
     def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> FileOutputs:

@@ -8,6 +8,7 @@ Ctrl-C. ``--from FILE`` prints a saved result's report and verdict again, contac
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,7 @@ def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | N
     from fstrain.api.bench import run_bench
     from fstrain.api.job import interface_env
     from fstrain.cli.launch_output import print_summary
+    from fstrain.cli.progress_output import progress_reporter
     from fstrain.core.bench.report import analysis
     from fstrain.errors import FstrainError
     from fstrain.io.bench import save_document
@@ -155,8 +157,9 @@ def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | N
     out.print(f"bench {request.run_id}: {', '.join(request.suites)} on {len(request.hosts)} hosts; "
               f"logs in {request.run_dir}/logs")
     try:
-        run = run_bench(request, connect, fanout=fanout,
-                        node_env=lambda ifname: interface_env(ifname, dict(request.env)))
+        with progress_reporter() as reporter:
+            run = run_bench(request, connect, fanout=fanout, out=reporter.routed(sys.stderr), progress=reporter,
+                            node_env=lambda ifname: interface_env(ifname, dict(request.env)))
     except FstrainError as error:  # a host down or without torch, a lost result: nothing to judge
         out.print(f"[red]error:[/red] {error.one_line()}", highlight=False, soft_wrap=True)
         return None, EXIT_NOT_MEASURED, error.one_line()

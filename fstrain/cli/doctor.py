@@ -15,13 +15,10 @@ from fstrain.cli import hostopts
 from fstrain.cli.output import console, print_json
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from fstrain.core.doctor import Check, CheckResult, DoctorFacts
     from fstrain.io.doctor import DoctorOptions
 
 VERDICT_STYLE = {"ok": "green", "skipped": "dim", "warn": "yellow", "fail": "bold red"}
-LIVE_MAX_ROWS = 20  # above this many hosts the live view shows counts and the latest changes
 
 
 def register(app: typer.Typer) -> None:
@@ -84,7 +81,7 @@ def doctor_command(
         options = DoctorOptions(stages=stages(checks), python=python, workdir=workdir, checkpoint_dir=checkpoint_dir,
                                 master_port=master_port, plan=needs, kill_orphans=kill_orphans,
                                 write_test_bytes=write_test_mib << 20)
-        facts = gather(selection.hosts, connect, options, fanout, json_output)
+        facts = gather(selection.hosts, connect, options, fanout)
         extra = run_bench_checks(selection.hosts, connect, options, fanout) if bench else []
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
@@ -118,55 +115,29 @@ def run_bench_checks(hosts: list[Any], connect: Any, options: DoctorOptions, fan
     return bench_checks(run.document, names)
 
 
-def gather(hosts: list[Any], connect: Any, options: DoctorOptions, fanout: int, json_output: bool) -> DoctorFacts:
-    """Every host's facts, with a live line per host on a terminal."""
+def gather(hosts: list[Any], connect: Any, options: DoctorOptions, fanout: int) -> DoctorFacts:
+    """Every host's facts, with the hosts answered so far on stderr (live on a terminal)."""
+    from fstrain.cli.progress_output import progress_reporter
+    from fstrain.core.progress import Event
     from fstrain.io.doctor import collect
 
-    out = console()
-    if json_output or not out.is_terminal:
-        return collect(hosts, connect, options, fanout=fanout)
-    view = LiveHosts([h.label() for h in hosts], out)
-    with view:
-        return collect(hosts, connect, options, fanout=fanout, progress=view.update)
+    total = len(hosts)
+    answered: set[str] = set()
+    unreachable: set[str] = set()
+    with progress_reporter() as reporter:
 
+        def update(host: str, what: str) -> None:  # collect calls it under its lock
+            if what in ("done", "unreachable"):
+                answered.add(host)
+            if what == "unreachable":
+                unreachable.add(host)
+            reporter.event(Event("hosts", len(answered), total, f"{host}: {what}"))
 
-class LiveHosts:
-    """A live line per host on a terminal (counts and the latest changes for many hosts)."""
-
-    def __init__(self, hosts: list[str], out: Console) -> None:
-        from rich.live import Live
-
-        self.state = dict.fromkeys(hosts, "waiting")
-        self.recent: list[str] = []
-        self.live = Live(self.render(), console=out, transient=True, refresh_per_second=8)
-
-    def __enter__(self) -> LiveHosts:
-        self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.live.__exit__(None, None, None)
-
-    def update(self, host: str, what: str) -> None:
-        self.state[host] = what
-        self.recent = [*[h for h in self.recent if h != host][-(LIVE_MAX_ROWS // 2 - 1):], host]
-        self.live.update(self.render())
-
-    def render(self) -> Any:
-        from rich.table import Table
-
-        table = Table.grid(padding=(0, 2))
-        if len(self.state) <= LIVE_MAX_ROWS:
-            for host, what in self.state.items():
-                table.add_row(host, f"[dim]{what}[/dim]")
-            return table
-        counts: dict[str, int] = {}
-        for what in self.state.values():
-            counts[what] = counts.get(what, 0) + 1
-        table.add_row(f"{len(self.state)} hosts", ", ".join(f"{n} {w}" for w, n in counts.items()))
-        for host in self.recent:
-            table.add_row(host, f"[dim]{self.state[host]}[/dim]")
-        return table
+        reporter.event(Event("hosts", 0, total))
+        facts = collect(hosts, connect, options, fanout=fanout, progress=update)
+        reporter.event(Event("hosts", total - len(unreachable), total, ended=True, failed=bool(unreachable),
+                             text=f"{len(unreachable)} cannot be reached" if unreachable else ""))
+    return facts
 
 
 def report(facts: DoctorFacts, checks: tuple[Check, ...], list_orphans: bool, json_output: bool,

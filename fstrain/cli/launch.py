@@ -161,10 +161,13 @@ def run_launch(request: LaunchRequest, *, dry_run: bool, json_output: bool) -> i
         return 0
     if prepared.allocation is not None and not json_output:
         console().print(f"[dim]Slurm job {prepared.allocation.job_id}: every node runs its part as an srun step[/dim]")
+    from fstrain.cli.progress_output import progress_reporter
+
     # GuardedStream writes and flushes like the stream it guards.
     out = cast(TextIO, GuardedStream(*((sys.stderr, "stderr") if json_output else (sys.stdout, "stdout"))))
-    launched = launch(prepared, out=out, report=lambda line: console().print(line, markup=False),
-                      color=sys.stdout.isatty() and not json_output)
+    with progress_reporter() as reporter:  # the stages on stderr: live on a terminal, else plain lines
+        launched = launch(prepared, out=reporter.routed(out), report=reporter,
+                          color=sys.stdout.isatty() and not json_output)
     if request.run.detach:
         print_detached(launched, json_output)
         return 0

@@ -50,9 +50,16 @@ def run_trace(result: PlanResult, plan_model: PlanModel, cluster: PlanCluster) -
     from fstrain.train.trace import check_traceable
 
     check_traceable(plan)  # before torch is imported
-    from fstrain.train.trace import trace_plan
+    from fstrain.cli.progress_output import progress_reporter
+    from fstrain.core.progress import Event
 
-    traced = trace_plan(plan, render_fsdp(plan).config)
+    with progress_reporter() as reporter:
+        reporter.event(Event("trace", text="importing torch"))
+        from fstrain.train.trace import trace_plan
+
+        traced = trace_plan(plan, render_fsdp(plan).config,
+                            progress=lambda text: reporter.event(Event("trace", text=text)))
+        reporter.event(Event("trace", ended=True, text=f"{traced.seconds:.0f} s"))
     analytic = analytic_categories(chosen)
     analytic_total = sum(analytic.values())
     notes = []

@@ -15,6 +15,7 @@ import typer
 from fstrain.cli import hostopts
 from fstrain.cli.launch_output import describe_failure, describe_state
 from fstrain.cli.output import console, print_json
+from fstrain.cli.watch_output import duration
 
 if TYPE_CHECKING:
     from fstrain.api.runs import Access, Outputs, Run
@@ -47,12 +48,6 @@ def _open(run: str, ssh_config: str | None, accept_new_hosts: bool, python: str)
     from fstrain.api.runs import open_run
 
     return open_run(run, _access(ssh_config, accept_new_hosts, python))
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 # -- fstrain runs -------------------------------------------------------------------------------
@@ -107,7 +102,7 @@ def runs_command(
     for row in rows:
         table.add_row(row["run_id"], row["state"], "" if row["exit_code"] is None else str(row["exit_code"]),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"])) if row["started"] else "",
-                      _duration(row["seconds"] or 0), ",".join(row["nodes"]),
+                      duration(row["seconds"] or 0), ",".join(row["nodes"]),
                       row.get("mode") or ("detached" if row["detached"] else "attached"),
                       describe_failure(row["first_failure"]) if row.get("first_failure") else "")
     console().print(table if rows else "no runs" + ("" if all_runs else " running (--all lists finished ones)"))
@@ -166,13 +161,22 @@ def status_command(
     accept_new_hosts: bool = hostopts.ACCEPT_NEW,
     python: str = PYTHON,
     json_output: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    watch: bool = typer.Option(False, "--watch", help="A live view, redrawn until the run ends (Ctrl-C stops "
+                               "watching; the run goes on)."),
+    interval: float = typer.Option(2.0, "--interval", min=0.5, help="--watch: seconds between refreshes."),
 ) -> None:
     """A run's state per node and per rank: alive, last output, last step/loss/tokens/s, GPUs."""
     from rich.table import Table
 
     from fstrain.core.launch.gpuusage import usage_cell
+    from fstrain.errors import InputError
 
+    if watch and json_output:
+        raise InputError("--watch draws a live view for a terminal and --json prints one document",
+                         "leave out one of them (`status RUN --json` repeated gives the documents)", "--watch")
     handle = _open(run, ssh_config, accept_new_hosts, python)
+    if watch:
+        _watch(handle, interval)
     record = handle.record
     document = handle.status()
     if json_output:
@@ -209,6 +213,25 @@ def status_command(
                           str(progress.get("step") or ""), str(progress.get("loss") or ""),
                           f"{progress['tokens_per_s']:,.0f}" if progress.get("tokens_per_s") else "", gpus)
     out.print(table)
+
+
+def _watch(handle: Run, interval_s: float) -> None:
+    """The live view until the run ends (exit: the run's exit code, 1 for a run that ended
+    without one unless it succeeded); Ctrl-C exits 0 and leaves the run alone."""
+    from fstrain.cli.watch_output import watch_run
+
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        view = watch_run(handle, interval_s)
+    except KeyboardInterrupt:
+        console().print(f"stopped watching run {handle.run_id}; it goes on (`fstrain status {handle.run_id} "
+                        "--watch`)", markup=False)
+        raise typer.Exit(0) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    code = view.exit_code if view.exit_code is not None else 0 if view.state == "succeeded" else 1
+    raise typer.Exit(code)
 
 
 # -- fstrain logs / attach ----------------------------------------------------------------------

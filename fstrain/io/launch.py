@@ -60,6 +60,7 @@ from fstrain.core.launch.supervisor import (
     Limits,
     Supervisor,
 )
+from fstrain.core.progress import Event, RunStages
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, slurm_cancel_reason
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
@@ -276,6 +277,8 @@ class RunOptions:
     # Inside a Slurm job: why Slurm ended it ("cancelled by Slurm (scancel)"), None while it runs.
     # Asked on fstrain's own SIGTERM and when the run ends.
     ended_by_slurm: Callable[[], str | None] | None = None
+    progress: Callable[[Event], None] | None = None  # the stages: nodes up, first step, measurements
+    first_step: bool = True  # a training job: waiting for its first step is a stage of the progress
 
 
 @dataclass
@@ -354,13 +357,16 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
     stop = _Stop()
     previous = {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.time()
+    stages = RunStages(len(nodes), options.progress, options.first_step)
     try:
+        stages.begin()
         for index, node in enumerate(nodes):
             _start_node(node, connect, python, options, events, prewarmed[index] if prewarmed else None)
         threading.Thread(target=_heartbeats, args=(nodes, events, options), daemon=True).start()
         hangs = HangReports(options.run_dir)
-        run = _watch(nodes, events, stop, logs, secrets, options, hangs)
+        run = _watch(nodes, events, stop, logs, secrets, options, hangs, stages)
     finally:
+        stages.end()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for node in nodes:
@@ -485,7 +491,7 @@ def _check_alive(node: NodeState, alive: Callable[[float], bool], events: queue.
 
 
 def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]], stop: _Stop, logs: _Logs,
-           secrets: Sequence[str], options: RunOptions, hangs: HangReports) -> Supervisor:
+           secrets: Sequence[str], options: RunOptions, hangs: HangReports, stages: RunStages) -> Supervisor:
     """Feed the supervisor what the nodes and the user do, and carry out what it decides,
     until every node has ended."""
     clock = time.monotonic
@@ -521,8 +527,10 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             if why and run.reason != why and run.state not in ASKED_STOPS:  # Slurm signals every process itself
                 run.ended_outside("cancelled", why, EXIT_SIGTERM, clock())
             node.reader.feed(b)
-            if split_rank_prefix(b)[0] is not None:
+            local_rank, text = split_rank_prefix(b)
+            if local_rank is not None:
                 run.output(clock())
+            stages.line(rank, local_rank is not None, text)
             _emit(node, a, redact(b, secrets), logs, options)
         elif kind in ("exit", "lost") and node is not None and not node.done:
             _show(node, node.launch.host.name, node.noise.flush(), options)

@@ -40,6 +40,7 @@ from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.core.launch.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes
+from fstrain.core.progress import Event
 from fstrain.core.slurm.job import JOB_DIR_PREFIX, TIME_LIMIT_MARKER, job_dir_name
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
@@ -85,10 +86,15 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
                               "names": [other.host.name for other in launches], **detach}
         return (json.dumps(document) + "\n").encode()
 
+    total, lock = len(launches), threading.Lock()
+    report = options.progress or (lambda event: None)
+    report(Event("start", 0, total, "node 0 (the coordinator)"))
     first = _start_one(launches[0], connect, python,
                        header(launches[0], {"role": "coordinator", "bind": rendezvous.master_addr}))
     answers: list[dict[str, Any]] = [first] + [{}] * (len(launches) - 1)
     coordinator_started(list(answers))
+    started = [launches[0].host.label()]
+    report(Event("start", 1, total, started[0]))
     member = {"role": "member", "coordinator": [rendezvous.master_addr, first["port"]]}
 
     def one(index: int) -> None:
@@ -96,6 +102,9 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
             answers[index] = _start_one(launches[index], connect, python, header(launches[index], member))
         except FstrainError as exc:
             answers[index] = {"error": exc.message}
+        with lock:
+            started.append(launches[index].host.label())
+            report(Event("start", len(started), total, started[-1]))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(1, len(launches))]
     for thread in threads:
@@ -103,6 +112,8 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     for thread in threads:
         thread.join()
     failed = [f"{launches[i].host.label()}: {a['error']}" for i, a in enumerate(answers) if "error" in a]
+    report(Event("start", total - len(failed), total, f"{len(failed)} failed" if failed else "", ended=True,
+                 failed=bool(failed)))
     if failed:  # the coordinator tears the others down when they do not join; do it now
         stop_on_node(connect, launches[0].host, python, watchdog_header(launches[0], options)["run_dir"], "term")
         raise LaunchError("the detached run could not start: " + "; ".join(failed),

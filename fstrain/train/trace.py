@@ -27,7 +27,7 @@ trace runs attention without dropout, as the GPU kernel stores nothing for it.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -105,15 +105,23 @@ def check_traceable(plan: PlanFile) -> None:
         )
 
 
-def trace_plan(plan: PlanFile, fsdp: Mapping[str, Any], full_depth_limit: int = FULL_DEPTH_LIMIT) -> TracedMemory:
+def trace_plan(plan: PlanFile, fsdp: Mapping[str, Any], full_depth_limit: int = FULL_DEPTH_LIMIT,
+               progress: Callable[[str], None] | None = None) -> TracedMemory:
     """Trace ``plan`` (checked by :func:`check_traceable`) with its rendered FSDP file ``fsdp``;
-    models deeper than ``full_depth_limit`` periods of the AC policy are extrapolated."""
+    models deeper than ``full_depth_limit`` periods of the AC policy are extrapolated.
+    ``progress`` hears each depth as its trace begins."""
     check_traceable(plan)
     started = time.monotonic()
     period = max(1, every_k(plan.knobs.activation_checkpointing))
     layers = plan.model.num_layers
     units, rest = divmod(layers, period)
-    run = _Tracer(plan, fsdp)
+    tracer = _Tracer(plan, fsdp)
+
+    def run(depth: int) -> dict[str, dict[str, int]]:
+        if progress is not None:
+            progress(f"at {depth} of {layers} blocks")
+        return tracer(depth)
+
     if units <= max(full_depth_limit, 4):
         moments = run(layers)
         return _peak(moments, (layers,), False, time.monotonic() - started)

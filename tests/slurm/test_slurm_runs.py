@@ -190,3 +190,18 @@ def test_stop_of_a_job_whose_ranks_ignore_sigterm_kills_it_after_the_grace(slurm
     status = json.loads(fstrain(slurm, tmp_path, "status", run_id, "--json").stdout)
     assert [n["exit_code"] for n in status["nodes"]] == [137, 137]  # each node's step got SIGKILL
     assert scontrol_job(slurm, tmp_path, job_id).state == "CANCELLED"  # then Slurm's cancellation
+
+
+def test_status_watch_follows_a_slurm_run_to_its_end(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """`status --watch` of a Slurm run, stderr a pipe: a plain line per refresh with the run's step
+    (every rank prints its steps), nothing on stdout, and the run's exit code at its end."""
+    run_id, _ = submit(slurm, tmp_path, tmp_path / "run", "STEPS=16")
+    watch = fstrain(slurm, tmp_path, "status", run_id, "--watch", "--interval", "1", timeout=300)
+    assert watch.returncode == 0, watch.stderr[-3000:]
+    assert watch.stdout == ""
+    lines = watch.stderr.splitlines()
+    assert all(line.startswith(f"run {run_id}: ") for line in lines), lines
+    assert lines[-1] == f"run {run_id}: succeeded, exit 0; step 16/16 (100%)", lines
+    seen = {int(m.group(1)) for m in re.finditer(r"running; step (\d+)/16 ", watch.stderr)}
+    assert seen and min(seen) < 16, lines  # it was watched while it ran
+    assert_nodes_idle(slurm, 30)

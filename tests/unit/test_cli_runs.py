@@ -144,3 +144,31 @@ def test_a_detached_run_recorded_before_node_0_answered(tmp_path: Path) -> None:
                               (DetachedNode(Host("gpu-a"), 0, 2, 0, "/runs/x0", 99, 100), nodes[1]))
     entry = IndexEntry(detached.run_id, str(tmp_path), True, time.time(), os.getpid())
     assert run_state(RunRecord(detached.run_id, tmp_path, answered, None, entry), nothing).state == "lost"
+
+
+def test_watch_reads_the_last_lines_of_local_log_files(tmp_path: Path) -> None:
+    """An attached or Slurm run's output is read from files here, a chunk of lines at a time:
+    the live view finds each line's numbers all the same."""
+    from typing import Any, cast
+
+    from fstrain.api.runs import Run
+    from fstrain.cli.watch_output import plain_line, read_view
+    from fstrain.core.launch.watch import Watch
+    from fstrain.io.logs import FileOutputs
+
+    log = tmp_path / "h.log"
+    log.write_text("".join(f"[h r0] [fstrain.train] step {i}/10 loss 1.0 tokens/s 5\n" for i in range(1, 5)))
+
+    class Handle:
+        def status(self) -> dict[str, Any]:
+            return {"run_id": "r", "state": "running", "nodes": [{"host": "h", "node_rank": 0, "ranks": []}]}
+
+    view = read_view(cast(Run, Handle()), FileOutputs(lambda: [log]), Watch())
+    assert view.step == 4 and [(r.host, r.rank) for r in view.rows] == [("h", 0)]
+    assert plain_line(view) == "run r: running; step 4/10 (40%)"
+
+
+def test_watch_with_json_is_one_line_and_exit_2() -> None:
+    result = run_fstrain("status", "some-run", "--watch", "--json")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: --watch: --watch draws a live view") and result.stderr.count("\n") == 1
