@@ -90,3 +90,11 @@ def test_a_lost_rendezvous_store_folds_even_before_the_launcher_stops() -> None:
     out += noise.flush()
     assert not any(line.startswith(("frame #", "Traceback", "  File", "Exception raised")) for line in out)
     assert out[-1].startswith("torchrun: torch.distributed.elastic.rendezvous.api.RendezvousConnectionError")
+
+
+def test_metric_lines_are_left_off_the_terminal_and_other_rank_lines_kept() -> None:
+    noise = NodeNoise()
+    lines = ['[default0]:FSTRAIN_METRICS {"v":1,"step":1,"loss":6.2}', "[default0]:[fstrain.train] step 1/20 loss 6.2",
+             '  FSTRAIN_METRICS {"step": 2}', "[default1]:my FSTRAIN_METRICS note, mid-line"]
+    out = [text for line in lines for text in noise.feed(*split_rank_prefix(line))]
+    assert out == ["[fstrain.train] step 1/20 loss 6.2", "my FSTRAIN_METRICS note, mid-line"]

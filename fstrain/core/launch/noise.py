@@ -9,7 +9,9 @@ and chained tracebacks: such a traceback (and, once the launcher is tearing the 
 traceback) folds into its exception line; the frame dumps are left out (the line before each
 says what failed).
 ``NodeNoise`` folds each of these into at most one line and remembers which local rank failed,
-so the summary can show that rank's own last lines. Everything still goes to the log files;
+so the summary can show that rank's own last lines. A rank's metric lines
+(:mod:`fstrain.core.launch.metricline`: one JSON line per rank and step) are left out too:
+``status --watch`` and ``fstrain report`` read them. Everything still goes to the log files;
 only the terminal is spared. Pure: lines in, lines out.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from fstrain.core.launch.metricline import PREFIX as METRIC_PREFIX
 from fstrain.core.launch.rankexit import FailureReportReader, RankFailure
 
 IGNORED = (
@@ -44,6 +47,8 @@ class NodeNoise:
     rules_seen: int = 0  # "=====" lines seen in that report
 
     def feed(self, local_rank: int | None, text: str) -> list[str]:
+        if text.lstrip().startswith(METRIC_PREFIX):  # for the live view, the report and the logs, not for reading
+            return []
         if local_rank is not None:  # a rank's own line: always shown
             return [text]
         if self.block:
