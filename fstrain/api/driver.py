@@ -10,6 +10,12 @@
    here; detached: node 0's coordinator, the same rules there);
 7. collect and the manifest (RUN_DIR/manifest.json).
 
+With a recovery policy (``--on-failure restart|exclude``, fstrain/core/launch/recovery.py),
+``drive_attempts`` runs these stages once per attempt: after a failed one it diagnoses who is
+at fault, then stops, or starts the same hosts again, or the hosts left once the guilty ones
+are excluded (spares taking their places), every rank told the checkpoint directory and the
+restart count; the manifest lists every attempt.
+
 `fstrain launch` (attached, detached, inside an allocation) and `fstrain bench` are jobs this
 driver runs; the job is the only part that differs.
 """
@@ -25,6 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.recovery import Attempt, Checkpoints, Diagnosis, Policy, steps_lost
 from fstrain.core.launch.spec import NodeLaunch
 from fstrain.io.fanout import HostPool
 from fstrain.io.launch import (
@@ -70,6 +77,10 @@ class DriveRequest:
     color: bool = False
     out: TextIO = sys.stdout  # the ranks' lines
     slurm_job_id: str | None = None  # inside a Slurm allocation: the job, asked whether Slurm ended it
+    # Recovery (drive_attempts): every rank gets FSTRAIN_CHECKPOINT_DIR (this, or "" for node 0's
+    # RUN_DIR/checkpoints) and FSTRAIN_RESTART; None: neither (a run without a recovery policy).
+    checkpoint_dir: str | None = None
+    restart: int = 0  # FSTRAIN_RESTART: 0 for the first attempt
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,8 @@ class Checked:
     facts: list[HostFacts]
     rendezvous: Rendezvous
     run_dirs: list[str]
+    checkpoint_dir: str | None = None  # where the ranks checkpoint (a recovering run), absolute
+    restart: int = 0  # the attempt's restart count (0: the first attempt)
 
 
 @dataclass(frozen=True)
@@ -116,8 +129,11 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
             rendezvous = choose_rendezvous(pool, connect, facts, request.python, request.run_id, request.master_port)
             run_dirs = [remote_run_dir(h, f.info.get("home"), request.run_id, request.run_dir)
                         for h, f in zip(hosts, facts, strict=True)]
-            checked = Checked(facts, rendezvous, run_dirs)
-            node_job = job(checked)
+            checkpoint_dir = request.checkpoint_dir
+            if checkpoint_dir == "":
+                checkpoint_dir = f"{run_dirs[0]}/checkpoints"
+            checked = Checked(facts, rendezvous, run_dirs, checkpoint_dir, request.restart)
+            node_job = with_recovery_env(job(checked), checked)
             options = RunOptions(run_id=request.run_id, run_dir=request.run_dir, grace_s=request.grace_s,
                                  heartbeat_timeout_s=request.heartbeat_timeout_s, workdir=workdir,
                                  node_run_dirs=run_dirs, node_files=node_job.node_files, color=request.color,
@@ -137,6 +153,18 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                     node.close()
     manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, checked, node_job), outcome)
     return Driven(checked, node_job, outcome, manifest, started)
+
+
+def with_recovery_env(node_job: NodeJob, checked: Checked) -> NodeJob:
+    """Every rank told where checkpoints go and which restart this is (docs/recovery.md)."""
+    if checked.checkpoint_dir is None:
+        return node_job
+    from dataclasses import replace
+
+    from fstrain.core.launch.recovery import CHECKPOINT_DIR_ENV, RESTART_ENV
+
+    added = {CHECKPOINT_DIR_ENV: checked.checkpoint_dir, RESTART_ENV: str(checked.restart)}
+    return replace(node_job, launches=[replace(launch, env={**launch.env, **added}) for launch in node_job.launches])
 
 
 def slurm_ended(job_id: str | None) -> Callable[[], str | None] | None:
@@ -179,3 +207,173 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     write_json(request.run_dir / "manifest.json", manifest)
     outcome = RunOutcome(0, "detached", None, [], started, time.time())
     return Driven(checked, node_job, outcome, manifest, started, answers)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """A run's recovery policy and what it works with (docs/recovery.md)."""
+
+    policy: Policy
+    spares: tuple[Host, ...] = ()  # hostfile hosts marked spare: not in the first world
+    checkpoint_dir: str = ""  # "": node 0's RUN_DIR/checkpoints (found at the first attempt)
+    diagnose: Callable[[RunOutcome, Sequence[str]], Diagnosis] | None = None  # default: attempt_diagnosis
+
+
+def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
+                   job: Callable[[Checked], NodeJob], recovery: Recovery, report: Report) -> Driven:
+    """``drive`` once per attempt until one succeeds, is stopped, or the policy says stop; the
+    last attempt's result, its manifest listing every attempt. An attempt that cannot start
+    (a host that no longer answers the checks) ends the run with the last failure's code."""
+    from dataclasses import replace
+
+    from fstrain.core.launch.recovery import decide
+    from fstrain.errors import FstrainError
+
+    hosts, spares = list(request.hosts), list(recovery.spares)
+    attempts: list[Attempt] = []
+    checkpoint_dir, before = recovery.checkpoint_dir, Checkpoints()
+    previous: Driven | None = None
+    while True:
+        number = len(attempts) + 1
+        mark_attempt(request, number, hosts)
+        attempt_request = replace(request, hosts=tuple(hosts), record=request.record and number == 1,
+                                  checkpoint_dir=checkpoint_dir, restart=number - 1)
+        try:
+            driven = drive(attempt_request, connect, job)
+        except FstrainError as exc:
+            if previous is None:
+                raise
+            why = f"attempt {number} could not start: {exc.message}"
+            report(why)
+            attempts[-1] = replace(attempts[-1], next_action="stop", next_why=why)
+            return finish_attempts(request, previous, attempts)
+        checkpoint_dir = driven.checked.checkpoint_dir or ""
+        outcome = driven.outcome
+        named = [h.name for h in hosts]
+        diagnose = recovery.diagnose or attempt_diagnosis
+        failed = outcome.exit_code != 0 and outcome.reason not in ("interrupted", "terminated", "cancelled")
+        diagnosis = diagnose(outcome, named) if failed else None
+        after = _checkpoints(hosts, outcome, connect, request.python, checkpoint_dir)
+        next_ = decide(recovery.policy, number - 1, named, [s.name for s in spares], diagnosis) if diagnosis else None
+        attempts.append(Attempt(
+            number=number, hosts=tuple(named), started=outcome.started, ended=outcome.ended,
+            exit_code=outcome.exit_code, reason=outcome.reason, detail=outcome.detail, verdict=diagnosis,
+            excluded=next_.excluded if next_ else (), spares_used=next_.spares_used if next_ else (),
+            next_action=next_.action if next_ else "stop", next_why=next_.why if next_ else "",
+            resumed_from=before.step if number > 1 else None, last_checkpoint=after.step,
+            progress=after.newer_than(before) if number > 1 else None,
+            recover_s=round(outcome.started - previous.outcome.ended, 3) if previous else None,
+            steps_lost=steps_lost(last_step(outcome), after.step) if failed else None))
+        if next_ is None or next_.action == "stop":
+            if next_ is not None and failed:
+                report(f"attempt {number} failed ({outcome.detail or outcome.reason}); {next_.why}: the run ends "
+                       f"with exit code {outcome.exit_code}")
+            return finish_attempts(request, driven, attempts)
+        report(restart_line(attempts[-1], next_.hosts, before))
+        by_name = {h.name: h for h in [*hosts, *spares]}
+        hosts = [by_name[name] for name in next_.hosts]
+        spares = [s for s in spares if s.name not in next_.spares_used]
+        before, previous = after, driven
+        interim_manifest(request, driven, attempts)
+
+
+def attempt_diagnosis(outcome: RunOutcome, hosts: Sequence[str]) -> Diagnosis:
+    """Who is at fault for a failed attempt, from how its nodes ended."""
+    from fstrain.core.launch.recovery import interim_diagnosis
+
+    lost = [n.launch.host.name for n in outcome.nodes if n.exit_code is None and n.error]
+    # Each node's failed rank's own code where the launcher named it (torchrun itself exits 1,
+    # torn down or not), else the node's.
+    exits = [(n.launch.host.name, n.failure.exit_code if n.failure is not None else n.exit_code)
+             for n in outcome.nodes if n.exit_code not in (None, 0)]
+    first = outcome.nodes[outcome.first_failure].launch.host.name if outcome.first_failure is not None else None
+    return interim_diagnosis(hosts, lost, exits, first)
+
+
+def last_step(outcome: RunOutcome) -> int | None:
+    """The highest step any rank reported (its metric line) among the nodes' last lines."""
+    from fstrain.core.launch.metricline import parse_metric_line
+
+    steps = []
+    for node in outcome.nodes:
+        for line in node.tail:
+            _, _, text = line.partition("] ")
+            metrics = parse_metric_line(text)
+            if metrics is not None:
+                steps.append(metrics.step)
+    return max(steps) if steps else None
+
+
+def _checkpoints(hosts: Sequence[Host], outcome: RunOutcome, connect: Callable[[Host], Transport], python: str,
+                 directory: str) -> Checkpoints:
+    """The checkpoint folder as a host that still answers sees it (the first in rank order)."""
+    from fstrain.errors import FstrainError
+    from fstrain.io.checkpoints import read_checkpoints
+
+    lost = {n.launch.host.name for n in outcome.nodes if n.exit_code is None and n.error}
+    for host in hosts:
+        if host.name in lost:
+            continue
+        try:
+            transport = connect(host)
+        except FstrainError:
+            continue
+        try:
+            return read_checkpoints(transport, python, directory)
+        finally:
+            transport.close()
+    return Checkpoints()
+
+
+def restart_line(attempt: Attempt, hosts: Sequence[str], before: Checkpoints) -> str:
+    """What the user reads when an attempt failed and the next starts."""
+    verdict = attempt.verdict
+    out = f"; excluded {', '.join(attempt.excluded)}" if attempt.excluded else ""
+    spares = f"; spare {', '.join(attempt.spares_used)} in" if attempt.spares_used else ""
+    resume = (f"resuming from step {attempt.last_checkpoint}" if attempt.last_checkpoint is not None
+              else "no checkpoint to resume from: starting over")
+    progress = ("" if attempt.progress is not False
+                else f"; no checkpoint newer than at its start (step {before.step}): this restart made no progress")
+    return (f"attempt {attempt.number} failed ({attempt.detail or attempt.reason}); verdict "
+            f"{verdict.kind if verdict else '-'}: {verdict.why if verdict else ''}{out}{spares}{progress}; "
+            f"attempt {attempt.number + 1} on {len(hosts)} nodes ({', '.join(hosts)}), {resume}")
+
+
+def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> None:
+    """The attempt's first line on the terminal and in every log file of the run."""
+    from fstrain.core.launch.recovery import attempt_banner
+    from fstrain.io.localout import describe, warn
+
+    line = attempt_banner(number, [h.name for h in hosts])
+    request.out.write(line + "\n")
+    request.out.flush()
+    folder = request.run_dir / "logs"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        names = {p.name for p in folder.glob("*.log")} | {f"{h.name}.log" for h in hosts}
+        for name in sorted(names):
+            with (folder / name).open("a") as handle:
+                handle.write(line + "\n")
+    except OSError as exc:
+        warn(f"cannot mark attempt {number} in {folder} ({describe(exc)})")
+
+
+def interim_manifest(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> None:
+    """Between attempts: the manifest lists the attempts so far, and the run has not ended."""
+    from fstrain.io.runs import write_json
+
+    driven.manifest.update(ended=None, reason="restarting", attempts=[a.to_dict() for a in attempts])
+    write_json(request.run_dir / "manifest.json", driven.manifest)
+
+
+def finish_attempts(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> Driven:
+    """The run's manifest as its last attempt ended, with every attempt listed."""
+    from fstrain.io.runs import write_json
+
+    last = attempts[-1]
+    driven.manifest.update(attempts=[a.to_dict() for a in attempts], exit_code=last.exit_code,
+                           ended=driven.outcome.ended or time.time())
+    if driven.manifest.get("reason") == "restarting":
+        driven.manifest["reason"] = driven.outcome.reason
+    write_json(request.run_dir / "manifest.json", driven.manifest)
+    return driven

@@ -1,0 +1,109 @@
+"""The recovery policy on values: what follows a failed attempt, who is blamed from how the
+nodes ended, checkpoints and their progress, the attempt's line; and its flags' checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from fstrain.core.launch.recovery import (
+    Attempt,
+    Checkpoints,
+    Diagnosis,
+    Policy,
+    attempt_banner,
+    checkpoint_step,
+    decide,
+    describe_attempt,
+    interim_diagnosis,
+    steps_lost,
+)
+from fstrain.errors import InputError
+from tests.helpers import run_fstrain
+
+HOSTS = ("n1", "n2", "n3", "n4")
+LOST_N3 = Diagnosis("hardware", ("n3",), "n3 stopped answering")
+
+
+def test_stop_never_restarts() -> None:
+    assert decide(Policy(), 0, HOSTS, (), LOST_N3).action == "stop"
+
+
+def test_restart_keeps_the_hosts_and_exclude_takes_the_suspect_out() -> None:
+    restarted = decide(Policy("restart", 2), 0, HOSTS, (), LOST_N3)
+    assert (restarted.action, restarted.hosts, restarted.excluded) == ("restart", HOSTS, ())
+    excluded = decide(Policy("exclude", 2), 0, HOSTS, (), LOST_N3)
+    assert (excluded.action, excluded.hosts, excluded.excluded) == ("restart", ("n1", "n2", "n4"), ("n3",))
+
+
+def test_a_spare_takes_the_excluded_hosts_place_and_rank() -> None:
+    chosen = decide(Policy("exclude", 2), 0, HOSTS, ("s1", "s2"), LOST_N3)
+    assert chosen.hosts == ("n1", "n2", "s1", "n4") and chosen.spares_used == ("s1",)
+
+
+def test_an_application_error_is_never_restarted() -> None:
+    chosen = decide(Policy("exclude", 5), 0, HOSTS, (), Diagnosis("application", (), "every rank exited 1"))
+    assert chosen.action == "stop" and "no restart" in chosen.why
+
+
+def test_budget_and_min_nodes_end_the_run() -> None:
+    spent = decide(Policy("restart", 1), 1, HOSTS, (), LOST_N3)
+    assert spent.action == "stop" and "restart budget is spent (1 of --max-restarts 1)" in spent.why
+    small = decide(Policy("exclude", 3, min_nodes=4), 0, HOSTS, (), LOST_N3)
+    assert small.action == "stop" and "3 nodes left after excluding n3, fewer than --min-nodes 4" in small.why
+
+
+def test_policy_values_are_checked() -> None:
+    with pytest.raises(InputError, match="--on-failure must be one of stop, restart, exclude"):
+        Policy("retry")
+    with pytest.raises(InputError, match="--min-nodes >= 1"):
+        Policy("exclude", 1, 0)
+
+
+def test_blame_from_how_the_nodes_ended() -> None:
+    assert interim_diagnosis(HOSTS, ["n2"], [("n1", 1)], "n1").suspects == ("n2",)
+    same = interim_diagnosis(HOSTS[:2], [], [("n1", 1), ("n2", 1)], "n1")
+    assert same.kind == "application"
+    one = interim_diagnosis(HOSTS[:2], [], [("n2", 3)], "n2")
+    assert (one.kind, one.suspects) == ("unknown", ("n2",))
+    signalled = interim_diagnosis(HOSTS[:2], [], [("n1", 137), ("n2", 137)], "n1")
+    assert signalled.kind == "unknown"  # killed on both: not the program's own error
+
+
+def test_checkpoints_and_progress() -> None:
+    assert checkpoint_step(["step_0000003", "step_0000012", "latest", "step_0000006.tmp"]) == 12
+    assert checkpoint_step([]) is None
+    assert Checkpoints(6).newer_than(Checkpoints(3)) and not Checkpoints(3).newer_than(Checkpoints(3))
+    assert Checkpoints(None, 20.0).newer_than(Checkpoints(None, 10.0))
+    assert not Checkpoints().newer_than(Checkpoints())
+    assert steps_lost(8, 6) == 2 and steps_lost(2, None) == 2 and steps_lost(None, 6) is None
+
+
+def test_attempt_lines() -> None:
+    assert attempt_banner(2, ["n1", "n2"]) == "==== attempt 2 (hosts n1,n2) ===="
+    attempt = Attempt(1, HOSTS, 0.0, 5.0, 255, "lost", verdict=LOST_N3, excluded=("n3",), next_action="restart",
+                      last_checkpoint=6, steps_lost=2)
+    line = describe_attempt(attempt.to_dict())
+    assert line == ("attempt 1: n1,n2,n3,n4; lost (exit 255); verdict hardware: n3 stopped answering; excluded n3; "
+                    "last checkpoint step 6; 2 steps lost; then restarted")
+
+
+def test_detached_recovery_is_refused_in_one_line() -> None:
+    result = run_fstrain("launch", "--dry-run", "--hosts", "a,b", "--detach", "--on-failure", "restart", "--",
+                         "python3", "t.py")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --detach: --on-failure restart needs the launcher")
+    assert result.stderr.count("\n") == 1
+
+
+def test_unknown_policy_is_one_line() -> None:
+    result = run_fstrain("launch", "--dry-run", "--hosts", "a,b", "--on-failure", "retry", "--", "python3", "t.py")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--on-failure must be one of stop, restart, exclude" in result.stderr
+
+
+def test_recovery_keeps_torchrun_static_and_dry_run_shows_it() -> None:
+    result = run_fstrain("launch", "--dry-run", "--hosts", "a,b", "--nproc-per-node", "1", "--on-failure", "restart",
+                         "--max-restarts", "3",
+                         "--", "python3", "t.py")
+    assert result.returncode == 0, result.stderr
+    assert "--max-restarts 0" in result.stdout or "--max-restarts=0" in result.stdout
