@@ -235,7 +235,7 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
     previous: Driven | None = None
     while True:
         number = len(attempts) + 1
-        mark_attempt(request, number, hosts)
+        offsets = mark_attempt(request, number, hosts)
         attempt_request = replace(request, hosts=tuple(hosts), record=request.record and number == 1,
                                   checkpoint_dir=checkpoint_dir, restart=number - 1)
         try:
@@ -263,7 +263,7 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
             resumed_from=before.step if number > 1 else None, last_checkpoint=after.step,
             progress=after.newer_than(before) if number > 1 else None,
             recover_s=round(outcome.started - previous.outcome.ended, 3) if previous else None,
-            steps_lost=steps_lost(last_step(outcome), after.step) if failed else None))
+            steps_lost=steps_lost(last_step(request.run_dir / "logs", offsets), after.step) if failed else None))
         if next_ is None or next_.action == "stop":
             if next_ is not None and failed:
                 report(f"attempt {number} failed ({outcome.detail or outcome.reason}); {next_.why}: the run ends "
@@ -290,17 +290,26 @@ def attempt_diagnosis(outcome: RunOutcome, hosts: Sequence[str]) -> Diagnosis:
     return interim_diagnosis(hosts, lost, exits, first)
 
 
-def last_step(outcome: RunOutcome) -> int | None:
-    """The highest step any rank reported (its metric line) among the nodes' last lines."""
+def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:
+    """The highest step any rank reported in this attempt: its metric lines, or the bundled
+    trainer's progress lines, in the hosts' log files from where the attempt began."""
     from fstrain.core.launch.metricline import parse_metric_line
+    from fstrain.core.launch.runstate import parse_progress
 
     steps = []
-    for node in outcome.nodes:
-        for line in node.tail:
-            _, _, text = line.partition("] ")
-            metrics = parse_metric_line(text)
-            if metrics is not None:
-                steps.append(metrics.step)
+    for name, offset in offsets.items():
+        try:
+            with (folder / name).open("rb") as handle:
+                handle.seek(offset)
+                for raw in handle:
+                    _, _, text = raw.decode(errors="replace").rstrip("\n").partition("] ")
+                    metrics = parse_metric_line(text)
+                    progress = parse_progress(text) if metrics is None else None
+                    step = metrics.step if metrics is not None else (progress or {}).get("step")
+                    if step is not None:
+                        steps.append(int(step))
+        except OSError:
+            continue
     return max(steps) if steps else None
 
 
@@ -339,8 +348,9 @@ def restart_line(attempt: Attempt, hosts: Sequence[str], before: Checkpoints) ->
             f"attempt {attempt.number + 1} on {len(hosts)} nodes ({', '.join(hosts)}), {resume}")
 
 
-def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> None:
-    """The attempt's first line on the terminal and in every log file of the run."""
+def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> dict[str, int]:
+    """The attempt's first line on the terminal and in every host's log file of the run; where
+    each host's file then ends."""
     from fstrain.core.launch.recovery import attempt_banner
     from fstrain.io.localout import describe, warn
 
@@ -348,14 +358,17 @@ def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> N
     request.out.write(line + "\n")
     request.out.flush()
     folder = request.run_dir / "logs"
+    offsets: dict[str, int] = {}
     try:
         folder.mkdir(parents=True, exist_ok=True)
         names = {p.name for p in folder.glob("*.log")} | {f"{h.name}.log" for h in hosts}
         for name in sorted(names):
             with (folder / name).open("a") as handle:
                 handle.write(line + "\n")
+                offsets[name] = handle.tell()
     except OSError as exc:
         warn(f"cannot mark attempt {number} in {folder} ({describe(exc)})")
+    return {f"{h.name}.log": offsets.get(f"{h.name}.log", 0) for h in hosts}
 
 
 def interim_manifest(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> None:

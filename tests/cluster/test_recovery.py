@@ -111,8 +111,9 @@ def test_error_on_every_rank_ends_the_run_without_a_restart(cluster: NamespaceCl
 
 
 def test_budget_spent_ends_with_the_failing_ranks_code(cluster: NamespaceCluster, tmp_path: Path) -> None:
-    launch = start_launch(cluster, *recovering(tmp_path, "node[1-2]", "--on-failure", "restart", "--max-restarts",
-                                               "1", program=("--exit-at-step", "2", "--exit-host", "node2", "--checkpoint-every", "100")))
+    launch = start_launch(cluster, *recovering(
+        tmp_path, "node[1-2]", "--on-failure", "restart", "--max-restarts", "1",
+        program=("--exit-at-step", "2", "--exit-host", "node2", "--checkpoint-every", "100")))
     code = launch.finish(timeout=120)
     assert code == 3, launch.err
     document = manifest(tmp_path)

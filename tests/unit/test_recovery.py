@@ -3,6 +3,8 @@ nodes ended, checkpoints and their progress, the attempt's line; and its flags' 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fstrain.core.launch.recovery import (
@@ -107,3 +109,17 @@ def test_recovery_keeps_torchrun_static_and_dry_run_shows_it() -> None:
                          "--", "python3", "t.py")
     assert result.returncode == 0, result.stderr
     assert "--max-restarts 0" in result.stdout or "--max-restarts=0" in result.stdout
+
+
+def test_last_step_reads_the_attempts_part_of_each_log(tmp_path: Path) -> None:
+    from fstrain.api.driver import last_step
+
+    log = tmp_path / "node1.log"
+    log.write_text("[node1 r0] [fstrain.train] step 9/20 loss 2.0000 lr 1e-3 tokens/s 100\n==== attempt 2 ====\n")
+    offset = log.stat().st_size
+    with log.open("a") as handle:
+        handle.write("[node1 r0] [fstrain.train] step 4/20 loss 3.0000 lr 1e-3 tokens/s 100\n")
+        handle.write('[node1 r1] FSTRAIN_METRICS {"step": 5}\n[node1 r0] Traceback (most recent call last):\n')
+    assert last_step(tmp_path, {"node1.log": offset}) == 5
+    assert last_step(tmp_path, {"node1.log": 0}) == 9
+    assert last_step(tmp_path, {"gone.log": 0}) is None
