@@ -135,3 +135,16 @@ def test_min_nodes_stops_the_shrinking(cluster: NamespaceCluster, tmp_path: Path
     assert only["next"] == "stop" and "fewer than --min-nodes 2" in only["next_why"]
     assert "fewer than --min-nodes 2" in launch.err
     assert_no_job_processes(cluster, GRACE_S + 8)
+
+
+def test_a_hung_rank_is_found_stalled_and_the_run_restarts(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    launch = start_launch(cluster, *recovering(
+        tmp_path, "node[1-2]", "--on-failure", "restart", "--max-restarts", "1", "--stall-timeout", "4s",
+        program=("--steps", "8", "--hang-at-step", "3", "--exit-host", "node2", "--first-attempt-only")))
+    code = launch.finish(timeout=150)
+    assert code == 0, launch.err
+    first, second = manifest(tmp_path)["attempts"]
+    assert first["exit_code"] == 124 and first["reason"] == "stalled" and first["next"] == "restart"
+    assert second["exit_code"] == 0 and second["hosts"] == ["node1", "node2"]
+    assert (tmp_path / "run" / "stacks").is_dir()
+    assert_no_job_processes(cluster, GRACE_S + 8)

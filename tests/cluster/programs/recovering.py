@@ -5,7 +5,8 @@ a recovery policy), resumes after the newest ``step_N`` folder there, prints per
 line and ``line rank=R attempt=A step=S`` (the tests count them), and rank 0 writes a ``step_N``
 folder every ``--checkpoint-every`` steps. Faults: ``--raise-at-step S`` raises on every rank
 (an application error); ``--exit-at-step S --exit-code C --exit-host H`` exits with C on host H's
-ranks at the attempt's S-th step, in every attempt or (``--first-attempt-only``) only in the first.
+ranks at the attempt's S-th step, in every attempt or (``--first-attempt-only``) only in the first;
+``--hang-at-step S`` with ``--exit-host H`` sleeps there instead (a hung rank).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ parser.add_argument("--raise-at-step", type=int, default=0)
 parser.add_argument("--exit-at-step", type=int, default=0)
 parser.add_argument("--exit-code", type=int, default=3)
 parser.add_argument("--exit-host", default="")
+parser.add_argument("--hang-at-step", type=int, default=0)
 parser.add_argument("--first-attempt-only", action="store_true")
 args = parser.parse_args()
 
@@ -46,6 +48,9 @@ for step in range(start + 1, args.steps + 1):
         while sum(n.startswith(f".at{step}.") for n in os.listdir(folder)) < int(os.environ["WORLD_SIZE"]):
             time.sleep(0.05)
         raise RuntimeError(f"rank {rank} fails at step {step} on purpose")
+    if args.hang_at_step == step - start and host == args.exit_host and not (args.first_attempt_only and attempt):
+        print(f"rank {rank} hangs at step {step} on purpose", flush=True)
+        time.sleep(3600)
     if args.exit_at_step == step - start and host == args.exit_host and not (args.first_attempt_only and attempt):
         print(f"rank {rank} exits {args.exit_code} at step {step} on purpose", flush=True)
         sys.exit(args.exit_code)
