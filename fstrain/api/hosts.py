@@ -4,14 +4,15 @@ multi-host command shares, and the Slurm allocation whose nodes run a job throug
 Order: ``--hostfile`` or ``--hosts`` (not both); else the Slurm job's nodes (inside a job,
 ``SLURM_JOB_ID`` set: as Slurm expands them, see :func:`allocation_nodes`; else
 ``SLURM_JOB_NODELIST`` as written); else localhost, said out loud. A hostfile that does not
-exist is an error, never a fallback to localhost.
+exist is an error, never a fallback to localhost. A hostfile's hosts marked ``spare=true`` are
+held back (``HostSelection.spares``): every command runs on the others.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from fstrain.core.hosts.hostfile import (
     parse_host_list,
     parse_hostfile,
     select_hosts,
+    split_spares,
     with_default_slots,
 )
 from fstrain.errors import InventoryError
@@ -31,8 +33,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class HostSelection:
-    hosts: list[Host]
+    hosts: list[Host]  # the hosts a run starts on
     source: str  # where the hosts came from, for messages
+    spares: list[Host] = field(default_factory=list)  # hostfile hosts marked spare=true, held back
 
 
 def resolve_hosts(
@@ -69,7 +72,8 @@ def resolve_hosts(
         else:
             found, source = [Host("localhost", where="default")], "localhost (no --hostfile or --hosts given)"
     found = with_default_slots(found, gpus_per_node)
-    return HostSelection(select_hosts(found, include, exclude), source)
+    world, spares = split_spares(select_hosts(found, include, exclude), source)
+    return HostSelection(world, source, spares)
 
 
 def slurm_job_hosts(environ: Mapping[str, str]) -> list[Host] | None:

@@ -155,6 +155,9 @@ def run_launch(request: LaunchRequest, *, dry_run: bool, json_output: bool) -> i
     prepared = prepare(request)
     if prepared.selection.source.startswith("localhost"):
         console().print(f"[dim]hosts: {prepared.selection.source}[/dim]")  # stderr: --json's stdout stays one doc
+    if prepared.selection.spares:
+        console().print(f"[dim]spare hosts, held back from the first world: "
+                        f"{', '.join(h.label() for h in prepared.selection.spares)}[/dim]")
     if dry_run:
         print_dry_run(prepared, json_output)
         return 0
@@ -202,6 +205,7 @@ def print_dry_run(prepared: Prepared, json_output: bool) -> None:
     if json_output:
         print_json({"run_id": prepared.run_id, "dry_run": True, "note": planned.note,
                     "master_addr": planned.master_addr, "master_port": planned.master_port,
+                    "spares": [h.label() for h in prepared.selection.spares],
                     "plan": planned.job.plan.to_dict() if planned.job.plan else None,
                     "nodes": [node_summary(launch, None) for launch in planned.launches]})
         return

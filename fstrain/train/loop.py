@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from fstrain.train.data import SyntheticData
+from fstrain.train.preempt import DEFAULT_SAVE_ESTIMATE_S, StopSignal, die_of_sigterm, should_save
 from fstrain.train.runtime import Runtime, all_reduce_max, all_reduce_mean, peak_memory, reset_peak_memory
 from fstrain.train.settings import TrainSettings
 
@@ -45,38 +46,42 @@ def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
     start_step = 0
     if settings.resume and settings.checkpoint_dir is not None:
         start_step = engine.load(settings.checkpoint_dir) or 0
-        _log(runtime, f"resumed from step {start_step}" if start_step else "no checkpoint yet: starting at step 0")
+        restart = f"restart {settings.restart}: " if settings.restart else ""
+        _log(runtime, f"{restart}resumed from step {start_step}" if start_step else
+             f"{restart}no checkpoint yet: starting at step 0")
     data = SyntheticData(spec.vocab_size, spec.seq_len, settings.seed)
     mbs, accum, world = settings.micro_batch_size, settings.grad_accum_steps, runtime.world_size
     tokens_per_step = mbs * accum * world * spec.seq_len
     losses: list[float] = []
     step_seconds: list[float] = []
     reset_peak_memory(runtime.device)
-    for step in range(start_step, settings.steps):
-        batches = [data.batch(step, m, runtime.rank, world, mbs) for m in range(accum)]
-        started = time.perf_counter()
-        local_loss, lr = engine.train_step(batches)
-        loss = all_reduce_mean(local_loss, runtime.device)  # also a barrier: the step is done everywhere
-        seconds = time.perf_counter() - started
-        losses.append(loss)
-        step_seconds.append(seconds)
-        if runtime.is_main and ((step + 1) % settings.log_every == 0 or step + 1 == settings.steps):
-            memory = " ".join(f"{k}={v / 2**20:.1f}MiB" for k, v in peak_memory(runtime.device).items())
-            _log(
-                runtime,
-                f"step {step + 1}/{settings.steps} loss {loss:.4f} lr {lr:.3e} "
-                f"tokens/s {tokens_per_step / seconds:,.0f} {memory}",
-            )
-        saved_step = step + 1
-        if settings.checkpoint_dir is not None and (
-            saved_step == settings.steps
-            or (settings.checkpoint_interval and saved_step % settings.checkpoint_interval == 0)
-        ):
-            if runtime.is_main:
-                settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            dist.barrier()
-            engine.save(settings.checkpoint_dir, saved_step)
-            _log(runtime, f"checkpoint saved: step {saved_step} in {settings.checkpoint_dir}")
+    saves = _Saves(settings, runtime, engine, last_step=start_step or None)
+    with StopSignal() as stop:
+        try:
+            for step in range(start_step, settings.steps):
+                batches = [data.batch(step, m, runtime.rank, world, mbs) for m in range(accum)]
+                started = time.perf_counter()
+                local_loss, lr = engine.train_step(batches)
+                loss = all_reduce_mean(local_loss, runtime.device)  # also a barrier: the step is done everywhere
+                seconds = time.perf_counter() - started
+                losses.append(loss)
+                step_seconds.append(seconds)
+                if runtime.is_main and ((step + 1) % settings.log_every == 0 or step + 1 == settings.steps):
+                    memory = " ".join(f"{k}={v / 2**20:.1f}MiB" for k, v in peak_memory(runtime.device).items())
+                    _log(
+                        runtime,
+                        f"step {step + 1}/{settings.steps} loss {loss:.4f} lr {lr:.3e} "
+                        f"tokens/s {tokens_per_step / seconds:,.0f} {memory}",
+                    )
+                saved_step = step + 1
+                if saved_step == settings.steps or (settings.checkpoint_interval
+                                                    and saved_step % settings.checkpoint_interval == 0):
+                    saves.save(saved_step)
+                saves.on_signal(stop, saved_step)
+        except Exception:
+            if stop.received_s is not None:  # a peer is gone with the teardown: end as SIGTERM would
+                die_of_sigterm()
+            raise
     memory_max = all_reduce_max(peak_memory(runtime.device), runtime.device)
     # The first step includes one-time work (allocation, DeepSpeed buffers): leave it out of the rate.
     timed = step_seconds[1:] if len(step_seconds) > 1 else step_seconds
@@ -107,6 +112,50 @@ def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, settings.summary_json)
     return summary
+
+
+class _Saves:
+    """The checkpoints of a run: at the interval and the end, and on SIGTERM (fstrain/train/preempt.py)."""
+
+    def __init__(self, settings: TrainSettings, runtime: Runtime, engine: Engine, last_step: int | None) -> None:
+        self.settings, self.runtime, self.engine = settings, runtime, engine
+        self.last_step = last_step  # the newest checkpoint's step (a resumed run's is where it started)
+        self.last_seconds = DEFAULT_SAVE_ESTIMATE_S
+
+    def save(self, step: int) -> None:
+        directory = self.settings.checkpoint_dir
+        if directory is None:
+            return
+        started = time.monotonic()
+        if self.runtime.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        self.engine.save(directory, step)
+        self.last_step, self.last_seconds = step, time.monotonic() - started
+        _log(self.runtime, f"checkpoint saved: step {step} in {directory}")
+
+    def on_signal(self, stop: StopSignal, step: int) -> None:
+        """At a step's end: did any rank get SIGTERM? Then all save (or not) alike, and die of it."""
+        seen = torch.tensor([1.0 if stop.received_s is not None else 0.0, stop.since_s(), self.last_seconds],
+                            dtype=torch.float64, device=self.runtime.device)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        signalled, since_s, estimate_s = seen.tolist()
+        if not signalled:
+            return
+        grace = self.settings.grace_s
+        if self.settings.checkpoint_dir is None:
+            _log(self.runtime, f"SIGTERM after step {step}: no checkpoint directory, nothing saved")
+        elif should_save(step, self.last_step, since_s, grace, estimate_s):
+            self.save(step)
+            _log(self.runtime, f"SIGTERM after step {step}: checkpoint saved {since_s + self.last_seconds:.1f} s "
+                               f"into the {grace:g} s grace period")
+        elif self.last_step is not None and self.last_step >= step:
+            _log(self.runtime, f"SIGTERM after step {step}: its checkpoint is already saved")
+        else:
+            _log(self.runtime, f"SIGTERM after step {step}: no time to save ({since_s:.1f} s of the {grace:g} s "
+                               f"grace period gone, a save takes {estimate_s:.1f} s); the newest checkpoint is "
+                               f"step {self.last_step if self.last_step is not None else 'none'}")
+        die_of_sigterm()
 
 
 def _log(runtime: Runtime, message: str) -> None:

@@ -25,6 +25,9 @@ from fstrain.core.render.options import TrainingOptions
 from fstrain.errors import ConfigError, InputError
 
 BACKENDS = ("fsdp", "deepspeed")
+# fstrain's own grace period (launch --grace, fstrain/core/launch/supervisor.py Limits.grace_s),
+# when the launcher does not say (FSTRAIN_GRACE_S, which fstrain's node watchdog sets).
+DEFAULT_GRACE_S = 15.0
 _PRECISION_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -43,6 +46,8 @@ class TrainSettings:
     resume: bool
     summary_json: Path | None
     log_every: int
+    restart: int = 0  # FSTRAIN_RESTART: how many times the launcher restarted the run (> 0 resumes)
+    grace_s: float = DEFAULT_GRACE_S  # FSTRAIN_GRACE_S: SIGTERM to SIGKILL, what a save on SIGTERM may take
 
     @property
     def micro_batch_size(self) -> int:
@@ -135,10 +140,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--deepspeed-config", type=Path, help="ds_config.json from `fstrain render` (backend deepspeed)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in total (a resumed run stops here too)")
     p.add_argument("--seed", type=int, default=None, help="model init and data seed (default: the file's, or 1234)")
-    p.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (one folder per saved step)")
+    p.add_argument("--checkpoint-dir", type=Path,
+                   help="where checkpoints go (one folder per saved step); default $FSTRAIN_CHECKPOINT_DIR")
     p.add_argument("--checkpoint-interval", type=int, default=0, help="save every N steps (0: only at the end)")
     p.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir, if any"
+        "--resume", action="store_true",
+        help="continue from the latest checkpoint in --checkpoint-dir, if any (implied by FSTRAIN_RESTART > 0)"
     )
     p.add_argument("--summary-json", type=Path, help="write the final summary here (rank 0)")
     p.add_argument("--log-every", type=int, default=1, help="log every N steps from rank 0")
@@ -147,8 +154,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_settings(argv: list[str] | None, world_size: int) -> TrainSettings:
+def load_settings(argv: list[str] | None, world_size: int, environ: Mapping[str, str] | None = None) -> TrainSettings:
+    env = os.environ if environ is None else environ
     args = parser().parse_args(argv)
+    if args.checkpoint_dir is None and env.get("FSTRAIN_CHECKPOINT_DIR", "").strip():
+        args.checkpoint_dir = Path(env["FSTRAIN_CHECKPOINT_DIR"].strip())
+    restart = _whole(env, "FSTRAIN_RESTART", "the launcher's restart count", 0)
+    grace_s = _seconds(env, "FSTRAIN_GRACE_S", DEFAULT_GRACE_S)
+    if restart > 0 and args.checkpoint_dir is not None:
+        args.resume = True
     if args.steps < 1:
         raise InputError(f"--steps must be at least 1, got {args.steps}", "", "--steps")
     if args.checkpoint_interval < 0 or args.log_every < 1:
@@ -191,7 +205,32 @@ def load_settings(argv: list[str] | None, world_size: int) -> TrainSettings:
         resume=args.resume,
         summary_json=args.summary_json,
         log_every=args.log_every,
+        restart=restart,
+        grace_s=grace_s,
     )
+
+
+def _whole(env: Mapping[str, str], name: str, what: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise InputError(f"{name} must be a whole number ({what}), got {text[:20]!r}", f"unset {name} or fix it",
+                         name)
+    return int(text)
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e6:
+        raise InputError(f"{name} must be a number of seconds, got {text[:20]!r}", f"unset {name} or fix it", name)
+    return value
 
 
 def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:

@@ -39,8 +39,9 @@ def render(plan: PlanFile, out: Path, options: TrainingOptions = FAST) -> Path:
     return out
 
 
-def torchrun(nproc: int, args: list[str], summary: Path, timeout_s: float = 600) -> Run:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def torchrun(nproc: int, args: list[str], summary: Path, timeout_s: float = 600,
+             env: dict[str, str] | None = None) -> Run:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     env.pop("FSTRAIN_DEBUG", None)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),

@@ -165,6 +165,20 @@ def test_synthetic_batches_are_a_pure_function_of_step_and_rank() -> None:
     assert all(tuple(row.tolist()) in pool for row in a)
 
 
+def test_a_step_sees_the_same_sequences_on_any_split_of_its_global_batch() -> None:
+    """dp 2 x micro 3 x accum 1, dp 3 x micro 2 x accum 1 and dp 2 x micro 1 x accum 3: six
+    sequences per step, the same six, in the same global order."""
+    data = SyntheticData(vocab_size=256, seq_len=16, seed=5)
+
+    def global_batch(dp: int, micro: int, accum: int) -> torch.Tensor:
+        return torch.cat([data.batch(7, m, r, dp, micro) for m in range(accum) for r in range(dp)])
+
+    two = global_batch(2, 3, 1)
+    assert torch.equal(two, global_batch(3, 2, 1)) and torch.equal(two, global_batch(2, 1, 3))
+    assert two.shape == (6, 16) and len({tuple(row.tolist()) for row in two}) > 1
+    assert not torch.equal(two, torch.cat([data.batch(8, 0, r, 2, 3) for r in range(2)]))
+
+
 def test_lr_multiplier() -> None:
     constant = TrainingOptions(warmup_steps=4)
     assert [lr_multiplier(s, constant) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]

@@ -110,3 +110,34 @@ def test_bad_precision_keys_are_refused(tmp_path: Path, key: str, value: str, me
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(InputError, match=message):
         load_settings(["--plan", str(tmp_path / "r" / "plan.yaml"), "--fsdp-config", str(path)], 2)
+
+
+def test_the_launchers_environment_sets_the_checkpoint_dir_and_resumes_a_restart(tmp_path: Path) -> None:
+    first = load_settings(["--steps", "4"], 2, environ={"FSTRAIN_CHECKPOINT_DIR": str(tmp_path / "ck"),
+                                                       "FSTRAIN_RESTART": "0", "FSTRAIN_GRACE_S": "40"})
+    assert (first.checkpoint_dir, first.resume, first.restart, first.grace_s) == (tmp_path / "ck", False, 0, 40.0)
+    again = load_settings(["--steps", "4"], 2, environ={"FSTRAIN_CHECKPOINT_DIR": str(tmp_path / "ck"),
+                                                       "FSTRAIN_RESTART": "2"})
+    assert (again.resume, again.restart, again.grace_s) == (True, 2, 15.0)
+    flag_wins = load_settings(["--checkpoint-dir", str(tmp_path / "mine")], 2,
+                              environ={"FSTRAIN_CHECKPOINT_DIR": str(tmp_path / "ck")})
+    assert flag_wins.checkpoint_dir == tmp_path / "mine" and not flag_wins.resume
+    nowhere = load_settings([], 2, environ={"FSTRAIN_RESTART": "1"})  # nothing to resume from: step 0
+    assert (nowhere.checkpoint_dir, nowhere.resume, nowhere.restart) == (None, False, 1)
+
+
+@pytest.mark.parametrize(("name", "value"), [("FSTRAIN_RESTART", "one"), ("FSTRAIN_RESTART", "-1"),
+                                             ("FSTRAIN_GRACE_S", "soon"), ("FSTRAIN_GRACE_S", "-3")])
+def test_a_bad_launcher_variable_is_one_line(name: str, value: str) -> None:
+    with pytest.raises(InputError) as raised:
+        load_settings([], 2, environ={name: value})
+    assert raised.value.where == name and value in raised.value.message
+
+
+def test_sigterm_saves_only_a_newer_step_that_fits_the_grace_period() -> None:
+    from fstrain.train.preempt import SAVE_MARGIN_S, should_save
+
+    assert should_save(5, 4, since_signal_s=1.0, grace_s=15, save_estimate_s=3.0)
+    assert should_save(5, None, since_signal_s=0.0, grace_s=15, save_estimate_s=0.0)
+    assert not should_save(5, 5, since_signal_s=0.0, grace_s=15, save_estimate_s=0.0)  # saved already
+    assert not should_save(5, 4, since_signal_s=10.0, grace_s=15, save_estimate_s=15 - 10 - SAVE_MARGIN_S + 0.1)

@@ -35,7 +35,8 @@ with open(writing, "w") as handle:
 os.replace(writing, os.path.join(os.environ["MARKS"], "import-%d-%d" % (os.getpid(), time.monotonic_ns())))
 if __name__ == "__main__":
     print(json.dumps({"pid": os.getpid(), "argv": sys.argv, "late": os.environ.get("LATE"),
-                      "run_id": os.environ.get("FSTRAIN_RUN_ID"), "cwd": os.getcwd(), "path0": sys.path[0],
+                      "run_id": os.environ.get("FSTRAIN_RUN_ID"), "grace": os.environ.get("FSTRAIN_GRACE_S"),
+                      "cwd": os.getcwd(), "path0": sys.path[0],
                       "stdin": sys.stdin.read()}), flush=True)
     sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 """
@@ -168,6 +169,7 @@ def test_the_module_is_imported_before_the_full_header_and_then_run_as_main(tmp_
     assert (report["late"], report["run_id"], report["cwd"], report["stdin"]) == ("yes", "run-p",
                                                                                   str(tmp_path / "work"), "")
     assert report["path0"] == str(tmp_path / "work")  # as `python -m` sets it
+    assert report["grace"] == "2"  # the full header's grace period, for a save on SIGTERM
     assert imports(tmp_path, 2, timeout_s=0.5) == [prewarmed] * 2  # run afresh as __main__, in the same process
     assert not list((tmp_path / "state").glob("*.json"))  # the pid record is removed at the end
 

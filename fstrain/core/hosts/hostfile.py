@@ -7,6 +7,9 @@ Forms understood:
 
 - DeepSpeed hostfile lines ``worker-1 slots=8`` (tokens after ``slots=N`` are ignored, as
   DeepSpeed does), ``#`` comments and blank lines;
+- the marker ``spare=true`` after the host name (``worker-9 slots=8 spare=true``): a spare host,
+  kept out of the first world and ready to take an excluded host's place (:func:`split_spares`,
+  :func:`pick_replacements`);
 - plain lists, one host per line, whose slots come from ``--gpus-per-node`` or a probe;
 - Slurm compressed lists ``node[01-04,07]``, ``rack[1-2]-n[01-02]`` (zero padding kept);
 - ``user@host``, ``host:port`` and ``[v6addr]:port``;
@@ -46,7 +49,7 @@ class Host:
     ``name`` is what the user wrote (an SSH alias, a DNS name or an address); ``slots`` is the
     number of processes (GPUs) it runs, ``None`` while unknown; ``slot_ids`` the selected local
     slots after include/exclude, ``None`` meaning all of them; ``where`` says where it was
-    defined, for error messages.
+    defined, for error messages; ``spare`` marks a host held back to replace an excluded one.
     """
 
     name: str
@@ -55,6 +58,7 @@ class Host:
     slots: int | None = None
     slot_ids: tuple[int, ...] | None = None
     where: str = ""
+    spare: bool = False  # ``spare=true`` in the hostfile: not in the first world, a replacement
 
     @property
     def num_selected_slots(self) -> int | None:
@@ -154,14 +158,34 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
         if not line:
             continue
         tokens = line.split()
-        slots = _parse_slots(tokens[1:], where) if len(tokens) > 1 else None
-        hosts.append(parse_host_token(tokens[0], where, slots))
+        spare, rest = _spare_marker(tokens[1:], where)
+        slots = _parse_slots(rest, where) if rest else None
+        host = parse_host_token(tokens[0], where, slots)
+        hosts.append(replace(host, spare=True) if spare else host)
         if len(hosts) > MAX_HOSTS:
             raise InventoryError(f"more than {MAX_HOSTS:,} hosts", "is this really a hostfile?", where)
     if not hosts:
         raise InventoryError("no hosts in hostfile", "add lines like 'worker-1 slots=8'", path)
     check_unique(hosts)
     return hosts
+
+
+_SPARE_VALUES = {"true": True, "false": False}
+
+
+def _spare_marker(tokens: list[str], where: str) -> tuple[bool, list[str]]:
+    """``spare=true`` (or ``false``) anywhere after the host name: (spare, the other tokens)."""
+    spare, rest = False, []
+    for token in tokens:
+        if token.startswith("spare="):
+            value = token.removeprefix("spare=")
+            if value.lower() not in _SPARE_VALUES:
+                raise InventoryError(f"spare must be true or false, got {value[:20]!r}",
+                                     "write 'host slots=N spare=true'", where)
+            spare = _SPARE_VALUES[value.lower()]
+        else:
+            rest.append(token)
+    return spare, rest
 
 
 def _parse_slots(tokens: list[str], where: str) -> int:
@@ -349,8 +373,40 @@ def with_default_slots(hosts: list[Host], slots_per_host: int | None) -> list[Ho
         raise InventoryError(f"--gpus-per-node must be 1-{MAX_SLOTS}, got {slots_per_host}",
                              "give the number of GPUs per node", "--gpus-per-node")
     # Host(...) rather than dataclasses.replace: a tenth of its cost, for 100,000 hosts
-    return [h if h.slots is not None else Host(h.name, h.user, h.port, slots_per_host, h.slot_ids, h.where)
+    return [h if h.slots is not None else Host(h.name, h.user, h.port, slots_per_host, h.slot_ids, h.where, h.spare)
             for h in hosts]
+
+
+def split_spares(hosts: Sequence[Host], where: str = "hostfile") -> tuple[list[Host], list[Host]]:
+    """(the first world, the spares): a hostfile's hosts marked ``spare=true`` are held back. A
+    hostfile of spares only has no world to start: refused."""
+    world = [h for h in hosts if not h.spare]
+    spares = [h for h in hosts if h.spare]
+    if spares and not world:
+        raise InventoryError(f"every host ({len(spares)}) is marked spare=true: no host is left to start the run",
+                             "remove spare=true from the hosts the run starts on", where)
+    return world, spares
+
+
+def pick_replacements(excluded: Sequence[Host], spares: Sequence[Host],
+                      taken: Iterable[str] = ()) -> tuple[dict[str, Host], list[Host]]:
+    """Spares for the ``excluded`` hosts, in hostfile order: for each excluded host the first
+    spare not ``taken`` (names already used: in the world, or excluded before) that runs as
+    many processes, else the first free one. Returns (excluded name -> its replacement, the
+    excluded hosts no spare is left for)."""
+    used = set(taken)
+    free = [s for s in spares if s.name not in used]
+    chosen: dict[str, Host] = {}
+    missing: list[Host] = []
+    for host in excluded:
+        same = [s for s in free if s.num_selected_slots == host.num_selected_slots]
+        if not (same or free):
+            missing.append(host)
+            continue
+        pick = (same or free)[0]
+        free.remove(pick)
+        chosen[host.name] = pick
+    return chosen, missing
 
 
 def parse_filter(expr: str, where: str) -> dict[str, tuple[int, ...] | None]:

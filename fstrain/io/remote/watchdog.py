@@ -253,6 +253,7 @@ class Watchdog:
         env.update(header.get("env") or {})
         env["FSTRAIN_RUN_ID"] = str(header.get("run_id", ""))
         env["FSTRAIN_NODE_RANK"] = str(header.get("node_rank", 0))
+        env["FSTRAIN_GRACE_S"] = f"{self.grace_s:g}"  # SIGTERM to SIGKILL: what a save on SIGTERM may take
         if run_dir:
             env["FSTRAIN_RUN_DIR"] = run_dir
         if run_dir and header.get("stacks"):  # hang reports: see stacks.py
