@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.recovery import Attempt, Checkpoints, Diagnosis, Policy, steps_lost
+from fstrain.core.launch.blame import Evidence, Verdict
+from fstrain.core.launch.recovery import Attempt, Checkpoints, Policy, steps_lost
 from fstrain.core.launch.spec import NodeLaunch
 from fstrain.io.fanout import HostPool
 from fstrain.io.launch import (
@@ -102,6 +103,7 @@ class NodeJob:
     launches: list[NodeLaunch]
     node_files: list[dict[str, str]] = field(default_factory=list)  # per node: rendered files to write there
     plan: dict[str, Any] | None = None  # the plan it trains with, for the manifest
+    replanned: str = ""  # after a restart on another world: what changed in the plan, in words
 
 
 @dataclass
@@ -216,7 +218,8 @@ class Recovery:
     policy: Policy
     spares: tuple[Host, ...] = ()  # hostfile hosts marked spare: not in the first world
     checkpoint_dir: str = ""  # "": node 0's RUN_DIR/checkpoints (found at the first attempt)
-    diagnose: Callable[[RunOutcome, Sequence[str]], Diagnosis] | None = None  # default: attempt_diagnosis
+    # The suspects' tests (default: fstrain.api.diagnose.test_suspects): (guilty, why per host)
+    test: Callable[[Sequence[Host], Verdict], tuple[tuple[str, ...], dict[str, str]]] | None = None
 
 
 def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
@@ -226,6 +229,7 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
     (a host that no longer answers the checks) ends the run with the last failure's code."""
     from dataclasses import replace
 
+    from fstrain.core.launch.blame import blame
     from fstrain.core.launch.recovery import decide
     from fstrain.errors import FstrainError
 
@@ -250,14 +254,22 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
         checkpoint_dir = driven.checked.checkpoint_dir or ""
         outcome = driven.outcome
         named = [h.name for h in hosts]
-        diagnose = recovery.diagnose or attempt_diagnosis
         failed = outcome.exit_code != 0 and outcome.reason not in ("interrupted", "terminated", "cancelled")
-        diagnosis = diagnose(outcome, named) if failed else None
+        verdict = blame(attempt_evidence(outcome)) if failed else None
+        guilty: tuple[str, ...] = ()
+        tested: dict[str, str] = {}
+        if verdict is not None and should_test(recovery.policy, verdict, number - 1):
+            report(f"attempt {number} failed ({outcome.detail or outcome.reason}); verdict {verdict.kind}: "
+                   f"{verdict.why}; testing {', '.join(verdict.suspects)}")
+            test = recovery.test or suspect_tester(connect, request)
+            guilty, tested = test(hosts, verdict)
         after = _checkpoints(hosts, outcome, connect, request.python, checkpoint_dir)
-        next_ = decide(recovery.policy, number - 1, named, [s.name for s in spares], diagnosis) if diagnosis else None
+        next_ = (decide(recovery.policy, number - 1, named, [s.name for s in spares], verdict, guilty)
+                 if verdict else None)
         attempts.append(Attempt(
             number=number, hosts=tuple(named), started=outcome.started, ended=outcome.ended,
-            exit_code=outcome.exit_code, reason=outcome.reason, detail=outcome.detail, verdict=diagnosis,
+            exit_code=outcome.exit_code, reason=outcome.reason, detail=outcome.detail, verdict=verdict, tested=tested,
+            replanned=driven.job.replanned,
             excluded=next_.excluded if next_ else (), spares_used=next_.spares_used if next_ else (),
             next_action=next_.action if next_ else "stop", next_why=next_.why if next_ else "",
             resumed_from=before.step if number > 1 else None, last_checkpoint=after.step,
@@ -277,17 +289,59 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
         interim_manifest(request, driven, attempts)
 
 
-def attempt_diagnosis(outcome: RunOutcome, hosts: Sequence[str]) -> Diagnosis:
-    """Who is at fault for a failed attempt, from how its nodes ended."""
-    from fstrain.core.launch.recovery import interim_diagnosis
+def should_test(policy: Policy, verdict: Verdict, restarts_done: int) -> bool:
+    """Suspects are tested only where a test can change what follows: under ``exclude``, with
+    budget left, for a verdict that is not the application's."""
+    from fstrain.core.launch.blame import APPLICATION
 
-    lost = [n.launch.host.name for n in outcome.nodes if n.exit_code is None and n.error]
-    # Each node's failed rank's own code where the launcher named it (torchrun itself exits 1,
-    # torn down or not), else the node's.
-    exits = [(n.launch.host.name, n.failure.exit_code if n.failure is not None else n.exit_code)
-             for n in outcome.nodes if n.exit_code not in (None, 0)]
-    first = outcome.nodes[outcome.first_failure].launch.host.name if outcome.first_failure is not None else None
-    return interim_diagnosis(hosts, lost, exits, first)
+    return (policy.on_failure == "exclude" and bool(verdict.suspects) and verdict.kind != APPLICATION
+            and restarts_done < policy.max_restarts)
+
+
+def attempt_evidence(outcome: RunOutcome) -> Evidence:
+    """What an ended attempt left (fstrain/core/launch/blame.py): the first failure; every rank
+    whose own last lines end in a traceback or a fault, though its node was torn down; the hosts
+    that stopped answering; the host a stall's stacks show behind."""
+    from fstrain.core.launch.blame import Evidence, RankEnd, read_end, stalled_host
+    from fstrain.core.launch.rankexit import RankFailure
+    from fstrain.core.launch.supervisor import EXIT_LOST_HOST
+
+    hosts = tuple(n.launch.host.name for n in outcome.nodes)
+    lost = tuple(n.launch.host.name for n in outcome.nodes if n.exit_code is None and n.error)
+    first = outcome.first_failure
+    failed: list[RankEnd] = []
+    for node in outcome.nodes:
+        host = node.launch.host.name
+        for local, tail in sorted(node.rank_tails.items()):
+            lines = [line.partition("] ")[2] for line in tail]
+            offset = node.launch.rank_offset
+            failure = node.failure if node.failure is not None and node.failure.local_rank == local else \
+                RankFailure(offset + local if offset is not None else None, local,
+                            node.exit_code if node.exit_code is not None else EXIT_LOST_HOST, host)
+            end = RankEnd.of(failure, host, lines)
+            is_first = node.launch.node_rank == first and (node.failure is None or node.failure.local_rank == local)
+            if is_first or read_end(end).cause in ("exception", "device", "comm"):
+                failed.append(end)
+    stall = stalled_host(outcome.stall, hosts) if outcome.stall else None
+    return Evidence(hosts, tuple(failed), lost, stall,
+                    outcome.nodes[first].launch.host.name if first is not None else None)
+
+
+def suspect_tester(connect: Callable[[Host], Transport], request: DriveRequest) \
+        -> Callable[[Sequence[Host], Verdict], tuple[tuple[str, ...], dict[str, str]]]:
+    """The suspects tested beside the attempt's other hosts: a quick doctor, and a short bench
+    of the pairs (a connection error) or of the compute (a GPU fault) where the verdict says so."""
+    from fstrain.api.diagnose import test_suspects
+
+    def test(hosts: Sequence[Host], verdict: Verdict) -> tuple[tuple[str, ...], dict[str, str]]:
+        why = verdict.why.lower()
+        suites = (("pairs",) if "connection error" in why else ()) + \
+            (("compute",) if any(w in why for w in ("ecc", "xid", "cuda", "gpu")) else ())
+        found = test_suspects(hosts, verdict.suspects, connect, request.python, bench_suites=suites,
+                              workdir=request.workdir, fanout=request.fanout, env=request.env)
+        return found.guilty, dict(found.why)
+
+    return test
 
 
 def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:

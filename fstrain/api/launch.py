@@ -190,8 +190,10 @@ def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> La
     built: list[Job] = []
 
     def node_job(checked: Checked) -> NodeJob:
-        job, node = fit_job(prepared, checked)
+        job, node = fit_job(prepared, checked, built[0].plan if built else None)
         built.append(job)
+        if node.replanned:
+            report(f"replanned: {node.replanned}")
         if job.plan is not None:
             first = checked.facts[0].host.name
             report(describe_plan(job.plan, f"each node's run directory ({first}: {checked.run_dirs[0]})"))
@@ -208,7 +210,7 @@ def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> La
         ssh_config=request.hosts.ssh_config, color=color, out=out,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None,
         checkpoint_dir=run.checkpoint_dir)
-    recovery = recovery_of(request)
+    recovery = recovery_of(prepared)
     if recovery is None:
         driven = drive(drive_request, connect, node_job)
     else:
@@ -226,19 +228,23 @@ def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> La
     return launched
 
 
-def recovery_of(request: LaunchRequest) -> Recovery | None:
+def recovery_of(prepared: Prepared) -> Recovery | None:
     """The run's recovery policy, None for ``--on-failure stop`` (one attempt, as always)."""
     from fstrain.api.driver import Recovery
     from fstrain.core.launch.recovery import Policy
 
-    run = request.run
+    run = prepared.request.run
     policy = Policy(run.on_failure, run.max_restarts, run.min_nodes)
-    return Recovery(policy, checkpoint_dir=run.checkpoint_dir or "") if policy.recovers else None
+    if not policy.recovers:
+        return None
+    return Recovery(policy, tuple(prepared.selection.spares), run.checkpoint_dir or "")
 
 
-def fit_job(prepared: Prepared, checked: Checked) -> tuple[Job, NodeJob]:
+def fit_job(prepared: Prepared, checked: Checked, first_plan: PlanFile | None = None) -> tuple[Job, NodeJob]:
     """The job for the hosts the checks found: processes per node (slots, else GPUs), the
-    plan fitted to the world size, each node's launcher command and rendered files."""
+    plan fitted to the world size, each node's launcher command and rendered files. After a
+    restart on another world, ``first_plan`` (the first attempt's) is re-planned for it: the
+    same model and global batch (fstrain/core/plan/replan.py)."""
     from fstrain.api.driver import NodeJob
     from fstrain.core.launch.spec import plan_launches
 
@@ -246,7 +252,13 @@ def fit_job(prepared: Prepared, checked: Checked) -> tuple[Job, NodeJob]:
     job_request = request.job
     gpus = [int(f.info.get("nvidia_gpus") or 0) for f in checked.facts]
     nprocs = resolve_nprocs(hosts, job_request.nproc_per_node, gpus)
-    job = build_job(prepared.spec, hosts, nprocs, job_request.python,
+    spec, replanned = prepared.spec, ""
+    if first_plan is not None and first_plan.knobs.world_size != sum(nprocs) and len(set(nprocs)) == 1:
+        from fstrain.core.plan.replan import replan_file
+
+        plan, replanned = replan_file(first_plan, tuple(h.name for h in hosts), nprocs[0])
+        spec = replace(spec, plan=plan)
+    job = build_job(spec, hosts, nprocs, job_request.python,
                     "gpu (not planned: see fstrain plan)" if any(gpus) else "cpu")
     if job.bundled_trainer and checked.checkpoint_dir is not None:
         job = replace(job, program=[*job.program, *checkpoint_args(checked, job_request.checkpoint_interval)])
@@ -254,7 +266,8 @@ def fit_job(prepared: Prepared, checked: Checked) -> tuple[Job, NodeJob]:
     launches = plan_launches(hosts, nprocs, launch_job(prepared, job, checked.rendezvous.master_addr,
                                                        checked.rendezvous.master_port), per_node)
     node_files = [rendered_files(job.plan, d, job.steps) for d in checked.run_dirs] if job.plan else []
-    return job, NodeJob(job_request.backend, launches, node_files, job.plan.to_dict() if job.plan else None)
+    return job, NodeJob(job_request.backend, launches, node_files, job.plan.to_dict() if job.plan else None,
+                        replanned)
 
 
 def checkpoint_args(checked: Checked, interval: int) -> list[str]:

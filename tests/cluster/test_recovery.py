@@ -60,6 +60,7 @@ def test_lost_node_is_excluded_and_the_run_resumes_on_the_rest(cluster: Namespac
     assert first["hosts"] == ["node1", "node2", "node3"] and first["exit_code"] == 255
     assert first["verdict"]["kind"] == "hardware" and first["verdict"]["suspects"] == ["node3"]
     assert first["excluded"] == ["node3"] and first["next"] == "restart"
+    assert first["tested"]["node3"].startswith("ssh.connect") and first["tested"]["node1"] == "nothing found"
     assert first["last_checkpoint_step"] is not None and first["last_checkpoint_step"] >= 3
     assert second["hosts"] == ["node1", "node2"] and second["exit_code"] == 0
     assert second["resumed_from_step"] == first["last_checkpoint_step"] and second["progress"] is True
@@ -126,14 +127,19 @@ def test_budget_spent_ends_with_the_failing_ranks_code(cluster: NamespaceCluster
 
 
 def test_min_nodes_stops_the_shrinking(cluster: NamespaceCluster, tmp_path: Path) -> None:
-    launch = start_launch(cluster, *recovering(tmp_path, "node[1-2]", "--on-failure", "exclude", "--max-restarts",
-                                               "2", "--min-nodes", "2",
-                                               program=("--exit-at-step", "2", "--exit-host", "node2")))
-    code = launch.finish(timeout=120)
-    assert code == 3, launch.err
+    launch = start_launch(cluster, *recovering(tmp_path, "node[1-3]", "--on-failure", "exclude", "--max-restarts",
+                                               "2", "--min-nodes", "3", program=("--steps", "30")))
+    launch.wait_for("] line rank=0 attempt=0 step=2")
+    cluster.script("stop-sshd", "3")
+    try:
+        code = launch.finish(timeout=120)
+    finally:
+        cluster.script("start-sshd", "3")
+    assert code == 255, launch.err
     (only,) = manifest(tmp_path)["attempts"]
-    assert only["next"] == "stop" and "fewer than --min-nodes 2" in only["next_why"]
-    assert "fewer than --min-nodes 2" in launch.err
+    assert only["verdict"]["kind"] == "hardware" and "node3" in only["tested"]
+    assert only["next"] == "stop" and "2 nodes left after excluding node3, fewer than --min-nodes 3" in only["next_why"]
+    assert "fewer than --min-nodes 3" in launch.err
     assert_no_job_processes(cluster, GRACE_S + 8)
 
 

@@ -7,23 +7,22 @@ from pathlib import Path
 
 import pytest
 
+from fstrain.core.launch.blame import Verdict
 from fstrain.core.launch.recovery import (
     Attempt,
     Checkpoints,
-    Diagnosis,
     Policy,
     attempt_banner,
     checkpoint_step,
     decide,
     describe_attempt,
-    interim_diagnosis,
     steps_lost,
 )
 from fstrain.errors import InputError
 from tests.helpers import run_fstrain
 
 HOSTS = ("n1", "n2", "n3", "n4")
-LOST_N3 = Diagnosis("hardware", ("n3",), "n3 stopped answering")
+LOST_N3 = Verdict("hardware", ("n3",), "n3 stopped answering")
 
 
 def test_stop_never_restarts() -> None:
@@ -33,24 +32,26 @@ def test_stop_never_restarts() -> None:
 def test_restart_keeps_the_hosts_and_exclude_takes_the_suspect_out() -> None:
     restarted = decide(Policy("restart", 2), 0, HOSTS, (), LOST_N3)
     assert (restarted.action, restarted.hosts, restarted.excluded) == ("restart", HOSTS, ())
-    excluded = decide(Policy("exclude", 2), 0, HOSTS, (), LOST_N3)
+    excluded = decide(Policy("exclude", 2), 0, HOSTS, (), LOST_N3, ("n3",))
     assert (excluded.action, excluded.hosts, excluded.excluded) == ("restart", ("n1", "n2", "n4"), ("n3",))
+    cleared = decide(Policy("exclude", 2), 0, HOSTS, (), LOST_N3, ())  # the tests found nothing against n3
+    assert (cleared.hosts, cleared.excluded) == (HOSTS, ()) and "no host found guilty" in cleared.why
 
 
 def test_a_spare_takes_the_excluded_hosts_place_and_rank() -> None:
-    chosen = decide(Policy("exclude", 2), 0, HOSTS, ("s1", "s2"), LOST_N3)
+    chosen = decide(Policy("exclude", 2), 0, HOSTS, ("s1", "s2"), LOST_N3, ("n3",))
     assert chosen.hosts == ("n1", "n2", "s1", "n4") and chosen.spares_used == ("s1",)
 
 
 def test_an_application_error_is_never_restarted() -> None:
-    chosen = decide(Policy("exclude", 5), 0, HOSTS, (), Diagnosis("application", (), "every rank exited 1"))
+    chosen = decide(Policy("exclude", 5), 0, HOSTS, (), Verdict("application", (), "every rank exited 1"))
     assert chosen.action == "stop" and "no restart" in chosen.why
 
 
 def test_budget_and_min_nodes_end_the_run() -> None:
     spent = decide(Policy("restart", 1), 1, HOSTS, (), LOST_N3)
     assert spent.action == "stop" and "restart budget is spent (1 of --max-restarts 1)" in spent.why
-    small = decide(Policy("exclude", 3, min_nodes=4), 0, HOSTS, (), LOST_N3)
+    small = decide(Policy("exclude", 3, min_nodes=4), 0, HOSTS, (), LOST_N3, ("n3",))
     assert small.action == "stop" and "3 nodes left after excluding n3, fewer than --min-nodes 4" in small.why
 
 
@@ -59,16 +60,6 @@ def test_policy_values_are_checked() -> None:
         Policy("retry")
     with pytest.raises(InputError, match="--min-nodes >= 1"):
         Policy("exclude", 1, 0)
-
-
-def test_blame_from_how_the_nodes_ended() -> None:
-    assert interim_diagnosis(HOSTS, ["n2"], [("n1", 1)], "n1").suspects == ("n2",)
-    same = interim_diagnosis(HOSTS[:2], [], [("n1", 1), ("n2", 1)], "n1")
-    assert same.kind == "application"
-    one = interim_diagnosis(HOSTS[:2], [], [("n2", 3)], "n2")
-    assert (one.kind, one.suspects) == ("unknown", ("n2",))
-    signalled = interim_diagnosis(HOSTS[:2], [], [("n1", 137), ("n2", 137)], "n1")
-    assert signalled.kind == "unknown"  # killed on both: not the program's own error
 
 
 def test_checkpoints_and_progress() -> None:

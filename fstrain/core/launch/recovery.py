@@ -1,8 +1,9 @@
 """The recovery policy of a run: after an attempt fails, stop, restart the same hosts, or
 exclude the hosts found guilty and restart on the rest (docs/recovery.md).
 
-Pure: the run driver (fstrain/api/driver.py) runs the attempts and collects the evidence; this
-module decides what follows one, and keeps each attempt's record as values.
+Pure: the run driver (fstrain/api/driver.py) runs the attempts, collects the evidence, has
+fstrain/core/launch/blame.py give the verdict and fstrain/api/diagnose.py test the suspects;
+this module decides what follows, and keeps each attempt's record as values.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fstrain.core.launch.blame import APPLICATION, Verdict
 from fstrain.errors import InputError
 
 POLICIES = ("stop", "restart", "exclude")
-APPLICATION = "application"  # a verdict's kind: the program failed, not a host
 CHECKPOINT_DIR_ENV = "FSTRAIN_CHECKPOINT_DIR"
 RESTART_ENV = "FSTRAIN_RESTART"
 _STEP_DIR = re.compile(r"^step_(\d+)$")  # the bundled trainer's checkpoint folders (fstrain/train/steps.py)
@@ -45,16 +46,6 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
-    """Who is at fault for a failed attempt: the verdict's kind (hardware, application,
-    unknown), the hosts to exclude under ``exclude``, and one line saying why."""
-
-    kind: str
-    suspects: tuple[str, ...]
-    why: str
-
-
-@dataclass(frozen=True)
 class Next:
     """What follows a failed attempt: ``stop`` (with why), or ``restart`` on ``hosts``."""
 
@@ -65,47 +56,36 @@ class Next:
     spares_used: tuple[str, ...] = ()
 
 
-def decide(policy: Policy, restarts_done: int, hosts: Sequence[str], spares: Sequence[str],
-           diagnosis: Diagnosis) -> Next:
-    """What follows a failed attempt on ``hosts``, given who is at fault.
+def decide(policy: Policy, restarts_done: int, hosts: Sequence[str], spares: Sequence[str], verdict: Verdict,
+           guilty: Sequence[str] = ()) -> Next:
+    """What follows a failed attempt on ``hosts``, given the verdict and the hosts its tests
+    found ``guilty`` (fstrain/api/diagnose.py).
 
     An application error ends the run at once: a restart would hit it again. ``exclude`` takes
-    the suspects out and puts as many spares in (the world keeps its size while spares last);
-    ``restart`` starts the same hosts again. The budget and ``min_nodes`` bound both."""
+    the guilty hosts out and puts as many spares in (the world keeps its size while spares
+    last); ``restart`` starts the same hosts again, as does ``exclude`` when no host is guilty.
+    The budget and ``min_nodes`` bound both."""
     if not policy.recovers:
         return Next("stop", "--on-failure stop")
-    if diagnosis.kind == APPLICATION:
-        return Next("stop", f"an application error, not a host's: no restart ({diagnosis.why})")
+    if verdict.kind == APPLICATION:
+        return Next("stop", f"an application error, not a host's: no restart ({verdict.why})")
     if restarts_done >= policy.max_restarts:
         return Next("stop", f"the restart budget is spent ({restarts_done} of --max-restarts {policy.max_restarts})")
     excluded: tuple[str, ...] = ()
     spares_used: tuple[str, ...] = ()
     kept = tuple(hosts)
-    if policy.on_failure == "exclude" and diagnosis.suspects:
-        excluded = tuple(h for h in hosts if h in diagnosis.suspects)
-        free = [s for s in spares if s not in diagnosis.suspects and s not in hosts]
+    if policy.on_failure == "exclude" and guilty:
+        excluded = tuple(h for h in hosts if h in guilty)
+        free = [s for s in spares if s not in guilty and s not in hosts]
         spares_used = tuple(free[:len(excluded)])
-        # A spare takes a lost host's place; the rest keep their node ranks' order.
+        # A spare takes an excluded host's place; the rest keep their node ranks' order.
         replacements = iter(spares_used)
         kept = tuple(h for h in (next(replacements, None) if h in excluded else h for h in hosts) if h is not None)
     if len(kept) < policy.min_nodes:
         return Next("stop", f"{len(kept)} node{'' if len(kept) == 1 else 's'} left after excluding "
                     f"{', '.join(excluded)}, fewer than --min-nodes {policy.min_nodes}", kept, excluded)
-    return Next("restart", diagnosis.why, kept, excluded, spares_used)
-
-
-def interim_diagnosis(hosts: Sequence[str], lost: Sequence[str], exits: Sequence[tuple[str, int | None]],
-                      first_failure_host: str | None) -> Diagnosis:
-    """Blame from what an attempt's end shows: a host that stopped answering is at fault;
-    every node's launcher ending with the same program exit code (1-127, no signal) is the
-    application's error; otherwise the first failing host is the suspect, without certainty."""
-    if lost:
-        return Diagnosis("hardware", tuple(lost), f"{', '.join(lost)} stopped answering")
-    codes = {code for _, code in exits}
-    if len(exits) == len(hosts) and len(codes) == 1 and all(code is not None and 0 < code < 128 for code in codes):
-        return Diagnosis(APPLICATION, (), f"every rank's node ended with exit code {codes.pop()}")
-    suspects = (first_failure_host,) if first_failure_host else ()
-    return Diagnosis("unknown", suspects, f"{first_failure_host or 'a node'} failed first")
+    why = verdict.why if excluded or policy.on_failure == "restart" else f"{verdict.why}; no host found guilty"
+    return Next("restart", why, kept, excluded, spares_used)
 
 
 def checkpoint_step(names: Sequence[str]) -> int | None:
@@ -143,7 +123,8 @@ class Attempt:
     exit_code: int
     reason: str
     detail: str = ""
-    verdict: Diagnosis | None = None
+    verdict: Verdict | None = None
+    tested: dict[str, str] = field(default_factory=dict)  # per tested host: the evidence, or none found
     excluded: tuple[str, ...] = ()  # taken out after this attempt
     spares_used: tuple[str, ...] = ()  # put in after this attempt
     next_action: str = "stop"  # what followed it: stop or restart
@@ -163,6 +144,7 @@ class Attempt:
             "verdict": None if self.verdict is None else {"kind": self.verdict.kind,
                                                           "suspects": list(self.verdict.suspects),
                                                           "why": self.verdict.why},
+            "tested": dict(self.tested),
             "excluded": list(self.excluded), "spares_used": list(self.spares_used),
             "next": self.next_action, "next_why": self.next_why,
             "resumed_from_step": self.resumed_from, "last_checkpoint_step": self.last_checkpoint,
@@ -190,10 +172,14 @@ def describe_attempt(attempt: Mapping[str, Any]) -> str:
              f"{attempt.get('reason')} (exit {attempt.get('exit_code')})"]
     if verdict:
         parts.append(f"verdict {verdict.get('kind')}: {verdict.get('why')}")
+    for host, why in (attempt.get("tested") or {}).items():
+        parts.append(f"tested {host}: {why}")
     if attempt.get("excluded"):
         parts.append(f"excluded {','.join(attempt['excluded'])}")
     if attempt.get("spares_used"):
         parts.append(f"spares in: {','.join(attempt['spares_used'])}")
+    if attempt.get("replanned"):
+        parts.append(f"replanned: {attempt['replanned']}")
     if attempt.get("resumed_from_step") is not None:
         parts.append(f"resumed from step {attempt['resumed_from_step']}")
     if attempt.get("last_checkpoint_step") is not None:
