@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.launch_helpers import assert_no_job_processes, start_launch
+from tests.cluster.launch_helpers import LaunchProcess, assert_no_job_processes, start_launch
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
 
@@ -24,15 +24,28 @@ pytestmark = pytest.mark.cluster
 PROGRAM = str(REPO / "tests" / "cluster" / "programs" / "recovering.py")
 GRACE_S = 3
 LINE = re.compile(r"^\[(node\d) r(\d)\] line rank=(\d) attempt=(\d) step=(\d+)$")
+LOSS = re.compile(r"^\[node\d r\d\] \[fstrain\.train\] step (\d+)/\d+ loss ([0-9.]+) ")
 
 
 def recovering(tmp_path: Path, hosts: str, *options: str, program: tuple[str, ...] = ()) -> list[str]:
-    return ["--hosts", hosts, "--nproc-per-node", "1", "--grace", str(GRACE_S), "--heartbeat-timeout", "4",
+    """``hosts``: a host list, or a hostfile's path."""
+    where = ["--hostfile", hosts] if "/" in hosts else ["--hosts", hosts]
+    return [*where, "--nproc-per-node", "1", "--grace", str(GRACE_S), "--heartbeat-timeout", "4",
             "--run-dir", str(tmp_path / "run"), *options, "--", "python3", PROGRAM, *program]
 
 
 def manifest(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "run" / "manifest.json").read_text())
+
+
+def lose_node(cluster: NamespaceCluster, launch: LaunchProcess, index: int, after: str) -> int:
+    """Once ``after`` shows, host ``index`` dies (its sshd and sessions); the launch's exit code."""
+    launch.wait_for(after)
+    cluster.script("stop-sshd", str(index))
+    try:
+        return launch.finish(timeout=150)
+    finally:
+        cluster.script("start-sshd", str(index))
 
 
 def step_lines(stdout: list[str]) -> dict[tuple[int, int], list[int]]:
@@ -49,12 +62,7 @@ def step_lines(stdout: list[str]) -> dict[tuple[int, int], list[int]]:
 def test_lost_node_is_excluded_and_the_run_resumes_on_the_rest(cluster: NamespaceCluster, tmp_path: Path) -> None:
     launch = start_launch(cluster, *recovering(tmp_path, "node[1-3]", "--on-failure", "exclude", "--max-restarts",
                                                "2", program=("--steps", "14", "--checkpoint-every", "3")))
-    launch.wait_for("] line rank=0 attempt=0 step=5")
-    cluster.script("stop-sshd", "3")
-    try:
-        code = launch.finish(timeout=120)
-    finally:
-        cluster.script("start-sshd", "3")
+    code = lose_node(cluster, launch, 3, "] line rank=0 attempt=0 step=5")
     assert code == 0, launch.err
     first, second = manifest(tmp_path)["attempts"]
     assert first["hosts"] == ["node1", "node2", "node3"] and first["exit_code"] == 255
@@ -129,12 +137,7 @@ def test_budget_spent_ends_with_the_failing_ranks_code(cluster: NamespaceCluster
 def test_min_nodes_stops_the_shrinking(cluster: NamespaceCluster, tmp_path: Path) -> None:
     launch = start_launch(cluster, *recovering(tmp_path, "node[1-3]", "--on-failure", "exclude", "--max-restarts",
                                                "2", "--min-nodes", "3", program=("--steps", "30")))
-    launch.wait_for("] line rank=0 attempt=0 step=2")
-    cluster.script("stop-sshd", "3")
-    try:
-        code = launch.finish(timeout=120)
-    finally:
-        cluster.script("start-sshd", "3")
+    code = lose_node(cluster, launch, 3, "] line rank=0 attempt=0 step=2")
     assert code == 255, launch.err
     (only,) = manifest(tmp_path)["attempts"]
     assert only["verdict"]["kind"] == "hardware" and "node3" in only["tested"]
@@ -153,4 +156,44 @@ def test_a_hung_rank_is_found_stalled_and_the_run_restarts(cluster: NamespaceClu
     assert first["exit_code"] == 124 and first["reason"] == "stalled" and first["next"] == "restart"
     assert second["exit_code"] == 0 and second["hosts"] == ["node1", "node2"]
     assert (tmp_path / "run" / "stacks").is_dir()
+    assert_no_job_processes(cluster, GRACE_S + 8)
+
+
+def test_a_spare_takes_the_lost_hosts_place_and_the_world_keeps_its_size(cluster: NamespaceCluster,
+                                                                        tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=1\nnode2 slots=1\nnode3 slots=1 spare=true\n")
+    launch = start_launch(cluster, *recovering(tmp_path, str(hostfile), "--on-failure", "exclude", "--max-restarts",
+                                               "1", program=("--steps", "10")))
+    code = lose_node(cluster, launch, 2, "] line rank=0 attempt=0 step=4")
+    assert code == 0, launch.err
+    first, second = manifest(tmp_path)["attempts"]
+    assert first["hosts"] == ["node1", "node2"] and first["excluded"] == ["node2"]
+    assert first["spares_used"] == ["node3"] and second["hosts"] == ["node1", "node3"]
+    assert "world=2" in "".join(line for line in launch.stdout if "attempt=1 host=node3" in line)
+    assert_no_job_processes(cluster, GRACE_S + 8)
+
+
+def test_the_bundled_trainer_resumes_resharded_with_the_same_loss(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    """3 nodes -> 2, re-planned for the same global batch: the loss of the first step after the
+    resumed checkpoint is the one the first attempt logged for that step (same model, same data)."""
+    launch = start_launch(cluster, "--hosts", "node[1-3]", "--nproc-per-node", "1", "--model", "tiny",
+                          "--precision", "fp32", "--steps", "10", "--checkpoint-interval", "2", "--on-failure",
+                          "exclude", "--max-restarts", "1", "--heartbeat-timeout", "4", "--grace", str(GRACE_S),
+                          "--run-dir", str(tmp_path / "run"))
+    code = lose_node(cluster, launch, 3, "[fstrain.train] step 5/10 loss")
+    assert code == 0, launch.err
+    first, second = manifest(tmp_path)["attempts"]
+    assert first["excluded"] == ["node3"] and second["hosts"] == ["node1", "node2"]
+    assert "the global batch of 12 sequences is kept" in second["replanned"], second["replanned"]
+    resumed = second["resumed_from_step"]
+    assert resumed == first["last_checkpoint_step"] and resumed >= 2
+    banner = next(i for i, line in enumerate(launch.stdout) if line.startswith("==== attempt 2 "))
+    losses = [{int(m.group(1)): float(m.group(2)) for m in map(LOSS.match, part) if m}
+              for part in (launch.stdout[:banner], launch.stdout[banner:])]
+    assert resumed + 1 in losses[0], (resumed, losses)
+    assert min(losses[1]) == resumed + 1 and max(losses[1]) == 10
+    assert abs(losses[1][resumed + 1] - losses[0][resumed + 1]) < 1e-3, (resumed, losses)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["start_step"] == resumed
     assert_no_job_processes(cluster, GRACE_S + 8)
