@@ -19,6 +19,7 @@ from fstrain.core.launch.recovery import (
     steps_lost,
 )
 from fstrain.errors import InputError
+from fstrain.io.launch import NodeState
 from tests.helpers import run_fstrain
 
 HOSTS = ("n1", "n2", "n3", "n4")
@@ -114,3 +115,35 @@ def test_last_step_reads_the_attempts_part_of_each_log(tmp_path: Path) -> None:
     assert last_step(tmp_path, {"node1.log": offset}) == 5
     assert last_step(tmp_path, {"node1.log": 0}) == 9
     assert last_step(tmp_path, {"gone.log": 0}) is None
+
+
+def _node(name: str, rank: int, exit_code: int | None, lines: list[str], own: bool = False,
+          error: str | None = None) -> NodeState:
+    from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.launch.rankexit import RankFailure
+    from fstrain.core.launch.spec import NodeLaunch
+
+    launch = NodeLaunch(Host(name), rank, 1, ("python3", "t.py"), rank_offset=rank)
+    failure = RankFailure(rank, 0, exit_code, name) if own and exit_code is not None else None
+    return NodeState(launch, exit_code=exit_code, error=error, failure=failure,
+                     rank_tails={0: [f"[{name} r{rank}] {line}" for line in lines]})
+
+
+TRACEBACK = ["step 3", "Traceback (most recent call last):", '  File "t.py", line 3, in <module>',
+             "ValueError: bad batch 3"]
+
+
+def test_evidence_keeps_the_tracebacks_of_torn_down_ranks_and_leaves_their_signals_out() -> None:
+    from fstrain.api.driver import attempt_evidence
+    from fstrain.core.launch.blame import blame
+    from fstrain.io.launch import RunOutcome
+
+    nodes = [_node("n1", 0, 1, TRACEBACK, own=True), _node("n2", 1, 143, TRACEBACK), _node("n3", 2, 137, ["step 3"])]
+    evidence = attempt_evidence(RunOutcome(1, "failed", 0, nodes, 0.0, 1.0))
+    assert [end.host for end in evidence.failed] == ["n1", "n2"] and evidence.first_failure_host == "n1"
+    assert blame(evidence).kind == "application"
+    lost = [_node("n1", 0, 143, ["step 3"]), _node("n2", 1, None, ["step 3"], error="no answer for 4 s")]
+    evidence = attempt_evidence(RunOutcome(255, "lost", 1, lost, 0.0, 1.0))
+    assert evidence.lost_hosts == ("n2",) and [end.host for end in evidence.failed] == ["n2"]
+    verdict = blame(evidence)
+    assert (verdict.kind, verdict.suspects) == ("hardware", ("n2",))

@@ -185,7 +185,7 @@ def describe_attempt(attempt: Mapping[str, Any]) -> str:
     if attempt.get("last_checkpoint_step") is not None:
         parts.append(f"last checkpoint step {attempt['last_checkpoint_step']}")
     if attempt.get("steps_lost") is not None:
-        parts.append(f"{attempt['steps_lost']} steps lost")
+        parts.append(f"{attempt['steps_lost']} step{'' if attempt['steps_lost'] == 1 else 's'} lost")
     if attempt.get("recover_s") is not None:
         parts.append(f"recovered in {attempt['recover_s']:.1f} s")
     if attempt.get("progress") is False:
