@@ -147,3 +147,11 @@ def test_evidence_keeps_the_tracebacks_of_torn_down_ranks_and_leaves_their_signa
     assert evidence.lost_hosts == ("n2",) and [end.host for end in evidence.failed] == ["n2"]
     verdict = blame(evidence)
     assert (verdict.kind, verdict.suspects) == ("hardware", ("n2",))
+
+
+def test_a_slurm_batch_jobs_launch_gets_the_recovery_options(tmp_path: Path) -> None:
+    result = run_fstrain("launch", "--slurm-render-only", "--nodes", "2", "--on-failure", "exclude", "--max-restarts",
+                         "2", "--min-nodes", "1", "--run-dir", str(tmp_path / "run"), "--", "python3", "t.py")
+    assert result.returncode == 0, result.stderr
+    script = (tmp_path / "run" / "sbatch.sh").read_text()
+    assert "--max-restarts 2 --on-failure exclude --min-nodes 1" in script
