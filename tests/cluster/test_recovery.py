@@ -197,3 +197,17 @@ def test_the_bundled_trainer_resumes_resharded_with_the_same_loss(cluster: Names
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["start_step"] == resumed
     assert_no_job_processes(cluster, GRACE_S + 8)
+
+
+def test_restart_of_a_lost_host_cannot_start_and_ends_with_the_record(cluster: NamespaceCluster,
+                                                                     tmp_path: Path) -> None:
+    launch = start_launch(cluster, *recovering(tmp_path, "node[1-2]", "--on-failure", "restart", "--max-restarts",
+                                               "2", program=("--steps", "30")))
+    code = lose_node(cluster, launch, 2, "] line rank=0 attempt=0 step=2")
+    assert code == 255, launch.err
+    (only,) = manifest(tmp_path)["attempts"]
+    assert only["next"] == "stop"
+    assert only["next_why"].startswith("attempt 2 could not start: preflight failed on node2")
+    assert "attempt 2 could not start" in launch.err
+    assert manifest(tmp_path)["ended"] and manifest(tmp_path)["exit_code"] == 255
+    assert_no_job_processes(cluster, GRACE_S + 8)
