@@ -18,7 +18,7 @@ import pytest
 
 from tests.cluster.launch_helpers import LaunchProcess, assert_no_job_processes, start_launch
 from tests.conftest import NamespaceCluster
-from tests.helpers import REPO
+from tests.helpers import REPO, run_fstrain
 
 pytestmark = pytest.mark.cluster
 PROGRAM = str(REPO / "tests" / "cluster" / "programs" / "recovering.py")
@@ -104,6 +104,12 @@ def test_restart_resumes_the_same_hosts(cluster: NamespaceCluster, tmp_path: Pat
     assert lines[(1, 0)] == [1, 2, 3]
     counts = Counter(line for line in launch.stdout if "attempt=1" in line and "] done rank=" in line)
     assert sorted(counts.values()) == [1, 1]
+    run_id = manifest(tmp_path)["run_id"]
+    status = json.loads(run_fstrain("status", run_id, "--json").stdout)
+    assert [a["attempt"] for a in status["attempts"]] == [1, 2] and status["state"] == "succeeded"
+    logs = run_fstrain("logs", run_id).stdout
+    assert logs.count("==== attempt 2 (hosts node1,node2) ====") == 2  # one in each host's log
+    assert step_lines(logs.splitlines()) == lines  # the logs hold every line the terminal showed
     assert_no_job_processes(cluster, GRACE_S + 8)
 
 
