@@ -218,7 +218,8 @@ class Recovery:
     policy: Policy
     spares: tuple[Host, ...] = ()  # hostfile hosts marked spare: not in the first world
     checkpoint_dir: str = ""  # "": node 0's RUN_DIR/checkpoints (found at the first attempt)
-    # The suspects' tests (default: fstrain.api.diagnose.test_suspects): (guilty, why per host)
+    # The suspects' tests (fstrain.api.launch.suspect_tester): (guilty, why per host); None:
+    # nobody is tested, so nobody is excluded
     test: Callable[[Sequence[Host], Verdict], tuple[tuple[str, ...], dict[str, str]]] | None = None
 
 
@@ -258,11 +259,10 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
         verdict = blame(attempt_evidence(outcome)) if failed else None
         guilty: tuple[str, ...] = ()
         tested: dict[str, str] = {}
-        if verdict is not None and should_test(recovery.policy, verdict, number - 1):
+        if verdict is not None and recovery.test is not None and should_test(recovery.policy, verdict, number - 1):
             report(f"attempt {number} failed ({outcome.detail or outcome.reason}); verdict {verdict.kind}: "
                    f"{verdict.why}; testing {', '.join(verdict.suspects)}")
-            test = recovery.test or suspect_tester(connect, request)
-            guilty, tested = test(hosts, verdict)
+            guilty, tested = recovery.test(hosts, verdict)
         after = _checkpoints(hosts, outcome, connect, request.python, checkpoint_dir)
         next_ = (decide(recovery.policy, number - 1, named, [s.name for s in spares], verdict, guilty)
                  if verdict else None)
@@ -325,23 +325,6 @@ def attempt_evidence(outcome: RunOutcome) -> Evidence:
     stall = stalled_host(outcome.stall, hosts) if outcome.stall else None
     return Evidence(hosts, tuple(failed), lost, stall,
                     outcome.nodes[first].launch.host.name if first is not None else None)
-
-
-def suspect_tester(connect: Callable[[Host], Transport], request: DriveRequest) \
-        -> Callable[[Sequence[Host], Verdict], tuple[tuple[str, ...], dict[str, str]]]:
-    """The suspects tested beside the attempt's other hosts: a quick doctor, and a short bench
-    of the pairs (a connection error) or of the compute (a GPU fault) where the verdict says so."""
-    from fstrain.api.diagnose import test_suspects
-
-    def test(hosts: Sequence[Host], verdict: Verdict) -> tuple[tuple[str, ...], dict[str, str]]:
-        why = verdict.why.lower()
-        suites = (("pairs",) if "connection error" in why else ()) + \
-            (("compute",) if any(w in why for w in ("ecc", "xid", "cuda", "gpu")) else ())
-        found = test_suspects(hosts, verdict.suspects, connect, request.python, bench_suites=suites,
-                              workdir=request.workdir, fanout=request.fanout, env=request.env)
-        return found.guilty, dict(found.why)
-
-    return test
 
 
 def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:

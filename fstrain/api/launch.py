@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from fstrain.api.driver import Checked, Driven, NodeJob, Recovery
     from fstrain.api.hosts import HostSelection
     from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.launch.blame import Verdict
     from fstrain.core.launch.spec import LaunchJob, NodeLaunch
     from fstrain.core.plan.planfile import PlanFile
     from fstrain.core.slurm.job import Allocation
@@ -210,7 +211,7 @@ def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> La
         ssh_config=request.hosts.ssh_config, color=color, out=out,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None,
         checkpoint_dir=run.checkpoint_dir)
-    recovery = recovery_of(prepared)
+    recovery = recovery_of(prepared, connect)
     if recovery is None:
         driven = drive(drive_request, connect, node_job)
     else:
@@ -228,7 +229,7 @@ def _execute(prepared: Prepared, out: TextIO, report: Report, color: bool) -> La
     return launched
 
 
-def recovery_of(prepared: Prepared) -> Recovery | None:
+def recovery_of(prepared: Prepared, connect: Callable[[Host], Transport]) -> Recovery | None:
     """The run's recovery policy, None for ``--on-failure stop`` (one attempt, as always)."""
     from fstrain.api.driver import Recovery
     from fstrain.core.launch.recovery import Policy
@@ -237,7 +238,28 @@ def recovery_of(prepared: Prepared) -> Recovery | None:
     policy = Policy(run.on_failure, run.max_restarts, run.min_nodes)
     if not policy.recovers:
         return None
-    return Recovery(policy, tuple(prepared.selection.spares), run.checkpoint_dir or "")
+    return Recovery(policy, tuple(prepared.selection.spares), run.checkpoint_dir or "",
+                    suspect_tester(connect, prepared))
+
+
+def suspect_tester(connect: Callable[[Host], Transport], prepared: Prepared) \
+        -> Callable[[Sequence[Host], Verdict], tuple[tuple[str, ...], dict[str, str]]]:
+    """The suspects tested beside the attempt's other hosts: a quick doctor, and a short bench
+    of the pairs (a connection error) or of the compute (a GPU fault) where the verdict says so."""
+    from fstrain.api.diagnose import test_suspects
+
+    def test(hosts: Sequence[Host], verdict: Verdict) -> tuple[tuple[str, ...], dict[str, str]]:
+        why = verdict.why.lower()
+        suites = (("pairs",) if "connection error" in why else ()) + \
+            (("compute",) if any(w in why for w in ("ecc", "xid", "cuda", "gpu")) else ())
+        job = prepared.request.job
+        found = test_suspects(hosts, verdict.suspects, connect, job.python, bench_suites=suites,
+                              workdir=job.workdir or os.getcwd(), fanout=prepared.request.hosts.fanout,
+                              env=dict(job.env))
+        return found.guilty, dict(found.why)
+
+    return test
+
 
 
 def fit_job(prepared: Prepared, checked: Checked, first_plan: PlanFile | None = None) -> tuple[Job, NodeJob]:
