@@ -10,6 +10,12 @@
    here; detached: node 0's coordinator, the same rules there);
 7. collect and the manifest (RUN_DIR/manifest.json).
 
+With a recovery policy (``--on-failure restart|exclude``, fstrain/core/launch/recovery.py),
+``drive_attempts`` runs these stages once per attempt: after a failed one it diagnoses who is
+at fault, then stops, or starts the same hosts again, or the hosts left once the guilty ones
+are excluded (spares taking their places), every rank told the checkpoint directory and the
+restart count; the manifest lists every attempt.
+
 `fstrain launch` (attached, detached, inside an allocation) and `fstrain bench` are jobs this
 driver runs; the job is the only part that differs.
 """
@@ -26,6 +32,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.launch.blame import Evidence, Verdict
+from fstrain.core.launch.recovery import Attempt, Checkpoints, Policy, steps_lost
 from fstrain.core.launch.spec import NodeLaunch
 from fstrain.core.progress import Event, Reporter, Silent
 from fstrain.io.fanout import HostPool
@@ -72,6 +80,10 @@ class DriveRequest:
     out: TextIO = sys.stdout  # the ranks' lines
     slurm_job_id: str | None = None  # inside a Slurm allocation: the job, asked whether Slurm ended it
     first_step: bool = True  # a training job: its progress waits for the first step
+    # Recovery (drive_attempts): every rank gets FSTRAIN_CHECKPOINT_DIR (this, or "" for node 0's
+    # RUN_DIR/checkpoints) and FSTRAIN_RESTART; None: neither (a run without a recovery policy).
+    checkpoint_dir: str | None = None
+    restart: int = 0  # FSTRAIN_RESTART: 0 for the first attempt
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,8 @@ class Checked:
     facts: list[HostFacts]
     rendezvous: Rendezvous
     run_dirs: list[str]
+    checkpoint_dir: str | None = None  # where the ranks checkpoint (a recovering run), absolute
+    restart: int = 0  # the attempt's restart count (0: the first attempt)
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,7 @@ class NodeJob:
     launches: list[NodeLaunch]
     node_files: list[dict[str, str]] = field(default_factory=list)  # per node: rendered files to write there
     plan: dict[str, Any] | None = None  # the plan it trains with, for the manifest
+    replanned: str = ""  # after a restart on another world: what changed in the plan, in words
 
 
 @dataclass
@@ -127,8 +142,11 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                                text=f"{rendezvous.master_addr}:{rendezvous.master_port}"))
             run_dirs = [remote_run_dir(h, f.info.get("home"), request.run_id, request.run_dir)
                         for h, f in zip(hosts, facts, strict=True)]
-            checked = Checked(facts, rendezvous, run_dirs)
-            node_job = job(checked)
+            checkpoint_dir = request.checkpoint_dir
+            if checkpoint_dir == "":
+                checkpoint_dir = f"{run_dirs[0]}/checkpoints"
+            checked = Checked(facts, rendezvous, run_dirs, checkpoint_dir, request.restart)
+            node_job = with_recovery_env(job(checked), checked)
             options = RunOptions(run_id=request.run_id, run_dir=request.run_dir, grace_s=request.grace_s,
                                  heartbeat_timeout_s=request.heartbeat_timeout_s, workdir=workdir,
                                  node_run_dirs=run_dirs, node_files=node_job.node_files, color=request.color,
@@ -171,6 +189,16 @@ def connect_all(pool: HostPool, stages: Reporter) -> None:
     failed = [e for e in pool.map(one) if e is not None]
     stages.event(Event("connect", total - len(failed), total, f"{len(failed)} cannot be reached" if failed else "",
                        ended=True, failed=bool(failed)))
+def with_recovery_env(node_job: NodeJob, checked: Checked) -> NodeJob:
+    """Every rank told where checkpoints go and which restart this is (docs/recovery.md)."""
+    if checked.checkpoint_dir is None:
+        return node_job
+    from dataclasses import replace
+
+    from fstrain.core.launch.recovery import CHECKPOINT_DIR_ENV, RESTART_ENV
+
+    added = {CHECKPOINT_DIR_ENV: checked.checkpoint_dir, RESTART_ENV: str(checked.restart)}
+    return replace(node_job, launches=[replace(launch, env={**launch.env, **added}) for launch in node_job.launches])
 
 
 def slurm_ended(job_id: str | None) -> Callable[[], str | None] | None:
@@ -213,3 +241,222 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     write_json(request.run_dir / "manifest.json", manifest)
     outcome = RunOutcome(0, "detached", None, [], started, time.time())
     return Driven(checked, node_job, outcome, manifest, started, answers)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """A run's recovery policy and what it works with (docs/recovery.md)."""
+
+    policy: Policy
+    spares: tuple[Host, ...] = ()  # hostfile hosts marked spare: not in the first world
+    checkpoint_dir: str = ""  # "": node 0's RUN_DIR/checkpoints (found at the first attempt)
+    # The suspects' tests (fstrain.api.launch.suspect_tester): (guilty, why per host); None:
+    # nobody is tested, so nobody is excluded
+    test: Callable[[Sequence[Host], Verdict], tuple[tuple[str, ...], dict[str, str]]] | None = None
+
+
+def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
+                   job: Callable[[Checked], NodeJob], recovery: Recovery, report: Callable[[str], None],
+                   progress: Reporter | None = None) -> Driven:
+    """``drive`` once per attempt until one succeeds, is stopped, or the policy says stop; the
+    last attempt's result, its manifest listing every attempt. An attempt that cannot start
+    (a host that no longer answers the checks) ends the run with the last failure's code."""
+    from dataclasses import replace
+
+    from fstrain.core.launch.blame import blame
+    from fstrain.core.launch.recovery import decide
+    from fstrain.errors import FstrainError
+
+    hosts, spares = list(request.hosts), list(recovery.spares)
+    attempts: list[Attempt] = []
+    checkpoint_dir, before = recovery.checkpoint_dir, Checkpoints()
+    previous: Driven | None = None
+    while True:
+        number = len(attempts) + 1
+        offsets = mark_attempt(request, number, hosts)
+        attempt_request = replace(request, hosts=tuple(hosts), record=request.record and number == 1,
+                                  checkpoint_dir=checkpoint_dir, restart=number - 1)
+        try:
+            driven = drive(attempt_request, connect, job, progress)
+        except FstrainError as exc:
+            if previous is None:
+                raise
+            why = f"attempt {number} could not start: {exc.message}"
+            report(why)
+            attempts[-1] = replace(attempts[-1], next_action="stop", next_why=why)
+            return finish_attempts(request, previous, attempts)
+        checkpoint_dir = driven.checked.checkpoint_dir or ""
+        outcome = driven.outcome
+        named = [h.name for h in hosts]
+        failed = outcome.exit_code != 0 and outcome.reason not in ("interrupted", "terminated", "cancelled")
+        verdict = blame(attempt_evidence(outcome)) if failed else None
+        guilty: tuple[str, ...] = ()
+        tested: dict[str, str] = {}
+        if verdict is not None and recovery.test is not None and should_test(recovery.policy, verdict, number - 1):
+            report(f"attempt {number} failed ({outcome.detail or outcome.reason}); verdict {verdict.kind}: "
+                   f"{verdict.why}; testing {', '.join(verdict.suspects)}")
+            guilty, tested = recovery.test(hosts, verdict)
+        after = _checkpoints(hosts, outcome, connect, request.python, checkpoint_dir)
+        next_ = (decide(recovery.policy, number - 1, named, [s.name for s in spares], verdict, guilty)
+                 if verdict else None)
+        attempts.append(Attempt(
+            number=number, hosts=tuple(named), started=outcome.started, ended=outcome.ended,
+            exit_code=outcome.exit_code, reason=outcome.reason, detail=outcome.detail, verdict=verdict, tested=tested,
+            replanned=driven.job.replanned,
+            excluded=next_.excluded if next_ else (), spares_used=next_.spares_used if next_ else (),
+            next_action=next_.action if next_ else "stop", next_why=next_.why if next_ else "",
+            resumed_from=before.step if number > 1 else None, last_checkpoint=after.step,
+            progress=after.newer_than(before) if number > 1 else None,
+            recover_s=round(outcome.started - previous.outcome.ended, 3) if previous else None,
+            steps_lost=steps_lost(last_step(request.run_dir / "logs", offsets), after.step) if failed else None))
+        if next_ is None or next_.action == "stop":
+            if next_ is not None and failed:
+                report(f"attempt {number} failed ({outcome.detail or outcome.reason}); {next_.why}: the run ends "
+                       f"with exit code {outcome.exit_code}")
+            return finish_attempts(request, driven, attempts)
+        report(restart_line(attempts[-1], next_.hosts, before))
+        by_name = {h.name: h for h in [*hosts, *spares]}
+        hosts = [by_name[name] for name in next_.hosts]
+        spares = [s for s in spares if s.name not in next_.spares_used]
+        before, previous = after, driven
+        interim_manifest(request, driven, attempts)
+
+
+def should_test(policy: Policy, verdict: Verdict, restarts_done: int) -> bool:
+    """Suspects are tested only where a test can change what follows: under ``exclude``, with
+    budget left, for a verdict that is not the application's."""
+    from fstrain.core.launch.blame import APPLICATION
+
+    return (policy.on_failure == "exclude" and bool(verdict.suspects) and verdict.kind != APPLICATION
+            and restarts_done < policy.max_restarts)
+
+
+def attempt_evidence(outcome: RunOutcome) -> Evidence:
+    """What an ended attempt left (fstrain/core/launch/blame.py): the first failure; every rank
+    whose own last lines end in a traceback or a fault, though its node was torn down; the hosts
+    that stopped answering; the host a stall's stacks show behind."""
+    from fstrain.core.launch.blame import Evidence, RankEnd, read_end, stalled_host
+    from fstrain.core.launch.rankexit import RankFailure
+    from fstrain.core.launch.supervisor import EXIT_LOST_HOST
+
+    hosts = tuple(n.launch.host.name for n in outcome.nodes)
+    lost = tuple(n.launch.host.name for n in outcome.nodes if n.exit_code is None and n.error)
+    first = outcome.first_failure
+    failed: list[RankEnd] = []
+    for node in outcome.nodes:
+        host = node.launch.host.name
+        for local, tail in sorted(node.rank_tails.items()):
+            lines = [line.partition("] ")[2] for line in tail]
+            offset = node.launch.rank_offset
+            failure = node.failure if node.failure is not None and node.failure.local_rank == local else \
+                RankFailure(offset + local if offset is not None else None, local,
+                            node.exit_code if node.exit_code is not None else EXIT_LOST_HOST, host)
+            end = RankEnd.of(failure, host, lines)
+            is_first = node.launch.node_rank == first and (node.failure is None or node.failure.local_rank == local)
+            if is_first or read_end(end).cause in ("exception", "device", "comm"):
+                failed.append(end)
+    stall = stalled_host(outcome.stall, hosts) if outcome.stall else None
+    return Evidence(hosts, tuple(failed), lost, stall,
+                    outcome.nodes[first].launch.host.name if first is not None else None)
+
+
+def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:
+    """The highest step any rank reported in this attempt: its metric lines, or the bundled
+    trainer's progress lines, in the hosts' log files from where the attempt began."""
+    from fstrain.core.launch.metricline import parse_metric_line
+    from fstrain.core.launch.runstate import parse_progress
+
+    steps = []
+    for name, offset in offsets.items():
+        try:
+            with (folder / name).open("rb") as handle:
+                handle.seek(offset)
+                for raw in handle:
+                    _, _, text = raw.decode(errors="replace").rstrip("\n").partition("] ")
+                    metrics = parse_metric_line(text)
+                    progress = parse_progress(text) if metrics is None else None
+                    step = metrics.step if metrics is not None else (progress or {}).get("step")
+                    if step is not None:
+                        steps.append(int(step))
+        except OSError:
+            continue
+    return max(steps) if steps else None
+
+
+def _checkpoints(hosts: Sequence[Host], outcome: RunOutcome, connect: Callable[[Host], Transport], python: str,
+                 directory: str) -> Checkpoints:
+    """The checkpoint folder as a host that still answers sees it (the first in rank order)."""
+    from fstrain.errors import FstrainError
+    from fstrain.io.checkpoints import read_checkpoints
+
+    lost = {n.launch.host.name for n in outcome.nodes if n.exit_code is None and n.error}
+    for host in hosts:
+        if host.name in lost:
+            continue
+        try:
+            transport = connect(host)
+        except FstrainError:
+            continue
+        try:
+            return read_checkpoints(transport, python, directory)
+        finally:
+            transport.close()
+    return Checkpoints()
+
+
+def restart_line(attempt: Attempt, hosts: Sequence[str], before: Checkpoints) -> str:
+    """What the user reads when an attempt failed and the next starts."""
+    verdict = attempt.verdict
+    out = f"; excluded {', '.join(attempt.excluded)}" if attempt.excluded else ""
+    spares = f"; spare {', '.join(attempt.spares_used)} in" if attempt.spares_used else ""
+    resume = (f"resuming from step {attempt.last_checkpoint}" if attempt.last_checkpoint is not None
+              else "no checkpoint to resume from: starting over")
+    progress = ("" if attempt.progress is not False
+                else f"; no checkpoint newer than at its start (step {before.step}): this restart made no progress")
+    return (f"attempt {attempt.number} failed ({attempt.detail or attempt.reason}); verdict "
+            f"{verdict.kind if verdict else '-'}: {verdict.why if verdict else ''}{out}{spares}{progress}; "
+            f"attempt {attempt.number + 1} on {len(hosts)} nodes ({', '.join(hosts)}), {resume}")
+
+
+def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> dict[str, int]:
+    """The attempt's first line on the terminal and in every host's log file of the run; where
+    each host's file then ends."""
+    from fstrain.core.launch.recovery import attempt_banner
+    from fstrain.io.localout import describe, warn
+
+    line = attempt_banner(number, [h.name for h in hosts])
+    request.out.write(line + "\n")
+    request.out.flush()
+    folder = request.run_dir / "logs"
+    offsets: dict[str, int] = {}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        names = {p.name for p in folder.glob("*.log")} | {f"{h.name}.log" for h in hosts}
+        for name in sorted(names):
+            with (folder / name).open("a") as handle:
+                handle.write(line + "\n")
+                offsets[name] = handle.tell()
+    except OSError as exc:
+        warn(f"cannot mark attempt {number} in {folder} ({describe(exc)})")
+    return {f"{h.name}.log": offsets.get(f"{h.name}.log", 0) for h in hosts}
+
+
+def interim_manifest(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> None:
+    """Between attempts: the manifest lists the attempts so far, and the run has not ended."""
+    from fstrain.io.runs import write_json
+
+    driven.manifest.update(ended=None, reason="restarting", attempts=[a.to_dict() for a in attempts])
+    write_json(request.run_dir / "manifest.json", driven.manifest)
+
+
+def finish_attempts(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> Driven:
+    """The run's manifest as its last attempt ended, with every attempt listed."""
+    from fstrain.io.runs import write_json
+
+    last = attempts[-1]
+    driven.manifest.update(attempts=[a.to_dict() for a in attempts], exit_code=last.exit_code,
+                           ended=driven.outcome.ended or time.time())
+    if driven.manifest.get("reason") == "restarting":
+        driven.manifest["reason"] = driven.outcome.reason
+    write_json(request.run_dir / "manifest.json", driven.manifest)
+    return driven

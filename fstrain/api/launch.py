@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
@@ -19,9 +19,10 @@ from fstrain.api.requests import LaunchRequest
 from fstrain.api.runs import Access, Run
 
 if TYPE_CHECKING:
-    from fstrain.api.driver import Checked, Driven, NodeJob
+    from fstrain.api.driver import Checked, Driven, NodeJob, Recovery
     from fstrain.api.hosts import HostSelection
     from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.launch.blame import Verdict
     from fstrain.core.launch.spec import LaunchJob, NodeLaunch
     from fstrain.core.plan.planfile import PlanFile
     from fstrain.core.progress import Reporter
@@ -90,9 +91,28 @@ def prepare(request: LaunchRequest) -> Prepared:
     else:
         check_container_options(request)
         selection = resolve_hosts(hosts.hostfile, hosts.hosts, hosts.include, hosts.exclude, hosts.gpus_per_node)
+    check_recovery(request)
     spec = job_spec(job)
     run_id = run.run_id or new_run_id()
     return Prepared(request, selection, allocation, spec, run_id, Path(run.run_dir or Path("runs") / run_id))
+
+
+def check_recovery(request: LaunchRequest) -> None:
+    """The recovery policy, checked as a value; what it cannot do yet refused in one line."""
+    from fstrain.core.launch.recovery import Policy
+    from fstrain.errors import InputError
+
+    run = request.run
+    policy = Policy(run.on_failure, run.max_restarts, run.min_nodes)
+    if policy.recovers and run.detach:
+        raise InputError(f"--on-failure {run.on_failure} needs the launcher that runs the attempts, and --detach "
+                         "returns once the nodes have started (node 0's coordinator does not restart a run)",
+                         "run attached (in tmux, or as a --slurm batch job, whose launcher runs in the job)",
+                         "--detach")
+    if request.job.checkpoint_interval < 0:
+        raise InputError(f"--checkpoint-interval must be >= 0, got {request.job.checkpoint_interval}",
+                         "give the steps between the bundled trainer's checkpoints (0: at the end only)",
+                         "--checkpoint-interval")
 
 
 def check_container_options(request: LaunchRequest) -> None:
@@ -164,7 +184,7 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
 
 
 def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: bool) -> Launched:
-    from fstrain.api.driver import DriveRequest, drive
+    from fstrain.api.driver import DriveRequest, drive, drive_attempts
     from fstrain.io.runs import launched_record
 
     request, hosts = prepared.request, prepared.selection.hosts
@@ -173,10 +193,13 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
     built: list[Job] = []
 
     def node_job(checked: Checked) -> NodeJob:
-        job, node = fit_job(prepared, checked)
+        job, node = fit_job(prepared, checked, built[0].plan if built else None)
         built.append(job)
+        if node.replanned:
+            report(f"replanned: {node.replanned}")
         if job.plan is not None:
-            report(describe_plan(job.plan, f"each node's run directory ({hosts[0].name}: {checked.run_dirs[0]})"))
+            first = checked.facts[0].host.name
+            report(describe_plan(job.plan, f"each node's run directory ({first}: {checked.run_dirs[0]})"))
         report(describe_start(prepared, checked, node.launches))
         return node
 
@@ -188,9 +211,16 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
         prewarm_backend=job_request.backend, grace_s=run.grace_s, heartbeat_timeout_s=run.heartbeat_timeout_s,
         stall_timeout_s=run.stall_timeout_s, finish_timeout_s=run.finish_timeout_s, detach=run.detach,
         metrics_textfile=run.metrics_textfile, ssh_config=request.hosts.ssh_config, color=color, out=out,
-        slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None)
-    driven = drive(drive_request, connect, node_job, cast("Reporter", report) if hasattr(report, "event") else None)
-    job = built[0]
+        slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None,
+        checkpoint_dir=run.checkpoint_dir)
+    progress = cast("Reporter", report) if hasattr(report, "event") else None
+    recovery = recovery_of(prepared, connect)
+    if recovery is None:
+        driven = drive(drive_request, connect, node_job, progress)
+    else:
+        driven = drive_attempts(drive_request, connect, node_job, recovery, report, progress)
+    job = built[-1]
+    hosts = [facts.host for facts in driven.checked.facts]  # the last attempt's
     access = Access(request.hosts.ssh_config, request.hosts.accept_new_hosts, job_request.python)
     record = launched_record(prepared.run_id, prepared.run_dir, detached=run.detach)
     launched = Launched(record, access, driven, job, list(hosts))
@@ -202,23 +232,73 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
     return launched
 
 
-def fit_job(prepared: Prepared, checked: Checked) -> tuple[Job, NodeJob]:
+def recovery_of(prepared: Prepared, connect: Callable[[Host], Transport]) -> Recovery | None:
+    """The run's recovery policy, None for ``--on-failure stop`` (one attempt, as always)."""
+    from fstrain.api.driver import Recovery
+    from fstrain.core.launch.recovery import Policy
+
+    run = prepared.request.run
+    policy = Policy(run.on_failure, run.max_restarts, run.min_nodes)
+    if not policy.recovers:
+        return None
+    return Recovery(policy, tuple(prepared.selection.spares), run.checkpoint_dir or "",
+                    suspect_tester(connect, prepared))
+
+
+def suspect_tester(connect: Callable[[Host], Transport], prepared: Prepared) \
+        -> Callable[[Sequence[Host], Verdict], tuple[tuple[str, ...], dict[str, str]]]:
+    """The suspects tested beside the attempt's other hosts: a quick doctor, and a short bench
+    of the pairs (a connection error) or of the compute (a GPU fault) where the verdict says so."""
+    from fstrain.api.diagnose import test_suspects
+
+    def test(hosts: Sequence[Host], verdict: Verdict) -> tuple[tuple[str, ...], dict[str, str]]:
+        why = verdict.why.lower()
+        suites = (("pairs",) if "connection error" in why else ()) + \
+            (("compute",) if any(w in why for w in ("ecc", "xid", "cuda", "gpu")) else ())
+        job = prepared.request.job
+        found = test_suspects(hosts, verdict.suspects, connect, job.python, bench_suites=suites,
+                              workdir=job.workdir or os.getcwd(), fanout=prepared.request.hosts.fanout,
+                              env=dict(job.env))
+        return found.guilty, dict(found.why)
+
+    return test
+
+
+
+def fit_job(prepared: Prepared, checked: Checked, first_plan: PlanFile | None = None) -> tuple[Job, NodeJob]:
     """The job for the hosts the checks found: processes per node (slots, else GPUs), the
-    plan fitted to the world size, each node's launcher command and rendered files."""
+    plan fitted to the world size, each node's launcher command and rendered files. After a
+    restart on another world, ``first_plan`` (the first attempt's) is re-planned for it: the
+    same model and global batch (fstrain/core/plan/replan.py)."""
     from fstrain.api.driver import NodeJob
     from fstrain.core.launch.spec import plan_launches
 
-    request, hosts = prepared.request, prepared.selection.hosts
+    request, hosts = prepared.request, [facts.host for facts in checked.facts]  # this attempt's
     job_request = request.job
     gpus = [int(f.info.get("nvidia_gpus") or 0) for f in checked.facts]
     nprocs = resolve_nprocs(hosts, job_request.nproc_per_node, gpus)
-    job = build_job(prepared.spec, hosts, nprocs, job_request.python,
+    spec, replanned = prepared.spec, ""
+    if first_plan is not None and first_plan.knobs.world_size != sum(nprocs) and len(set(nprocs)) == 1:
+        from fstrain.core.plan.replan import replan_file
+
+        plan, replanned = replan_file(first_plan, tuple(h.name for h in hosts), nprocs[0])
+        spec = replace(spec, plan=plan)
+    job = build_job(spec, hosts, nprocs, job_request.python,
                     "gpu (not planned: see fstrain plan)" if any(gpus) else "cpu")
+    if job.bundled_trainer and checked.checkpoint_dir is not None:
+        job = replace(job, program=[*job.program, *checkpoint_args(checked, job_request.checkpoint_interval)])
     per_node = [interface_env(ifname, dict(job_request.env)) for ifname in checked.rendezvous.interfaces]
     launches = plan_launches(hosts, nprocs, launch_job(prepared, job, checked.rendezvous.master_addr,
                                                        checked.rendezvous.master_port), per_node)
     node_files = [rendered_files(job.plan, d, job.steps) for d in checked.run_dirs] if job.plan else []
-    return job, NodeJob(job_request.backend, launches, node_files, job.plan.to_dict() if job.plan else None)
+    return job, NodeJob(job_request.backend, launches, node_files, job.plan.to_dict() if job.plan else None,
+                        replanned)
+
+
+def checkpoint_args(checked: Checked, interval: int) -> list[str]:
+    """The bundled trainer's checkpoint flags: where, how often, and ``--resume`` after a restart."""
+    return ["--checkpoint-dir", str(checked.checkpoint_dir), "--checkpoint-interval", str(interval),
+            *(["--resume"] if checked.restart else [])]
 
 
 def launch_job(prepared: Prepared, job: Job, master_addr: str, master_port: int) -> LaunchJob:
@@ -226,8 +306,10 @@ def launch_job(prepared: Prepared, job: Job, master_addr: str, master_port: int)
     from fstrain.core.launch.spec import LaunchJob
 
     request = prepared.request
+    # Under a recovery policy --max-restarts is fstrain's budget: torchrun keeps its static world.
+    torchrun_restarts = request.run.max_restarts if request.run.on_failure == "stop" else 0
     return LaunchJob(request.job.backend, job.program, request.job.python, master_addr, master_port, prepared.run_id,
-                     request.run.max_restarts, dict(request.job.env), request.job.no_local_rank)
+                     torchrun_restarts, dict(request.job.env), request.job.no_local_rank)
 
 
 def describe_plan(plan: PlanFile, where: str = "each node's run directory at launch") -> str:

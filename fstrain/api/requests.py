@@ -42,6 +42,7 @@ class JobRequest:
     python: str = "python3"  # the interpreter on the hosts
     workdir: str | None = None  # default: this directory, checked on every host
     no_local_rank: bool = False  # deepspeed backend: no --local_rank=N argument
+    checkpoint_interval: int = 0  # the bundled trainer: checkpoint every N steps (0: at the end only)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,12 @@ class RunSettings:
     run_id: str | None = None  # default: a new one (time and random suffix)
     run_dir: str | None = None  # default runs/<run id>
     master_port: int | None = None
-    max_restarts: int = 0  # torchrun worker-group restarts
+    # With on_failure "stop": torchrun's own worker-group restarts (the same processes' world);
+    # with "restart" or "exclude": fstrain's attempts after the first (docs/recovery.md).
+    max_restarts: int = 0
+    on_failure: str = "stop"  # stop | restart (the same hosts) | exclude (the guilty hosts, spares in)
+    min_nodes: int = 1  # a run that would shrink below this many nodes ends
+    checkpoint_dir: str | None = None  # FSTRAIN_CHECKPOINT_DIR (default node 0's RUN_DIR/checkpoints)
     grace_s: float = 15.0  # SIGTERM to SIGKILL on teardown
     heartbeat_timeout_s: float = 30.0  # silence before a host counts as lost
     stall_timeout_s: float | None = None  # no rank output for this long: stacks, then stop (124)

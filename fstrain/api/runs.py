@@ -368,7 +368,8 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
                       "ranks_alive": sorted(alive), "ranks": ranks, "gpus": gpus, "gpus_error": gpus_error,
                       "last_lines": node.get("last_lines") or []})
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
-            "first_failure": failure, "detached": bool(record.detached), "started": record.started, "nodes": nodes}
+            "first_failure": failure, "detached": bool(record.detached), "started": record.started, "nodes": nodes,
+            "attempts": (record.manifest or {}).get("attempts") or []}
 
 
 def recorded_failure(record: RunRecord) -> dict[str, Any] | None:

@@ -48,7 +48,16 @@ def launch_command(
                                        "current directory; checked first)."),
     python: str = typer.Option("python3", "--python", help="Interpreter on the hosts."),
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port."),
-    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="torchrun worker-group restarts."),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --on-failure restart/exclude: "
+                                     "attempts after the first; else torchrun worker-group restarts."),
+    on_failure: str = typer.Option("stop", "--on-failure", help="After a failed attempt: stop, restart (the same "
+                                   "hosts) or exclude (the hosts found guilty, spares in); see docs/recovery.md."),
+    min_nodes: int = typer.Option(1, "--min-nodes", min=1, help="With --on-failure exclude: the fewest nodes a "
+                                  "run may shrink to."),
+    checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="FSTRAIN_CHECKPOINT_DIR for every "
+                                              "rank (default with --on-failure: node 0's RUN_DIR/checkpoints)."),
+    checkpoint_interval: int = typer.Option(0, "--checkpoint-interval", min=0, help="The bundled trainer: "
+                                            "checkpoint every N steps (0: at the end only)."),
     run_dir: str | None = typer.Option(None, "--run-dir", help="Logs and manifest (default runs/<run id>)."),
     grace: float = typer.Option(15.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL on teardown."),
     heartbeat_timeout: float = typer.Option(
@@ -118,8 +127,9 @@ def launch_command(
                        plan=plan_path, model=model, recipe=recipe, strategy=strategy, micro_batch=micro_batch,
                        precision=precision, steps=steps, tensorboard=tensorboard,
                        env=collect_env(env, env_file), python=python,
-                       workdir=workdir, no_local_rank=no_local_rank),
+                       workdir=workdir, no_local_rank=no_local_rank, checkpoint_interval=checkpoint_interval),
         run=RunSettings(run_id=new_run_id(), run_dir=run_dir, master_port=master_port, max_restarts=max_restarts,
+                        on_failure=on_failure, min_nodes=min_nodes, checkpoint_dir=checkpoint_dir,
                         grace_s=grace, heartbeat_timeout_s=heartbeat_timeout, stall_timeout_s=stall_s,
                         finish_timeout_s=finish_s, detach=detach, metrics_textfile=metrics_textfile),
         container_image=container_image, container_mounts=container_mounts,
@@ -175,9 +185,10 @@ def run_launch(request: LaunchRequest, *, dry_run: bool, json_output: bool) -> i
         with stdout_may_fail():
             print_json(launched.manifest)
         return launched.exit_code
-    from fstrain.cli.launch_output import print_summary, print_training_summary
+    from fstrain.cli.launch_output import print_attempts, print_summary, print_training_summary
 
     print_summary(launched.driven.outcome)
+    print_attempts(launched.manifest.get("attempts") or [])
     if launched.training_summary is not None:
         with stdout_may_fail():
             print_training_summary(launched.training_summary)

@@ -34,6 +34,14 @@ def describe_exit(code: int | None, error: str | None) -> str:
     return str(code)
 
 
+def print_attempts(attempts: Sequence[Mapping[str, Any]]) -> None:
+    """One line per attempt of a run with a recovery policy (docs/recovery.md)."""
+    from fstrain.core.launch.recovery import describe_attempt
+
+    for attempt in attempts:
+        console().print(describe_attempt(attempt), markup=False)
+
+
 def print_summary(outcome: RunOutcome) -> None:
     from rich.table import Table
 

@@ -18,7 +18,8 @@ METAVARS = {
     "--workdir": "DIR", "--only": "CHECKS", "--skip": "CHECKS", "--write-test-mib": "MIB",
     # launch
     "--nproc-per-node": "N|auto", "--backend": "torchrun|deepspeed", "--env": "NAME=VALUE", "--env-file": "FILE",
-    "--max-restarts": "N", "--run-dir": "DIR", "--grace": "SECONDS", "--heartbeat-timeout": "SECONDS",
+    "--max-restarts": "N", "--on-failure": "stop|restart|exclude", "--min-nodes": "N",
+    "--checkpoint-interval": "STEPS", "--run-dir": "DIR", "--grace": "SECONDS", "--heartbeat-timeout": "SECONDS",
     "--model": "NAME", "--recipe": "FILE", "--strategy": "STRATEGY", "--micro-batch": "N",
     "--precision": "bf16|fp16|fp32|bf16-pure|amp-bf16|amp-fp16", "--steps": "N",
     "--tensorboard": "DIR", "--metrics-textfile": "DIR",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from fstrain.cli import hostopts
-from fstrain.cli.launch_output import describe_failure, describe_state
+from fstrain.cli.launch_output import describe_failure, describe_state, print_attempts
 from fstrain.cli.output import console, print_json
 from fstrain.cli.watch_output import duration
 
@@ -88,7 +88,8 @@ def runs_command(
                      "reason": state.reason, "detached": bool(record.detached), "started": record.started,
                      "seconds": round((ended or time.time()) - record.started, 1) if record.started else None,
                      "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir),
-                     "first_failure": recorded_failure(record)})
+                     "first_failure": recorded_failure(record),
+                     "attempts": (record.manifest or {}).get("attempts") or []})
     if hostfile or hosts:  # and the detached runs found on those hosts
         known = {row["run_id"] for row in rows}
         rows += [row for row in _runs_on_hosts(hostfile, hosts, ssh_config, accept_new_hosts, python)
@@ -97,13 +98,14 @@ def runs_command(
         print_json({"runs": rows})
         return
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("run", "state", "exit", "started", "duration", "nodes", "mode", "first failure"):
+    for column in ("run", "state", "exit", "started", "duration", "nodes", "mode", "attempts", "first failure"):
         table.add_column(column)
     for row in rows:
         table.add_row(row["run_id"], row["state"], "" if row["exit_code"] is None else str(row["exit_code"]),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"])) if row["started"] else "",
                       duration(row["seconds"] or 0), ",".join(row["nodes"]),
                       row.get("mode") or ("detached" if row["detached"] else "attached"),
+                      str(len(row.get("attempts") or [])) if row.get("attempts") else "",
                       describe_failure(row["first_failure"]) if row.get("first_failure") else "")
     console().print(table if rows else "no runs" + ("" if all_runs else " running (--all lists finished ones)"))
 
@@ -193,6 +195,7 @@ def status_command(
               markup=False)
     if document.get("first_failure"):
         out.print(f"first failure: {describe_failure(document['first_failure'])}", markup=False)
+    print_attempts(document.get("attempts") or [])
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "rank", "alive", "last output", "step", "loss", "tokens/s", "gpus"):
         table.add_column(column)

@@ -37,7 +37,8 @@ _RUN_FOLDER = "it comes from a pre-release fstrain: start the run again, and rem
 KINDS: dict[str, Kind] = {
     "plan": Kind("plan file", 1, "it comes from a pre-release fstrain: write it again with "
                  "`fstrain plan --out plan.yaml`", key="fstrain_plan"),
-    "manifest": Kind("run manifest", 1, _RUN_FOLDER),  # RUN_DIR/manifest.json
+    # RUN_DIR/manifest.json; 2: "attempts" (a run with a recovery policy), reason "restarting" between them
+    "manifest": Kind("run manifest", 2, _RUN_FOLDER),
     "index": Kind("run index entry", 1, "it comes from a pre-release fstrain: remove it"),  # ~/.fstrain/launched
     "detached": Kind("detached run record", 1, _RUN_FOLDER),  # RUN_DIR/detached.json
     "slurm": Kind("Slurm run record", 1, _RUN_FOLDER),  # RUN_DIR/slurm.json

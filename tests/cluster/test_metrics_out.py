@@ -44,7 +44,10 @@ def test_attached_run_reports_every_rank_every_step(cluster: NamespaceCluster, t
         "--metrics-textfile", str(prom), "--tensorboard", "{run_dir}/tb", timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    lines = [(line.split("]", 1)[0].lstrip("["), m) for line in result.stdout.splitlines()
+    # Metric lines go to the log files, not to the terminal.
+    assert not [line for line in result.stdout.splitlines() if parse_metric_line(line) is not None]
+    logged = "".join((run_dir / "logs" / f"{host}.log").read_text() for host in HOSTS)
+    lines = [(line.split("]", 1)[0].lstrip("["), m) for line in logged.splitlines()
              if (m := parse_metric_line(line)) is not None]
     assert sorted((m.rank, m.step) for _, m in lines) == [(r, s) for r in (0, 1) for s in range(1, STEPS + 1)]
     assert {(where.split()[0], m.rank) for where, m in lines} == {("node1", 0), ("node2", 1)}

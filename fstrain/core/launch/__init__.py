@@ -15,6 +15,7 @@ mean. Pure: the edge (fstrain/io/launch.py, fstrain/io/runs.py, fstrain/io/logs.
 - :mod:`.logtail`: log files by whole lines and byte offsets, forward or from the end
 - :mod:`.gpuusage`: GPU memory and utilisation of a run's nodes (`fstrain status`)
 - :mod:`.duration`: durations on the command line (``20s``, ``5m``, ``1.5h``)
+- :mod:`.recovery`: the recovery policy: what follows a failed attempt, each attempt's record
 
 ``rankexit``, ``stacks``, ``supervisor``, ``logtail``, ``metricline`` and ``promfile`` also run
 on the nodes: the edge sends their source text with the scripts of fstrain/io/remote, so they
