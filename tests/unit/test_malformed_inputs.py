@@ -25,7 +25,7 @@ import pytest
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "malformed"
 CASES: list[dict[str, Any]] = json.loads((CORPUS / "cases.json").read_text(encoding="utf-8"))["cases"]
 DEADLINE_S = 20.0  # generous for a loaded CI machine; a hang or an alias bomb takes far longer
-MEMORY_LIMIT_BYTES = 2 * 1024**3  # address space: an expanded alias bomb needs many GiB
+MEMORY_LIMIT_BYTES = 2 * 1024**3  # address space above what the child starts with: an alias bomb needs many GiB
 # Imported once here, so each forked case starts warm (the CLI imports these lazily).
 WARM_MODULES = ("fstrain.cli.main", "fstrain.io.render_files", "fstrain.io.recipes", "fstrain.core.plan.planner",
                 "fstrain.core.launch.spec", "fstrain.io.connect", "rich.console", "rich.table")
@@ -33,9 +33,19 @@ for _name in WARM_MODULES:
     importlib.import_module(_name)
 
 
+def _address_space_bytes() -> int:
+    """This process's mapped address space (VmSize), from /proc/self/statm (in pages)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _child(args: list[str], out_fd: int, err_fd: int, home: str) -> None:  # pragma: no cover - runs forked
     try:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+        # Above the address space the child inherits: the pytest process may already map a lot (torch,
+        # TensorBoard, imported by earlier tests in the same run), and a limit below that fails any
+        # allocation at all, which is not the input's doing.
+        limit = _address_space_bytes() + MEMORY_LIMIT_BYTES
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - flushed before _exit
