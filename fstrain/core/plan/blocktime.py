@@ -92,12 +92,12 @@ class MeasuredFirst:
 class KernelModel:
     """Prices a rank's micro-batch on one GPU type; caches per configuration and per GEMM shape."""
 
-    def __init__(self, gpu: GpuRates, assumptions: Assumptions, curve: GemmEfficiency | None = None) -> None:
+    def __init__(self, gpu: GpuRates, assumptions: Assumptions) -> None:
         self.gpu = gpu
         self.assumptions = assumptions
         published = PublishedGemmCurve(gpu, assumptions.hbm_efficiency)
         measured = assumptions.gemm_curve
-        self.gemms = GemmPricer(curve or (MeasuredFirst(measured, published) if measured else published))
+        self.gemms = GemmPricer(MeasuredFirst(measured, published) if measured else published)
         self.hbm_bytes_per_s = gpu.hbm_bytes_per_s * assumptions.hbm_efficiency
         self.scale = assumptions.compute_time_scale or fitted_scale(gpu.name)
         self._cache: dict[Any, ComputeTerms] = {}

@@ -127,7 +127,8 @@ def _from_bench(doc: Mapping[str, Any], where: str, assumptions: Assumptions, cl
                                     f"{how}: {node_gbps:.3g} Gb/s per node, / collective_efficiency "
                                     f"{efficiency:.2f}"))
 
-    if compute_rows(doc) and not any(r.peak_tflops for r in compute_rows(doc)):
+    rows = compute_rows(doc)
+    if rows and not any(r.peak_tflops for r in rows):
         ignored.append("compute: measured on CPUs (or GPUs not in the table), no GPU peak to compare with")
     result = _result(assumptions, new_cluster, "bench", replaced, ignored)
     curve = gemm_curve(doc, where)
