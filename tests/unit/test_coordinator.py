@@ -3,8 +3,11 @@ it records and what it tells its members (the job itself is not started here).""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +95,32 @@ def test_output_ages_are_taken_on_the_coordinators_own_clock(tmp_path: Path) -> 
     running.output_age("soon")  # not a duration: ignored
     running.output_age(-1)
     assert running.run.last_output_s == first
+
+
+def _open_sockets() -> int:
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):  # the directory's own descriptor, gone by now
+            count += os.readlink(fd).startswith("socket:")
+    return count
+
+
+def test_a_member_that_hangs_up_leaves_no_socket_open(tmp_path: Path) -> None:
+    """A coordinator lives as long as its run: every connection it accepted is closed when the
+    peer goes, whether it was a member, a `fstrain stop` or a caller without the secret."""
+    running = make_coordinator(tmp_path, nnodes=2, names=["node1", "node2"])
+    port = running.listen("127.0.0.1")
+    before = _open_sockets()
+    try:
+        member = Member(port, 1)
+        member.close()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as stranger:
+            stranger.sendall(b'{"secret": "wrong"}\n')
+            assert stranger.recv(1) == b""  # refused: the coordinator hung up
+        deadline = time.monotonic() + 10
+        while _open_sockets() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _open_sockets() == before
+    finally:
+        assert running.listener is not None
+        running.listener.close()

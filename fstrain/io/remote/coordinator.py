@@ -91,7 +91,7 @@ class Link:
         while True:
             try:
                 raw = self.reader.readline()
-            except OSError:
+            except (OSError, ValueError):  # ValueError: closed by close() on another thread
                 return
             if not raw:
                 return
@@ -105,6 +105,8 @@ class Link:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.reader.close()
         with contextlib.suppress(OSError):
             self.sock.close()
 
@@ -400,25 +402,27 @@ class Coordinator:
             threading.Thread(target=self.serve, args=(Link(conn),), daemon=True).start()
 
     def serve(self, link: Link) -> None:
+        try:
+            self.answer(link)
+        finally:
+            link.close()  # the peer has gone (or was refused): its socket goes with it
+
+    def answer(self, link: Link) -> None:
         messages = link.messages()
         first = next(messages, None)
         if first is None or not hmac.compare_digest(str(first.get("secret", "")).encode(), self.secret.encode()):
-            link.close()
             return
         refused = unreadable(first)
         if refused:
             link.send({"refused": refused, "hint": "stop it with the fstrain that started it"})
-            link.close()
             return
         if first.get("control") == "stop":
             how = "kill" if first.get("how") == "kill" else "term"
             self.stop(how, "stopped", f"stopped by `fstrain stop` ({how})", first.get("grace_s"))
             link.send({"ok": True, "state": self.record()})
-            link.close()
             return
         rank = first.get("hello")
         if not isinstance(rank, int) or not 0 < rank < self.nnodes:
-            link.close()
             return
         with self.lock:
             self.links[rank] = link
