@@ -190,3 +190,15 @@ def test_stalled_host_from_a_hang_report() -> None:
     finished = {**report, "reason": "some ranks finished 10 s ago and others are still running",
                 "odd_ranks": [2, 3], "common": None}
     assert stalled_host(finished, ("node1", "node2")) == "node2"
+
+
+def test_the_interpreters_start_up_errors_read_as_exceptions() -> None:
+    """`python -m` of a module it cannot find, or a missing script: one line, no traceback."""
+    assert last_exception(["[node2 r1] /usr/bin/python3: Error while finding module specification for "
+                           "'fstrain.train' (ModuleNotFoundError: No module named 'fstrain')"]) == \
+        "ModuleNotFoundError: No module named 'fstrain'"
+    assert last_exception(["/opt/venv/bin/python3.11: No module named train"]) == \
+        "ModuleNotFoundError: No module named train"
+    assert last_exception(["[local0]:python: can't open file '/w/train.py': [Errno 2] No such file or directory"]) == \
+        "FileNotFoundError: can't open file '/w/train.py': [Errno 2] No such file or directory"
+    assert last_exception(["step 3: the python: no module named thing in the docs"]) == ""

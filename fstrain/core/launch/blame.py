@@ -49,6 +49,13 @@ _COMM_RE = re.compile(
     r"\[gloo|gloo/transport|DistNetworkError|DistBackendError|socket timeout|"
     r"remote process exited or there was a network error", re.IGNORECASE)
 _TRACEBACK = "Traceback (most recent call last):"
+# The interpreter's own one-line errors before any code runs (CPython's Modules/main.c and
+# runpy): `python -m pkg.mod` of a module it cannot find, `python file.py` of a missing file.
+# No traceback: the line is the whole story, and every rank prints the same one.
+_STARTUP_RE = re.compile(
+    r"^\S*python[\d.]*: (?:Error while finding module specification for '[^']+' \((?P<spec>\w+: .*)\)"
+    r"|(?P<module>No module named \S+)"
+    r"|(?P<file>can't open file .*))$")
 # The last line of a traceback: 'ValueError: bad batch', 'torch.OutOfMemoryError: ...'.
 _EXCEPTION_RE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Fault)\b(?::.*)?$")
 # The rank tags before a rank's line: the launcher's ('[node2 r3] ', as the rank tails and
@@ -122,10 +129,24 @@ def last_exception(lines: Sequence[str]) -> str:
     text = [strip_tag(line) for line in lines]
     starts = [i for i, line in enumerate(text) if line.strip() == _TRACEBACK]
     if not starts:
-        return ""
+        return startup_error(text)
     for line in text[starts[-1] + 1:]:
         if _EXCEPTION_RE.match(line.strip()) and not line.strip().startswith(_AGENT_EXCEPTIONS):
             return line.strip()
+    return ""
+
+
+def startup_error(lines: Sequence[str]) -> str:
+    """The interpreter's own start-up error in ``lines`` ("" when there is none), as an
+    exception line: ``ModuleNotFoundError: No module named 'fstrain'``."""
+    for line in reversed(lines):
+        match = _STARTUP_RE.match(line.strip())
+        if match:
+            if match.group("spec"):
+                return match.group("spec")
+            if match.group("module"):
+                return f"ModuleNotFoundError: {match.group('module')}"
+            return f"FileNotFoundError: {match.group('file')}"
     return ""
 
 
