@@ -38,6 +38,11 @@ class JobSpec:
     steps: int = 0
     tensorboard: str | None = None  # the bundled trainer's --tensorboard DIR
 
+    @property
+    def bundled_trainer(self) -> bool:
+        """Whether the ranks run fstrain's own trainer (``python -m fstrain.train``)."""
+        return (self.plan is not None or self.model is not None) and not self.program
+
 
 @dataclass(frozen=True)
 class Job:

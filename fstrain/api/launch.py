@@ -183,6 +183,12 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
     return make_connector(request.hosts.ssh_config, accept_new_hosts=request.hosts.accept_new_hosts, config=config)
 
 
+def rank_packages(backend: str, bundled_trainer: bool) -> tuple[str, ...]:
+    """What every host's interpreter must import for the ranks to start: torch, DeepSpeed for
+    its backend, and fstrain itself where the ranks run the bundled trainer."""
+    return ("torch", *(("deepspeed",) if backend == "deepspeed" else ()), *(("fstrain",) if bundled_trainer else ()))
+
+
 def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: bool) -> Launched:
     from fstrain.api.driver import DriveRequest, drive, drive_attempts
     from fstrain.io.runs import launched_record
@@ -206,7 +212,7 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
     drive_request = DriveRequest(
         hosts=hosts, run_id=prepared.run_id, run_dir=prepared.run_dir, python=job_request.python,
         workdir=job_request.workdir,
-        packages=("torch", "deepspeed") if job_request.backend == "deepspeed" else ("torch",),
+        packages=rank_packages(job_request.backend, prepared.spec.bundled_trainer),
         env=dict(job_request.env), master_port=run.master_port, fanout=request.hosts.fanout,
         prewarm_backend=job_request.backend, grace_s=run.grace_s, heartbeat_timeout_s=run.heartbeat_timeout_s,
         stall_timeout_s=run.stall_timeout_s, finish_timeout_s=run.finish_timeout_s, detach=run.detach,

@@ -103,6 +103,12 @@ class Rendezvous:
 # -- 1. preflight -------------------------------------------------------------------------------
 
 
+# The ranks of --model/--recipe/--plan run `python -m fstrain.train` in the working directory.
+BUNDLED_TRAINER_HINT = ("install fstrain on every host (pip install fstrain, the version here), or run from a "
+                        "folder every host sees that holds fstrain's checkout (--workdir), or pass --python "
+                        "with an interpreter that has it")
+
+
 def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float = 60,
               packages: Sequence[str] = (), workdir_is_default: bool = False) -> list[HostFacts]:
     """Check every host's interpreter, its ``packages`` and the working directory; raise one
@@ -137,7 +143,8 @@ def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float
         if missing:
             problems.append(f"{host.label()}: {python} ({info.get('python_executable')}, Python "
                             f"{info.get('python')}) cannot import {' or '.join(missing)}")
-            hint = interpreter_hint(pool, python, packages, timeout_s)
+            hint = (BUNDLED_TRAINER_HINT if missing == ["fstrain"]
+                    else interpreter_hint(pool, python, packages, timeout_s))
             continue
         facts.append(HostFacts(host, info))
     if problems:

@@ -126,3 +126,41 @@ def test_an_alias_and_its_address_are_refused_before_any_connection(tmp_path: Pa
         f"error: {hostfile}:3: duplicate host '198.18.0.250:22': the same machine as 'gpu-a' at {hostfile}:1 "
         "(198.18.0.250, port 22 after the SSH config) (hint: list each machine once and raise its slots instead)\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_package_is_importable_from_the_working_directory_the_ranks_start_in(tmp_path: Path) -> None:
+    """`python -m pkg` finds what its working directory holds; metadata alone is not enough."""
+    from fstrain.io.remote.netcheck import importable_from
+
+    assert importable_from("fstrain_no_such_package", str(tmp_path)) is None
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    assert importable_from("mypkg", str(tmp_path)) == str(tmp_path / "mypkg")
+    assert importable_from("mypkg", str(tmp_path / "elsewhere")) is None
+
+
+def test_preflight_of_the_bundled_trainer_names_the_hosts_without_fstrain() -> None:
+    import json as _json
+
+    from fstrain.api.launch import rank_packages
+    from fstrain.core.hosts.hostfile import Host
+    from fstrain.errors import FstrainError
+    from fstrain.io.fanout import HostPool
+    from fstrain.io.launch import BUNDLED_TRAINER_HINT, preflight
+    from fstrain.io.transport import CommandResult, FakeTransport
+
+    def connect(host: Host) -> FakeTransport:
+        found = {"a": "/srv/fstrain/fstrain", "b": None}[host.name]
+        info = _json.dumps({"workdir_exists": True, "python": "3.11", "python_executable": "/usr/bin/python3",
+                            "torch": "2.13.0", "fstrain": found})
+        return FakeTransport(host.name, lambda argv, stdin: CommandResult(0, info, "", 0.1))
+
+    assert rank_packages("fsdp", True) == ("torch", "fstrain")
+    assert rank_packages("deepspeed", False) == ("torch", "deepspeed")
+    with HostPool([Host("a"), Host("b")], connect) as pool:
+        assert len(preflight(pool, "python3", "/tmp", packages=("torch",))) == 2  # a program of the user's
+        with pytest.raises(FstrainError) as caught:
+            preflight(pool, "python3", "/tmp", packages=rank_packages("fsdp", True))
+    line = str(caught.value)
+    assert "b: python3 (/usr/bin/python3, Python 3.11) cannot import fstrain" in line and "a: " not in line
+    assert line.endswith(f"(hint: {BUNDLED_TRAINER_HINT})"), line

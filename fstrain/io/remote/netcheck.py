@@ -66,6 +66,24 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def importable_from(name: str, workdir: str) -> str | None:
+    """Where ``python -m NAME...`` started in ``workdir`` finds the package (its folder), or
+    None: an installed distribution's metadata alone does not make it importable."""
+    import importlib.util
+
+    saved = list(sys.path)
+    try:
+        sys.path[:] = [os.path.expanduser(workdir) if workdir else os.getcwd(), *saved[1:]]
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path[:] = saved
+    if spec is None:
+        return None
+    return os.path.dirname(spec.origin) if spec.origin else (list(spec.submodule_search_locations or []) or [name])[0]
+
+
 def info(workdir: str) -> dict[str, Any]:
     hostname = socket.gethostname()
     try:
@@ -84,7 +102,7 @@ def info(workdir: str) -> dict[str, Any]:
         "nvidia_gpus": len(os.listdir(NVIDIA_GPUS)) if os.path.isdir(NVIDIA_GPUS) else 0,
         "workdir": workdir,
         "workdir_exists": os.path.isdir(os.path.expanduser(workdir)) if workdir else True,
-        "fstrain_importable": package_version("fstrain") is not None,
+        "fstrain": importable_from("fstrain", workdir),
     }
 
 
