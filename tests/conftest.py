@@ -14,7 +14,7 @@ from tests.helpers import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
 TESTCLUSTER = REPO / "scripts" / "testcluster.sh"
-CLUSTER_SIZE = 3
+CLUSTER_SIZE = 4
 
 
 @dataclass(frozen=True)

@@ -60,30 +60,30 @@ def step_lines(stdout: list[str]) -> dict[tuple[int, int], list[int]]:
 
 
 def test_lost_node_is_excluded_and_the_run_resumes_on_the_rest(cluster: NamespaceCluster, tmp_path: Path) -> None:
-    launch = start_launch(cluster, *recovering(tmp_path, "node[1-3]", "--on-failure", "exclude", "--max-restarts",
+    launch = start_launch(cluster, *recovering(tmp_path, "node[1-4]", "--on-failure", "exclude", "--max-restarts",
                                                "2", program=("--steps", "14", "--checkpoint-every", "3")))
-    code = lose_node(cluster, launch, 3, "] line rank=0 attempt=0 step=5")
+    code = lose_node(cluster, launch, 4, "] line rank=0 attempt=0 step=5")
     assert code == 0, launch.err
     first, second = manifest(tmp_path)["attempts"]
-    assert first["hosts"] == ["node1", "node2", "node3"] and first["exit_code"] == 255
-    assert first["verdict"]["kind"] == "hardware" and first["verdict"]["suspects"] == ["node3"]
-    assert first["excluded"] == ["node3"] and first["next"] == "restart"
-    assert first["tested"]["node3"].startswith("ssh.connect") and first["tested"]["node1"] == "nothing found"
+    assert first["hosts"] == ["node1", "node2", "node3", "node4"] and first["exit_code"] == 255
+    assert first["verdict"]["kind"] == "hardware" and first["verdict"]["suspects"] == ["node4"]
+    assert first["excluded"] == ["node4"] and first["next"] == "restart"
+    assert first["tested"]["node4"].startswith("ssh.connect") and first["tested"]["node1"] == "nothing found"
     assert first["last_checkpoint_step"] is not None and first["last_checkpoint_step"] >= 3
-    assert second["hosts"] == ["node1", "node2"] and second["exit_code"] == 0
+    assert second["hosts"] == ["node1", "node2", "node3"] and second["exit_code"] == 0
     assert second["resumed_from_step"] == first["last_checkpoint_step"] and second["progress"] is True
     assert second["recover_s"] > 0 and first["steps_lost"] >= 0
     lines = step_lines(launch.stdout)
     resumed = first["last_checkpoint_step"]
-    # The new world: two ranks, from the checkpoint to the last step, every line once.
-    assert lines[(0, 1)] == lines[(1, 1)] == list(range(resumed + 1, 15))
-    assert (2, 1) not in lines
+    # The new world: three ranks, from the checkpoint to the last step, every line once.
+    assert lines[(0, 1)] == lines[(1, 1)] == lines[(2, 1)] == list(range(resumed + 1, 15))
+    assert (3, 1) not in lines
     assert lines[(0, 0)][:5] == [1, 2, 3, 4, 5]
-    assert "world=2" in "".join(line for line in launch.stdout if "attempt=1 host=" in line)
+    assert "world=3" in "".join(line for line in launch.stdout if "attempt=1 host=" in line)
     log = (tmp_path / "run" / "logs" / "node1.log").read_text()
-    assert "==== attempt 1 (hosts node1,node2,node3) ====" in log
-    assert "==== attempt 2 (hosts node1,node2) ====" in log
-    assert "attempt 2 on 2 nodes (node1, node2)" in launch.err
+    assert "==== attempt 1 (hosts node1,node2,node3,node4) ====" in log
+    assert "==== attempt 2 (hosts node1,node2,node3) ====" in log
+    assert "attempt 2 on 3 nodes (node1, node2, node3)" in launch.err
     assert_no_job_processes(cluster, GRACE_S + 8)
 
 
@@ -181,16 +181,17 @@ def test_a_spare_takes_the_lost_hosts_place_and_the_world_keeps_its_size(cluster
 
 
 def test_the_bundled_trainer_resumes_resharded_with_the_same_loss(cluster: NamespaceCluster, tmp_path: Path) -> None:
-    """3 nodes -> 2, re-planned for the same global batch: the loss of the first step after the
+    """4 nodes -> 3, re-planned for the same global batch: the loss of the first step after the
     resumed checkpoint is the one the first attempt logged for that step (same model, same data)."""
-    launch = start_launch(cluster, "--hosts", "node[1-3]", "--nproc-per-node", "1", "--model", "tiny",
-                          "--precision", "fp32", "--steps", "10", "--checkpoint-interval", "2", "--on-failure",
-                          "exclude", "--max-restarts", "1", "--heartbeat-timeout", "4", "--grace", str(GRACE_S),
+    launch = start_launch(cluster, "--hosts", "node[1-4]", "--nproc-per-node", "1", "--model", "tiny",
+                          "--micro-batch", "3", "--precision", "fp32", "--steps", "10", "--checkpoint-interval", "2",
+                          "--on-failure", "exclude", "--max-restarts", "1", "--heartbeat-timeout", "4",
+                          "--grace", str(GRACE_S),
                           "--run-dir", str(tmp_path / "run"))
-    code = lose_node(cluster, launch, 3, "[fstrain.train] step 5/10 loss")
+    code = lose_node(cluster, launch, 4, "[fstrain.train] step 5/10 loss")
     assert code == 0, launch.err
     first, second = manifest(tmp_path)["attempts"]
-    assert first["excluded"] == ["node3"] and second["hosts"] == ["node1", "node2"]
+    assert first["excluded"] == ["node4"] and second["hosts"] == ["node1", "node2", "node3"]
     assert "the global batch of 12 sequences is kept" in second["replanned"], second["replanned"]
     resumed = second["resumed_from_step"]
     assert resumed == first["last_checkpoint_step"] and resumed >= 2
@@ -201,7 +202,7 @@ def test_the_bundled_trainer_resumes_resharded_with_the_same_loss(cluster: Names
     assert min(losses[1]) == resumed + 1 and max(losses[1]) == 10
     assert abs(losses[1][resumed + 1] - losses[0][resumed + 1]) < 1e-3, (resumed, losses)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["start_step"] == resumed
+    assert summary["world_size"] == 3 and summary["start_step"] == resumed
     assert_no_job_processes(cluster, GRACE_S + 8)
 
 
