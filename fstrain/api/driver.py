@@ -363,8 +363,7 @@ def attempt_evidence(outcome: RunOutcome) -> Evidence:
 def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:
     """The highest step any rank reported in this attempt: its metric lines, or the bundled
     trainer's progress lines, in the hosts' log files from where the attempt began."""
-    from fstrain.core.launch.metricline import parse_metric_line
-    from fstrain.core.launch.runstate import parse_progress
+    from fstrain.core.launch.metricline import read_step
 
     steps = []
     for name, offset in offsets.items():
@@ -373,11 +372,9 @@ def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:
                 handle.seek(offset)
                 for raw in handle:
                     _, _, text = raw.decode(errors="replace").rstrip("\n").partition("] ")
-                    metrics = parse_metric_line(text)
-                    progress = parse_progress(text) if metrics is None else None
-                    step = metrics.step if metrics is not None else (progress or {}).get("step")
-                    if step is not None:
-                        steps.append(int(step))
+                    reading = read_step(text, any_program=True)
+                    if reading is not None:
+                        steps.append(reading.metrics.step)
         except OSError:
             continue
     return max(steps) if steps else None

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fstrain.core.launch.metricline import PREFIX as METRIC_MARK
-from fstrain.core.report.series import PROGRESS_MARK, RESUMED_MARK
+from fstrain.core.launch.metricline import PROGRESS_MARK
+from fstrain.core.report.series import RESUMED_MARK
 from fstrain.errors import FstrainError, InputError
 
 if TYPE_CHECKING:

@@ -339,7 +339,7 @@ class SshRun:
 def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None) -> dict[str, Any]:
     """The state and per node and rank: reachable, watchdog alive, exit, last output, progress, GPUs."""
     from fstrain.core.launch.gpuusage import from_node
-    from fstrain.core.launch.runstate import first_failure, parse_progress
+    from fstrain.core.launch.runstate import first_failure
     from fstrain.io.runs import run_state
 
     state = run_state(record, views)
@@ -357,10 +357,9 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
         ranks = []
         for local, entry in sorted((node.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
             rank = int(local) + offset if offset is not None else int(local)
-            progress = parse_progress(entry.get("progress_line") or "") if entry.get("progress_line") else None
             ranks.append({"rank": rank, "local_rank": int(local), "alive": rank in alive,
                           "last_output_at": entry.get("last_output_at"), "last_line": entry.get("last_line"),
-                          "progress": progress})
+                          "progress": progress_of(entry.get("progress_line") or "")})
         gpus, gpus_error = from_node((view or {}).get("gpus"), host.label())
         nodes.append({"host": host.label(), "node_rank": index, "reachable": view is not None,
                       "watchdog_alive": (view or {}).get("watchdog_alive"), "exit_code": node.get("exit_code"),
@@ -370,6 +369,18 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
             "first_failure": failure, "detached": bool(record.detached), "started": record.started, "nodes": nodes,
             "attempts": (record.manifest or {}).get("attempts") or []}
+
+
+def progress_of(line: str) -> dict[str, Any] | None:
+    """A rank's ``progress`` in status: step, final step, loss and tokens/s of a progress line,
+    the trainer's or a program's own ``step N/M loss L`` (metricline.read_progress); None for
+    any other line."""
+    from fstrain.core.launch.metricline import read_progress
+
+    found = read_progress(line, any_program=True)
+    if found is None:
+        return None
+    return {"step": found.step, "steps": found.steps, "loss": found.loss, "tokens_per_s": found.tokens_per_s}
 
 
 def recorded_failure(record: RunRecord) -> dict[str, Any] | None:
@@ -641,8 +652,6 @@ def kill_job(job_id: str) -> None:
 
 def rank_files(folder: Path, host: str) -> list[dict[str, Any]]:
     """Each rank's last line, last output time and last progress line, from its log file."""
-    from fstrain.core.launch.runstate import parse_progress
-
     ranks = []
     for path in folder.glob(f"{host}.r*.log") if folder.is_dir() else []:
         match = re.fullmatch(re.escape(host) + r"\.r(\d+)\.log", path.name)
@@ -652,7 +661,7 @@ def rank_files(folder: Path, host: str) -> list[dict[str, Any]]:
             handle.seek(max(0, path.stat().st_size - LOG_SCAN_BYTES))
             lines = handle.read().decode(errors="replace").splitlines()
         texts = [line.split("] ", 1)[-1] for line in lines]
-        progress = next((p for p in map(parse_progress, reversed(texts)) if p is not None), None)
+        progress = next((p for p in map(progress_of, reversed(texts)) if p is not None), None)
         ranks.append({"rank": int(match.group(1)), "last_output_at": path.stat().st_mtime,
                       "last_line": texts[-1] if texts else None, "progress": progress})
     return sorted(ranks, key=lambda r: r["rank"])

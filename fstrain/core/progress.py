@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from fstrain.core.launch.metricline import parse_metric_line
+from fstrain.core.launch.metricline import read_step
 
 # The stages, in the order a launch meets them; bench, doctor and plan --trace use their own.
 STAGES = {
@@ -131,21 +131,13 @@ def bench_event(text: str) -> Event | None:
     return Event("measure", int(counted.group(1)), int(counted.group(2)), what[:counted.start()].strip())
 
 
-# The bundled trainer's progress line: "[fstrain.train] step 1/20 loss ...".
-_STEP_RE = re.compile(r"\bstep (\d+)(?:/(\d+))?\b")
-
-
 def step_event(text: str) -> Event | None:
     """A rank's line that reports a training step (the metric line, or the trainer's progress
     line) as the end of the ``first step`` stage; None for any other line."""
-    metric = parse_metric_line(text)
-    if metric is not None:
-        step, steps = metric.step, metric.steps
-    else:
-        match = _STEP_RE.search(text) if "[fstrain.train] step " in text else None
-        if match is None:
-            return None
-        step, steps = int(match.group(1)), int(match.group(2)) if match.group(2) else None
+    reading = read_step(text)
+    if reading is None:
+        return None
+    step, steps = reading.metrics.step, reading.metrics.steps
     return Event("first step", text=f"step {step}" + (f"/{steps}" if steps else ""), ended=True)
 
 

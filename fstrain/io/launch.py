@@ -370,7 +370,7 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
         for index, node in enumerate(nodes):
             _start_node(node, connect, python, options, events, prewarmed[index] if prewarmed else None)
         threading.Thread(target=_heartbeats, args=(nodes, events, options), daemon=True).start()
-        hangs = HangReports(options.run_dir)
+        hangs = HangReports(options.run_dir, [node.launch.host.name for node in nodes])
         run = _watch(nodes, events, stop, logs, secrets, options, hangs, stages)
     finally:
         stages.end()

@@ -2,23 +2,25 @@
 
 When and why stacks are collected is the supervisor's decision (fstrain/core/launch/supervisor.py);
 this keeps each node's stacks report as it arrives and writes ``RUN_DIR/stacks/``: one file per
-rank and stack tool, and ``report.json`` naming the ranks that differ (fstrain/core/launch/stacks.py).
+rank and stack tool, and ``report.json`` naming the ranks that differ (fstrain/core/launch/stacks.py),
+with the writer a detached run's coordinator uses (fstrain/io/remote/stacks.py ``write_report``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fstrain.core.launch.stacks import hang_report
+from fstrain.io.remote.stacks import write_report
 
 
 @dataclass
 class HangReports:
     run_dir: Path
+    names: Sequence[str] = ()  # the nodes' hosts by node rank: where each NCCL trace is
     reports: dict[int, dict[str, Any]] = field(default_factory=dict)  # node rank -> its stacks report
     document: dict[str, Any] | None = None  # the report, once written
 
@@ -27,12 +29,6 @@ class HangReports:
 
     def write(self, reason: str, unanswered: Sequence[int]) -> dict[str, Any]:
         """RUN_DIR/stacks/rank<R>.<tool>.txt per rank and report.json; returns the report."""
-        folder = self.run_dir / "stacks"
-        folder.mkdir(parents=True, exist_ok=True)
-        document, files = hang_report(self.reports, reason, sorted(unanswered))
-        for name, text in files.items():
-            (folder / name).write_text(text)
-        document["folder"] = str(folder)
-        (folder / "report.json").write_text(json.dumps(document, indent=2) + "\n")
-        self.document = document
-        return document
+        document, files = hang_report(self.reports, reason, sorted(unanswered), self.names)
+        self.document = write_report(str(self.run_dir), document, files)
+        return self.document

@@ -7,7 +7,7 @@ import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fstrain.core.launch.metricline import StepMetrics, format_metric_line, parse_metric_line
+from fstrain.core.launch.metricline import StepMetrics, format_metric_line, read_step
 from fstrain.core.launch.promfile import NODE_METRICS, RANK_METRICS, NodeMetrics, textfile_name
 
 NAMES = [name for name, *_ in RANK_METRICS + NODE_METRICS]
@@ -21,7 +21,7 @@ def families(text: str) -> dict[str, dict[str, object]]:
 
 
 def node(nproc: int = 2, offset: int | None = 2) -> NodeMetrics:
-    return NodeMetrics('run-"1"', "node\\a", 1, nproc, offset, started=100.0, parse_metric_line=parse_metric_line)
+    return NodeMetrics('run-"1"', "node\\a", 1, nproc, offset, started=100.0, read_step=read_step)
 
 
 def samples(found: dict[str, dict[str, object]], name: str) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fstrain.core.launch.runstate import RunState, from_host_records, from_manifest, from_nodes, parse_progress
+from fstrain.core.launch.runstate import RunState, from_host_records, from_manifest, from_nodes
 
 
 def view(alive: bool, run: dict[str, Any] | None = None, final: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -42,13 +42,6 @@ def test_attached_runs_from_their_manifest() -> None:
     assert from_manifest({"reason": "ok", "exit_code": 0, "ended": 5.0}) == RunState("succeeded", 0, "ok", 5.0)
     assert from_manifest({"reason": "interrupted", "exit_code": 130}).state == "stopped"
     assert from_manifest({"reason": "stalled", "exit_code": 124}).state == "stalled"
-
-
-def test_progress_lines() -> None:
-    line = "[default0]:[fstrain.train] step 12/20 loss 3.4567 lr 1.000e-04 tokens/s 12,345 cpu=1.0MiB"
-    assert parse_progress(line) == {"step": 12, "steps": 20, "loss": 3.4567, "tokens_per_s": 12345.0}
-    assert parse_progress("step 3") == {"step": 3, "steps": None, "loss": None, "tokens_per_s": None}
-    assert parse_progress("ready rank=0") is None
 
 
 def test_runs_found_on_the_hosts() -> None:

@@ -9,8 +9,9 @@ mean. Pure: the edge (fstrain/io/launch.py, fstrain/io/runs.py, fstrain/io/logs.
 - :mod:`.stacks`: hang analysis: stack dumps -> where each rank is, the odd ranks
 - :mod:`.supervisor`: the supervision rules: events in, decisions and the run's verdict out
 - :mod:`.runstate`: a run's state (starting ... lost) from its nodes' records
-- :mod:`.metricline`: the metric line a rank prints per step, and metrics.jsonl
-- :mod:`.promfile`: a node's ranks as a Prometheus textfile; the bundled trainer's progress line
+- :mod:`.metricline`: the metric line a rank prints per step, and metrics.jsonl; a rank's step
+  from a line of its output (``read_step``: the metric line, else the trainer's progress line)
+- :mod:`.promfile`: a node's ranks as a Prometheus textfile
 - :mod:`.runrecord`: this machine's records of a run (index entry, detached.json)
 - :mod:`.logtail`: log files by whole lines and byte offsets, forward or from the end
 - :mod:`.gpuusage`: GPU memory and utilisation of a run's nodes (`fstrain status`)

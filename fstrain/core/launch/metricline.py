@@ -16,6 +16,12 @@ second or the whole job's, as ``scope`` says: "rank" or "job"), ``step_s`` (wall
 step), ``memory_bytes`` (peak bytes the rank's accelerator allocator reserved), ``rank``,
 ``time`` (Unix seconds when the step ended). Unknown fields are kept in ``extra``.
 
+A rank that prints no metric line may still say its step in the bundled trainer's progress line
+(fstrain/train/loop.py), ``[fstrain.train] step 5/20 loss 3.1234 lr ... tokens/s 12,345 ...``.
+:func:`read_step` is the one reader of a rank's step from a line of its output, whichever of the
+two it is: the watchdog's Prometheus textfile, ``status`` and its live view, ``fstrain report``,
+the launch's progress and the recovery loop all read through it.
+
 Pure and stdlib only: the node-side watchdog sends this module with itself.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +41,11 @@ _FLOATS = ("loss", "lr", "tokens_per_s", "step_s", "time")
 _INTS = ("steps", "memory_bytes", "rank")
 _KNOWN = frozenset(("v", "step", "scope", *_FLOATS, *_INTS))
 MAX_LINE_BYTES = 64 * 1024  # a longer line is not a metric line
+# The bundled trainer's progress line: its mark, and its numbers (what follows "step N/M" is optional).
+PROGRESS_MARK = "[fstrain.train] step "
+_PROGRESS_RE = re.compile(r"\bstep (\d+)(?:/(\d+))?(?:.*?\bloss ([0-9.eE+-]+|nan|inf))?(?:.*?\btokens/s ([0-9,.]+))?")
+METRIC_LINE = "metric line"
+PROGRESS_LINE = "progress line"
 
 
 @dataclass(frozen=True)
@@ -135,3 +147,54 @@ def parse_metrics_jsonl(text: str) -> list[StepMetrics]:
         if metrics is not None:
             found.append(metrics)
     return found
+
+
+@dataclass(frozen=True)
+class StepReading:
+    """What one output line says of a rank's step: its numbers (a progress line gives ``step``,
+    ``steps``, ``loss`` and ``tokens_per_s`` at most) and the form that said them."""
+
+    metrics: StepMetrics
+    source: str
+    """``metric line`` or ``progress line``."""
+
+    @property
+    def from_metric_line(self) -> bool:
+        """A metric line carries more than a progress line: where a rank prints both, it wins."""
+        return self.source == METRIC_LINE
+
+
+def read_step(line: str, any_program: bool = False) -> StepReading | None:
+    """A rank's step from one line of its output: the metric line where the line holds one, else
+    the progress line (:func:`read_progress`, ``any_program`` as there); None for any other line.
+    Text before either (a host, rank or launcher tag) is allowed."""
+    metrics = parse_metric_line(line)
+    if metrics is not None:
+        return StepReading(metrics, METRIC_LINE)
+    progress = read_progress(line, any_program)
+    return StepReading(progress, PROGRESS_LINE) if progress is not None else None
+
+
+def read_progress(line: str, any_program: bool = False) -> StepMetrics | None:
+    """Step, final step, loss and tokens/s from a progress line: the bundled trainer's, read from
+    its ``[fstrain.train] step`` on; with ``any_program``, also any line that says ``step N``
+    (a program's own ``rank 3 step 4/10 loss 2.5``, which ``status`` and the recovery loop
+    read). A number that does not read as one is left out (None)."""
+    if any_program:
+        at = 0 if "step " in line else -1
+    else:
+        at = line.find(PROGRESS_MARK)
+        at = at + len(PROGRESS_MARK) - len("step ") if at >= 0 else -1
+    match = _PROGRESS_RE.search(line, at) if at >= 0 else None
+    if match is None:
+        return None
+    step, total, loss, rate = match.groups()
+    return StepMetrics(step=int(step), steps=int(total) if total else None, loss=_float(loss),
+                       tokens_per_s=_float(rate.replace(",", "")) if rate else None)
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:  # "loss -" or "tokens/s ." in a line that only looks like a progress line
+        return None

@@ -6,13 +6,13 @@ seconds and at the end writes :meth:`NodeMetrics.render` to ``DIR/<textfile_name
 beside it first, then renamed over it: the collector never reads half a file, and it skips
 names that do not end in ``.prom``).
 
-A rank's numbers come from its metric lines (fstrain/core/launch/metricline.py); a rank that
-prints none but the bundled trainer's progress line (``step 5/20 loss 3.1 ... tokens/s 12,345``)
-is read from that. Every sample carries ``run_id``, ``host`` and ``node_rank``; per-rank
-samples also ``rank`` (global; empty while unknown) and ``local_rank``.
+A rank's numbers come from its metric lines; a rank that prints none but the bundled trainer's
+progress line (``step 5/20 loss 3.1 ... tokens/s 12,345``) is read from that: both through
+``read_step`` of fstrain/core/launch/metricline.py. Every sample carries ``run_id``, ``host``
+and ``node_rank``; per-rank samples also ``rank`` (global; empty while unknown) and ``local_rank``.
 
 Pure and stdlib only: it travels to the nodes with the watchdog, as does metricline.py, whose
-parser is passed in (modules sent to a node cannot import each other).
+reader is passed in (modules sent to a node cannot import each other).
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ from typing import Any
 INTERVAL_S = 5.0  # how often the watchdog rewrites the file
 # A local-rank tag in front of a line: the watchdog's relay ([local3]:) or torchrun's --tee.
 _TAG_RE = re.compile(r"^\[(?:default|rank|local)(\d+)\]:")
-# The bundled trainer's progress line (fstrain/train/loop.py), read where a rank prints no metric line.
-PROGRESS_RE = re.compile(r"\bstep (\d+)(?:/(\d+))?(?:.*?\bloss ([0-9.eE+-]+|nan|inf))?(?:.*?\btokens/s ([0-9,.]+))?")
-PROGRESS_MARK = "[fstrain.train] step "
+_VALUES = ("step", "steps", "loss", "lr", "tokens_per_s", "step_s", "memory_bytes")  # a rank's, from its lines
 
 # (name, type, help, the rank's field it shows); None: computed here.
 RANK_METRICS = (
@@ -71,15 +69,15 @@ class RankSeries:
 class NodeMetrics:
     """What one node's ranks reported, and the exposition of it.
 
-    ``parse_metric_line``: fstrain.core.launch.metricline.parse_metric_line (text -> StepMetrics
-    or None). ``rank_offset``: the global rank of local rank 0 where the launch knows it."""
+    ``read_step``: fstrain.core.launch.metricline.read_step (text -> StepReading or None).
+    ``rank_offset``: the global rank of local rank 0 where the launch knows it."""
 
     def __init__(self, run_id: str, host: str, node_rank: int, nproc: int, rank_offset: int | None,
-                 started: float, parse_metric_line: Callable[[str], Any]) -> None:
+                 started: float, read_step: Callable[[str], Any]) -> None:
         self.labels = {"run_id": run_id, "host": host, "node_rank": str(node_rank)}
         self.rank_offset = rank_offset
         self.started = started
-        self.parse = parse_metric_line
+        self.read_step = read_step
         self.restarts = 0
         self.ranks = {local: RankSeries(local, None if rank_offset is None else rank_offset + local)
                       for local in range(max(1, nproc))}
@@ -92,7 +90,8 @@ class NodeMetrics:
             text = text[tag.end():]
             if local_rank is None:
                 local_rank = int(tag.group(1))
-        metrics = self.parse(text) if "FSTRAIN_METRICS " in text else None
+        reading = self.read_step(text)
+        metrics = reading.metrics if reading is not None and reading.from_metric_line else None
         if local_rank is None and metrics is not None and metrics.rank is not None and self.rank_offset is not None:
             local_rank = metrics.rank - self.rank_offset
         if local_rank is None and len(self.ranks) == 1:
@@ -101,17 +100,14 @@ class NodeMetrics:
         if series is None:
             return
         series.last_output = now
+        if reading is None or (series.from_metric_line and not reading.from_metric_line):
+            return
+        series.values = {name: getattr(reading.metrics, name) for name in _VALUES}
         if metrics is not None:
             series.from_metric_line = True
-            series.values = {name: getattr(metrics, name) for name in ("step", "steps", "loss", "lr",
-                                                                       "tokens_per_s", "step_s", "memory_bytes")}
             series.scope = metrics.scope
             if metrics.rank is not None:
                 series.rank = metrics.rank
-        elif not series.from_metric_line and PROGRESS_MARK in text:
-            progress = parse_progress(text)
-            if progress is not None:
-                series.values = progress
 
     def set_alive(self, ranks: Mapping[int, int]) -> None:
         """The ranks whose process runs now: local rank -> global rank."""
@@ -147,20 +143,6 @@ class NodeMetrics:
         if name == "fstrain_rank_alive":
             return 1.0 if series.alive else 0.0
         return max(0.0, now - (series.last_output if series.last_output is not None else self.started))
-
-
-def parse_progress(line: str) -> dict[str, Any] | None:
-    """step, total steps, loss and tokens/s from the bundled trainer's progress line."""
-    match = PROGRESS_RE.search(line)
-    if match is None:
-        return None
-    step, total, loss, rate = match.groups()
-    return {
-        "step": int(step),
-        "steps": int(total) if total else None,
-        "loss": float(loss) if loss else None,
-        "tokens_per_s": float(rate.replace(",", "")) if rate else None,
-    }
 
 
 def _sample(name: str, labels: Mapping[str, str], value: float) -> str:

@@ -13,9 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The bundled trainer's progress line ("[fstrain.train] step 5/20 loss 3.1234 ... tokens/s 12,345").
-from fstrain.core.launch.promfile import parse_progress as parse_progress
-
 STATES = ("starting", "running", "stalled", "succeeded", "failed", "stopped", "lost")
 FINAL = frozenset({"stalled", "succeeded", "failed", "stopped", "lost"})
 # The attached launcher's reasons (manifest.json) -> states.

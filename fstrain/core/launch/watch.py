@@ -3,10 +3,11 @@
 Each refresh brings the run's status document (its state, and per node and rank what the
 nodes know: alive, last output, GPUs) and the last lines of the ranks' output, tagged
 ``[host rN]`` as `fstrain logs` prints them. From those, per rank: the newest numbers its lines
-carry (the metric line, ``FSTRAIN_METRICS {...}``, where the rank prints it; else the bundled
-trainer's progress line, ``step 5/20 loss ... tokens/s ...``); the step time, from the metric
-line or else measured between refreshes; the slowest rank; and the run's progress to its final
-step with an estimate of the time left. Pure: the caller passes the time.
+carry (the metric line, ``FSTRAIN_METRICS {...}``, where the rank prints it; else a progress
+line, the bundled trainer's ``step 5/20 loss ... tokens/s ...`` or a program's own line that
+says ``step N``: metricline.read_step); the step time, from the metric line or else measured
+between refreshes; the slowest rank; and the run's progress to its final step with an estimate
+of the time left. Pure: the caller passes the time.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fstrain.core.launch.metricline import StepMetrics, parse_metric_line
-from fstrain.core.launch.runstate import FINAL, parse_progress
+from fstrain.core.launch.metricline import StepMetrics, from_mapping, read_step
+from fstrain.core.launch.runstate import FINAL
 
 # A tagged output line: "[node1 r3] text" (a detached run's logs, an attached or Slurm run's log files).
 _TAGGED_RE = re.compile(r"^\[(\S+) r(\d+)\] ?(.*)$")
@@ -86,21 +87,10 @@ def latest_samples(lines: Iterable[str]) -> dict[int, StepMetrics]:
         match = _TAGGED_RE.match(line.rstrip("\r\n"))
         if match is None:
             continue
-        rank, text = int(match.group(2)), match.group(3)
-        metric = parse_metric_line(text)
-        if metric is not None:
-            metrics[rank] = metric
-            continue
-        found = parse_progress(text) if " step " in f" {text} " else None
-        if found is not None:
-            progress[rank] = _from_progress(found)
+        reading = read_step(match.group(3), any_program=True)
+        if reading is not None:
+            (metrics if reading.from_metric_line else progress)[int(match.group(2))] = reading.metrics
     return {**progress, **metrics}
-
-
-def _from_progress(found: Mapping[str, Any]) -> StepMetrics:
-    """A progress line's numbers (runstate.parse_progress) as a metric line's."""
-    return StepMetrics(step=found["step"], steps=found.get("steps"), loss=found.get("loss"),
-                       tokens_per_s=found.get("tokens_per_s"))
 
 
 def tail_lines(status: Mapping[str, Any], ranks_seen: int = 0) -> int:
@@ -162,7 +152,7 @@ class Watch:
              now: float) -> WatchRow:
         number = int(rank["rank"])
         if sample is None and rank.get("progress"):  # the nodes' own record of its last progress line
-            sample = _from_progress(rank["progress"])
+            sample = from_mapping(rank["progress"])  # step, steps, loss, tokens_per_s: a metric line's names
         step_s = None
         if sample is not None:
             self.seen[number] = _note(self.seen.get(number, []), now, sample.step, self.window_s)

@@ -10,6 +10,7 @@ launcher does not say the rank). Two forms carry numbers:
   tokens/s, the memory the allocator's reserved peak (the process's peak RSS on CPU).
 
 Where a rank prints metric lines, its progress lines are left out (they say the same once more).
+Both are read by fstrain/core/launch/metricline.py's ``read_step``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fstrain.core.launch.metricline import parse_metric_line
-from fstrain.core.launch.runstate import parse_progress
+from fstrain.core.launch.metricline import METRIC_LINE, PROGRESS_LINE, StepMetrics, read_step
 
 TAG_RE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
-PROGRESS_MARK = "[fstrain.train] step "
 RESUMED_MARK = "[fstrain.train] resumed from step "
 _MEMORY_RE = re.compile(r"\b(max_(?:reserved|allocated|rss)_bytes)=([0-9.]+)MiB")
 # The progress line's memory, most telling first: what the allocator holds, what tensors use, the RSS.
@@ -73,18 +72,13 @@ def split_tag(line: str) -> tuple[str, int | None, str]:
     return match.group(1), int(match.group(2)) if match.group(2) else None, match.group(3)
 
 
-def progress_point(text: str, tokens_per_step: int | None) -> Point | None:
-    """A point from the bundled trainer's progress line; None for any other line."""
-    at = text.find(PROGRESS_MARK)
-    if at < 0:
-        return None
-    found = parse_progress(text[at + len("[fstrain.train] "):])
-    if found is None:
-        return None
-    rate = found["tokens_per_s"]
+def progress_point(found: StepMetrics, text: str, tokens_per_step: int | None) -> Point:
+    """A point from the bundled trainer's progress line ``text``, ``found`` as read_step read it:
+    the step time from its tokens/s, the memory from the line's own figures."""
+    rate = found.tokens_per_s
     memory = {key: float(value) for key, value in _MEMORY_RE.findall(text)}
     chosen = next((memory[k] for k in _MEMORY_KEYS if k in memory), None)
-    return Point(step=found["step"], loss=found["loss"], tokens_per_s=rate,
+    return Point(step=found.step, loss=found.loss, tokens_per_s=rate,
                  step_s=tokens_per_step / rate if tokens_per_step and rate else None,
                  memory_bytes=round(chosen * 2**20) if chosen is not None else None)
 
@@ -97,24 +91,23 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
     hosts: dict[int, str] = {}
     for line in lines:
         host, tagged_rank, text = split_tag(line)
-        metrics = parse_metric_line(text)
-        if metrics is not None:
+        reading = read_step(text)
+        if reading is None:
+            continue
+        metrics = reading.metrics
+        if reading.from_metric_line:
             rank = metrics.rank if metrics.rank is not None else tagged_rank
             if rank is None:
                 continue
-            step_s = metrics.step_s
             metric.setdefault(rank, {})[metrics.step] = Point(metrics.step, metrics.loss, metrics.tokens_per_s,
-                                                              step_s, metrics.memory_bytes)
-            hosts.setdefault(rank, host)
-            continue
-        point = progress_point(text, tokens_per_step)
-        if point is not None:
+                                                              metrics.step_s, metrics.memory_bytes)
+        else:
             rank = tagged_rank if tagged_rank is not None else 0  # the trainer prints it on rank 0 only
-            progress.setdefault(rank, {})[point.step] = point
-            hosts.setdefault(rank, host)
+            progress.setdefault(rank, {})[metrics.step] = progress_point(metrics, text, tokens_per_step)
+        hosts.setdefault(rank, host)
     out = []
     for rank in sorted(set(metric) | set(progress)):
-        source, points = ("metric line", metric[rank]) if rank in metric else ("progress line", progress[rank])
+        source, points = (METRIC_LINE, metric[rank]) if rank in metric else (PROGRESS_LINE, progress[rank])
         out.append(RankSeries(rank, hosts.get(rank, ""), source, tuple(points[s] for s in sorted(points))))
     return out
 

@@ -370,14 +370,8 @@ class Coordinator:
         names the odd ranks)."""
         document, files = self.analysis.hang_report(self.stacks, self.run.stall_reason, sorted(unanswered),
                                                     [n.name for n in self.run.nodes])
-        folder = os.path.join(self.node.run_dir, "stacks")
-        with contextlib.suppress(OSError):
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            for name, text in files.items():
-                with open(os.path.join(folder, name), "w") as handle:
-                    handle.write(text)
-            document["folder"] = folder
-            write_json(os.path.join(folder, "report.json"), document)
+        with contextlib.suppress(OSError):  # the run's end is recorded all the same
+            self.node.watchdog.module("stacks").write_report(self.node.run_dir, document, files)
         return document
 
     # -- links ---------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ The watchdog loads this module (sent in its header) when the launch asks for sta
 - ``FirstFailedRank`` watches the ranks' own processes for the first one that exits non-zero,
   read from ``/proc/<pid>/stat`` while it is a zombie (its launcher has not collected it yet):
   DeepSpeed's launcher exits with that rank's code but never says which rank it was.
-Never raises: what cannot be read is reported as missing.
+- ``write_report`` writes the hang report into the same folder: a detached run's coordinator
+  calls it on node 0, the attached launcher (fstrain/io/stall.py) on this machine.
+Collecting never raises: what cannot be read is reported as missing.
 """
 
 from __future__ import annotations
@@ -347,3 +349,22 @@ def collect(run_dir: str, pids: list[int], wait_s: float = 3.0) -> dict[str, Any
                     del pending[rank]
     traces = sorted(glob.glob(os.path.join(run_dir, NCCL_TRACE_PREFIX + "*")))
     return {"ranks": found, "nccl_traces": traces, "flight_recorder": flight_recorder}
+
+
+def write_report(run_dir: str, document: dict[str, Any], files: dict[str, str]) -> dict[str, Any]:
+    """The hang report in ``RUN_DIR/stacks/``: every file of ``files`` (a rank's stacks, its flight
+    recorder), then ``report.json``, the document with that folder named in it, written beside
+    and renamed over (a reader never sees half of it); the document and files are
+    fstrain/core/launch/stacks.py's ``hang_report``. Raises OSError: whether a report that cannot
+    be written ends anything is for the caller to say."""
+    folder = os.path.join(run_dir, STACKS_DIR)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    for name, text in files.items():
+        with open(os.path.join(folder, name), "w") as handle:
+            handle.write(text)
+    document["folder"] = folder
+    partial = os.path.join(folder, f"report.json.{os.getpid()}.partial")
+    with open(partial, "w") as handle:
+        handle.write(json.dumps(document, indent=2) + "\n")
+    os.replace(partial, os.path.join(folder, "report.json"))
+    return document

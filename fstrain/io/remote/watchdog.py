@@ -583,7 +583,7 @@ class MetricsTextfile:
         self.interval_s = float(header.get("metrics_interval_s") or promfile.INTERVAL_S)
         self.metrics = promfile.NodeMetrics(str(header.get("run_id", "")), os.uname().nodename,
                                             int(header.get("node_rank") or 0), int(header.get("nproc") or 1),
-                                            header.get("rank_offset"), time.time(), metricline.parse_metric_line)
+                                            header.get("rank_offset"), time.time(), metricline.read_step)
         self.max_line_bytes = int(metricline.MAX_LINE_BYTES)
         self.stacks = stacks
         self.lock = threading.Lock()
