@@ -23,6 +23,21 @@ tensors; Inductor fuses a chain into one kernel that reads its inputs and writes
 (fp32 RMSNorm, complex-multiply rotary, ``silu(w1 x) * w3 x``, residual adds); the time saved is
 the difference over the HBM bandwidth large copies reach (assumption ``hbm_efficiency``). The
 matmuls, attention and GQA's K/V repeat are the same kernels either way.
+
+flash-attention's GPT blocks (``flash_attn/models/gpt.py`` @0251105, as its training configs set
+them; :class:`FusedBlock`) run two more fused kernels:
+
+- ``fused_mlp``: ``FusedMLPFunc`` (``flash_attn/ops/fused_dense.py`` L249-345) computes fc1, its
+  bias and the tanh GeLU in one cuBLASLt GEMM and saves ``x, weight1, weight2, pre_act, output1``
+  at ``checkpoint_lvl`` 0 (the FFN input and two FFN-wide tensors, what eager PyTorch keeps),
+  ``x, weight1, weight2, pre_act`` at 1 and ``x, weight1, weight2, bias1`` at 2 (L337-343). Its
+  backward recomputes what was not saved (L368-395: the GeLU at 1, fc1's GEMM and the GeLU at
+  2), so the block in backward holds the same FFN-wide tensors at every level.
+- ``fused_dropout_add_ln``: ``layer_norm_fn`` (``flash_attn/ops/triton/layer_norm.py``,
+  ``LayerNormFn.forward`` L846-916) runs dropout, the residual add and the norm as one Triton
+  kernel and saves ``residual_out`` (the sum, in the residual's dtype), ``mean`` (LayerNorm) and
+  ``rstd`` (fp32 per row) and, with dropout, one int64 seed per row (L408-409): the backward
+  regenerates the mask from the seed instead of reading a 1-byte mask per element.
 """
 
 from __future__ import annotations
@@ -30,8 +45,63 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fstrain.core.plan.schema import ModelSpec
+from fstrain.errors import InputError
 
 FP32 = 4
+SEED_BYTES = 8  # int64, one per row (token) and norm: layer_norm.py L408-409
+MLP_CHECKPOINT_LEVELS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class FusedBlock:
+    """flash-attention's fused kernels in a block: ``mlp_checkpoint_lvl`` None for an eager
+    MLP, else FusedMLP's level; ``dropout_add_ln`` for the fused dropout-add-norm kernel."""
+
+    mlp_checkpoint_lvl: int | None = None
+    dropout_add_ln: bool = False
+
+    @property
+    def mlp_recomputed(self) -> int:
+        """FFN-wide tensors the fused MLP does not save and its backward recomputes (its level)."""
+        return self.mlp_checkpoint_lvl or 0
+
+    def describe(self) -> str:
+        """The kernels as the plan names them ('' for eager PyTorch)."""
+        parts = []
+        if self.mlp_checkpoint_lvl is not None:
+            parts.append(f"fused MLP lvl {self.mlp_checkpoint_lvl}")
+        if self.dropout_add_ln:
+            parts.append("fused dropout-add-norm")
+        return ", ".join(parts)
+
+
+EAGER_BLOCK = FusedBlock()
+
+
+def fused_block(fused_mlp: bool, mlp_checkpoint_lvl: int, fused_dropout_add_ln: bool) -> FusedBlock:
+    """The block the assumptions ``fused_mlp``, ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln`` describe."""
+    return FusedBlock(mlp_checkpoint_lvl if fused_mlp else None, fused_dropout_add_ln)
+
+
+def check_fused_block(model: ModelSpec, fused_mlp: bool, mlp_checkpoint_lvl: int, where: str = "--assume") -> None:
+    """Refuse, in one line, a fused MLP the model cannot run or a level FusedMLP does not have."""
+    if mlp_checkpoint_lvl not in MLP_CHECKPOINT_LEVELS:
+        raise InputError(f"mlp_checkpoint_lvl is {mlp_checkpoint_lvl}, FusedMLP has levels 0, 1 and 2",
+                         "use mlp_checkpoint_lvl=0, 1 or 2", where)
+    if mlp_checkpoint_lvl and not fused_mlp:
+        raise InputError(f"mlp_checkpoint_lvl={mlp_checkpoint_lvl} is a level of flash-attention's FusedMLP, "
+                         "but fused_mlp is off", "add --assume fused_mlp=true (or --framework flash-attn)", where)
+    if fused_mlp and model.activation != "gelu":
+        raise InputError(f"fused_mlp is flash-attention's fc1 + GeLU kernel, but {model.name} uses "
+                         f"{model.activation} (flash-attention runs it as an unfused GatedMlp)",
+                         "leave fused_mlp out for this model", where)
+
+
+def fused_norm_saved_bytes(model: ModelSpec, residual_bytes: int) -> int:
+    """Per token: what one fused dropout-add-norm saves: the residual (``residual_bytes`` an
+    element), ``rstd`` and, for a LayerNorm, ``mean`` (fp32), and a dropout seed."""
+    statistics = FP32 if model.norm == "rmsnorm" else 2 * FP32
+    return residual_bytes * model.hidden_size + statistics + (SEED_BYTES if model.dropout > 0 else 0)
 
 
 def norm_is_fused(compiled: bool, fused_rmsnorm: bool) -> bool:
