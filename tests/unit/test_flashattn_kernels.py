@@ -12,6 +12,8 @@ The expected bytes are counted here from the tensors flash-attention's autograd 
   (h wide, the residual's dtype: fp32 under autocast), ``mean`` and ``rstd`` (one fp32 each per
   row; RMSNorm: ``rstd`` only) and ``seeds`` (one int64 per row when dropout > 0), where eager
   PyTorch keeps the norm's input and statistics and dropout's 1-byte mask per element.
+- ``MHA`` (flash_attn/modules/mha.py L459) projects q, k and v with one ``nn.Linear``: under
+  autocast one 16-bit cast of its input is saved, where three linears save one each.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ H, FFN = 1600, 6400
 
 
 def saved(level: int | None = None, dropout_add_ln: bool = False, precision: str = "amp-bf16",
-          model: ModelSpec = GPT2_XL, ac: str = "none") -> int:
-    return layer_activation_bytes(model, B, S, 1, ac, True, precision, fused=FusedBlock(level, dropout_add_ln))
+          model: ModelSpec = GPT2_XL, ac: str = "none", packed_qkv: bool = False) -> int:
+    return layer_activation_bytes(model, B, S, 1, ac, True, precision,
+                                  fused=FusedBlock(level, dropout_add_ln, packed_qkv))
 
 
 @pytest.mark.parametrize("precision, a", [("amp-bf16", 2), ("bf16", 2), ("fp16", 2)])
@@ -91,8 +94,13 @@ def test_fused_rmsnorm_keeps_the_residual_and_rstd() -> None:
     assert eager - fused == 2 * TOKENS * ((4 * h + 4 + 2 * h) - (2 * h + 4))
 
 
+def test_a_packed_qkv_linear_saves_one_autocast_cast_not_three() -> None:
+    assert saved(packed_qkv=False) - saved(packed_qkv=True) == 2 * TOKENS * H * 2
+    assert saved(precision="bf16", packed_qkv=True) == saved(precision="bf16")  # one shared input either way
+
+
 def test_full_recompute_keeps_the_block_input_whatever_the_kernels() -> None:
-    assert saved(2, True, ac="full") == saved(None, ac="full") == TOKENS * H * 4
+    assert saved(2, True, ac="full", packed_qkv=True) == saved(None, ac="full") == TOKENS * H * 4
 
 
 def breakdown(framework: str, assume: tuple[str, ...] = (), ac: str = "none",
@@ -115,26 +123,28 @@ def test_the_flash_attn_profile_changes_the_activations_line() -> None:
     eager_name, eager = activations_line(breakdown("fstrain"))
     name, value = activations_line(breakdown("flash-attn"))
     assert eager_name == "activations (48 layers x 1 micro-batch, AC none)"
-    assert name == "activations (48 layers x 1 micro-batch, AC none, fused MLP lvl 0, fused dropout-add-norm)"
-    assert eager - value == 48 * 2 * TOKENS * (H - 8)
+    assert name == ("activations (48 layers x 1 micro-batch, AC none, fused MLP lvl 0, fused dropout-add-norm, "
+                    "packed qkv)")
+    assert eager - value == 48 * TOKENS * (2 * (H - 8) + 2 * H * 2)
     # An --assume wins over the profile: level 2 keeps two FFN-wide tensors less per block.
     name2, value2 = activations_line(breakdown("flash-attn", ("mlp_checkpoint_lvl=2",)))
-    assert name2.endswith("fused MLP lvl 2, fused dropout-add-norm)")
+    assert name2.endswith("fused MLP lvl 2, fused dropout-add-norm, packed qkv)")
     assert value - value2 == 48 * 2 * TOKENS * FFN * 2
     # The same kernels by --assume alone, without the profile.
-    assert activations_line(breakdown("fstrain", ("fused_mlp=true", "fused_dropout_add_ln=true")))[1] == value
+    by_assume = ("fused_mlp=true", "fused_dropout_add_ln=true", "packed_qkv=true")
+    assert activations_line(breakdown("fstrain", by_assume))[1] == value
 
 
 def test_the_profile_leaves_swiglu_unfused_and_says_so() -> None:
     assumptions = framework_assumptions(profile("flash-attn"), Assumptions(), LLAMA)
-    assert (assumptions.fused_mlp, assumptions.fused_dropout_add_ln) == (False, True)
+    assert (assumptions.fused_mlp, assumptions.fused_dropout_add_ln, assumptions.packed_qkv) == (False, True, True)
     assert fused_kernels_note(profile("flash-attn"), Assumptions(), LLAMA) == (
-        "fused dropout-add-norm, no fused MLP (flash-attn fuses dense GeLU MLPs, llama3.1-8b is swiglu)")
+        "fused dropout-add-norm, packed qkv, no fused MLP (flash-attn fuses dense GeLU MLPs, llama3.1-8b is swiglu)")
     assert fused_kernels_note(profile("flash-attn"), Assumptions(), GPT2_XL) == (
-        "fused MLP lvl 0, fused dropout-add-norm")
+        "fused MLP lvl 0, fused dropout-add-norm, packed qkv")
     assert fused_kernels_note(profile("fstrain"), Assumptions(), GPT2_XL) == ""
     assert activations_line(breakdown("flash-attn", model=LLAMA, ac="full"))[0].endswith(
-        "AC full, fused dropout-add-norm)")
+        "AC full, fused dropout-add-norm, packed qkv)")
 
 
 def test_what_the_fused_mlp_cannot_run_is_refused_in_one_line() -> None:
@@ -157,12 +167,15 @@ def test_plan_flags() -> None:
     ok = run_fstrain(*args, "--framework", "flash-attn", "--assume", "mlp_checkpoint_lvl=1", "--json")
     assert ok.returncode == 0, ok.stderr
     details = json.loads(ok.stdout)["plans"][0]["memory"]["details"]
-    assert "activations (48 layers x 1 micro-batch, AC none, fused MLP lvl 1, fused dropout-add-norm)" in details
+    assert ("activations (48 layers x 1 micro-batch, AC none, fused MLP lvl 1, fused dropout-add-norm, packed qkv)"
+            in details)
     human = run_fstrain(*args, "--framework", "flash-attn")
-    assert "as flash-attn keeps it, fused MLP lvl 0, fused dropout-add-norm" in " ".join(human.stderr.split())
+    training_line = " ".join(human.stderr.split())
+    assert "as flash-attn keeps it, fused MLP lvl 0, fused dropout-add-norm, packed qkv" in training_line
     bad = run_fstrain("plan", "--model", "llama3.1-8b", "--num-nodes", "1", "--gpus-per-node", "8",
                       "--gpu", "a100-80gb", "--assume", "fused_mlp=true")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         "error: --assume: fused_mlp is flash-attention's fc1 + GeLU kernel, but llama3.1-8b uses swiglu "
         "(flash-attention runs it as an unfused GatedMlp) (hint: leave fused_mlp out for this model)"]
+

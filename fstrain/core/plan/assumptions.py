@@ -116,6 +116,13 @@ class Assumptions:
         "dropout masks. Set by --framework flash-attn.",
     )
 
+    packed_qkv: bool = _stated(
+        False,
+        "q, k and v are one linear layer (flash-attention's MHA: self.Wqkv = nn.Linear(embed_dim, qkv_dim), "
+        "flash_attn/modules/mha.py L459 @0251105): under autocast it saves one cast of its input, not "
+        "three. Set by --framework flash-attn.",
+    )
+
     adamw_foreach: bool = _stated(
         True,
         "AdamW's update runs torch's foreach kernels (torch.optim.AdamW's default on CUDA): one fp32 "

@@ -25,9 +25,9 @@ plan.yaml) sets what differs, each number cited to the framework's source (file,
   (Hugging Face's ``"auto"`` values, derived from the hidden size). With anything but
   ``rendered`` ZeRO-3 also keeps every parameter below the persistence threshold whole on
   every GPU.
-- ``fused_mlp``, ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln``: flash-attention's fused GeLU
-  MLP and its checkpoint level, and its fused dropout + residual add + norm kernel, as the
-  framework's model config turns them on (what each keeps: :mod:`fstrain.core.plan.kernels`).
+- ``fused_mlp``, ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln``, ``packed_qkv``: flash-attention's
+  fused GeLU MLP and its checkpoint level, its fused dropout + residual add + norm kernel, as the
+  framework's model config turns them on, and its one q/k/v linear (what each keeps: :mod:`fstrain.core.plan.kernels`).
   The fused MLP applies to GeLU models only: flash-attention's GPT asserts a GeLU (or ReLU)
   activation under ``fused_mlp`` and builds an unfused ``GatedMlp`` for SwiGLU, so for another
   FFN the profile leaves it off (and the plan says so).
@@ -72,6 +72,7 @@ class FrameworkProfile:
     fused_mlp: bool = False
     mlp_checkpoint_lvl: int = 0
     fused_dropout_add_ln: bool = False
+    packed_qkv: bool = False
     citations: tuple[tuple[str, str], ...] = ()
 
     def bucket_elements(self, hidden_size: int) -> tuple[int, int, int]:
@@ -200,6 +201,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             fused_mlp=True,
             mlp_checkpoint_lvl=0,
             fused_dropout_add_ln=True,
+            packed_qkv=True,
             citations=(
                 ("loss", f"{_FLASH_ATTN} training/configs/experiment/owt/base.yaml L57-58 and "
                          "pile/base.yaml L57-58: flash_attn.losses.cross_entropy.CrossEntropyLoss"),
@@ -214,6 +216,8 @@ PROFILES: dict[str, FrameworkProfile] = {
                                          "and pile/gpt3s-flash.yaml L12 fused_dropout_add_ln: True; "
                                          "flash_attn/models/gpt.py L287; modules/block.py L142-152 and "
                                          "L179-189 call layer_norm_fn"),
+                ("packed_qkv", f"{_FLASH_ATTN} flash_attn/modules/mha.py L459 self.Wqkv = nn.Linear(embed_dim, "
+                               "qkv_dim): one linear for q, k and v, whatever fused_bias_fc"),
             ),
         ),
     )
@@ -243,6 +247,8 @@ def framework_assumptions(
         wanted.update(fused_mlp=True, mlp_checkpoint_lvl=framework.mlp_checkpoint_lvl)
     if framework.fused_dropout_add_ln:
         wanted["fused_dropout_add_ln"] = True
+    if framework.packed_qkv:
+        wanted["packed_qkv"] = True
     changes = {key: value for key, value in wanted.items() if getattr(assumptions, key) == defaults[key]}
     return replace(assumptions, **changes) if changes else assumptions
 
@@ -258,7 +264,7 @@ def fused_kernels_note(framework: FrameworkProfile, assumptions: Assumptions, mo
     """The fused block kernels a plan counts, as the plan's training line names them, and the
     profile's fused MLP where the model's FFN cannot run it ('' for eager PyTorch)."""
     a = framework_assumptions(framework, assumptions, model)
-    parts = [fused_block(a.fused_mlp, a.mlp_checkpoint_lvl, a.fused_dropout_add_ln).describe()]
+    parts = [fused_block(a.fused_mlp, a.mlp_checkpoint_lvl, a.fused_dropout_add_ln, a.packed_qkv).describe()]
     if framework.fused_mlp and not fused_mlp_applies(model):
         what = "MoE" if model.moe is not None else model.activation
         parts.append(f"no fused MLP ({framework.name} fuses dense GeLU MLPs, {model.name} is {what})")

@@ -33,6 +33,9 @@ them; :class:`FusedBlock`) run two more fused kernels:
   ``x, weight1, weight2, pre_act`` at 1 and ``x, weight1, weight2, bias1`` at 2 (L337-343). Its
   backward recomputes what was not saved (L368-395: the GeLU at 1, fc1's GEMM and the GeLU at
   2), so the block in backward holds the same FFN-wide tensors at every level.
+- ``packed_qkv``: its attention projects q, k and v with one linear (``flash_attn/modules/mha.py``
+  L459, ``self.Wqkv = nn.Linear(embed_dim, qkv_dim)``), so under autocast the block saves one
+  cast of the normalised input for them, not one per projection.
 - ``fused_dropout_add_ln``: ``layer_norm_fn`` (``flash_attn/ops/triton/layer_norm.py``,
   ``LayerNormFn.forward`` L846-916) runs dropout, the residual add and the norm as one Triton
   kernel and saves ``residual_out`` (the sum, in the residual's dtype), ``mean`` (LayerNorm) and
@@ -55,10 +58,12 @@ MLP_CHECKPOINT_LEVELS = (0, 1, 2)
 @dataclass(frozen=True)
 class FusedBlock:
     """flash-attention's fused kernels in a block: ``mlp_checkpoint_lvl`` None for an eager
-    MLP, else FusedMLP's level; ``dropout_add_ln`` for the fused dropout-add-norm kernel."""
+    MLP, else FusedMLP's level; ``dropout_add_ln`` for the fused dropout-add-norm kernel;
+    ``packed_qkv`` for one q/k/v linear."""
 
     mlp_checkpoint_lvl: int | None = None
     dropout_add_ln: bool = False
+    packed_qkv: bool = False
 
     @property
     def mlp_recomputed(self) -> int:
@@ -72,15 +77,19 @@ class FusedBlock:
             parts.append(f"fused MLP lvl {self.mlp_checkpoint_lvl}")
         if self.dropout_add_ln:
             parts.append("fused dropout-add-norm")
+        if self.packed_qkv:
+            parts.append("packed qkv")
         return ", ".join(parts)
 
 
 EAGER_BLOCK = FusedBlock()
 
 
-def fused_block(fused_mlp: bool, mlp_checkpoint_lvl: int, fused_dropout_add_ln: bool) -> FusedBlock:
-    """The block the assumptions ``fused_mlp``, ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln`` describe."""
-    return FusedBlock(mlp_checkpoint_lvl if fused_mlp else None, fused_dropout_add_ln)
+def fused_block(fused_mlp: bool, mlp_checkpoint_lvl: int, fused_dropout_add_ln: bool,
+                packed_qkv: bool = False) -> FusedBlock:
+    """The block the assumptions ``fused_mlp``, ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln``
+    and ``packed_qkv`` describe."""
+    return FusedBlock(mlp_checkpoint_lvl if fused_mlp else None, fused_dropout_add_ln, packed_qkv)
 
 
 def check_fused_block(model: ModelSpec, fused_mlp: bool, mlp_checkpoint_lvl: int, where: str = "--assume") -> None:

@@ -488,7 +488,8 @@ def layer_activation_bytes(
     ``fused``: flash-attention's fused kernels (:class:`~fstrain.core.plan.kernels.FusedBlock`):
     its FusedMLP keeps ``2 - checkpoint_lvl`` of GeLU's two FFN-wide tensors, and its fused
     dropout-add-norm keeps the residual, the row statistics and a dropout seed per row in place of
-    each norm's input and statistics and the 1-byte dropout mask.
+    each norm's input and statistics and the 1-byte dropout mask; under autocast its packed q/k/v
+    linear saves one cast of its input, not three.
     """
     a = weight_bytes(precision)
     autocast = mode(precision).autocast
@@ -504,7 +505,8 @@ def layer_activation_bytes(
     mask = 1 if model.dropout > 0 else 0
     # The q/k/v and FFN inputs: one tensor each, but under autocast every linear saves its own
     # cast of the shared input (q, k and v; gate and up), since only weights are cached.
-    linear_inputs = (3 + (2 if model.activation == "swiglu" else 1)) if autocast else 2
+    qkv_casts = 1 if fused.packed_qkv else 3
+    linear_inputs = (qkv_casts + (2 if model.activation == "swiglu" else 1)) if autocast else 2
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
     ffn = ffn_width(model)
@@ -611,8 +613,9 @@ def block_backward_extra_bytes(
 
 def block_kernels(assumptions: Assumptions) -> FusedBlock:
     """The fused kernels of a block the assumptions name (flash-attention's: ``fused_mlp``,
-    ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln``)."""
-    return fused_block(assumptions.fused_mlp, assumptions.mlp_checkpoint_lvl, assumptions.fused_dropout_add_ln)
+    ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln``, ``packed_qkv``)."""
+    return fused_block(assumptions.fused_mlp, assumptions.mlp_checkpoint_lvl, assumptions.fused_dropout_add_ln,
+                       assumptions.packed_qkv)
 
 
 # Buffers holding one block's gradient for its reduction, which only exist from the second
