@@ -25,11 +25,19 @@ import pytest
 
 from fstrain.api.plan import ClusterRequest, resolve_cluster
 from fstrain.core.plan.assumptions import Assumptions, with_overrides
+from fstrain.core.plan.blocktime import KernelModel
 from fstrain.core.plan.frameworks import framework_assumptions, fused_kernels_note, profile
-from fstrain.core.plan.kernels import EAGER_BLOCK, FusedBlock, check_fused_block
+from fstrain.core.plan.kernelcost import GpuRates
+from fstrain.core.plan.kernels import (
+    EAGER_BLOCK,
+    FusedBlock,
+    check_fused_block,
+    elementwise_bytes_per_token,
+    fused_mlp_recompute_bytes,
+)
 from fstrain.core.plan.memory import MemoryBreakdown, block_backward_extra_bytes, layer_activation_bytes
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
-from fstrain.core.plan.schema import ModelSpec
+from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.helpers import run_fstrain
@@ -179,3 +187,32 @@ def test_plan_flags() -> None:
         "error: --assume: fused_mlp is flash-attention's fc1 + GeLU kernel, but llama3.1-8b uses swiglu "
         "(flash-attention runs it as an unfused GatedMlp) (hint: leave fused_mlp out for this model)"]
 
+
+def test_fused_kernels_move_less_elementwise_traffic_and_level_1_recomputes_the_gelu() -> None:
+    a = 2
+    eager = elementwise_bytes_per_token(GPT2_XL, a, False, False)
+    assert (eager.replicated, eager.sharded) == (H * (2 * 2 * a + 2 * 3 * a), FFN * 2 * a)  # 2 LayerNorms, 2 adds; GeLU
+    fused = elementwise_bytes_per_token(GPT2_XL, a, False, False, FusedBlock(0, True))
+    # One kernel per norm reads the block output and the residual, writes the output and the sum;
+    # the GeLU is fc1's epilogue, which writes the pre-activation besides its output.
+    assert (fused.replicated, fused.sharded) == (H * 2 * 4 * a, FFN * a)
+    assert [fused_mlp_recompute_bytes(a, FusedBlock(level)) for level in (None, 0, 1, 2)] == [0, 0, 2 * a, a]
+
+
+def test_level_2_runs_fc1_again_in_backward() -> None:
+    a100 = GpuRates("a100-80gb", (("bf16", 312e12), ("fp16", 312e12), ("fp32", 19.5e12)), 2039e9)
+    knobs = PlanKnobs("zero1", 1, 8, 1, 1, 8, B, 1, precision="amp-bf16", seq_len=S)
+
+    def terms(level: int) -> tuple[float, float, KernelModel]:
+        model = KernelModel(a100, Assumptions(fused_mlp=True, mlp_checkpoint_lvl=level, compute_time_scale=1.0))
+        micro_batch = model.micro_batch(GPT2_XL, knobs, GPT2_XL.num_layers, last_stage=False)
+        return micro_batch.gemm_s, micro_batch.memory_s, model
+
+    gemm0, memory0, model0 = terms(0)
+    gemm1, memory1, _ = terms(1)
+    gemm2, memory2, _ = terms(2)
+    fc1_forward = model0.gemms.linear(TOKENS, H, FFN, "bf16")[0]
+    assert gemm1 == gemm0 and gemm2 == pytest.approx(gemm0 + GPT2_XL.num_layers * fc1_forward)
+    hbm = model0.hbm_bytes_per_s
+    assert memory1 - memory0 == pytest.approx(GPT2_XL.num_layers * TOKENS * FFN * 2 * 2 / hbm)
+    assert memory2 - memory0 == pytest.approx(GPT2_XL.num_layers * TOKENS * FFN * 2 / hbm)

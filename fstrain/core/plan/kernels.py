@@ -143,7 +143,8 @@ def _rmsnorm_bytes(a: int, fused: bool) -> float:
     return (a + FP32) + 2 * FP32 + FP32 + 2 * FP32 + (FP32 + a) + 2 * a
 
 
-def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_rmsnorm: bool) -> ElementwiseBytes:
+def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_rmsnorm: bool,
+                                fused: FusedBlock = EAGER_BLOCK) -> ElementwiseBytes:
     """Forward HBM traffic of one block's elementwise ops per token (``a``: compute-dtype bytes).
 
     - two residual adds, ``3a`` each (read two, write one); compiled, each folds into the next
@@ -153,13 +154,18 @@ def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_
       ``type_as``: ``a + 4``, ``4 + 4``, ``4 + a`` per element), ``2a`` compiled;
     - SwiGLU's ``silu(gate) * up``: ``2a`` then ``3a`` per FFN element eager, ``3a`` compiled;
       GeLU's activation is one kernel (``2a``) either way (Inductor does not fuse it into the
-      matmul by default).
+      matmul by default);
+    - flash-attention's kernels (``fused``): FusedMLP computes the GeLU in fc1's GEMM epilogue,
+      which writes the pre-activation besides the GEMM's output (``a`` per FFN element, in place
+      of the GeLU kernel's ``2a``; its backward's epilogue likewise); the fused dropout-add-norm
+      reads the block's output and the residual and writes the normalised output and the new
+      residual in one kernel (``4a`` per hidden element, in place of the add and the norm).
     """
     h = model.hidden_size
     fused_norm = norm_is_fused(compiled, fused_rmsnorm)
     norms = 2 * (_rmsnorm_bytes(a, fused_norm) if model.norm == "rmsnorm" else 2.0 * a)
     adds = 2 * (a if compiled else 3 * a)
-    replicated = h * (norms + adds)
+    replicated = h * (2 * 4 * a if fused.dropout_add_ln else norms + adds)
     sharded = 0.0
     if model.position_embedding == "rope":
         width = (model.num_heads + model.num_kv_heads) * model.head_dim
@@ -168,8 +174,15 @@ def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_
     if model.activation == "swiglu":
         sharded += ffn * (3 * a if compiled else 5 * a)
     else:
-        sharded += ffn * 2 * a
+        sharded += ffn * (a if fused.mlp_checkpoint_lvl is not None else 2 * a)
     return ElementwiseBytes(replicated, sharded)
+
+
+def fused_mlp_recompute_bytes(a: int, fused: FusedBlock) -> float:
+    """HBM bytes per FFN element that FusedMLP's backward adds by recomputing (fused_dense.py
+    L368-395): at level 1 the GeLU from the saved pre-activation (read ``a``, write ``a``); at
+    level 2 fc1's GEMM again (priced as a GEMM), whose epilogue writes the pre-activation (``a``)."""
+    return {1: 2.0 * a, 2: 1.0 * a}.get(fused.mlp_recomputed, 0.0)
 
 
 def elementwise_passes(ac: str, k: int) -> float:
@@ -191,11 +204,14 @@ def fusion_seconds_saved_per_token(
     compiled: bool,
     fused_rmsnorm: bool,
     hbm_bytes_per_s: float,
+    block: FusedBlock = EAGER_BLOCK,
 ) -> float:
-    """Seconds per token and block that fusion saves on one GPU, against eager PyTorch."""
-    if not (compiled or fused_rmsnorm) or hbm_bytes_per_s <= 0:
+    """Seconds per token and block that fusion saves on one GPU, against eager PyTorch (with
+    flash-attention's FusedMLP at level 1 or 2, less what its backward's recompute moves)."""
+    if not (compiled or fused_rmsnorm or block != EAGER_BLOCK) or hbm_bytes_per_s <= 0:
         return 0.0
     eager = elementwise_bytes_per_token(model, a, False, False)
-    fused = elementwise_bytes_per_token(model, a, compiled, fused_rmsnorm)
+    fused = elementwise_bytes_per_token(model, a, compiled, fused_rmsnorm, block)
     saved = (eager.replicated - fused.replicated) / replicated_split + (eager.sharded - fused.sharded) / tp
-    return saved * elementwise_passes(ac, every_k) / hbm_bytes_per_s
+    recompute = model.ffn_hidden_size * fused_mlp_recompute_bytes(a, block) / tp
+    return (saved * elementwise_passes(ac, every_k) - recompute) / hbm_bytes_per_s

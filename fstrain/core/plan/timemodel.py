@@ -56,6 +56,7 @@ from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
 from fstrain.core.plan.kernels import fusion_seconds_saved_per_token
 from fstrain.core.plan.losses import has_vocab_head
 from fstrain.core.plan.memory import (
+    block_kernels,
     block_matmuls,
     comm_bytes,
     converted_linears,
@@ -448,12 +449,13 @@ def _mfu_compute_s(
 
 
 def _fusion_saved_s(model: ModelSpec, knobs: PlanKnobs, links: Links, assumptions: Assumptions) -> float:
-    """Seconds per token and block that --compile / --fused-rmsnorm save against eager PyTorch
-    (the achievable MFU is eager PyTorch's; fstrain.core.plan.kernels counts the traffic removed)."""
+    """Seconds per token and block that --compile / --fused-rmsnorm / flash-attention's fused MLP and
+    dropout-add-norm save against eager PyTorch (the achievable MFU is eager PyTorch's;
+    fstrain.core.plan.kernels counts the traffic removed)."""
     return fusion_seconds_saved_per_token(
         model, weight_bytes(knobs.precision), knobs.tp, replicated_split(knobs.tp, assumptions.sequence_parallel),
         knobs.activation_checkpointing, every_k(knobs.activation_checkpointing), knobs.compile, knobs.fused_rmsnorm,
-        links.hbm_bytes_per_s * assumptions.hbm_efficiency)
+        links.hbm_bytes_per_s * assumptions.hbm_efficiency, block_kernels(assumptions))
 
 
 def ring_attention_time(
