@@ -216,3 +216,19 @@ def test_level_2_runs_fc1_again_in_backward() -> None:
     hbm = model0.hbm_bytes_per_s
     assert memory1 - memory0 == pytest.approx(GPT2_XL.num_layers * TOKENS * FFN * 2 * 2 / hbm)
     assert memory2 - memory0 == pytest.approx(GPT2_XL.num_layers * TOKENS * FFN * 2 / hbm)
+
+
+def test_under_an_achievable_mfu_level_2_adds_fc1_forward_flops() -> None:
+    def compute_s(level: int) -> float:
+        pins = Pins(strategy="zero1", tp=1, pp=1, micro_batch_size=B, grad_accum_steps=16,
+                    activation_checkpointing="none", offload="none")
+        training = TrainingSpec(S, None, "amp-bf16", loss="fused", framework="flash-attn")
+        assumptions = with_overrides(Assumptions(), [f"mlp_checkpoint_lvl={level}", "mfu=0.4"])
+        (only,) = [*plan(PlanModel.from_spec(GPT2_XL), training, A100X8, pins, assumptions, suggest=False).plans]
+        assert only.time is not None
+        return only.time.compute_s
+
+    peak = 312e12  # A100 bf16
+    fc1_forward = 16 * TOKENS * 48 * 2 * H * FFN / (peak * 0.4)  # 16 micro-batches, 48 blocks
+    level1_traffic = compute_s(1) - compute_s(0)
+    assert compute_s(2) - compute_s(0) == pytest.approx(fc1_forward + level1_traffic / 2, rel=1e-6)

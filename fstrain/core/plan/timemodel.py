@@ -435,10 +435,13 @@ def _mfu_compute_s(
     effective_flops_per_gpu: float, links: Links, assumptions: Assumptions, fp8_rates: Fp8Rates | None,
 ) -> float:
     """One micro-batch's compute on the last stage at an achievable MFU (``--mfu``): hardware
-    FLOPs over peak x MFU, a fixed cost per block, less what fusion and fp8 save."""
+    FLOPs over peak x MFU (with FusedMLP's level-2 recompute of fc1), a fixed cost per block, less
+    what fusion and fp8 save."""
     b, s, t = knobs.micro_batch_size, rank.seq_len, knobs.tp
     per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
     per_token += 3 * flops.head  # the last stage (or the only one) also computes the logits
+    if block_kernels(assumptions).mlp_recomputed == 2:  # flash-attention's FusedMLP runs fc1 again in backward
+        per_token += layers * 2 * model.hidden_size * model.ffn_hidden_size
     compute_mb = b * s * per_token / t / effective_flops_per_gpu + layers * assumptions.layer_overhead_s
     compute_mb -= b * s * layers * _fusion_saved_s(model, knobs, links, assumptions)
     if knobs.fp8:
