@@ -37,7 +37,7 @@ from fstrain.core.plan.kernels import (
 )
 from fstrain.core.plan.memory import MemoryBreakdown, block_backward_extra_bytes, layer_activation_bytes
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
-from fstrain.core.plan.schema import ModelSpec, PlanKnobs
+from fstrain.core.plan.schema import ModelSpec, MoESpec, PlanKnobs
 from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.helpers import run_fstrain
@@ -163,6 +163,9 @@ def test_what_the_fused_mlp_cannot_run_is_refused_in_one_line() -> None:
     with pytest.raises(InputError, match="but fused_mlp is off"):
         check_fused_block(GPT2_XL, False, 1)
     check_fused_block(GPT2_XL, True, 2)
+    moe = dataclasses.replace(GPT2_XL, name="gelu-moe", moe=MoESpec(8, 2, FFN))
+    with pytest.raises(InputError, match="gelu-moe is a mixture of experts"):
+        check_fused_block(moe, True, 0)
     with pytest.raises(ConfigError, match="selective-op"):
         breakdown("flash-attn", ac="selective-op")
     assert FusedBlock() == EAGER_BLOCK and EAGER_BLOCK.describe() == ""

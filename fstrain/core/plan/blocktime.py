@@ -5,14 +5,13 @@ grad-weight) at its ``(M, N, K)`` on this rank (``M = b s`` tokens, ``s / cp`` u
 parallelism; a column-parallel linear's ``N`` and a row-parallel one's ``K`` split by ``tp``);
 recompute runs forwards again (full: every linear, ``every-k:N`` one block in N, op-level
 selective every other matmul, an MoE layer's whole FFN; flash-attention's FusedMLP at level 2
-fc1); fp8 linears run on the fp8 curve and
-pay their casts as HBM traffic and their scale kernels (torchao's float8 roofline, pytorch/ao
-torchao/float8/roofline_utils.py @d370196). Attention by its kernel at the full sequence
-length. Elementwise ops and norms as :func:`fstrain.core.plan.kernels.elementwise_bytes_per_token`
-counts them, eager or fused (``--compile``, ``--fused-rmsnorm``, flash-attention's fused MLP
-and dropout-add-norm). The last stage adds the output
-layer's GEMMs and the loss's traffic over the logits. The GPU's work, times the fitted
-``compute_time_scale``, or the kernels' launches when issuing them takes longer.
+its fc1); fp8 linears run on the fp8 curve and pay their casts as HBM traffic and their scale
+kernels (torchao's float8 roofline, pytorch/ao torchao/float8/roofline_utils.py @d370196).
+Attention by its kernel at the full sequence length. Elementwise ops and norms as
+:func:`fstrain.core.plan.kernels.elementwise_bytes_per_token` counts them, eager or fused
+(``--compile``, ``--fused-rmsnorm``, flash-attention's fused MLP and dropout-add-norm). The last
+stage adds the output layer's GEMMs and the loss's traffic over the logits. The GPU's work, times
+the fitted ``compute_time_scale``, or the kernels' launches when issuing them takes longer.
 """
 
 from __future__ import annotations

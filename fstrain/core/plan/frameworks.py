@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from fstrain.core.plan.assumptions import Assumptions
-from fstrain.core.plan.kernels import fused_block
+from fstrain.core.plan.kernels import fused_block, fused_mlp_applies
 from fstrain.core.plan.schema import ModelSpec
 from fstrain.errors import InputError
 
@@ -196,7 +196,7 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "flash-attn",
             "flash-attention's training scripts: fused cross-entropy, fused GeLU MLP (level 0), "
-            "fused dropout-add-LayerNorm",
+            "fused dropout-add-LayerNorm, one q/k/v linear",
             loss="fused",
             fused_mlp=True,
             mlp_checkpoint_lvl=0,
@@ -251,13 +251,6 @@ def framework_assumptions(
         wanted["packed_qkv"] = True
     changes = {key: value for key, value in wanted.items() if getattr(assumptions, key) == defaults[key]}
     return replace(assumptions, **changes) if changes else assumptions
-
-
-def fused_mlp_applies(model: ModelSpec) -> bool:
-    """Whether flash-attention's FusedMLP (fc1 + bias + GeLU in one GEMM) can run ``model``'s
-    FFN: a dense GeLU MLP (flash_attn/models/gpt.py @0251105 L128-136 asserts a GeLU or ReLU
-    activation under fused_mlp; SwiGLU runs as the unfused GatedMlp, L156-162)."""
-    return model.activation == "gelu" and model.moe is None
 
 
 def fused_kernels_note(framework: FrameworkProfile, assumptions: Assumptions, model: ModelSpec) -> str:

@@ -25,7 +25,7 @@ the difference over the HBM bandwidth large copies reach (assumption ``hbm_effic
 matmuls, attention and GQA's K/V repeat are the same kernels either way.
 
 flash-attention's GPT blocks (``flash_attn/models/gpt.py`` @0251105, as its training configs set
-them; :class:`FusedBlock`) run two more fused kernels:
+them; :class:`FusedBlock`) run two more fused kernels and one packed projection:
 
 - ``fused_mlp``: ``FusedMLPFunc`` (``flash_attn/ops/fused_dense.py`` L249-345) computes fc1, its
   bias and the tanh GeLU in one cuBLASLt GEMM and saves ``x, weight1, weight2, pre_act, output1``
@@ -100,10 +100,18 @@ def check_fused_block(model: ModelSpec, fused_mlp: bool, mlp_checkpoint_lvl: int
     if mlp_checkpoint_lvl and not fused_mlp:
         raise InputError(f"mlp_checkpoint_lvl={mlp_checkpoint_lvl} is a level of flash-attention's FusedMLP, "
                          "but fused_mlp is off", "add --assume fused_mlp=true (or --framework flash-attn)", where)
-    if fused_mlp and model.activation != "gelu":
-        raise InputError(f"fused_mlp is flash-attention's fc1 + GeLU kernel, but {model.name} uses "
-                         f"{model.activation} (flash-attention runs it as an unfused GatedMlp)",
+    if fused_mlp and not fused_mlp_applies(model):
+        what = ("is a mixture of experts" if model.moe is not None else
+                f"uses {model.activation} (flash-attention runs it as an unfused GatedMlp)")
+        raise InputError(f"fused_mlp is flash-attention's fc1 + GeLU kernel, but {model.name} {what}",
                          "leave fused_mlp out for this model", where)
+
+
+def fused_mlp_applies(model: ModelSpec) -> bool:
+    """Whether flash-attention's FusedMLP (fc1 + bias + GeLU in one GEMM) can run ``model``'s
+    FFN: a dense GeLU MLP (flash_attn/models/gpt.py @0251105 L128-136 asserts a GeLU or ReLU
+    activation under fused_mlp; SwiGLU runs as the unfused GatedMlp, L156-162)."""
+    return model.activation == "gelu" and model.moe is None
 
 
 def fused_norm_saved_bytes(model: ModelSpec, residual_bytes: int) -> int:
