@@ -46,7 +46,7 @@ def print_plans(
     def emit(renderable: object) -> None:
         out_console.print(renderable)
 
-    for line in header_lines(result, model, training, cluster, batch_note):
+    for line in header_lines(result, model, training, cluster, batch_note, assumptions):
         emit(line)
     if result.plans:
         emit(_plans_table(result.plans[:top], training, fitting=True))
@@ -76,7 +76,8 @@ def print_plans(
 
 
 def header_lines(
-    result: PlanResult, model: PlanModel, training: TrainingSpec, cluster: PlanCluster, batch_note: str
+    result: PlanResult, model: PlanModel, training: TrainingSpec, cluster: PlanCluster, batch_note: str,
+    assumptions: Assumptions | None = None,
 ) -> list[str]:
     lines = []
     if model.spec is not None:
@@ -125,6 +126,11 @@ def header_lines(
             loss = ", no vocabulary head (loss none)"
         if training.framework != "fstrain":
             kernels += f", as {training.framework} keeps it"
+        if assumptions is not None:
+            from fstrain.core.plan.frameworks import fused_kernels_note, profile
+
+            fused = fused_kernels_note(profile(training.framework), assumptions, model.spec)
+            kernels += f", {fused}" if fused else ""
         lines.append(
             f"[bold]training[/bold] seq {training.seq_len}, {batch}, {training.precision}"
             f"{FP8_NOTE if training.fp8 else ''}, {training.optimizer}, {flash}{loss}{kernels}"

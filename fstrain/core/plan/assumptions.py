@@ -93,6 +93,36 @@ class Assumptions:
         "33-42 % under without). False for torch.autocast(cache_enabled=False).",
     )
 
+    fused_mlp: bool = _stated(
+        False,
+        "The GeLU MLP is flash-attention's FusedMLP (flash_attn/models/gpt.py config fused_mlp: fc1, bias "
+        "and gelu in one cuBLASLt GEMM, FusedMLPFunc in flash_attn/ops/fused_dense.py @0251105): it saves "
+        "the FFN input, and by mlp_checkpoint_lvl the FFN-wide pre-activation and gelu output. GeLU "
+        "models only. Set by --framework flash-attn.",
+    )
+
+    mlp_checkpoint_lvl: int = _stated(
+        0,
+        "flash-attention's FusedMLP checkpoint_lvl (fused_dense.py @0251105 L270-275, L337-343): 0 saves "
+        "the pre-activation and the gelu output, 1 only the pre-activation (gelu recomputed in backward), "
+        "2 neither (fc1 recomputed in backward). Needs fused_mlp.",
+    )
+
+    fused_dropout_add_ln: bool = _stated(
+        False,
+        "Each block's dropout, residual add and norm are flash-attention's one Triton kernel "
+        "(layer_norm_fn in flash_attn/ops/triton/layer_norm.py @0251105, LayerNormFn L914-916): it "
+        "saves the residual, the per-row statistics and an int64 dropout seed per row instead of 1-byte "
+        "dropout masks. Set by --framework flash-attn.",
+    )
+
+    packed_qkv: bool = _stated(
+        False,
+        "q, k and v are one linear layer (flash-attention's MHA: self.Wqkv = nn.Linear(embed_dim, qkv_dim), "
+        "flash_attn/modules/mha.py L459 @0251105): under autocast it saves one cast of its input, not "
+        "three. Set by --framework flash-attn.",
+    )
+
     adamw_foreach: bool = _stated(
         True,
         "AdamW's update runs torch's foreach kernels (torch.optim.AdamW's default on CUDA): one fp32 "

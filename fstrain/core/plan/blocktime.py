@@ -4,13 +4,14 @@ Per transformer block: every linear's three GEMMs (forward; backward's grad-inpu
 grad-weight) at its ``(M, N, K)`` on this rank (``M = b s`` tokens, ``s / cp`` under context
 parallelism; a column-parallel linear's ``N`` and a row-parallel one's ``K`` split by ``tp``);
 recompute runs forwards again (full: every linear, ``every-k:N`` one block in N, op-level
-selective every other matmul, an MoE layer's whole FFN); fp8 linears run on the fp8 curve and
-pay their casts as HBM traffic and their scale kernels (torchao's float8 roofline, pytorch/ao
-torchao/float8/roofline_utils.py @d370196). Attention by its kernel at the full sequence
-length. Elementwise ops and norms as :func:`fstrain.core.plan.kernels.elementwise_bytes_per_token`
-counts them, eager or fused (``--compile``, ``--fused-rmsnorm``). The last stage adds the output
-layer's GEMMs and the loss's traffic over the logits. The GPU's work, times the fitted
-``compute_time_scale``, or the kernels' launches when issuing them takes longer.
+selective every other matmul, an MoE layer's whole FFN; flash-attention's FusedMLP at level 2
+its fc1); fp8 linears run on the fp8 curve and pay their casts as HBM traffic and their scale
+kernels (torchao's float8 roofline, pytorch/ao torchao/float8/roofline_utils.py @d370196).
+Attention by its kernel at the full sequence length. Elementwise ops and norms as
+:func:`fstrain.core.plan.kernels.elementwise_bytes_per_token` counts them, eager or fused
+(``--compile``, ``--fused-rmsnorm``, flash-attention's fused MLP and dropout-add-norm). The last
+stage adds the output layer's GEMMs and the loss's traffic over the logits. The GPU's work, times
+the fitted ``compute_time_scale``, or the kernels' launches when issuing them takes longer.
 """
 
 from __future__ import annotations
@@ -34,9 +35,15 @@ from fstrain.core.plan.kernelcost import (
     flash_attention_s,
     generation,
 )
-from fstrain.core.plan.kernels import elementwise_bytes_per_token, elementwise_passes
+from fstrain.core.plan.kernels import (
+    EAGER_BLOCK,
+    FusedBlock,
+    elementwise_bytes_per_token,
+    elementwise_passes,
+    fused_mlp_recompute_bytes,
+)
 from fstrain.core.plan.losses import has_vocab_head
-from fstrain.core.plan.memory import block_matmuls, converted_linears, replicated_split
+from fstrain.core.plan.memory import block_kernels, block_matmuls, converted_linears, replicated_split
 from fstrain.core.plan.precision import compute_dtype
 from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
@@ -100,6 +107,7 @@ class KernelModel:
         self.gemms = GemmPricer(MeasuredFirst(measured, published) if measured else published)
         self.hbm_bytes_per_s = gpu.hbm_bytes_per_s * assumptions.hbm_efficiency
         self.scale = assumptions.compute_time_scale or fitted_scale(gpu.name)
+        self.fused = block_kernels(assumptions)  # flash-attention's fused MLP and dropout-add-norm
         self._cache: dict[Any, ComputeTerms] = {}
         self._models: list[ModelSpec] = []  # keeps each id() in the cache keys alive
 
@@ -146,9 +154,12 @@ class KernelModel:
         matmuls = block_matmuls(model)
         converted = len(converted_linears(model)) if knobs.fp8 else 0
         forward_kernels = 0.0
+        fused = self.fused
         for index, (n_in, n_out) in enumerate(matmuls):
             moe_ffn = model.moe is not None and index >= 4
             again = full_again or (1.0 if ac == "selective-op" and (index % 2 == 1 or moe_ffn) else 0.0)
+            if index == 4 and fused.mlp_recomputed == 2:  # FusedMLP level 2 runs fc1 again in backward
+                again += 1.0
             rows = tokens * model.moe.top_k if (moe_ffn and model.moe is not None) else tokens
             row_parallel = index == 3 or index == len(matmuls) - 1
             n_in_local, n_out_local = (n_in // t, n_out) if row_parallel else (n_in, max(1, n_out // t))
@@ -180,12 +191,14 @@ class KernelModel:
             attention_again = full_again or (1.0 if ac == "megatron-selective" else 0.0)
             forward_kernels += 5
         out.attention_s += (1 + attention_again) * forward + backward
-        elementwise = elementwise_bytes_per_token(model, a, knobs.compile, knobs.fused_rmsnorm)
+        elementwise = elementwise_bytes_per_token(model, a, knobs.compile, knobs.fused_rmsnorm, fused)
         per_token = (elementwise.replicated / replicated_split(t, self.assumptions.sequence_parallel)
                      + elementwise.sharded / t)
         passes = elementwise_passes(ac, k)
         out.memory_s += tokens * per_token * passes / self.hbm_bytes_per_s
-        forward_kernels += _elementwise_kernels(model, knobs.compile, knobs.fused_rmsnorm)
+        recompute = model.ffn_hidden_size * fused_mlp_recompute_bytes(a, fused) / t
+        out.memory_s += tokens * recompute / self.hbm_bytes_per_s
+        forward_kernels += _elementwise_kernels(model, knobs.compile, knobs.fused_rmsnorm, fused)
         out.kernels += forward_kernels * passes
         return out, attention_flops / forward
 
@@ -219,14 +232,17 @@ class KernelModel:
         return self.scale * local_params * bytes_per_param / self.hbm_bytes_per_s
 
 
-def _elementwise_kernels(model: ModelSpec, compiled: bool, fused_rmsnorm: bool) -> int:
+def _elementwise_kernels(model: ModelSpec, compiled: bool, fused_rmsnorm: bool,
+                         fused: FusedBlock = EAGER_BLOCK) -> int:
     """Forward kernels of one block besides its GEMMs and attention: eager, each norm's ops
     (RMSNorm: ``float``, ``pow``, ``mean``, ``rsqrt`` multiply, ``to``, ``* weight``; a LayerNorm or
     a fused RMSNorm one), two residual adds, rotary on q and k (three each), the activation
-    (SwiGLU two, GeLU one); compiled, Inductor fuses each chain between GEMMs into one kernel."""
+    (SwiGLU two, GeLU one, none in FusedMLP's epilogue); compiled, Inductor fuses each chain
+    between GEMMs into one kernel; flash-attention's dropout-add-norm is one kernel a norm."""
     if compiled:
         return 4 + (1 if model.position_embedding == "rope" else 0)
     norm = 6 if model.norm == "rmsnorm" and not fused_rmsnorm else 1
+    norms_and_adds = 2 if fused.dropout_add_ln else 2 * norm + 2
     rope = 6 if model.position_embedding == "rope" else 0
-    activation = 2 if model.activation == "swiglu" else 1
-    return 2 * norm + 2 + rope + activation
+    activation = 2 if model.activation == "swiglu" else (0 if fused.mlp_checkpoint_lvl is not None else 1)
+    return norms_and_adds + rope + activation

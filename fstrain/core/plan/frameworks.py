@@ -25,6 +25,12 @@ plan.yaml) sets what differs, each number cited to the framework's source (file,
   (Hugging Face's ``"auto"`` values, derived from the hidden size). With anything but
   ``rendered`` ZeRO-3 also keeps every parameter below the persistence threshold whole on
   every GPU.
+- ``fused_mlp``, ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln``, ``packed_qkv``: flash-attention's
+  fused GeLU MLP and its checkpoint level, its fused dropout + residual add + norm kernel, as the
+  framework's model config turns them on, and its one q/k/v linear (what each keeps: :mod:`fstrain.core.plan.kernels`).
+  The fused MLP applies to GeLU models only: flash-attention's GPT asserts a GeLU (or ReLU)
+  activation under ``fused_mlp`` and builds an unfused ``GatedMlp`` for SwiGLU, so for another
+  FFN the profile leaves it off (and the plan says so).
 
 Pure: no I/O; :func:`profile` is the one reader of a name.
 """
@@ -32,8 +38,11 @@ Pure: no I/O; :func:`profile` is the one reader of a name.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.kernels import fused_block, fused_mlp_applies
+from fstrain.core.plan.schema import ModelSpec
 from fstrain.errors import InputError
 
 DEFAULT_FRAMEWORK = "fstrain"
@@ -60,6 +69,10 @@ class FrameworkProfile:
     tp_gather_buffer: bool = False
     sequence_parallel: bool | None = None
     deepspeed_buckets: str = "rendered"  # rendered | deepspeed | hf-auto
+    fused_mlp: bool = False
+    mlp_checkpoint_lvl: int = 0
+    fused_dropout_add_ln: bool = False
+    packed_qkv: bool = False
     citations: tuple[tuple[str, str], ...] = ()
 
     def bucket_elements(self, hidden_size: int) -> tuple[int, int, int]:
@@ -182,10 +195,30 @@ PROFILES: dict[str, FrameworkProfile] = {
         ),
         FrameworkProfile(
             "flash-attn",
-            "flash-attention's training scripts: fused cross-entropy on the compute-dtype logits",
+            "flash-attention's training scripts: fused cross-entropy, fused GeLU MLP (level 0), "
+            "fused dropout-add-LayerNorm, one q/k/v linear",
             loss="fused",
-            citations=(("loss", f"{_FLASH_ATTN} training/configs/experiment/owt/base.yaml L57-58 and "
-                                "pile/base.yaml L57-58: flash_attn.losses.cross_entropy.CrossEntropyLoss"),),
+            fused_mlp=True,
+            mlp_checkpoint_lvl=0,
+            fused_dropout_add_ln=True,
+            packed_qkv=True,
+            citations=(
+                ("loss", f"{_FLASH_ATTN} training/configs/experiment/owt/base.yaml L57-58 and "
+                         "pile/base.yaml L57-58: flash_attn.losses.cross_entropy.CrossEntropyLoss"),
+                ("fused_mlp", f"{_FLASH_ATTN} training/configs/experiment/owt/gpt2s-flash.yaml L13 and "
+                              "pile/gpt3s-flash.yaml L13 fused_mlp: True (every gpt2*/gpt3* -flash experiment "
+                              "inherits one of them); flash_attn/models/gpt.py L127, L219-241 build FusedMLP"),
+                ("mlp_checkpoint_lvl", f"{_FLASH_ATTN} flash_attn/models/gpt.py L214 getattr(config, "
+                                       "'mlp_checkpoint_lvl', 0); pile/gpt3-2.7B-flash*.yaml L11 "
+                                       "mlp_checkpoint_lvl: 0; the other experiments leave it unset (level 1 "
+                                       "only in comments: owt/gpt2m-flash.yaml L6-9, gpt2xl-flash.yaml L6-21)"),
+                ("fused_dropout_add_ln", f"{_FLASH_ATTN} training/configs/experiment/owt/gpt2s-flash.yaml L14 "
+                                         "and pile/gpt3s-flash.yaml L12 fused_dropout_add_ln: True; "
+                                         "flash_attn/models/gpt.py L287; modules/block.py L142-152 and "
+                                         "L179-189 call layer_norm_fn"),
+                ("packed_qkv", f"{_FLASH_ATTN} flash_attn/modules/mha.py L459 self.Wqkv = nn.Linear(embed_dim, "
+                               "qkv_dim): one linear for q, k and v, whatever fused_bias_fc"),
+            ),
         ),
     )
 }
@@ -200,10 +233,32 @@ def profile(name: str, where: str = "--framework") -> FrameworkProfile:
         raise InputError(f"unknown framework {name!r}", f"use one of {', '.join(FRAMEWORKS)}", where) from None
 
 
-def framework_assumptions(framework: FrameworkProfile, assumptions: Assumptions) -> Assumptions:
+def framework_assumptions(
+    framework: FrameworkProfile, assumptions: Assumptions, model: ModelSpec | None = None
+) -> Assumptions:
     """``assumptions`` with the framework's defaults in the fields still at fstrain's: an
-    ``--assume`` that differs from fstrain's default wins over the profile."""
+    ``--assume`` that differs from fstrain's default wins over the profile. The fused MLP is
+    set only for a dense GeLU ``model`` (:func:`fused_mlp_applies`)."""
     defaults = {f.name: f.default for f in fields(Assumptions)}
-    if framework.sequence_parallel is not None and assumptions.sequence_parallel == defaults["sequence_parallel"]:
-        return replace(assumptions, sequence_parallel=framework.sequence_parallel)
-    return assumptions
+    wanted: dict[str, Any] = {}
+    if framework.sequence_parallel is not None:
+        wanted["sequence_parallel"] = framework.sequence_parallel
+    if framework.fused_mlp and model is not None and fused_mlp_applies(model):
+        wanted.update(fused_mlp=True, mlp_checkpoint_lvl=framework.mlp_checkpoint_lvl)
+    if framework.fused_dropout_add_ln:
+        wanted["fused_dropout_add_ln"] = True
+    if framework.packed_qkv:
+        wanted["packed_qkv"] = True
+    changes = {key: value for key, value in wanted.items() if getattr(assumptions, key) == defaults[key]}
+    return replace(assumptions, **changes) if changes else assumptions
+
+
+def fused_kernels_note(framework: FrameworkProfile, assumptions: Assumptions, model: ModelSpec) -> str:
+    """The fused block kernels a plan counts, as the plan's training line names them, and the
+    profile's fused MLP where the model's FFN cannot run it ('' for eager PyTorch)."""
+    a = framework_assumptions(framework, assumptions, model)
+    parts = [fused_block(a.fused_mlp, a.mlp_checkpoint_lvl, a.fused_dropout_add_ln, a.packed_qkv).describe()]
+    if framework.fused_mlp and not fused_mlp_applies(model):
+        what = "MoE" if model.moe is not None else model.activation
+        parts.append(f"no fused MLP ({framework.name} fuses dense GeLU MLPs, {model.name} is {what})")
+    return ", ".join(p for p in parts if p)

@@ -23,6 +23,24 @@ tensors; Inductor fuses a chain into one kernel that reads its inputs and writes
 (fp32 RMSNorm, complex-multiply rotary, ``silu(w1 x) * w3 x``, residual adds); the time saved is
 the difference over the HBM bandwidth large copies reach (assumption ``hbm_efficiency``). The
 matmuls, attention and GQA's K/V repeat are the same kernels either way.
+
+flash-attention's GPT blocks (``flash_attn/models/gpt.py`` @0251105, as its training configs set
+them; :class:`FusedBlock`) run two more fused kernels and one packed projection:
+
+- ``fused_mlp``: ``FusedMLPFunc`` (``flash_attn/ops/fused_dense.py`` L249-345) computes fc1, its
+  bias and the tanh GeLU in one cuBLASLt GEMM and saves ``x, weight1, weight2, pre_act, output1``
+  at ``checkpoint_lvl`` 0 (the FFN input and two FFN-wide tensors, what eager PyTorch keeps),
+  ``x, weight1, weight2, pre_act`` at 1 and ``x, weight1, weight2, bias1`` at 2 (L337-343). Its
+  backward recomputes what was not saved (L368-395: the GeLU at 1, fc1's GEMM and the GeLU at
+  2), so the block in backward holds the same FFN-wide tensors at every level.
+- ``packed_qkv``: its attention projects q, k and v with one linear (``flash_attn/modules/mha.py``
+  L459, ``self.Wqkv = nn.Linear(embed_dim, qkv_dim)``), so under autocast the block saves one
+  cast of the normalised input for them, not one per projection.
+- ``fused_dropout_add_ln``: ``layer_norm_fn`` (``flash_attn/ops/triton/layer_norm.py``,
+  ``LayerNormFn.forward`` L846-916) runs dropout, the residual add and the norm as one Triton
+  kernel and saves ``residual_out`` (the sum, in the residual's dtype), ``mean`` (LayerNorm) and
+  ``rstd`` (fp32 per row) and, with dropout, one int64 seed per row (L408-409): the backward
+  regenerates the mask from the seed instead of reading a 1-byte mask per element.
 """
 
 from __future__ import annotations
@@ -30,8 +48,77 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fstrain.core.plan.schema import ModelSpec
+from fstrain.errors import InputError
 
 FP32 = 4
+SEED_BYTES = 8  # int64, one per row (token) and norm: layer_norm.py L408-409
+MLP_CHECKPOINT_LEVELS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class FusedBlock:
+    """flash-attention's fused kernels in a block: ``mlp_checkpoint_lvl`` None for an eager
+    MLP, else FusedMLP's level; ``dropout_add_ln`` for the fused dropout-add-norm kernel;
+    ``packed_qkv`` for one q/k/v linear."""
+
+    mlp_checkpoint_lvl: int | None = None
+    dropout_add_ln: bool = False
+    packed_qkv: bool = False
+
+    @property
+    def mlp_recomputed(self) -> int:
+        """FFN-wide tensors the fused MLP does not save and its backward recomputes (its level)."""
+        return self.mlp_checkpoint_lvl or 0
+
+    def describe(self) -> str:
+        """The kernels as the plan names them ('' for eager PyTorch)."""
+        parts = []
+        if self.mlp_checkpoint_lvl is not None:
+            parts.append(f"fused MLP lvl {self.mlp_checkpoint_lvl}")
+        if self.dropout_add_ln:
+            parts.append("fused dropout-add-norm")
+        if self.packed_qkv:
+            parts.append("packed qkv")
+        return ", ".join(parts)
+
+
+EAGER_BLOCK = FusedBlock()
+
+
+def fused_block(fused_mlp: bool, mlp_checkpoint_lvl: int, fused_dropout_add_ln: bool,
+                packed_qkv: bool = False) -> FusedBlock:
+    """The block the assumptions ``fused_mlp``, ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln``
+    and ``packed_qkv`` describe."""
+    return FusedBlock(mlp_checkpoint_lvl if fused_mlp else None, fused_dropout_add_ln, packed_qkv)
+
+
+def check_fused_block(model: ModelSpec, fused_mlp: bool, mlp_checkpoint_lvl: int, where: str = "--assume") -> None:
+    """Refuse, in one line, a fused MLP the model cannot run or a level FusedMLP does not have."""
+    if mlp_checkpoint_lvl not in MLP_CHECKPOINT_LEVELS:
+        raise InputError(f"mlp_checkpoint_lvl is {mlp_checkpoint_lvl}, FusedMLP has levels 0, 1 and 2",
+                         "use mlp_checkpoint_lvl=0, 1 or 2", where)
+    if mlp_checkpoint_lvl and not fused_mlp:
+        raise InputError(f"mlp_checkpoint_lvl={mlp_checkpoint_lvl} is a level of flash-attention's FusedMLP, "
+                         "but fused_mlp is off", "add --assume fused_mlp=true (or --framework flash-attn)", where)
+    if fused_mlp and not fused_mlp_applies(model):
+        what = ("is a mixture of experts" if model.moe is not None else
+                f"uses {model.activation} (flash-attention runs it as an unfused GatedMlp)")
+        raise InputError(f"fused_mlp is flash-attention's fc1 + GeLU kernel, but {model.name} {what}",
+                         "leave fused_mlp out for this model", where)
+
+
+def fused_mlp_applies(model: ModelSpec) -> bool:
+    """Whether flash-attention's FusedMLP (fc1 + bias + GeLU in one GEMM) can run ``model``'s
+    FFN: a dense GeLU MLP (flash_attn/models/gpt.py @0251105 L128-136 asserts a GeLU or ReLU
+    activation under fused_mlp; SwiGLU runs as the unfused GatedMlp, L156-162)."""
+    return model.activation == "gelu" and model.moe is None
+
+
+def fused_norm_saved_bytes(model: ModelSpec, residual_bytes: int) -> int:
+    """Per token: what one fused dropout-add-norm saves: the residual (``residual_bytes`` an
+    element), ``rstd`` and, for a LayerNorm, ``mean`` (fp32), and a dropout seed."""
+    statistics = FP32 if model.norm == "rmsnorm" else 2 * FP32
+    return residual_bytes * model.hidden_size + statistics + (SEED_BYTES if model.dropout > 0 else 0)
 
 
 def norm_is_fused(compiled: bool, fused_rmsnorm: bool) -> bool:
@@ -64,7 +151,8 @@ def _rmsnorm_bytes(a: int, fused: bool) -> float:
     return (a + FP32) + 2 * FP32 + FP32 + 2 * FP32 + (FP32 + a) + 2 * a
 
 
-def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_rmsnorm: bool) -> ElementwiseBytes:
+def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_rmsnorm: bool,
+                                fused: FusedBlock = EAGER_BLOCK) -> ElementwiseBytes:
     """Forward HBM traffic of one block's elementwise ops per token (``a``: compute-dtype bytes).
 
     - two residual adds, ``3a`` each (read two, write one); compiled, each folds into the next
@@ -74,13 +162,18 @@ def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_
       ``type_as``: ``a + 4``, ``4 + 4``, ``4 + a`` per element), ``2a`` compiled;
     - SwiGLU's ``silu(gate) * up``: ``2a`` then ``3a`` per FFN element eager, ``3a`` compiled;
       GeLU's activation is one kernel (``2a``) either way (Inductor does not fuse it into the
-      matmul by default).
+      matmul by default);
+    - flash-attention's kernels (``fused``): FusedMLP computes the GeLU in fc1's GEMM epilogue,
+      which writes the pre-activation besides the GEMM's output (``a`` per FFN element, in place
+      of the GeLU kernel's ``2a``; its backward's epilogue likewise); the fused dropout-add-norm
+      reads the block's output and the residual and writes the normalised output and the new
+      residual in one kernel (``4a`` per hidden element, in place of the add and the norm).
     """
     h = model.hidden_size
     fused_norm = norm_is_fused(compiled, fused_rmsnorm)
     norms = 2 * (_rmsnorm_bytes(a, fused_norm) if model.norm == "rmsnorm" else 2.0 * a)
     adds = 2 * (a if compiled else 3 * a)
-    replicated = h * (norms + adds)
+    replicated = h * (2 * 4 * a if fused.dropout_add_ln else norms + adds)
     sharded = 0.0
     if model.position_embedding == "rope":
         width = (model.num_heads + model.num_kv_heads) * model.head_dim
@@ -89,8 +182,15 @@ def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_
     if model.activation == "swiglu":
         sharded += ffn * (3 * a if compiled else 5 * a)
     else:
-        sharded += ffn * 2 * a
+        sharded += ffn * (a if fused.mlp_checkpoint_lvl is not None else 2 * a)
     return ElementwiseBytes(replicated, sharded)
+
+
+def fused_mlp_recompute_bytes(a: int, fused: FusedBlock) -> float:
+    """HBM bytes per FFN element that FusedMLP's backward adds by recomputing (fused_dense.py
+    L368-395): at level 1 the GeLU from the saved pre-activation (read ``a``, write ``a``); at
+    level 2 fc1's GEMM again (priced as a GEMM), whose epilogue writes the pre-activation (``a``)."""
+    return {1: 2.0 * a, 2: 1.0 * a}.get(fused.mlp_recomputed, 0.0)
 
 
 def elementwise_passes(ac: str, k: int) -> float:
@@ -112,11 +212,14 @@ def fusion_seconds_saved_per_token(
     compiled: bool,
     fused_rmsnorm: bool,
     hbm_bytes_per_s: float,
+    block: FusedBlock = EAGER_BLOCK,
 ) -> float:
-    """Seconds per token and block that fusion saves on one GPU, against eager PyTorch."""
-    if not (compiled or fused_rmsnorm) or hbm_bytes_per_s <= 0:
+    """Seconds per token and block that fusion saves on one GPU, against eager PyTorch (with
+    flash-attention's FusedMLP at level 1 or 2, less what its backward's recompute moves)."""
+    if not (compiled or fused_rmsnorm or block != EAGER_BLOCK) or hbm_bytes_per_s <= 0:
         return 0.0
     eager = elementwise_bytes_per_token(model, a, False, False)
-    fused = elementwise_bytes_per_token(model, a, compiled, fused_rmsnorm)
+    fused = elementwise_bytes_per_token(model, a, compiled, fused_rmsnorm, block)
     saved = (eager.replicated - fused.replicated) / replicated_split + (eager.sharded - fused.sharded) / tp
-    return saved * elementwise_passes(ac, every_k) / hbm_bytes_per_s
+    recompute = model.ffn_hidden_size * fused_mlp_recompute_bytes(a, block) / tp
+    return (saved * elementwise_passes(ac, every_k) - recompute) / hbm_bytes_per_s

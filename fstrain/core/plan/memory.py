@@ -40,7 +40,14 @@ from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.buckets import bucket_sizes
 from fstrain.core.plan.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes
 from fstrain.core.plan.frameworks import profile
-from fstrain.core.plan.kernels import norm_is_fused, swiglu_saved_tensors
+from fstrain.core.plan.kernels import (
+    EAGER_BLOCK,
+    FusedBlock,
+    fused_block,
+    fused_norm_saved_bytes,
+    norm_is_fused,
+    swiglu_saved_tensors,
+)
 from fstrain.core.plan.losses import LossPeaks, has_vocab_head, loss_peaks
 from fstrain.core.plan.modelsize import ParamCount, parameter_shapes
 from fstrain.core.plan.pipeline import in_flight_chunks, layers_per_rank
@@ -451,6 +458,7 @@ def layer_activation_bytes(
     sequence_parallel: bool = True,
     compiled: bool = False,
     fused_rmsnorm: bool = False,
+    fused: FusedBlock = EAGER_BLOCK,
 ) -> int:
     """Activations one transformer block saves for backward, per GPU, under policy ``ac``
     (``none``, ``selective-op``, ``megatron-selective`` or ``full``; see
@@ -476,6 +484,12 @@ def layer_activation_bytes(
     ``compiled`` (torch.compile of the block) and ``fused_rmsnorm`` (a fused norm kernel) keep
     less, as :mod:`fstrain.core.plan.kernels` describes: a fused RMSNorm keeps what a LayerNorm does,
     compiled SwiGLU three FFN-wide tensors, compiled op-level SAC no down-projection output.
+
+    ``fused``: flash-attention's fused kernels (:class:`~fstrain.core.plan.kernels.FusedBlock`):
+    its FusedMLP keeps ``2 - checkpoint_lvl`` of GeLU's two FFN-wide tensors, and its fused
+    dropout-add-norm keeps the residual, the row statistics and a dropout seed per row in place of
+    each norm's input and statistics and the 1-byte dropout mask; under autocast its packed q/k/v
+    linear saves one cast of its input, not three.
     """
     a = weight_bytes(precision)
     autocast = mode(precision).autocast
@@ -491,12 +505,13 @@ def layer_activation_bytes(
     mask = 1 if model.dropout > 0 else 0
     # The q/k/v and FFN inputs: one tensor each, but under autocast every linear saves its own
     # cast of the shared input (q, k and v; gate and up), since only weights are cached.
-    linear_inputs = (3 + (2 if model.activation == "swiglu" else 1)) if autocast else 2
+    qkv_casts = 1 if fused.packed_qkv else 3
+    linear_inputs = (qkv_casts + (2 if model.activation == "swiglu" else 1)) if autocast else 2
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
     ffn = ffn_width(model)
     tokens_per_expert_slot = 1 if model.moe is None else model.moe.top_k
-    ffn_tensors = swiglu_saved_tensors(compiled) if model.activation == "swiglu" else 2
+    ffn_tensors = swiglu_saved_tensors(compiled) if model.activation == "swiglu" else 2 - fused.mlp_recomputed
     ffn_saved = ffn_tensors * s * b * ffn * tokens_per_expert_slot * a
     moe_extra = s * b * moe_routing_bytes_per_token(model, a)
     if flash_attention:
@@ -508,7 +523,10 @@ def layer_activation_bytes(
         # copy of that output; rotary positions add a rotated copy of q.
         eager_rmsnorm = model.norm == "rmsnorm" and not norm_is_fused(compiled, fused_rmsnorm)
         norm = (4 * h + 4 + r * h) if eager_rmsnorm else (r * h + 4 + (4 if autocast else 0))
-        replicated = s * b * (2 * norm + linear_inputs * a * h) + 2 * mask * sbh
+        norms = 2 * s * b * norm + 2 * mask * sbh  # with the residual dropouts' masks
+        if fused.dropout_add_ln:
+            norms = 2 * s * b * fused_norm_saved_bytes(model, r)
+        replicated = norms + s * b * linear_inputs * a * h
         q_copies = 5 if model.position_embedding == "rope" else 4
         sharded = q_copies * s * b * q_width * a + 4 * model.num_heads * s * b + ffn_saved + moe_extra
         return replicated // split_replicated + sharded // tp
@@ -516,7 +534,8 @@ def layer_activation_bytes(
     # kept whole under TP without SP; Q, K, V, the out-projection input, the FFN tensors and the
     # attention core are split. Eager attention keeps the softmax output (and, with dropout, its
     # mask and the dropped-out output).
-    replicated = 2 * sbh * r + linear_inputs * sbh * a + 2 * mask * sbh
+    norms = 2 * s * b * fused_norm_saved_bytes(model, r) if fused.dropout_add_ln else 2 * sbh * r + 2 * mask * sbh
+    replicated = norms + linear_inputs * sbh * a
     sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved + moe_extra
     if ac == "none":
         # Softmax saves its output, dropout its mask, and the AV matmul its input (the dropped-out
@@ -546,6 +565,7 @@ def block_backward_extra_bytes(
     grad_bytes: int | None = None,
     compiled: bool = False,
     fused_rmsnorm: bool = False,
+    fused: FusedBlock = EAGER_BLOCK,
 ) -> int:
     """What one block's backward holds at its highest point beyond the tensors it saved (the
     ``none`` set, recomputed or kept): the gradient arriving from the next block, the gradients
@@ -567,6 +587,8 @@ def block_backward_extra_bytes(
     point, narrow ones with many tokens (8B) at the first. ``fstrain plan --trace`` checks both
     against PyTorch. A fused norm (``compiled``, ``fused_rmsnorm``) computes its backward in one
     kernel without the fp32 temporaries; compiled SwiGLU frees three saved FFN-wide tensors, not four.
+    flash-attention's FusedMLP at ``checkpoint_lvl`` 1 or 2 recomputes in its backward the
+    FFN-wide tensors it did not save (fused_dense.py @0251105 L368-395), so they are here.
     """
     a = weight_bytes(precision)
     tokens = seq_len * micro_batch
@@ -578,7 +600,7 @@ def block_backward_extra_bytes(
     # One FFN matrix's gradient (MoE: every expert's; the grouped matmul computes them at once).
     weight = experts * model.hidden_size * ffn * (grad_bytes or a) // tp if weight_grads != "none" else 0
     if model.activation != "swiglu":
-        return hidden + wide + weight
+        return hidden + (1 + fused.mlp_recomputed) * wide + weight
     kept = weight if weight_grads == "block" else 0  # the down projection's, while its input's flow on
     in_ffn = hidden + max(weight + wide, kept + 2 * wide)
     if model.norm != "rmsnorm":
@@ -587,6 +609,13 @@ def block_backward_extra_bytes(
     ffn_weights = 3 * weight if weight_grads == "block" else 0
     in_norm = hidden + ffn_weights - swiglu_saved_tensors(compiled) * wide + 2 * hidden + 3 * fp32_hidden
     return max(in_ffn, in_norm)
+
+
+def block_kernels(assumptions: Assumptions) -> FusedBlock:
+    """The fused kernels of a block the assumptions name (flash-attention's: ``fused_mlp``,
+    ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln``, ``packed_qkv``)."""
+    return fused_block(assumptions.fused_mlp, assumptions.mlp_checkpoint_lvl, assumptions.fused_dropout_add_ln,
+                       assumptions.packed_qkv)
 
 
 # Buffers holding one block's gradient for its reduction, which only exist from the second
@@ -602,6 +631,7 @@ def stage_activation_bytes(
 ) -> list[tuple[str, int]]:
     """Activation items of one pipeline stage: stored layers, recompute working set, logits."""
     ac = knobs.activation_checkpointing
+    fused = block_kernels(assumptions)
 
     def per_layer(policy: str) -> int:
         return layer_activation_bytes(
@@ -615,6 +645,7 @@ def stage_activation_bytes(
             assumptions.sequence_parallel,
             knobs.compile,
             knobs.fused_rmsnorm,
+            fused,
         )
 
     # One chunk's blocks per (micro-batch, chunk) pair in flight; with one chunk, the rank's blocks.
@@ -627,7 +658,8 @@ def stage_activation_bytes(
     label = f"{stage.layers} layers x {stage.in_flight} micro-batch" + ("es" if stage.in_flight > 1 else "")
     if stage.chunks > 1:
         label = f"{stage.chunks} chunks of {chunk_layers} layers, {stage.in_flight} chunk micro-batches in flight"
-    items = [(f"activations ({label}, AC {ac})", stored)]
+    kernels = fused.describe()
+    items = [(f"activations ({label}, AC {ac}{', ' + kernels if kernels else ''})", stored)]
     if recomputes(ac) and ac != "megatron-selective":
         # A recomputed block's backward rebuilds what it did not keep.
         working = per_layer("none") - (per_layer(ac) if ac == "selective-op" else 0)
@@ -635,7 +667,8 @@ def stage_activation_bytes(
     in_flight = WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none")
     temporaries = block_backward_extra_bytes(model, knobs.micro_batch_size, knobs.seq_len, knobs.tp,
                                              knobs.precision, assumptions.sequence_parallel, in_flight,
-                                             param_bytes(knobs.precision), knobs.compile, knobs.fused_rmsnorm)
+                                             param_bytes(knobs.precision), knobs.compile, knobs.fused_rmsnorm,
+                                             fused)
     items.append(("backward temporaries (one block)", temporaries))
     vocab = has_vocab_head(knobs.loss)
     if stage.has_head and vocab and knobs.strategy.startswith("fsdp"):
@@ -1154,6 +1187,7 @@ def _stage_breakdown(
                 k.loss,
                 k.compile,
                 k.fused_rmsnorm,
+                block_kernels(assumptions),
             ),
             lambda: stage_activation_bytes(model, stage, k, assumptions),
         )
@@ -1201,9 +1235,10 @@ def _stage_breakdown(
         first_block_stored = _memo(
             memo,
             ("block", k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention, k.precision, k.compile,
-             k.fused_rmsnorm),
+             k.fused_rmsnorm, block_kernels(assumptions)),
             lambda: layer_activation_bytes(model, k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention,
-                                           k.precision, assumptions.sequence_parallel, k.compile, k.fused_rmsnorm),
+                                           k.precision, assumptions.sequence_parallel, k.compile, k.fused_rmsnorm,
+                                           block_kernels(assumptions)),
         )
     moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored,
                        recomputing)

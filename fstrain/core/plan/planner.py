@@ -24,6 +24,7 @@ from fstrain.core.plan.blocktime import KernelModel
 from fstrain.core.plan.contextparallel import CP_STRATEGIES, cp_problem
 from fstrain.core.plan.frameworks import framework_assumptions, profile
 from fstrain.core.plan.kernelcost import GpuRates
+from fstrain.core.plan.kernels import EAGER_BLOCK, check_fused_block
 from fstrain.core.plan.losses import has_vocab_head, parse_loss
 from fstrain.core.plan.memory import (
     GIB,
@@ -32,6 +33,7 @@ from fstrain.core.plan.memory import (
     ZERO_STAGE,
     MemoryBreakdown,
     StageShape,
+    block_kernels,
     memory_breakdown,
     stage_shapes,
 )
@@ -227,7 +229,7 @@ def plan(
     the published curve the kernel model prices GEMMs on, for the dtypes it measured."""
     _check_inputs(model, training, cluster, pins)
     training = dataclasses.replace(training, loss=parse_loss(training.loss, "--loss"))  # chunked: chunked:8
-    assumptions = framework_assumptions(profile(training.framework), assumptions)
+    assumptions = _framework_assumptions(model, training, pins, assumptions)
     model = model.for_loss(training.loss)
     plans, rejected, considered = _search(model, training, cluster, pins, assumptions, first_fit=False)
     plans.sort(key=_rank_key)
@@ -241,6 +243,24 @@ def plan(
         suggestions = tuple(_suggest(model, training, cluster, pins, assumptions))
     bounded = cluster.bounded_by(training.precision, assumptions.mfu)
     return PlanResult(tuple(plans), tuple(rejected), suggestions, bounded, considered)
+
+
+def _framework_assumptions(model: PlanModel, training: TrainingSpec, pins: Pins,
+                           assumptions: Assumptions) -> Assumptions:
+    """The assumptions with the framework profile's in the fields ``--assume`` left alone; fused
+    kernels the model cannot run are refused. Op-level selective AC is torchtitan's policy over
+    eager matmuls, which flash-attention's fused autograd functions are not, so it is not planned
+    with them."""
+    assumptions = framework_assumptions(profile(training.framework), assumptions, model.spec)
+    if model.spec is not None:
+        check_fused_block(model.spec, assumptions.fused_mlp, assumptions.mlp_checkpoint_lvl)
+    if block_kernels(assumptions) != EAGER_BLOCK and pins.activation_checkpointing == "selective-op":
+        raise ConfigError(
+            "--ac selective-op saves torchtitan's choice of eager matmul outputs, which flash-attention's fused "
+            "MLP and dropout-add-norm kernels do not produce (not modelled)",
+            "use --ac none, full or every-k:N", "--ac",
+        )
+    return assumptions
 
 
 def plan_file(result: PlanResult, model: PlanModel, cluster: PlanCluster, train_tokens: int | None = None) -> PlanFile:
@@ -650,6 +670,7 @@ def _search(
     plans: list[Plan] = []
     rejected: list[Plan] = []
     evaluate = _Evaluator(model, training, cluster, assumptions)
+    fused = block_kernels(assumptions) != EAGER_BLOCK
     cp = pins.cp or 1
     acs = [pins.activation_checkpointing] if pins.activation_checkpointing else list(AC_SEARCHED)
     if model.spec is None:
@@ -685,6 +706,8 @@ def _search(
                         for ac in acs:
                             if ac == "selective-op" and strategy == "zero3":
                                 continue  # DeepSpeed ZeRO-3 cannot replay op-level checkpointing
+                            if ac == "selective-op" and fused:
+                                continue  # not modelled with flash-attention's kernels (see plan())
                             for offload in offloads:
                                 if (ac, offload, schedule) in failed:
                                     continue

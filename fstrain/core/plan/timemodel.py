@@ -56,6 +56,7 @@ from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
 from fstrain.core.plan.kernels import fusion_seconds_saved_per_token
 from fstrain.core.plan.losses import has_vocab_head
 from fstrain.core.plan.memory import (
+    block_kernels,
     block_matmuls,
     comm_bytes,
     converted_linears,
@@ -434,10 +435,13 @@ def _mfu_compute_s(
     effective_flops_per_gpu: float, links: Links, assumptions: Assumptions, fp8_rates: Fp8Rates | None,
 ) -> float:
     """One micro-batch's compute on the last stage at an achievable MFU (``--mfu``): hardware
-    FLOPs over peak x MFU, a fixed cost per block, less what fusion and fp8 save."""
+    FLOPs over peak x MFU (with FusedMLP's level-2 recompute of fc1), a fixed cost per block, less
+    what fusion and fp8 save."""
     b, s, t = knobs.micro_batch_size, rank.seq_len, knobs.tp
     per_token = layers * layer_hardware_flops(flops, knobs.activation_checkpointing, knobs.flash_attention)
     per_token += 3 * flops.head  # the last stage (or the only one) also computes the logits
+    if block_kernels(assumptions).mlp_recomputed == 2:  # flash-attention's FusedMLP runs fc1 again in backward
+        per_token += layers * 2 * model.hidden_size * model.ffn_hidden_size
     compute_mb = b * s * per_token / t / effective_flops_per_gpu + layers * assumptions.layer_overhead_s
     compute_mb -= b * s * layers * _fusion_saved_s(model, knobs, links, assumptions)
     if knobs.fp8:
@@ -448,12 +452,13 @@ def _mfu_compute_s(
 
 
 def _fusion_saved_s(model: ModelSpec, knobs: PlanKnobs, links: Links, assumptions: Assumptions) -> float:
-    """Seconds per token and block that --compile / --fused-rmsnorm save against eager PyTorch
-    (the achievable MFU is eager PyTorch's; fstrain.core.plan.kernels counts the traffic removed)."""
+    """Seconds per token and block that --compile / --fused-rmsnorm / flash-attention's fused MLP and
+    dropout-add-norm save against eager PyTorch (the achievable MFU is eager PyTorch's;
+    fstrain.core.plan.kernels counts the traffic removed)."""
     return fusion_seconds_saved_per_token(
         model, weight_bytes(knobs.precision), knobs.tp, replicated_split(knobs.tp, assumptions.sequence_parallel),
         knobs.activation_checkpointing, every_k(knobs.activation_checkpointing), knobs.compile, knobs.fused_rmsnorm,
-        links.hbm_bytes_per_s * assumptions.hbm_efficiency)
+        links.hbm_bytes_per_s * assumptions.hbm_efficiency, block_kernels(assumptions))
 
 
 def ring_attention_time(
