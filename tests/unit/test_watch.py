@@ -110,6 +110,15 @@ def test_the_view_marks_the_slowest_row() -> None:
     assert view.slowest_rank == 1 and [r.slowest for r in view.rows] == [False, True]
 
 
+def test_a_run_that_succeeded_has_no_slowest_rank() -> None:
+    """Step times measured between refreshes differ at the end too; nobody held anyone back."""
+    lines = [metric("h", 0, 16, step_s=1.0), metric("h", 1, 16, step_s=2.0)]
+    view = Watch().update(status(("h", [0, 1]), state="succeeded", exit_code=0), lines, now=200.0)
+    assert view.slowest_rank is None and not any(r.slowest for r in view.rows)
+    stalled = Watch().update(status(("h", [0, 1]), state="stalled", exit_code=124), lines, now=200.0)
+    assert stalled.slowest_rank == 1  # a run that did not end well still names it
+
+
 def test_eta() -> None:
     assert eta_s([(0.0, 0), (10.0, 5)], 5, 15) == pytest.approx(20.0)
     assert eta_s([(0.0, 5)], 5, 15, [0.5, 2.0]) == pytest.approx(20.0)  # the slowest rank's step time

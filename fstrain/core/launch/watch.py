@@ -135,7 +135,8 @@ class Watch:
             if rank_number not in placed:
                 rows.append(self._row(hosts[rank_number], None, {"rank": rank_number}, sample, now))
         rows.sort(key=lambda r: r.rank)
-        slowest = slowest_rank(rows)
+        # Every rank of a run that succeeded reached its end: none held the others back.
+        slowest = slowest_rank(rows) if status.get("state") != "succeeded" else None
         rows = [_with_slowest(r, r.rank == slowest) for r in rows]
         steps = max((r.steps for r in rows if r.steps), default=None)
         reached = [r.step for r in rows if r.step is not None]
