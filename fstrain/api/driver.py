@@ -288,7 +288,7 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
         offsets = mark_attempt(request, number, hosts)
         stop = recovery.stop_requested() if recovery.stop_requested is not None and previous else ""
         try:
-            if stop:
+            if stop:  # between attempts: the one that failed is the run's last
                 raise FstrainError(stop)
             driven = first if first is not None and number == 1 else \
                 drive(attempt_request(request, number, hosts, checkpoint_dir), connect, job, progress)
@@ -297,7 +297,7 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
         except FstrainError as exc:
             if previous is None:
                 raise
-            why = f"attempt {number} could not start: {exc.message}"
+            why = stop or f"attempt {number} could not start: {exc.message}"
             report(why)
             attempts[-1] = replace(attempts[-1], next_action="stop", next_why=why)
             return finish_attempts(request, previous, attempts)

@@ -196,8 +196,8 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
 
         driven = drive(attempt_request(drive_request, 1, hosts, recovery.checkpoint_dir), connect, node_job, progress)
         keeper = start_keeper(prepared.run_id, prepared.run_dir, (prepared, driven, built[0]))
-        report(f"recovery keeper (pid {keeper.pid}) runs the attempts ({run.on_failure}, at most "
-               f"{run.max_restarts} restarts); its log: {keeper.log}")
+        report(f"recovery keeper (pid {keeper.pid}) runs the attempts (--on-failure {run.on_failure}, "
+               f"--max-restarts {run.max_restarts}); its log: {keeper.log}")
     else:
         driven = drive_attempts(drive_request, connect, node_job, recovery, report, progress)
     job = built[-1]

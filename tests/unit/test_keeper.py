@@ -4,17 +4,24 @@ keeper's record, and an ended detached attempt read as the recovery loop reads a
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
+from unittest import mock
+
 import pytest
 
-from fstrain.api.driver import attempt_evidence
-from fstrain.api.keeper import attempt_outcome
+from fstrain.api.driver import Checked, Driven, DriveRequest, NodeJob, Recovery, attempt_evidence, drive_attempts
+from fstrain.api.keeper import STOPPED, attempt_outcome
 from fstrain.core.formats import KINDS
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.blame import blame
+from fstrain.core.launch.recovery import Policy
 from fstrain.core.launch.runrecord import KeeperRecord
 from fstrain.core.launch.runstate import KEEPER_GONE, RunState, attempt_reason, with_keeper
 from fstrain.core.launch.spec import NodeLaunch
-from fstrain.errors import InputError
+from fstrain.errors import FstrainError, InputError
+from fstrain.io.launch import HostFacts, Rendezvous, RunOutcome
+from fstrain.io.transport.base import Transport
 
 FAILED = RunState("failed", 3, "rank 1 (local rank 0) on n2 exited with 3", 10.0)
 RUNNING = RunState("running", None)
@@ -108,3 +115,49 @@ def test_a_lost_node_and_an_unreachable_one_are_lost_hosts_for_blame() -> None:
     unknown, _ = attempt_outcome([None, None], launches("n1", "n2"), RunState("lost", None, "n1 cannot be reached"),
                                  0.0)
     assert unknown.exit_code == 255 and unknown.nodes[0].error == "n1 cannot be reached"
+
+
+def followed_loop(tmp_path: Path, stop_after: int) -> tuple[Driven, list[str], list[int]]:
+    """drive_attempts as a keeper runs it, on values: the first attempt given (started detached),
+    each attempt's end from ``follow`` (node 2's rank exits 3), a stop asked once ``stop_after``
+    attempts were followed. Returns the run's result, what it reported, and the attempts that
+    ``drive`` was asked to start."""
+    hosts = (Host("n1"), Host("n2"))
+    request = DriveRequest(hosts=hosts, run_id="r1", run_dir=tmp_path, detach=True, checkpoint_dir="",
+                           out=io.StringIO())
+    checked = Checked([HostFacts(h, {}) for h in hosts], Rendezvous("n1", 29500, ("eth0", "eth0")), ["/r", "/r"],
+                      "/r/checkpoints")
+    job = NodeJob("torchrun", launches("n1", "n2", nproc=1))
+    followed: list[int] = []
+    started: list[int] = []
+
+    def follow(driven: Driven) -> Driven:
+        followed.append(len(followed) + 1)
+        outcome, last = attempt_outcome([view(0, final(), []), view(1, final(), [])], job.launches, FAILED, 0.0)
+        return Driven(checked, job, outcome, {"run_id": "r1"}, 0.0, [], last)
+
+    def connect(host: Host) -> Transport:
+        raise FstrainError(f"{host.name}: not reached in a unit test")
+
+    def start(request: DriveRequest, *_: object) -> Driven:
+        started.append(request.restart + 1)
+        assert request.banner == f"==== attempt {request.restart + 1} (hosts n1,n2) ===="
+        return Driven(checked, job, RunOutcome(0, "detached", None, [], 0.0, 0.0), {"run_id": "r1"}, 0.0)
+
+    recovery = Recovery(Policy("restart", max_restarts=3), follow=follow,
+                        stop_requested=lambda: STOPPED if len(followed) >= stop_after else "")
+    reported: list[str] = []
+    first = Driven(checked, job, RunOutcome(0, "detached", None, [], 0.0, 0.0), {"run_id": "r1"}, 0.0)
+    with mock.patch("fstrain.api.driver.drive", start):
+        driven = drive_attempts(request, connect, lambda c: job, recovery, reported.append, first=first)
+    return driven, reported, started
+
+
+def test_a_keeper_follows_each_attempt_and_a_stop_leaves_no_next_one(tmp_path: Path) -> None:
+    driven, reported, started = followed_loop(tmp_path, stop_after=2)
+    attempts = driven.manifest["attempts"]
+    assert started == [2]  # the first was given; the third never started
+    assert [a["next"] for a in attempts] == ["restart", "stop"] and attempts[-1]["next_why"] == STOPPED
+    assert attempts[0]["exit_code"] == 3 and reported[-1] == STOPPED
+    assert driven.manifest["exit_code"] == 3 and driven.manifest["ended"]
+    assert not (tmp_path / "logs").exists()  # a detached attempt's banner goes to its nodes' output
