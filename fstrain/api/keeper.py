@@ -108,7 +108,7 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
     """An ended detached attempt as the recovery loop reads an attached one: per node its exit,
     the failed rank, the error of a node lost, each rank's last lines; the run's reason, first
     failure and hang report from the coordinator's record. And the highest step any rank
-    reported (its last progress or metric line)."""
+    reported (its last progress line, the metric lines among the node's last lines)."""
     from fstrain.api.driver import line_step
     from fstrain.core.launch.logtail import split_rank_prefix
     from fstrain.core.launch.rankexit import RankFailure
@@ -119,7 +119,8 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
     final = next((((v or {}).get("node") or {}).get("final") for v in views
                   if ((v or {}).get("node") or {}).get("final")), None) or (views[0] or {}).get("run") or {}
     recorded = final.get("nodes") or {}
-    nodes, steps = [], []
+    nodes: list[NodeState] = []
+    steps: list[int | None] = []
     for index, launch in enumerate(launches):
         view = views[index] if index < len(views) else None
         own = (view or {}).get("node") or {}
@@ -139,11 +140,10 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
             local, text = split_rank_prefix(line)
             if local is not None:
                 node.rank_tails.setdefault(local, []).append(f"[{host} r{offset + local}] {text.lstrip()}")
+                steps.append(line_step(text.lstrip()))
             node.tail.append(line)
         for local_text, rank in sorted((own.get("ranks") or {}).items()):
-            step = line_step(split_rank_prefix(str(rank.get("progress_line") or ""))[1])
-            if step is not None:
-                steps.append(step)
+            steps.append(line_step(split_rank_prefix(str(rank.get("progress_line") or ""))[1]))
             local, last = int(local_text), split_rank_prefix(str(rank.get("last_line") or ""))[1].lstrip()
             if local not in node.rank_tails and last:  # none of the node's last lines is this rank's
                 node.rank_tails[local] = [f"[{host} r{offset + local}] {last}"]
@@ -154,4 +154,5 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
     outcome = RunOutcome(exit_code, attempt_reason(state.state), final.get("first_failure_node_rank"), nodes,
                          float(final.get("started") or started), float(final.get("ended") or time.time()),
                          final.get("stall"), str(final.get("reason") or state.reason))
-    return outcome, max(steps) if steps else None
+    known = [step for step in steps if step is not None]
+    return outcome, max(known) if known else None

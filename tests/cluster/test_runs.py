@@ -471,6 +471,7 @@ def test_a_detached_run_restarts_on_its_own_after_a_rank_dies(cluster: Namespace
         assert status["state"] == "succeeded" and status["exit_code"] == 0, status
         first, second = status["attempts"]
         assert first["exit_code"] == 137 and first["next"] == "restart" and first["last_checkpoint_step"] >= 2
+        assert first["steps_lost"] >= 0  # from the ranks' progress lines the nodes recorded
         assert second["hosts"] == ["node1", "node2"] and second["exit_code"] == 0
         assert second["resumed_from_step"] == first["last_checkpoint_step"] and second["progress"] is True
         logs = fstrain(home, "logs", run_id).stdout

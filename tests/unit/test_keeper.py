@@ -106,15 +106,17 @@ def test_a_lost_node_and_an_unreachable_one_are_lost_hosts_for_blame() -> None:
                    first_failure_node_rank=1,
                    nodes={"0": {"exit_code": 143, "ended": 8.0},
                           "1": {"exit_code": None, "error": "its watchdog's connection closed", "ended": 6.0}})
-    outcome, last = attempt_outcome([view(0, record, []), None], launches("n1", "n2"),
+    metrics = '[local1]: FSTRAIN_METRICS {"step": 7, "steps": 9, "loss": 0.5}'
+    outcome, last = attempt_outcome([view(0, record, [metrics]), None], launches("n1", "n2"),
                                     RunState("lost", 255, record["reason"]), 0.0)
-    assert outcome.reason == "lost" and outcome.exit_code == 255 and last is None
+    assert outcome.reason == "lost" and outcome.exit_code == 255 and last == 7
     assert outcome.nodes[1].error == "its watchdog's connection closed"
     verdict = blame(attempt_evidence(outcome))
     assert verdict.kind == "hardware" and verdict.suspects == ("n2",)
-    unknown, _ = attempt_outcome([None, None], launches("n1", "n2"), RunState("lost", None, "n1 cannot be reached"),
-                                 0.0)
+    unknown, unknown_last = attempt_outcome([None, None], launches("n1", "n2"),
+                                            RunState("lost", None, "n1 cannot be reached"), 0.0)
     assert unknown.exit_code == 255 and unknown.nodes[0].error == "n1 cannot be reached"
+    assert unknown_last is None
 
 
 def followed_loop(tmp_path: Path, stop_after: int) -> tuple[Driven, list[str], list[int]]:
