@@ -84,6 +84,7 @@ class DriveRequest:
     # RUN_DIR/checkpoints) and FSTRAIN_RESTART; None: neither (a run without a recovery policy).
     checkpoint_dir: str | None = None
     restart: int = 0  # FSTRAIN_RESTART: 0 for the first attempt
+    banner: str = ""  # a detached attempt's first line in every node's output (drive_attempts)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class Driven:
     manifest: dict[str, Any]
     started: float
     answers: list[dict[str, Any]] = field(default_factory=list)  # detached: each node's start answer
+    last_step: int | None = None  # a followed detached attempt: the highest step its ranks reported
 
 
 def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Callable[[Checked], NodeJob],
@@ -219,7 +221,7 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     """Every node's watchdog started detached (node 0 the coordinator), recorded here: before
     the first starts, so that a launch killed half-way leaves a run that `runs` lists and
     `stop` ends; then with node 0's answer (its coordinator's port); then with every node's."""
-    from fstrain.io.runs import record_detached, register, start_detached, write_json
+    from fstrain.io.runs import read_json, record_detached, register, start_detached, write_json
 
     setup = run_setup(request, checked, node_job)
     reach = (request.ssh_config, request.python)
@@ -229,15 +231,19 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
 
     record([{}] * len(node_job.launches))
     try:
-        answers = start_detached(node_job.launches, connect, request.python, options, checked.rendezvous, record)
+        answers = start_detached(node_job.launches, connect, request.python, options, checked.rendezvous, record,
+                                 request.banner)
     except BaseException:
         # This process no longer starts it (it may live on: the API's caller): what shows on
         # the nodes decides the run's state from now on.
         register(request.run_id, request.run_dir, detached=True, launching=False)
         raise
     record(answers)
+    earlier = read_json(request.run_dir / "manifest.json") if request.restart else None
     manifest = write_manifest(request.run_dir / "manifest.json", setup, None)
     manifest.update(reason="detached", started=started, detached=True)
+    if isinstance(earlier, dict) and earlier.get("attempts"):  # a later attempt: the record of those before
+        manifest["attempts"] = earlier["attempts"]
     write_json(request.run_dir / "manifest.json", manifest)
     outcome = RunOutcome(0, "detached", None, [], started, time.time())
     return Driven(checked, node_job, outcome, manifest, started, answers)
@@ -253,14 +259,20 @@ class Recovery:
     # The suspects' tests (fstrain.api.launch.suspect_tester): (guilty, why per host); None:
     # nobody is tested, so nobody is excluded
     test: Callable[[Sequence[Host], Verdict], tuple[tuple[str, ...], dict[str, str]]] | None = None
+    # A detached run's keeper (fstrain/api/keeper.py): each started attempt followed to its end,
+    # and why no further attempt may start ("": none asked; `fstrain stop` asks)
+    follow: Callable[[Driven], Driven] | None = None
+    stop_requested: Callable[[], str] | None = None
 
 
 def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
                    job: Callable[[Checked], NodeJob], recovery: Recovery, report: Callable[[str], None],
-                   progress: Reporter | None = None) -> Driven:
+                   progress: Reporter | None = None, first: Driven | None = None) -> Driven:
     """``drive`` once per attempt until one succeeds, is stopped, or the policy says stop; the
     last attempt's result, its manifest listing every attempt. An attempt that cannot start
-    (a host that no longer answers the checks) ends the run with the last failure's code."""
+    (a host that no longer answers the checks) ends the run with the last failure's code.
+    ``first``: the first attempt, already started detached (by ``attempt_request(request, 1,
+    ...)``), which ``recovery.follow`` follows to its end like every later one."""
     from dataclasses import replace
 
     from fstrain.core.launch.blame import blame
@@ -274,14 +286,18 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
     while True:
         number = len(attempts) + 1
         offsets = mark_attempt(request, number, hosts)
-        attempt_request = replace(request, hosts=tuple(hosts), record=request.record and number == 1,
-                                  checkpoint_dir=checkpoint_dir, restart=number - 1)
+        stop = recovery.stop_requested() if recovery.stop_requested is not None and previous else ""
         try:
-            driven = drive(attempt_request, connect, job, progress)
+            if stop:  # between attempts: the one that failed is the run's last
+                raise FstrainError(stop)
+            driven = first if first is not None and number == 1 else \
+                drive(attempt_request(request, number, hosts, checkpoint_dir), connect, job, progress)
+            if recovery.follow is not None:
+                driven = recovery.follow(driven)
         except FstrainError as exc:
             if previous is None:
                 raise
-            why = f"attempt {number} could not start: {exc.message}"
+            why = stop or f"attempt {number} could not start: {exc.message}"
             report(why)
             attempts[-1] = replace(attempts[-1], next_action="stop", next_why=why)
             return finish_attempts(request, previous, attempts)
@@ -308,7 +324,8 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
             resumed_from=before.step if number > 1 else None, last_checkpoint=after.step,
             progress=after.newer_than(before) if number > 1 else None,
             recover_s=round(outcome.started - previous.outcome.ended, 3) if previous else None,
-            steps_lost=steps_lost(last_step(request.run_dir / "logs", offsets), after.step) if failed else None))
+            steps_lost=steps_lost(driven.last_step if request.detach else last_step(request.run_dir / "logs", offsets),
+                                  after.step) if failed else None))
         if next_ is None or next_.action == "stop":
             if next_ is not None and failed:
                 report(f"attempt {number} failed ({outcome.detail or outcome.reason}); {next_.why}: the run ends "
@@ -320,6 +337,17 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
         spares = [s for s in spares if s.name not in next_.spares_used]
         before, previous = after, driven
         interim_manifest(request, driven, attempts)
+
+
+def attempt_request(request: DriveRequest, number: int, hosts: Sequence[Host], checkpoint_dir: str) -> DriveRequest:
+    """The request of attempt ``number`` on ``hosts``: listed in the index by the first only,
+    every rank told the checkpoint directory and the restart count."""
+    from dataclasses import replace
+
+    from fstrain.core.launch.recovery import attempt_banner
+
+    return replace(request, hosts=tuple(hosts), record=request.record and number == 1, checkpoint_dir=checkpoint_dir,
+                   restart=number - 1, banner=attempt_banner(number, [h.name for h in hosts]))
 
 
 def should_test(policy: Policy, verdict: Verdict, restarts_done: int) -> bool:
@@ -363,21 +391,27 @@ def attempt_evidence(outcome: RunOutcome) -> Evidence:
 def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:
     """The highest step any rank reported in this attempt: its metric lines, or the bundled
     trainer's progress lines, in the hosts' log files from where the attempt began."""
-    from fstrain.core.launch.metricline import read_step
-
     steps = []
     for name, offset in offsets.items():
         try:
             with (folder / name).open("rb") as handle:
                 handle.seek(offset)
                 for raw in handle:
-                    _, _, text = raw.decode(errors="replace").rstrip("\n").partition("] ")
-                    reading = read_step(text, any_program=True)
-                    if reading is not None:
-                        steps.append(reading.metrics.step)
+                    step = line_step(raw.decode(errors="replace").rstrip("\n").partition("] ")[2])
+                    if step is not None:
+                        steps.append(step)
         except OSError:
             continue
     return max(steps) if steps else None
+
+
+def line_step(text: str) -> int | None:
+    """The step a rank's line reports (metricline.read_step: its metric line, else a progress
+    line); None for other lines."""
+    from fstrain.core.launch.metricline import read_step
+
+    reading = read_step(text, any_program=True)
+    return reading.metrics.step if reading is not None else None
 
 
 def _checkpoints(hosts: Sequence[Host], outcome: RunOutcome, connect: Callable[[Host], Transport], python: str,
@@ -417,13 +451,16 @@ def restart_line(attempt: Attempt, hosts: Sequence[str], before: Checkpoints) ->
 
 def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> dict[str, int]:
     """The attempt's first line on the terminal and in every host's log file of the run; where
-    each host's file then ends."""
+    each host's file then ends. A detached attempt's output is on its nodes: the watchdogs
+    write the line there (``DriveRequest.banner``)."""
     from fstrain.core.launch.recovery import attempt_banner
     from fstrain.io.localout import describe, warn
 
     line = attempt_banner(number, [h.name for h in hosts])
     request.out.write(line + "\n")
     request.out.flush()
+    if request.detach:
+        return {}
     folder = request.run_dir / "logs"
     offsets: dict[str, int] = {}
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from fstrain.api.requests import LaunchRequest
 from fstrain.api.runs import Access, Run
 
 if TYPE_CHECKING:
-    from fstrain.api.driver import Checked, Driven, NodeJob, Recovery
+    from fstrain.api.driver import Checked, Driven, DriveRequest, NodeJob, Recovery
     from fstrain.api.hosts import HostSelection
     from fstrain.core.hosts.hostfile import Host
     from fstrain.core.launch.blame import Verdict
@@ -98,17 +99,12 @@ def prepare(request: LaunchRequest) -> Prepared:
 
 
 def check_recovery(request: LaunchRequest) -> None:
-    """The recovery policy, checked as a value; what it cannot do yet refused in one line."""
+    """The recovery policy and the checkpoint interval, checked as values."""
     from fstrain.core.launch.recovery import Policy
     from fstrain.errors import InputError
 
     run = request.run
-    policy = Policy(run.on_failure, run.max_restarts, run.min_nodes)
-    if policy.recovers and run.detach:
-        raise InputError(f"--on-failure {run.on_failure} needs the launcher that runs the attempts, and --detach "
-                         "returns once the nodes have started (node 0's coordinator does not restart a run)",
-                         "run attached (in tmux, or as a --slurm batch job, whose launcher runs in the job)",
-                         "--detach")
+    Policy(run.on_failure, run.max_restarts, run.min_nodes)
     if request.job.checkpoint_interval < 0:
         raise InputError(f"--checkpoint-interval must be >= 0, got {request.job.checkpoint_interval}",
                          "give the steps between the bundled trainer's checkpoints (0: at the end only)",
@@ -190,12 +186,47 @@ def rank_packages(backend: str, bundled_trainer: bool) -> tuple[str, ...]:
 
 
 def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: bool) -> Launched:
-    from fstrain.api.driver import DriveRequest, drive, drive_attempts
+    from fstrain.api.driver import attempt_request, drive, drive_attempts
     from fstrain.io.runs import launched_record
 
     request, hosts = prepared.request, prepared.selection.hosts
     job_request, run = request.job, request.run
     connect = _connector(prepared)
+    drive_request, node_job, built = _driving(prepared, out, report, color)
+    progress = cast("Reporter", report) if hasattr(report, "event") else None
+    recovery = recovery_of(prepared, connect)
+    if recovery is None:
+        driven = drive(drive_request, connect, node_job, progress)
+    elif run.detach:  # the first attempt starts here; the keeper, a process of its own, runs the attempts
+        from fstrain.api.keeper import start_keeper
+
+        driven = drive(attempt_request(drive_request, 1, hosts, recovery.checkpoint_dir), connect, node_job, progress)
+        keeper = start_keeper(prepared.run_id, prepared.run_dir, (prepared, driven, built[0]))
+        report(f"recovery keeper (pid {keeper.pid}) runs the attempts (--on-failure {run.on_failure}, "
+               f"--max-restarts {run.max_restarts}); its log: {keeper.log}")
+    else:
+        driven = drive_attempts(drive_request, connect, node_job, recovery, report, progress)
+    job = built[-1]
+    hosts = [facts.host for facts in driven.checked.facts]  # the last attempt's
+    access = Access(request.hosts.ssh_config, request.hosts.accept_new_hosts, job_request.python)
+    record = launched_record(prepared.run_id, prepared.run_dir, detached=run.detach)
+    launched = Launched(record, access, driven, job, list(hosts))
+    if job.bundled_trainer and not run.detach and driven.outcome.exit_code == 0:
+        launched.training_summary = fetch_training_summary(hosts[0], driven.checked.run_dirs[0], connect,
+                                                           prepared.run_dir, report)
+        if launched.training_summary is not None:
+            driven.manifest["training_summary"] = launched.training_summary
+    return launched
+
+
+def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter,
+             color: bool) -> tuple[DriveRequest, Callable[[Checked], NodeJob], list[Job]]:
+    """The driver's request for this launch, and its job: fitted to each attempt's hosts (the
+    first attempt's plan re-planned for another world), every job built kept in the list."""
+    from fstrain.api.driver import DriveRequest
+
+    request, hosts = prepared.request, prepared.selection.hosts
+    job_request, run = request.job, request.run
     built: list[Job] = []
 
     def node_job(checked: Checked) -> NodeJob:
@@ -219,23 +250,24 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
         metrics_textfile=run.metrics_textfile, ssh_config=request.hosts.ssh_config, color=color, out=out,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None,
         checkpoint_dir=run.checkpoint_dir)
-    progress = cast("Reporter", report) if hasattr(report, "event") else None
+    return drive_request, node_job, built
+
+
+def keep(prepared: Prepared, first: Driven, first_job: Job, stop: threading.Event) -> Driven:
+    """A detached run's attempts after its launch started the first (fstrain/api/keeper.py):
+    the one recovery loop, each attempt followed to its end on its nodes; ``stop`` set: no
+    further attempt, and the current one stopped."""
+    from fstrain.api.driver import drive_attempts
+    from fstrain.api.keeper import STOPPED, follow
+
+    connect = _connector(prepared)
+    drive_request, node_job, built = _driving(prepared, sys.stdout, _to_stderr, False)
+    built.append(first_job)  # the plan a smaller world is re-planned from
     recovery = recovery_of(prepared, connect)
-    if recovery is None:
-        driven = drive(drive_request, connect, node_job, progress)
-    else:
-        driven = drive_attempts(drive_request, connect, node_job, recovery, report, progress)
-    job = built[-1]
-    hosts = [facts.host for facts in driven.checked.facts]  # the last attempt's
-    access = Access(request.hosts.ssh_config, request.hosts.accept_new_hosts, job_request.python)
-    record = launched_record(prepared.run_id, prepared.run_dir, detached=run.detach)
-    launched = Launched(record, access, driven, job, list(hosts))
-    if job.bundled_trainer and not run.detach and driven.outcome.exit_code == 0:
-        launched.training_summary = fetch_training_summary(hosts[0], driven.checked.run_dirs[0], connect,
-                                                           prepared.run_dir, report)
-        if launched.training_summary is not None:
-            driven.manifest["training_summary"] = launched.training_summary
-    return launched
+    assert recovery is not None, "a keeper runs only for a recovery policy"
+    recovery = replace(recovery, follow=lambda driven: follow(driven, drive_request, connect, stop),
+                       stop_requested=lambda: STOPPED if stop.is_set() else "")
+    return drive_attempts(drive_request, connect, node_job, recovery, _to_stderr, first=first)
 
 
 def recovery_of(prepared: Prepared, connect: Callable[[Host], Transport]) -> Recovery | None:

@@ -29,6 +29,7 @@ from fstrain.errors import FstrainError, InputError
 
 if TYPE_CHECKING:
     from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.launch.runrecord import KeeperRecord
     from fstrain.io.logs import FileOutputs, NodeOutputs
     from fstrain.io.runs import FolderGone, RunRecord
     from fstrain.io.transport.base import Transport
@@ -260,9 +261,23 @@ class SshRun:
                                                                     accept_new_hosts=access.accept_new_hosts)
 
     def views(self) -> list[dict[str, Any] | None]:
-        from fstrain.io.runs import node_views
+        from fstrain.io.runs import node_views, read_detached
 
+        if self.keeper() is not None:  # each attempt of a recovering run writes detached.json anew
+            self.record.detached = self.detached = read_detached(self.record.run_dir) or self.detached
         return node_views(self.record, self.connect, self.python)
+
+    def keeper(self) -> KeeperRecord | None:
+        """The recovery keeper that runs the attempts (``launch --detach --on-failure ...``)."""
+        from fstrain.io.runs import read_keeper
+
+        return read_keeper(self.record.run_dir)
+
+    def keeper_alive(self) -> bool:
+        from fstrain.io.runs import process_alive
+
+        keeper = self.keeper()
+        return keeper is not None and process_alive(keeper.pid)
 
     def state(self) -> RunState:
         from fstrain.io.runs import run_state
@@ -270,17 +285,22 @@ class SshRun:
         return run_state(self.record, self.views())
 
     def running(self) -> bool:
-        return any((view or {}).get("watchdog_alive") for view in self.views())
+        return any((view or {}).get("watchdog_alive") for view in self.views()) or self.keeper_alive()
 
     def finished(self) -> RunState | None:
         from fstrain.io.runs import run_state
 
         views = self.views()
         state = run_state(self.record, views)
-        return state if state.state in FINAL and not any((v or {}).get("watchdog_alive") for v in views) else None
+        ended = state.state in FINAL and not any((v or {}).get("watchdog_alive") for v in views)
+        return state if ended and not self.keeper_alive() else None
 
     def status(self) -> dict[str, Any]:
-        return status_document(self.record, self.views())
+        document = status_document(self.record, self.views())
+        keeper = self.keeper()
+        if keeper is not None:
+            document["keeper"] = {"pid": keeper.pid, "alive": self.keeper_alive(), "log": keeper.log}
+        return document
 
     def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> NodeOutputs:
         from fstrain.io.logs import NodeFile, NodeOutputs
@@ -315,10 +335,12 @@ class SshRun:
         """Ask the coordinator (through node 0 itself) to stop the run, then wait for its end."""
         from fstrain.io.runs import stop_on_node
 
+        keeper = self.keeper()
+        signalled = keeper is not None and stop_keeper(keeper.pid)  # first: no further attempt may start
         node0 = self.detached.nodes[0]
         answer = stop_on_node(self.connect, node0.host, self.python, node0.run_dir, "kill" if force else "term",
                               grace_s)
-        if "error" in answer:
+        if "error" in answer and not signalled:  # between attempts the keeper ends the run itself
             state = self.state()
             if state.state in FINAL:
                 return Stopped(state, True)
@@ -334,6 +356,23 @@ class SshRun:
                                    "check with `fstrain status`; `fstrain stop --force` skips the grace period",
                                    "stop")
             time.sleep(POLL_S)
+
+
+def stop_keeper(pid: int) -> bool:
+    """SIGTERM to a recovery keeper (fstrain/api/keeper.py), if it still runs; whether it was sent."""
+    from fstrain.io.runs import process_alive
+
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if b"fstrain.api.keeper" not in cmdline or not process_alive(pid):  # gone, or the pid was reused
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None) -> dict[str, Any]:

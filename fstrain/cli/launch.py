@@ -87,7 +87,8 @@ def launch_command(
                                               help="Some ranks finished and others still run after "
                                               "this long: the same as --stall-timeout."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Return the run id once every node started; the "
-                                "nodes supervise the job themselves (see fstrain runs/status/logs/stop). "
+                                "nodes supervise the job themselves (see fstrain runs/status/logs/stop); with "
+                                "--on-failure restart/exclude a keeper process here runs the attempts. "
                                 "With --slurm: print the job id and return at once."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-node commands; connect to nothing."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as one JSON document on stdout."),

@@ -196,6 +196,9 @@ def status_command(
     if document.get("first_failure"):
         out.print(f"first failure: {describe_failure(document['first_failure'])}", markup=False)
     print_attempts(document.get("attempts") or [])
+    keeper = document.get("keeper")
+    if keeper and keeper["alive"]:
+        out.print(f"recovery keeper: pid {keeper['pid']} runs the attempts (its log: {keeper['log']})", markup=False)
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "rank", "alive", "last output", "step", "loss", "tokens/s", "gpus"):
         table.add_column(column)

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 from fstrain import __version__
 from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
-from fstrain.core.launch.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes
+from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry, KeeperRecord
+from fstrain.core.launch.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes, with_keeper
 from fstrain.core.progress import Event
 from fstrain.core.slurm.job import JOB_DIR_PREFIX, TIME_LIMIT_MARKER, job_dir_name
 from fstrain.errors import FstrainError, InputError
@@ -67,10 +67,11 @@ def index_dir() -> Path:
 def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transport], python: str,
                    options: RunOptions, rendezvous: Rendezvous,
                    coordinator_started: Callable[[list[dict[str, Any]]], None] = lambda answers: None,
-                   ) -> list[dict[str, Any]]:
+                   banner: str = "") -> list[dict[str, Any]]:
     """Start node 0's watchdog as the coordinator, then every other node's as a member; return
     each node's answer (pids, the coordinator's port) once all of them started.
-    ``coordinator_started`` gets the answers as soon as node 0's is in (the others' empty)."""
+    ``coordinator_started`` gets the answers as soon as node 0's is in (the others' empty);
+    ``banner``, the attempt's first line in every node's output (a recovering run)."""
     from fstrain.core.launch.spec import secret_values
     from fstrain.io.launch import LaunchError, watchdog_header
 
@@ -84,6 +85,8 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
         document["modules"] = {**document.get("modules", {}), **modules}
         document["detach"] = {"secret": secret, "nnodes": len(launches), "redact": secret_values(launch.env),
                               "names": [other.host.name for other in launches], **detach}
+        if banner:
+            document["detach"]["banner"] = banner
         return (json.dumps(document) + "\n").encode()
 
     total, lock = len(launches), threading.Lock()
@@ -291,6 +294,12 @@ def launched_record(run_id: str, folder: Path, *, detached: bool) -> RunRecord:
                      read_document(folder / "manifest.json", "manifest"), entry)
 
 
+def read_keeper(folder: Path) -> KeeperRecord | None:
+    """RUN_DIR/keeper.json (a detached run with a recovery policy), None where there is none."""
+    document = read_json(folder / "keeper.json")
+    return KeeperRecord.from_dict(document, str(folder / "keeper.json")) if document is not None else None
+
+
 def read_detached(folder: Path) -> DetachedRecord | None:
     """RUN_DIR/detached.json, None where there is none."""
     document = read_json(folder / "detached.json")
@@ -439,8 +448,8 @@ def slurm_live_views(record: RunRecord, job_id: str, hosts: Sequence[str], pytho
 
 
 def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) -> RunState:
-    """The run's state: the manifest for an attached run, the nodes' views for a detached one,
-    Slurm's word and the manifest for a Slurm one."""
+    """The run's state: the manifest for an attached run, the nodes' views for a detached one
+    (with its recovery keeper, if it has one), Slurm's word and the manifest for a Slurm one."""
     if record.slurm is not None:
         return slurm_state(record, strict=False)[0]
     if record.detached is None:
@@ -448,15 +457,21 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
             return from_manifest(record.manifest)
         alive = process_alive(record.client_pid)
         return RunState("running" if alive else "lost", None, "" if alive else "its launcher is gone")
+    keeper = read_keeper(record.run_dir)
+    if keeper is not None:  # the keeper writes the manifest as attempts end, and this attempt's detached.json
+        record.manifest = read_document(record.run_dir / "manifest.json", "manifest")
+        record.detached = read_detached(record.run_dir) or record.detached
     if views is None:  # not asked: what this machine last saw
         cached = read_cache(record.run_dir / "state.json")
-        if cached:
-            return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
-        return RunState("running", None, "not asked")
+        state = RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended")) \
+            if cached else RunState("running", None, "not asked")
+        return with_keeper(state, record.manifest, process_alive(keeper.pid)) if keeper is not None else state
     state = from_nodes(views, [h.label() for h in record.hosts])
     seen = any((v or {}).get("node") or (v or {}).get("run") or (v or {}).get("watchdog_alive") for v in views)
     if state.state == "lost" and record.detached.nodes[0].watchdog_pid is None and not seen:
         state = _unanswered_start(record)
+    if keeper is not None:
+        state = with_keeper(state, record.manifest, process_alive(keeper.pid))
     nodes = [{k: (v.get("node") or {}).get(k) for k in ("node_rank", "hostname", "watchdog_pid", "job_pid", "started",
                                                          "ended", "exit_code", "failure", "last_lines")}
              | {"reachable": True, "watchdog_alive": v.get("watchdog_alive")} if v else {"reachable": False}

@@ -419,3 +419,106 @@ def test_a_detached_start_that_failed_on_node_0_is_lost_not_starting(
     state = handles[0].state()
     assert (state.state, state.reason) == ("lost", "the launch ended before node1's watchdog answered")
     assert_no_job_processes(cluster, 10)
+
+
+def namespace_rank(cluster: NamespaceCluster, index: int, run_id: str, local_rank: int) -> int | None:
+    """The pid of a rank of run ``run_id`` on host ``index`` (its environment names the run and the
+    local rank; torchrun itself has no LOCAL_RANK), None while there is none."""
+    pids = subprocess.run(["ip", "netns", "pids", cluster.namespace(index)], capture_output=True, text=True,
+                          check=False).stdout.split()
+    for pid in pids:
+        try:
+            environ = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if f"FSTRAIN_RUN_ID={run_id}".encode() in environ and f"LOCAL_RANK={local_rank}".encode() in environ:
+            return int(pid)
+    return None
+
+
+def keeper_pid(run_dir: Path) -> int:
+    return int(json.loads((run_dir / "keeper.json").read_text())["pid"])
+
+
+def wait_keeper_gone(run_dir: Path, within_s: float) -> None:
+    pid, deadline = keeper_pid(run_dir), time.monotonic() + within_s
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert not Path(f"/proc/{pid}").exists() or b"fstrain.api.keeper" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_a_detached_run_restarts_on_its_own_after_a_rank_dies(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    """--detach --on-failure restart: the launch returns once the nodes started; a rank of the
+    bundled trainer is killed once; the recovery keeper starts the run again from its last
+    checkpoint, with no client connected, and the run succeeds with both attempts recorded."""
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    run_id = detach(cluster, home, run_dir, "--nproc-per-node", "1", "--model", "tiny", "--precision", "fp32",
+                    "--steps", "6", "--checkpoint-interval", "2", "--heartbeat-timeout", "4",
+                    "--on-failure", "restart", "--max-restarts", "1")
+    try:
+        rows = json.loads(fstrain(home, "runs", "--json").stdout)["runs"]
+        assert [r["state"] for r in rows] in (["starting"], ["running"])  # the launch did not wait for the run
+        # Node 1's output file, read where the namespace host keeps it (this machine's disk).
+        output = Path(json.loads((run_dir / "detached.json").read_text())["nodes"][0]["run_dir"]) / "node0.out"
+        deadline = time.monotonic() + 120
+        while "[fstrain.train] step 3/6 " not in (output.read_text(errors="replace") if output.exists() else ""):
+            assert time.monotonic() < deadline, "rank 0 did not reach step 3 within 120 s"
+            time.sleep(0.2)  # then step 2's checkpoint is written
+        pid = namespace_rank(cluster, 2, run_id, 0)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        status = wait_state(home, run_id, {"succeeded", "failed", "stopped", "lost", "stalled"}, 180)
+        assert status["state"] == "succeeded" and status["exit_code"] == 0, status
+        first, second = status["attempts"]
+        assert first["exit_code"] == 137 and first["next"] == "restart" and first["last_checkpoint_step"] >= 2
+        assert first["steps_lost"] >= 0  # from the ranks' progress lines the nodes recorded
+        assert second["hosts"] == ["node1", "node2"] and second["exit_code"] == 0
+        assert second["resumed_from_step"] == first["last_checkpoint_step"] and second["progress"] is True
+        logs = fstrain(home, "logs", run_id).stdout
+        assert logs.count("==== attempt 2 (hosts node1,node2) ====") == 2  # in each node's output
+        assert f"restart 1: resumed from step {first['last_checkpoint_step']}" in logs
+        assert "[fstrain.train] step 6/6 loss" in logs
+        assert "attempt 2 on 2 nodes (node1, node2)" in (run_dir / "keeper.log").read_text()
+        wait_keeper_gone(run_dir, 10)
+        assert_no_job_processes(cluster, GRACE_S + 8)
+    finally:
+        fstrain(home, "stop", run_id, "--force")
+
+
+def test_stop_of_a_detached_recovering_run_leaves_no_next_attempt(cluster: NamespaceCluster, tmp_path: Path) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    program = str(REPO / "tests" / "cluster" / "programs" / "recovering.py")
+    run_id = detach(cluster, home, run_dir, "--nproc-per-node", "1", "--heartbeat-timeout", "4", "--on-failure",
+                    "restart", "--max-restarts", "3", "--", "python3", program, "--steps", "200", "--exit-at-step", "2",
+                    "--exit-host", "node2", "--first-attempt-only")
+    status = wait_state(home, run_id, set(), 0)
+    deadline = time.monotonic() + 90
+    while len(status["attempts"]) < 1 and time.monotonic() < deadline:  # attempt 1 failed, attempt 2 starts
+        time.sleep(1)
+        status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    assert status["state"] in ("starting", "running") and status["keeper"]["alive"], status
+    stopped = fstrain(home, "stop", run_id)
+    assert stopped.returncode == 0, stopped.stderr
+    wait_keeper_gone(run_dir, 30)
+    status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
+    assert status["state"] == "stopped" and len(status["attempts"]) == 2, status
+    assert status["attempts"][0]["next"] == "restart" and status["attempts"][1]["next"] == "stop"
+    time.sleep(3)
+    assert len(json.loads(fstrain(home, "status", run_id, "--json").stdout)["attempts"]) == 2  # none after
+    assert_no_job_processes(cluster, GRACE_S + 8)
+
+
+def test_a_detached_run_whose_keeper_dies_runs_its_attempt_to_the_end(cluster: NamespaceCluster,
+                                                                      tmp_path: Path) -> None:
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    program = str(REPO / "tests" / "cluster" / "programs" / "recovering.py")
+    run_id = detach(cluster, home, run_dir, "--nproc-per-node", "1", "--on-failure", "restart", "--max-restarts",
+                    "1", "--", "python3", program, "--steps", "16", "--step-s", "0.5")
+    os.kill(keeper_pid(run_dir), signal.SIGKILL)  # as a reboot of the launching machine would
+    wait_keeper_gone(run_dir, 10)
+    status = wait_state(home, run_id, {"running"}, 60)
+    assert status["state"] == "running" and "recovery keeper gone: no further attempt" in status["reason"], status
+    assert "recovery keeper gone" in fstrain(home, "status", run_id).stderr
+    status = wait_state(home, run_id, {"succeeded", "failed", "stopped", "lost"}, 90)
+    assert status["state"] == "succeeded" and "recovery keeper gone" in status["reason"], status
+    assert_no_job_processes(cluster, GRACE_S + 8)

@@ -81,12 +81,14 @@ def test_attempt_lines() -> None:
                     "last checkpoint step 6; 2 steps lost; then restarted")
 
 
-def test_detached_recovery_is_refused_in_one_line() -> None:
-    result = run_fstrain("launch", "--dry-run", "--hosts", "a,b", "--detach", "--on-failure", "restart", "--",
-                         "python3", "t.py")
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: --detach: --on-failure restart needs the launcher")
-    assert result.stderr.count("\n") == 1
+def test_detached_recovery_is_accepted_and_stays_refused_inside_an_allocation() -> None:
+    result = run_fstrain("launch", "--dry-run", "--hosts", "a,b", "--nproc-per-node", "1", "--detach",
+                         "--on-failure", "restart", "--", "python3", "t.py")
+    assert result.returncode == 0, result.stderr
+    inside = run_fstrain("launch", "--detach", "--on-failure", "exclude", "--", "true",
+                         env={"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NNODES": "2"})
+    assert inside.returncode == 2 and inside.stderr.count("\n") == 1
+    assert "--detach cannot outlive the terminal inside a Slurm allocation" in inside.stderr
 
 
 def test_unknown_policy_is_one_line() -> None:

@@ -1,8 +1,10 @@
-"""The records this machine keeps of a run, as values: its index entry and a detached run's record.
+"""The records this machine keeps of a run, as values: its index entry, a detached run's record
+and the recovery keeper of a detached run with a recovery policy.
 
 ``~/.fstrain/launched/<run id>.json`` holds an :class:`IndexEntry`, ``RUN_DIR/detached.json`` a
-:class:`DetachedRecord`. ``to_dict`` writes the document with its format version
-(fstrain/core/formats.py); ``from_dict`` checks that version and the fields, naming the file.
+:class:`DetachedRecord`, ``RUN_DIR/keeper.json`` a :class:`KeeperRecord`. ``to_dict`` writes the
+document with its format version (fstrain/core/formats.py); ``from_dict`` checks that version
+and the fields, naming the file.
 Pure: fstrain/io/runs.py reads and writes the files.
 """
 
@@ -107,6 +109,27 @@ class DetachedRecord:
                    None if data.get("ssh_config") is None else str(data["ssh_config"]),
                    str(coordinator.get("address") or ""), _int_or_none(coordinator, "port", where),
                    tuple(DetachedNode.from_dict(node, f"{where}: nodes[{i}]") for i, node in enumerate(nodes)))
+
+
+@dataclass(frozen=True)
+class KeeperRecord:
+    """RUN_DIR/keeper.json: the process on this machine that runs a detached run's attempts
+    (``launch --detach --on-failure restart|exclude``, docs/recovery.md)."""
+
+    run_id: str
+    pid: int
+    started: float
+    log: str  # its stdout and stderr: RUN_DIR/keeper.log
+
+    def to_dict(self, writer: str) -> dict[str, Any]:
+        return stamped({"run_id": self.run_id, "pid": self.pid, "started": self.started, "log": self.log},
+                       "keeper", writer)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> KeeperRecord:
+        check_format(data, "keeper", where)
+        return cls(_text(data, "run_id", where), _int(data, "pid", where),
+                   float(_number(data, "started", where) or 0), str(data.get("log") or ""))
 
 
 _HINT = "the file was changed by hand or cut short: start the run again, or remove it"

@@ -58,6 +58,36 @@ def from_nodes(views: Sequence[Mapping[str, Any] | None], names: Sequence[str] =
     return RunState(state if state in STATES else "running", None, record.get("reason", ""))
 
 
+# What a detached run's node records say of one attempt -> the attached launcher's reason
+# (fstrain/io/launch.py RunOutcome), which the recovery loop reads.
+_ATTEMPT_REASONS = {"succeeded": "ok", "failed": "failed", "lost": "lost", "stalled": "stalled",
+                    "stopped": "terminated"}
+KEEPER_GONE = "recovery keeper gone"
+
+
+def attempt_reason(state: str) -> str:
+    """A detached attempt's final state as the recovery loop names how an attempt ended."""
+    return _ATTEMPT_REASONS.get(state, "failed")
+
+
+def with_keeper(nodes: RunState, manifest: Mapping[str, Any] | None, keeper_alive: bool) -> RunState:
+    """A detached run with a recovery keeper (docs/recovery.md): ``nodes`` is what the current
+    attempt's nodes say. The run has ended once the keeper wrote the manifest's end and exited;
+    while the keeper lives, an attempt's end is not the run's (another may follow); a keeper
+    gone without that end leaves the current attempt to run to its end, and nothing after it."""
+    ended = bool(manifest and manifest.get("ended"))
+    if ended and not keeper_alive:
+        return from_manifest(manifest or {})
+    if keeper_alive:
+        if nodes.state not in FINAL:
+            return nodes
+        return RunState("running", None, "between attempts: the recovery keeper starts the next or ends the run")
+    if KEEPER_GONE in nodes.reason:  # said already (a state this machine cached)
+        return nodes
+    why = f"{KEEPER_GONE}: no further attempt"
+    return RunState(nodes.state, nodes.exit_code, f"{nodes.reason}; {why}" if nodes.reason else why, nodes.ended)
+
+
 def first_failure(views: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
     """A detached run's first failure as its coordinator recorded it (the final record any node
     keeps, else node 0's live ``run.json``): the rank, its local rank, exit code or signal, and

@@ -2,7 +2,8 @@
 
 Stdlib only (Python >= 3.8), loaded by the watchdog (fstrain/io/remote/watchdog.py) when its
 header has ``detach``: ``{"role": "coordinator" | "member", "secret": hex, "nnodes": N,
-"bind": address (coordinator), "coordinator": [address, port] (member)}``.
+"bind": address (coordinator), "coordinator": [address, port] (member)}``, and for an attempt of
+a recovering run ``"banner"``: the line that marks where the attempt begins in ``node<I>.out``.
 
 Start: the watchdog forks. The child starts a session of its own (the SSH session may end),
 sends its own and the job's output through a pipe that it copies, line by line with the time
@@ -528,6 +529,9 @@ def _detach(node: Node) -> int:
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
     node.output = Output(out_r, os.path.join(node.run_dir, f"node{node.node_rank}.out"),
                          list(node.detach.get("redact") or []))
+    if node.detach.get("banner"):  # an attempt of a recovering run: where its lines begin
+        with contextlib.suppress(OSError), open(node.output.path, "ab") as handle:
+            handle.write(b"%.3f %s\n" % (time.time(), str(node.detach["banner"]).encode()))
     threading.Thread(target=node.output.copy, daemon=True).start()
     return ready_w
 

@@ -1,0 +1,158 @@
+"""The recovery keeper of a detached run (``launch --detach --on-failure restart|exclude``).
+
+`fstrain launch --detach` starts the first attempt as every detached run starts, then this
+process on the launching machine: a session of its own (closing the terminal does not end it),
+stdin from /dev/null, its output to ``RUN_DIR/keeper.log``, its pid in ``RUN_DIR/keeper.json``.
+It runs the one recovery loop (fstrain/api/driver.py ``drive_attempts``): each attempt is a
+detached start, followed to its end through its nodes' records (what `fstrain status` reads),
+then blamed and decided on as an attached run's attempt is; the manifest lists every attempt.
+
+`fstrain stop` sends it SIGTERM: no further attempt starts, and the current one is stopped
+through its coordinator. A keeper that dies (the machine reboots) leaves the current attempt to
+run to its end under its coordinator; no attempt follows it (`fstrain status` says so).
+
+The process is fstrain/api/keeper_process.py. The launch hands the keeper its prepared request
+and the first attempt pickled on the keeper's stdin: one process of the same fstrain to
+another, never written to disk.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fstrain.core.launch.runrecord import KeeperRecord
+
+if TYPE_CHECKING:
+    from fstrain.api.driver import Driven, DriveRequest
+    from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.launch.runstate import RunState
+    from fstrain.core.launch.spec import NodeLaunch
+    from fstrain.io.launch import RunOutcome
+    from fstrain.io.transport.base import Transport
+
+POLL_S = 2.0  # between two looks at the attempt's nodes
+KEEPER_FILE = "keeper.json"
+KEEPER_LOG = "keeper.log"
+STOPPED = "stopped by `fstrain stop`"
+
+
+def start_keeper(run_id: str, run_dir: Path, hand_off: tuple[Any, ...]) -> KeeperRecord:
+    """The keeper process for a run whose first attempt has just started detached, given
+    ``hand_off`` (the prepared launch, the first attempt, its job: what fstrain/api/launch.py
+    ``keep`` takes); its record (RUN_DIR/keeper.json) is written before this returns, so `stop`
+    and `status` find it."""
+    from fstrain import __version__
+    from fstrain.io.runs import write_json
+
+    log = run_dir.resolve() / KEEPER_LOG
+    with log.open("ab") as out:
+        keeper = subprocess.Popen([sys.executable, "-m", "fstrain.api.keeper_process"], stdin=subprocess.PIPE,
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    assert keeper.stdin is not None
+    with keeper.stdin:
+        keeper.stdin.write(pickle.dumps(hand_off))
+    record = KeeperRecord(run_id, keeper.pid, time.time(), str(log))
+    write_json(run_dir / KEEPER_FILE, record.to_dict(__version__))
+    return record
+
+
+def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Transport], stop: threading.Event,
+           poll_s: float = POLL_S) -> Driven:
+    """A started detached attempt, followed to its end (every node's record final and no
+    watchdog alive): its outcome as an attached attempt's, and the manifest written with it.
+    A stop asked meanwhile is passed to the attempt's coordinator. Node 0 unreachable counts
+    as the end only once it has stayed so for ``request.heartbeat_timeout_s``."""
+    from fstrain.api.driver import Driven, run_setup
+    from fstrain.core.launch.runstate import FINAL, from_nodes
+    from fstrain.io.launch import write_manifest
+    from fstrain.io.runs import launched_record, node_views, stop_on_node
+
+    record = launched_record(request.run_id, request.run_dir, detached=True)  # this attempt's detached.json
+    assert record.detached is not None
+    node0 = record.detached.nodes[0]
+    names = [h.label() for h in record.hosts]
+    stopping, unreachable_since = False, None
+    while True:
+        views = node_views(record, connect, request.python)
+        state = from_nodes(views, names)
+        if stop.is_set() and not stopping:
+            stopping = True
+            stop_on_node(connect, node0.host, request.python, node0.run_dir, "term")
+        if state.state in FINAL and not any((v or {}).get("watchdog_alive") for v in views):
+            if views[0] is not None:
+                break
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > request.heartbeat_timeout_s:
+                break
+        else:
+            unreachable_since = None
+        time.sleep(poll_s)
+    outcome, last = attempt_outcome(views, driven.job.launches, state, driven.started)
+    manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, driven.checked, driven.job),
+                              outcome)
+    manifest["detached"] = True
+    if driven.manifest.get("attempts"):
+        manifest["attempts"] = driven.manifest["attempts"]
+    return Driven(driven.checked, driven.job, outcome, manifest, driven.started, driven.answers, last)
+
+
+def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequence[NodeLaunch], state: RunState,
+                    started: float) -> tuple[RunOutcome, int | None]:
+    """An ended detached attempt as the recovery loop reads an attached one: per node its exit,
+    the failed rank, the error of a node lost, each rank's last lines; the run's reason, first
+    failure and hang report from the coordinator's record. And the highest step any rank
+    reported (its last progress line, the metric lines among the node's last lines)."""
+    from fstrain.api.driver import line_step
+    from fstrain.core.launch.logtail import split_rank_prefix
+    from fstrain.core.launch.rankexit import RankFailure
+    from fstrain.core.launch.runstate import attempt_reason
+    from fstrain.core.launch.supervisor import EXIT_LOST_HOST
+    from fstrain.io.launch import NodeState, RunOutcome
+
+    final = next((((v or {}).get("node") or {}).get("final") for v in views
+                  if ((v or {}).get("node") or {}).get("final")), None) or (views[0] or {}).get("run") or {}
+    recorded = final.get("nodes") or {}
+    nodes: list[NodeState] = []
+    steps: list[int | None] = []
+    for index, launch in enumerate(launches):
+        view = views[index] if index < len(views) else None
+        own = (view or {}).get("node") or {}
+        entry = recorded.get(str(index)) or {}
+        host = launch.host.name
+        node = NodeState(launch, started=float(own.get("started") or started),
+                         ended=entry.get("ended") or own.get("ended") or time.time())
+        node.exit_code = entry["exit_code"] if "exit_code" in entry else own.get("exit_code")
+        node.error = entry.get("error") or (None if view is not None or node.exit_code is not None
+                                            else f"{host} cannot be reached")
+        failure = entry.get("failure") or own.get("failure")
+        if isinstance(failure, dict) and node.exit_code:
+            node.failure = RankFailure(failure.get("rank"), failure.get("local_rank"),
+                                       int(failure.get("exit_code") or node.exit_code), host)
+        offset = launch.rank_offset or 0
+        for line in own.get("last_lines") or []:
+            local, text = split_rank_prefix(line)
+            if local is not None:
+                node.rank_tails.setdefault(local, []).append(f"[{host} r{offset + local}] {text.lstrip()}")
+                steps.append(line_step(text.lstrip()))
+            node.tail.append(line)
+        for local_text, rank in sorted((own.get("ranks") or {}).items()):
+            steps.append(line_step(split_rank_prefix(str(rank.get("progress_line") or ""))[1]))
+            local, last = int(local_text), split_rank_prefix(str(rank.get("last_line") or ""))[1].lstrip()
+            if local not in node.rank_tails and last:  # none of the node's last lines is this rank's
+                node.rank_tails[local] = [f"[{host} r{offset + local}] {last}"]
+        if node.failure is not None and node.failure.local_rank is not None:
+            node.rank_tails.setdefault(node.failure.local_rank, [])  # the failed rank is evidence, lines or not
+        nodes.append(node)
+    exit_code = state.exit_code if state.exit_code is not None else EXIT_LOST_HOST
+    outcome = RunOutcome(exit_code, attempt_reason(state.state), final.get("first_failure_node_rank"), nodes,
+                         float(final.get("started") or started), float(final.get("ended") or time.time()),
+                         final.get("stall"), str(final.get("reason") or state.reason))
+    known = [step for step in steps if step is not None]
+    return outcome, max(known) if known else None
