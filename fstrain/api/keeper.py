@@ -49,6 +49,7 @@ def start_keeper(run_id: str, run_dir: Path, hand_off: tuple[Any, ...]) -> Keepe
     ``keep`` takes); its record (RUN_DIR/keeper.json) is written before this returns, so `stop`
     and `status` find it."""
     from fstrain import __version__
+    from fstrain.core.formats import stamped
     from fstrain.io.runs import write_json
 
     log = run_dir.resolve() / KEEPER_LOG
@@ -57,10 +58,19 @@ def start_keeper(run_id: str, run_dir: Path, hand_off: tuple[Any, ...]) -> Keepe
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     assert keeper.stdin is not None
     with keeper.stdin:
-        keeper.stdin.write(pickle.dumps(hand_off))
+        keeper.stdin.write(pickle.dumps(stamped({"hand_off": hand_off}, "handoff", __version__)))
     record = KeeperRecord(run_id, keeper.pid, time.time(), str(log))
     write_json(run_dir / KEEPER_FILE, record.to_dict(__version__))
     return record
+
+
+def read_hand_off(data: bytes) -> tuple[Any, ...]:
+    """The hand-off ``start_keeper`` wrote, once its format is one this fstrain reads."""
+    from fstrain.core.formats import check_format
+
+    document = pickle.loads(data)  # from the fstrain that started this process, on its stdin
+    check_format(document, "handoff", "the recovery keeper's stdin")
+    return tuple(document["hand_off"])
 
 
 def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Transport], stop: threading.Event,

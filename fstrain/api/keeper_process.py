@@ -6,7 +6,6 @@ fstrain/api/keeper.py ``start_keeper``: the hand-off read from stdin, then the a
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -14,7 +13,9 @@ import threading
 
 def main() -> int:
     """The keeper: read the hand-off, detach stdin, run the attempts; SIGTERM asks for the end."""
-    prepared, first, first_job = pickle.load(sys.stdin.buffer)  # written by the launching fstrain
+    from fstrain.api.keeper import read_hand_off
+
+    prepared, first, first_job = read_hand_off(sys.stdin.buffer.read())  # written by the launching fstrain
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

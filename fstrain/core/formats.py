@@ -49,6 +49,8 @@ KINDS: dict[str, Kind] = {
     "coordinator": Kind("coordinator record", 1, _RUN_FOLDER),  # coordinator.json on node 0
     "header": Kind("watchdog header", 1, "send it from the fstrain that sends the watchdog"),
     "message": Kind("coordinator message", 1, "use the fstrain that started the run"),
+    # the launch's hand-off to its recovery keeper (fstrain/api/keeper.py), on the keeper's stdin
+    "handoff": Kind("recovery keeper hand-off", 1, "start the keeper from the same fstrain that runs it"),
 }
 
 

@@ -163,3 +163,18 @@ def test_a_keeper_follows_each_attempt_and_a_stop_leaves_no_next_one(tmp_path: P
     assert attempts[0]["exit_code"] == 3 and reported[-1] == STOPPED
     assert driven.manifest["exit_code"] == 3 and driven.manifest["ended"]
     assert not (tmp_path / "logs").exists()  # a detached attempt's banner goes to its nodes' output
+
+
+def test_the_hand_off_carries_its_format_and_a_newer_one_is_refused() -> None:
+    import pickle
+
+    from fstrain.api.keeper import read_hand_off
+    from fstrain.core.formats import stamped
+    from fstrain.errors import InputError
+
+    sent = pickle.dumps(stamped({"hand_off": ("prepared", "first", "job")}, "handoff", "0.1.0"))
+    assert read_hand_off(sent) == ("prepared", "first", "job")
+    with pytest.raises(InputError) as newer:
+        read_hand_off(pickle.dumps({"format": 2, "fstrain": "9.9.0", "hand_off": ()}))
+    assert newer.value.one_line().startswith("the recovery keeper's stdin: recovery keeper hand-off written by "
+                                             "fstrain 9.9.0 (format 2)")
