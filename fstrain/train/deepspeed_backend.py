@@ -17,7 +17,7 @@ from fstrain.train.ds_universal import Reshard, convert_once, plan_reshard
 from fstrain.train.model import GPT, CheckpointFn, compiled_blocks
 from fstrain.train.runtime import Runtime
 from fstrain.train.settings import TrainSettings
-from fstrain.train.steps import adamw8bit, lm_loss, step_tag
+from fstrain.train.steps import adamw8bit, lm_loss, save_staged, step_tag
 
 
 class DeepSpeedEngine:
@@ -87,7 +87,11 @@ class DeepSpeedEngine:
         return total / len(micro_batches), lr
 
     def save(self, directory: Path, step: int) -> None:
-        self.engine.save_checkpoint(str(directory), tag=step_tag(step), client_state={"step": step})
+        """Staged and renamed (fstrain.train.steps.save_staged): DeepSpeed's own ``latest`` is
+        written by rank 0 as soon as its own files are, before the other ranks' are complete."""
+        save_staged(directory, step_tag(step), self.runtime.is_main,
+                    lambda staging: self.engine.save_checkpoint(str(staging.parent), tag=staging.name,
+                                                                client_state={"step": step}, save_latest=False))
 
     def load(self, directory: Path) -> int | None:
         if not (directory / "latest").is_file():
