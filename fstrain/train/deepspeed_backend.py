@@ -1,9 +1,9 @@
 """DeepSpeed from the rendered ``ds_config.json``: ``deepspeed.initialize`` builds the optimizer,
-scheduler, ZeRO partitioning and loss scaling from the file; checkpoints are DeepSpeed's own."""
+scheduler, ZeRO partitioning and loss scaling from the file; checkpoints are DeepSpeed's own,
+resumed at another world size through its universal checkpoint (fstrain/train/ds_universal.py)."""
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,15 +12,12 @@ from typing import Any
 import torch
 
 from fstrain.core.render.options import TrainingOptions
-from fstrain.errors import ConfigError
 from fstrain.train.checkpointing import torch_checkpoint
+from fstrain.train.ds_universal import Reshard, convert_once, plan_reshard
 from fstrain.train.model import GPT, CheckpointFn, compiled_blocks
 from fstrain.train.runtime import Runtime
 from fstrain.train.settings import TrainSettings
-from fstrain.train.steps import adamw8bit, lm_loss, read_latest, step_tag
-
-# One file per data-parallel rank in a ZeRO checkpoint (DeepSpeed's own names).
-_ZERO_FILE_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+from fstrain.train.steps import adamw8bit, lm_loss, save_staged, step_tag
 
 
 class DeepSpeedEngine:
@@ -41,6 +38,18 @@ class DeepSpeedEngine:
         # Join DeepSpeed's communication layer to the process group we created: its config
         # class reads the data-parallel world size from it.
         deepspeed.init_distributed()
+        self.reshard: Reshard | None = None
+        if settings.resume and settings.checkpoint_dir is not None:
+            # Decided before the engine is built: load_universal is a setting of its config.
+            self.reshard = plan_reshard(settings.checkpoint_dir, runtime.world_size, config)
+        if self.reshard is not None:
+            assert settings.checkpoint_dir is not None
+            made = convert_once(settings.checkpoint_dir, self.reshard, runtime.is_main)
+            config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+            if runtime.is_main:
+                print(f"[fstrain.train] {self.reshard.tag} was written by {self.reshard.written_by} ranks: "
+                      f"{'converted' if made else 'its conversion'} to a universal checkpoint in "
+                      f"{self.reshard.load_dir / self.reshard.tag}, resharded for {runtime.world_size}", flush=True)
         checkpoint_fn: CheckpointFn = torch_checkpoint
         if "activation_checkpointing" in config:
             # The config's activation_checkpointing section configures DeepSpeed's own
@@ -78,36 +87,21 @@ class DeepSpeedEngine:
         return total / len(micro_batches), lr
 
     def save(self, directory: Path, step: int) -> None:
-        self.engine.save_checkpoint(str(directory), tag=step_tag(step), client_state={"step": step})
+        """Staged and renamed (fstrain.train.steps.save_staged): DeepSpeed's own ``latest`` is
+        written by rank 0 as soon as its own files are, before the other ranks' are complete."""
+        save_staged(directory, step_tag(step), self.runtime.is_main,
+                    lambda staging: self.engine.save_checkpoint(str(staging.parent), tag=staging.name,
+                                                                client_state={"step": step}, save_latest=False))
 
     def load(self, directory: Path) -> int | None:
         if not (directory / "latest").is_file():
             return None
-        check_same_world(directory, self.runtime.world_size)
-        path, client_state = self.engine.load_checkpoint(str(directory))
+        if self.reshard is not None:
+            path, client_state = self.engine.load_checkpoint(str(self.reshard.load_dir), tag=self.reshard.tag)
+        else:
+            path, client_state = self.engine.load_checkpoint(str(directory))
         if path is None:
             return None
         state: dict[str, Any] = client_state or {}
         return int(state["step"])
 
-
-def checkpoint_world(tag_dir: Path) -> int | None:
-    """The data-parallel ranks that wrote a ZeRO checkpoint (its per-rank optimizer files)."""
-    if not tag_dir.is_dir():
-        return None
-    ranks = {int(m.group(1)) for p in tag_dir.iterdir() if (m := _ZERO_FILE_RE.match(p.name))}
-    return len(ranks) or None
-
-
-def check_same_world(directory: Path, world_size: int) -> None:
-    """DeepSpeed reloads a ZeRO checkpoint at the world size that wrote it only: each rank's
-    optimizer partition is a file of its own, and fstrain does not convert them (DeepSpeed's
-    universal checkpoint, ds_to_universal.py, is an offline step of its own). Refused in one
-    line rather than failing inside DeepSpeed."""
-    tag = read_latest(directory)
-    written_by = checkpoint_world(directory / tag) if tag else None
-    if written_by is not None and written_by != world_size:
-        raise ConfigError(f"{tag} in {directory} was written by {written_by} ranks and this run has {world_size}: "
-                          "DeepSpeed's ZeRO checkpoints reload at the same world size only",
-                          f"resume with {written_by} ranks, or use the fsdp backend, whose checkpoints reshard",
-                          str(directory))

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -31,7 +28,7 @@ from fstrain.core.render.options import lr_multiplier
 from fstrain.train.model import GPT, compiled_blocks
 from fstrain.train.runtime import Runtime
 from fstrain.train.settings import TrainSettings, fsdp_precision, fsdp_training_options
-from fstrain.train.steps import adamw8bit, lm_loss, read_latest, step_tag, write_latest
+from fstrain.train.steps import adamw8bit, lm_loss, read_latest, save_staged, step_tag
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -106,16 +103,10 @@ class FSDPEngine:
         return total / len(micro_batches), lr
 
     def save(self, directory: Path, step: int) -> None:
-        """Save into ``step_N.tmp`` and rename it into place: a crash never leaves a torn checkpoint.
+        """Every rank writes its own shard files (fstrain.train.steps.save_staged)."""
+        save_staged(directory, step_tag(step), self.runtime.is_main, lambda staging: self._write(staging, step))
 
-        Every rank writes its own shard files, so for several nodes ``directory`` must be shared
-        storage (as torch.distributed.checkpoint's file system writer requires).
-        """
-        tag = step_tag(step)
-        staging = directory / f"{tag}.tmp"
-        if self.runtime.is_main and staging.exists():
-            shutil.rmtree(staging)
-        dist.barrier()
+    def _write(self, staging: Path, step: int) -> None:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(staging))
         if self.runtime.is_main:
@@ -124,14 +115,6 @@ class FSDPEngine:
             if self.scaler is not None:
                 state["scaler"] = self.scaler.state_dict()
             (staging / "trainer_state.json").write_text(json.dumps(state, sort_keys=True) + "\n")
-        dist.barrier()  # every shard is written
-        if self.runtime.is_main:
-            final = directory / tag
-            if final.exists():  # the same step saved again by a resumed run
-                shutil.rmtree(final)
-            os.rename(staging, final)
-            write_latest(directory, tag)
-        dist.barrier()
 
     def load(self, directory: Path) -> int | None:
         tag = read_latest(directory)

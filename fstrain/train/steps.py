@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from fstrain.errors import ConfigError
@@ -50,6 +53,25 @@ def write_latest(directory: Path, tag: str) -> None:
     tmp = directory / f".{LATEST}.tmp"
     tmp.write_text(tag + "\n")
     os.replace(tmp, directory / LATEST)
+
+
+def save_staged(directory: Path, tag: str, is_main: bool, write: Callable[[Path], None]) -> None:
+    """Every rank ``write``s its files into ``directory/<tag>.tmp``; once all have, rank 0 renames
+    it to ``<tag>`` and points ``latest`` at it: a rank lost mid-save never leaves ``latest``
+    naming a torn checkpoint. For several nodes ``directory`` must be shared storage."""
+    staging = directory / f"{tag}.tmp"
+    if is_main and staging.exists():
+        shutil.rmtree(staging)
+    dist.barrier()
+    write(staging)
+    dist.barrier()  # every rank's files are written
+    if is_main:
+        final = directory / tag
+        if final.exists():  # the same step saved again by a resumed run
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        write_latest(directory, tag)
+    dist.barrier()
 
 
 def read_latest(directory: Path) -> str | None:

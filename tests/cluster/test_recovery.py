@@ -180,10 +180,13 @@ def test_a_spare_takes_the_lost_hosts_place_and_the_world_keeps_its_size(cluster
     assert_no_job_processes(cluster, GRACE_S + 8)
 
 
-def test_the_bundled_trainer_resumes_resharded_with_the_same_loss(cluster: NamespaceCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", [(), ("--backend", "deepspeed", "--strategy", "zero2")], ids=["fsdp", "deepspeed"])
+def test_the_bundled_trainer_resumes_resharded_with_the_same_loss(cluster: NamespaceCluster, tmp_path: Path,
+                                                                  backend: tuple[str, ...]) -> None:
     """4 nodes -> 3, re-planned for the same global batch: the loss of the first step after the
-    resumed checkpoint is the one the first attempt logged for that step (same model, same data)."""
-    launch = start_launch(cluster, "--hosts", "node[1-4]", "--nproc-per-node", "1", "--model", "tiny",
+    resumed checkpoint is the one the first attempt logged for that step (same model, same data).
+    FSDP2's checkpoint reshards through DCP, DeepSpeed's ZeRO-2 through its universal checkpoint."""
+    launch = start_launch(cluster, "--hosts", "node[1-4]", "--nproc-per-node", "1", "--model", "tiny", *backend,
                           "--micro-batch", "3", "--precision", "fp32", "--steps", "10", "--checkpoint-interval", "2",
                           "--on-failure", "exclude", "--max-restarts", "1", "--heartbeat-timeout", "4",
                           "--grace", str(GRACE_S),
