@@ -348,6 +348,8 @@ class SbatchOptions:
     qos: str | None = None
     constraint: str | None = None
     exclusive: bool = False
+    # A recovery policy: a node that fails leaves the others running, for the next attempt
+    no_kill: bool = False
     signal: str | None = None  # default: USR1 to the script, a lead that fits the time limit
     extra: tuple[str, ...] = field(default_factory=tuple)  # --sbatch-arg, verbatim
 
@@ -441,6 +443,8 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
             lines.append(directive(f"--{flag}={value}", why))
     if options.exclusive:
         lines.append(directive("--exclusive", "no other job on these nodes"))
+    if options.no_kill:
+        lines.append(directive("--no-kill", "a failed node does not end the job: the next attempt runs on the rest"))
     lines += [
         directive(f"--output={options.output}", "every rank's tagged lines and the summary"),
         directive(f"--signal={options.batch_signal}", "time nearly up: USR1 to this script (B:)"),
