@@ -5,6 +5,9 @@
 #
 #   scripts/testslurm.sh up N          N nodes node1..nodeN (each also runs the test cluster's sshd)
 #   scripts/testslurm.sh stop-sshd I   kill node I's sshd only (its slurmd keeps running)
+#   scripts/testslurm.sh kill-node I   SIGKILL every process in node I's namespace (slurmd, sshd, job
+#                                      processes): a node that dies, as Slurm and fstrain see it
+#   scripts/testslurm.sh start-node I  node I back: its sshd and slurmd again, the node resumed
 #   scripts/testslurm.sh down          remove everything `up` made (idempotent)
 #   scripts/testslurm.sh status        what is up
 #
@@ -191,6 +194,34 @@ stop_sshd() {  # index
     kill -9 "$pid" 2>/dev/null || true
 }
 
+kill_node() {  # index: every process in the namespace, at once, as a power cut would
+    [ -e "/run/netns/$PREFIX-node$1" ] || die "no node$1 (is the cluster up?)"
+    local pids k
+    for k in $(seq 1 50); do
+        pids=$(ip netns pids "$PREFIX-node$1" | tr '\n' ' ')
+        [ -z "${pids// /}" ] && { rm -f "$STATE/cluster/node$1/sshd.pid"; return 0; }
+        kill -9 $pids 2>/dev/null || true
+        sleep 0.1
+    done
+    die "node$1's processes did not all end: $pids"
+}
+
+start_node() {  # index: sshd and slurmd again; the node back in service if Slurm took it out
+    [ -e "/run/netns/$PREFIX-node$1" ] || die "no node$1 (is the cluster up?)"
+    cluster start-sshd "$1" >/dev/null
+    start_slurmd "$1"
+    local k state
+    for k in $(seq 1 300); do
+        state=$(SLURM_CONF=$CONF sinfo -h -n "node$1" -o '%t' 2>/dev/null || true)
+        case "$state" in
+            idle|mix|alloc) return 0 ;;
+            down*|drain*|fail*) SLURM_CONF=$CONF scontrol update NodeName="node$1" State=RESUME >/dev/null 2>&1 || true ;;
+        esac
+        sleep 0.2
+    done
+    die "node$1 did not come back (sinfo: $state; logs in $STATE/log)"
+}
+
 status() {
     if [ -f "$CONF" ]; then
         echo "state: $STATE (export SLURM_CONF=$CONF)"
@@ -203,7 +234,9 @@ status() {
 case "${1:-}" in
     up) up "${2:-}" ;;
     stop-sshd) stop_sshd "${2:?usage: $0 stop-sshd I}" ;;
+    kill-node) kill_node "${2:?usage: $0 kill-node I}" ;;
+    start-node) start_node "${2:?usage: $0 start-node I}" ;;
     down) down ;;
     status) status ;;
-    *) die "usage: $0 up N | stop-sshd I | down | status" ;;
+    *) die "usage: $0 up N | stop-sshd I | kill-node I | start-node I | down | status" ;;
 esac

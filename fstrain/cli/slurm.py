@@ -159,7 +159,7 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
         nodes=slurm.nodes or 1, job_name=f"fstrain-{run_id}", output=str(folder / "slurm-%j.out"),
         gpus_per_node=slurm.gpus_per_node, cpus_per_task=cpus_per_task(request, slurm), partition=slurm.partition,
         time=slurm.time_limit, account=slurm.account, qos=slurm.qos, constraint=slurm.constraint,
-        exclusive=slurm.exclusive, extra=slurm.sbatch_args,
+        exclusive=slurm.exclusive, no_kill=request.run.on_failure != "stop", extra=slurm.sbatch_args,
     )
     workdir = os.getcwd()
     step = srun_step_argv("NODE", extra=container_step_args(request, "RUN_ID", workdir, f"{folder}/job-JOB_ID"),

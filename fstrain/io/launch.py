@@ -261,6 +261,10 @@ class NodeState:
     noise: NodeNoise = field(default_factory=NodeNoise)  # the launcher's boilerplate, folded on the terminal
     reader: FailureReportReader = field(default_factory=FailureReportReader)  # torchrun's root cause
     failure: RankFailure | None = None  # the failed rank behind a non-zero exit, where known
+    # Its watchdog answers each heartbeat (a transport without a link check: srun steps); the
+    # monotonic time it was last heard from (any line, answers included)
+    answers: bool = False
+    heard_s: float = 0.0
 
     @property
     def done(self) -> bool:
@@ -344,6 +348,7 @@ def prewarm_nodes(pool: HostPool, backend: str, python: str, workdir: str | None
                   "run_id": run_id, "node_rank": pool.hosts.index(host), "state_dir": REMOTE_STATE}
         try:
             transport = pool.open_transport(host)
+            header["answer_heartbeats"] = answers_heartbeats(transport)
             running = _start(transport, [python, "-u", "-c", BOOTSTRAP], (json.dumps(header) + "\n").encode(),
                              close_stdin=False)
         except FstrainError:
@@ -390,11 +395,12 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
 def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: str, options: RunOptions,
                 events: queue.Queue[tuple[str, int, Any, Any]], prewarmed: Prewarmed | None = None) -> None:
     launch = node.launch
-    node.started = time.time()
+    node.started, node.heard_s = time.time(), time.monotonic()
     header = watchdog_header(launch, options)
     if prewarmed is not None and tuple(launch.argv[:len(prewarmed.prefix)]) == prewarmed.prefix:
         prewarmed.adopted = True  # the full header, without the watchdog's source it already runs
         node.transport, node.running = prewarmed.transport, prewarmed.running
+        node.answers = header["answer_heartbeats"] = answers_heartbeats(node.transport)
         node.running.write((json.dumps({k: v for k, v in header.items() if k != "source"}) + "\n").encode())
         threading.Thread(target=_pump, args=(node, events), daemon=True,
                          name=f"fstrain-node{launch.node_rank}").start()
@@ -403,12 +409,20 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
         prewarmed.close()
     try:
         node.transport = connect(launch.host)
+        node.answers = header["answer_heartbeats"] = answers_heartbeats(node.transport)
         node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
                               (json.dumps(header) + "\n").encode(), close_stdin=False)
     except FstrainError as exc:
         events.put(("lost", launch.node_rank, exc.message, None))
         return
     threading.Thread(target=_pump, args=(node, events), daemon=True, name=f"fstrain-node{launch.node_rank}").start()
+
+
+def answers_heartbeats(transport: Transport) -> bool:
+    """Whether the node's watchdog must answer heartbeats: its transport has no link check of
+    its own (an srun step: a dead node's ``srun`` keeps waiting, silent, until Slurm declares
+    the node down, minutes later), so the answers are how a lost node shows."""
+    return bool(getattr(transport, "answers_heartbeats", False))
 
 
 def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
@@ -467,6 +481,7 @@ def _pump(node: NodeState, events: queue.Queue[tuple[str, int, Any, Any]]) -> No
     assert node.running is not None
     rank = node.launch.node_rank
     for stream, line in node.running.lines():
+        node.heard_s = time.monotonic()
         events.put(("line", rank, stream, line))
     code, why = node.running.wait()
     events.put(("exit", rank, code, why))
@@ -480,6 +495,11 @@ def _heartbeats(nodes: Sequence[NodeState], events: queue.Queue[tuple[str, int, 
         for node in nodes:
             if node.running is not None and not node.done:
                 node.running.write(b"hb\n")
+        for node in nodes:
+            if node.answers and not node.done and time.monotonic() - node.heard_s > options.heartbeat_timeout_s:
+                node.answers = False  # declared once
+                events.put(("lost", node.launch.node_rank,
+                            f"no answer from its watchdog for {options.heartbeat_timeout_s:g} s", None))
         if time.monotonic() - last_liveness > LIVENESS_INTERVAL_S:
             last_liveness = time.monotonic()
             for node in nodes:
@@ -549,6 +569,9 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             else:
                 node.error = a
                 if node.running is not None:
+                    abandon = getattr(node.running, "abandon", None)
+                    if abandon is not None:  # a client that would wait for the lost node (srun): ended here
+                        abandon()
                     node.running.close()
                 decisions = run.node_lost(rank, a, clock())
             _carry_out(decisions, nodes, run, hangs, options)

@@ -12,6 +12,7 @@ From a login node, :func:`submit` hands a rendered batch script to ``sbatch`` an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -41,6 +42,7 @@ from fstrain.io.transport.base import CommandResult, Transport
 from fstrain.io.transport.local import LocalRunning, LocalTransport
 
 POLL_S = 1.0
+ABANDON_AFTER_S = 2.0  # a step's srun still running this long after its input ended
 
 
 class SlurmError(FstrainError):
@@ -60,7 +62,15 @@ def require_tool(name: str, where: str) -> str:
 
 
 class SrunTransport:
-    """Runs argv on one allocated node as a job step (``srun --nodelist=NODE ...``)."""
+    """Runs argv on one allocated node as a job step (``srun --nodelist=NODE ...``).
+
+    A step's ``srun`` has no link check to offer: when its node dies it waits, silent and deaf
+    to SIGINT and SIGTERM, until Slurm declares the node down (``SlurmdTimeout``, 300 s by
+    default). So the node's watchdog answers every heartbeat (``answers_heartbeats``), the
+    launcher takes a node whose answers stop as lost, and the step's ``srun`` is then ended here
+    with SIGKILL (:meth:`SrunRunning.abandon`)."""
+
+    answers_heartbeats = True
 
     def __init__(self, node: str, prefix: Sequence[str]) -> None:
         self.host = node
@@ -82,15 +92,37 @@ class SrunTransport:
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
         return self._local.run([*self.prefix, *argv], stdin=stdin, timeout_s=timeout_s)
 
-    def start(self, argv: Sequence[str]) -> LocalRunning:
+    def start(self, argv: Sequence[str]) -> SrunRunning:
         """srun in a session of its own: a Ctrl-C at the terminal reaches fstrain only, which
         stops every node through its watchdog (srun would otherwise kill its step at once)."""
         proc = subprocess.Popen([*self.prefix, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
-        return LocalRunning(self.host, proc)
+        return SrunRunning(self.host, proc)
 
     def close(self) -> None:
         """Nothing to close: every command is its own step."""
+
+
+class SrunRunning(LocalRunning):
+    """A step's ``srun`` client, started by :meth:`SrunTransport.start`."""
+
+    def abandon(self) -> None:
+        """The node is lost: SIGKILL this ``srun`` (the only signal it heeds while its node does
+        not answer; on the test Slurm one SIGINT, two within a second, and SIGTERM each left it
+        waiting). Slurm keeps the step until it declares the node down; the job's other nodes
+        take new steps meanwhile."""
+        with contextlib.suppress(OSError):
+            self._proc.kill()
+
+    def close(self) -> None:
+        """End of input; an ``srun`` still waiting ABANDON_AFTER_S later (its node lost, or its
+        watchdog given up on) is abandoned, so that nothing of this run is left waiting here."""
+        self.close_stdin()
+        try:
+            self._proc.wait(timeout=ABANDON_AFTER_S)
+        except subprocess.TimeoutExpired:
+            self.abandon()
+        super().close()
 
 
 def srun_connector(extra: Sequence[str] = ()) -> Callable[[Host], Transport]:

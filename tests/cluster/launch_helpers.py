@@ -72,9 +72,12 @@ class LaunchProcess:
 def start_launch(cluster: NamespaceCluster, *args: str, env: dict[str, str] | None = None,
                  cwd: Path | None = None) -> LaunchProcess:
     argv = [sys.executable, "-m", "fstrain", "launch", "--ssh-config", cluster.ssh_config, *args]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                            cwd=cwd or REPO)
+    return start_process(argv, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, cwd or REPO)
+
+
+def start_process(argv: Sequence[str], env: dict[str, str], cwd: Path) -> LaunchProcess:
+    """``argv`` running, its output collected as it comes (stopped at the session's end if left)."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     launch = LaunchProcess(proc)
     STARTED.append(launch)
     assert proc.stdout is not None and proc.stderr is not None

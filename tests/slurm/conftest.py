@@ -18,7 +18,7 @@ from tests.conftest import cluster_unavailable_reason, require_cluster_tools
 from tests.helpers import REPO, require_tool
 
 TESTSLURM = REPO / "scripts" / "testslurm.sh"
-SLURM_NODES = 2
+SLURM_NODES = 3  # allocations of 2 for most tests; 3 where a node dies (test_slurm_recovery.py)
 
 
 @dataclass(frozen=True)

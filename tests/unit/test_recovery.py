@@ -157,3 +157,9 @@ def test_a_slurm_batch_jobs_launch_gets_the_recovery_options(tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr
     script = (tmp_path / "run" / "sbatch.sh").read_text()
     assert "--max-restarts 2 --on-failure exclude --min-nodes 1" in script
+    # A node that fails must leave the others to the next attempt: Slurm would end the whole job.
+    assert "#SBATCH --no-kill " in script
+    plain = run_fstrain("launch", "--slurm-render-only", "--nodes", "2", "--run-dir", str(tmp_path / "plain"), "--",
+                        "python3", "t.py")
+    assert plain.returncode == 0, plain.stderr
+    assert "--no-kill" not in (tmp_path / "plain" / "sbatch.sh").read_text()

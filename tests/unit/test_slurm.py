@@ -115,11 +115,11 @@ def directives(script: str) -> list[str]:
 
 def test_sbatch_script_directives() -> None:
     script = render(options(gpus_per_node=8, partition="gpu", time="2:00:00", account="proj", qos="high",
-                            constraint="h100", exclusive=True, extra=("--mail-type=END",)))
+                            constraint="h100", exclusive=True, no_kill=True, extra=("--mail-type=END",)))
     assert script.startswith("#!/bin/bash\n")
     assert directives(script) == [
         "--job-name=fstrain-r1", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=gpu",
-        "--time=2:00:00", "--account=proj", "--qos=high", "--constraint=h100", "--exclusive",
+        "--time=2:00:00", "--account=proj", "--qos=high", "--constraint=h100", "--exclusive", "--no-kill",
         "--output=/runs/r1/slurm-%j.out", "--signal=B:USR1@90", "--mail-type=END"]
     minimal = directives(render(options()))
     assert minimal == ["--job-name=fstrain-r1", "--nodes=2", "--ntasks-per-node=1", "--output=/runs/r1/slurm-%j.out",

@@ -15,7 +15,7 @@ from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.runstate import from_manifest
 from fstrain.core.launch.spec import NodeLaunch
 from fstrain.core.launch.supervisor import EXIT_SIGTERM, GIVE_UP, TEARDOWN, Decision, Limits, Supervisor
-from fstrain.core.slurm.job import CANCELLED_BY_SLURM, JobStatus, ended_by_slurm, slurm_cancel_reason
+from fstrain.core.slurm.job import CANCELLED_BY_SLURM, NODE_FAILED, JobStatus, ended_by_slurm, slurm_cancel_reason
 from fstrain.io.launch import RunOptions, RunOutcome, run_nodes
 from fstrain.io.transport.base import Transport
 from fstrain.io.transport.local import LocalRunning, LocalTransport
@@ -29,6 +29,9 @@ from fstrain.io.transport.local import LocalRunning, LocalTransport
      "cancelled by Slurm (time limit)"),
     ("slurmstepd: error: *** STEP 77.1 ON gpu07 CANCELLED AT 2026-12-01T18:14:10 DUE to JOB REQUEUE ***",
      "cancelled by Slurm (job requeue)"),
+    # Seen on the test Slurm: salloc without --no-kill, node3 killed, on node2 after SlurmdTimeout.
+    ("slurmstepd-node2: error: *** STEP 1.1 ON node2 CANCELLED AT 2026-12-02T00:52:26 DUE TO NODE FAILURE, SEE "
+     "SLURMCTLD LOG FOR DETAILS ***", NODE_FAILED),
     ("[fstrain.train] step 3 loss 2.1 *** CANCELLED AT ***", None),  # a rank's own text
     ("srun: error: node1: task 0: Exited with exit code 1", None),
 ])
@@ -39,6 +42,7 @@ def test_slurmstepds_cancel_line_names_the_reason(line: str, reason: str | None)
 @pytest.mark.parametrize(("state", "reason"), [
     ("CANCELLED", CANCELLED_BY_SLURM),
     ("COMPLETING", "stopped by Slurm (job 14 is ending)"),  # scancel, while the job's processes end
+    ("NODE_FAIL", NODE_FAILED),  # a node failed, and the job had no --no-kill
     ("RUNNING", None), ("COMPLETED", None), ("FAILED", None),
 ])
 def test_the_jobs_state_says_whether_slurm_ended_it(state: str, reason: str | None) -> None:

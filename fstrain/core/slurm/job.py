@@ -39,6 +39,11 @@ _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(\d+-\d+)$|^(UNLIMITED|INFINITE
 _GPU_COUNT_RE = re.compile(r"(?:^|[:/])(\d+)$")
 MAX_LISTED_NODES = 8  # a message names this many nodes, then how many more: never a screenful
 CANCELLED_BY_SLURM = "cancelled by Slurm (scancel)"
+# Slurm ends a whole job when one of its nodes fails, unless it was allocated with --no-kill
+# (then only the failed node's steps end, and fstrain's own steps run on the others).
+NODE_FAILED = ("cancelled by Slurm: a node of the job failed, and the allocation was made without --no-kill, "
+               "so Slurm ends the whole job; allocate with `salloc --no-kill` or `sbatch --no-kill` for a "
+               "recovering run to go on on the other nodes")
 _CANCEL_LINE_RE = re.compile(r"slurmstepd\S*: error: \*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+"
                              r"(?: DUE (?:TO|to) (.+?))? \*\*\*")
 
@@ -121,9 +126,12 @@ def job_nodes_note(job_id: str, ours: Sequence[str], job_nodes: Sequence[str]) -
 def ended_by_slurm(status: JobStatus | None) -> str | None:
     """Why Slurm itself is ending the job a run lives in, in the run's words: ``scancel`` makes
     it CANCELLED (COMPLETING first, while its processes end), and Slurm sends SIGTERM to every
-    process of it; ``None`` while it runs."""
+    process of it (NODE_FAIL: a node failed in a job without ``--no-kill``); ``None`` while it
+    runs."""
     if status is None:
         return None
+    if status.state == "NODE_FAIL":
+        return NODE_FAILED
     if status.state == "CANCELLED":
         return CANCELLED_BY_SLURM
     if status.state == "COMPLETING":
@@ -133,11 +141,15 @@ def ended_by_slurm(status: JobStatus | None) -> str | None:
 
 def slurm_cancel_reason(line: str) -> str | None:
     """slurmstepd's own line on a node when Slurm cancels a step or the job: ``*** STEP 9.0 ON
-    node1 CANCELLED AT 2026-12-01T18:13:04 ***`` (scancel), ``... DUE TO TIME LIMIT ***``."""
+    node1 CANCELLED AT 2026-12-01T18:13:04 ***`` (scancel), ``... DUE TO TIME LIMIT ***``, ``...
+    DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***`` (on a node that did not fail: the
+    job has no ``--no-kill``)."""
     match = _CANCEL_LINE_RE.search(line)
     if match is None:
         return None
     due = match.group(1)
+    if due and due.upper().startswith("NODE FAILURE"):
+        return NODE_FAILED
     return f"cancelled by Slurm ({due.lower()})" if due else CANCELLED_BY_SLURM
 
 
@@ -336,6 +348,8 @@ class SbatchOptions:
     qos: str | None = None
     constraint: str | None = None
     exclusive: bool = False
+    # A recovery policy: a node that fails leaves the others running, for the next attempt
+    no_kill: bool = False
     signal: str | None = None  # default: USR1 to the script, a lead that fits the time limit
     extra: tuple[str, ...] = field(default_factory=tuple)  # --sbatch-arg, verbatim
 
@@ -429,6 +443,8 @@ def render_sbatch(options: SbatchOptions, *, launch_argv: Sequence[str], workdir
             lines.append(directive(f"--{flag}={value}", why))
     if options.exclusive:
         lines.append(directive("--exclusive", "no other job on these nodes"))
+    if options.no_kill:
+        lines.append(directive("--no-kill", "a failed node does not end the job: the next attempt runs on the rest"))
     lines += [
         directive(f"--output={options.output}", "every rank's tagged lines and the summary"),
         directive(f"--signal={options.batch_signal}", "time nearly up: USR1 to this script (B:)"),

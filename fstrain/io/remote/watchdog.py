@@ -21,7 +21,9 @@ prefix and its whole environment then go to the waiting interpreter, which runs 
 After the header (under ``prewarm``, the full header), stdin is the control line from the
 launcher:
 
-- ``hb``: the launcher is alive;
+- ``hb``: the launcher is alive; with ``answer_heartbeats`` in the header, the watchdog answers
+  each with an event line (``{"hb": true}``): where the transport has no link check of its own
+  (an srun step), the launcher takes a node whose answers stop for ``heartbeat_timeout_s`` as lost;
 - ``term``: SIGTERM the job, SIGKILL whatever is left after ``grace_s`` (as a Slurm task that
   Slurm itself sent SIGTERM, the job has it already: no second one, see ``main``);
 - ``kill``: SIGKILL the job now;
@@ -344,6 +346,8 @@ class Watchdog:
                 self.full_header_ready.set()
             elif word == "hb":
                 self.last_heartbeat = time.monotonic()
+                if self.header.get("answer_heartbeats"):
+                    self.event({"hb": True})
             elif word in ("term", "kill"):
                 self.request(word)
             elif word == "stacks":
