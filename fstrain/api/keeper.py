@@ -89,9 +89,11 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     node0 = record.detached.nodes[0]
     names = [h.label() for h in record.hosts]
     stopping, unreachable_since = False, None
+    highest: int | None = None  # over every look: a node's last record may no longer hold the line
     while True:
         views = node_views(record, connect, request.python)
         state = from_nodes(views, names)
+        highest = max((s for s in (highest, reported_step(views)) if s is not None), default=None)
         if stop.is_set() and not stopping:
             stopping = True
             stop_on_node(connect, node0.host, request.python, node0.run_dir, "term")
@@ -105,6 +107,7 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
             unreachable_since = None
         time.sleep(poll_s)
     outcome, last = attempt_outcome(views, driven.job.launches, state, driven.started)
+    last = max((s for s in (highest, last) if s is not None), default=None)
     manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, driven.checked, driven.job),
                               outcome)
     manifest["detached"] = True
@@ -119,7 +122,6 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
     the failed rank, the error of a node lost, each rank's last lines; the run's reason, first
     failure and hang report from the coordinator's record. And the highest step any rank
     reported (its last progress line, the metric lines among the node's last lines)."""
-    from fstrain.api.driver import line_step
     from fstrain.core.launch.logtail import split_rank_prefix
     from fstrain.core.launch.rankexit import RankFailure
     from fstrain.core.launch.runstate import attempt_reason
@@ -130,7 +132,6 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
                   if ((v or {}).get("node") or {}).get("final")), None) or (views[0] or {}).get("run") or {}
     recorded = final.get("nodes") or {}
     nodes: list[NodeState] = []
-    steps: list[int | None] = []
     for index, launch in enumerate(launches):
         view = views[index] if index < len(views) else None
         own = (view or {}).get("node") or {}
@@ -150,10 +151,8 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
             local, text = split_rank_prefix(line)
             if local is not None:
                 node.rank_tails.setdefault(local, []).append(f"[{host} r{offset + local}] {text.lstrip()}")
-                steps.append(line_step(text.lstrip()))
             node.tail.append(line)
         for local_text, rank in sorted((own.get("ranks") or {}).items()):
-            steps.append(line_step(split_rank_prefix(str(rank.get("progress_line") or ""))[1]))
             local, last = int(local_text), split_rank_prefix(str(rank.get("last_line") or ""))[1].lstrip()
             if local not in node.rank_tails and last:  # none of the node's last lines is this rank's
                 node.rank_tails[local] = [f"[{host} r{offset + local}] {last}"]
@@ -164,5 +163,20 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
     outcome = RunOutcome(exit_code, attempt_reason(state.state), final.get("first_failure_node_rank"), nodes,
                          float(final.get("started") or started), float(final.get("ended") or time.time()),
                          final.get("stall"), str(final.get("reason") or state.reason))
-    known = [step for step in steps if step is not None]
-    return outcome, max(known) if known else None
+    return outcome, reported_step(views)
+
+
+def reported_step(views: Sequence[Mapping[str, Any] | None]) -> int | None:
+    """The highest step the nodes' records show a rank reported: in each rank's last progress
+    line, and in the metric and progress lines among each node's last lines."""
+    from fstrain.api.driver import line_step
+    from fstrain.core.launch.logtail import split_rank_prefix
+
+    steps = []
+    for view in views:
+        own = (view or {}).get("node") or {}
+        texts = [text for local, text in map(split_rank_prefix, own.get("last_lines") or []) if local is not None]
+        texts += [split_rank_prefix(str(rank.get("progress_line") or ""))[1]
+                  for rank in (own.get("ranks") or {}).values()]
+        steps += [step for step in map(line_step, (t.lstrip() for t in texts)) if step is not None]
+    return max(steps) if steps else None

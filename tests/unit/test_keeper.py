@@ -178,3 +178,14 @@ def test_the_hand_off_carries_its_format_and_a_newer_one_is_refused() -> None:
         read_hand_off(pickle.dumps({"format": 2, "fstrain": "9.9.0", "hand_off": ()}))
     assert newer.value.one_line().startswith("the recovery keeper's stdin: recovery keeper hand-off written by "
                                              "fstrain 9.9.0 (format 2)")
+
+
+def test_the_reported_step_is_the_highest_in_any_nodes_record() -> None:
+    from fstrain.api.keeper import reported_step
+
+    node0 = {"node": {"last_lines": ["[default0]:FSTRAIN_METRICS {\"step\": 4, \"loss\": 2.5}",
+                                     "torchrun: stopped by signal 15"],
+                      "ranks": {"0": {"progress_line": "[default0]:[fstrain.train] step 3/6 loss 2.6"}}}}
+    node1 = {"node": {"last_lines": ["[default0]:[fstrain.train] checkpoint saved: step 2 in /c"], "ranks": {}}}
+    assert reported_step([node0, node1, None]) == 4
+    assert reported_step([{"node": {"last_lines": ["no step here"], "ranks": {}}}, None]) is None
