@@ -113,14 +113,16 @@ def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
 
 
 def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | None, include: str | None,
-                     exclude: str | None, gpus_per_node: int | None) -> list[Host]:
+                     exclude: str | None, gpus_per_node: int | None) -> HostSelection:
     """The nodes to run on: the allocation's (in allocation order, cross-checked with scontrol),
-    or the --hosts/--hostfile given with --launcher srun; slots from the GPUs Slurm assigned."""
+    or the --hosts/--hostfile given with --launcher srun (a hostfile's ``spare=true`` nodes held
+    back for recovery); slots from the GPUs Slurm assigned."""
     from fstrain.io.localout import warn
     from fstrain.io.slurm import allocation_nodes
 
     slots = gpus_per_node or allocation.gpus_per_node
     if hostfile or hosts:
-        return resolve_hosts(hostfile, hosts, include, exclude, slots).hosts
+        chosen = resolve_hosts(hostfile, hosts, include, exclude, slots)
+        return HostSelection(chosen.hosts, "Slurm job", chosen.spares)
     nodes = allocation_nodes(allocation, warn)
-    return resolve_hosts(None, ",".join(nodes), include, exclude, slots).hosts
+    return HostSelection(resolve_hosts(None, ",".join(nodes), include, exclude, slots).hosts, "Slurm job")

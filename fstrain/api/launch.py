@@ -73,7 +73,7 @@ class Launched(Run):
 
 def prepare(request: LaunchRequest) -> Prepared:
     """Everything that needs no host: backend, hosts, the job, timeouts, the run id."""
-    from fstrain.api.hosts import HostSelection, allocation_hosts, choose_allocation, resolve_hosts
+    from fstrain.api.hosts import allocation_hosts, choose_allocation, resolve_hosts
     from fstrain.core.launch.spec import BACKENDS
     from fstrain.errors import InputError
 
@@ -87,8 +87,8 @@ def prepare(request: LaunchRequest) -> Prepared:
                          "with this command)", "submit the job with --slurm --detach instead, or run without "
                          "--detach", "--detach")
     if allocation is not None:
-        selection = HostSelection(allocation_hosts(allocation, hosts.hostfile, hosts.hosts, hosts.include,
-                                                   hosts.exclude, hosts.gpus_per_node), "Slurm job")
+        selection = allocation_hosts(allocation, hosts.hostfile, hosts.hosts, hosts.include, hosts.exclude,
+                                     hosts.gpus_per_node)
     else:
         check_container_options(request)
         selection = resolve_hosts(hosts.hostfile, hosts.hosts, hosts.include, hosts.exclude, hosts.gpus_per_node)

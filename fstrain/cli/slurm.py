@@ -115,7 +115,7 @@ def plan_allocation(num_nodes: int | None, gpus_per_node: int | None, gpu: str |
                     "through srun[/dim]")
     from fstrain.api.hosts import allocation_hosts
 
-    hosts = allocation_hosts(allocation, None, None, None, None, None)
+    hosts = allocation_hosts(allocation, None, None, None, None, None).hosts
     reports, failed = probe_inventory(hosts, srun_connector(), python=python, fanout=fanout)
     if failed:
         raise TransportError("could not probe " + "; ".join(error.one_line() for _, error in failed),

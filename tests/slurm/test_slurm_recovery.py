@@ -84,6 +84,36 @@ def test_a_node_that_dies_is_excluded_and_the_run_resumes_on_the_rest(slurm: Slu
     print(f"node3 killed -> attempt 2 started: {recovered_s:.1f} s; attempts: {json.dumps([first, second])}")
 
 
+def test_a_spare_node_of_the_allocation_takes_the_dead_nodes_place(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Nodes left in the allocation: a hostfile given with --launcher srun holds node3 back as a
+    spare; node2 dies, and the next attempt runs on node1 and node3, the world's size kept."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=1\nnode2 slots=1\nnode3 slots=1 spare=true\n")
+    run_dir = tmp_path / "run"
+    argv = recovering_launch(run_dir, 6, "--no-kill")
+    launch = start_process([*argv, "--launcher", "srun", "--hostfile", str(hostfile)], slurm.env(tmp_path), tmp_path)
+    killed = False
+    try:
+        launch.wait_for("[fstrain.train] step 3/6 loss", timeout=300)
+        slurm.script("kill-node", "2")
+        killed = True
+        code = launch.finish(timeout=300)
+    finally:
+        if launch.proc.poll() is None:
+            launch.proc.kill()
+        if killed:
+            slurm.script("start-node", "2")
+    assert code == 0, launch.err[-4000:] + launch.out[-2000:]
+    first, second = json.loads((run_dir / "manifest.json").read_text())["attempts"]
+    assert first["hosts"] == ["node1", "node2"] and first["excluded"] == ["node2"], first
+    assert first["spares_used"] == ["node3"] and second["hosts"] == ["node1", "node3"]
+    assert second["exit_code"] == 0 and second["replanned"] == ""  # the same world size: nothing to re-plan
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["start_step"] == first["last_checkpoint_step"]
+    assert not srun_clients(slurm), srun_clients(slurm)
+    assert_nodes_idle(slurm, GRACE_S + 8)
+
+
 def test_without_no_kill_slurm_ends_the_job_and_the_run_says_why(slurm: SlurmCluster, tmp_path: Path) -> None:
     """The allocation made without --no-kill: fstrain loses node3 and starts attempt 2 on the
     others, then Slurm declares node3 down (SlurmdTimeout, made 10 s here for the test's sake)
