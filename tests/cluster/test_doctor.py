@@ -25,6 +25,8 @@ from fstrain.io.remote.watchdog import BOOTSTRAP
 from tests.conftest import NamespaceCluster
 from tests.helpers import run_fstrain
 
+pytestmark = pytest.mark.cluster
+
 
 @pytest.fixture(scope="module")
 def homes(cluster: NamespaceCluster) -> dict[int, Path]:
@@ -208,10 +210,15 @@ def test_typo_in_an_nccl_variable(misconfigured: dict[str, Any]) -> None:
     assert found["fix"] == "rename it to NCCL_SOCKET_IFNAME"
 
 
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 @pytest.mark.parametrize("job_ignores_sigterm", [True, False])
 def test_orphans_of_a_lost_watchdog_are_listed_then_ended(cluster: NamespaceCluster, homes: dict[int, Path],
                                                           tmp_path: Path, job_ignores_sigterm: bool) -> None:
-    """A watchdog killed with SIGKILL cleans nothing up. Its job gets SIGTERM from the kernel (a
+    """A watchdog killed with SIGKILL together with its reaper (`kill -9` of all of a user's
+    processes, an OOM killer taking both) cleans nothing up. Its job gets SIGTERM from the kernel (a
     parent-death signal): a job that ignores it is left whole; one that dies leaves the child it
     started. Either way `doctor --orphans` lists what is left, by the run's id, and ends it."""
     run_id = f"doctor-test-{os.urandom(3).hex()}"
@@ -235,6 +242,9 @@ def test_orphans_of_a_lost_watchdog_are_listed_then_ended(cluster: NamespaceClus
             time.sleep(0.1)
         job = json.loads(record.read_text())["job_pid"]
         time.sleep(0.5)  # the job starts its child
+        reapers = [pid for pid in _children(watchdog.pid) if pid != job]
+        assert len(reapers) == 1, reapers
+        os.kill(reapers[0], signal.SIGKILL)  # first, or it would end the job the moment the watchdog dies
         os.kill(watchdog.pid, signal.SIGKILL)  # the watchdog dies without cleaning up: its job is orphaned
         watchdog.wait()
         if not job_ignores_sigterm:  # the parent-death signal ends the job itself

@@ -13,9 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.launch_helpers import WORKER, assert_no_job_processes, job_processes, start_launch
+from tests.cluster.launch_helpers import (
+    WORKER,
+    assert_no_job_processes,
+    job_processes,
+    start_launch,
+    wait_until_none,
+)
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
+
+pytestmark = pytest.mark.cluster
 
 GRACE_S = 3
 
@@ -277,17 +285,23 @@ def test_a_node_cut_off_tears_the_detached_run_down(cluster: NamespaceCluster, t
 
 
 def test_node_0s_watchdog_killed_leaves_no_job_on_any_host(cluster: NamespaceCluster, tmp_path: Path) -> None:
-    """SIGKILL of the coordinator (node 0's watchdog): it can clean nothing up, yet its own job
-    gets its parent-death signal and the other nodes miss its heartbeats."""
+    """SIGKILL of the coordinator (node 0's watchdog), whose ranks ignore SIGTERM: it can clean
+    nothing up, yet its reaper ends node 0's job within the grace period (SIGKILL at its end), and
+    the other nodes miss its heartbeats and end theirs."""
     home, run_dir = tmp_path / "home", tmp_path / "run"
-    run_id = detach(cluster, home, run_dir, "--heartbeat-timeout", "4", "--", "python3", WORKER)
+    run_id = detach(cluster, home, run_dir, "--heartbeat-timeout", "4", "--env", "FSTRAIN_TEST_IGNORE_TERM=1",
+                    "--", "python3", WORKER)
     wait_all_ranks(home, run_id)
     launchers = [entry for entry in job_processes(cluster)[cluster.namespace(1)] if "torch.distributed.run" in entry]
     assert len(launchers) == 1, launchers
     stat = Path(f"/proc/{launchers[0].split()[0]}/stat").read_text()
     watchdog = int(stat[stat.rfind(")") + 2:].split()[1])
     os.kill(watchdog, signal.SIGKILL)
-    assert_no_job_processes(cluster, 4 + 2 * GRACE_S + 15)
+    killed = time.monotonic()
+    node0 = cluster.namespace(1)
+    wait_until_none(lambda: {k: v for k, v in job_processes(cluster).items() if k == node0}, GRACE_S + 5)
+    assert time.monotonic() - killed > GRACE_S - 1  # the ranks ignore SIGTERM: the grace was given
+    assert_no_job_processes(cluster, 4 + GRACE_S + 5)
 
 
 def test_stop_of_an_attached_run_from_another_process(cluster: NamespaceCluster, tmp_path: Path) -> None:

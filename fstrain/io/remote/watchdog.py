@@ -33,8 +33,14 @@ launcher:
 The watchdog makes itself a child subreaper, so processes that the job's own children
 orphan (torchrun starts its workers in new sessions) are re-parented to it and still found:
 teardown walks /proc for every descendant and signals them by pid. Nothing is killed by name.
-The job's launcher is started with a parent-death signal (SIGTERM), so even a watchdog killed
-with SIGKILL, which can clean nothing up, does not leave the job running unsupervised.
+The job's launcher is started with a parent-death signal (SIGTERM), and a reaper outlives the
+watchdog: a second small process (this same source, started with a ``reaper`` header in a session
+of its own, deaf to SIGTERM, SIGHUP and SIGINT) that notes the job's processes every
+``REAPER_POLL_S`` and holds the read end of a pipe only the watchdog writes to. When that pipe ends
+without the watchdog's ``done`` (SIGKILL, the OOM killer), the reaper SIGTERMs every process of the
+job it knew (each checked by its start time, so a reused pid is never hit) and whatever they
+started, and SIGKILLs what is left after ``grace_s``: a watchdog that can clean nothing up still
+leaves nothing behind.
 The watchdog exits with the job's exit code (128+signal for a signal death).
 """
 
@@ -43,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -69,9 +76,10 @@ NODE_FORMAT = 1  # the record in state_dir (~/.fstrain/active)
 EXIT_FORMAT = 125
 
 BOOTSTRAP = (
-    "import sys,json;h=json.loads(sys.stdin.readline());"
-    "exec(compile(h.pop('source'),'fstrain-watchdog','exec'),{'__name__':'__fstrain_watchdog__','HEADER':h})"
+    "import sys,json;h=json.loads(sys.stdin.readline());s=h.pop('source');"
+    "exec(compile(s,'fstrain-watchdog','exec'),{'__name__':'__fstrain_watchdog__','HEADER':h,'SOURCE':s})"
 )
+REAPER_POLL_S = 0.5  # how old the reaper's list of the job's processes may be
 
 # The job's interpreter under ``prewarm``: import the launcher's module while fstrain checks the
 # rendezvous, then run it as ``python -m MODULE ARGS`` once its order (arguments, environment)
@@ -173,8 +181,8 @@ def slurm_task() -> bool:
         return False
 
 
-def descendants(root: int) -> list[int]:
-    """Every live descendant of ``root``, from /proc (children before grandchildren)."""
+def descendants(*roots: int) -> list[int]:
+    """Every live descendant of ``roots``, from /proc (children before grandchildren)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -188,7 +196,7 @@ def descendants(root: int) -> list[int]:
         if fields and fields[0] != "Z":
             children.setdefault(int(fields[1]), []).append(int(entry))
     found: list[int] = []
-    frontier = [root]
+    frontier = list(roots)
     while frontier:
         pid = frontier.pop(0)
         for child in children.get(pid, []):
@@ -201,6 +209,104 @@ def signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
+
+
+def start_time(pid: int) -> str | None:
+    """When ``pid`` started (``starttime``, field 22 of /proc/PID/stat, clock ticks since boot),
+    None once it is gone or a zombie: the same pid with another start time is another process."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def start_reaper(grace_s: float) -> subprocess.Popen[bytes] | None:
+    """The reaper of this watchdog's job (see the module's text); None where it cannot start
+    (the job's parent-death signal is then the only guard)."""
+    source = globals().get("SOURCE")
+    if not source:
+        return None
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    try:
+        reaper = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                  start_new_session=True)
+        assert reaper.stdin is not None
+        header = {"format": HEADER_FORMAT, "source": source, "reaper": {"watchdog_pid": os.getpid(),
+                                                                          "grace_s": grace_s}}
+        reaper.stdin.write((json.dumps(header) + "\n").encode())
+        reaper.stdin.flush()
+    except OSError as exc:
+        log(f"could not start the reaper ({exc}); a SIGKILLed watchdog leaves its job to the parent-death signal")
+        return None
+    return reaper
+
+
+def stop_reaper(reaper: subprocess.Popen[bytes] | None) -> None:
+    """The watchdog ends on its own: its reaper has nothing to do."""
+    if reaper is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        assert reaper.stdin is not None
+        reaper.stdin.write(b"done\n")
+        reaper.stdin.close()
+    try:
+        reaper.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        reaper.kill()
+        with contextlib.suppress(ChildProcessError):
+            reaper.wait()
+
+
+def reaper_main(options: dict[str, Any]) -> None:
+    """The reaper: note the watchdog's processes until its pipe ends; then, unless it said
+    ``done``, end every one of them and what they started (SIGTERM, SIGKILL after the grace)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)  # a signal for the watchdog's session is not for us
+    watchdog, grace_s, me = int(options["watchdog_pid"]), float(options["grace_s"]), os.getpid()
+    known: dict[int, str] = {}
+    said = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], REAPER_POLL_S)
+        if ready:
+            data = os.read(0, 4096)
+            said += data
+            if b"done" in said:
+                os._exit(0)
+            if not data:
+                break
+        known = noted(known, descendants(watchdog), me)
+    end_orphans(known, grace_s, me)
+    os._exit(0)
+
+
+def noted(known: dict[int, str], pids: list[int], me: int) -> dict[int, str]:
+    """``known`` (pid -> start time) less the processes gone, plus ``pids`` (not ``me``)."""
+    found = {pid: started for pid, started in known.items() if start_time(pid) == started}
+    for pid in pids:
+        started = start_time(pid)
+        if pid != me and started is not None:
+            found.setdefault(pid, started)
+    return found
+
+
+def end_orphans(known: dict[int, str], grace_s: float, me: int) -> None:
+    """SIGTERM ``known`` and their descendants, wait up to ``grace_s`` for them, SIGKILL the rest."""
+    alive = noted(known, descendants(*known), me)
+    signal_all(list(alive), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while alive and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        alive = noted(alive, descendants(*alive), me)
+    for _ in range(20):
+        alive = noted(alive, descendants(*alive), me)
+        if not alive:
+            return
+        signal_all(list(alive), signal.SIGKILL)
+        time.sleep(0.05)
 
 
 def expand(text: str, run_dir: str) -> str:
@@ -236,6 +342,7 @@ class Watchdog:
         self.startup_workdir: str | None = None  # and where
         self.relays: list[threading.Thread] = []  # the launcher's stdout and stderr, copied out
         self.textfile: MetricsTextfile | None = None  # --metrics-textfile: this node's .prom file
+        self.reaper: subprocess.Popen[bytes] | None = None  # ends the job if this process is killed
 
     def configure(self) -> None:
         self.grace_s = float(self.header.get("grace_s", 15))
@@ -365,6 +472,13 @@ class Watchdog:
     def run(self) -> int:
         if not become_subreaper():
             log("could not become a child subreaper; orphans of the job are found through /proc only")
+        self.reaper = start_reaper(self.grace_s)
+        try:
+            return self.run_job()
+        finally:
+            stop_reaper(self.reaper)
+
+    def run_job(self) -> int:
         threading.Thread(target=self.control_loop, daemon=True).start()
         prefix = self.header.get("prewarm")
         if prefix:
@@ -552,7 +666,7 @@ class Watchdog:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.child.pid, sig)
         outside = []
-        for pid in descendants(os.getpid()):
+        for pid in self.job_processes():
             try:
                 if os.getpgid(pid) != self.child.pid:
                     outside.append(pid)
@@ -560,10 +674,15 @@ class Watchdog:
                 continue
         signal_all(outside, sig)
 
+    def job_processes(self) -> list[int]:
+        """Every descendant of the watchdog but its reaper."""
+        reaper = self.reaper.pid if self.reaper is not None else None
+        return [pid for pid in descendants(os.getpid()) if pid != reaper]
+
     def sweep(self) -> None:
         """SIGKILL every descendant until none is left."""
         for _ in range(100):
-            pids = descendants(os.getpid())
+            pids = self.job_processes()
             if not pids:
                 break
             signal_all(pids, signal.SIGKILL)
@@ -790,6 +909,8 @@ def main(header: dict[str, Any]) -> None:
                          f"{HEADER_FORMAT}: send both from one fstrain\n")
         sys.stderr.flush()
         os._exit(EXIT_FORMAT)
+    if header.get("reaper"):
+        reaper_main(header["reaper"])
     if header.get("detach"):  # a detached run: the watchdogs supervise each other (coordinator.py)
         Watchdog(header).module("coordinator").main(header, Watchdog)
     watchdog = Watchdog(header)
