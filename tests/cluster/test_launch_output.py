@@ -14,6 +14,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,11 @@ from tests.conftest import NamespaceCluster
 from tests.helpers import REPO, require_tool
 
 FLOOD = str(REPO / "tests" / "cluster" / "programs" / "flood.py")
-FLOOD_LINES = 1_000_000
+# 80 MB of output in 40,000 lines of 2 KB: more than the bound many times over, so output held in
+# memory instead of pushed back on the ranks shows, at a fraction of the time of as many bytes in
+# short lines (the 1,000,000-line figure is benchmarks/output_flood.py's).
+FLOOD_LINES, FLOOD_PAD = 40_000, 2_000
+STALL_S = 4  # the reader reads nothing this long: a terminal scrolled back, a full pipe
 MAX_RSS_MIB = 90  # fstrain itself starts at ~30 MiB; unbounded, 1e6 lines took it past 150
 
 
@@ -43,28 +48,49 @@ def peak_rss_kib(pid: int) -> int:
 
 
 def test_a_flood_of_output_keeps_fstrain_small_and_loses_no_line(tmp_path: Path) -> None:
-    # localhost (no SSH): the relay path from the watchdog's pipe to stdout is the same.
-    out_path = tmp_path / "stdout.txt"
-    env = {**os.environ, "FSTRAIN_TEST_LINES": str(FLOOD_LINES)}
-    with out_path.open("w") as out:
-        proc = subprocess.Popen(launch_argv("--nproc-per-node", "1", "--backend", "deepspeed", "--run-dir",
-                                            str(tmp_path / "run"), "--", "python3", FLOOD),
-                                stdout=out, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-        peak = 0
-        deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline:
-            peak = max(peak, peak_rss_kib(proc.pid))
-            time.sleep(0.1)
-        if proc.poll() is None:
-            proc.kill()
-        _, stderr = proc.communicate(timeout=30)
+    """A rank floods a reader that reads nothing for STALL_S, then everything: fstrain must push
+    back on the rank (its memory stays bounded) and lose no line. localhost (no SSH): the relay
+    path from the watchdog's pipe to stdout is the same."""
+    env = {**os.environ, "FSTRAIN_TEST_LINES": str(FLOOD_LINES), "FSTRAIN_TEST_PAD": str(FLOOD_PAD)}
+    proc = subprocess.Popen(launch_argv("--nproc-per-node", "1", "--backend", "deepspeed", "--run-dir",
+                                        str(tmp_path / "run"), "--", "python3", FLOOD),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
+    assert proc.stdout is not None and proc.stderr is not None
+    counted: list[int] = []
+    tail: list[bytes] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        found = 0
+        for line in proc.stdout:
+            found += b" flood rank=0 line=" in line
+            if b"flood done" in line:
+                tail.append(line)
+        counted.append(found)
+
+    errors: list[bytes] = []
+    stderr_reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
+    stderr_reader.start()
+    peak, started = 0, time.monotonic()
+    reader = threading.Thread(target=read, daemon=True)
+    deadline = started + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        peak = max(peak, peak_rss_kib(proc.pid))
+        if not reader.is_alive() and time.monotonic() - started > STALL_S and not counted:
+            reader.start()
+        time.sleep(0.1)
+    if not reader.is_alive() and not counted:
+        reader.start()
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+    reader.join(timeout=60)
+    stderr_reader.join(timeout=30)
+    proc.stdout.close()
+    proc.stderr.close()
+    stderr = b"".join(errors).decode(errors="replace")
     assert proc.returncode == 0, stderr[-3000:]
-    counted = 0
-    with out_path.open() as lines:
-        for line in lines:
-            counted += " flood rank=0 line=" in line
-    assert counted == FLOOD_LINES
-    assert "flood done rank=0" in out_path.read_text()[-4000:]
+    assert counted == [FLOOD_LINES] and tail, stderr[-3000:]
     assert 0 < peak / 1024 < MAX_RSS_MIB, f"fstrain's peak RSS was {peak / 1024:.0f} MiB"
 
 
@@ -90,6 +116,7 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("full", ["file-size-limit", "tiny-tmpfs"])
 def test_run_dir_on_a_full_disk_does_not_stop_the_job(cluster: NamespaceCluster, tmp_path: Path,
                                                       full: str) -> None:
