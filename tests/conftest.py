@@ -150,3 +150,40 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceClust
         yield made
     finally:
         subprocess.run([str(TESTCLUSTER), "down"], check=False, env=env, timeout=120, capture_output=True)
+
+
+# The real components a test can touch, each through its fixture only, and the marker it must then
+# carry (and only then): `-m "not cluster"` and friends leave out exactly what needs them.
+COMPONENT_MARKERS = {"cluster": "the namespace test cluster", "slurm": "the test Slurm", "gpu": "a GPU"}
+
+
+def marker_mismatches(items: list[pytest.Item]) -> list[str]:
+    """Each test whose markers do not say which real components it uses (through fixtures)."""
+    problems = []
+    for item in items:
+        params = set(getattr(getattr(item, "callspec", None), "params", {}))  # a parameter, not a fixture
+        uses = (set(getattr(item, "fixturenames", ())) - params) & set(COMPONENT_MARKERS)
+        marked = {name for name in COMPONENT_MARKERS if item.get_closest_marker(name) is not None}
+        for name in sorted(uses - marked):
+            problems.append(f"{item.nodeid} uses {COMPONENT_MARKERS[name]} (fixture `{name}`) without "
+                            f"@pytest.mark.{name}")
+        for name in sorted(marked - uses):
+            problems.append(f"{item.nodeid} is marked {name} but does not use the `{name}` fixture")
+    return problems
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    problems = marker_mismatches(items)
+    if problems:
+        raise pytest.UsageError("markers that are not true (hint: mark the file with `pytestmark = "
+                                "pytest.mark.NAME`, or take the component through its fixture):\n  "
+                                + "\n  ".join(problems))
+
+
+@pytest.fixture(scope="session")
+def gpu() -> object:
+    """A CUDA device for the GPU tests (the lent GPU machine); skipped without one."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return torch.device("cuda", torch.cuda.device_count() - 1)

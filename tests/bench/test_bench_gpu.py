@@ -8,11 +8,11 @@ import torch
 from fstrain.bench.compute import matmul_tflops, memory_bandwidth_gbps
 from fstrain.core.bench.report import gpu_of
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu
 
 
-def test_matmul_and_copy_are_plausible_fractions_of_the_datasheet() -> None:
-    device = torch.device("cuda", torch.cuda.device_count() - 1)  # not only cuda:0: the device is honoured
+def test_matmul_and_copy_are_plausible_fractions_of_the_datasheet(gpu: torch.device) -> None:
+    device = gpu  # the last device, not only cuda:0: the device is honoured
     matmul = matmul_tflops(device, torch.bfloat16, seconds=1.0)
     copy = memory_bandwidth_gbps(device, seconds=1.0)
     assert matmul["size"] == 8192 and len(matmul["samples_tflops"]) >= 3

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from fstrain.api import diagnose
 from fstrain.core.hosts.hostfile import Host, parse_hostfile
 from fstrain.io.connect import make_connector
 from tests.conftest import NamespaceCluster
+
+pytestmark = pytest.mark.cluster
 
 
 def hosts_of(cluster: NamespaceCluster) -> list[Host]:

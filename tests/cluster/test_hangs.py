@@ -13,6 +13,8 @@ from tests.cluster.launch_helpers import assert_no_job_processes, start_launch
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO, require_tool
 
+pytestmark = pytest.mark.cluster
+
 HANG = str(REPO / "tests" / "cluster" / "programs" / "hang.py")
 GRACE_S = 3
 TIMEOUT_S = 20

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import NamespaceCluster
 from tests.helpers import run_fstrain
+
+pytestmark = pytest.mark.cluster
 
 PROGRAM = "import json, os, sys\nprint('ARGV ' + json.dumps([os.environ['LOCAL_RANK'], *sys.argv[1:]]), flush=True)\n"
 

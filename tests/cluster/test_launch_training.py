@@ -12,6 +12,8 @@ from tests.cluster.launch_helpers import assert_no_job_processes
 from tests.conftest import NamespaceCluster
 from tests.helpers import run_fstrain
 
+pytestmark = pytest.mark.cluster
+
 # torchrun's --tee tags lines with the local rank ([node1 r0]); DeepSpeed's launcher does not ([node1]).
 RANK_LINE = re.compile(r"^\[(node\d)(?: r\d)?\] \[fstrain\.train\] rank (\d)/(\d+) local (\d) on (node\d) ")
 

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fstrain.core.launch.metricline import parse_metric_line, parse_metrics_jsonl
@@ -16,6 +17,8 @@ from tests.cluster.launch_helpers import assert_no_job_processes
 from tests.cluster.test_runs import fstrain, wait_state
 from tests.conftest import NamespaceCluster
 from tests.helpers import run_fstrain
+
+pytestmark = pytest.mark.cluster
 
 STEPS = 4
 HOSTS = ("node1", "node2")

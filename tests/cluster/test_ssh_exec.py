@@ -17,6 +17,8 @@ from fstrain.io.transport.ssh import SshTransport
 from tests.conftest import NamespaceCluster
 from tests.helpers import require_tool, run_fstrain
 
+pytestmark = pytest.mark.cluster
+
 HOSTILE = ["a b", "'single'", '"double"', "$(touch /tmp/fstrain-pwned)", "`id`", "x; echo injected",
            "new\nline", "*", "~", "$HOME", "\\", "", "--", "-n"]
 

@@ -15,9 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.cluster.test_ssh_exec import exec_json, write_config
 from tests.conftest import NamespaceCluster
 from tests.helpers import REPO
+
+pytestmark = pytest.mark.cluster
 
 CORRUPT = "node9 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA!!!corrupt"
 

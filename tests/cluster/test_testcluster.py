@@ -6,7 +6,11 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import TESTCLUSTER, NamespaceCluster
+
+pytestmark = pytest.mark.cluster
 
 CLUSTER_ID = "250"  # its own names and subnet (fst250-*, 198.18.250.0/24): never the session's cluster
 

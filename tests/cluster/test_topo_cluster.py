@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import NamespaceCluster
 from tests.helpers import run_fstrain
+
+pytestmark = pytest.mark.cluster
 
 
 def test_topo_show_probes_every_host_and_groups_identical_nodes(cluster: NamespaceCluster) -> None:

@@ -86,6 +86,7 @@ def test_srun_answers_from_both_nodes(slurm: SlurmCluster, tmp_path: Path) -> No
     assert sorted(result.stdout.split()) == ["node1", "node2"]
 
 
+@pytest.mark.smoke  # scripts/test.sh --quick
 def test_launch_inside_an_allocation_trains_through_srun_without_sshd(slurm: SlurmCluster, tmp_path: Path) -> None:
     for index in range(1, slurm.num_nodes + 1):
         slurm.script("stop-sshd", str(index))

@@ -13,6 +13,8 @@ from fstrain.core.plan.losses import loss_chunks
 from tests.plans import TINY_MODEL, make_plan
 from tests.train.conftest import render, torchrun
 
+pytestmark = pytest.mark.train
+
 POLICIES = ("none", "selective-op", "every-k:2", "full", "megatron-selective")
 MODEL = replace(TINY_MODEL, dropout=0.0, num_layers=4)
 

@@ -11,6 +11,8 @@ import pytest
 from tests.plans import make_plan
 from tests.train.conftest import assert_learns, render, torchrun
 
+pytestmark = pytest.mark.train
+
 STEPS = 8
 
 

@@ -15,6 +15,8 @@ import pytest
 from tests.plans import make_plan
 from tests.train.conftest import assert_learns, render, torchrun
 
+pytestmark = pytest.mark.train
+
 STEPS = 8
 
 
@@ -43,6 +45,7 @@ def test_fsdp_layout_trains(
     assert f"step {STEPS}/{STEPS} loss" in run.stdout
 
 
+@pytest.mark.smoke  # scripts/test.sh --quick
 def test_full_shard_checkpoint_and_resume(tmp_path: Path) -> None:
     out = render(make_plan("fsdp-full", precision="bf16", activation_checkpointing="selective-op"), tmp_path / "r")
     common = ["--plan", str(out / "plan.yaml"), "--fsdp-config", str(out / "fsdp.yaml"), "--steps", str(STEPS),

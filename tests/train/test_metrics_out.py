@@ -12,6 +12,8 @@ from fstrain.core.launch.metricline import parse_metric_line, parse_metrics_json
 from fstrain.train.steplog import BOARD_TAGS
 from tests.train.conftest import torchrun
 
+pytestmark = pytest.mark.train
+
 STEPS, LOG_EVERY, NPROC = 5, 2, 2
 LOGGED = [2, 4, 5]  # every LOG_EVERY-th step, and the last
 

@@ -17,6 +17,8 @@ from fstrain.core.plan.replan import replan_file
 from tests.plans import make_plan
 from tests.train.conftest import REPO, Run, render, torchrun
 
+pytestmark = pytest.mark.train
+
 
 def test_a_checkpoint_of_two_ranks_resumes_on_three_with_the_same_losses(tmp_path: Path) -> None:
     two = make_plan("fsdp-full", dp=2, micro_batch_size=3, grad_accum_steps=1, precision="fp32")

@@ -21,6 +21,8 @@ import pytest
 from tests.plans import make_plan
 from tests.train.conftest import REPO, render
 
+pytestmark = pytest.mark.train
+
 PROBE = str(Path(__file__).resolve().parent / "programs" / "exit_probe.py")
 REPEATS = 2
 

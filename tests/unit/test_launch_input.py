@@ -164,3 +164,15 @@ def test_preflight_of_the_bundled_trainer_names_the_hosts_without_fstrain() -> N
     line = str(caught.value)
     assert "b: python3 (/usr/bin/python3, Python 3.11) cannot import fstrain" in line and "a: " not in line
     assert line.endswith(f"(hint: {BUNDLED_TRAINER_HINT})"), line
+
+
+def test_dry_run_opens_no_connection(tmp_path: Path) -> None:
+    result = run_fstrain("launch", "--dry-run", "--hosts", "nosuchhost[1-2].invalid", "--nproc-per-node", "2",
+                         "--backend", "deepspeed", "--", "python3", "train.py", "--lr", "0.1")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "# node 0: nosuchhost1.invalid (2 processes)"
+    assert lines[1] == "PYTHONUNBUFFERED=1"
+    assert "-m deepspeed.launcher.launch" in lines[2] and "--node_rank=0" in lines[2]
+    assert lines[2].endswith("train.py --lr 0.1")
+    assert lines[5].startswith("python3 -u -m deepspeed.launcher.launch") and "--node_rank=1" in lines[5]
