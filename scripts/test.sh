@@ -1,13 +1,40 @@
 #!/usr/bin/env bash
-# The whole test suite: ruff, mypy, then pytest (unit tests, the real-sshd namespace cluster,
-# CPU training). `--install` first installs what the tests need (scripts/install-test-deps.sh).
-# Extra arguments go to pytest, e.g. `scripts/test.sh tests/unit -x`.
+# The whole test suite: ruff, mypy, then pytest (unit tests, the real-sshd namespace cluster, the
+# real test Slurm, CPU training) on parallel workers, each with its own cluster and Slurm
+# (docs/testing.md lists the parts, their times and the budget).
+#
+#   scripts/test.sh [--install] [--quick] [PYTEST ARGS...]
+#
+# --install  first installs what the tests need (scripts/install-test-deps.sh)
+# --quick    the inner loop: the unit tests but the slow ones, and one smoke test per real
+#            component (namespace cluster, Slurm, training); about 5 minutes on 2 cores
+# Extra arguments go to pytest, e.g. `scripts/test.sh tests/unit -x`. FSTRAIN_TEST_WORKERS sets
+# the number of workers (default 4: most cluster and Slurm time is spent waiting on processes;
+# 0 runs everything in this one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "${1:-}" = "--install" ]; then
-    shift
-    scripts/install-test-deps.sh
+install=0
+quick=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --install) install=1; shift ;;
+        --quick) quick=1; shift ;;
+        *) break ;;
+    esac
+done
+[ "$install" = 1 ] && scripts/install-test-deps.sh
+
+workers=${FSTRAIN_TEST_WORKERS:-4}
+parallel=()
+if [ "$workers" != 0 ]; then
+    # worksteal: an idle worker takes queued tests from a busy one, so one long test does not
+    # hold a queue behind it.
+    parallel=(-n "$workers" --dist worksteal)
+fi
+selection=()
+if [ "$quick" = 1 ]; then
+    selection=(-m "smoke or not (cluster or slurm or gpu or train or slow)")
 fi
 
 echo "== ruff"
@@ -15,4 +42,4 @@ ruff check fstrain tests benchmarks
 echo "== mypy"
 mypy
 echo "== pytest"
-exec python3 -m pytest -p no:cacheprovider "$@"
+exec python3 -m pytest -p no:cacheprovider "${parallel[@]}" "${selection[@]}" "$@"

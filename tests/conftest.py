@@ -80,12 +80,18 @@ def hermetic_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     fstrain keeps state under ~/.fstrain (runs started here, active runs of localhost as a node) and
     OpenSSH and paramiko read ~/.ssh: none of the user's own may leak into a test, nor a test's into
     them. Child processes inherit the variables. DeepSpeed's CPU ops are built once per session into
-    TORCH_EXTENSIONS_DIR (the hosts of the test cluster share the same folder).
+    TORCH_EXTENSIONS_DIR (the hosts of the test cluster share the same folder, and so do the
+    workers of a parallel run: torch's builder takes a file lock, so the first builds and the others
+    wait for it).
     """
-    saved = {name: os.environ.get(name) for name in ("HOME", "TORCH_EXTENSIONS_DIR")}
+    saved = {name: os.environ.get(name) for name in ("HOME", "TORCH_EXTENSIONS_DIR", "COLUMNS", "LINES")}
+    # A terminal's size is the caller's (pytest-xdist sets COLUMNS=80 in its workers): fstrain's
+    # output to a pipe must read the same whatever the shell or the runner set.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
     home = tmp_path_factory.mktemp("client-home")
     os.environ["HOME"] = str(home)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(tmp_path_factory.mktemp("torch_extensions")))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(shared_temp(tmp_path_factory) / "torch_extensions"))
     try:
         yield home
     finally:
@@ -94,6 +100,29 @@ def hermetic_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def worker_index() -> int | None:
+    """This pytest-xdist worker's index (gw0 -> 0), None outside a parallel run."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else None
+
+
+def cluster_id_for_worker() -> str:
+    """FSTRAIN_TESTCLUSTER_ID for this process's cluster: the one set (default ""), and in a
+    parallel run one more per worker (gw0 -> base + 1, ...), so each worker has its own namespaces,
+    subnet and Slurm (scripts/testcluster.sh takes 1..250; the test Slurm adds 100)."""
+    base = os.environ.get("FSTRAIN_TESTCLUSTER_ID", "")
+    index = worker_index()
+    return base if index is None else str(int(base or 0) + index + 1)
+
+
+
+def shared_temp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every worker of this run shares (pytest's base temporary folder, or in a parallel run
+    the one above the workers' own)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if worker_index() is not None else base
 
 
 def hermetic_hosts(cluster: NamespaceCluster) -> None:
@@ -140,7 +169,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceClust
         pytest.skip(reason)
     require_cluster_tools()
     state = tmp_path_factory.mktemp("testcluster")
-    cluster_id = os.environ.get("FSTRAIN_TESTCLUSTER_ID", "")
+    cluster_id = cluster_id_for_worker()
     env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(state), "FSTRAIN_TESTCLUSTER_ID": cluster_id}
     subprocess.run([str(TESTCLUSTER), "up", str(CLUSTER_SIZE)], check=True, env=env, timeout=120,
                    capture_output=True)

@@ -1,7 +1,7 @@
 """The real Slurm of scripts/testslurm.sh: munged and slurmctld here, one slurmd per namespace.
 
-It runs on namespaces of its own (cluster id FSTRAIN_TESTCLUSTER_ID + 100, or
-FSTRAIN_TESTSLURM_ID), so the SSH test cluster of the same session is never touched.
+It runs on namespaces of its own (the SSH test cluster's id + 100, so one per worker in a parallel
+run, or FSTRAIN_TESTSLURM_ID), so the SSH test cluster of the same session is never touched.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cluster_unavailable_reason, require_cluster_tools
+from tests.conftest import cluster_id_for_worker, cluster_unavailable_reason, require_cluster_tools
 from tests.helpers import REPO, require_tool
 
 TESTSLURM = REPO / "scripts" / "testslurm.sh"
@@ -60,7 +60,7 @@ def slurm_cluster_id() -> str:
     explicit = os.environ.get("FSTRAIN_TESTSLURM_ID")
     if explicit:
         return explicit
-    return str(int(os.environ.get("FSTRAIN_TESTCLUSTER_ID") or 0) + 100)
+    return str(int(cluster_id_for_worker() or 0) + 100)
 
 
 @pytest.fixture(scope="session")
