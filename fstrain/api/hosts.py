@@ -117,12 +117,16 @@ def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | 
     """The nodes to run on: the allocation's (in allocation order, cross-checked with scontrol),
     or the --hosts/--hostfile given with --launcher srun (a hostfile's ``spare=true`` nodes held
     back for recovery); slots from the GPUs Slurm assigned."""
+    from fstrain.core.slurm.job import check_hosts_in_job
     from fstrain.io.localout import warn
     from fstrain.io.slurm import allocation_nodes
 
     slots = gpus_per_node or allocation.gpus_per_node
     if hostfile or hosts:
         chosen = resolve_hosts(hostfile, hosts, include, exclude, slots)
+        job_nodes = allocation_nodes(allocation, lambda _note: None)  # which nodes srun can reach
+        check_hosts_in_job([h.name for h in [*chosen.hosts, *chosen.spares]], allocation.job_id, job_nodes,
+                           "--hostfile" if hostfile else "--hosts")
         return HostSelection(chosen.hosts, "Slurm job", chosen.spares)
     nodes = allocation_nodes(allocation, warn)
     return HostSelection(resolve_hosts(None, ",".join(nodes), include, exclude, slots).hosts, "Slurm job")

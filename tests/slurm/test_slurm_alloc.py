@@ -85,3 +85,22 @@ def test_a_node_list_slurm_cannot_read_is_one_line(slurm: SlurmCluster, tmp_path
     assert len(lines) == 1 and len(lines[0]) < 500, result.stderr[-3000:]
     assert lines[0].startswith("error: SLURM_JOB_NODELIST: Slurm cannot read SLURM_JOB_NODELIST='node[1-70000]': ")
     assert "Too many hosts in range" in lines[0]
+
+
+def test_hosts_outside_the_allocation_are_refused_before_anything_starts(slurm: SlurmCluster,
+                                                                       tmp_path: Path) -> None:
+    """--launcher srun --hosts node1,node3 in a node[1-2] job: srun can reach node3 only by failing
+    late ("Requested node configuration is not available"); fstrain says so in one line first."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = fstrain(slurm, tmp_path, "launch", "--launcher", "srun", "--hosts", "node1,node3", "--nproc-per-node",
+                     "1", "--run-dir", str(run_dir), "--", "python3", "-c", WHERE_PROGRAM,
+                     prefix=("salloc", "-N2", "--nodelist=node[1-2]"), timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = own_lines(result.stderr)
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("error: --hosts: node3 is not in Slurm job "), lines
+    assert lines[0].endswith(", whose nodes are node1, node2: srun reaches only those (hint: name the job's nodes, "
+                             "or reach other hosts over SSH with --launcher ssh)"), lines
+    assert "Requested node configuration" not in result.stderr and not run_dir.exists()
+    assert time.monotonic() - started < 60

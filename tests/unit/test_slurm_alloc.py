@@ -17,12 +17,13 @@ import pytest
 from fstrain.core.slurm.job import (
     MAX_LISTED_NODES,
     check_hostnames,
+    check_hosts_in_job,
     check_one_task,
     job_nodes_note,
     list_nodes,
     rejected_nodelist,
 )
-from fstrain.errors import InputError
+from fstrain.errors import InputError, InventoryError
 from tests.helpers import run_fstrain
 
 # `scontrol show job -o 14` of a running 2-node salloc job (trimmed to the fields read).
@@ -67,6 +68,17 @@ def test_a_step_that_holds_fewer_nodes_than_its_job_is_said_in_one_line() -> Non
         "this srun step holds 1 of Slurm job 14's 2 nodes (node1); fstrain runs on all of the job's: node1, node2")
     note = job_nodes_note("14", ["x9"], ["node1", "node2"])
     assert note is not None and note.startswith("SLURM_JOB_NODELIST names x9, but Slurm job 14 holds node1, node2")
+
+
+def test_hosts_outside_the_job_are_named_with_the_jobs_nodes() -> None:
+    check_hosts_in_job(["node2", "node1"], "14", ["node1", "node2"], "--hosts")  # the job's: fine
+    with pytest.raises(InventoryError) as raised:
+        check_hosts_in_job(["node1", "node3", "node3"], "14", ["node1", "node2"], "--hosts")
+    assert raised.value.one_line() == (
+        "--hosts: node3 is not in Slurm job 14, whose nodes are node1, node2: srun reaches only those "
+        "(hint: name the job's nodes, or reach other hosts over SSH with --launcher ssh)")
+    with pytest.raises(InventoryError, match=r"^--hostfile: node3, node4 are not in Slurm job 14"):
+        check_hosts_in_job(["node3", "node4"], "14", ["node1", "node2"], "--hostfile")
 
 
 def test_listings_in_messages_are_capped() -> None:

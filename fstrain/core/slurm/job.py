@@ -182,6 +182,19 @@ def plan_shape(allocation: Allocation, num_nodes: int | None, gpus_per_node: int
     return (num_nodes or allocation.num_nodes, gpus_per_node or allocation.gpus_per_node)
 
 
+def check_hosts_in_job(chosen: Sequence[str], job_id: str, job_nodes: Sequence[str], flag: str) -> None:
+    """Hosts given with --launcher srun must be the job's own nodes: srun reaches no other, and
+    says so only late ("Requested node configuration is not available"). One line naming them
+    and the job's nodes instead, before anything starts."""
+    outside = [name for name in dict.fromkeys(chosen) if name not in set(job_nodes)]
+    if not outside:
+        return
+    verb = "is" if len(outside) == 1 else "are"
+    raise InventoryError(f"{list_nodes(outside)} {verb} not in Slurm job {job_id}, whose nodes are "
+                         f"{list_nodes(job_nodes)}: srun reaches only those",
+                         "name the job's nodes, or reach other hosts over SSH with --launcher ssh", flag)
+
+
 def check_hostnames(ours: Sequence[str], scontrol: Sequence[str]) -> str | None:
     """Compare our expansion of the node list with ``scontrol show hostnames``: ``None`` when
     they agree, else what differs (the launcher then trusts scontrol)."""
