@@ -6,6 +6,7 @@ well, with one ``error:`` line), 130 on Ctrl-C.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -76,11 +77,13 @@ def doctor_command(
         from fstrain.io.doctor import DoctorOptions
 
         # Inside a Slurm allocation its nodes are reached through srun.
-        connect = allocation_connector(selection.source) or make_connector(ssh_config,
-                                                                           accept_new_hosts=accept_new_hosts)
+        through_srun = allocation_connector(selection.source)
+        connect = through_srun or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
         options = DoctorOptions(stages=stages(checks), python=python, workdir=workdir, checkpoint_dir=checkpoint_dir,
                                 master_port=master_port, plan=needs, kill_orphans=kill_orphans,
-                                write_test_bytes=write_test_mib << 20)
+                                write_test_bytes=write_test_mib << 20,
+                                reached_through=f"srun in Slurm job {os.environ.get('SLURM_JOB_ID')}"
+                                if through_srun else None)
         facts = gather(selection.hosts, connect, options, fanout)
         extra = run_bench_checks(selection.hosts, connect, options, fanout) if bench else []
     except KeyboardInterrupt:

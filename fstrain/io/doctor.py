@@ -68,6 +68,7 @@ class DoctorOptions:
     grace_s: float = 5.0
     write_test_bytes: int = 256 << 20
     probe_timeout_s: float = 180.0
+    reached_through: str | None = None  # not SSH: "srun in Slurm job 14" (the connector's path, for the report)
 
 
 def _parallel(items: Sequence[T], work: Callable[[T], Any], fanout: int) -> list[Any]:
@@ -456,4 +457,5 @@ def collect(hosts: Sequence[Host], connect: Connector, options: DoctorOptions, *
         note(host.label(), "done")
     return DoctorFacts(hosts=tuple(per_host), python=options.python, workdir=options.workdir,
                        checkpoint_dir=options.checkpoint_dir, plan=options.plan, matrix=matrix,
-                       matrix_targets=targets, rendezvous=rendezvous, shared=shared)
+                       matrix_targets=targets, rendezvous=rendezvous, shared=shared,
+                       reached_through=options.reached_through)

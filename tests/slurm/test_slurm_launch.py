@@ -116,6 +116,10 @@ def test_doctor_inside_an_allocation_checks_the_nodes_through_srun(slurm: SlurmC
     verdicts = {c["id"]: c["verdict"] for c in document["checks"]}
     # The checks that need every node to answer and to reach the others passed, over srun steps.
     assert verdicts["ssh.connect"] == "ok" and verdicts["net.reachability"] == "ok"
+    # No SSH login happened: the check names the path it took.
+    connect = next(c for c in document["checks"] if c["id"] == "ssh.connect")
+    assert connect["message"].startswith("reached through srun in Slurm job "), connect
+    assert connect["message"].endswith(" (no SSH login)") and "authenticated" not in result.stdout
     assert verdicts["clock.skew"] == "ok" and verdicts["net.rendezvous_port"] == "ok"
 
 

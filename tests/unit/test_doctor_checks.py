@@ -90,6 +90,16 @@ def test_unreachable_and_changed_key_hosts_fail_with_their_fix() -> None:
     assert slow[("s",)][:2] == ("warn", "SSH took 7.5 s to connect and log in")
 
 
+def test_hosts_reached_through_srun_say_so_and_not_ssh() -> None:
+    doctor = facts(HostFacts("node1", connect_s=0.4), HostFacts("node3", reach_error="srun: error: node3 is DOWN"),
+                   reached_through="srun in Slurm job 14")
+    result = run("ssh.connect", doctor)
+    assert result[("node1",)] == ("ok", "reached through srun in Slurm job 14 (no SSH login)", "")
+    assert result[("node3",)] == ("fail", "cannot be reached through srun in Slurm job 14: srun: error: node3 is DOWN",
+                                  "check the node's state in Slurm (`scontrol show node node3`: DOWN, DRAIN?), or "
+                                  "leave it out: --exclude node3")
+
+
 def test_clock_skew() -> None:
     doctor = facts(HostFacts("a", clock_offset_s=0.01, clock_uncertainty_s=0.002),
                    HostFacts("b", clock_offset_s=0.02, clock_uncertainty_s=0.002),

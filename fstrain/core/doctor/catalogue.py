@@ -37,7 +37,8 @@ class Check:
 
 P = ("probe",)
 CHECKS: tuple[Check, ...] = (
-    Check("ssh.connect", "SSH connect and authentication per host, and the time it takes", (), reach.check_connect),
+    Check("ssh.connect", "SSH connect and authentication per host, and the time it takes (inside a Slurm "
+          "allocation: the srun path)", (), reach.check_connect),
     Check("clock.skew", "clock offsets between hosts", ("clock",), reach.check_clock),
     Check("net.hostname", "each host's hostname resolves to its own, non-loopback address", P,
           network.check_hostname),

@@ -177,6 +177,7 @@ class DoctorFacts:
     matrix_targets: tuple[str, ...] = ()  # hosts that had a listener (all, or a sample)
     rendezvous: Rendezvous | None = None
     shared: SharedDir | None = None
+    reached_through: str | None = None  # how the hosts were reached when not over SSH: "srun in Slurm job 14"
 
     @property
     def reached(self) -> list[HostFacts]:

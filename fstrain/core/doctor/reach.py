@@ -29,6 +29,8 @@ def reach_fix(host: str, error: str) -> str:
 
 
 def check_connect(facts: DoctorFacts) -> list[CheckResult]:
+    if facts.reached_through:
+        return check_reached_through(facts, facts.reached_through)
     findings = []
     times = [h.connect_s for h in facts.hosts if h.reachable and h.connect_s is not None]
     span = "" if not times else f" in {min(times):.2f} s" if f"{min(times):.2f}" == f"{max(times):.2f}" else \
@@ -44,6 +46,22 @@ def check_connect(facts: DoctorFacts) -> list[CheckResult]:
                                     "or check the host's load"))
         else:
             findings.append(Finding(host.name, "ok", f"connected and authenticated{span}"))
+    return group("ssh.connect", findings)
+
+
+def check_reached_through(facts: DoctorFacts, path: str) -> list[CheckResult]:
+    """Hosts reached another way than SSH (srun steps inside a Slurm allocation): no login
+    happened, so the check says which path it took, and a node it could not reach is Slurm's
+    to explain."""
+    findings = []
+    for host in facts.hosts:
+        if host.reach_error is not None:
+            message, _ = split_hint(host.reach_error)
+            findings.append(Finding(host.name, "fail", f"cannot be reached through {path}: {message}",
+                                    f"check the node's state in Slurm (`scontrol show node {host.name}`: DOWN, "
+                                    f"DRAIN?), or leave it out: --exclude {host.name}"))
+        else:
+            findings.append(Finding(host.name, "ok", f"reached through {path} (no SSH login)"))
     return group("ssh.connect", findings)
 
 
