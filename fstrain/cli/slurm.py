@@ -278,10 +278,26 @@ def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> in
                 return 130
             cancel(job_id)
             console().print(f"cancelled job {job_id}; waiting for its nodes to stop")
+    if status is not None and not status.final:  # pending for good: `follow` gave it up
+        give_up_pending(status)
     if not output.exists() and (status is None or status.nodes):  # a job that never started wrote none
         console().print(f"[yellow]warning: the job's output {output} never appeared here[/yellow]: the run "
                         "directory must be on a file system the nodes share with this machine (--run-dir)")
     return report_job(job_id, status, folder, json_output)
+
+
+def give_up_pending(status: JobStatus) -> None:
+    """A job Slurm will never start as submitted (Reason=PartitionConfig, ...): cancelled, and
+    said in one line with the reason, instead of followed forever."""
+    from fstrain.core.slurm.job import cannot_start
+    from fstrain.errors import InputError
+    from fstrain.io.slurm import cancel, partition_size
+
+    cancel(status.job_id)
+    why = cannot_start(status, partition_size(status.partition) if status.partition else None)
+    raise InputError(f"Slurm job {status.job_id} cannot start: {why}; fstrain cancelled it",
+                     "ask for what the partition has (`sinfo -o '%P %D %c %m %l'` lists nodes, CPUs, memory and "
+                     "time limit per partition), or choose another --partition", "sbatch")
 
 
 def _say_state(status: JobStatus) -> None:

@@ -24,13 +24,16 @@ from typing import TextIO
 
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.slurm.job import (
+    NEVER_STARTS_AFTER_S,
     Allocation,
     JobStatus,
+    cannot_start,
     check_hostnames,
     cpus_per_task_from_env,
     ended_by_slurm,
     job_nodes_note,
     parse_hostnames,
+    parse_partition_nodes,
     parse_sbatch_job_id,
     parse_scontrol_job,
     parse_step_ids,
@@ -225,6 +228,15 @@ def job_status(job_id: str, where: str = "--slurm", timeout_s: float = 60) -> Jo
     return parse_scontrol_job(result.stdout)
 
 
+def partition_size(partition: str) -> int | None:
+    """How many nodes ``partition`` has (``scontrol show partition``); None where it cannot say."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return None
+    result = LocalTransport().run([scontrol, "show", "partition", "-o", partition], timeout_s=30)
+    return parse_partition_nodes(result.stdout) if result.ok else None
+
+
 def cancel(job_id: str) -> None:
     scancel = require_tool("scancel", "--slurm")
     subprocess.run([scancel, job_id], capture_output=True, text=True, timeout=60, check=False)
@@ -286,17 +298,31 @@ class OutputFollower:
 
 def follow(job_id: str, output: Path, out: TextIO = sys.stdout, poll_s: float = POLL_S,
            status: Callable[[str], JobStatus | None] = job_status,
-           on_state: Callable[[JobStatus], None] | None = None) -> JobStatus | None:
+           on_state: Callable[[JobStatus], None] | None = None,
+           never_starts_after_s: float = NEVER_STARTS_AFTER_S,
+           partition_nodes: Callable[[str], int | None] | None = None) -> JobStatus | None:
     """Print the job's output until the job has ended; its final status (``None``: Slurm no
     longer knows the job). ``on_state`` hears of every change of state (PENDING, RUNNING...).
+    A job pending for ``never_starts_after_s`` with a reason under which it never starts
+    (``cannot_start``; ``partition_nodes(partition)``: its size, by default from scontrol) is
+    returned as it is, still pending: the caller decides about it.
     KeyboardInterrupt propagates: the caller decides about cancelling."""
+    size_of = partition_nodes or partition_size
     follower = OutputFollower(output, out)
     current = status(job_id)
     seen = None
+    stuck_since: float | None = None
     while current is not None and not current.final:
         if on_state is not None and (current.state, current.reason) != seen:
             seen = (current.state, current.reason)
             on_state(current)
+        size = size_of(current.partition) if current.reason == "PartitionNodeLimit" and current.partition else None
+        if cannot_start(current, size) is None:
+            stuck_since = None
+        elif stuck_since is None:
+            stuck_since = time.monotonic()
+        elif time.monotonic() - stuck_since >= never_starts_after_s:
+            return current
         follower.poll()
         time.sleep(poll_s)
         current = status(job_id)

@@ -158,3 +158,23 @@ def test_a_job_cancelled_while_pending_is_cancelled_not_exit_0(slurm: SlurmClust
     assert "stopped (cancelled before it started (CANCELLED))" in status.stderr and "exit 0" not in status.stderr
     document = json.loads(fstrain(slurm, tmp_path, "status", job_id, "--json").stdout)
     assert (document["state"], document["exit_code"]) == ("stopped", None)
+
+
+def test_a_job_that_can_never_start_is_said_and_cancelled_not_followed_forever(slurm: SlurmCluster,
+                                                                               tmp_path: Path) -> None:
+    """5 nodes on the 3-node partition: Slurm queues the job (Reason=PartitionConfig, then
+    PartitionNodeLimit) and would keep it pending for ever; fstrain says so in one line, cancels it
+    and exits 2."""
+    started = time.monotonic()
+    result = fstrain(slurm, tmp_path, "launch", "--slurm", "--nodes", "5", "--run-dir", str(tmp_path / "run"), "--",
+                     "true", timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert time.monotonic() - started < 60
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1, result.stderr
+    job_id = re.search(r"Slurm job (\d+) cannot start: PartitionNodeLimit: it asks for 5 nodes and partition test "
+                       r"has 3; fstrain cancelled it", error[0])
+    assert job_id is not None, error[0]
+    assert "choose another --partition" in error[0]
+    assert wait_for_job(slurm, tmp_path, job_id.group(1), timeout=60).state == "CANCELLED"
+    assert (tmp_path / "run").is_dir()  # the rendered script is kept

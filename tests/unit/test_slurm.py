@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -11,11 +12,14 @@ import pytest
 
 from fstrain.core.slurm.job import (
     Allocation,
+    JobStatus,
     SbatchOptions,
     allocation_from_env,
+    cannot_start,
     check_hostnames,
     gpus_from_env,
     parse_hostnames,
+    parse_partition_nodes,
     parse_sbatch_job_id,
     parse_scontrol_job,
     parse_step_ids,
@@ -24,6 +28,7 @@ from fstrain.core.slurm.job import (
     srun_step_argv,
 )
 from fstrain.errors import InputError, ParseError
+from fstrain.io.slurm import follow
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
 SLURM_ENV = {**os.environ, "SLURM_JOB_ID": "77"}  # what sbatch gives the script
@@ -45,6 +50,38 @@ def test_scontrol_job_running_is_not_final_and_garbage_is_an_error() -> None:
         parse_scontrol_job("slurm_load_jobs error: Invalid job id specified")
     with pytest.raises(ParseError, match="unreadable ExitCode"):
         parse_scontrol_job("JobId=3 JobState=FAILED ExitCode=x:y")
+
+
+def test_a_job_pending_for_the_partitions_configuration_never_starts() -> None:
+    """A real 5-node job on the test Slurm's 3-node partition (Reason=PartitionConfig)."""
+    case = json.loads((FIXTURES / "scontrol-pending_partitionconfig.json").read_text())
+    status = parse_scontrol_job(case["output"])
+    assert (status.state, status.reason, status.num_nodes, status.final) == ("PENDING", "PartitionConfig", 5, False)
+    assert cannot_start(status) == ("PartitionConfig: the partition cannot hold what it asks for (more nodes, CPUs "
+                                    "or memory than it has) (5 nodes asked)")
+    # Its later looks say PartitionNodeLimit: never, for more nodes than the partition has; else
+    # its nodes may only be DOWN or DRAINED for now.
+    later_case = json.loads((FIXTURES / "scontrol-pending_partitionnodelimit.json").read_text())
+    later = parse_scontrol_job(later_case["output"])
+    size = parse_partition_nodes(json.loads((FIXTURES / "scontrol-partition.json").read_text())["output"])
+    assert (later.reason, later.partition, size) == ("PartitionNodeLimit", "test", 3)
+    assert cannot_start(later, size) == "PartitionNodeLimit: it asks for 5 nodes and partition test has 3"
+    assert cannot_start(later, 8) is None and cannot_start(later, None) is None
+    waiting = JobStatus("9", "PENDING", 0, 0, "Resources")  # it starts once nodes are free
+    assert cannot_start(waiting) is None and cannot_start(JobStatus("9", "RUNNING", 0, 0, "PartitionConfig")) is None
+
+
+def test_follow_gives_up_a_job_that_never_starts_and_not_one_that_waits(tmp_path: Path) -> None:
+    first = JobStatus("9", "PENDING", 0, 0, "PartitionConfig", num_nodes=5, partition="test")
+    stuck = JobStatus("9", "PENDING", 0, 0, "PartitionNodeLimit", num_nodes=5, partition="test")
+    looks = iter([first, stuck, stuck, stuck])
+    given_up = follow("9", tmp_path / "out", io.StringIO(), poll_s=0.01, status=lambda _: next(looks),
+                      never_starts_after_s=0.01, partition_nodes=lambda name: 3)
+    assert given_up == stuck  # returned still pending, for the caller to cancel and say why
+    queued = iter([JobStatus("9", "PENDING", 0, 0, "Resources")] * 3 + [JobStatus("9", "COMPLETED", 0, 0)])
+    ended = follow("9", tmp_path / "out", io.StringIO(), poll_s=0.01, status=lambda _: next(queued),
+                   never_starts_after_s=0.0, partition_nodes=lambda name: 3)
+    assert ended is not None and ended.state == "COMPLETED"
 
 
 def test_allocation_from_env_expands_the_node_list_in_order() -> None:

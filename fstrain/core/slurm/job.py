@@ -277,6 +277,48 @@ def parse_sbatch_job_id(text: str) -> str:
     return job_id
 
 
+# Pending reasons under which Slurm does not start the job as it was submitted, on the partition
+# as it is configured (squeue(1), JOB REASON CODES): waiting changes nothing until someone changes
+# the job or the partition. Reasons that can pass by themselves (Resources, Priority) are not here;
+# PartitionNodeLimit counts only for more nodes than the partition has (it also means "its nodes
+# are DOWN or DRAINED for now"). Slurm 22.05 says PartitionConfig at a 5-node job's first look on
+# a 3-node partition, then PartitionNodeLimit.
+NEVER_STARTS = {
+    "PartitionConfig": "the partition cannot hold what it asks for (more nodes, CPUs or memory than it has)",
+    "PartitionTimeLimit": "its time limit is beyond the partition's",
+    "BadConstraints": "its constraints cannot be satisfied by any node",
+    "InvalidAccount": "its account is not valid",
+    "InvalidQOS": "its QOS is not valid",
+}
+# How long a job must stay pending for one of these before fstrain gives it up: the scheduler's
+# first look at a new job, or an admin's `scontrol reconfigure`, can still change the reason.
+NEVER_STARTS_AFTER_S = 10.0
+
+
+def cannot_start(status: JobStatus, partition_nodes: int | None = None) -> str | None:
+    """Why a pending job will never start as submitted (its reason and what it means), else None;
+    ``partition_nodes``: how many nodes its partition has, where known."""
+    if status.state != "PENDING":
+        return None
+    if status.reason == "PartitionNodeLimit" and status.num_nodes and partition_nodes is not None \
+            and status.num_nodes > partition_nodes:
+        where = f"partition {status.partition}" if status.partition else "its partition"
+        return f"PartitionNodeLimit: it asks for {status.num_nodes} nodes and {where} has {partition_nodes}"
+    if status.reason not in NEVER_STARTS:
+        return None
+    asked = f" ({status.num_nodes} nodes asked)" if status.num_nodes else ""
+    return f"{status.reason}: {NEVER_STARTS[status.reason]}{asked}"
+
+
+def parse_partition_nodes(text: str) -> int | None:
+    """TotalNodes of ``scontrol show partition -o NAME``; None where it says none."""
+    for word in text.split():
+        key, _, value = word.partition("=")
+        if key == "TotalNodes":
+            return int(value) if value.isdigit() else None
+    return None
+
+
 @dataclass(frozen=True)
 class JobStatus:
     """A job as ``scontrol show job -o`` describes it."""
@@ -290,6 +332,7 @@ class JobStatus:
     run_time_s: int | None = None  # RunTime: how long it has run (or ran)
     num_nodes: int | None = None
     time_limit: str = ""  # TimeLimit, as Slurm writes it (00:02:00, UNLIMITED)
+    partition: str = ""
 
     @property
     def final(self) -> bool:
@@ -317,10 +360,11 @@ def parse_scontrol_job(text: str) -> JobStatus:
     except ValueError:
         raise ParseError(f"unreadable ExitCode {fields.get('ExitCode')!r}", "", "scontrol show job") from None
     reason, nodes = fields.get("Reason", ""), fields.get("NodeList", "")
+    num_nodes = fields.get("NumNodes", "").split("-")[0]  # a pending job's is a range: NumNodes=5-5
     return JobStatus(fields["JobId"], fields["JobState"], exit_code, signal, "" if reason == "None" else reason,
                      "" if nodes == "(null)" else nodes, parse_run_time_s(fields.get("RunTime", "")),
-                     int(fields["NumNodes"]) if fields.get("NumNodes", "").isdigit() else None,
-                     fields.get("TimeLimit", ""))
+                     int(num_nodes) if num_nodes.isdigit() else None, fields.get("TimeLimit", ""),
+                     fields.get("Partition", ""))
 
 
 def parse_step_ids(text: str, job_id: str) -> list[str]:
