@@ -28,9 +28,10 @@ done
 workers=${FSTRAIN_TEST_WORKERS:-4}
 parallel=()
 if [ "$workers" != 0 ]; then
-    # worksteal: an idle worker takes queued tests from a busy one, so one long test does not
-    # hold a queue behind it.
-    parallel=(-n "$workers" --dist worksteal)
+    # load, one test at a time (a worker holds at most two): each test goes to the next free
+    # worker, in the order tests/conftest.py sorts them (the long ones that wait on processes
+    # first, the many short unit tests last), so no queue of long tests waits behind one worker.
+    parallel=(-n "$workers" --dist load --maxschedchunk 1)
 fi
 selection=()
 if [ "$quick" = 1 ]; then

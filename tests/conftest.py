@@ -201,12 +201,25 @@ def marker_mismatches(items: list[pytest.Item]) -> list[str]:
     return problems
 
 
+# Longest first: the tests that wait on real processes (training, Slurm, the cluster), then the
+# `slow` ones, then the many short unit tests, which fill the workers' last minutes. pytest-xdist's
+# `load` scheduling hands tests out in this order, so no long test starts near the end.
+LONG_MARKERS = ("train", "slurm", "cluster")
+
+
+def run_order(item: pytest.Item) -> int:
+    if any(item.get_closest_marker(name) is not None for name in LONG_MARKERS):
+        return 0
+    return 1 if item.get_closest_marker("slow") is not None else 2
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     problems = marker_mismatches(items)
     if problems:
         raise pytest.UsageError("markers that are not true (hint: mark the file with `pytestmark = "
                                 "pytest.mark.NAME`, or take the component through its fixture):\n  "
                                 + "\n  ".join(problems))
+    items.sort(key=run_order)  # stable: within a rank, the files' own order
 
 
 @pytest.fixture(scope="session")
