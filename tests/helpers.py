@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -34,3 +35,11 @@ def run_fstrain(
         [sys.executable, "-m", "fstrain", *args],
         capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO, input=input_text, check=False,
     )
+
+
+def interruptible() -> None:
+    """A ``preexec_fn`` (and a pty child's first step) for a program a test will Ctrl-C: SIGINT
+    reaches it as on a user's terminal, default and unblocked, whatever disposition or mask the
+    test runner's process hands down (an ignored or blocked SIGINT is inherited across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

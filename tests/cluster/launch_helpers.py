@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.conftest import NamespaceCluster
-from tests.helpers import REPO
+from tests.helpers import REPO, interruptible
 
 WORKER = str(REPO / "tests" / "cluster" / "programs" / "worker.py")
 # Every launch a test started, so that one a failing test left running is stopped at its end
@@ -77,7 +77,8 @@ def start_launch(cluster: NamespaceCluster, *args: str, env: dict[str, str] | No
 
 def start_process(argv: Sequence[str], env: dict[str, str], cwd: Path) -> LaunchProcess:
     """``argv`` running, its output collected as it comes (stopped at the session's end if left)."""
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            preexec_fn=interruptible)  # the tests Ctrl-C it
     launch = LaunchProcess(proc)
     STARTED.append(launch)
     assert proc.stdout is not None and proc.stderr is not None

@@ -18,7 +18,7 @@ import pytest
 
 from fstrain.core.slurm.job import JobStatus, parse_scontrol_job
 from tests.cluster.launch_helpers import namespace_processes, wait_until_none
-from tests.helpers import REPO
+from tests.helpers import REPO, interruptible
 from tests.slurm.conftest import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -43,6 +43,15 @@ def scontrol_job(slurm: SlurmCluster, home: Path, job_id: str) -> JobStatus:
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True,
                          env=slurm.env(home), timeout=60).stdout
     return parse_scontrol_job(out)
+
+
+def cancel_left_job(slurm: SlurmCluster, home: Path, run_dir: Path) -> None:
+    """A test that failed half-way leaves no job behind: it would hold the nodes, and every later
+    test's allocation would wait for them (its ranks sleep for minutes)."""
+    ids = run_dir / "slurm_job_id"
+    if ids.is_file() and ids.read_text().strip():
+        subprocess.run(["scancel", ids.read_text().strip()], env=slurm.env(home), timeout=60, check=False,
+                       capture_output=True)
 
 
 def wait_for_job(slurm: SlurmCluster, home: Path, job_id: str, timeout: float = 300) -> JobStatus:
@@ -188,7 +197,8 @@ def test_scancel_mid_run_stops_every_node_within_the_grace_period(slurm: SlurmCl
     follower = subprocess.Popen(
         [sys.executable, "-m", "fstrain", "launch", "--slurm", "--nodes", "2", "--nproc-per-node", "2", "--grace",
          "5", "--run-dir", str(run_dir), "--", "python3", "-c", RANK_PROGRAM],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm.env(tmp_path), cwd=tmp_path)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm.env(tmp_path), cwd=tmp_path,
+        preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + 300
         output = Path()
@@ -214,6 +224,7 @@ def test_scancel_mid_run_stops_every_node_within_the_grace_period(slurm: SlurmCl
     finally:
         if follower.poll() is None:
             follower.kill()
+        cancel_left_job(slurm, tmp_path, run_dir)
     status = wait_for_job(slurm, tmp_path, job_id, timeout=60)
     manifest_path = run_dir / f"job-{job_id}" / "manifest.json"
     for _ in range(40):  # the batch step writes its manifest as it stops
@@ -251,6 +262,7 @@ def test_ctrl_c_on_a_terminal_asks_and_cancels_the_job(slurm: SlurmCluster, tmp_
     pid, fd = pty.fork()
     if pid == 0:  # the child: fstrain following its job on a terminal
         try:
+            interruptible()
             os.chdir(tmp_path)
             os.execve(sys.executable, [sys.executable, "-m", "fstrain", "launch", "--slurm", "--nodes", "2",
                                        "--nproc-per-node", "2", "--grace", "5", "--run-dir", str(run_dir), "--",
@@ -284,6 +296,7 @@ def test_ctrl_c_on_a_terminal_asks_and_cancels_the_job(slurm: SlurmCluster, tmp_
         with contextlib.suppress(ChildProcessError, ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+        cancel_left_job(slurm, tmp_path, run_dir)
     job_id = (run_dir / "slurm_job_id").read_text().strip()
     assert f"cancelled job {job_id}" in seen.decode(errors="replace")
     assert_nodes_idle(slurm, 10)

@@ -25,7 +25,7 @@ job = ("import os, signal, sys, time\\n"
        "time.sleep(60)\\n")
 watchdog = Watchdog({{"grace_s": 1}})
 watchdog.child = subprocess.Popen([sys.executable, "-c", job, marks], start_new_session=True)
-while not os.path.exists(marks):
+while not (os.path.exists(marks) and open(marks).read()):  # the file exists before its line: wait for it
     time.sleep(0.05)
 for how in sys.argv[1:]:
     watchdog.request(how)
