@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,3 +79,33 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.script("down")
+
+
+# How long a test waits at its start for the nodes a test before it used to be idle again in
+# Slurm's view (a job's epilog and COMPLETING state outlast its processes).
+IDLE_WAIT_S = 60
+
+
+def node_states(slurm: SlurmCluster) -> dict[str, str]:
+    """Each node's state as sinfo reports it (idle, alloc, comp, down*, ...)."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=60,
+                         env=slurm.env(slurm.state), check=False).stdout
+    return dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
+
+
+@pytest.fixture(autouse=True)
+def _nodes_idle_at_start(request: pytest.FixtureRequest) -> None:
+    """Every Slurm test starts with all nodes idle: an allocation of 2 of the 3 is then node1 and
+    node2, as the tests expect, not whichever a job before it had not yet given back."""
+    if "slurm" not in request.fixturenames:
+        return
+    slurm = request.getfixturevalue("slurm")
+    deadline = time.monotonic() + IDLE_WAIT_S
+    states = node_states(slurm)
+    while any(state != "idle" for state in states.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        states = node_states(slurm)
+    busy = {node: state for node, state in states.items() if state != "idle"}
+    if busy:
+        pytest.fail(f"Slurm nodes not idle {IDLE_WAIT_S} s into this test's start (a test before it left them): "
+                    f"{busy}")
