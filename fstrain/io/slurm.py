@@ -307,7 +307,14 @@ def follow(job_id: str, output: Path, out: TextIO = sys.stdout, poll_s: float = 
     (``cannot_start``; ``partition_nodes(partition)``: its size, by default from scontrol) is
     returned as it is, still pending: the caller decides about it.
     KeyboardInterrupt propagates: the caller decides about cancelling."""
-    size_of = partition_nodes or partition_size
+    ask_size = partition_nodes or partition_size
+    sizes: dict[str, int | None] = {}  # asked once per partition, not at every look
+
+    def size_of(partition: str) -> int | None:
+        if partition not in sizes:
+            sizes[partition] = ask_size(partition)
+        return sizes[partition]
+
     follower = OutputFollower(output, out)
     current = status(job_id)
     seen = None

@@ -186,7 +186,8 @@ def check_hosts_in_job(chosen: Sequence[str], job_id: str, job_nodes: Sequence[s
     """Hosts given with --launcher srun must be the job's own nodes: srun reaches no other, and
     says so only late ("Requested node configuration is not available"). One line naming them
     and the job's nodes instead, before anything starts."""
-    outside = [name for name in dict.fromkeys(chosen) if name not in set(job_nodes)]
+    theirs = set(job_nodes)
+    outside = [name for name in dict.fromkeys(chosen) if name not in theirs]
     if not outside:
         return
     verb = "is" if len(outside) == 1 else "are"

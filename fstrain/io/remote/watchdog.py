@@ -181,18 +181,24 @@ def slurm_task() -> bool:
         return False
 
 
+def stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (the state first, field 3); None once
+    the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
 def descendants(*roots: int) -> list[int]:
     """Every live descendant of ``roots``, from /proc (children before grandchildren)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
+        fields = stat_fields(entry)
         if fields and fields[0] != "Z":
             children.setdefault(int(fields[1]), []).append(int(entry))
     found: list[int] = []
@@ -214,13 +220,8 @@ def signal_all(pids: list[int], sig: int) -> None:
 def start_time(pid: int) -> str | None:
     """When ``pid`` started (``starttime``, field 22 of /proc/PID/stat, clock ticks since boot),
     None once it is gone or a zombie: the same pid with another start time is another process."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+    fields = stat_fields(pid)
+    return fields[19] if fields and len(fields) > 19 and fields[0] != "Z" else None
 
 
 def start_reaper(grace_s: float) -> subprocess.Popen[bytes] | None:
@@ -287,9 +288,11 @@ def noted(known: dict[int, str], pids: list[int], me: int) -> dict[int, str]:
     """``known`` (pid -> start time) less the processes gone, plus ``pids`` (not ``me``)."""
     found = {pid: started for pid, started in known.items() if start_time(pid) == started}
     for pid in pids:
+        if pid == me or pid in found:
+            continue
         started = start_time(pid)
-        if pid != me and started is not None:
-            found.setdefault(pid, started)
+        if started is not None:
+            found[pid] = started
     return found
 
 
