@@ -49,12 +49,14 @@ from fstrain.core.launch.spec import (
 )
 from fstrain.core.launch.supervisor import (
     COLLECT_STACKS,
-    EXIT_SIGINT,
-    EXIT_SIGTERM,
+    FROM_CANCELLED,
+    FROM_LINE,
+    FROM_RECORD,
     GAVE_UP,
     GIVE_UP,
     HANG_REPORT,
     KILL,
+    LOST,
     TEARDOWN,
     Decision,
     Limits,
@@ -76,7 +78,6 @@ HEARTBEAT_INTERVAL_S = 1.0
 LIVENESS_INTERVAL_S = 2.0
 # The run's verdict as the manifest and `fstrain runs` have always named it ("ok" for a success)
 OUTCOME_REASONS = {"succeeded": "ok", "running": "ok"}
-ASKED_STOPS = ("interrupted", "terminated", "stalled")  # verdicts that Slurm's cancelling does not replace
 REMOTE_RUNS = ".fstrain/runs"  # under the remote home
 REMOTE_STATE = "~/.fstrain/active"  # where watchdogs record active runs (for doctor --orphans)
 
@@ -489,17 +490,13 @@ def _pump(node: NodeState, events: queue.Queue[tuple[str, int, Any, Any]]) -> No
 
 def _heartbeats(nodes: Sequence[NodeState], events: queue.Queue[tuple[str, int, Any, Any]],
                 options: RunOptions) -> None:
-    """Tell every watchdog the launcher lives; declare a host lost when its server stops answering."""
+    """Tell every watchdog the launcher lives (those that answer heartbeats reply: the supervisor
+    takes a node whose replies stop as lost); report a host whose server stops answering."""
     last_liveness = 0.0
     while not all(n.done for n in nodes):
         for node in nodes:
             if node.running is not None and not node.done:
                 node.running.write(b"hb\n")
-        for node in nodes:
-            if node.answers and not node.done and time.monotonic() - node.heard_s > options.heartbeat_timeout_s:
-                node.answers = False  # declared once
-                events.put(("lost", node.launch.node_rank,
-                            f"no answer from its watchdog for {options.heartbeat_timeout_s:g} s", None))
         if time.monotonic() - last_liveness > LIVENESS_INTERVAL_S:
             last_liveness = time.monotonic()
             for node in nodes:
@@ -524,17 +521,17 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
     clock = time.monotonic
     run = Supervisor([n.launch.host.name for n in nodes],
                      Limits(stall_timeout_s=options.stall_timeout_s, finish_timeout_s=options.finish_timeout_s,
-                            grace_s=options.grace_s), clock())
+                            heartbeat_timeout_s=options.heartbeat_timeout_s, grace_s=options.grace_s), clock(),
+                     heard_from=[n.answers for n in nodes])
     handled_signals = 0
     while not run.ended:
         for signum in stop.signals[handled_signals:]:  # the first asks for a graceful stop, the next kills
-            how = "term" if run.stopping_since_s is None else "kill"
-            if how == "term" and signum == signal.SIGTERM and _slurm_ended(run, options, clock()):
-                continue  # Slurm signals every node's processes itself
-            state, code = ("interrupted", EXIT_SIGINT) if signum == signal.SIGINT else ("terminated", EXIT_SIGTERM)
-            _carry_out(run.stop(how, state, f"{state} ({signal.Signals(signum).name})", code, clock()),
-                       nodes, run, hangs, options)
+            if signum == signal.SIGTERM:
+                _ask_slurm(run, options, clock())
+            _carry_out(run.signalled(signum == signal.SIGINT, clock()), nodes, run, hangs, options)
         handled_signals = len(stop.signals)
+        for index, each in enumerate(nodes):  # when each node was last heard from, as its reader saw it
+            run.heard(index, each.heard_s)
         try:
             kind, rank, a, b = events.get(timeout=0.2)
         except queue.Empty:
@@ -551,43 +548,33 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                     run.rank_finished(clock())
                 continue
             why = slurm_cancel_reason(b) if options.ended_by_slurm is not None else None
-            if why and run.reason != why and run.state not in ASKED_STOPS:  # Slurm signals every process itself
-                run.ended_outside("cancelled", why, EXIT_SIGTERM, clock())
+            if why:
+                run.scheduler_ends(why, FROM_LINE, clock())
             node.reader.feed(b)
             local_rank, text = split_rank_prefix(b)
             if local_rank is not None:
                 run.output(clock())
             stages.line(rank, local_rank is not None, text)
             _emit(node, a, redact(b, secrets), logs, options)
-        elif kind in ("exit", "lost") and node is not None and not node.done:
+        elif kind == "exit" and node is not None and not node.done:
             _show(node, node.launch.host.name, node.noise.flush(), options)
             node.ended = time.time()
-            if kind == "exit":
-                node.exit_code, node.error = a, b
-                node.failure = node_failure(node.launch.backend, a, node.reader.root_cause, node.launch.rank_offset)
-                decisions = run.node_exited(rank, a, clock(), failure_summary(node.failure), b)
-            else:
-                node.error = a
-                if node.running is not None:
-                    abandon = getattr(node.running, "abandon", None)
-                    if abandon is not None:  # a client that would wait for the lost node (srun): ended here
-                        abandon()
-                    node.running.close()
-                decisions = run.node_lost(rank, a, clock())
-            _carry_out(decisions, nodes, run, hangs, options)
+            node.exit_code, node.error = a, b
+            node.failure = node_failure(node.launch.backend, a, node.reader.root_cause, node.launch.rank_offset)
+            _carry_out(run.node_exited(rank, a, clock(), failure_summary(node.failure), b), nodes, run, hangs,
+                       options)
+        elif kind == "lost" and node is not None and not node.done:
+            _carry_out(run.node_lost(rank, a, clock()), nodes, run, hangs, options)
         _carry_out(run.tick(clock()), nodes, run, hangs, options)
-    if run.state not in ASKED_STOPS:
-        _slurm_ended(run, options, clock())
+    _ask_slurm(run, options, clock())
     return run
 
 
-def _slurm_ended(run: Supervisor, options: RunOptions, now_s: float) -> bool:
-    """Inside a Slurm job that Slurm is ending (scancel): the run's verdict is Slurm's, and
-    nothing is sent to the nodes (Slurm signals every process of the job itself)."""
+def _ask_slurm(run: Supervisor, options: RunOptions, now_s: float) -> None:
+    """Inside a Slurm job: whether Slurm is ending it (scancel), from its record, for the supervisor."""
     why = options.ended_by_slurm() if options.ended_by_slurm is not None else None
-    if why and (run.state != "cancelled" or why == CANCELLED_BY_SLURM):  # the job's final word wins
-        run.ended_outside("cancelled", why, EXIT_SIGTERM, now_s)
-    return bool(why)
+    if why:
+        run.scheduler_ends(why, FROM_CANCELLED if why == CANCELLED_BY_SLURM else FROM_RECORD, now_s)
 
 
 def _carry_out(decisions: Sequence[Decision], nodes: Sequence[NodeState], run: Supervisor, hangs: HangReports,
@@ -602,10 +589,24 @@ def _carry_out(decisions: Sequence[Decision], nodes: Sequence[NodeState], run: S
             _stop_all(nodes, chosen, "stacks")
         elif decision.action == HANG_REPORT:
             hangs.write(run.stall_reason, decision.nodes)
+        elif decision.action == LOST:
+            for lost in chosen:
+                _abandon(lost, run.nodes[lost.launch.node_rank].error, options)
         elif decision.action == GIVE_UP:  # no answer after the grace period: its watchdog cleans up alone
             for straggler in chosen:
                 straggler.ended = time.time()
                 straggler.error = straggler.error or GAVE_UP
+
+
+def _abandon(node: NodeState, why: str | None, options: RunOptions) -> None:
+    """A node the supervisor holds lost: its end, and no more waiting for its client."""
+    _show(node, node.launch.host.name, node.noise.flush(), options)
+    node.ended, node.error = time.time(), why
+    if node.running is not None:
+        abandon = getattr(node.running, "abandon", None)
+        if abandon is not None:  # a client that would wait for the lost node (srun): ended here
+            abandon()
+        node.running.close()
 
 
 def _stop_all(nodes: Sequence[NodeState], chosen: Sequence[NodeState], how: str) -> None:

@@ -14,7 +14,18 @@ import pytest
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.launch.runstate import from_manifest
 from fstrain.core.launch.spec import NodeLaunch
-from fstrain.core.launch.supervisor import EXIT_SIGTERM, GIVE_UP, TEARDOWN, Decision, Limits, Supervisor
+from fstrain.core.launch.supervisor import (
+    EXIT_SIGTERM,
+    FROM_CANCELLED,
+    FROM_LINE,
+    FROM_RECORD,
+    GIVE_UP,
+    KILL,
+    TEARDOWN,
+    Decision,
+    Limits,
+    Supervisor,
+)
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, NODE_FAILED, JobStatus, ended_by_slurm, slurm_cancel_reason
 from fstrain.io.launch import RunOptions, RunOutcome, run_nodes
 from fstrain.io.transport.base import Transport
@@ -55,15 +66,61 @@ def test_a_cancel_while_nodes_fail_is_the_verdict_not_a_node_failure() -> None:
     Slurm's; nothing more is sent to the nodes (no second SIGTERM), and no node is blamed."""
     run = Supervisor(("node1", "node2"), Limits(grace_s=5), now_s=100.0)
     assert run.node_exited(1, 1, 101.0) == [Decision(TEARDOWN, (0,))]  # node2's step ended first
-    run.ended_outside("cancelled", CANCELLED_BY_SLURM, EXIT_SIGTERM, 101.1)
+    run.scheduler_ends(CANCELLED_BY_SLURM, FROM_CANCELLED, 101.1)
     assert run.node_exited(0, 143, 101.2) == []
     assert run.ended and run.first_failure is None
     assert run.verdict() == ("cancelled", EXIT_SIGTERM, CANCELLED_BY_SLURM)
     # Before any node ended: the stop starts the straggler clock, and decides nothing itself.
     quiet = Supervisor(("node1", "node2"), Limits(grace_s=5, straggler_margin_s=1), now_s=100.0)
-    quiet.ended_outside("cancelled", CANCELLED_BY_SLURM, EXIT_SIGTERM, 100.0)
+    quiet.scheduler_ends(CANCELLED_BY_SLURM, FROM_CANCELLED, 100.0)
     assert quiet.tick(103.0) == []
     assert quiet.tick(106.5) == [Decision(GIVE_UP, (0, 1))]
+
+
+def test_slurms_sigterm_after_its_cancel_line_sends_nothing() -> None:
+    """The order seen on the test Slurm (3 of 3 `scancel`s of a batch run): a node prints
+    slurmstepd's cancel line before the launcher's own SIGTERM is handled. That SIGTERM is
+    Slurm's too: it must not read as a second signal (a SIGKILL to every torchrun, exit 137)."""
+    run = Supervisor(("node1", "node2"), Limits(grace_s=15), now_s=100.0)
+    run.scheduler_ends(slurm_cancel_reason("slurmstepd-node2: error: *** STEP 1.2 ON node2 CANCELLED AT "
+                                           "2026-12-05T03:56:30 ***") or "", FROM_LINE, 100.5)
+    assert run.signalled(False, 100.6) == []
+    assert run.signalled(False, 101.0) == []  # nor any later SIGTERM while Slurm ends the job
+    run.scheduler_ends(CANCELLED_BY_SLURM, FROM_CANCELLED, 101.2)
+    assert run.node_exited(0, 1, 102.0) == [] and run.node_exited(1, 1, 102.1) == []
+    assert run.verdict() == ("cancelled", EXIT_SIGTERM, CANCELLED_BY_SLURM)
+    # Ctrl-C is the user's, Slurm or not: the run is already stopping, so it kills.
+    other = Supervisor(("node1",), Limits(), now_s=100.0)
+    other.scheduler_ends(CANCELLED_BY_SLURM, FROM_LINE, 100.5)
+    assert other.signalled(True, 101.0) == [Decision(KILL, (0,))]
+
+
+def test_outside_slurm_a_second_sigterm_kills() -> None:
+    run = Supervisor(("node1", "node2"), Limits(grace_s=15), now_s=100.0)
+    assert run.signalled(False, 101.0) == [Decision(TEARDOWN, (0, 1))]
+    assert run.verdict()[:2] == ("terminated", EXIT_SIGTERM)
+    assert run.signalled(False, 102.0) == [Decision(KILL, (0, 1))]
+
+
+@pytest.mark.parametrize(("first", "then", "verdict"), [
+    # the record's plain CANCELLED replaces a line's reason; its COMPLETING does not
+    (("cancelled by Slurm (time limit)", FROM_LINE), (CANCELLED_BY_SLURM, FROM_CANCELLED), CANCELLED_BY_SLURM),
+    (("cancelled by Slurm (time limit)", FROM_LINE), ("stopped by Slurm (job 4 is ending)", FROM_RECORD),
+     "cancelled by Slurm (time limit)"),
+    ((NODE_FAILED, FROM_RECORD), ("cancelled by Slurm (time limit)", FROM_LINE), "cancelled by Slurm (time limit)"),
+])
+def test_which_of_slurms_words_is_the_verdict(first: tuple[str, str], then: tuple[str, str], verdict: str) -> None:
+    run = Supervisor(("node1",), Limits(), now_s=100.0)
+    run.scheduler_ends(*first, 101.0)
+    run.scheduler_ends(*then, 102.0)
+    assert run.verdict() == ("cancelled", EXIT_SIGTERM, verdict)
+
+
+def test_a_stop_the_user_asked_keeps_its_verdict_when_slurm_ends_the_job() -> None:
+    run = Supervisor(("node1",), Limits(), now_s=100.0)
+    run.signalled(True, 101.0)
+    run.scheduler_ends(CANCELLED_BY_SLURM, FROM_CANCELLED, 102.0)
+    assert run.verdict()[:2] == ("interrupted", 130)
 
 
 def test_a_cancelled_run_is_stopped_in_the_run_list() -> None:

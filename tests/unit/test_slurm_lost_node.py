@@ -44,10 +44,10 @@ def test_a_node_whose_watchdog_stops_answering_is_lost_and_its_srun_abandoned(tm
     outcome = run_nodes(launches, connect, "python3", options)
     assert time.monotonic() - started < 60  # not the silent step's 600 s
     assert (outcome.reason, outcome.first_failure) == ("lost", 1)
-    assert outcome.detail == "node2 was lost: no answer from its watchdog for 1.5 s"
+    assert outcome.detail == "node2 was lost: no heartbeat for 1.5 s"
     node1, node2 = outcome.nodes
     assert node1.exit_code == 143 and node1.error is None  # answered throughout, stopped with the run
-    assert node2.exit_code is None and node2.error == "no answer from its watchdog for 1.5 s"
+    assert node2.exit_code is None and node2.error == "no heartbeat for 1.5 s"
     pid = int(pidfile.read_text())
     for _ in range(50):  # SIGKILLed, and reaped: nothing of the run waits on for the lost node
         if not Path(f"/proc/{pid}").exists():

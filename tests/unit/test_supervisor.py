@@ -16,6 +16,7 @@ from fstrain.core.launch.supervisor import (
     GIVE_UP,
     HANG_REPORT,
     KILL,
+    LOST,
     TEARDOWN,
     Decision,
     Limits,
@@ -79,7 +80,8 @@ def test_no_exit_status_counts_as_a_lost_host() -> None:
 
 def test_a_lost_host_tears_down_and_is_the_first_failure() -> None:
     run = attached()
-    assert run.node_lost(2, "no answer from the host for 30 s", 130.0) == [Decision(TEARDOWN, (0, 1))]
+    assert run.node_lost(2, "no answer from the host for 30 s", 130.0) == [Decision(LOST, (2,)),
+                                                                           Decision(TEARDOWN, (0, 1))]
     assert (run.state, run.exit_code, run.first_failure) == ("lost", EXIT_LOST_HOST, 2)
     assert run.reason == "node3 was lost: no answer from the host for 30 s"
     assert run.node_lost(2, "again", 131.0) == []  # once
@@ -92,8 +94,20 @@ def test_silence_past_the_heartbeat_timeout_is_a_lost_host() -> None:
     run.heard(2, 101.0)
     assert run.tick(130.0) == []
     decisions = run.tick(131.5)
-    assert decisions == [Decision(TEARDOWN, (0, 1))]
+    assert decisions == [Decision(LOST, (2,)), Decision(TEARDOWN, (0, 1))]
     assert run.nodes[2].error == "no heartbeat for 30 s" and run.first_failure == 2
+
+
+def test_the_heartbeat_rule_watches_only_the_nodes_that_answer() -> None:
+    """Attached: a node over SSH has its link check (keepalives) and never answers heartbeats,
+    so its silence (a rank computing quietly) is no loss; a node through srun answers each."""
+    run = Supervisor(NAMES, Limits(heartbeat_timeout_s=30), now_s=100.0, heard_from=[False, True, False])
+    assert run.tick(129.0) == []
+    assert run.tick(131.0) == [Decision(LOST, (1,)), Decision(TEARDOWN, (0, 2))]
+    assert run.reason == "node2 was lost: no heartbeat for 30 s"
+    quiet = Supervisor(NAMES, Limits(heartbeat_timeout_s=30), now_s=100.0, heard_from=[False, True, False])
+    quiet.heard(1, 490.0)
+    assert quiet.tick(500.0) == [] and quiet.state == "running"  # the others: never lost for silence alone
 
 
 def test_a_member_that_never_joins_is_lost_after_the_join_timeout() -> None:
@@ -104,7 +118,7 @@ def test_a_member_that_never_joins_is_lost_after_the_join_timeout() -> None:
         run.heard(0, now)  # the coordinator's own node
         run.heard(1, now)
     assert run.tick(150.0) == []  # node3 not joined yet, no heartbeat rule for it
-    assert run.tick(221.0) == [Decision(TEARDOWN, (0, 1))]
+    assert run.tick(221.0) == [Decision(LOST, (2,)), Decision(TEARDOWN, (0, 1))]
     assert run.reason == "node3 was lost: its watchdog did not connect within 120 s"
 
 
@@ -184,7 +198,7 @@ def test_failures_after_a_stop_do_not_change_the_verdict() -> None:
     run = attached()
     run.stop("term", "terminated", "terminated (SIGTERM)", EXIT_SIGTERM, 101.0)
     assert run.node_exited(0, 1, 102.0, {"rank": 0, "local_rank": 0, "exit_code": 1}) == []
-    assert run.node_lost(1, "no heartbeat", 103.0) == []
+    assert run.node_lost(1, "no heartbeat", 103.0) == [Decision(LOST, (1,))]  # no longer waited for; no verdict
     run.node_exited(2, 143, 104.0)
     assert run.verdict() == ("terminated", EXIT_SIGTERM, "terminated (SIGTERM)")
     assert run.first_failure is None

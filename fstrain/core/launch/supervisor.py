@@ -37,9 +37,16 @@ KILL = "kill"  # SIGKILL every live node's job now
 COLLECT_STACKS = "collect_stacks"  # ask these nodes for their ranks' stacks
 HANG_REPORT = "hang_report"  # write the hang report; ``nodes`` never answered
 GIVE_UP = "give_up"  # these nodes did not stop in time: their watchdogs end them alone
+LOST = "lost"  # these nodes are lost (silent, unreachable): stop waiting for them
 
 # States a run is in while it lasts, and the verdicts it can end with
 LIVE_STATES = ("starting", "running")
+ASKED_STOPS = ("interrupted", "terminated", "stalled")  # verdicts that a scheduler's ending does not replace
+
+# Where word of a scheduler ending the job comes from (``Supervisor.scheduler_ends``)
+FROM_LINE = "line"  # a node printed the scheduler's own cancel line (slurmstepd's ``*** ... CANCELLED ...``)
+FROM_RECORD = "record"  # the scheduler's record of the job says it is ending (COMPLETING, NODE_FAIL)
+FROM_CANCELLED = "cancelled"  # the record says the job was cancelled: the scheduler's final word
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,7 @@ class NodeRecord:
     exit_code: int | None = None
     failure: Mapping[str, Any] | None = None  # the failed rank: rank, local_rank, exit_code, signal
     error: str | None = None  # why it ended without an exit code (lost, given up)
+    watched: bool = True  # the heartbeat rule applies: silence for heartbeat_timeout_s is loss
 
     @property
     def done(self) -> bool:
@@ -102,10 +110,16 @@ class Supervisor:
     stacks_asked_s: float | None = None
     stacks_waiting: set[int] = field(default_factory=set)
     stall_reported: bool = False
+    scheduler_ending: bool = False  # the scheduler (Slurm) is ending the job: it signals every process itself
+    # Which nodes the heartbeat rule watches (None: all): an attached node answers heartbeats only
+    # where its transport has no link check of its own (an srun step).
+    heard_from: Sequence[bool] | None = None
 
     def __post_init__(self) -> None:
         self.started_s = self.now_s
-        self.nodes = [NodeRecord(name, self.joined or i == 0, self.now_s) for i, name in enumerate(self.names)]
+        self.nodes = [NodeRecord(name, self.joined or i == 0, self.now_s,
+                                 watched=self.heard_from is None or bool(self.heard_from[i]))
+                      for i, name in enumerate(self.names)]
         self.state = "running" if all(n.joined for n in self.nodes) else "starting"
         self.grace_s = self.limits.grace_s
 
@@ -162,7 +176,8 @@ class Supervisor:
             return []
         record.ended_s, record.error = now_s, why
         self.stacks_waiting.discard(node)
-        return self._first_failure(node, "lost", EXIT_LOST_HOST, f"{record.name} was lost: {why}", now_s)
+        return [Decision(LOST, (node,)),
+                *self._first_failure(node, "lost", EXIT_LOST_HOST, f"{record.name} was lost: {why}", now_s)]
 
     def stop(self, how: str, state: str, reason: str, exit_code: int, now_s: float,
              grace_s: float | None = None) -> list[Decision]:
@@ -179,14 +194,33 @@ class Supervisor:
             return [Decision(KILL, self.live())]
         return []
 
-    def ended_outside(self, state: str, reason: str, exit_code: int, now_s: float) -> None:
-        """The scheduler ended the job (Slurm's ``scancel`` sends SIGTERM to every process of
-        every node itself): the verdict is its, nothing more is sent (a second SIGTERM would
-        cut the launchers' own shutdown short), and the node failures seen meanwhile are its
-        consequences, not a first failure."""
-        self.state, self.reason, self.exit_code, self.first_failure = state, reason, exit_code, None
+    def signalled(self, interrupt: bool, now_s: float) -> list[Decision]:
+        """The driver's process got SIGINT (``interrupt``) or SIGTERM. A SIGTERM while the
+        scheduler ends the job is the scheduler's own: it reached every process of the job at
+        once, and a second one from us would cut the launchers' own shutdown short (torchrun then
+        abandons it; its watchdog SIGKILLs it at the grace limit). Otherwise the first signal
+        stops the run within the grace period and a later one kills what is left."""
+        if not interrupt and self.scheduler_ending:
+            return []
+        state, code = ("interrupted", EXIT_SIGINT) if interrupt else ("terminated", EXIT_SIGTERM)
+        how = "term" if self.stopping_since_s is None else "kill"
+        return self.stop(how, state, f"{state} ({'SIGINT' if interrupt else 'SIGTERM'})", code, now_s)
+
+    def scheduler_ends(self, reason: str, source: str, now_s: float) -> None:
+        """The scheduler (Slurm's ``scancel``, time limit, a failed node) is ending the job this
+        run lives in and sends SIGTERM to every process of it itself: nothing more is sent, and
+        the node failures seen meanwhile are its consequences, not a first failure. The verdict
+        becomes the scheduler's (``cancelled``, ``reason``), except where the user asked for the
+        stop or the run stalled first; a reason read from the job's record (``FROM_RECORD``)
+        does not replace one a node's line gave, the record's final word (``FROM_CANCELLED``) does."""
+        self.scheduler_ending = True
         if self.stopping_since_s is None:
             self.stopping_since_s = now_s
+        if self.state in ASKED_STOPS or reason == self.reason:
+            return
+        if source == FROM_RECORD and self.state == "cancelled":
+            return
+        self.state, self.reason, self.exit_code, self.first_failure = "cancelled", reason, EXIT_SIGTERM, None
 
     def stacks_reported(self, node: int) -> None:
         self.stacks_waiting.discard(node)
@@ -246,6 +280,8 @@ class Supervisor:
 
     def _silence(self, index: int, now_s: float) -> str:
         record, limits = self.nodes[index], self.limits
+        if not record.watched:
+            return ""
         if not record.joined:
             if limits.join_timeout_s is not None and now_s - self.started_s > limits.join_timeout_s:
                 return f"its watchdog did not connect within {limits.join_timeout_s:g} s"
