@@ -12,15 +12,12 @@ through its coordinator. A keeper that dies (the machine reboots) leaves the cur
 run to its end under its coordinator; no attempt follows it (`fstrain status` says so).
 
 The process is fstrain/api/keeper_process.py. The launch hands the keeper its prepared request
-and the first attempt pickled on the keeper's stdin: one process of the same fstrain to
-another, never written to disk.
+and the first attempt on its stdin (fstrain/io/keeper.py: a format line checked before anything
+is built from what follows), one process of the same fstrain to another, never written to disk.
 """
 
 from __future__ import annotations
 
-import pickle
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,28 +46,14 @@ def start_keeper(run_id: str, run_dir: Path, hand_off: tuple[Any, ...]) -> Keepe
     ``keep`` takes); its record (RUN_DIR/keeper.json) is written before this returns, so `stop`
     and `status` find it."""
     from fstrain import __version__
-    from fstrain.core.formats import stamped
+    from fstrain.io.keeper import spawn_keeper
     from fstrain.io.runs import write_json
 
     log = run_dir.resolve() / KEEPER_LOG
-    with log.open("ab") as out:
-        keeper = subprocess.Popen([sys.executable, "-m", "fstrain.api.keeper_process"], stdin=subprocess.PIPE,
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-    assert keeper.stdin is not None
-    with keeper.stdin:
-        keeper.stdin.write(pickle.dumps(stamped({"hand_off": hand_off}, "handoff", __version__)))
-    record = KeeperRecord(run_id, keeper.pid, time.time(), str(log))
+    pid = spawn_keeper("fstrain.api.keeper_process", hand_off, log, __version__)
+    record = KeeperRecord(run_id, pid, time.time(), str(log))
     write_json(run_dir / KEEPER_FILE, record.to_dict(__version__))
     return record
-
-
-def read_hand_off(data: bytes) -> tuple[Any, ...]:
-    """The hand-off ``start_keeper`` wrote, once its format is one this fstrain reads."""
-    from fstrain.core.formats import check_format
-
-    document = pickle.loads(data)  # from the fstrain that started this process, on its stdin
-    check_format(document, "handoff", "the recovery keeper's stdin")
-    return tuple(document["hand_off"])
 
 
 def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Transport], stop: threading.Event,

@@ -13,12 +13,10 @@ import threading
 
 def main() -> int:
     """The keeper: read the hand-off, detach stdin, run the attempts; SIGTERM asks for the end."""
-    from fstrain.api.keeper import read_hand_off
+    from fstrain.io.keeper import detach_stdin, read_hand_off
 
-    prepared, first, first_job = read_hand_off(sys.stdin.buffer.read())  # written by the launching fstrain
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    prepared, first, first_job = read_hand_off(sys.stdin.buffer)  # written by the launching fstrain
+    detach_stdin()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -50,7 +50,7 @@ KINDS: dict[str, Kind] = {
     "header": Kind("watchdog header", 1, "send it from the fstrain that sends the watchdog"),
     "message": Kind("coordinator message", 1, "use the fstrain that started the run"),
     # the launch's hand-off to its recovery keeper (fstrain/api/keeper.py), on the keeper's stdin
-    "handoff": Kind("recovery keeper hand-off", 1, "start the keeper from the same fstrain that runs it"),
+    "handoff": Kind("recovery keeper hand-off", 2, "start the keeper from the same fstrain that runs it"),
 }
 
 

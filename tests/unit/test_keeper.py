@@ -165,19 +165,28 @@ def test_a_keeper_follows_each_attempt_and_a_stop_leaves_no_next_one(tmp_path: P
     assert not (tmp_path / "logs").exists()  # a detached attempt's banner goes to its nodes' output
 
 
-def test_the_hand_off_carries_its_format_and_a_newer_one_is_refused() -> None:
+def test_the_hand_off_carries_its_format_and_a_newer_one_is_refused_before_unpickling() -> None:
+    import io
     import pickle
 
-    from fstrain.api.keeper import read_hand_off
-    from fstrain.core.formats import stamped
     from fstrain.errors import InputError
+    from fstrain.io.keeper import hand_off_bytes, read_hand_off
 
-    sent = pickle.dumps(stamped({"hand_off": ("prepared", "first", "job")}, "handoff", "0.1.0"))
-    assert read_hand_off(sent) == ("prepared", "first", "job")
-    with pytest.raises(InputError) as newer:
-        read_hand_off(pickle.dumps({"format": 2, "fstrain": "9.9.0", "hand_off": ()}))
-    assert newer.value.one_line().startswith("the recovery keeper's stdin: recovery keeper hand-off written by "
-                                             "fstrain 9.9.0 (format 2)")
+    sent = hand_off_bytes(("prepared", "first", "job"), "0.1.0")
+    assert sent.split(b"\n", 1)[0] == b'{"format": 2, "fstrain": "0.1.0", "kind": "handoff"}'
+    assert read_hand_off(io.BytesIO(sent)) == ("prepared", "first", "job")
+
+    class Bomb:  # unpickling this would run code: a refused hand-off must never get that far
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (exec, ("raise SystemExit('unpickled before the check')",))
+
+    newer = b'{"format": 3, "fstrain": "9.9.0"}\n' + pickle.dumps(Bomb())
+    with pytest.raises(InputError) as refused:
+        read_hand_off(io.BytesIO(newer))
+    assert refused.value.one_line().startswith("the recovery keeper's stdin: recovery keeper hand-off written by "
+                                               "fstrain 9.9.0 (format 3)")
+    with pytest.raises(InputError, match="does not start with its format line"):
+        read_hand_off(io.BytesIO(pickle.dumps(("an", "old", "hand-off"))))
 
 
 def test_the_reported_step_is_the_highest_in_any_nodes_record() -> None:
