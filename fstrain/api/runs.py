@@ -15,9 +15,7 @@ One implementation per backend, never per command:
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -274,7 +272,7 @@ class SshRun:
         return read_keeper(self.record.run_dir)
 
     def keeper_alive(self) -> bool:
-        from fstrain.io.runs import process_alive
+        from fstrain.io.localproc import process_alive
 
         keeper = self.keeper()
         return keeper is not None and process_alive(keeper.pid)
@@ -360,19 +358,9 @@ class SshRun:
 
 def stop_keeper(pid: int) -> bool:
     """SIGTERM to a recovery keeper (fstrain/api/keeper.py), if it still runs; whether it was sent."""
-    from fstrain.io.runs import process_alive
+    from fstrain.io.localproc import terminate_if_ours
 
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    if b"fstrain.api.keeper" not in cmdline or not process_alive(pid):  # gone, or the pid was reused
-        return False
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    return True
+    return terminate_if_ours(pid, b"fstrain.api.keeper")
 
 
 def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None) -> dict[str, Any]:
@@ -466,7 +454,7 @@ class AttachedRun:
     def running(self) -> bool:
         """Its launcher lives and has not written the run's end (a launcher in this very
         process, the API's, lives on after its run)."""
-        from fstrain.io.runs import process_alive
+        from fstrain.io.localproc import process_alive
 
         self.refresh()
         ended = bool(self.record.manifest and self.record.manifest.get("ended"))
@@ -504,26 +492,16 @@ class AttachedRun:
     def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped:
         """SIGTERM to its launcher, as Ctrl-C would (a second one, with ``force``, skips the
         grace period)."""
-        from fstrain.io.runs import process_alive, run_state
+        from fstrain.io.localproc import terminate_if_ours, wait_gone
+        from fstrain.io.runs import run_state
 
         pid = self.record.client_pid
         state = self.state()
         if state.state != "running":
             return Stopped(state, True)
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            cmdline = b""
-        if b"fstrain" not in cmdline:  # the pid was reused: not our launcher
+        if not terminate_if_ours(pid, b"fstrain", times=2 if force else 1):  # gone, or the pid was reused
             raise InputError(f"run {self.record.run_id}'s launcher (pid {pid}) is gone", "", "RUN")
-        os.kill(pid, signal.SIGTERM)
-        if force:
-            time.sleep(0.5)
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + wait_s
-        while process_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if process_alive(pid):
+        if not wait_gone(pid, wait_s):
             raise FstrainError(f"run {self.record.run_id}'s launcher has not exited {wait_s:g} s after SIGTERM",
                                "`fstrain stop --force` skips the grace period", "stop")
         self.refresh()

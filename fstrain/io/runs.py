@@ -50,7 +50,8 @@ from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 if TYPE_CHECKING:
     from fstrain.core.launch.spec import NodeLaunch
     from fstrain.io.launch import Rendezvous, RunOptions, RunSetup
-    from fstrain.io.transport.base import Transport
+from fstrain.io.localproc import process_alive
+from fstrain.io.transport.base import Transport
 
 INDEX = (".fstrain", "launched")  # under this machine's home
 SLURM_RECORD = "slurm.json"  # in the run directory of a `launch --slurm` run
@@ -556,17 +557,6 @@ def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:
     else:
         record.slurm.pop("stop_requested", None)
     write_json(record.slurm_path, record.slurm)
-
-
-def process_alive(pid: int) -> bool:
-    """Alive and not a zombie (an exited launcher its parent has not reaped yet)."""
-    if pid <= 0:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:][:1] != "Z"
 
 
 def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, run_dir: str,
