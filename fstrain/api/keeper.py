@@ -64,6 +64,7 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     as the end only once it has stayed so for ``request.heartbeat_timeout_s``."""
     from fstrain.api.driver import Driven, run_setup
     from fstrain.core.launch.runstate import FINAL, from_nodes
+    from fstrain.core.launch.supervisor import AttemptEnd
     from fstrain.io.launch import write_manifest
     from fstrain.io.runs import launched_record, node_views, stop_on_node
 
@@ -71,7 +72,7 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     assert record.detached is not None
     node0 = record.detached.nodes[0]
     names = [h.label() for h in record.hosts]
-    stopping, unreachable_since = False, None
+    stopping, end = False, AttemptEnd(request.heartbeat_timeout_s)
     highest: int | None = None  # over every look: a node's last record may no longer hold the line
     while True:
         views = node_views(record, connect, request.python)
@@ -80,14 +81,9 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
         if stop.is_set() and not stopping:
             stopping = True
             stop_on_node(connect, node0.host, request.python, node0.run_dir, "term")
-        if state.state in FINAL and not any((v or {}).get("watchdog_alive") for v in views):
-            if views[0] is not None:
-                break
-            unreachable_since = unreachable_since or time.monotonic()
-            if time.monotonic() - unreachable_since > request.heartbeat_timeout_s:
-                break
-        else:
-            unreachable_since = None
+        if end.ended(state.state in FINAL, any((v or {}).get("watchdog_alive") for v in views), views[0] is not None,
+                     time.monotonic()):
+            break
         time.sleep(poll_s)
     outcome, last = attempt_outcome(views, driven.job.launches, state, driven.started)
     last = max((s for s in (highest, last) if s is not None), default=None)

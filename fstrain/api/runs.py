@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fstrain.core.launch.runstate import FINAL, RunState
+from fstrain.core.launch.supervisor import GIVE_UP, KILL, stop_step
 from fstrain.errors import FstrainError, InputError
 
 if TYPE_CHECKING:
@@ -647,10 +648,11 @@ class SlurmRun:
         killed = force or state.state == "pending"
         while state.state not in FINAL:
             elapsed = time.monotonic() - started
-            if not killed and elapsed > grace:
+            next_step = stop_step(elapsed, grace, wait_s, killed)
+            if next_step == KILL:
                 kill_job(job_id)
                 killed = True
-            if elapsed > grace + wait_s:
+            elif next_step == GIVE_UP:
                 raise SlurmError(f"job {job_id} has not ended {elapsed:.0f} s after the stop",
                                  f"check it with `squeue -j {job_id}`; `scancel {job_id}` leaves it to Slurm", "stop")
             time.sleep(POLL_S)

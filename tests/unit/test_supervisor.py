@@ -18,11 +18,13 @@ from fstrain.core.launch.supervisor import (
     KILL,
     LOST,
     TEARDOWN,
+    AttemptEnd,
     Decision,
     Limits,
     Supervisor,
     describe_failure,
     stall_reason,
+    stop_step,
 )
 
 NAMES = ("node1", "node2", "node3")
@@ -245,3 +247,24 @@ def test_describe_failure_names_what_is_known() -> None:
     assert describe_failure("n", 1, None) == "the job on n exited with 1"
     assert describe_failure("n", 1, {"local_rank": 2, "exit_code": 7}) == "local rank 2 on n exited with 7"
     assert describe_failure("n", 1, {"rank": 9, "exit_code": 7}) == "rank 9 on n exited with 7"
+
+
+def test_a_followed_attempt_ends_once_final_and_node_0_read_or_long_out_of_reach() -> None:
+    end = AttemptEnd(unreachable_s=30)
+    assert not end.ended(final=False, watchdogs_alive=False, node0_read=True, now_s=100.0)
+    assert not end.ended(final=True, watchdogs_alive=True, node0_read=True, now_s=101.0)  # a watchdog still ends
+    assert end.ended(final=True, watchdogs_alive=False, node0_read=True, now_s=102.0)
+    away = AttemptEnd(unreachable_s=30)
+    assert not away.ended(True, False, False, 100.0)
+    assert not away.ended(True, False, False, 129.0)
+    assert not away.ended(False, False, False, 131.0)  # back in reach (not final yet): the clock starts again
+    assert not away.ended(True, False, False, 140.0)
+    assert away.ended(True, False, False, 170.5)
+
+
+def test_a_scheduler_stop_kills_after_the_grace_period_then_gives_up() -> None:
+    assert stop_step(10.0, grace_s=15.0, wait_s=60.0, killed=False) == ""
+    assert stop_step(15.5, grace_s=15.0, wait_s=60.0, killed=False) == KILL
+    assert stop_step(40.0, grace_s=15.0, wait_s=60.0, killed=True) == ""
+    assert stop_step(75.5, grace_s=15.0, wait_s=60.0, killed=True) == GIVE_UP
+    assert stop_step(80.0, grace_s=15.0, wait_s=60.0, killed=False) == KILL  # never given up unkilled

@@ -311,6 +311,38 @@ class Supervisor:
         return [Decision(HANG_REPORT, tuple(sorted(self.stacks_waiting))), *self._teardown(now_s)]
 
 
+@dataclass
+class AttemptEnd:
+    """When a detached attempt, followed from outside through its nodes' records (the recovery
+    keeper), counts as ended: every record final and no watchdog alive, and node 0's record read
+    (it holds the run's verdict). Node 0 out of reach counts as the end only once it has stayed
+    so for ``unreachable_s`` (a moment's loss of the link is no end)."""
+
+    unreachable_s: float
+    unreachable_since_s: float | None = None
+
+    def ended(self, final: bool, watchdogs_alive: bool, node0_read: bool, now_s: float) -> bool:
+        if not final or watchdogs_alive:
+            self.unreachable_since_s = None
+            return False
+        if node0_read:
+            return True
+        if self.unreachable_since_s is None:
+            self.unreachable_since_s = now_s
+        return now_s - self.unreachable_since_s > self.unreachable_s
+
+
+def stop_step(elapsed_s: float, grace_s: float, wait_s: float, killed: bool) -> str:
+    """What a stop that asked the scheduler for SIGTERM does next, ``elapsed_s`` after asking:
+    KILL once the grace period is over (SIGKILL to every step, unless done already), GIVE_UP
+    once ``wait_s`` more have passed, else "" (wait)."""
+    if not killed and elapsed_s > grace_s:
+        return KILL
+    if elapsed_s > grace_s + wait_s:
+        return GIVE_UP
+    return ""
+
+
 def stall_reason(now_s: float, last_output_s: float | None, first_finish_s: float | None,
                  stall_timeout_s: float | None, finish_timeout_s: float | None) -> str:
     """Why the run counts as hung at ``now_s``, or "": some ranks finished ``finish_timeout_s``
