@@ -221,7 +221,8 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     """Every node's watchdog started detached (node 0 the coordinator), recorded here: before
     the first starts, so that a launch killed half-way leaves a run that `runs` lists and
     `stop` ends; then with node 0's answer (its coordinator's port); then with every node's."""
-    from fstrain.io.runs import read_json, record_detached, register, start_detached, write_json
+    from fstrain.io.documents import write_json_atomic
+    from fstrain.io.runs import read_json, record_detached, register, start_detached
 
     setup = run_setup(request, checked, node_job)
     reach = (request.ssh_config, request.python)
@@ -244,7 +245,7 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     manifest.update(reason="detached", started=started, detached=True)
     if isinstance(earlier, dict) and earlier.get("attempts"):  # a later attempt: the record of those before
         manifest["attempts"] = earlier["attempts"]
-    write_json(request.run_dir / "manifest.json", manifest)
+    write_json_atomic(request.run_dir / "manifest.json", manifest)
     outcome = RunOutcome(0, "detached", None, [], started, time.time())
     return Driven(checked, node_job, outcome, manifest, started, answers)
 
@@ -391,17 +392,10 @@ def attempt_evidence(outcome: RunOutcome) -> Evidence:
 def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:
     """The highest step any rank reported in this attempt: its metric lines, or the bundled
     trainer's progress lines, in the hosts' log files from where the attempt began."""
-    steps = []
-    for name, offset in offsets.items():
-        try:
-            with (folder / name).open("rb") as handle:
-                handle.seek(offset)
-                for raw in handle:
-                    step = line_step(raw.decode(errors="replace").rstrip("\n").partition("] ")[2])
-                    if step is not None:
-                        steps.append(step)
-        except OSError:
-            continue
+    from fstrain.io.logs import lines_after
+
+    steps = [step for line in lines_after(folder, offsets)
+             if (step := line_step(line.partition("] ")[2])) is not None]
     return max(steps) if steps else None
 
 
@@ -455,6 +449,7 @@ def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> d
     write the line there (``DriveRequest.banner``)."""
     from fstrain.core.launch.recovery import attempt_banner
     from fstrain.io.localout import describe, warn
+    from fstrain.io.logs import append_to_logs
 
     line = attempt_banner(number, [h.name for h in hosts])
     request.out.write(line + "\n")
@@ -464,12 +459,7 @@ def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> d
     folder = request.run_dir / "logs"
     offsets: dict[str, int] = {}
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        names = {p.name for p in folder.glob("*.log")} | {f"{h.name}.log" for h in hosts}
-        for name in sorted(names):
-            with (folder / name).open("a") as handle:
-                handle.write(line + "\n")
-                offsets[name] = handle.tell()
+        offsets = append_to_logs(folder, [f"{h.name}.log" for h in hosts], line)
     except OSError as exc:
         warn(f"cannot mark attempt {number} in {folder} ({describe(exc)})")
     return {f"{h.name}.log": offsets.get(f"{h.name}.log", 0) for h in hosts}
@@ -477,20 +467,20 @@ def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> d
 
 def interim_manifest(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> None:
     """Between attempts: the manifest lists the attempts so far, and the run has not ended."""
-    from fstrain.io.runs import write_json
+    from fstrain.io.documents import write_json_atomic
 
     driven.manifest.update(ended=None, reason="restarting", attempts=[a.to_dict() for a in attempts])
-    write_json(request.run_dir / "manifest.json", driven.manifest)
+    write_json_atomic(request.run_dir / "manifest.json", driven.manifest)
 
 
 def finish_attempts(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> Driven:
     """The run's manifest as its last attempt ended, with every attempt listed."""
-    from fstrain.io.runs import write_json
+    from fstrain.io.documents import write_json_atomic
 
     last = attempts[-1]
     driven.manifest.update(attempts=[a.to_dict() for a in attempts], exit_code=last.exit_code,
                            ended=driven.outcome.ended or time.time())
     if driven.manifest.get("reason") == "restarting":
         driven.manifest["reason"] = driven.outcome.reason
-    write_json(request.run_dir / "manifest.json", driven.manifest)
+    write_json_atomic(request.run_dir / "manifest.json", driven.manifest)
     return driven

@@ -46,13 +46,13 @@ def start_keeper(run_id: str, run_dir: Path, hand_off: tuple[Any, ...]) -> Keepe
     ``keep`` takes); its record (RUN_DIR/keeper.json) is written before this returns, so `stop`
     and `status` find it."""
     from fstrain import __version__
+    from fstrain.io.documents import write_json_atomic
     from fstrain.io.keeper import spawn_keeper
-    from fstrain.io.runs import write_json
 
     log = run_dir.resolve() / KEEPER_LOG
     pid = spawn_keeper("fstrain.api.keeper_process", hand_off, log, __version__)
     record = KeeperRecord(run_id, pid, time.time(), str(log))
-    write_json(run_dir / KEEPER_FILE, record.to_dict(__version__))
+    write_json_atomic(run_dir / KEEPER_FILE, record.to_dict(__version__))
     return record
 
 

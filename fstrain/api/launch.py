@@ -373,21 +373,9 @@ def describe_start(prepared: Prepared, checked: Checked, launches: list[NodeLaun
 def fetch_training_summary(host: Host, run_dir: str, connect: Callable[[Host], Transport], folder: Path,
                            report: Report) -> dict[str, Any] | None:
     """Rank 0's summary.json (node 0), copied into the local run directory."""
-    import json
+    from fstrain.io.runs import copy_training_summary
 
-    from fstrain.io.localout import describe, warn
-
-    transport = connect(host)
-    try:
-        result = transport.run(["cat", f"{run_dir}/summary.json"], timeout_s=30)
-    finally:
-        transport.close()
-    if not result.ok:
-        report(f"no training summary on {host.label()}: {result.error or result.stderr.strip()}")
-        return None
-    summary: dict[str, Any] = json.loads(result.stdout)
-    try:
-        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    except OSError as exc:
-        warn(f"cannot write {folder / 'summary.json'} ({describe(exc)})")
+    summary, error = copy_training_summary(connect, host, run_dir, folder)
+    if summary is None:
+        report(f"no training summary on {host.label()}: {error}")
     return summary

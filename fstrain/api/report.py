@@ -8,7 +8,6 @@ bundled trainer's summary.json (a detached run's is fetched from node 0 into the
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,7 @@ def report_of(run: Run) -> Report:
     from fstrain.core.report import events as timeline
     from fstrain.core.report.numbers import build
     from fstrain.core.report.series import rank_series, resumed_steps
+    from fstrain.io.runs import read_summary
 
     state = run.state()
     unread: dict[str, str] = {}  # host -> why it could not be read
@@ -87,30 +87,14 @@ def numbered_lines(outputs: Outputs, resumes: list[str]) -> Iterator[str]:
                 yield line
 
 
-def read_summary(path: Path) -> dict[str, Any] | None:
-    """The trainer's summary.json; None where there is none (the training did not finish)."""
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read the trainer's summary: {exc}", "remove the file, or run again",
-                         str(path)) from None
-    return document if isinstance(document, dict) else None
-
-
 def write_html(result: Report, out: Path) -> Path:
     """The page, written whole or not at all."""
-    import os
-
     from fstrain import __version__
     from fstrain.core.report.page import render
+    from fstrain.io.documents import write_text_atomic
 
-    tmp = out.with_name(out.name + ".tmp")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(render(result, __version__), encoding="utf-8")
-        os.replace(tmp, out)
+        write_text_atomic(out, render(result, __version__))
     except OSError as exc:
         raise InputError(f"cannot write the report: {exc.strerror or exc}", "give another --out FILE",
                          str(out)) from None

@@ -14,8 +14,6 @@ One implementation per backend, never per command:
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +32,6 @@ if TYPE_CHECKING:
     from fstrain.io.transport.base import Transport
 
 STOP_MARGIN_S = 10.0  # Slurm: after the run's --grace, time for the job's fstrain to write its manifest and exit
-LOG_SCAN_BYTES = 65536  # the end of a rank's log that a Slurm run's status reads for its last line and progress
 POLL_S = 1.0
 
 
@@ -315,20 +312,10 @@ class SshRun:
 
     def training_summary(self) -> dict[str, Any] | None:
         """The bundled trainer's rank-0 summary (node 0's run directory), copied into the local one."""
+        from fstrain.io.runs import copy_training_summary
+
         node0 = self.detached.nodes[0]
-        transport = self.connect(node0.host)
-        try:
-            result = transport.run(["cat", f"{node0.run_dir}/summary.json"], timeout_s=30)
-        finally:
-            transport.close()
-        if not result.ok:
-            return None
-        try:
-            summary: dict[str, Any] = json.loads(result.stdout)
-        except ValueError:
-            return None
-        (self.record.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
+        return copy_training_summary(self.connect, node0.host, node0.run_dir, self.record.run_dir)[0]
 
     def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped:
         """Ask the coordinator (through node 0 itself) to stop the run, then wait for its end."""
@@ -474,19 +461,12 @@ class AttachedRun:
 
     def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> FileOutputs:
         """The launcher's own log files: one per host (``<host>.log``) or per rank (``.r<R>``)."""
-        from fstrain.io.logs import FileOutputs
+        from fstrain.io.logs import FileOutputs, log_files
 
         folder = self.record.run_dir / "logs"
 
         def chosen() -> list[Path]:
-            paths = []
-            for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
-                match = re.fullmatch(r"(.+?)(?:\.r(\d+))?\.log", path.name)
-                if match is None or (hosts and match.group(1) not in hosts):
-                    continue
-                if (rank is None and match.group(2) is None) or (rank is not None and match.group(2) == str(rank)):
-                    paths.append(path)
-            return paths
+            return log_files(folder, hosts, rank)
 
         return FileOutputs(chosen)
 
@@ -584,12 +564,13 @@ class SlurmRun:
     def log_files(self, hosts: Sequence[str], rank: int | None) -> list[Path]:
         """The job's output file (every tagged line and fstrain's summary) unless a host or rank
         is asked for; then RUN_DIR/job-<job id>/logs/<host>[.r<rank>].log."""
+        from fstrain.io.logs import logged_hosts
+
         record = self.record
         if not hosts and rank is None:
             return [Path(self.slurm.get("output") or record.run_dir / f"slurm-{self.slurm['job_id']}.out")]
         folder = record.job_dir / "logs"
-        known = sorted({m.group(1) for p in (folder.glob("*.log") if folder.is_dir() else [])
-                        if (m := re.fullmatch(r"(.+?)(?:\.r\d+)?\.log", p.name))})
+        known = logged_hosts(folder)
         for name in hosts:
             if known and name not in known:
                 raise InputError(f"{name!r} is not one of the run's hosts", f"use one of {', '.join(known)}",
@@ -671,16 +652,12 @@ def kill_job(job_id: str) -> None:
 
 def rank_files(folder: Path, host: str) -> list[dict[str, Any]]:
     """Each rank's last line, last output time and last progress line, from its log file."""
+    from fstrain.io.logs import rank_log_ends
+
     ranks = []
-    for path in folder.glob(f"{host}.r*.log") if folder.is_dir() else []:
-        match = re.fullmatch(re.escape(host) + r"\.r(\d+)\.log", path.name)
-        if match is None:
-            continue
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - LOG_SCAN_BYTES))
-            lines = handle.read().decode(errors="replace").splitlines()
-        texts = [line.split("] ", 1)[-1] for line in lines]
+    for end in rank_log_ends(folder, host):
+        texts = [line.split("] ", 1)[-1] for line in end.lines]
         progress = next((p for p in map(progress_of, reversed(texts)) if p is not None), None)
-        ranks.append({"rank": int(match.group(1)), "last_output_at": path.stat().st_mtime,
+        ranks.append({"rank": end.rank, "last_output_at": end.modified_at,
                       "last_line": texts[-1] if texts else None, "progress": progress})
     return sorted(ranks, key=lambda r: r["rank"])

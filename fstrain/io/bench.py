@@ -11,6 +11,7 @@ from typing import Any
 from fstrain.core.bench.report import check_document
 from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import FstrainError, InputError
+from fstrain.io.documents import fetch_json, write_json_atomic
 from fstrain.io.transport.base import Transport
 
 DOCUMENT = "bench.json"
@@ -49,25 +50,15 @@ def fetch_document(hosts: Sequence[Host], node_run_dirs: Sequence[str], connect:
 
 
 def _read_remote(host: Host, path: str, connect: Callable[[Host], Transport], where: str) -> dict[str, Any]:
-    transport = connect(host)
-    try:
-        result = transport.run(["cat", path], timeout_s=60)
-    finally:
-        transport.close()
-    if not result.ok:
-        raise BenchError(f"{where}: {result.error or result.stderr.strip() or 'cat failed'}")
-    try:
-        return check_document(json.loads(result.stdout), where)
-    except json.JSONDecodeError as exc:
-        raise BenchError(f"{where}: unreadable ({exc})") from None
+    document, error = fetch_json(connect, host, path)
+    if error is not None:
+        raise BenchError(f"{where}: {error}")
+    return check_document(document, where)
 
 
 def save_document(path: Path, document: Mapping[str, Any]) -> None:
     """Write a document whole, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(document, indent=1) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, document, indent=1)
 
 
 def read_json(path: str) -> Any:

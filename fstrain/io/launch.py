@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import signal
 import sys
@@ -66,6 +65,7 @@ from fstrain.core.progress import Event, RunStages
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, slurm_cancel_reason
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
+from fstrain.io.documents import write_json_atomic
 from fstrain.io.fanout import HostPool
 from fstrain.io.localout import describe, warn
 from fstrain.io.relay import RelayQueue
@@ -737,14 +737,9 @@ def write_manifest(path: Path, setup: RunSetup, outcome: RunOutcome | None) -> d
         "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
     }
     document = stamped(document, "manifest", __version__)
-    tmp = path.with_suffix(".tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(document, indent=2) + "\n")
-        os.replace(tmp, path)
+        write_json_atomic(path, document)
     except OSError as exc:  # a full disk loses the file, never the job's result
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         warn(f"cannot write {path} ({describe(exc)})")
     return document
 

@@ -20,9 +20,10 @@ import itertools
 import json
 import os
 import queue
+import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -207,3 +208,73 @@ class FileOutputs:
 def _reader_at(fd: int) -> Callable[[int, int], bytes]:
     """``read_at(start, size)`` for :func:`fstrain.core.launch.logtail.last_lines` on an open file."""
     return lambda start, size: os.pread(fd, size, start)
+
+
+# -- a run's log folder on this machine (RUN_DIR/logs/<host>[.r<rank>].log) ----------------------
+
+LOG_NAME_RE = re.compile(r"(.+?)(?:\.r(\d+))?\.log")
+LOG_SCAN_BYTES = 65536  # the end of a rank's log read for its last line and progress
+
+
+def log_files(folder: Path, hosts: Sequence[str], rank: int | None) -> list[Path]:
+    """The host logs (``rank`` None) or the rank's logs in ``folder``, of ``hosts`` (all where empty)."""
+    paths = []
+    for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+        match = LOG_NAME_RE.fullmatch(path.name)
+        if match is None or (hosts and match.group(1) not in hosts):
+            continue
+        if (rank is None and match.group(2) is None) or (rank is not None and match.group(2) == str(rank)):
+            paths.append(path)
+    return paths
+
+
+def logged_hosts(folder: Path) -> list[str]:
+    """The hosts that have a log in ``folder``."""
+    return sorted({match.group(1) for path in (folder.glob("*.log") if folder.is_dir() else [])
+                   if (match := LOG_NAME_RE.fullmatch(path.name))})
+
+
+@dataclass(frozen=True)
+class RankLogEnd:
+    rank: int
+    modified_at: float  # the file's mtime: when the rank last printed
+    lines: list[str]  # the lines in its last LOG_SCAN_BYTES
+
+
+def rank_log_ends(folder: Path, host: str) -> list[RankLogEnd]:
+    """The end of each of ``host``'s rank logs in ``folder``, by rank."""
+    ends = []
+    for path in folder.glob(f"{host}.r*.log") if folder.is_dir() else []:
+        match = re.fullmatch(re.escape(host) + r"\.r(\d+)\.log", path.name)
+        if match is None:
+            continue
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(max(0, size - LOG_SCAN_BYTES))
+            lines = handle.read().decode(errors="replace").splitlines()
+        ends.append(RankLogEnd(int(match.group(1)), path.stat().st_mtime, lines))
+    return sorted(ends, key=lambda end: end.rank)
+
+
+def append_to_logs(folder: Path, names: Iterable[str], line: str) -> dict[str, int]:
+    """``line`` appended to each log ``names`` in ``folder`` (and to every log already there);
+    where each file ends after it, by name. OSError where the folder cannot be written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    offsets: dict[str, int] = {}
+    for name in sorted({p.name for p in folder.glob("*.log")} | set(names)):
+        with (folder / name).open("a") as handle:
+            handle.write(line + "\n")
+            offsets[name] = handle.tell()
+    return offsets
+
+
+def lines_after(folder: Path, offsets: Mapping[str, int]) -> Iterator[str]:
+    """Each line of the logs ``offsets`` names, from its offset on (a file that cannot be read is skipped)."""
+    for name, offset in offsets.items():
+        try:
+            with (folder / name).open("rb") as handle:
+                handle.seek(offset)
+                for raw in handle:
+                    yield raw.decode(errors="replace").rstrip("\n")
+        except OSError:
+            continue

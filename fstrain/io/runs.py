@@ -50,6 +50,7 @@ from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 if TYPE_CHECKING:
     from fstrain.core.launch.spec import NodeLaunch
     from fstrain.io.launch import Rendezvous, RunOptions, RunSetup
+from fstrain.io.documents import fetch_json, write_json_atomic
 from fstrain.io.localproc import process_alive
 from fstrain.io.transport.base import Transport
 
@@ -171,7 +172,7 @@ def record_detached(folder: Path, setup: RunSetup, run_dirs: Sequence[str], answ
                            launch.rank_offset, run_dir, answer.get("pid"), answer.get("job_pid"))
               for launch, run_dir, answer in zip(setup.launches, run_dirs, answers, strict=True)))
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / "detached.json", record.to_dict(__version__))
+    write_json_atomic(folder / "detached.json", record.to_dict(__version__))
     register(setup.run_id, folder, detached=True)
     return record
 
@@ -187,7 +188,7 @@ def register(run_id: str, folder: Path, *, detached: bool, launching: bool = Tru
     if isinstance(owner, dict) and owner.get("run_id") not in (None, run_id):
         return
     entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid() if launching else None)
-    write_json(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
+    write_json_atomic(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
 
 
 def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output: Path,
@@ -195,24 +196,46 @@ def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output
     """RUN_DIR/slurm.json and this machine's index entry for a submitted batch job."""
     document = stamped({"kind": "slurm", "run_id": run_id, "job_id": job_id, "submitted": time.time(),
                         "script": str(script), "output": str(output), "grace_s": grace_s}, "slurm", __version__)
-    write_json(folder / SLURM_RECORD, document)
+    write_json_atomic(folder / SLURM_RECORD, document)
     entry = IndexEntry(run_id, str(folder.resolve()), True, document["submitted"], kind="slurm", job_id=job_id)
-    write_json(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
+    write_json_atomic(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
     return document
 
 
 def claim_for_slurm(folder: Path, run_id: str) -> None:
     """Before sbatch: mark the run directory as the submission's, so that a job starting at
     once finds it claimed (the job id is added by :func:`record_slurm`)."""
-    write_json(folder / SLURM_RECORD, stamped({"kind": "slurm", "run_id": run_id, "job_id": None,
+    write_json_atomic(folder / SLURM_RECORD, stamped({"kind": "slurm", "run_id": run_id, "job_id": None,
                                                 "submitted": time.time()}, "slurm", __version__))
 
 
-def write_json(path: Path, document: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(document, indent=2) + "\n")
-    os.replace(partial, path)
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The trainer's summary.json; None where there is none (the training did not finish)."""
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the trainer's summary: {exc}", "remove the file, or run again",
+                         str(path)) from None
+    return document if isinstance(document, dict) else None
+
+
+def copy_training_summary(connect: Callable[[Host], Transport], host: Host, run_dir: str,
+                          folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The bundled trainer's rank-0 summary.json from node 0's run directory, copied into the
+    local ``folder``: (summary, None), or (None, why not). A summary that cannot be copied is
+    still returned (the copy's failure is said as a warning)."""
+    from fstrain.io.localout import describe, warn
+
+    summary, error = fetch_json(connect, host, f"{run_dir}/summary.json", timeout_s=30)
+    if not isinstance(summary, dict):
+        return None, error or "not a JSON object"
+    try:
+        write_json_atomic(folder / "summary.json", summary)
+    except OSError as exc:
+        warn(f"cannot write {folder / 'summary.json'} ({describe(exc)})")
+    return summary, None
 
 
 # -- finding ------------------------------------------------------------------------------------
@@ -477,7 +500,7 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
                                                          "ended", "exit_code", "failure", "last_lines")}
              | {"reachable": True, "watchdog_alive": v.get("watchdog_alive")} if v else {"reachable": False}
              for v in views]
-    write_json(record.run_dir / "state.json",
+    write_json_atomic(record.run_dir / "state.json",
                 stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
                          "ended": state.ended, "at": time.time(), "first_failure": first_failure(views),
                          "nodes": nodes}, "state"))
@@ -537,7 +560,7 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     # Settled: ended, and the manifest read (or never coming: Slurm forgot the job, or it never
     # started: cancelled while pending).
     settled = state.state in FINAL and (record.manifest is not None or job is None or not job_seen.get("nodes"))
-    write_json(job_dir / "state.json",
+    write_json_atomic(job_dir / "state.json",
                 stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
                          "ended": state.ended, "at": time.time(), "settled": settled,
                          "stop_requested": stop_requested, "job": job_seen}, "state"))
@@ -556,7 +579,7 @@ def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:
         record.slurm["stop_requested"] = time.time()
     else:
         record.slurm.pop("stop_requested", None)
-    write_json(record.slurm_path, record.slurm)
+    write_json_atomic(record.slurm_path, record.slurm)
 
 
 def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, run_dir: str,
