@@ -178,14 +178,14 @@ def steps(out: Path, summary: dict[str, object], checks: dict[str, object], fini
     torch_probe = run([sys.executable, "-c", "import torch; print(torch.__version__, torch.cuda.is_available())"], 120)
     summary["torch"] = (str(torch_probe["stdout"]).strip() or str(torch_probe["stderr"]).strip()[-300:])
 
+    from fstrain.core.parsers.probe_report import node_from_report
     from fstrain.core.topo.ncclxml import read_nccl_topology
-    from fstrain.core.topo.ncclxml_gen import xml_from_report
-    from fstrain.core.topo.probe_report import node_from_report
+    from fstrain.core.topofile.ncclxml_gen import xml_from_report
     from fstrain.io.probe import probe_local
 
     # --report FILE rehearses the steps after the probe with a saved report (on a machine without GPU).
     if len(sys.argv) > 3 and sys.argv[2] == "--report":
-        from fstrain.core.topo.probe_report import validate_report
+        from fstrain.core.parsers.probe_report import validate_report
 
         report = validate_report(json.loads(Path(sys.argv[3]).read_text()), sys.argv[3])
     else:

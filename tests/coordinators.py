@@ -10,13 +10,14 @@ from typing import Any
 
 from fstrain.io.remote import coordinator, watchdog
 
-CORE = Path(coordinator.__file__).resolve().parents[2] / "core" / "launch"  # the modules start_detached sends
+CORE = Path(coordinator.__file__).resolve().parents[2] / "core"  # the modules start_detached sends
 SECRET = "ab" * 16
 
 
 def make_coordinator(run_dir: Path, nnodes: int = 1, names: list[str] | None = None,
                      **header: Any) -> coordinator.Coordinator:
-    modules = {"supervisor": (CORE / "supervisor.py").read_text(), "analysis": (CORE / "stacks.py").read_text(),
+    modules = {"supervisor": (CORE / "launch" / "supervisor.py").read_text(),
+               "analysis": (CORE / "monitor" / "stacks.py").read_text(),
                "stacks": Path(watchdog.__file__).with_name("stacks.py").read_text()}  # sent with --stall-timeout
     detach = {"role": "coordinator", "secret": SECRET, "nnodes": nnodes, **({"names": names} if names else {})}
     node = coordinator.Node({"detach": detach, "run_id": "r", "run_dir": str(run_dir), "modules": modules,

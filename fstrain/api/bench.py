@@ -20,7 +20,7 @@ from fstrain.api.driver import Checked, DriveRequest, NodeJob, drive
 from fstrain.api.requests import HostRequest
 from fstrain.core.bench.arithmetic import worker_argv
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.spec import LaunchJob, plan_launches, resolve_nproc
+from fstrain.core.job.spec import LaunchJob, plan_launches, resolve_nproc
 from fstrain.core.progress import Reporter
 from fstrain.io.bench import DOCUMENT, fetch_document
 from fstrain.io.launch import HostFacts, Rendezvous, RunOutcome

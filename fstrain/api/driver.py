@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.job.spec import NodeLaunch
 from fstrain.core.launch.blame import Evidence, Verdict
 from fstrain.core.launch.recovery import Attempt, Checkpoints, Policy, steps_lost
-from fstrain.core.launch.spec import NodeLaunch
 from fstrain.core.progress import Event, Reporter, Silent
 from fstrain.io.fanout import HostPool
 from fstrain.io.launch import (
@@ -365,8 +365,8 @@ def attempt_evidence(outcome: RunOutcome) -> Evidence:
     whose own last lines end in a traceback or a fault, though its node was torn down; the hosts
     that stopped answering; the host a stall's stacks show behind."""
     from fstrain.core.launch.blame import Evidence, RankEnd, read_end, stalled_host
-    from fstrain.core.launch.rankexit import RankFailure
     from fstrain.core.launch.supervisor import EXIT_LOST_HOST
+    from fstrain.core.monitor.rankexit import RankFailure
 
     hosts = tuple(n.launch.host.name for n in outcome.nodes)
     lost = tuple(n.launch.host.name for n in outcome.nodes if n.exit_code is None and n.error)
@@ -402,7 +402,7 @@ def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:
 def line_step(text: str) -> int | None:
     """The step a rank's line reports (metricline.read_step: its metric line, else a progress
     line); None for other lines."""
-    from fstrain.core.launch.metricline import read_step
+    from fstrain.core.monitor.metricline import read_step
 
     reading = read_step(text, any_program=True)
     return reading.metrics.step if reading is not None else None

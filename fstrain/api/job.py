@@ -56,7 +56,7 @@ class Job:
 
 def resolve_nprocs(hosts: list[Any], requested: int | None, gpu_counts: list[int] | None) -> list[int]:
     """Processes per host: --nproc-per-node, else slots, else the GPUs preflight found."""
-    from fstrain.core.launch.spec import resolve_nproc
+    from fstrain.core.job.spec import resolve_nproc
 
     counts: list[int | None] = list(gpu_counts) if gpu_counts is not None else [None] * len(hosts)
     return [resolve_nproc(h, requested, count) for h, count in zip(hosts, counts, strict=True)]
@@ -64,7 +64,7 @@ def resolve_nprocs(hosts: list[Any], requested: int | None, gpu_counts: list[int
 
 def job_spec(request: JobRequest) -> JobSpec:
     """--plan, or --model/--recipe (a data-parallel plan), or a bare PROGRAM; files read now."""
-    from fstrain.core.launch.plan import DEFAULT_STRATEGY, check_strategy
+    from fstrain.core.job.plan import DEFAULT_STRATEGY, check_strategy
     from fstrain.errors import InputError
 
     program = list(request.program)
@@ -99,7 +99,7 @@ def job_spec(request: JobRequest) -> JobSpec:
 
 
 def refuse_nested_launcher(program: list[str]) -> None:
-    from fstrain.core.launch.nested import nested_launcher, nested_launcher_hint
+    from fstrain.core.job.nested import nested_launcher, nested_launcher_hint
     from fstrain.errors import InputError
 
     launcher = nested_launcher(program)
@@ -110,7 +110,7 @@ def refuse_nested_launcher(program: list[str]) -> None:
 
 def build_job(spec: JobSpec, hosts: list[Any], nprocs: list[int], python: str, device: str = "cpu") -> Job:
     """The job for these hosts and process counts (the plan must match the world size)."""
-    from fstrain.core.launch.plan import check_plan_fits_launch, data_parallel_plan, trainer_program
+    from fstrain.core.job.plan import check_plan_fits_launch, data_parallel_plan, trainer_program
     from fstrain.errors import InputError
 
     if spec.plan is None and spec.model is None:
@@ -146,7 +146,7 @@ def parse_nproc(value: str) -> int | None:
 
 def collect_env(assignments: list[str], env_file: str | None) -> dict[str, str]:
     """.deepspeed_env and .fstrain_env (home, then here), then --env-file, then --env: later wins."""
-    from fstrain.core.launch.spec import parse_env_assignment, parse_env_file
+    from fstrain.core.job.spec import parse_env_assignment, parse_env_file
     from fstrain.errors import InputError
     from fstrain.io.userfiles import read_text_bounded
 

@@ -24,13 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fstrain.core.launch.runrecord import KeeperRecord
+from fstrain.core.runs.runrecord import KeeperRecord
 
 if TYPE_CHECKING:
     from fstrain.api.driver import Driven, DriveRequest
     from fstrain.core.hosts.hostfile import Host
-    from fstrain.core.launch.runstate import RunState
-    from fstrain.core.launch.spec import NodeLaunch
+    from fstrain.core.job.spec import NodeLaunch
+    from fstrain.core.runs.runstate import RunState
     from fstrain.io.launch import RunOutcome
     from fstrain.io.transport.base import Transport
 
@@ -63,8 +63,8 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     A stop asked meanwhile is passed to the attempt's coordinator. Node 0 unreachable counts
     as the end only once it has stayed so for ``request.heartbeat_timeout_s``."""
     from fstrain.api.driver import Driven, run_setup
-    from fstrain.core.launch.runstate import FINAL, from_nodes
     from fstrain.core.launch.supervisor import AttemptEnd
+    from fstrain.core.runs.runstate import FINAL, from_nodes
     from fstrain.io.launch import write_manifest
     from fstrain.io.runs import launched_record, node_views, stop_on_node
 
@@ -101,10 +101,10 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
     the failed rank, the error of a node lost, each rank's last lines; the run's reason, first
     failure and hang report from the coordinator's record. And the highest step any rank
     reported (its last progress line, the metric lines among the node's last lines)."""
-    from fstrain.core.launch.logtail import split_rank_prefix
-    from fstrain.core.launch.rankexit import RankFailure
-    from fstrain.core.launch.runstate import attempt_reason
     from fstrain.core.launch.supervisor import EXIT_LOST_HOST
+    from fstrain.core.monitor.logtail import split_rank_prefix
+    from fstrain.core.monitor.rankexit import RankFailure
+    from fstrain.core.runs.runstate import attempt_reason
     from fstrain.io.launch import NodeState, RunOutcome
 
     final = next((((v or {}).get("node") or {}).get("final") for v in views
@@ -149,7 +149,7 @@ def reported_step(views: Sequence[Mapping[str, Any] | None]) -> int | None:
     """The highest step the nodes' records show a rank reported: in each rank's last progress
     line, and in the metric and progress lines among each node's last lines."""
     from fstrain.api.driver import line_step
-    from fstrain.core.launch.logtail import split_rank_prefix
+    from fstrain.core.monitor.logtail import split_rank_prefix
 
     steps = []
     for view in views:

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from fstrain.api.driver import Checked, Driven, DriveRequest, NodeJob, Recovery
     from fstrain.api.hosts import HostSelection
     from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.job.spec import LaunchJob, NodeLaunch
     from fstrain.core.launch.blame import Verdict
-    from fstrain.core.launch.spec import LaunchJob, NodeLaunch
     from fstrain.core.plan.planfile import PlanFile
     from fstrain.core.progress import Reporter
     from fstrain.core.slurm.job import Allocation
@@ -74,7 +74,7 @@ class Launched(Run):
 def prepare(request: LaunchRequest) -> Prepared:
     """Everything that needs no host: backend, hosts, the job, timeouts, the run id."""
     from fstrain.api.hosts import allocation_hosts, choose_allocation, resolve_hosts
-    from fstrain.core.launch.spec import BACKENDS
+    from fstrain.core.job.spec import BACKENDS
     from fstrain.errors import InputError
 
     job, hosts, run = request.job, request.hosts, request.run
@@ -145,7 +145,7 @@ class DryRun:
 
 
 def dry_run(prepared: Prepared) -> DryRun:
-    from fstrain.core.launch.spec import master_port_candidates, plan_launches
+    from fstrain.core.job.spec import master_port_candidates, plan_launches
     from fstrain.io.connect import is_local
 
     request, hosts = prepared.request, prepared.selection.hosts
@@ -309,7 +309,7 @@ def fit_job(prepared: Prepared, checked: Checked, first_plan: PlanFile | None = 
     restart on another world, ``first_plan`` (the first attempt's) is re-planned for it: the
     same model and global batch (fstrain/core/plan/replan.py)."""
     from fstrain.api.driver import NodeJob
-    from fstrain.core.launch.spec import plan_launches
+    from fstrain.core.job.spec import plan_launches
 
     request, hosts = prepared.request, [facts.host for facts in checked.facts]  # this attempt's
     job_request = request.job
@@ -341,7 +341,7 @@ def checkpoint_args(checked: Checked, interval: int) -> list[str]:
 
 def launch_job(prepared: Prepared, job: Job, master_addr: str, master_port: int) -> LaunchJob:
     """What every node runs, and where the nodes meet."""
-    from fstrain.core.launch.spec import LaunchJob
+    from fstrain.core.job.spec import LaunchJob
 
     request = prepared.request
     # Under a recovery policy --max-restarts is fstrain's budget: torchrun keeps its static world.
@@ -351,7 +351,7 @@ def launch_job(prepared: Prepared, job: Job, master_addr: str, master_port: int)
 
 
 def describe_plan(plan: PlanFile, where: str = "each node's run directory at launch") -> str:
-    from fstrain.core.launch.plan import trainer_backend
+    from fstrain.core.job.plan import trainer_backend
     from fstrain.core.plan.planner import describe_knobs
 
     k = plan.knobs

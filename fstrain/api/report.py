@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fstrain.core.launch.metricline import PREFIX as METRIC_MARK
-from fstrain.core.launch.metricline import PROGRESS_MARK
+from fstrain.core.monitor.metricline import PREFIX as METRIC_MARK
+from fstrain.core.monitor.metricline import PROGRESS_MARK
 from fstrain.core.report.series import RESUMED_MARK
 from fstrain.errors import FstrainError, InputError
 

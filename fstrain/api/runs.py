@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fstrain.core.launch.runstate import FINAL, RunState
 from fstrain.core.launch.supervisor import GIVE_UP, KILL, stop_step
+from fstrain.core.runs.runstate import FINAL, RunState
 from fstrain.errors import FstrainError, InputError
 
 if TYPE_CHECKING:
     from fstrain.core.hosts.hostfile import Host
-    from fstrain.core.launch.runrecord import KeeperRecord
+    from fstrain.core.runs.runrecord import KeeperRecord
     from fstrain.io.logs import FileOutputs, NodeOutputs
     from fstrain.io.runs import FolderGone, RunRecord
     from fstrain.io.transport.base import Transport
@@ -353,8 +353,8 @@ def stop_keeper(pid: int) -> bool:
 
 def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None) -> dict[str, Any]:
     """The state and per node and rank: reachable, watchdog alive, exit, last output, progress, GPUs."""
-    from fstrain.core.launch.gpuusage import from_node
-    from fstrain.core.launch.runstate import first_failure
+    from fstrain.core.monitor.gpuusage import from_node
+    from fstrain.core.runs.runstate import first_failure
     from fstrain.io.runs import run_state
 
     state = run_state(record, views)
@@ -390,7 +390,7 @@ def progress_of(line: str) -> dict[str, Any] | None:
     """A rank's ``progress`` in status: step, final step, loss and tokens/s of a progress line,
     the trainer's or a program's own ``step N/M loss L`` (metricline.read_progress); None for
     any other line."""
-    from fstrain.core.launch.metricline import read_progress
+    from fstrain.core.monitor.metricline import read_progress
 
     found = read_progress(line, any_program=True)
     if found is None:
@@ -532,7 +532,7 @@ class SlurmRun:
         directory (RUN_DIR/logs/<host>.r<rank>.log; the manifest's codes once it ended). While the
         job runs, a step of it on every node (``srun --jobid --overlap``) adds which ranks live
         there and the node's GPU memory and utilisation."""
-        from fstrain.core.launch.gpuusage import from_node
+        from fstrain.core.monitor.gpuusage import from_node
         from fstrain.io.runs import slurm_live_views, slurm_state
 
         record = self.record

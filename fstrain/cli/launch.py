@@ -15,7 +15,7 @@ from fstrain.cli.output import console, print_json
 if TYPE_CHECKING:
     from fstrain.api.launch import Launched, Prepared
     from fstrain.api.requests import LaunchRequest
-    from fstrain.core.launch.spec import NodeLaunch
+    from fstrain.core.job.spec import NodeLaunch
 
 
 def register(app: typer.Typer) -> None:
@@ -148,7 +148,7 @@ def launch_command(
 
 
 def _check_backend(backend: str) -> None:
-    from fstrain.core.launch.spec import BACKENDS
+    from fstrain.core.job.spec import BACKENDS
     from fstrain.errors import InputError
 
     if backend not in BACKENDS:
@@ -228,7 +228,7 @@ def print_dry_run(prepared: Prepared, json_output: bool) -> None:
 
 
 def print_launches(launches: list[NodeLaunch]) -> None:
-    from fstrain.core.launch.spec import mask_env
+    from fstrain.core.job.spec import mask_env
 
     for launch in launches:
         processes = "process" if launch.nproc == 1 else "processes"

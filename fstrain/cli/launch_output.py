@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fstrain.cli.output import console
 
 if TYPE_CHECKING:
-    from fstrain.core.launch.runstate import RunState
+    from fstrain.core.runs.runstate import RunState
     from fstrain.io.launch import RunOutcome
 
 
@@ -98,7 +98,7 @@ def describe_failure(failure: Mapping[str, Any]) -> str:
     """``rank 3 (local rank 1), exit 139 (SIGSEGV) on node2``: a run's first failure (``status
     --json``'s ``first_failure``) as `status`, `attach` and `runs` name it; a node that failed
     without a rank's code (lost, or no exit status) by its host and why."""
-    from fstrain.core.launch.rankexit import RankFailure
+    from fstrain.core.monitor.rankexit import RankFailure
 
     host = failure.get("host") or f"node rank {failure.get('node_rank')}"
     if failure.get("exit_code") is None:
@@ -109,7 +109,7 @@ def describe_failure(failure: Mapping[str, Any]) -> str:
 
 def describe_state(state: RunState) -> str:
     """``failed, exit 7 (...)``: a run's state and exit code, as every run command says it."""
-    from fstrain.core.launch.rankexit import describe_code
+    from fstrain.core.monitor.rankexit import describe_code
 
     code = f", exit {describe_code(state.exit_code)}" if state.exit_code is not None else ""
     return f"{state.state}{code}"

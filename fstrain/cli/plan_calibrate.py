@@ -9,8 +9,8 @@ from fstrain.cli.output import console
 
 if TYPE_CHECKING:
     from fstrain.api.plan import PlanRequest
+    from fstrain.core.calibrate.calibrate import Calibration
     from fstrain.core.plan.assumptions import Assumptions
-    from fstrain.core.plan.calibrate import Calibration
     from fstrain.core.plan.gemmcurve import MeasuredGemmCurve
     from fstrain.core.plan.plancluster import PlanCluster
     from fstrain.core.plan.schema import ModelSpec
@@ -20,7 +20,7 @@ def calibrated(path: str, request: PlanRequest, assumptions: Assumptions, cluste
                model: ModelSpec | None, quiet: bool) -> Calibration:
     """The calibration of ``path``; what an explicit flag of ``request`` also sets is kept as the
     flag says."""
-    from fstrain.core.plan.calibrate import calibrate
+    from fstrain.core.calibrate.calibrate import calibrate
 
     document = measured_document(path)
     outliers = bench_outliers(document)

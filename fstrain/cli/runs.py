@@ -19,7 +19,7 @@ from fstrain.cli.watch_output import duration
 
 if TYPE_CHECKING:
     from fstrain.api.runs import Access, Outputs, Run
-    from fstrain.core.launch.runstate import RunState
+    from fstrain.core.runs.runstate import RunState
 
 PYTHON = typer.Option("python3", "--python", help="Interpreter on the hosts.")
 FOLLOW_POLL_S = 1.0
@@ -67,7 +67,7 @@ def runs_command(
 
     from fstrain.api.runs import SlurmRun, recorded_failure
     from fstrain.api.runs import all_runs as list_runs
-    from fstrain.core.launch.runstate import FINAL
+    from fstrain.core.runs.runstate import FINAL
     from fstrain.io.runs import run_state
 
     rows: list[dict[str, Any]] = []
@@ -114,7 +114,7 @@ def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | No
                    python: str) -> list[dict[str, Any]]:
     """Detached runs whose node records are in the hosts' ``~/.fstrain/runs``, merged per run."""
     from fstrain.api.hosts import resolve_hosts
-    from fstrain.core.launch.runstate import first_failure, from_host_records
+    from fstrain.core.runs.runstate import first_failure, from_host_records
     from fstrain.io.connect import make_connector
     from fstrain.io.fanout import HostPool
     from fstrain.io.launch import REMOTE_RUNS
@@ -170,7 +170,7 @@ def status_command(
     """A run's state per node and per rank: alive, last output, last step/loss/tokens/s, GPUs."""
     from rich.table import Table
 
-    from fstrain.core.launch.gpuusage import usage_cell
+    from fstrain.core.monitor.gpuusage import usage_cell
     from fstrain.errors import InputError
 
     if watch and json_output:
@@ -349,7 +349,7 @@ def attach_command(
 def _print_end(handle: Run, state: RunState) -> None:
     """How the run ended: its hang report, its first failure, the training summary, its state."""
     from fstrain.api.runs import SshRun, first_final
-    from fstrain.core.launch.runstate import first_failure
+    from fstrain.core.runs.runstate import first_failure
 
     out = console()
     reason = f": {state.reason}" if state.reason else ""

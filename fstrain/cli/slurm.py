@@ -371,7 +371,7 @@ def print_slurm_status(document: dict[str, Any]) -> None:
 
     from rich.table import Table
 
-    from fstrain.core.launch.gpuusage import usage_cell
+    from fstrain.core.monitor.gpuusage import usage_cell
 
     out = console()
     job = document["job"]

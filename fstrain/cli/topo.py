@@ -119,7 +119,7 @@ def probe_selected(hostfile: str | None, hosts: str | None, include: str | None,
 
 def reports_document(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """The --json document of ``topo show``: a summary per node, the groups, and the raw reports."""
-    from fstrain.core.topo.probe_report import node_from_report
+    from fstrain.core.parsers.probe_report import node_from_report
     from fstrain.core.topo.topology import group_nodes, node_to_dict
 
     nodes = [node_from_report(r) for r in reports]
@@ -136,7 +136,7 @@ def reports_document(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 def load_reports(text: str, source: str) -> list[dict[str, Any]]:
     """Probe reports from a saved file: one report, a list of them, or `topo show --json` output."""
-    from fstrain.core.topo.probe_report import validate_report
+    from fstrain.core.parsers.probe_report import validate_report
     from fstrain.errors import ParseError
     from fstrain.io.userfiles import check_json_depth
 
@@ -174,7 +174,7 @@ def xml_command(
 
     from fstrain.core.hosts.hostfile import compress_hostlist
     from fstrain.core.parsers.topo_matrix import parse_topo_matrix
-    from fstrain.core.topo.ncclxml_gen import GeneratedXml, distinct_shapes, xml_from_report, xml_from_topo_matrix
+    from fstrain.core.topofile.ncclxml_gen import GeneratedXml, distinct_shapes, xml_from_report, xml_from_topo_matrix
 
     outputs: list[tuple[str, GeneratedXml, str]] = []  # (shape, xml, hosts)
     if source is not None and not _read_text(source).lstrip().startswith(("{", "[")):

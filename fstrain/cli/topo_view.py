@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fstrain.core.topo.probe_report import Report, node_from_report
+from fstrain.core.parsers.probe_report import Report, node_from_report
 from fstrain.core.topo.topology import (
     LinkClass,
     Node,

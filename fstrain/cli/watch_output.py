@@ -2,7 +2,7 @@
 
 It is a view for humans, so it goes where fstrain's human output goes, stderr: on a terminal a
 rich Live display (redrawn in place), otherwise one plain line per refresh. The values come
-from fstrain/core/launch/watch.py; this module only draws them.
+from fstrain/core/monitor/watch.py; this module only draws them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from fstrain.api.runs import Outputs, Run
-    from fstrain.core.launch.watch import Watch, WatchRow, WatchView
+    from fstrain.core.monitor.watch import Watch, WatchRow, WatchView
 
 
 def duration(seconds: float) -> str:
@@ -43,7 +43,7 @@ def headline(view: WatchView) -> str:
 
 
 def _cells(row: WatchRow) -> list[str]:
-    from fstrain.core.launch.gpuusage import usage_cell
+    from fstrain.core.monitor.gpuusage import usage_cell
 
     alive = "" if row.alive is None else "yes" if row.alive else "no"
     return [row.host, str(row.rank), alive,
@@ -109,7 +109,7 @@ def read_view(handle: Run, outputs: Outputs, watch: Watch) -> WatchView:
 def watch_run(handle: Run, interval_s: float) -> WatchView:
     """Redraw the run's view every ``interval_s`` until it has ended; its last view. Ctrl-C
     (KeyboardInterrupt) goes to the caller: the run is left alone."""
-    from fstrain.core.launch.watch import Watch
+    from fstrain.core.monitor.watch import Watch
 
     out = console()
     watch = Watch()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from fstrain.core.launch.metricline import read_step
+from fstrain.core.monitor.metricline import read_step
 
 # The stages, in the order a launch meets them; bench, doctor and plan --trace use their own.
 STAGES = {

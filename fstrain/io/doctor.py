@@ -42,7 +42,7 @@ from fstrain.core.doctor.facts import (
 )
 from fstrain.core.doctor.network import is_loopback, sample_targets
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.spec import master_port_candidates
+from fstrain.core.job.spec import master_port_candidates
 from fstrain.errors import FstrainError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import Connector, HostPool

@@ -7,7 +7,7 @@ Stages (each a function, each taking what it needs as arguments):
 2. ``choose_rendezvous``: open a listener on the first host on a port derived from the run id,
    have every host connect to each of the first host's addresses, keep the first address all of
    them reach, and note per host the interface that routes there (for NCCL/GLOO_SOCKET_IFNAME).
-3. ``plan_launches`` (pure, fstrain/core/launch/spec.py): the per-node commands.
+3. ``plan_launches`` (pure, fstrain/core/job/spec.py): the per-node commands.
    Before all this (``prewarm_nodes``, attached runs) every node's watchdog is started with the
    working directory and the user's environment only, so the launcher's Python imports torch
    while the hosts and the rendezvous are checked; ``run_nodes`` then sends each its full header.
@@ -34,10 +34,7 @@ from typing import Any, TextIO
 from fstrain import __version__
 from fstrain.core.formats import KINDS, stamped
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.logtail import split_rank_prefix
-from fstrain.core.launch.noise import NodeNoise
-from fstrain.core.launch.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
-from fstrain.core.launch.spec import (
+from fstrain.core.job.spec import (
     NodeLaunch,
     base_env,
     launcher_prefix,
@@ -61,6 +58,9 @@ from fstrain.core.launch.supervisor import (
     Limits,
     Supervisor,
 )
+from fstrain.core.monitor.logtail import split_rank_prefix
+from fstrain.core.monitor.noise import NodeNoise
+from fstrain.core.monitor.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
 from fstrain.core.progress import Event, RunStages
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, slurm_cancel_reason
 from fstrain.errors import FstrainError, TransportError
@@ -455,11 +455,11 @@ def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
     if launch.backend == "deepspeed":  # its launcher does not say which rank failed: the watchdog looks
         header.update(watch_rank_exits=True, modules={**header.get("modules", {}), "stacks": source("stacks")})
     if options.metrics_textfile:  # the node's .prom file: its ranks' lines, alive ranks from /proc
-        core = Path(__file__).resolve().parent.parent / "core" / "launch"  # pure, stdlib-only: the nodes run them
+        monitor = Path(__file__).resolve().parent.parent / "core" / "monitor"  # pure, stdlib-only: the nodes run them
         header.update(metrics_textfile=options.metrics_textfile,
                       modules={**header.get("modules", {}), "stacks": source("stacks"),
-                               "promfile": (core / "promfile.py").read_text(),
-                               "metricline": (core / "metricline.py").read_text()})
+                               "promfile": (monitor / "promfile.py").read_text(),
+                               "metricline": (monitor / "metricline.py").read_text()})
     return header
 
 

@@ -6,7 +6,7 @@
 - An attached run or a Slurm job: files on this machine (``RUN_DIR/logs/``, the job's output
   file), read here.
 
-Both read through fstrain/core/launch/logtail.py. With ``tail`` only the blocks at the end that hold
+Both read through fstrain/core/monitor/logtail.py. With ``tail`` only the blocks at the end that hold
 the last N (matching) lines are read, so the cost does not grow with the file; a whole read goes
 forward a chunk at a time (at most about LIMIT_BYTES of a node's file per remote read), never
 holding a file in memory. Offsets count bytes, so a read goes on exactly where the last one
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch import logtail
+from fstrain.core.monitor import logtail
 from fstrain.errors import FstrainError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line
 
@@ -206,7 +206,7 @@ class FileOutputs:
 
 
 def _reader_at(fd: int) -> Callable[[int, int], bytes]:
-    """``read_at(start, size)`` for :func:`fstrain.core.launch.logtail.last_lines` on an open file."""
+    """``read_at(start, size)`` for :func:`fstrain.core.monitor.logtail.last_lines` on an open file."""
     return lambda start, size: os.pread(fd, size, start)
 
 

@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.topo.probe_report import Report, validate_report
+from fstrain.core.parsers.probe_report import Report, validate_report
 from fstrain.errors import FstrainError, ParseError, TransportError
 from fstrain.io.fanout import Connector, HostPool
 from fstrain.io.transport import LocalTransport, Transport

@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 from fstrain import __version__
 from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry, KeeperRecord
-from fstrain.core.launch.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes, with_keeper
 from fstrain.core.progress import Event
+from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry, KeeperRecord
+from fstrain.core.runs.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes, with_keeper
 from fstrain.core.slurm.job import JOB_DIR_PREFIX, TIME_LIMIT_MARKER, job_dir_name
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
@@ -48,7 +48,7 @@ from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 # Starting, asking and stopping runs import the launch machinery where they need it: `logs` and
 # `status` of an attached run only find the run's folder here, and start faster without it.
 if TYPE_CHECKING:
-    from fstrain.core.launch.spec import NodeLaunch
+    from fstrain.core.job.spec import NodeLaunch
     from fstrain.io.launch import Rendezvous, RunOptions, RunSetup
 from fstrain.io.documents import fetch_json, write_json_atomic
 from fstrain.io.localproc import process_alive
@@ -74,13 +74,14 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     each node's answer (pids, the coordinator's port) once all of them started.
     ``coordinator_started`` gets the answers as soon as node 0's is in (the others' empty);
     ``banner``, the attempt's first line in every node's output (a recovering run)."""
-    from fstrain.core.launch.spec import secret_values
+    from fstrain.core.job.spec import secret_values
     from fstrain.io.launch import LaunchError, watchdog_header
 
     secret = secrets.token_hex(16)
-    core = Path(__file__).resolve().parent.parent / "core" / "launch"  # pure, stdlib-only modules the nodes run too
-    modules = {"coordinator": source("coordinator"), "rankexit": (core / "rankexit.py").read_text(),
-               "analysis": (core / "stacks.py").read_text(), "supervisor": (core / "supervisor.py").read_text()}
+    core = Path(__file__).resolve().parent.parent / "core"  # pure, stdlib-only modules the nodes run too
+    modules = {"coordinator": source("coordinator"), "rankexit": (core / "monitor" / "rankexit.py").read_text(),
+               "analysis": (core / "monitor" / "stacks.py").read_text(),
+               "supervisor": (core / "launch" / "supervisor.py").read_text()}
 
     def header(launch: NodeLaunch, detach: dict[str, Any]) -> bytes:
         document = watchdog_header(launch, options)

@@ -2,7 +2,7 @@
 
 When and why stacks are collected is the supervisor's decision (fstrain/core/launch/supervisor.py);
 this keeps each node's stacks report as it arrives and writes ``RUN_DIR/stacks/``: one file per
-rank and stack tool, and ``report.json`` naming the ranks that differ (fstrain/core/launch/stacks.py),
+rank and stack tool, and ``report.json`` naming the ranks that differ (fstrain/core/monitor/stacks.py),
 with the writer a detached run's coordinator uses (fstrain/io/remote/stacks.py ``write_report``).
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fstrain.core.launch.stacks import hang_report
+from fstrain.core.monitor.stacks import hang_report
 from fstrain.io.remote.stacks import write_report
 
 

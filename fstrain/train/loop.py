@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from fstrain.core.launch.metricline import StepMetrics
+from fstrain.core.monitor.metricline import StepMetrics
 from fstrain.train.data import SyntheticData
 from fstrain.train.preempt import DEFAULT_SAVE_ESTIMATE_S, StopSignal, die_of_sigterm, should_save
 from fstrain.train.runtime import (

@@ -7,7 +7,7 @@ A program fstrain launches calls :func:`report_step` once per logged step, on ev
     report_step(step=120, loss=2.314, tokens_per_s=51234.5, step_s=0.81)
 
 which prints one metric line (``FSTRAIN_METRICS {"v":1,...}``, documented in
-fstrain/core/launch/metricline.py and docs/observability.md) on stdout. A program without
+fstrain/core/monitor/metricline.py and docs/observability.md) on stdout. A program without
 fstrain on its nodes prints the same line itself. The bundled trainer also keeps each rank's
 lines as JSON lines (:class:`MetricsLog`, ``RUN_DIR/metrics/rank<R>.jsonl``).
 """
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from fstrain.core.launch.metricline import PREFIX, StepMetrics, format_metric_line
+from fstrain.core.monitor.metricline import PREFIX, StepMetrics, format_metric_line
 
 METRICS_FOLDER = "metrics"  # under the run directory: rank<R>.jsonl
 

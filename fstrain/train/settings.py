@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fstrain.core.launch.plan import check_trainer_loss, check_trainer_optimizer
+from fstrain.core.job.plan import check_trainer_loss, check_trainer_optimizer
 from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.losses import loss_chunks
 from fstrain.core.plan.planfile import PlanFile
@@ -280,7 +280,7 @@ def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:
                 "the reference trainer is data-parallel only; plan with --tp 1 --pp 1",
                 str(args.plan),
             )
-        from fstrain.core.launch.plan import (
+        from fstrain.core.job.plan import (
             check_trainer_cp,
             check_trainer_ep,
             check_trainer_fp8,

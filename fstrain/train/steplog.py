@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fstrain.core.launch.metricline import StepMetrics
+from fstrain.core.monitor.metricline import StepMetrics
 from fstrain.train.metrics import MetricsLog, metrics_file, write_metric_line
 
 # The TensorBoard tags (the metric line's fields under "train/") of each logged step.

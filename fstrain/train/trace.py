@@ -83,7 +83,7 @@ class TracedMemory:
 
 def check_traceable(plan: PlanFile) -> None:
     """Refuse what the bundled trainer (and so the trace) does not run, before importing torch."""
-    from fstrain.core.launch.plan import check_trace_eager, check_trace_framework, check_trainer_runs
+    from fstrain.core.job.plan import check_trace_eager, check_trace_framework, check_trainer_runs
     from fstrain.train.settings import check_supported
 
     check_supported(plan.model)

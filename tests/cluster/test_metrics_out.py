@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fstrain.core.launch.metricline import parse_metric_line, parse_metrics_jsonl
-from fstrain.core.launch.promfile import NODE_METRICS, RANK_METRICS
+from fstrain.core.monitor.metricline import parse_metric_line, parse_metrics_jsonl
+from fstrain.core.monitor.promfile import NODE_METRICS, RANK_METRICS
 from tests.cluster.launch_helpers import assert_no_job_processes
 from tests.cluster.test_runs import fstrain, wait_state
 from tests.conftest import NamespaceCluster

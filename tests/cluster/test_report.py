@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fstrain.core.launch.runstate import FINAL
+from fstrain.core.runs.runstate import FINAL
 from tests.browser import open_page
 from tests.cluster.test_runs import detach, fstrain, wait_state
 from tests.conftest import NamespaceCluster

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.launch.metricline import parse_metric_line, parse_metrics_jsonl
+from fstrain.core.monitor.metricline import parse_metric_line, parse_metrics_jsonl
 from fstrain.train.steplog import BOARD_TAGS
 from tests.train.conftest import torchrun
 

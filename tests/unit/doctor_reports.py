@@ -14,7 +14,7 @@ from typing import Any
 from fstrain.core.doctor.facts import DoctorFacts, HostFacts, interfaces_from_report
 from fstrain.core.parsers.ibstat import parse_ib_text
 from fstrain.core.parsers.nvidia_smi_q import gpu_health, parse_nvidia_smi_q
-from fstrain.core.topo.probe_report import validate_report
+from fstrain.core.parsers.probe_report import validate_report
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PROBE = FIXTURES / "probe"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fstrain.core.launch.plan import check_plan_fits_launch, check_trainer_optimizer
+from fstrain.core.job.plan import check_plan_fits_launch, check_trainer_optimizer
 from fstrain.core.plan.adafactor import check_adafactor, factored, state_elements, step_temporary_bytes
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.memory import memory_breakdown, optimizer_step_items, stage_model_states, stage_shapes

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fstrain.core.launch.blame import Evidence, RankEnd, Verdict, blame, last_exception, read_end, stalled_host
-from fstrain.core.launch.rankexit import RankFailure
+from fstrain.core.monitor.rankexit import RankFailure
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "blame"
 HOSTS = ("node1", "node2", "node3", "node4")

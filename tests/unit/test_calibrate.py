@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from fstrain.core.calibrate.calibrate import calibrate
 from fstrain.core.plan.assumptions import Assumptions
-from fstrain.core.plan.calibrate import calibrate
 from fstrain.core.plan.gpus import lookup_gpu
 from fstrain.core.plan.kernelcost import GpuRates
 from fstrain.core.plan.modelsize import count_parameters

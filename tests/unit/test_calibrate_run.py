@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from fstrain.core.calibrate.calibrate import calibrate
 from fstrain.core.formats import stamped
-from fstrain.core.launch.runstate import RunState
 from fstrain.core.plan.assumptions import Assumptions
-from fstrain.core.plan.calibrate import calibrate
 from fstrain.core.plan.plancluster import uniform_cluster
 from fstrain.core.report.numbers import as_document, build
+from fstrain.core.runs.runstate import RunState
 from fstrain.errors import InputError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.helpers import run_fstrain

@@ -13,8 +13,8 @@ import pytest
 
 from fstrain import __version__
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
-from fstrain.core.launch.spec import NodeLaunch
+from fstrain.core.job.spec import NodeLaunch
+from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.io.launch import RunOutcome, RunSetup, write_manifest
 from fstrain.io.runs import RunRecord, register, run_state
 from tests.helpers import run_fstrain
@@ -153,7 +153,7 @@ def test_watch_reads_the_last_lines_of_local_log_files(tmp_path: Path) -> None:
 
     from fstrain.api.runs import Run
     from fstrain.cli.watch_output import plain_line, read_view
-    from fstrain.core.launch.watch import Watch
+    from fstrain.core.monitor.watch import Watch
     from fstrain.io.logs import FileOutputs
 
     log = tmp_path / "h.log"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.launch.plan import check_plan_fits_launch, check_trainer_cp
+from fstrain.core.job.plan import check_plan_fits_launch, check_trainer_cp
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes, ring_chunk_bytes
 from fstrain.core.plan.memory import communicator_count, memory_breakdown

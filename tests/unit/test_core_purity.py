@@ -9,8 +9,8 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[2] / "fstrain" / "core"
 # Sent to the nodes as source text with the scripts of fstrain/io/remote (fstrain/io/runs.py reads
 # them by path, fstrain/io/logs.py through logtail.__file__): they run alone there, beside no fstrain.
-NODE_SIDE = ("launch/rankexit.py", "launch/stacks.py", "launch/supervisor.py", "launch/logtail.py",
-             "launch/metricline.py", "launch/promfile.py")
+NODE_SIDE = ("monitor/rankexit.py", "monitor/stacks.py", "launch/supervisor.py", "monitor/logtail.py",
+             "monitor/metricline.py", "monitor/promfile.py")
 FORBIDDEN = {"paramiko", "subprocess", "socket", "torch", "deepspeed", "rich", "typer", "pynvml", "multiprocessing",
              "asyncio", "threading", "shutil", "requests", "urllib", "http", "ctypes", "signal", "pty", "select"}
 FORBIDDEN_CALLS = {("os", "system"), ("os", "popen"), ("os", "spawnv"), ("os", "execv"), ("os", "fork"),
@@ -53,7 +53,7 @@ def test_node_side_modules_import_only_the_standard_library() -> None:
 
 
 def test_the_edge_sends_only_node_side_modules_by_path() -> None:
-    """Every ``name.py`` the edge reads to send is a node-side module of fstrain/core/launch (or a
+    """Every ``name.py`` the edge reads to send is a node-side module of fstrain/core (or a
     script beside the edge's own modules): a moved file fails here, not on a cluster."""
     io = CORE.parent / "io"
     node_side = {Path(relative).name for relative in NODE_SIDE}

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from fstrain.core.launch.plan import check_trainer_ep
+from fstrain.core.job.plan import check_trainer_ep
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.memory import EP_ALL_TO_ALL_ITEM, memory_breakdown, stage_model_states, stage_shapes
 from fstrain.core.plan.modelsize import count_parameters

@@ -15,8 +15,8 @@ import pytest
 
 from fstrain.core.formats import KINDS, check_format, problem, stamped, version
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.core.plan.planfile import PlanFile
+from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.errors import InputError
 from fstrain.io.launch import RunOutcome, RunSetup, write_manifest
 from fstrain.io.remote import coordinator, runctl, source, watchdog

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fstrain.core.launch.plan import check_plan_fits_launch, check_trainer_fp8
+from fstrain.core.job.plan import check_plan_fits_launch, check_trainer_fp8
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.gpus import GPUS, lookup_gpu
 from fstrain.core.plan.memory import (

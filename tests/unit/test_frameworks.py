@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fstrain.api.plan import ClusterRequest, TrainingRequest, resolve_cluster, resolve_training
-from fstrain.core.launch.plan import check_trace_framework
+from fstrain.core.job.plan import check_trace_framework
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.frameworks import FRAMEWORKS, framework_assumptions, profile
 from fstrain.core.plan.memory import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.launch.gpuusage import USAGE_QUERY, from_node, gpu_usage, usage_cell
+from fstrain.core.monitor.gpuusage import USAGE_QUERY, from_node, gpu_usage, usage_cell
 from fstrain.io.remote import runctl
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "misc"

@@ -12,7 +12,7 @@ import pytest
 
 from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings
 from fstrain.core.hosts.hostfile import Host, check_unique, parse_host_list, select_hosts, with_default_slots
-from fstrain.core.launch.spec import LaunchJob, plan_launches
+from fstrain.core.job.spec import LaunchJob, plan_launches
 
 
 class CountingList(list[Any]):

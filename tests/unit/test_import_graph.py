@@ -183,6 +183,49 @@ def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
             for target in sorted(graph[name]) if layer(target) not in MAY_IMPORT[layer(name)]]
 
 
+# The first-level parts of fstrain/core (its packages and its modules outside a package), lowest
+# first (docs/architecture.md): a part imports only parts before it. A new part must be placed here.
+CORE_ORDER = (
+    "formats",  # document format versions
+    "hosts",  # hostfiles, host lists, known_hosts
+    "topo",  # the Node model; NCCL topology XML read and written
+    "parsers",  # tool output and the probe report -> values (on topo)
+    "topofile",  # the NCCL topology XML generated for a node (on parsers and topo)
+    "plan",  # the planner and plan.yaml
+    "render",  # a plan -> the files a training job reads
+    "job",  # what `launch` runs where (on plan and hosts)
+    "runs",  # a run's records and state
+    "monitor",  # watching a running job (on runs)
+    "launch",  # supervision (on monitor)
+    "progress",  # progress of long work (on monitor's metric line)
+    "report",  # `fstrain report` (on runs and monitor)
+    "slurm",  # Slurm allocations and a job's state (on runs)
+    "doctor",  # doctor's checks (on job, plan, parsers, topo)
+    "bench",  # bench arithmetic and reports (on doctor's results and plan)
+    "calibrate",  # `plan --calibrate` (on bench, report, runs and plan)
+)
+
+
+def core_part(module: str) -> str | None:
+    """The first-level part of fstrain.core a module belongs to (None outside core, and for the
+    package fstrain.core itself)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["fstrain", "core"] else None
+
+
+def core_imports_against_the_order(graph: Mapping[str, set[str]], order: Iterable[str]) -> list[str]:
+    """``a imports b`` for each import between two first-level parts of fstrain.core that does not
+    go from a higher part to a lower one in ``order`` (a part missing from it is never lower)."""
+    rank = {part: index for index, part in enumerate(order)}
+
+    def goes_down(source: str, target: str) -> bool:
+        return source in rank and target in rank and rank[source] > rank[target]
+
+    return [f"{name} imports {target}" for name in sorted(graph) if (source := core_part(name))
+            for target in sorted(graph[name]) if (part := core_part(target)) and part != source
+            and not goes_down(source, part)]
+
+
 def test_the_graph_reads_every_module() -> None:
     graph = import_graph()
     assert {"fstrain.errors", "fstrain.core", "fstrain.io.launch", "fstrain.cli.main"} <= set(graph)
@@ -199,6 +242,18 @@ def test_no_import_runs_back_up_the_layers() -> None:
     graph = import_graph()
     assert {layer(name) for name in graph} - set(MAY_IMPORT) == {"cli", "fstrain", "__main__"}
     assert upward_imports(graph) == []
+
+
+def test_core_order_places_every_part_of_core_once() -> None:
+    parts = {part for name in import_graph() if (part := core_part(name))}
+    assert len(set(CORE_ORDER)) == len(CORE_ORDER), "a part is placed twice in CORE_ORDER"
+    assert sorted(parts - set(CORE_ORDER)) == [], "first-level parts of fstrain/core missing from CORE_ORDER"
+    assert sorted(set(CORE_ORDER) - parts) == [], "CORE_ORDER names parts fstrain/core no longer has"
+
+
+def test_core_parts_import_only_lower_parts() -> None:
+    found = core_imports_against_the_order(import_graph(), CORE_ORDER)
+    assert found == [], "imports against CORE_ORDER (lowest first):\n" + "\n".join(found)
 
 
 def test_no_circle_anywhere_cli_included() -> None:
@@ -262,6 +317,24 @@ def test_upward_imports_are_named() -> None:
     assert upward_imports(graph) == ["fstrain.bench.worker imports fstrain.train.model",
                                      "fstrain.core.plan.memory imports fstrain.io.launch",
                                      "fstrain.io.launch imports fstrain.cli.output"]
+
+
+def test_imports_against_the_core_order_are_named() -> None:
+    graph = {"fstrain.core": set(),
+             "fstrain.core.plan.memory": {"fstrain.core.plan.gpus", "fstrain.core.formats", "fstrain.errors"},
+             "fstrain.core.plan.gpus": {"fstrain.core.launch.spec"},
+             "fstrain.core.launch.spec": {"fstrain.core.plan.memory", "fstrain.core.new.thing"},
+             "fstrain.core.formats": {"fstrain.core"},
+             "fstrain.core.new.thing": {"fstrain.core.formats"},
+             "fstrain.io.launch": {"fstrain.core.launch.spec", "fstrain.core.formats"}}
+    assert core_part("fstrain.core.plan.memory") == "plan" and core_part("fstrain.core.formats") == "formats"
+    assert core_part("fstrain.core") is None and core_part("fstrain.io.launch") is None
+    assert core_imports_against_the_order(graph, ["formats", "plan", "launch"]) == [
+        "fstrain.core.launch.spec imports fstrain.core.new.thing",  # not placed: never lower
+        "fstrain.core.new.thing imports fstrain.core.formats",  # not placed: never higher
+        "fstrain.core.plan.gpus imports fstrain.core.launch.spec"]
+    assert core_imports_against_the_order(graph, ["formats", "new", "launch", "plan"]) == [
+        "fstrain.core.launch.spec imports fstrain.core.plan.memory"]
 
 
 def test_cli_cross_imports_are_named() -> None:

@@ -14,11 +14,11 @@ from fstrain.api.driver import Checked, Driven, DriveRequest, NodeJob, Recovery,
 from fstrain.api.keeper import STOPPED, attempt_outcome
 from fstrain.core.formats import KINDS
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.job.spec import NodeLaunch
 from fstrain.core.launch.blame import blame
 from fstrain.core.launch.recovery import Policy
-from fstrain.core.launch.runrecord import KeeperRecord
-from fstrain.core.launch.runstate import KEEPER_GONE, RunState, attempt_reason, with_keeper
-from fstrain.core.launch.spec import NodeLaunch
+from fstrain.core.runs.runrecord import KeeperRecord
+from fstrain.core.runs.runstate import KEEPER_GONE, RunState, attempt_reason, with_keeper
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.launch import HostFacts, Rendezvous, RunOutcome
 from fstrain.io.transport.base import Transport

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.launch.nested import nested_launcher
+from fstrain.core.job.nested import nested_launcher
 from tests.helpers import require_tool, run_fstrain
 
 DRY = ("launch", "--dry-run", "--hosts", "nodeA,nodeB", "--nproc-per-node", "1")

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.spec import NodeLaunch
+from fstrain.core.job.spec import NodeLaunch
 from fstrain.io.launch import RunOptions, watchdog_header
 from tests.helpers import run_fstrain
 

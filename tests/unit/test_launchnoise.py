@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fstrain.core.launch.logtail import split_rank_prefix
-from fstrain.core.launch.noise import MAX_BLOCK_LINES, NodeNoise
+from fstrain.core.monitor.logtail import split_rank_prefix
+from fstrain.core.monitor.noise import MAX_BLOCK_LINES, NodeNoise
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from fstrain.core.hosts.hostfile import Host, parse_hostfile, select_hosts
-from fstrain.core.launch.plan import check_plan_fits_launch, data_parallel_plan, trainer_program
-from fstrain.core.launch.spec import (
+from fstrain.core.job.plan import check_plan_fits_launch, data_parallel_plan, trainer_program
+from fstrain.core.job.spec import (
     DEFAULT_ENV,
     PORT_RANGE,
     LaunchJob,

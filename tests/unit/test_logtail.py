@@ -1,4 +1,4 @@
-"""fstrain/core/launch/logtail.py on values: whole lines and byte offsets, forward and backwards."""
+"""fstrain/core/monitor/logtail.py on values: whole lines and byte offsets, forward and backwards."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from fstrain.core.launch.logtail import (
+from fstrain.core.monitor.logtail import (
     backward_lines,
     forward_chunks,
     last_lines,

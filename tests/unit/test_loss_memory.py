@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fstrain.core.launch.plan import check_trainer_loss
+from fstrain.core.job.plan import check_trainer_loss
 from fstrain.core.plan.losses import LossPeaks, loss_chunks, loss_peaks, parse_loss
 from fstrain.core.plan.memory import memory_breakdown
 from fstrain.core.plan.modelsize import count_parameters

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fstrain.core.launch.plan import check_trainer_loss
+from fstrain.core.job.plan import check_trainer_loss
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.losses import LossPeaks, loss_peaks, parse_loss
 from fstrain.core.plan.memory import (

@@ -28,7 +28,7 @@ DEADLINE_S = 20.0  # generous for a loaded CI machine; a hang or an alias bomb t
 MEMORY_LIMIT_BYTES = 2 * 1024**3  # address space above what the child starts with: an alias bomb needs many GiB
 # Imported once here, so each forked case starts warm (the CLI imports these lazily).
 WARM_MODULES = ("fstrain.cli.main", "fstrain.io.render_files", "fstrain.io.recipes", "fstrain.core.plan.planner",
-                "fstrain.core.launch.spec", "fstrain.io.connect", "rich.console", "rich.table")
+                "fstrain.core.job.spec", "fstrain.io.connect", "rich.console", "rich.table")
 for _name in WARM_MODULES:
     importlib.import_module(_name)
 

@@ -1,4 +1,4 @@
-"""The metric line (fstrain.core.launch.metricline): written and read back, and what is refused."""
+"""The metric line (fstrain.core.monitor.metricline): written and read back, and what is refused."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fstrain.core.launch.metricline import (
+from fstrain.core.monitor.metricline import (
     METRIC_LINE,
     PREFIX,
     PROGRESS_LINE,

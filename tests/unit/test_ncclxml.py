@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from fstrain.core.parsers.probe_report import node_from_report, validate_report
 from fstrain.core.parsers.topo_matrix import parse_topo_matrix
 from fstrain.core.topo.ncclxml import XmlElement, parse_nccl_xml, read_nccl_topology, render_nccl_xml
-from fstrain.core.topo.ncclxml_gen import xml_from_report, xml_from_topo_matrix
-from fstrain.core.topo.probe_report import node_from_report, validate_report
 from fstrain.core.topo.topology import closest_nics, nvlink_domains
+from fstrain.core.topofile.ncclxml_gen import xml_from_report, xml_from_topo_matrix
 from fstrain.errors import ConfigError, ParseError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

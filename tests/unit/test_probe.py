@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from fstrain.core.parsers.probe_report import SCHEMA_VERSION, node_from_report, validate_report
 from fstrain.core.parsers.topo_matrix import parse_topo_matrix
-from fstrain.core.topo.probe_report import SCHEMA_VERSION, node_from_report, validate_report
 from fstrain.errors import ParseError, TransportError
 from fstrain.io.probe import probe_host, probe_local, probe_source
 from fstrain.io.transport import CommandResult, FakeTransport

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fstrain.core.launch.metricline import StepMetrics, format_metric_line
+from fstrain.core.monitor.metricline import StepMetrics, format_metric_line
 from fstrain.core.progress import Event, PlainLines, RunStages, bench_event, plain_line, step_event
 
 

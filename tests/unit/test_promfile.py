@@ -1,4 +1,4 @@
-"""The node's Prometheus textfile (fstrain.core.launch.promfile), as values: what it reads from
+"""The node's Prometheus textfile (fstrain.core.monitor.promfile), as values: what it reads from
 the ranks' lines, and a text that Prometheus's own parser (prometheus_client) reads back."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fstrain.core.launch.metricline import StepMetrics, format_metric_line, read_step
-from fstrain.core.launch.promfile import NODE_METRICS, RANK_METRICS, NodeMetrics, textfile_name
+from fstrain.core.monitor.metricline import StepMetrics, format_metric_line, read_step
+from fstrain.core.monitor.promfile import NODE_METRICS, RANK_METRICS, NodeMetrics, textfile_name
 
 NAMES = [name for name, *_ in RANK_METRICS + NODE_METRICS]
 

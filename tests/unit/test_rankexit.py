@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.core.launch.rankexit import (
+from fstrain.core.monitor.rankexit import (
     FailureReportReader,
     RankFailure,
     deepspeed_launcher_code,

@@ -122,8 +122,8 @@ def test_last_step_reads_the_attempts_part_of_each_log(tmp_path: Path) -> None:
 def _node(name: str, rank: int, exit_code: int | None, lines: list[str], own: bool = False,
           error: str | None = None) -> NodeState:
     from fstrain.core.hosts.hostfile import Host
-    from fstrain.core.launch.rankexit import RankFailure
-    from fstrain.core.launch.spec import NodeLaunch
+    from fstrain.core.job.spec import NodeLaunch
+    from fstrain.core.monitor.rankexit import RankFailure
 
     launch = NodeLaunch(Host(name), rank, 1, ("python3", "t.py"), rank_offset=rank)
     failure = RankFailure(rank, 0, exit_code, name) if own and exit_code is not None else None

@@ -8,13 +8,13 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from fstrain.core.launch.metricline import StepMetrics, format_metric_line
-from fstrain.core.launch.runstate import RunState
+from fstrain.core.monitor.metricline import StepMetrics, format_metric_line
 from fstrain.core.report import events as timeline
 from fstrain.core.report.numbers import as_document, build
 from fstrain.core.report.page import render
 from fstrain.core.report.series import Point, RankSeries, differ, rank_series, resumed_steps, step_times
 from fstrain.core.report.svg import Group, Line, distribution_chart, line_chart, nice_ticks, thinned
+from fstrain.core.runs.runstate import RunState
 
 PROGRESS = ("[node1 r0] [fstrain.train] step {step}/4 loss {loss} lr 3.000e-04 tokens/s {rate} "
             "max_allocated_bytes=100.0MiB max_reserved_bytes=128.5MiB")

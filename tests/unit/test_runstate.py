@@ -1,10 +1,10 @@
-"""A run's state from what its nodes report (fstrain/core/launch/runstate.py), as values."""
+"""A run's state from what its nodes report (fstrain/core/runs/runstate.py), as values."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fstrain.core.launch.runstate import RunState, from_host_records, from_manifest, from_nodes
+from fstrain.core.runs.runstate import RunState, from_host_records, from_manifest, from_nodes
 
 
 def view(alive: bool, run: dict[str, Any] | None = None, final: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def test_runs_found_on_the_hosts() -> None:
 
 
 def test_first_failure_from_the_final_record_or_node_0s_live_one() -> None:
-    from fstrain.core.launch.runstate import first_failure
+    from fstrain.core.runs.runstate import first_failure
 
     failed = {"first_failure_node_rank": 1, "first_failure_host": "node2", "reason": "rank 3 on node2 exited with 7",
               "first_failure": {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None}}

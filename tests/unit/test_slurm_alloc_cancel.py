@@ -12,8 +12,7 @@ from typing import cast
 import pytest
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.runstate import from_manifest
-from fstrain.core.launch.spec import NodeLaunch
+from fstrain.core.job.spec import NodeLaunch
 from fstrain.core.launch.supervisor import (
     EXIT_SIGTERM,
     FROM_CANCELLED,
@@ -26,6 +25,7 @@ from fstrain.core.launch.supervisor import (
     Limits,
     Supervisor,
 )
+from fstrain.core.runs.runstate import from_manifest
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, NODE_FAILED, JobStatus, ended_by_slurm, slurm_cancel_reason
 from fstrain.io.launch import RunOptions, RunOutcome, run_nodes
 from fstrain.io.transport.base import Transport

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import cast
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.spec import NodeLaunch
+from fstrain.core.job.spec import NodeLaunch
 from fstrain.io.launch import RunOptions, run_nodes
 from fstrain.io.remote.watchdog import EVENT_PREFIX
 from fstrain.io.slurm import SrunTransport

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.launch.spec import NodeLaunch
+from fstrain.core.job.spec import NodeLaunch
 from fstrain.io.launch import RunOutcome, RunSetup, write_manifest
 from tests.helpers import REPO, run_fstrain
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fstrain.core.launch.duration import parse_duration_s
-from fstrain.core.launch.stacks import Frame, analyse, hang_report, in_collective, parse_stacks, where
+from fstrain.core.monitor.stacks import Frame, analyse, hang_report, in_collective, parse_stacks, where
 from fstrain.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "stacks"
@@ -94,7 +94,7 @@ def _recorder(enqueued: int, name: str = "gloo:all_reduce") -> dict[str, Any]:
 
 
 def test_flight_recorders_name_the_rank_that_never_reached_the_collective() -> None:
-    from fstrain.core.launch.stacks import flight_recorder_lag
+    from fstrain.core.monitor.stacks import flight_recorder_lag
 
     behind, lines = flight_recorder_lag({0: _recorder(2), 1: _recorder(2), 2: _recorder(2), 3: _recorder(1)})
     assert behind == [3]

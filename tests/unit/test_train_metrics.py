@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fstrain.core.launch.metricline import PREFIX, StepMetrics, parse_metric_line, parse_metrics_jsonl
+from fstrain.core.monitor.metricline import PREFIX, StepMetrics, parse_metric_line, parse_metrics_jsonl
 from fstrain.train.metrics import MetricsLog, metrics_file, report_step
 from fstrain.train.settings import load_settings
 

@@ -1,4 +1,4 @@
-"""The live view's values (fstrain/core/launch/watch.py): rows from the status document and the
+"""The live view's values (fstrain/core/monitor/watch.py): rows from the status document and the
 ranks' output, the step time, the slowest rank, the ETA."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fstrain.core.launch.metricline import StepMetrics, format_metric_line
-from fstrain.core.launch.watch import (
+from fstrain.core.monitor.metricline import StepMetrics, format_metric_line
+from fstrain.core.monitor.watch import (
     TAIL_LINES_MAX,
     TAIL_LINES_PER_RANK,
     Watch,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fstrain.core.launch import metricline, promfile
-from fstrain.core.launch.metricline import StepMetrics, format_metric_line
+from fstrain.core.monitor import metricline, promfile
+from fstrain.core.monitor.metricline import StepMetrics, format_metric_line
 from fstrain.io.remote import stacks
 from fstrain.io.remote.watchdog import MetricsTextfile, RankLogTailer
 

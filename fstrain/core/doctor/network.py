@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from fstrain.core.doctor.facts import Connection, DoctorFacts, HostFacts, Interface, merged_env
 from fstrain.core.doctor.result import CheckResult, Finding, group, skipped
 from fstrain.core.hosts.hostfile import compress_hostlist
-from fstrain.core.launch.spec import PORT_RANGE
+from fstrain.core.job.spec import PORT_RANGE
 
 # Interfaces that belong to containers, VMs, overlays or VPNs: NCCL's default selection skips only
 # lo and docker*, and prefers ib*; anything else (veth, virbr0, cni0, tailscale0...) can win.

@@ -8,7 +8,7 @@ from typing import Any
 from fstrain.core.doctor.facts import DoctorFacts, HostFacts
 from fstrain.core.doctor.gpus import gpu_hosts, gpus, index_list, no_gpu_reason
 from fstrain.core.doctor.result import CheckResult, Finding, group, skipped
-from fstrain.core.topo.probe_report import node_from_report
+from fstrain.core.parsers.probe_report import node_from_report
 from fstrain.core.topo.topology import Node, group_nodes
 from fstrain.errors import FstrainError
 

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.launch.rankexit import RankFailure
 from fstrain.core.launch.supervisor import FINISHED_REASON
+from fstrain.core.monitor.rankexit import RankFailure
 
 HARDWARE, APPLICATION, UNKNOWN = "hardware", "application", "unknown"
 # A rank killed by one of these points at its host: the kernel's OOM killer (SIGKILL), memory
@@ -268,7 +268,7 @@ def _names(hosts: Sequence[str]) -> str:
 
 
 def stalled_host(hang: Mapping[str, Any], hosts: Sequence[str]) -> str | None:
-    """The host the hang report (fstrain/core/launch/stacks.py's ``hang_report`` document)
+    """The host the hang report (fstrain/core/monitor/stacks.py's ``hang_report`` document)
     shows behind: the host of the ranks the flight recorders show behind, else of the ranks
     whose stacks differ from the others'. None when those ranks are on several hosts, or when
     every rank is odd (no two agree: nothing stands out)."""

@@ -10,6 +10,9 @@ that ranks configurations. Pure: values in, values out (no files, network, proce
   ``contextparallel`` (ring attention), ``adafactor``, ``buckets`` (DeepSpeed/FSDP bucket sizes);
 - models: ``memory`` (per-GPU bytes at each moment of a step), ``timemodel`` (step time),
   ``gemmshapes`` (the GEMMs a block runs, by shape), ``gemmcurve`` (measured GEMM rates by shape);
-- ``planner`` (the search and the plan file), ``calibrate`` (measured numbers -> assumptions);
+- ``planner`` (the search and the plan file);
 - output: ``planfile`` (``plan.yaml``: the values the renderers, the launcher and the trainer read).
+
+``--calibrate`` (measured numbers -> assumptions) is :mod:`fstrain.core.calibrate`, above this
+package: it reads the bench's and the report's documents, which build on the planner.
 """

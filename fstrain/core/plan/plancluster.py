@@ -225,7 +225,7 @@ def uniform_cluster(
 
 def node_gpus_from_report(report: Mapping[str, Any], host: str) -> NodeGpus:
     """What the planner needs of a probed node: GPU type and count, memory, NVLink domain, RAM."""
-    from fstrain.core.topo.probe_report import node_from_report
+    from fstrain.core.parsers.probe_report import node_from_report
     from fstrain.core.topo.topology import nvlink_domains
     from fstrain.errors import ConfigError
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.launch.runstate import FINAL, RunState
+from fstrain.core.runs.runstate import FINAL, RunState
 
 # The state a run ended in -> the kind of its last event.
 _END_KINDS = {"succeeded": "end", "failed": "failure", "lost": "failure", "stopped": "stop", "stalled": "stall"}

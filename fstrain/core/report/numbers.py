@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fstrain.core.launch.runstate import RunState
 from fstrain.core.report.events import Event
 from fstrain.core.report.series import RankSeries, RankSteps, step_times
+from fstrain.core.runs.runstate import RunState
 
 SCHEMA = "fstrain.report/1"
 GPU_MEMORY_KEY = "max_reserved_bytes"

@@ -3,14 +3,14 @@
 A line is read as the run's logs show it, tagged ``[host rN] text`` (``[host] text`` where the
 launcher does not say the rank). Two forms carry numbers:
 
-- the metric line (fstrain/core/launch/metricline.py), which any program may print on every
+- the metric line (fstrain/core/monitor/metricline.py), which any program may print on every
   rank: step, loss, tokens/s, step time, memory;
 - the bundled trainer's rank-0 progress line, ``[fstrain.train] step 5/20 loss 3.12 lr ...
   tokens/s 12,345 max_reserved_bytes=812.0MiB``: the step time is the step's tokens over its
   tokens/s, the memory the allocator's reserved peak (the process's peak RSS on CPU).
 
 Where a rank prints metric lines, its progress lines are left out (they say the same once more).
-Both are read by fstrain/core/launch/metricline.py's ``read_step``.
+Both are read by fstrain/core/monitor/metricline.py's ``read_step``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fstrain.core.launch.metricline import METRIC_LINE, PROGRESS_LINE, StepMetrics, read_step
+from fstrain.core.monitor.metricline import METRIC_LINE, PROGRESS_LINE, StepMetrics, read_step
 
 TAG_RE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
 RESUMED_MARK = "[fstrain.train] resumed from step "

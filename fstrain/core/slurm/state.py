@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fstrain.core.launch.runstate import FINAL, RunState, from_manifest
+from fstrain.core.runs.runstate import FINAL, RunState, from_manifest
 from fstrain.core.slurm.job import JobStatus
 
 PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})

@@ -1,7 +1,7 @@
 """The topology of GPU nodes: GPUs, NICs, the links between them, NUMA and NVLink domains.
 
 Pure values. A :class:`Node` is built by a parser (``nvidia-smi topo -m``, an NCCL topology XML)
-or from a probe report (:mod:`fstrain.core.topo.probe_report`); nothing here reads the machine.
+or from a probe report (:mod:`fstrain.core.parsers.probe_report`); nothing here reads the machine.
 
 The link classes follow ``nvidia-smi topo -m`` (closest first)::
 

@@ -367,7 +367,7 @@ class Coordinator:
                     self.ended_at.setdefault(rank, time.time())
 
     def write_hang_report(self, unanswered: Any) -> dict[str, Any]:
-        """RUN_DIR/stacks: a file per rank and stack tool, and report.json (fstrain/core/launch/stacks.py
+        """RUN_DIR/stacks: a file per rank and stack tool, and report.json (fstrain/core/monitor/stacks.py
         names the odd ranks)."""
         document, files = self.analysis.hang_report(self.stacks, self.run.stall_reason, sorted(unanswered),
                                                     [n.name for n in self.run.nodes])

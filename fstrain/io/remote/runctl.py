@@ -16,7 +16,7 @@ backwards from the end; only global rank ``rank``'s lines (``rank_offset`` turns
 into global ones), only lines from Unix time ``since`` on. It writes the lines as they are in
 the file (bytes, invalid UTF-8 included) on stdout, and one JSON line on stderr: the byte offset
 just after the last whole line it read and whether more is left, or the error. It reads with
-fstrain/core/launch/logtail.py, sent as stdin's second line.
+fstrain/core/monitor/logtail.py, sent as stdin's second line.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def ranks_alive(match: dict[str, str]) -> list[int]:
     return sorted(found)
 
 
-# fstrain/core/launch/gpuusage.py USAGE_QUERY (this file runs alone on the node): read by name there.
+# fstrain/core/monitor/gpuusage.py USAGE_QUERY (this file runs alone on the node): read by name there.
 GPU_QUERY = ["--query-gpu=index,memory.used,memory.total,utilization.gpu", "--format=csv"]
 
 
@@ -167,7 +167,7 @@ def list_runs(runs_dir: str) -> dict[str, Any]:
 
 
 def _logtail() -> Any:
-    """fstrain/core/launch/logtail.py, sent as stdin's second line (a JSON string)."""
+    """fstrain/core/monitor/logtail.py, sent as stdin's second line (a JSON string)."""
     import types
 
     module = types.ModuleType("fstrain_logtail")

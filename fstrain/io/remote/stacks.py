@@ -355,7 +355,7 @@ def write_report(run_dir: str, document: dict[str, Any], files: dict[str, str]) 
     """The hang report in ``RUN_DIR/stacks/``: every file of ``files`` (a rank's stacks, its flight
     recorder), then ``report.json``, the document with that folder named in it, written beside
     and renamed over (a reader never sees half of it); the document and files are
-    fstrain/core/launch/stacks.py's ``hang_report``. Raises OSError: whether a report that cannot
+    fstrain/core/monitor/stacks.py's ``hang_report``. Raises OSError: whether a report that cannot
     be written ends anything is for the caller to say."""
     folder = os.path.join(run_dir, STACKS_DIR)
     os.makedirs(folder, mode=0o700, exist_ok=True)

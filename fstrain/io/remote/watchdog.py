@@ -699,7 +699,7 @@ class MetricsTextfile:
     (Prometheus text format, for node_exporter's textfile collector), rewritten every
     ``metrics_interval_s`` and once more at the end, each time into a ``.tmp`` file beside it
     that is then renamed over it. The numbers come from the lines the relays see
-    (fstrain/core/launch/promfile.py); alive ranks from /proc (stacks.py). A folder that cannot
+    (fstrain/core/monitor/promfile.py); alive ranks from /proc (stacks.py). A folder that cannot
     be written is said once on stderr: the job runs on."""
 
     def __init__(self, header: dict[str, Any], folder: str, promfile: Any, metricline: Any, stacks: Any) -> None:

@@ -36,7 +36,6 @@ from typing import Any
 from fstrain.core.bench.gemm import gemm_curve
 from fstrain.core.bench.pairs import link_table
 from fstrain.core.bench.report import SCHEMA, collective_summaries, compute_rows, gpu_of
-from fstrain.core.launch.runstate import FINAL
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.gemmcurve import MeasuredGemmCurve
 from fstrain.core.plan.memory import model_states
@@ -45,6 +44,7 @@ from fstrain.core.plan.plancluster import PlanCluster
 from fstrain.core.plan.schema import ModelSpec
 from fstrain.core.plan.timemodel import flops_per_token
 from fstrain.core.report.numbers import SCHEMA as REPORT_SCHEMA
+from fstrain.core.runs.runstate import FINAL
 from fstrain.errors import InputError
 
 SUMMARY_KEYS = ("tokens_per_s", "world_size", "peak_memory_max_over_ranks", "device")

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fstrain.core.parsers.ibstat import normalize_port_state, parse_rate_gbps
+from fstrain.core.parsers.probe_report import Report, node_from_report
 from fstrain.core.parsers.topo_matrix import TopoMatrix, node_from_topo_matrix
 from fstrain.core.topo.ncclxml import CPU_CLASS, NO_TARGET, NVSWITCH_CLASS, XmlElement, render_nccl_xml
-from fstrain.core.topo.probe_report import Report, node_from_report
 from fstrain.core.topo.topology import closest_nics, format_cpu_list, normalize_pci_bus_id, shape_hash
 from fstrain.errors import ConfigError
 

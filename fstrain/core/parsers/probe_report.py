@@ -1,7 +1,7 @@
 """The probe report (the JSON ``fstrain/io/probe_remote.py`` prints): validate it, read it as a Node.
 
 The probe keeps tool output raw; :func:`validate_report` turns the ``nvidia-smi`` fallback text into
-the same per-GPU dicts NVML gives, with the tested parsers in :mod:`fstrain.core.parsers`.
+the same per-GPU dicts NVML gives, with the tested parsers beside this module.
 :func:`node_from_report` builds the :class:`~fstrain.core.topo.topology.Node`: the link matrix comes from
 ``nvidia-smi topo -m`` when the node printed one, else from NVML NVLinks and sysfs PCI paths.
 """

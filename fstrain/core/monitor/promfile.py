@@ -8,7 +8,7 @@ names that do not end in ``.prom``).
 
 A rank's numbers come from its metric lines; a rank that prints none but the bundled trainer's
 progress line (``step 5/20 loss 3.1 ... tokens/s 12,345``) is read from that: both through
-``read_step`` of fstrain/core/launch/metricline.py. Every sample carries ``run_id``, ``host``
+``read_step`` of fstrain/core/monitor/metricline.py. Every sample carries ``run_id``, ``host``
 and ``node_rank``; per-rank samples also ``rank`` (global; empty while unknown) and ``local_rank``.
 
 Pure and stdlib only: it travels to the nodes with the watchdog, as does metricline.py, whose
@@ -69,7 +69,7 @@ class RankSeries:
 class NodeMetrics:
     """What one node's ranks reported, and the exposition of it.
 
-    ``read_step``: fstrain.core.launch.metricline.read_step (text -> StepReading or None).
+    ``read_step``: fstrain.core.monitor.metricline.read_step (text -> StepReading or None).
     ``rank_offset``: the global rank of local rank 0 where the launch knows it."""
 
     def __init__(self, run_id: str, host: str, node_rank: int, nproc: int, rank_offset: int | None,

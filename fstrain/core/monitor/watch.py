@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fstrain.core.launch.metricline import StepMetrics, from_mapping, read_step
-from fstrain.core.launch.runstate import FINAL
+from fstrain.core.monitor.metricline import StepMetrics, from_mapping, read_step
+from fstrain.core.runs.runstate import FINAL
 
 # A tagged output line: "[node1 r3] text" (a detached run's logs, an attached or Slurm run's log files).
 _TAGGED_RE = re.compile(r"^\[(\S+) r(\d+)\] ?(.*)$")

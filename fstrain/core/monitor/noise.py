@@ -10,7 +10,7 @@ traceback) folds into its exception line; the frame dumps are left out (the line
 says what failed).
 ``NodeNoise`` folds each of these into at most one line and remembers which local rank failed,
 so the summary can show that rank's own last lines. A rank's metric lines
-(:mod:`fstrain.core.launch.metricline`: one JSON line per rank and step) are left out too:
+(:mod:`fstrain.core.monitor.metricline`: one JSON line per rank and step) are left out too:
 ``status --watch`` and ``fstrain report`` read them. Everything still goes to the log files;
 only the terminal is spared. Pure: lines in, lines out.
 """
@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fstrain.core.launch.metricline import PREFIX as METRIC_PREFIX
-from fstrain.core.launch.rankexit import FailureReportReader, RankFailure
+from fstrain.core.monitor.metricline import PREFIX as METRIC_PREFIX
+from fstrain.core.monitor.rankexit import FailureReportReader, RankFailure
 
 IGNORED = (
     re.compile(r"node_rank is only used for static rdzv_backend"),
