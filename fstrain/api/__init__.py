@@ -14,6 +14,9 @@ below, calls these functions and prints what they return. Bad input raises the s
     handle.state(); handle.status(); handle.logs(tail=5); handle.stop(); handle.wait()
     api.collect(7 * 86400)          # `fstrain gc`: what was removed per run and host
     api.report(run.run_id)          # `fstrain report`: planned vs measured, series, events
+    api.doctor(api.DoctorRequest()); api.topo(api.TopoRequest())   # checks and topology of the hosts
+    api.exec(api.ExecRequest(("uname", "-r"))); api.bench(api.BenchRunRequest())
+    api.render(api.RenderRequest("plan.yaml", out="configs"))
 
 Layers (docs/architecture.md): ``fstrain.core`` is pure, ``fstrain.io`` touches hosts and
 processes, ``fstrain.api`` resolves requests and drives runs through both, ``fstrain.cli``
@@ -22,15 +25,22 @@ parses and prints.
 
 from __future__ import annotations
 
+from fstrain.api.bench import Benched, BenchOptions, BenchRunRequest, bench
+from fstrain.api.doctor import Diagnosed, DoctorRequest, doctor
+from fstrain.api.exec import ExecRequest, Executed, exec
 from fstrain.api.launch import DryRun, Launched, Prepared, dry_run, launch, prepare
 from fstrain.api.plan import ClusterRequest, ModelRequest, PinRequest, Planned, PlanRequest, TrainingRequest, plan
+from fstrain.api.render import Rendered, RenderRequest, render
 from fstrain.api.report import report
 from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings
 from fstrain.api.runs import Access, Collected, Run, Stopped, collect, open_run
 from fstrain.api.runs import all_runs as runs
+from fstrain.api.topo import Probed, TopoRequest, topo
 
 __all__ = [
-    "Access", "ClusterRequest", "Collected", "DryRun", "HostRequest", "JobRequest", "LaunchRequest", "Launched",
-    "ModelRequest", "PinRequest", "PlanRequest", "Planned", "Prepared", "Run", "RunSettings", "Stopped",
-    "TrainingRequest", "collect", "dry_run", "launch", "open_run", "plan", "prepare", "report", "runs",
+    "Access", "BenchOptions", "BenchRunRequest", "Benched", "ClusterRequest", "Collected", "Diagnosed",
+    "DoctorRequest", "DryRun", "ExecRequest", "Executed", "HostRequest", "JobRequest", "LaunchRequest", "Launched",
+    "ModelRequest", "PinRequest", "PlanRequest", "Planned", "Prepared", "Probed", "RenderRequest", "Rendered", "Run",
+    "RunSettings", "Stopped", "TopoRequest", "TrainingRequest", "bench", "collect", "doctor", "dry_run", "exec",
+    "launch", "open_run", "plan", "prepare", "render", "report", "runs", "topo",
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain.api.driver import Checked, DriveRequest, NodeJob, drive
+from fstrain.api.hosts import quiet
 from fstrain.api.requests import HostRequest
 from fstrain.core.bench.arithmetic import worker_argv
 from fstrain.core.hosts.hostfile import Host
@@ -180,3 +181,81 @@ def run_bench(request: BenchRequest, connect: Callable[[Host], Transport], *, fa
     document = fetch_document(hosts, driven.checked.run_dirs, connect, request.run_dir) \
         if driven.outcome.exit_code == 0 else None
     return BenchRun(driven.outcome, document, driven.checked.facts, driven.checked.rendezvous)
+
+
+EXIT_OUTLIERS = 1  # measured, and a link, a host or a rank stands out
+EXIT_NOT_MEASURED = 3  # nothing to judge: a host could not run it, the job failed, or its result was lost
+
+
+@dataclass(frozen=True)
+class BenchRunRequest:
+    """`fstrain bench`: which hosts, what to measure, and where to keep the result."""
+
+    hosts: HostRequest = field(default_factory=HostRequest)
+    options: BenchOptions = field(default_factory=BenchOptions)
+    out: str | None = None  # also write the result document (JSON) here
+
+
+@dataclass(frozen=True)
+class Benched:
+    """A bench's result: the document with its analysis, or why nothing was measured."""
+
+    run_id: str
+    run_dir: Path  # logs, manifest, bench.json
+    source: str  # where the hosts came from
+    document: dict[str, Any] | None  # None: nothing measured (``failure`` says why)
+    exit_code: int  # 0 nothing stands out, 1 outliers, 3 not measured
+    failure: str = ""
+    outcome: RunOutcome | None = None  # the job's, when it ran
+
+
+def has_outliers(analysis: Mapping[str, Any]) -> bool:
+    """A bench analysis names an outlier link or host, or a straggler rank."""
+    return bool(analysis.get("outlier_hosts") or analysis.get("pairs", {}).get("outlier_hosts")
+                or analysis.get("compute", {}).get("stragglers"))
+
+
+def bench(request: BenchRunRequest, *, report: Callable[[str], None] = quiet, out: TextIO = sys.stderr,
+          progress: Reporter | None = None) -> Benched:
+    """Check every option (before any host is contacted), run the suites on the selected hosts
+    through the run driver, and judge the result; ``report`` hears what is said once (where the
+    hosts came from, the run's id and logs), ``out`` the ranks' lines, ``progress`` the stages."""
+    from fstrain.api.hosts import HostSelection, reach
+    from fstrain.api.job import interface_env
+    from fstrain.core.bench.report import analysis
+    from fstrain.errors import FstrainError
+    from fstrain.io.bench import save_document
+
+    job, source = bench_request(request.hosts, request.options)
+    if request.out and not Path(request.out).parent.is_dir():
+        from fstrain.errors import InputError
+
+        raise InputError("the folder for --out does not exist", "create it first or give another path", request.out)
+    if source.startswith("localhost"):
+        report(f"hosts: {source}")
+    connect = reach(HostSelection(list(job.hosts), source), request.hosts, report).connect
+    report(f"bench {job.run_id}: {', '.join(job.suites)} on {len(job.hosts)} hosts; logs in {job.run_dir}/logs")
+    try:
+        run = run_bench(job, connect, fanout=request.hosts.fanout, out=out, progress=progress,
+                        node_env=lambda ifname: interface_env(ifname, dict(job.env)))
+    except FstrainError as error:  # a host down or without torch, a lost result: nothing to judge
+        return Benched(job.run_id, job.run_dir, source, None, EXIT_NOT_MEASURED, error.one_line())
+    if run.document is None:
+        return Benched(job.run_id, job.run_dir, source, None, EXIT_NOT_MEASURED,
+                       f"the benchmark job exited {run.outcome.exit_code}", run.outcome)
+    document = {**run.document, "run_id": job.run_id, "run_dir": str(job.run_dir),
+                "analysis": analysis(run.document)}
+    save_document(job.run_dir / "bench.json", document)
+    if request.out:
+        save_document(Path(request.out), document)
+    return Benched(job.run_id, job.run_dir, source, document,
+                   EXIT_OUTLIERS if has_outliers(document["analysis"]) else 0, outcome=run.outcome)
+
+
+def read_bench(path: str) -> dict[str, Any]:
+    """A saved result (bench.json), checked, with its analysis computed again; no host is contacted."""
+    from fstrain.core.bench.report import analysis
+    from fstrain.io.bench import read_document
+
+    saved = read_document(path)
+    return {**saved, "analysis": analysis(saved)}

@@ -8,7 +8,8 @@ evidence. :func:`test_suspects` puts them to the test beside the survivors:
    ``/dev/shm`` sound, does every host reach it over TCP);
 2. where the evidence points at a link or a GPU (``bench_suites``: ``pairs`` for a connection
    error, ``compute`` for a GPU fault), a short ``bench`` of the hosts that answered, whose
-   verdicts name a slow link or a straggler only once a re-time confirms it.
+   verdicts name a slow link or a straggler only once a re-time confirms it (the quick bench of
+   ``doctor --bench``: :func:`fstrain.api.doctor.quick_bench`).
 
 A suspect is guilty only on evidence: it cannot be reached, a check fails on it, or the bench
 names it. A failure every tested host shares (a setting of the job, not of one machine) is no
@@ -30,7 +31,6 @@ from fstrain.io.transport.base import Transport
 # started had the same software everywhere).
 QUICK_CHECKS = ("ssh.connect", "sw.interpreter", "gpu.count", "gpu.ecc", "gpu.pcie", "topo.nvlink", "rdma.ports",
                 "sys.shm", "net.reachability")
-BENCH_EXTRA = ("--quick", "--seconds", "0.2")
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,13 @@ def test_suspects(hosts: Sequence[Host], suspects: Sequence[str], connect: Calla
                   env: Mapping[str, str] | None = None) -> SuspectReport:
     """Test ``suspects`` (names of ``hosts``) beside the other ``hosts`` of the attempt; see the
     module's docstring. ``run_dir``: where the bench keeps its logs (default runs/<id>)."""
+    from fstrain.api.doctor import gather, quick_bench
     from fstrain.core.doctor import run_checks, select, stages
-    from fstrain.io.doctor import DoctorOptions, collect
+    from fstrain.io.doctor import DoctorOptions
 
     chosen = select(",".join(checks))
     options = DoctorOptions(stages=stages(chosen), python=python, workdir=workdir)
-    facts = collect(list(hosts), connect, options, fanout=fanout)
+    facts = gather(hosts, connect, options, fanout, None)
     rows = run_checks(facts, chosen)
     names = [h.name for h in hosts]
     rows = [_by_name(row, hosts) for row in rows]
@@ -81,7 +82,8 @@ def test_suspects(hosts: Sequence[Host], suspects: Sequence[str], connect: Calla
         unreachable = {h for row in rows if row.id == "ssh.connect" and row.verdict == "fail" for h in row.hosts}
         reached = [h for h in hosts if h.name not in unreachable]
         if len(reached) >= (2 if "pairs" in bench_suites else 1):
-            rows += _bench(reached, bench_suites, connect, python, workdir, run_dir, fanout, dict(env or {}))
+            rows += quick_bench(reached, bench_suites, connect, python=python, workdir=workdir, run_dir=run_dir,
+                                env=env, fanout=fanout)
     return weigh(rows, names, suspects)
 
 
@@ -92,29 +94,6 @@ def _by_name(row: CheckResult, hosts: Sequence[Host]) -> CheckResult:
     """Doctor names hosts by their label (``user@host:port``); the verdicts speak of names."""
     names = {h.label(): h.name for h in hosts}
     return CheckResult(row.id, row.verdict, tuple(names.get(h, h) for h in row.hosts), row.message, row.fix)
-
-
-def _bench(hosts: Sequence[Host], suites: Sequence[str], connect: Callable[[Host], Transport], python: str,
-           workdir: str | None, run_dir: Path | None, fanout: int, env: dict[str, str]) -> list[CheckResult]:
-    """The short bench of ``suites`` as check rows; a bench that could not start names nobody."""
-    from fstrain.api.bench import BenchRequest, run_bench
-    from fstrain.api.job import interface_env, new_run_id
-    from fstrain.core.bench.checks import bench_checks
-    from fstrain.errors import FstrainError
-
-    run_id = new_run_id()
-    request = BenchRequest(hosts=list(hosts), suites=list(suites), run_id=run_id,
-                           run_dir=run_dir or Path("runs") / run_id, python=python, workdir=workdir, env=env,
-                           extra=list(BENCH_EXTRA))
-    names = [h.name for h in hosts]
-    try:
-        run = run_bench(request, connect, fanout=fanout, node_env=lambda ifname: interface_env(ifname, env))
-    except FstrainError as error:
-        return [CheckResult("bench.run", "skipped", tuple(names), f"the bench could not start: {error.message}")]
-    if run.document is None:
-        return [CheckResult("bench.run", "skipped", tuple(names),
-                            f"the bench exited {run.outcome.exit_code}: no measurement to weigh")]
-    return bench_checks(run.document, names)
 
 
 def describe(report: SuspectReport) -> list[str]:

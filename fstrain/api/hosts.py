@@ -11,7 +11,7 @@ held back (``HostSelection.spares``): every command runs on the others.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,7 +28,9 @@ from fstrain.core.hosts.hostfile import (
 from fstrain.errors import InventoryError
 
 if TYPE_CHECKING:
+    from fstrain.api.requests import HostRequest
     from fstrain.core.slurm.job import Allocation
+    from fstrain.io.fanout import Connector
 
 
 @dataclass(frozen=True)
@@ -130,3 +132,35 @@ def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | 
         return HostSelection(chosen.hosts, "Slurm job", chosen.spares)
     nodes = allocation_nodes(allocation, warn)
     return HostSelection(resolve_hosts(None, ",".join(nodes), include, exclude, slots).hosts, "Slurm job")
+
+
+def select(request: HostRequest) -> HostSelection:
+    """:func:`resolve_hosts` of a request's host options."""
+    return resolve_hosts(request.hostfile, request.hosts, request.include, request.exclude, request.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How the selected hosts are reached: the connector, and its path when it is not SSH."""
+
+    connect: Connector
+    through: str | None = None  # "srun in Slurm job 14"; None: SSH, and localhost here
+
+
+def reach(selection: HostSelection, request: HostRequest, report: Callable[[str], None]) -> Reach:
+    """srun for `doctor`, `exec`, `topo` and `bench` when their hosts are the allocation's (they
+    came from SLURM_JOB_NODELIST, inside the job), said to ``report``; otherwise SSH with the
+    request's config (``localhost`` runs here, without SSH)."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if selection.source == "SLURM_JOB_NODELIST" and job_id:
+        from fstrain.io.slurm import srun_connector
+
+        report(f"Slurm job {job_id}: reaching its nodes through srun")
+        return Reach(srun_connector(), f"srun in Slurm job {job_id}")
+    from fstrain.io.connect import make_connector
+
+    return Reach(make_connector(request.ssh_config, accept_new_hosts=request.accept_new_hosts))
+
+
+def quiet(line: str) -> None:
+    """A ``report`` that says nothing (the API's default: a caller that wants the lines passes one)."""

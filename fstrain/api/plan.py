@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fstrain.core.plan.assumptions import Assumptions
@@ -328,3 +328,18 @@ def _choice(value: str, allowed: tuple[str, ...], flag: str) -> str:
     if value not in allowed:
         raise InputError(f"{value!r} is not one of {', '.join(allowed)}", "", flag)
     return value
+
+
+def measurements(path: str) -> Any:
+    """What `plan --calibrate` reads: the JSON file at ``path`` (a bench result, a report, the
+    trainer's summary.json), or for a run directory the run's report (`fstrain report --json`)."""
+    from pathlib import Path
+
+    if not Path(path).is_dir():
+        from fstrain.io.bench import read_json
+
+        return read_json(path)
+    from fstrain.api.report import report
+    from fstrain.core.report.numbers import as_document
+
+    return as_document(report(path))

@@ -9,16 +9,12 @@ Ctrl-C. ``--from FILE`` prints a saved result's report and verdict again, contac
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from fstrain.cli import hostopts
-from fstrain.cli.output import console, print_json
-
-EXIT_OUTLIERS = 1
-EXIT_NOT_MEASURED = 3
+from fstrain.cli.output import console, print_json, say
 
 
 def register(app: typer.Typer) -> None:
@@ -78,105 +74,57 @@ def bench_command(
                                          "no host is contacted."),
 ) -> None:
     """Run the benchmark suites on every selected host and report what stands out."""
-    from fstrain.api.bench import BenchOptions, bench_request
+    from fstrain.api.bench import BenchOptions, BenchRunRequest, bench
     from fstrain.api.job import collect_env
     from fstrain.api.requests import HostRequest
+    from fstrain.cli.progress_output import progress_reporter
 
     if from_file is not None:
         raise typer.Exit(reprint(from_file, json_output))
-
-    request, source = bench_request(
-        HostRequest(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude, gpus_per_node=gpus_per_node),
+    request = BenchRunRequest(
+        HostRequest(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude, gpus_per_node=gpus_per_node,
+                    ssh_config=ssh_config, accept_new_hosts=accept_new_hosts, fanout=fanout),
         BenchOptions(suite=suite, sizes=sizes, backend=backend, python=python, nproc_per_node=nproc_per_node,
                      pairs_mode=pairs_mode, pair_bytes=pair_bytes, seconds=seconds, workdir=workdir,
                      env=collect_env(env, None), master_port=master_port, run_dir=run_dir, model=model,
                      recipe=recipe, seq_len=seq_len, micro_batch=micro_batch, tp=tp, gemm_dtype=gemm_dtype,
-                     max_gemm_flops=max_gemm_flops))
-    if out:
-        _check_writable(out)
-    if source.startswith("localhost"):
-        console().print(f"[dim]hosts: {source}[/dim]")
+                     max_gemm_flops=max_gemm_flops),
+        out=out)
     try:
-        from fstrain.cli.slurm import allocation_connector
-        from fstrain.io.connect import make_connector
-
-        # Inside a Slurm allocation its nodes are reached through srun, as doctor and exec reach them.
-        connect = allocation_connector(source) or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
-        document, exit_code, failure = measure(request, connect, fanout)
+        with progress_reporter() as reporter:
+            benched = bench(request, report=say, out=reporter.routed(sys.stderr), progress=reporter)
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
-    if document is not None:
-        if out:
-            from fstrain.io.bench import save_document
-
-            save_document(Path(out), document)
+    if benched.document is not None:
+        lines = print_report(benched.document)
+        (benched.run_dir / "report.txt").write_text("\n".join(lines) + "\n")
         if json_output:
-            print_json(document)
-    elif json_output:  # nothing measured: still one document, saying why (the manifest has the rest)
-        print_json({"run_id": request.run_id, "run_dir": str(request.run_dir), "exit_code": exit_code,
-                    "failure": failure, "manifest": str(request.run_dir / "manifest.json")})
-    raise typer.Exit(exit_code)
+            print_json(benched.document)
+    else:
+        if benched.outcome is not None:
+            from fstrain.cli.launch_output import print_summary
+
+            print_summary(benched.outcome)
+        else:
+            console().print(f"[red]error:[/red] {benched.failure}", highlight=False, soft_wrap=True)
+        if json_output:  # nothing measured: still one document, saying why (the manifest has the rest)
+            print_json({"run_id": benched.run_id, "run_dir": str(benched.run_dir), "exit_code": benched.exit_code,
+                        "failure": benched.failure, "manifest": str(benched.run_dir / "manifest.json")})
+    raise typer.Exit(benched.exit_code)
 
 
 def reprint(path: str, json_output: bool) -> int:
     """``--from FILE``: the report and the verdict's exit code of a saved document."""
-    from fstrain.core.bench.report import analysis
-    from fstrain.io.bench import read_document
+    from fstrain.api.bench import EXIT_OUTLIERS, has_outliers, read_bench
 
-    saved = read_document(path)
-    document = {**saved, "analysis": analysis(saved)}
-    console().print(f"bench {saved.get('run_id', '')} from {path}: {', '.join(saved.get('suites', []))} on "
-                    f"{len(saved.get('nodes', []))} hosts", highlight=False)
+    document = read_bench(path)
+    console().print(f"bench {document.get('run_id', '')} from {path}: {', '.join(document.get('suites', []))} on "
+                    f"{len(document.get('nodes', []))} hosts", highlight=False)
     print_report(document)
     if json_output:
         print_json(document)
     return EXIT_OUTLIERS if has_outliers(document["analysis"]) else 0
-
-
-def _check_writable(out: str) -> None:
-    from fstrain.errors import InputError
-
-    parent = Path(out).parent
-    if not parent.is_dir():
-        raise InputError("the folder for --out does not exist", "create it first or give another path", out)
-
-
-def measure(request: Any, connect: Any, fanout: int) -> tuple[dict[str, Any] | None, int, str]:
-    """Run the suites, print the report on stderr; (document with its analysis, exit code, why
-    nothing was measured)."""
-    from fstrain.api.bench import run_bench
-    from fstrain.api.job import interface_env
-    from fstrain.cli.launch_output import print_summary
-    from fstrain.cli.progress_output import progress_reporter
-    from fstrain.core.bench.report import analysis
-    from fstrain.errors import FstrainError
-    from fstrain.io.bench import save_document
-
-    out = console()
-    out.print(f"bench {request.run_id}: {', '.join(request.suites)} on {len(request.hosts)} hosts; "
-              f"logs in {request.run_dir}/logs")
-    try:
-        with progress_reporter() as reporter:
-            run = run_bench(request, connect, fanout=fanout, out=reporter.routed(sys.stderr), progress=reporter,
-                            node_env=lambda ifname: interface_env(ifname, dict(request.env)))
-    except FstrainError as error:  # a host down or without torch, a lost result: nothing to judge
-        out.print(f"[red]error:[/red] {error.one_line()}", highlight=False, soft_wrap=True)
-        return None, EXIT_NOT_MEASURED, error.one_line()
-    if run.document is None:
-        print_summary(run.outcome)
-        return None, EXIT_NOT_MEASURED, f"the benchmark job exited {run.outcome.exit_code}"
-    document = {**run.document, "run_id": request.run_id, "run_dir": str(request.run_dir),
-                "analysis": analysis(run.document)}
-    save_document(request.run_dir / "bench.json", document)
-    lines = print_report(document)
-    (request.run_dir / "report.txt").write_text("\n".join(lines) + "\n")
-    return document, EXIT_OUTLIERS if has_outliers(document["analysis"]) else 0, ""
-
-
-def has_outliers(result: dict[str, Any]) -> bool:
-    return bool(result.get("outlier_hosts") or result.get("pairs", {}).get("outlier_hosts")
-                or result.get("compute", {}).get("stragglers"))
 
 
 def print_report(document: dict[str, Any]) -> list[str]:

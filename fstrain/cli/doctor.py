@@ -6,18 +6,19 @@ well, with one ``error:`` line), 130 on Ctrl-C.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from fstrain.cli import hostopts
-from fstrain.cli.output import console, print_json
+from fstrain.cli.output import console, print_json, say
 
 if TYPE_CHECKING:
-    from fstrain.core.doctor import Check, CheckResult, DoctorFacts
-    from fstrain.io.doctor import DoctorOptions
+    from collections.abc import Mapping
+
+    from fstrain.api.doctor import Diagnosed
+    from fstrain.core.doctor import CheckResult, DoctorFacts
 
 VERDICT_STYLE = {"ok": "green", "skipped": "dim", "warn": "yellow", "fail": "bold red"}
 
@@ -52,115 +53,43 @@ def doctor_command(
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
     """Probe every selected host and run the check catalogue over what was found."""
-    from fstrain.core.doctor import select
+    from fstrain.api.doctor import DoctorRequest, doctor
+    from fstrain.api.requests import HostRequest
+    from fstrain.cli.progress_output import progress_reporter
 
     if list_checks:
         print_catalogue(json_output)
         return
-    if (orphans or kill_orphans) and not only:
-        only = "proc.orphans"  # the orphan listing alone, fast
-    elif (orphans or kill_orphans) and only and "proc" not in only.split(","):
-        only = f"{only},proc.orphans"
-    checks = select(only, skip)
-    from fstrain.io.doctor import load_plan
-
-    needs = load_plan(plan) if plan else None  # bad input fails before anything is contacted
-    from fstrain.api.hosts import resolve_hosts
-
-    selection = resolve_hosts(hostfile, hosts, include, exclude, gpus_per_node)
-    if not json_output and selection.source.startswith("localhost"):
-        console().print(f"[dim]hosts: {selection.source}[/dim]")
+    request = DoctorRequest(
+        HostRequest(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude, gpus_per_node=gpus_per_node,
+                    ssh_config=ssh_config, accept_new_hosts=accept_new_hosts, fanout=fanout),
+        only=only, skip=skip, plan=plan, checkpoint_dir=checkpoint_dir, master_port=master_port, python=python,
+        workdir=workdir, orphans=orphans, kill_orphans=kill_orphans, write_test_mib=write_test_mib, bench=bench)
     try:
-        from fstrain.cli.slurm import allocation_connector
-        from fstrain.core.doctor import stages
-        from fstrain.io.connect import make_connector
-        from fstrain.io.doctor import DoctorOptions
-
-        # Inside a Slurm allocation its nodes are reached through srun.
-        through_srun = allocation_connector(selection.source)
-        connect = through_srun or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
-        options = DoctorOptions(stages=stages(checks), python=python, workdir=workdir, checkpoint_dir=checkpoint_dir,
-                                master_port=master_port, plan=needs, kill_orphans=kill_orphans,
-                                write_test_bytes=write_test_mib << 20,
-                                reached_through=f"srun in Slurm job {os.environ.get('SLURM_JOB_ID')}"
-                                if through_srun else None)
-        facts = gather(selection.hosts, connect, options, fanout)
-        extra = run_bench_checks(selection.hosts, connect, options, fanout) if bench else []
+        with progress_reporter() as reporter:
+            diagnosed = doctor(request, report=say, progress=reporter)
     except KeyboardInterrupt:
         console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
-    raise typer.Exit(report(facts, checks, orphans or kill_orphans, json_output, extra))
+    raise typer.Exit(report(diagnosed, json_output))
 
 
-def run_bench_checks(hosts: list[Any], connect: Any, options: DoctorOptions, fanout: int) -> list[CheckResult]:
-    """``--bench``: the quick collectives and pairs suites through the launch path, as verdicts."""
-    from pathlib import Path
-
-    from fstrain.api.bench import BenchRequest, run_bench
-    from fstrain.api.job import interface_env, new_run_id
-    from fstrain.core.bench.checks import bench_checks, bench_failed
-    from fstrain.core.doctor.result import CheckResult
-    from fstrain.errors import FstrainError
-
-    run_id = new_run_id()
-    request = BenchRequest(hosts=hosts, suites=["collectives", "pairs"], run_id=run_id,
-                           run_dir=Path("runs") / run_id, python=options.python, workdir=options.workdir,
-                           master_port=options.master_port, extra=["--quick", "--seconds", "0.2"])
-    console().print(f"[dim]bench {run_id}: quick collectives and pairs; logs in {request.run_dir}/logs[/dim]")
-    names = [h.name for h in hosts]
-    try:
-        run = run_bench(request, connect, fanout=fanout, node_env=lambda ifname: interface_env(ifname, {}))
-    except FstrainError as error:  # preflight or rendezvous: a verdict, beside the other checks
-        return [CheckResult("bench.run", "fail", tuple(names), f"the benchmark could not start: {error.message}",
-                            error.hint or "fix the hosts above and rerun")]
-    if run.document is None:
-        return bench_failed(run.outcome.exit_code, f"{request.run_dir}/logs", names)
-    return bench_checks(run.document, names)
-
-
-def gather(hosts: list[Any], connect: Any, options: DoctorOptions, fanout: int) -> DoctorFacts:
-    """Every host's facts, with the hosts answered so far on stderr (live on a terminal)."""
-    from fstrain.cli.progress_output import progress_reporter
-    from fstrain.core.progress import Event
-    from fstrain.io.doctor import collect
-
-    total = len(hosts)
-    answered: set[str] = set()
-    unreachable: set[str] = set()
-    with progress_reporter() as reporter:
-
-        def update(host: str, what: str) -> None:  # collect calls it under its lock
-            if what in ("done", "unreachable"):
-                answered.add(host)
-            if what == "unreachable":
-                unreachable.add(host)
-            reporter.event(Event("hosts", len(answered), total, f"{host}: {what}"))
-
-        reporter.event(Event("hosts", 0, total))
-        facts = collect(hosts, connect, options, fanout=fanout, progress=update)
-        reporter.event(Event("hosts", total - len(unreachable), total, ended=True, failed=bool(unreachable),
-                             text=f"{len(unreachable)} cannot be reached" if unreachable else ""))
-    return facts
-
-
-def report(facts: DoctorFacts, checks: tuple[Check, ...], list_orphans: bool, json_output: bool,
-           extra: list[CheckResult] | None = None) -> int:
-    from fstrain.core.doctor import exit_code, run_checks, summary
-
-    results = [*run_checks(facts, checks), *(extra or [])]
-    totals = summary(results)
+def report(diagnosed: Diagnosed, json_output: bool) -> int:
+    facts, results, totals = diagnosed.facts, list(diagnosed.results), diagnosed.summary
     if json_output:
         document: dict[str, Any] = {"checks": [r.to_dict() for r in results],
-                                    "summary": {**totals, "hosts": [h.name for h in facts.hosts]}}
-        if list_orphans:
+                                    "summary": {**totals, "hosts": diagnosed.hosts}}
+        if diagnosed.list_orphans:
             document["orphans"] = orphan_rows(facts)
         print_json(document)
     else:
-        print_table(results, [h.name for h in facts.hosts])
-        if list_orphans:
+        if diagnosed.source.startswith("localhost"):
+            say(f"hosts: {diagnosed.source}")
+        print_table(results, diagnosed.hosts)
+        if diagnosed.list_orphans:
             print_orphans(facts)
         print_summary(totals)
-    return exit_code(results)
+    return diagnosed.exit_code
 
 
 def hosts_cell(hosts: tuple[str, ...], everyone: list[str]) -> str:
@@ -207,7 +136,7 @@ def print_table(results: list[CheckResult], everyone: list[str]) -> None:
     console().print(table)
 
 
-def print_summary(totals: dict[str, Any]) -> None:
+def print_summary(totals: Mapping[str, Any]) -> None:
     style = VERDICT_STYLE[str(totals["verdict"])]
     console().print(f"{totals['checks']} checks: {totals['ok']} ok, {totals['skipped']} skipped, "
                     f"{totals['warn']} warn, {totals['fail']} fail; verdict [{style}]{totals['verdict']}[/{style}] "

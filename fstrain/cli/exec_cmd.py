@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 import typer
 
 from fstrain.cli import hostopts
-from fstrain.cli.output import console, print_json
+from fstrain.cli.output import console, print_json, say
 
 if TYPE_CHECKING:
-    from fstrain.io.fanout import HostResult
+    from fstrain.api.exec import HostResult
 
 
 def register(app: typer.Typer) -> None:
@@ -35,24 +35,22 @@ def exec_command(
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
     """Run a command on every selected host; exit 0 only if every host succeeded."""
-    from fstrain.api.hosts import resolve_hosts
-    from fstrain.io.connect import make_connector
-    from fstrain.io.fanout import HostPool
+    from fstrain.api.exec import ExecRequest, exec
+    from fstrain.api.requests import HostRequest
 
-    selection = resolve_hosts(hostfile, hosts, include, exclude, None)
-    if not json_output and selection.source.startswith("localhost"):
-        console().print(f"[dim]hosts: {selection.source}[/dim]")
-    from fstrain.cli.slurm import allocation_connector
-
-    connect = allocation_connector(selection.source) or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
-    with HostPool(selection.hosts, connect, fanout=fanout) as pool:
-        results = pool.run_all(command, timeout_s=timeout)
+    executed = exec(ExecRequest(tuple(command), HostRequest(hostfile=hostfile, hosts=hosts, include=include,
+                                                            exclude=exclude, ssh_config=ssh_config,
+                                                            accept_new_hosts=accept_new_hosts, fanout=fanout),
+                                timeout_s=timeout), report=say)
+    results = list(executed.results)
     if json_output:
         print_json({"hosts": [r.to_dict() for r in results]})
     else:
+        if executed.source.startswith("localhost"):
+            say(f"hosts: {executed.source}")
         print_grouped_output(results)
         print_summary(results)
-    raise typer.Exit(0 if all(r.ok for r in results) else 1)
+    raise typer.Exit(0 if executed.ok else 1)
 
 
 def print_grouped_output(results: list[HostResult]) -> None:

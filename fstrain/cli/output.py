@@ -30,6 +30,14 @@ def console() -> Console:
     return Console(stderr=True, highlight=False, width=width)
 
 
+def say(line: str) -> None:
+    """A line the API says once (how hosts are reached, a run's id), dim on stderr: the ``report``
+    the commands pass to ``fstrain.api``."""
+    from rich.markup import escape
+
+    console().print(f"[dim]{escape(line)}[/dim]", highlight=False, soft_wrap=True)
+
+
 def print_json(document: Any) -> None:
     """Exactly one JSON document on stdout (as ``json.dumps(document, indent=2)`` writes it)."""
     for piece in json_pieces(document):

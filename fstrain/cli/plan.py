@@ -14,7 +14,7 @@ from fstrain.cli import hostopts
 
 if TYPE_CHECKING:
     from fstrain.core.plan.assumptions import Assumptions
-    from fstrain.core.plan.plancluster import NodeGpus, PlanCluster
+    from fstrain.core.plan.plancluster import PlanCluster
     from fstrain.core.plan.planner import PlanModel, PlanResult, TrainingSpec
 
 def register(app: typer.Typer) -> None:
@@ -162,69 +162,29 @@ def plan_command(
     python: str = typer.Option("python3", "--python", help="With --hostfile/--hosts: the probe's interpreter."),
 ) -> None:
     """Rank the configurations that fit by predicted throughput and explain the ones that do not."""
-    from fstrain.api.plan import (
-        ClusterRequest,
-        ModelRequest,
-        PinRequest,
-        PlanRequest,
-        TrainingRequest,
-        plan,
-        resolve_model,
-    )
+    params = dict(locals())  # the options by name, as `render` gets them from click for plan_request
+    from fstrain.cli.plan_request import check_plan_file, plan_request, run_plan
 
-    request = PlanRequest(
-        model=ModelRequest(model, recipe, model_params),
-        cluster=ClusterRequest(num_nodes, gpus_per_node, gpu, tuple(node or ()), gpu_memory, gpu_tflops,
-                               nvlink_domain_size, inter_node_gbps),
-        training=TrainingRequest(seq_len, global_batch, global_batch_tokens, micro_batch, grad_accum, precision,
-                                 optimizer, flash_attention, train_tokens, loss, compile_blocks, fused_rmsnorm, fp8,
-                                 fp8_all_gather, framework),
-        pins=PinRequest(strategy, zero_stage, tp, pp, shard_group_size, micro_batch, grad_accum, ac, offload,
-                        pp_schedule, pp_virtual_stages, ep, cp),
-        assume=tuple(assume or ()), mfu=mfu)
-    if (out or render_dir) and resolve_model(request.model)[0].spec is None:
-        from fstrain.errors import InputError
-
-        flag = "--out" if out else "--render"
-        raise InputError("a plan file needs the model architecture", f"use --model or --recipe with {flag}", flag)
+    request = plan_request(params)
+    if out or render_dir:
+        check_plan_file(request, "--out" if out else "--render")
     if render_dir:
-        from pathlib import Path
+        from fstrain.api.render import check_out
 
-        from fstrain.io.render_files import check_out_dir
-
-        check_out_dir(Path(render_dir), force=force)  # before any work: nothing is half-written
-    probed = probe_cluster(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts, fanout, python)
-    if probed is None:  # inside a Slurm allocation, the allocation is the cluster
-        from dataclasses import replace
-
-        from fstrain.cli.slurm import plan_allocation
-
-        num_nodes, gpus_per_node, probed = plan_allocation(num_nodes, gpus_per_node, gpu, node, python, fanout)
-        request = replace(request, cluster=replace(request.cluster, num_nodes=num_nodes, gpus_per_node=gpus_per_node))
-    calibration = None
-
-    def calibrated(base: Assumptions, cluster: PlanCluster, training: TrainingSpec,
-                   plan_model: PlanModel) -> tuple[Assumptions, PlanCluster]:
-        nonlocal calibration
-        from fstrain.cli.plan_calibrate import calibrated as measured
-
-        calibration = measured(calibrate or "", request, base, cluster, training.precision, plan_model.spec,
-                               json_output)
-        return calibration.assumptions, calibration.cluster
-
-    planned = plan(request, probed=probed, calibrate=calibrated if calibrate else None)
+        check_out(render_dir, force=force)  # before any work: nothing is half-written
+    planned, calibration = run_plan(request, params, quiet=json_output)
     result, plan_model, training, cluster = planned.result, planned.model, planned.training, planned.cluster
     assumptions, batch_note = planned.assumptions, planned.batch_note
     if out and result.plans:  # nothing fits: the output says what would, and no file is written
         write_plan_file(out, result, plan_model, cluster, training.train_tokens)
     if render_dir and result.plans:
-        from fstrain.io.render_files import render_and_write
+        from fstrain.api.render import RenderRequest, render
 
-        _, written = render_and_write(planned.plan_file(), render_dir, force=force)
+        rendered = render(RenderRequest(planned.plan_file(), render_dir, force=force))
         if not json_output:
             from fstrain.cli.output import console
 
-            console().print(f"rendered {len(written)} files into {render_dir}")
+            console().print(f"rendered {len(rendered.files)} files into {render_dir}")
     traced: dict[str, Any] | None = None
     if trace:
         from fstrain.cli.plan_trace import run_trace
@@ -248,26 +208,6 @@ def plan_command(
 
             print_trace(traced)
     raise typer.Exit(0 if result.plans else 1)
-
-
-def probe_cluster(hostfile: str | None, hosts: str | None, include: str | None, exclude: str | None,
-                  ssh_config: str | None, accept_new_hosts: bool, fanout: int, python: str) -> list[NodeGpus] | None:
-    """With --hostfile/--hosts: probe every host and describe its GPUs; otherwise None."""
-    if not hostfile and not hosts:
-        return None
-    from fstrain.api.hosts import resolve_hosts
-    from fstrain.core.plan.plancluster import node_gpus_from_report
-    from fstrain.errors import TransportError
-    from fstrain.io.connect import make_connector
-    from fstrain.io.probe import probe_inventory
-
-    selection = resolve_hosts(hostfile, hosts, include, exclude, None)
-    reports, failed = probe_inventory(selection.hosts, make_connector(ssh_config, accept_new_hosts=accept_new_hosts),
-                                      python=python, fanout=fanout)
-    if failed:
-        raise TransportError("could not probe " + "; ".join(error.one_line() for _, error in failed),
-                             "fix or --exclude those hosts, or describe the cluster with --gpu", "fstrain plan")
-    return [node_gpus_from_report(r, h.label()) for h, r in zip(selection.hosts, reports, strict=True)]
 
 
 def plan_document(

@@ -20,9 +20,10 @@ def calibrated(path: str, request: PlanRequest, assumptions: Assumptions, cluste
                model: ModelSpec | None, quiet: bool) -> Calibration:
     """The calibration of ``path``; what an explicit flag of ``request`` also sets is kept as the
     flag says."""
+    from fstrain.api.plan import measurements
     from fstrain.core.calibrate.calibrate import calibrate
 
-    document = measured_document(path)
+    document = measurements(path)
     outliers = bench_outliers(document)
     if outliers:  # on stderr even with --json: a calibration that carries a faulty host is worth a line
         console().print(f"[yellow]warning:[/yellow] {path}: the bench named outliers ({', '.join(outliers)}); "
@@ -43,20 +44,6 @@ def calibrated(path: str, request: PlanRequest, assumptions: Assumptions, cluste
     if not quiet:
         print_calibration(path, result)
     return result
-
-
-def measured_document(path: str) -> Any:
-    """The JSON file at ``path``; for a run directory, the run's report (`fstrain report --json`)."""
-    from pathlib import Path
-
-    from fstrain.io.bench import read_json
-
-    if not Path(path).is_dir():
-        return read_json(path)
-    from fstrain.api.report import report
-    from fstrain.core.report.numbers import as_document
-
-    return as_document(report(path))
 
 
 def bench_outliers(document: Any) -> list[str]:

@@ -56,54 +56,45 @@ def render_command(
         from fstrain.cli.slurm import render_batch_script
 
         raise typer.Exit(render_batch_script(out, plan, list(ctx.args), json_output))
-    from fstrain.core.render.options import TrainingOptions
-    from fstrain.io.render_files import read_plan_file, render_and_write
+    from fstrain.api.render import RenderRequest, render
 
-    plan_file = read_plan_file(plan) if plan is not None else plan_from_options(list(ctx.args))
-    options = TrainingOptions(lr=lr, warmup_steps=warmup_steps, total_steps=train_steps)
-    bundle, paths = render_and_write(
-        plan_file,
-        out,
-        force=force,
-        ifname=ifname,
-        rdma_devices=rdma_devices,
-        nccl_topo_files=nccl_topo,
-        debug=debug_env,
-        options=options,
-    )
+    request = RenderRequest(plan if plan is not None else plan_from_options(ctx), out, force=force,
+                            ifname=ifname, rdma_devices=tuple(rdma_devices), nccl_topo=tuple(nccl_topo),
+                            debug_env=debug_env, lr=lr, warmup_steps=warmup_steps, train_steps=train_steps)
+    rendered = render(request)
     if json_output:
-        print_json(
-            {
-                "out_dir": str(paths[0].parent),
-                "files": [path.name for path in paths],
-                "notes": {name: list(notes) for name, notes in sorted(bundle.notes.items())},
-            }
-        )
+        print_json({"out_dir": str(rendered.out_dir), "files": [path.name for path in rendered.files],
+                    "notes": {name: list(notes) for name, notes in rendered.notes.items()}})
         return
     out_console = console()
-    out_console.print(f"rendered {len(paths)} files into [bold]{paths[0].parent}[/bold]", soft_wrap=True)
-    for path in paths:
+    out_console.print(f"rendered {len(rendered.files)} files into [bold]{rendered.out_dir}[/bold]", soft_wrap=True)
+    for path in rendered.files:
         out_console.print(f"  {path.name}", soft_wrap=True)
-    for name, notes in sorted(bundle.notes.items()):
+    for name, notes in rendered.notes.items():
         for note in notes:
             out_console.print(f"[dim]{name}: {note}[/dim]", soft_wrap=True)
 
 
-def plan_from_options(args: list[str]) -> PlanFile:
-    """Run `fstrain plan ARGS --out TMP` (its tables go to stderr) and read the best plan back."""
-    import tempfile
-
-    from fstrain.cli.main import app
+def plan_from_options(ctx: typer.Context) -> PlanFile:
+    """`fstrain plan ARGS`'s best plan: the arguments parsed with plan's own options, the search
+    run through the API, its tables on stderr as `fstrain plan` shows them."""
+    from fstrain.cli.main import module_commands
+    from fstrain.cli.plan_output import print_plans
+    from fstrain.cli.plan_request import check_plan_file, plan_request, run_plan
     from fstrain.errors import ConfigError, InputError
-    from fstrain.io.render_files import read_plan_file
 
+    args = list(ctx.args)
     if not args:
         raise InputError("no plan to render", "give --plan plan.yaml, or plan options such as --model tiny "
                          "--gpu h100-sxm", "fstrain render")
-    with tempfile.TemporaryDirectory(prefix="fstrain-render-") as folder:
-        path = Path(folder) / "plan.yaml"
-        code = app(["plan", *args, "--out", str(path)], prog_name="fstrain", standalone_mode=False)
-        if not path.exists():
-            raise ConfigError(f"`fstrain plan` found no plan to render (exit {code})",
-                              "see its output above: pin fewer knobs or add GPUs", "fstrain render")
-        return read_plan_file(path)
+    with module_commands("plan")["plan"].make_context("plan", args, parent=ctx.parent) as context:
+        params = context.params
+    request = plan_request(params)
+    check_plan_file(request, "--out")
+    planned, _ = run_plan(request, params, quiet=False)
+    print_plans(planned.result, planned.model, planned.training, planned.cluster, planned.assumptions,
+                params["top"], planned.batch_note, None)
+    if not planned.result.plans:
+        raise ConfigError("`fstrain plan` found no plan to render (exit 1)",
+                          "see its output above: pin fewer knobs or add GPUs", "fstrain render")
+    return planned.plan_file()

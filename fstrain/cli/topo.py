@@ -7,15 +7,17 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from fstrain.cli import hostopts
-from fstrain.cli.output import console, print_json
+from fstrain.cli.output import console, print_json, say
 from fstrain.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from fstrain.api.topo import Probed
 
 topo_app = typer.Typer(help="Node topology: GPUs, NVLink, PCIe, NUMA, NICs; NCCL topology XML.",
                        no_args_is_help=True)
@@ -27,16 +29,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _read_text(path: Path) -> str:
-    from fstrain.io.userfiles import MAX_FILE_BYTES
+    from fstrain.api.topo import read_topology_file
 
-    try:
-        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
-            raise InputError(f"larger than {MAX_FILE_BYTES // 2**20} MiB", "is this really a topology file?", str(path))
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        raise InputError("file not found", hint="check the path", where=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", where=str(path)) from None
+    return read_topology_file(path)
 
 
 def _looks_like_xml(text: str) -> bool:
@@ -86,70 +81,28 @@ def show_command(
     """Probe this node, or every selected host, and draw the topology (nodes without GPUs say so)."""
     from fstrain.cli.topo_view import render_reports
 
-    reports, failures = probe_selected(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts, fanout,
-                                       python)
+    probed = probe_selected(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts, fanout, python)
     if json_output:
-        print_json({**reports_document(reports), "unreachable": failures})
-    elif reports:
-        render_reports(reports, console())
-    for failure in failures:
-        console().print(f"[red]error: {failure['error']}[/red]", markup=True)
-    if failures:
+        print_json(probed.document())
+    elif probed.reports:
+        render_reports(list(probed.reports), console())
+    for failure in probed.failures:
+        console().print(f"[red]error: {failure.error}[/red]", markup=True)
+    if probed.failures:
         raise typer.Exit(1)
 
 
 def probe_selected(hostfile: str | None, hosts: str | None, include: str | None, exclude: str | None,
-                   ssh_config: str | None, accept_new_hosts: bool, fanout: int,
-                   python: str | None) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+                   ssh_config: str | None, accept_new_hosts: bool, fanout: int, python: str | None) -> Probed:
     """Probe reports of the selected hosts (this machine when none is selected), and the hosts
     that could not be probed with why."""
-    from fstrain.api.hosts import resolve_hosts
-    from fstrain.io.connect import is_local, make_connector
-    from fstrain.io.probe import probe_inventory, probe_local
+    from fstrain.api.requests import HostRequest
+    from fstrain.api.topo import TopoRequest, topo
 
-    selection = resolve_hosts(hostfile, hosts, include, exclude, None)
-    if len(selection.hosts) == 1 and is_local(selection.hosts[0]):
-        return [probe_local(python=python)], []
-    from fstrain.cli.slurm import allocation_connector
-
-    connect = allocation_connector(selection.source) or make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
-    reports, failed = probe_inventory(selection.hosts, connect, python=python or "python3", fanout=fanout)
-    return reports, [{"host": host.label(), "error": error.one_line()} for host, error in failed]
-
-
-def reports_document(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """The --json document of ``topo show``: a summary per node, the groups, and the raw reports."""
-    from fstrain.core.parsers.probe_report import node_from_report
-    from fstrain.core.topo.topology import group_nodes, node_to_dict
-
-    nodes = [node_from_report(r) for r in reports]
-    summaries = []
-    for report, node in zip(reports, nodes, strict=True):
-        summary = node_to_dict(node)
-        summary["gpu_source"] = report["gpu_source"]
-        summary["gpu_source_reason"] = report.get("gpu_source_reason")
-        summaries.append(summary)
-    groups = [{"shape_hash": g.shape_hash, "hostnames": list(g.hostnames), "differences": list(g.differences)}
-              for g in group_nodes(nodes)]
-    return {"nodes": summaries, "groups": groups, "reports": reports}
-
-
-def load_reports(text: str, source: str) -> list[dict[str, Any]]:
-    """Probe reports from a saved file: one report, a list of them, or `topo show --json` output."""
-    from fstrain.core.parsers.probe_report import validate_report
-    from fstrain.errors import ParseError
-    from fstrain.io.userfiles import check_json_depth
-
-    check_json_depth(text, source)  # a hostile file must not end in RecursionError
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"not JSON: {exc.msg}", where=f"{source}:{exc.lineno}",
-                         hint="pass a probe report (`fstrain topo show --json > report.json`)") from None
-    items = data.get("reports") if isinstance(data, dict) and "reports" in data else data
-    items = items if isinstance(items, list) else [items]
-    return [validate_report(item, where=f"{source}[{i}]" if len(items) > 1 else source)
-            for i, item in enumerate(items)]
+    request = TopoRequest(HostRequest(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude,
+                                      ssh_config=ssh_config, accept_new_hosts=accept_new_hosts, fanout=fanout),
+                          python=python)
+    return topo(request, report=say)
 
 
 def _shape_path(output: Path, shape: str, many: bool) -> Path:
@@ -182,14 +135,16 @@ def xml_command(
         outputs.append(("paste", generated, str(source)))
     else:
         if source is not None:
+            from fstrain.api.topo import load_reports
+
             reports = load_reports(_read_text(source), str(source))
         else:
-            reports, failures = probe_selected(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts,
-                                               fanout, python)
-            if failures:
-                raise ConfigError("could not probe " + "; ".join(f"{f['host']}: {f['error']}" for f in failures),
+            probed = probe_selected(hostfile, hosts, include, exclude, ssh_config, accept_new_hosts, fanout, python)
+            if probed.failures:
+                raise ConfigError("could not probe " + "; ".join(f"{f.host}: {f.error}" for f in probed.failures),
                                   hint="fix or --exclude those hosts, or pass --from with saved reports",
                                   where="topo xml")
+            reports = list(probed.reports)
         for shape, group in distinct_shapes(reports):
             # GUIDs are per node: leave them out of a file that several nodes share.
             generated = xml_from_report(group[0], node_specific=len(group) == 1)

@@ -18,6 +18,15 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fstrain"
 # Shared by every command: output, option and error helpers, and the app that registers them all.
 CLI_SHARED = {"fstrain.cli", "fstrain.cli.main", "fstrain.cli.output", "fstrain.cli.hostopts",
               "fstrain.cli.metavars", "fstrain.cli.usage_errors"}
+# CLI modules that are clients of fstrain.api only: they import no fstrain.io module (core, for
+# printing, and errors as well). The rest of fstrain/cli joins this list as it is moved behind the API.
+CLI_CLEAN_OF_IO = (
+    "fstrain.cli.bench", "fstrain.cli.bench_output", "fstrain.cli.doctor", "fstrain.cli.exec_cmd",
+    "fstrain.cli.hostopts", "fstrain.cli.main", "fstrain.cli.metavars", "fstrain.cli.output", "fstrain.cli.plan",
+    "fstrain.cli.plan_calibrate", "fstrain.cli.plan_output", "fstrain.cli.plan_request", "fstrain.cli.plan_trace",
+    "fstrain.cli.progress_output", "fstrain.cli.render", "fstrain.cli.report", "fstrain.cli.topo",
+    "fstrain.cli.topo_view", "fstrain.cli.usage_errors", "fstrain.cli.watch_output",
+)
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -266,6 +275,19 @@ def test_no_cli_module_imports_another_commands_module() -> None:
     assert found == [], "\n".join(found)
 
 
+def io_imports(graph: Mapping[str, set[str]], modules: Iterable[str]) -> list[str]:
+    """``a imports b`` for each of ``modules`` that imports a module of fstrain.io."""
+    return [f"{name} imports {target}" for name in modules for target in sorted(graph[name])
+            if target == "fstrain.io" or target.startswith("fstrain.io.")]
+
+
+def test_the_clean_cli_modules_import_no_io_module() -> None:
+    graph = import_graph()
+    assert set(CLI_CLEAN_OF_IO) <= set(graph), set(CLI_CLEAN_OF_IO) - set(graph)
+    found = io_imports(graph, CLI_CLEAN_OF_IO)
+    assert found == [], "import fstrain.api instead:\n" + "\n".join(found)
+
+
 # -- the checks themselves, on small packages written here -----------------------------------------
 
 
@@ -335,6 +357,13 @@ def test_imports_against_the_core_order_are_named() -> None:
         "fstrain.core.plan.gpus imports fstrain.core.launch.spec"]
     assert core_imports_against_the_order(graph, ["formats", "new", "launch", "plan"]) == [
         "fstrain.core.launch.spec imports fstrain.core.plan.memory"]
+
+
+def test_io_imports_are_named() -> None:
+    graph = {"fstrain.cli.a": {"fstrain.api.plan", "fstrain.io.probe", "fstrain.iox"},
+             "fstrain.cli.b": {"fstrain.io"}, "fstrain.cli.c": {"fstrain.io.connect"}}
+    assert io_imports(graph, ["fstrain.cli.a", "fstrain.cli.b"]) == ["fstrain.cli.a imports fstrain.io.probe",
+                                                                     "fstrain.cli.b imports fstrain.io"]
 
 
 def test_cli_cross_imports_are_named() -> None:
