@@ -11,10 +11,10 @@ held back (``HostSelection.spares``): every command runs on the others.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fstrain.core.hosts.hostfile import (
     Host,
@@ -96,11 +96,21 @@ def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
                       environ: Mapping[str, str] | None = None) -> Allocation | None:
     """The allocation whose nodes run the job through srun, or ``None`` for SSH. Inside an srun
     step of several tasks nothing is chosen: one launch per task is refused."""
-    from fstrain.core.slurm.job import LAUNCHERS, allocation_from_env, check_one_task
-    from fstrain.errors import InputError
+    from fstrain.core.slurm.job import check_one_task
 
     env = os.environ if environ is None else environ
     check_one_task(env)
+    return allocation_for(launcher, hostfile, hosts, env)
+
+
+def allocation_for(launcher: str, hostfile: str | None, hosts: str | None,
+                   environ: Mapping[str, str] | None = None) -> Allocation | None:
+    """The one rule for srun or SSH: ``srun`` is the allocation's (refused outside one); ``auto``
+    is the allocation's when inside one and no --hosts/--hostfile is given; ``ssh`` never."""
+    from fstrain.core.slurm.job import LAUNCHERS, allocation_from_env
+    from fstrain.errors import InputError
+
+    env = os.environ if environ is None else environ
     if launcher not in LAUNCHERS:
         raise InputError(f"unknown launcher {launcher!r}", f"use one of {', '.join(LAUNCHERS)}", "--launcher")
     if launcher == "ssh":
@@ -112,6 +122,19 @@ def choose_allocation(launcher: str, hostfile: str | None, hosts: str | None,
     if launcher == "auto" and (hostfile or hosts):
         return None
     return allocation
+
+
+def connector(allocation: Allocation | None, request: HostRequest, step_args: Sequence[str] = (),
+              config: Any = None) -> Connector:
+    """srun steps on the allocation's nodes (``step_args`` added to each), else SSH with the
+    request's config (``localhost`` runs here, without SSH)."""
+    if allocation is not None:
+        from fstrain.io.slurm import srun_connector
+
+        return srun_connector(step_args)
+    from fstrain.io.connect import make_connector
+
+    return make_connector(request.ssh_config, accept_new_hosts=request.accept_new_hosts, config=config)
 
 
 def allocation_hosts(allocation: Allocation, hostfile: str | None, hosts: str | None, include: str | None,
@@ -148,18 +171,13 @@ class Reach:
 
 
 def reach(selection: HostSelection, request: HostRequest, report: Callable[[str], None]) -> Reach:
-    """srun for `doctor`, `exec`, `topo` and `bench` when their hosts are the allocation's (they
-    came from SLURM_JOB_NODELIST, inside the job), said to ``report``; otherwise SSH with the
-    request's config (``localhost`` runs here, without SSH)."""
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if selection.source == "SLURM_JOB_NODELIST" and job_id:
-        from fstrain.io.slurm import srun_connector
-
-        report(f"Slurm job {job_id}: reaching its nodes through srun")
-        return Reach(srun_connector(), f"srun in Slurm job {job_id}")
-    from fstrain.io.connect import make_connector
-
-    return Reach(make_connector(request.ssh_config, accept_new_hosts=request.accept_new_hosts))
+    """srun for `doctor`, `exec`, `topo` and `bench` inside an allocation when no hosts are
+    given (the rule `launch` follows: :func:`allocation_for`), said to ``report``; otherwise SSH."""
+    allocation = allocation_for("auto", request.hostfile, request.hosts)
+    if allocation is not None:
+        report(f"Slurm job {allocation.job_id}: reaching its nodes through srun")
+        return Reach(connector(allocation, request), f"srun in Slurm job {allocation.job_id}")
+    return Reach(connector(None, request))
 
 
 def quiet(line: str) -> None:

@@ -7,10 +7,11 @@ checks that need no host come first: a bad request is one error before anything 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from fstrain.core.plan.planfile import PlanFile
     from fstrain.core.progress import Reporter
     from fstrain.core.slurm.job import Allocation
+    from fstrain.io.launch import NodeState
+    from fstrain.io.launch import RunOutcome as RunOutcome  # re-exported: what print_summary reads
     from fstrain.io.runs import RunRecord
     from fstrain.io.transport.base import Transport
 
@@ -60,6 +63,11 @@ class Launched(Run):
         self.job = job
         self.hosts = hosts
         self.training_summary: dict[str, Any] | None = None
+
+    @property
+    def outcome(self) -> RunOutcome:
+        """How the (last) attempt ended, per node."""
+        return self.driven.outcome
 
     @property
     def exit_code(self) -> int:
@@ -144,6 +152,13 @@ class DryRun:
                  "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME chosen per node, at launch")
 
 
+    def node_summaries(self) -> list[dict[str, Any]]:
+        """Each node's command and (masked) environment, as the manifest lists them."""
+        from fstrain.io.launch import node_summary
+
+        return [node_summary(launch, None) for launch in self.launches]
+
+
 def dry_run(prepared: Prepared) -> DryRun:
     from fstrain.core.job.spec import master_port_candidates, plan_launches
     from fstrain.io.connect import is_local
@@ -167,16 +182,16 @@ def launch(request: LaunchRequest | Prepared, *, out: TextIO | None = None, repo
 
 
 def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
-    from fstrain.io.connect import check_distinct_endpoints, make_connector
+    from fstrain.api.hosts import connector
+    from fstrain.io.connect import check_distinct_endpoints
 
     request = prepared.request
     if prepared.allocation is not None:
-        from fstrain.io.slurm import srun_connector
-
         workdir = request.job.workdir or os.getcwd()
-        return srun_connector(container_step_args(request, prepared.run_id, workdir, str(prepared.run_dir.resolve())))
-    config = check_distinct_endpoints(prepared.selection.hosts, request.hosts.ssh_config)
-    return make_connector(request.hosts.ssh_config, accept_new_hosts=request.hosts.accept_new_hosts, config=config)
+        return connector(prepared.allocation, request.hosts,
+                         container_step_args(request, prepared.run_id, workdir, str(prepared.run_dir.resolve())))
+    return connector(None, request.hosts, config=check_distinct_endpoints(prepared.selection.hosts,
+                                                                          request.hosts.ssh_config))
 
 
 def rank_packages(backend: str, bundled_trainer: bool) -> tuple[str, ...]:
@@ -379,3 +394,27 @@ def fetch_training_summary(host: Host, run_dir: str, connect: Callable[[Host], T
     if summary is None:
         report(f"no training summary on {host.label()}: {error}")
     return summary
+
+
+def guarded_stream(stream: TextIO, name: str) -> TextIO:
+    """``stream`` for the ranks' lines, its first write failure (a closed pipe, a full disk)
+    said once and later writes dropped: losing the terminal's copy never stops the job."""
+    from fstrain.io.localout import GuardedStream
+
+    return cast(TextIO, GuardedStream(stream, name))  # writes and flushes like the stream it guards
+
+
+@contextlib.contextmanager
+def final_write(name: str = "stdout") -> Iterator[None]:
+    """Around a last write to stdout (the JSON document, the summary): a failure is said once."""
+    from fstrain.io.localout import stdout_may_fail
+
+    with stdout_may_fail(name):
+        yield
+
+
+def failure_lines(node: NodeState, count: int = 10) -> list[str]:
+    """A failed node's most telling lines: the first failed rank's own, else the node's last."""
+    from fstrain.io.launch import last_lines
+
+    return last_lines(node, count)

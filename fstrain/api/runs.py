@@ -25,6 +25,7 @@ from fstrain.core.runs.runstate import FINAL, RunState
 from fstrain.errors import FstrainError, InputError
 
 if TYPE_CHECKING:
+    from fstrain.api.requests import HostRequest
     from fstrain.core.hosts.hostfile import Host
     from fstrain.core.runs.runrecord import KeeperRecord
     from fstrain.io.logs import FileOutputs, NodeOutputs
@@ -396,6 +397,70 @@ def progress_of(line: str) -> dict[str, Any] | None:
     if found is None:
         return None
     return {"step": found.step, "steps": found.steps, "loss": found.loss, "tokens_per_s": found.tokens_per_s}
+
+
+def run_rows(include_ended: bool, access: Access, on_hosts: HostRequest | None = None) -> list[dict[str, Any]]:
+    """`fstrain runs`: a row per run started from this machine (state, exit code, duration,
+    nodes, attempts, first failure), live ones only unless ``include_ended``; with ``on_hosts``, also
+    the detached runs whose records are on those hosts."""
+    from fstrain.io.runs import run_state
+
+    rows: list[dict[str, Any]] = []
+    for run in all_runs(access):
+        record = run.record
+        if isinstance(run.backend, SlurmRun):  # Slurm's word, asked of scontrol here
+            row = run.backend.row()
+            if include_ended or row["state"] not in FINAL:
+                rows.append(row)
+            continue
+        cached = run_state(record, None)
+        # Ask the nodes only while it may still run.
+        state = run.state() if run.kind == "detached" and cached.state not in FINAL else cached
+        if not include_ended and state.state in FINAL:
+            continue
+        rows.append({"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code,
+                     "reason": state.reason, "detached": bool(record.detached), "started": record.started,
+                     "seconds": round((state.ended or time.time()) - record.started, 1) if record.started else None,
+                     "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir),
+                     "first_failure": recorded_failure(record),
+                     "attempts": (record.manifest or {}).get("attempts") or []})
+    if on_hosts is not None:  # and the detached runs found on those hosts
+        known = {row["run_id"] for row in rows}
+        rows += [row for row in rows_on_hosts(on_hosts, access.python)
+                 if row["run_id"] not in known and (include_ended or row["state"] not in FINAL)]
+    return rows
+
+
+def rows_on_hosts(request: HostRequest, python: str) -> list[dict[str, Any]]:
+    """Detached runs whose node records are in the hosts' ``~/.fstrain/runs``, merged per run."""
+    from fstrain.api.hosts import connector, select
+    from fstrain.core.runs.runstate import first_failure, from_host_records
+    from fstrain.io.runs import check_view, runs_on_hosts
+
+    selection = select(request)
+    merged: dict[str, dict[str, Any]] = {}
+    for host, found in zip(selection.hosts, runs_on_hosts(selection.hosts, connector(None, request), python),
+                           strict=True):
+        for run in found:
+            entry = merged.setdefault(run["run_id"], {"run": None, "nodes": {}, "hosts": []})
+            entry["run"] = entry["run"] or run.get("run")
+            entry["hosts"].append(host.label())
+            for node in run["nodes"]:  # hosts that share a home see every node's record
+                check_view({"run": run.get("run"), "node": node}, f"{host.label()}:{run.get('run_dir')}",
+                           node.get("node_rank"))
+                entry["nodes"][node.get("node_rank")] = node
+    rows = []
+    for run_id, entry in sorted(merged.items()):
+        nodes = [entry["nodes"][k] for k in sorted(entry["nodes"], key=lambda k: (k is None, k))]
+        state = from_host_records(entry["run"], nodes)
+        started = min((n.get("started") or 0 for n in nodes), default=0)
+        rows.append({"run_id": run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
+                     "detached": True, "started": started,
+                     "seconds": round((state.ended or time.time()) - started, 1) if started else None,
+                     "nodes": sorted({str(n.get("hostname")) for n in nodes}), "run_dir": None,
+                     "mode": "found on hosts",
+                     "first_failure": first_failure([{"node": n, "run": entry["run"]} for n in nodes])})
+    return rows
 
 
 def recorded_failure(record: RunRecord) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import TYPE_CHECKING, TextIO, cast
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -158,8 +158,7 @@ def _check_backend(backend: str) -> None:
 def run_launch(request: LaunchRequest, *, dry_run: bool, json_output: bool) -> int:
     """The launch through the API, printed: rank lines on stdout (stderr with --json, whose
     stdout is one document), progress on stderr, the summary at the end. Returns the exit code."""
-    from fstrain.api.launch import launch, prepare
-    from fstrain.io.localout import GuardedStream, stdout_may_fail
+    from fstrain.api.launch import final_write, guarded_stream, launch, prepare
 
     prepared = prepare(request)
     if prepared.selection.source.startswith("localhost"):
@@ -174,8 +173,7 @@ def run_launch(request: LaunchRequest, *, dry_run: bool, json_output: bool) -> i
         console().print(f"[dim]Slurm job {prepared.allocation.job_id}: every node runs its part as an srun step[/dim]")
     from fstrain.cli.progress_output import progress_reporter
 
-    # GuardedStream writes and flushes like the stream it guards.
-    out = cast(TextIO, GuardedStream(*((sys.stderr, "stderr") if json_output else (sys.stdout, "stdout"))))
+    out = guarded_stream(*((sys.stderr, "stderr") if json_output else (sys.stdout, "stdout")))
     with progress_reporter() as reporter:  # the stages on stderr: live on a terminal, else plain lines
         launched = launch(prepared, out=reporter.routed(out), report=reporter,
                           color=sys.stdout.isatty() and not json_output)
@@ -183,15 +181,15 @@ def run_launch(request: LaunchRequest, *, dry_run: bool, json_output: bool) -> i
         print_detached(launched, json_output)
         return 0
     if json_output:
-        with stdout_may_fail():
+        with final_write():
             print_json(launched.manifest)
         return launched.exit_code
     from fstrain.cli.launch_output import print_attempts, print_summary, print_training_summary
 
-    print_summary(launched.driven.outcome)
+    print_summary(launched.outcome)
     print_attempts(launched.manifest.get("attempts") or [])
     if launched.training_summary is not None:
-        with stdout_may_fail():
+        with final_write():
             print_training_summary(launched.training_summary)
     return launched.exit_code
 
@@ -211,7 +209,6 @@ def print_detached(launched: Launched, json_output: bool) -> None:
 def print_dry_run(prepared: Prepared, json_output: bool) -> None:
     """The exact per-node commands and (masked) environment; no connection is opened."""
     from fstrain.api.launch import describe_plan, dry_run
-    from fstrain.io.launch import node_summary
 
     planned = dry_run(prepared)
     if json_output:
@@ -219,7 +216,7 @@ def print_dry_run(prepared: Prepared, json_output: bool) -> None:
                     "master_addr": planned.master_addr, "master_port": planned.master_port,
                     "spares": [h.label() for h in prepared.selection.spares],
                     "plan": planned.job.plan.to_dict() if planned.job.plan else None,
-                    "nodes": [node_summary(launch, None) for launch in planned.launches]})
+                    "nodes": planned.node_summaries()})
         return
     if planned.job.plan is not None:
         console().print(describe_plan(planned.job.plan), markup=False)

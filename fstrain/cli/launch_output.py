@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from fstrain.cli.output import console
 
 if TYPE_CHECKING:
+    from fstrain.api.launch import RunOutcome
     from fstrain.core.runs.runstate import RunState
-    from fstrain.io.launch import RunOutcome
 
 
 def print_training_summary(summary: dict[str, Any]) -> None:
@@ -45,7 +45,7 @@ def print_attempts(attempts: Sequence[Mapping[str, Any]]) -> None:
 def print_summary(outcome: RunOutcome) -> None:
     from rich.table import Table
 
-    from fstrain.io.launch import last_lines
+    from fstrain.api.launch import failure_lines
 
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "node", "exit", "seconds", "error"):
@@ -66,7 +66,7 @@ def print_summary(outcome: RunOutcome) -> None:
         else:
             what = f"{where}, exit {describe_exit(failed.exit_code, failed.error)}"
         out.print(f"[red]first failure: {what}[/red]; its last lines:")
-        for line in last_lines(failed):
+        for line in failure_lines(failed):
             out.print(f"  {line}", markup=False)
     if outcome.stall is not None:
         print_stall(outcome.stall, [node.launch.host.label() for node in outcome.nodes])

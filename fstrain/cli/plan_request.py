@@ -51,10 +51,12 @@ def run_plan(request: PlanRequest, params: Mapping[str, Any], quiet: bool) -> tu
     p = params
     probed = probe_cluster(p)
     if probed is None:  # inside a Slurm allocation, the allocation is the cluster
-        from fstrain.cli.slurm import plan_allocation
+        from fstrain.api.slurm import plan_allocation
+        from fstrain.cli.output import console
 
-        num_nodes, gpus_per_node, probed = plan_allocation(p["num_nodes"], p["gpus_per_node"], p["gpu"], p["node"],
-                                                           p["python"], p["fanout"])
+        num_nodes, gpus_per_node, probed = plan_allocation(
+            p["num_nodes"], p["gpus_per_node"], p["gpu"], p["node"], p["python"], p["fanout"],
+            lambda line: console().print(line, style="dim", markup=False))
         request = replace(request, cluster=replace(request.cluster, num_nodes=num_nodes, gpus_per_node=gpus_per_node))
     calibration: list[Calibration] = []
     planned_request = request

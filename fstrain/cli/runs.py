@@ -3,12 +3,11 @@ launcher (``fstrain launch --detach``), looked at from any later fstrain process
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -65,35 +64,12 @@ def runs_command(
     """Runs started from this machine: state, duration, nodes, exit code."""
     from rich.table import Table
 
-    from fstrain.api.runs import SlurmRun, recorded_failure
-    from fstrain.api.runs import all_runs as list_runs
-    from fstrain.core.runs.runstate import FINAL
-    from fstrain.io.runs import run_state
+    from fstrain.api.requests import HostRequest
+    from fstrain.api.runs import run_rows
 
-    rows: list[dict[str, Any]] = []
-    for run in list_runs(_access(ssh_config, accept_new_hosts, python)):
-        record = run.record
-        if isinstance(run.backend, SlurmRun):  # Slurm's word, asked of scontrol here
-            row = run.backend.row()
-            if all_runs or row["state"] not in FINAL:
-                rows.append(row)
-            continue
-        cached = run_state(record, None)
-        # Ask the nodes only while it may still run.
-        state = run.state() if run.kind == "detached" and cached.state not in FINAL else cached
-        if not all_runs and state.state in FINAL:
-            continue
-        ended = state.ended
-        rows.append({"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code,
-                     "reason": state.reason, "detached": bool(record.detached), "started": record.started,
-                     "seconds": round((ended or time.time()) - record.started, 1) if record.started else None,
-                     "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir),
-                     "first_failure": recorded_failure(record),
-                     "attempts": (record.manifest or {}).get("attempts") or []})
-    if hostfile or hosts:  # and the detached runs found on those hosts
-        known = {row["run_id"] for row in rows}
-        rows += [row for row in _runs_on_hosts(hostfile, hosts, ssh_config, accept_new_hosts, python)
-                 if row["run_id"] not in known and (all_runs or row["state"] not in FINAL)]
+    on_hosts = HostRequest(hostfile=hostfile, hosts=hosts, ssh_config=ssh_config,
+                           accept_new_hosts=accept_new_hosts) if hostfile or hosts else None
+    rows = run_rows(all_runs, _access(ssh_config, accept_new_hosts, python), on_hosts)
     if json_output:
         print_json({"runs": rows})
         return
@@ -108,50 +84,6 @@ def runs_command(
                       str(len(row.get("attempts") or [])) if row.get("attempts") else "",
                       describe_failure(row["first_failure"]) if row.get("first_failure") else "")
     console().print(table if rows else "no runs" + ("" if all_runs else " running (--all lists finished ones)"))
-
-
-def _runs_on_hosts(hostfile: str | None, hosts: str | None, ssh_config: str | None, accept_new_hosts: bool,
-                   python: str) -> list[dict[str, Any]]:
-    """Detached runs whose node records are in the hosts' ``~/.fstrain/runs``, merged per run."""
-    from fstrain.api.hosts import resolve_hosts
-    from fstrain.core.runs.runstate import first_failure, from_host_records
-    from fstrain.io.connect import make_connector
-    from fstrain.io.fanout import HostPool
-    from fstrain.io.launch import REMOTE_RUNS
-    from fstrain.io.remote import LINE_BOOTSTRAP, as_line
-    from fstrain.io.runs import check_view
-
-    selection = resolve_hosts(hostfile, hosts, None, None, None)
-    connect = make_connector(ssh_config, accept_new_hosts=accept_new_hosts)
-    with HostPool(selection.hosts, connect) as pool:
-        results = pool.run_all([python, "-u", "-c", LINE_BOOTSTRAP, "list", f"~/{REMOTE_RUNS}"],
-                               stdin=as_line("runctl"), timeout_s=60)
-    merged: dict[str, dict[str, Any]] = {}
-    for host, result in zip(selection.hosts, results, strict=True):
-        try:
-            found = json.loads(result.stdout)["runs"] if result.ok else []
-        except (ValueError, KeyError):
-            found = []
-        for run in found:
-            entry = merged.setdefault(run["run_id"], {"run": None, "nodes": {}, "hosts": []})
-            entry["run"] = entry["run"] or run.get("run")
-            entry["hosts"].append(host.label())
-            for node in run["nodes"]:  # hosts that share a home see every node's record
-                check_view({"run": run.get("run"), "node": node}, f"{host.label()}:{run.get('run_dir')}",
-                           node.get("node_rank"))
-                entry["nodes"][node.get("node_rank")] = node
-    rows = []
-    for run_id, entry in sorted(merged.items()):
-        nodes = [entry["nodes"][k] for k in sorted(entry["nodes"], key=lambda k: (k is None, k))]
-        state = from_host_records(entry["run"], nodes)
-        started = min((n.get("started") or 0 for n in nodes), default=0)
-        rows.append({"run_id": run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
-                     "detached": True, "started": started,
-                     "seconds": round((state.ended or time.time()) - started, 1) if started else None,
-                     "nodes": sorted({str(n.get("hostname")) for n in nodes}), "run_dir": None,
-                     "mode": "found on hosts",
-                     "first_failure": first_failure([{"node": n, "run": entry["run"]} for n in nodes])})
-    return rows
 
 
 # -- fstrain status -----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -192,9 +193,38 @@ def register(run_id: str, folder: Path, *, detached: bool, launching: bool = Tru
     write_json_atomic(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
 
 
+def write_batch_script(folder: Path, script: str, env_text: str | None) -> tuple[Path, list[Path]]:
+    """RUN_DIR/sbatch.sh (executable) and, with ``env_text``, RUN_DIR/launch.env (readable by
+    the user only: values stay off the script and the command lines). The script's path, and
+    what was made that was not there before (the folder itself, or the files), for
+    :func:`forget_submission`."""
+    names = ["launch.env", "sbatch.sh"] if env_text is not None else ["sbatch.sh"]
+    made = [folder] if not folder.exists() else [folder / n for n in names if not (folder / n).exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    if env_text is not None:
+        fd = os.open(folder / "launch.env", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(env_text)
+    path = folder / "sbatch.sh"
+    path.write_text(script)
+    path.chmod(0o755)
+    return path, made
+
+
+def forget_submission(folder: Path, made: Sequence[Path]) -> None:
+    """A refused submission leaves nothing behind: what it made, and the folder's claim."""
+    for path in [*made, folder / SLURM_RECORD]:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output: Path,
                  grace_s: float | None) -> dict[str, Any]:
-    """RUN_DIR/slurm.json and this machine's index entry for a submitted batch job."""
+    """RUN_DIR/slurm_job_id, RUN_DIR/slurm.json and this machine's index entry for a submitted
+    batch job."""
+    (folder / "slurm_job_id").write_text(job_id + "\n")
     document = stamped({"kind": "slurm", "run_id": run_id, "job_id": job_id, "submitted": time.time(),
                         "script": str(script), "output": str(output), "grace_s": grace_s}, "slurm", __version__)
     write_json_atomic(folder / SLURM_RECORD, document)
@@ -441,6 +471,26 @@ def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: 
             views.append(None)
         check_view(views[-1], f"{node.host.label()}:{node.run_dir}", node.node_rank)
     return views
+
+
+def runs_on_hosts(hosts: Sequence[Host], connect: Callable[[Host], Transport],
+                  python: str) -> list[list[dict[str, Any]]]:
+    """The run records in each host's ``~/.fstrain/runs`` (fstrain/io/remote/runctl.py ``list``),
+    by host; an empty list where the host could not be read."""
+    from fstrain.io.fanout import HostPool
+    from fstrain.io.launch import REMOTE_RUNS
+
+    with HostPool(list(hosts), connect) as pool:
+        results = pool.run_all([python, "-u", "-c", LINE_BOOTSTRAP, "list", f"~/{REMOTE_RUNS}"],
+                               stdin=as_line("runctl"), timeout_s=60)
+    found = []
+    for result in results:
+        try:
+            runs = json.loads(result.stdout)["runs"] if result.ok else []
+        except (ValueError, KeyError):
+            runs = []
+        found.append(runs if isinstance(runs, list) else [])
+    return found
 
 
 def check_view(view: dict[str, Any] | None, where: str, node_rank: int) -> None:
