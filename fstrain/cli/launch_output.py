@@ -62,7 +62,8 @@ def print_summary(outcome: RunOutcome) -> None:
         failed = outcome.nodes[outcome.first_failure]
         where = f"{failed.launch.host.label()} (node {failed.launch.node_rank})"
         if failed.failure is not None:  # the rank's own code (torchrun itself exits 1)
-            what = f"{failed.failure.describe()} on {where}"
+            what = rank_failure_words(where, {"rank": failed.failure.rank, "local_rank": failed.failure.local_rank,
+                                              "exit_code": failed.failure.exit_code})
         else:
             what = f"{where}, exit {describe_exit(failed.exit_code, failed.error)}"
         out.print(f"[red]first failure: {what}[/red]; its last lines:")
@@ -95,16 +96,23 @@ def print_stall(report: dict[str, Any], hosts: Sequence[str]) -> None:
 
 
 def describe_failure(failure: Mapping[str, Any]) -> str:
-    """``rank 3 (local rank 1), exit 139 (SIGSEGV) on node2``: a run's first failure (``status
+    """``rank 3 (local rank 1) on node2 exited with 7``: a run's first failure (``status
     --json``'s ``first_failure``) as `status`, `attach` and `runs` name it; a node that failed
     without a rank's code (lost, or no exit status) by its host and why."""
-    from fstrain.core.monitor.rankexit import RankFailure
-
     host = failure.get("host") or f"node rank {failure.get('node_rank')}"
     if failure.get("exit_code") is None:
         reason = str(failure.get("reason") or "failed")
         return reason if host in reason else f"{host}: {reason}"
-    return f"{RankFailure(failure.get('rank'), failure.get('local_rank'), failure['exit_code']).describe()} on {host}"
+    return rank_failure_words(host, failure)
+
+
+def rank_failure_words(where: str, failure: Mapping[str, Any]) -> str:
+    """A failed rank in the run's own words (the supervisor's, which the manifest's reason has)."""
+    from fstrain.core.launch.supervisor import describe_failure as words
+    from fstrain.core.monitor.rankexit import signal_name
+
+    code = int(failure["exit_code"])
+    return words(where, code, {**failure, "signal": failure.get("signal") or signal_name(code) or None})
 
 
 def describe_state(state: RunState) -> str:

@@ -58,7 +58,7 @@ def test_one_rank_exits_7_gives_7_and_names_the_rank(cluster: NamespaceCluster, 
     code = launch.finish()
     assert code == 7, launch.err  # the rank's own code, not torchrun's aggregate 1
     assert "[node2 r3] rank 3 exits 7 on purpose" in launch.out
-    assert "first failure: rank 3 (local rank 1), exit 7 on node2 (node 1)" in launch.err
+    assert "first failure: rank 3 (local rank 1) on node2 (node 1) exited with 7" in launch.err
     assert "exit code 7" in launch.err
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     failed = manifest["nodes"][manifest["first_failure_node_rank"]]
@@ -85,7 +85,7 @@ def test_one_rank_segfaults_gives_139(cluster: NamespaceCluster, tmp_path: Path,
     assert launch.finish() == 139, launch.err
     assert "[node2 r2] rank 2 segfaults on purpose" in launch.out
     # DeepSpeed's launcher does not say which rank it was: the watchdog saw it exit.
-    assert "first failure: rank 2 (local rank 0), exit 139 (SIGSEGV) on node2 (node 1)" in launch.err
+    assert "first failure: rank 2 (local rank 0) on node2 (node 1) was killed by SIGSEGV" in launch.err
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["first_failure"] == {"rank": 2, "local_rank": 0, "exit_code": 139, "signal": "SIGSEGV"}
     assert "exit code 139" in launch.err

@@ -178,7 +178,7 @@ def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
     assert status["first_failure"] == {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None, "node_rank": 1,
                                        "host": "node2", "reason": status["reason"]}
     # Every command names the first failure as an attached launch does: rank, local rank, code, host.
-    named = "first failure: rank 3 (local rank 1), exit 7 on node2"
+    named = "first failure: rank 3 (local rank 1) on node2 exited with 7"
     shown = fstrain(home, "status", run_id)
     assert f"run {run_id}: failed, exit 7 (rank 3 (local rank 1) on node2 exited with 7)" in shown.stderr
     assert named in shown.stderr, shown.stderr
