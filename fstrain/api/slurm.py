@@ -31,7 +31,9 @@ class SubmitRequest:
 
     launch: LaunchRequest
     slurm: SlurmRequest
-    launch_args: tuple[str, ...] = ()  # the options the batch job's own `fstrain launch` is given
+    # The options the batch job's own `fstrain launch` is given; None: those of ``launch``
+    # (:func:`launch_args_of`). The command line passes what the user typed.
+    launch_args: tuple[str, ...] | None = None
     grace_s: float | None = None  # the run's --grace, for `fstrain stop` of the job
     render_only: bool = False  # write the script, do not submit it
 
@@ -55,7 +57,9 @@ def submit(request: SubmitRequest) -> Submitted:
     from fstrain.io.slurm import submit as sbatch
 
     launch, slurm = request.launch, request.slurm
-    run_id, program, user_env = str(launch.run.run_id), list(launch.job.program), dict(launch.job.env)
+    from fstrain.api.job import new_run_id
+
+    run_id, program, user_env = launch.run.run_id or new_run_id(), list(launch.job.program), dict(launch.job.env)
     folder = Path(launch.run.run_dir or Path("runs") / run_id).resolve()
     options = SbatchOptions(
         nodes=slurm.nodes or 1, job_name=f"fstrain-{run_id}", output=str(folder / "slurm-%j.out"),
@@ -69,7 +73,7 @@ def submit(request: SubmitRequest) -> Submitted:
     inner = [sys.executable, "-m", "fstrain", "launch", "--launcher", "srun"]
     if user_env:
         inner += ["--env-file", str(folder / "launch.env")]
-    inner += list(request.launch_args)
+    inner += list(request.launch_args if request.launch_args is not None else launch_args_of(launch))
     script = render_sbatch(options, launch_argv=inner, workdir=workdir, run_id=run_id, step_prefix=step,
                            run_dir=str(folder), program=program)
     path, made = write_batch_script(folder, script, env_file_text(user_env) if user_env else None)
@@ -87,6 +91,51 @@ def submit(request: SubmitRequest) -> Submitted:
     output = folder / f"slurm-{job_id}.out"
     record_slurm(folder, run_id=run_id, job_id=job_id, script=path, output=output, grace_s=request.grace_s)
     return Submitted(run_id, folder, path, job_id, output)
+
+
+# Each option of the batch job's `fstrain launch` that a request may carry: (the request's part,
+# field, flag). A value equal to the request's default is left out, as the command line leaves it.
+LAUNCH_FLAGS = (
+    ("hosts", "include", "--include"), ("hosts", "exclude", "--exclude"), ("hosts", "fanout", "--fanout"),
+    ("job", "nproc_per_node", "--nproc-per-node"), ("job", "backend", "--backend"),
+    ("job", "no_local_rank", "--no-local-rank"), ("job", "workdir", "--workdir"), ("job", "python", "--python"),
+    ("job", "plan", "--plan"), ("job", "model", "--model"), ("job", "recipe", "--recipe"),
+    ("job", "strategy", "--strategy"), ("job", "micro_batch", "--micro-batch"), ("job", "precision", "--precision"),
+    ("job", "steps", "--steps"), ("job", "tensorboard", "--tensorboard"),
+    ("job", "checkpoint_interval", "--checkpoint-interval"),
+    ("run", "master_port", "--master-port"), ("run", "max_restarts", "--max-restarts"),
+    ("run", "on_failure", "--on-failure"), ("run", "min_nodes", "--min-nodes"),
+    ("run", "checkpoint_dir", "--checkpoint-dir"), ("run", "grace_s", "--grace"),
+    ("run", "heartbeat_timeout_s", "--heartbeat-timeout"), ("run", "stall_timeout_s", "--stall-timeout"),
+    ("run", "finish_timeout_s", "--finish-timeout"), ("run", "metrics_textfile", "--metrics-textfile"),
+)
+
+
+def launch_args_of(request: LaunchRequest) -> list[str]:
+    """The batch job's `fstrain launch` options for ``request`` (its program and environment are
+    passed apart: the script's last argument and the run directory's launch.env)."""
+    from dataclasses import fields
+
+    args: list[str] = []
+    for part, name, flag in LAUNCH_FLAGS:
+        holder = getattr(request, part)
+        value = getattr(holder, name)
+        default = next(f.default for f in fields(holder) if f.name == name)
+        if value == default:
+            continue
+        if isinstance(value, bool):
+            args.append(flag)
+        elif name.endswith("timeout_s") and flag in ("--stall-timeout", "--finish-timeout"):
+            args += [flag, f"{value:g}s"]
+        else:
+            args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    if request.container_image:
+        args += ["--container-image", request.container_image]
+    if request.container_mounts:
+        args += ["--container-mounts", request.container_mounts]
+    if not request.container_default_mounts:
+        args.append("--no-default-mounts")
+    return args
 
 
 def cpus_per_task(request: LaunchRequest, slurm: SlurmRequest) -> int:
@@ -107,7 +156,8 @@ def env_file_text(env: Mapping[str, str]) -> str:
     return "".join(f"{name}={value}\n" for name, value in env.items())
 
 
-def follow(job_id: str, output: Path, out: TextIO, on_state: Callable[[JobStatus], None]) -> JobStatus | None:
+def follow_job(job_id: str, output: Path, out: TextIO,
+               on_state: Callable[[JobStatus], None] = lambda status: None) -> JobStatus | None:
     """The job's output file, relayed to ``out`` until the job ends (each new state said to
     ``on_state``); its last status (None: Slurm forgot it). A job Slurm can never start is
     given up: its last status is then not final (see :func:`give_up_pending`)."""
@@ -116,7 +166,7 @@ def follow(job_id: str, output: Path, out: TextIO, on_state: Callable[[JobStatus
     return follow_output(job_id, output, out, on_state=on_state)
 
 
-def cancel(job_id: str) -> None:
+def cancel_job(job_id: str) -> None:
     from fstrain.io.slurm import cancel as scancel
 
     scancel(job_id)
@@ -128,7 +178,7 @@ def give_up_pending(status: JobStatus) -> None:
     from fstrain.core.slurm.job import cannot_start
     from fstrain.io.slurm import partition_size
 
-    cancel(status.job_id)
+    cancel_job(status.job_id)
     why = cannot_start(status, partition_size(status.partition) if status.partition else None)
     raise InputError(f"Slurm job {status.job_id} cannot start: {why}; fstrain cancelled it",
                      "ask for what the partition has (`sinfo -o '%P %D %c %m %l'` lists nodes, CPUs, memory and "

@@ -129,19 +129,19 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
 def follow_job(job_id: str, output: Path, folder: Path, json_output: bool) -> int:
     """Follow until the job ends; Ctrl-C asks whether to cancel it (on a terminal; elsewhere the
     job is left running). The exit code is the job's."""
-    from fstrain.api.slurm import cancel, follow, give_up_pending
+    from fstrain.api.slurm import cancel_job, follow_job, give_up_pending
 
     out = sys.stderr if json_output else sys.stdout
     while True:
         try:
-            status = follow(job_id, output, out, on_state=_say_state)
+            status = follow_job(job_id, output, out, on_state=_say_state)
             break
         except KeyboardInterrupt:
             if not _ask_cancel(job_id):
                 console().print(f"[yellow]job {job_id} keeps running[/yellow]: its output is {output}; "
                                 f"stop it with `scancel {job_id}`")
                 return 130
-            cancel(job_id)
+            cancel_job(job_id)
             console().print(f"cancelled job {job_id}; waiting for its nodes to stop")
     if status is not None and not status.final:  # pending for good: `follow` gave it up
         give_up_pending(status)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO
 from tests.slurm.conftest import SlurmCluster
 from tests.slurm.test_slurm_launch import RANK_PROGRAM, assert_nodes_idle, fstrain, scontrol_job, wait_for_job
 
@@ -178,3 +179,18 @@ def test_a_job_that_can_never_start_is_said_and_cancelled_not_followed_forever(s
     assert "choose another --partition" in error[0]
     assert wait_for_job(slurm, tmp_path, job_id.group(1), timeout=60).state == "CANCELLED"
     assert (tmp_path / "run").is_dir()  # the rendered script is kept
+
+
+def test_the_documented_api_example_submits_follows_and_reads_the_end(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """docs/api.md's Slurm example, run as a user would: submit, follow to the end, read the end."""
+    text = (REPO / "docs" / "api.md").read_text()
+    section = text[text.index("\n## Slurm\n"):]
+    match = re.search(r"```python\n(.*?)```", section[:section.index("\n## ", 5)], re.S)
+    assert match is not None, "docs/api.md lost its Slurm example"
+    result = subprocess.run([sys.executable, "-c", match.group(1)], cwd=tmp_path, capture_output=True, text=True,
+                            env={**slurm.env(tmp_path), "PYTHONPATH": str(REPO)}, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert re.search(r"^job \d+ run \S+ script sbatch\.sh$", out, re.M), out
+    assert sorted(re.findall(r"hello from rank (\d)", out)) == ["0", "1", "2", "3"], out
+    assert out.rstrip().splitlines()[-1] == "end COMPLETED 0 ok", out[-2000:]
