@@ -2,7 +2,8 @@
 files `fstrain topo parse` and `topo xml --from` read, bounded as every user file is.
 
 A probe report is the JSON the node probe (fstrain/io/probe_remote.py) prints; the pure readers
-of it are in fstrain/core/topo (``node_from_report``, ``group_nodes``, ``xml_from_report``).
+of it are in fstrain/core (``parsers.probe_report.node_from_report``, ``topo.topology.group_nodes``,
+``topofile.ncclxml_gen.xml_from_report``).
 """
 
 from __future__ import annotations
