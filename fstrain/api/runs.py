@@ -467,10 +467,11 @@ def recorded_failure(record: RunRecord) -> dict[str, Any] | None:
     """The run's first failure as this machine last saw it, without asking any host: a
     detached run's from RUN_DIR/state.json (written whenever its nodes are asked), any other
     run's from its manifest."""
-    from fstrain.io.runs import read_cache
+    from fstrain.io.runs import read_state_cache
 
     if record.detached is not None:
-        failure = read_cache(record.run_dir / "state.json").get("first_failure")
+        cached = read_state_cache(record.run_dir / "state.json")
+        failure = cached.first_failure if cached else None
         return failure if isinstance(failure, dict) else None
     return _manifest_failure(record.manifest)
 

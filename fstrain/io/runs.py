@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fstrain import __version__
-from fstrain.core.formats import check_format, problem, stamped
+from fstrain.core.formats import check_format, stamped
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.progress import Event
-from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry, KeeperRecord
+from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry, KeeperRecord, StateCache
 from fstrain.core.runs.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes, with_keeper
 from fstrain.core.slurm.job import JOB_DIR_PREFIX, TIME_LIMIT_MARKER, job_dir_name
 from fstrain.errors import FstrainError, InputError
@@ -300,8 +300,8 @@ class RunRecord:
     @property
     def hosts(self) -> list[Host]:
         if self.slurm is not None and not (self.manifest or {}).get("nodes"):  # still running: Slurm's nodes
-            cached = read_cache(self.job_dir / "state.json")
-            return [Host(name) for name in (cached.get("job") or {}).get("hosts", [])]
+            cached = read_state_cache(self.job_dir / "state.json")
+            return [Host(name) for name in ((cached.job if cached else None) or {}).get("hosts", [])]
         if self.detached:
             return self.detached.hosts
         return [Host(n["host"]) for n in (self.manifest or {}).get("nodes", [])]
@@ -334,11 +334,14 @@ def read_document(path: Path, kind: str) -> dict[str, Any] | None:
     return document
 
 
-def read_cache(path: Path) -> dict[str, Any]:
-    """RUN_DIR/state.json, what this machine last saw of a run: {} where it is missing or of a
+def read_state_cache(path: Path) -> StateCache | None:
+    """RUN_DIR/state.json, what this machine last saw of a run: None where it is missing or of a
     format this fstrain cannot read (a cache: it is written again)."""
-    document = read_json(path)
-    return document if isinstance(document, dict) and problem(document, "state") is None else {}
+    return StateCache.from_dict(read_json(path))
+
+
+def write_state_cache(path: Path, cache: StateCache) -> None:
+    write_json_atomic(path, cache.to_dict(__version__))
 
 
 def launched_record(run_id: str, folder: Path, *, detached: bool) -> RunRecord:
@@ -537,9 +540,8 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
         record.manifest = read_document(record.run_dir / "manifest.json", "manifest")
         record.detached = read_detached(record.run_dir) or record.detached
     if views is None:  # not asked: what this machine last saw
-        cached = read_cache(record.run_dir / "state.json")
-        state = RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended")) \
-            if cached else RunState("running", None, "not asked")
+        cached = read_state_cache(record.run_dir / "state.json")
+        state = cached.run_state() if cached else RunState("running", None, "not asked")
         return with_keeper(state, record.manifest, process_alive(keeper.pid)) if keeper is not None else state
     state = from_nodes(views, [h.label() for h in record.hosts])
     seen = any((v or {}).get("node") or (v or {}).get("run") or (v or {}).get("watchdog_alive") for v in views)
@@ -551,10 +553,9 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
                                                          "ended", "exit_code", "failure", "last_lines")}
              | {"reachable": True, "watchdog_alive": v.get("watchdog_alive")} if v else {"reachable": False}
              for v in views]
-    write_json_atomic(record.run_dir / "state.json",
-                stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
-                         "ended": state.ended, "at": time.time(), "first_failure": first_failure(views),
-                         "nodes": nodes}, "state"))
+    write_state_cache(record.run_dir / "state.json",
+                      StateCache(state.state, state.exit_code, state.reason, state.ended, time.time(),
+                                 first_failure(views), tuple(nodes)))
     return state
 
 
@@ -582,18 +583,17 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
         record.slurm = fresh
     stop_requested = bool(record.slurm.get("stop_requested"))
     job_dir = record.job_dir
-    cached = read_cache(job_dir / "state.json")
-    job_seen: dict[str, Any] = cached.get("job") or {"job_id": record.slurm.get("job_id")}
-    if cached.get("state") in FINAL and cached.get("settled") and cached.get("stop_requested") == stop_requested:
-        return _cached_state(cached), job_seen  # nothing changes after the end
+    cached = read_state_cache(job_dir / "state.json")
+    job_seen: dict[str, Any] = dict((cached.job if cached else None) or {"job_id": record.slurm.get("job_id")})
+    if cached is not None and cached.state in FINAL and cached.settled and cached.stop_requested == stop_requested:
+        return cached.run_state(), job_seen  # nothing changes after the end
     record.manifest = read_document(job_dir / "manifest.json", "manifest")
     try:
         job = job_status(str(record.slurm["job_id"]), "RUN")
     except FstrainError:
         if strict:
             raise
-        return (_cached_state(cached) if cached.get("state") else RunState("running", None, "scontrol failed")), \
-            job_seen
+        return (cached.run_state() if cached else RunState("running", None, "scontrol failed")), job_seen
     if job is not None:
         try:
             hosts = expand_hostlist(job.nodes, "NodeList") if job.nodes else []
@@ -611,15 +611,10 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     # Settled: ended, and the manifest read (or never coming: Slurm forgot the job, or it never
     # started: cancelled while pending).
     settled = state.state in FINAL and (record.manifest is not None or job is None or not job_seen.get("nodes"))
-    write_json_atomic(job_dir / "state.json",
-                stamped({"state": state.state, "exit_code": state.exit_code, "reason": state.reason,
-                         "ended": state.ended, "at": time.time(), "settled": settled,
-                         "stop_requested": stop_requested, "job": job_seen}, "state"))
+    write_state_cache(job_dir / "state.json",
+                      StateCache(state.state, state.exit_code, state.reason, state.ended, time.time(), job=job_seen,
+                                 settled=settled, stop_requested=stop_requested))
     return state, job_seen
-
-
-def _cached_state(cached: dict[str, Any]) -> RunState:
-    return RunState(cached["state"], cached.get("exit_code"), cached.get("reason", ""), cached.get("ended"))
 
 
 def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:

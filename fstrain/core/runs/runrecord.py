@@ -1,8 +1,9 @@
-"""The records this machine keeps of a run, as values: its index entry, a detached run's record
-and the recovery keeper of a detached run with a recovery policy.
+"""The records this machine keeps of a run, as values: its index entry, a detached run's record,
+the recovery keeper of a detached run with a recovery policy, and the state last seen.
 
 ``~/.fstrain/launched/<run id>.json`` holds an :class:`IndexEntry`, ``RUN_DIR/detached.json`` a
-:class:`DetachedRecord`, ``RUN_DIR/keeper.json`` a :class:`KeeperRecord`. ``to_dict`` writes the
+:class:`DetachedRecord`, ``RUN_DIR/keeper.json`` a :class:`KeeperRecord`, ``RUN_DIR/state.json``
+(a Slurm job's: in its job folder) a :class:`StateCache`. ``to_dict`` writes the
 document with its format version (fstrain/core/formats.py); ``from_dict`` checks that version
 and the fields, naming the file.
 Pure: fstrain/io/runs.py reads and writes the files.
@@ -14,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fstrain.core.formats import check_format, stamped
+from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.runs.runstate import RunState
 from fstrain.errors import InputError
 
 
@@ -130,6 +132,51 @@ class KeeperRecord:
         check_format(data, "keeper", where)
         return cls(_text(data, "run_id", where), _int(data, "pid", where),
                    float(_number(data, "started", where) or 0), str(data.get("log") or ""))
+
+
+@dataclass(frozen=True)
+class StateCache:
+    """What this machine last saw of a run, written each time the run is asked about: its state,
+    and what the kind of run that saw it adds (a detached run: its nodes and first failure; a
+    Slurm run: Slurm's record of the job, whether the end is settled, whether a stop was asked).
+    One shape for every kind of run; a cache, so an unreadable one is read as none."""
+
+    state: str
+    exit_code: int | None = None
+    reason: str = ""
+    ended: float | None = None
+    at: float = 0.0  # when it was seen
+    first_failure: Mapping[str, Any] | None = None  # a detached run's, as `status --json` has it
+    nodes: tuple[Mapping[str, Any], ...] = ()  # a detached run's, per node as `status` last saw it
+    job: Mapping[str, Any] | None = None  # a Slurm run: scontrol's answer as last seen
+    settled: bool = False  # a Slurm run: ended and its manifest read (nothing changes after)
+    stop_requested: bool = False  # a Slurm run: `fstrain stop` asked for its end
+
+    def run_state(self) -> RunState:
+        return RunState(self.state, self.exit_code, self.reason, self.ended)
+
+    def to_dict(self, writer: str) -> dict[str, Any]:
+        return stamped({"state": self.state, "exit_code": self.exit_code, "reason": self.reason, "ended": self.ended,
+                        "at": self.at, "first_failure": self.first_failure, "nodes": list(self.nodes),
+                        "job": self.job, "settled": self.settled, "stop_requested": self.stop_requested},
+                       "state", writer)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StateCache | None:
+        """None where it is no state of a format this fstrain reads."""
+        if not isinstance(data, Mapping) or problem(data, "state") is not None:
+            return None
+        if not isinstance(data.get("state"), str):
+            return None
+        try:
+            return cls(data["state"], _int_or_none(data, "exit_code", ""), str(data.get("reason") or ""),
+                       _number(data, "ended", ""), float(_number(data, "at", "") or 0.0),
+                       data.get("first_failure") if isinstance(data.get("first_failure"), Mapping) else None,
+                       tuple(n for n in data.get("nodes") or () if isinstance(n, Mapping)),
+                       data.get("job") if isinstance(data.get("job"), Mapping) else None,
+                       bool(data.get("settled")), bool(data.get("stop_requested")))
+        except InputError:
+            return None
 
 
 _HINT = "the file was changed by hand or cut short: start the run again, or remove it"
