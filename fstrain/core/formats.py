@@ -49,6 +49,10 @@ KINDS: dict[str, Kind] = {
     "coordinator": Kind("coordinator record", 1, _RUN_FOLDER),  # coordinator.json on node 0
     "header": Kind("watchdog header", 1, "send it from the fstrain that sends the watchdog"),
     "message": Kind("coordinator message", 1, "use the fstrain that started the run"),
+    "hang_report": Kind("hang report", 1, _RUN_FOLDER),  # RUN_DIR/stacks/report.json
+    # the bundled trainer's: rank 0's RUN_DIR/summary.json, and each checkpoint's trainer_state.json
+    "summary": Kind("training summary", 1, "it comes from a pre-release fstrain: train again"),
+    "trainer_state": Kind("trainer checkpoint state", 1, "resume from a checkpoint this fstrain wrote"),
     # the launch's hand-off to its recovery keeper (fstrain/api/keeper.py), on the keeper's stdin
     "handoff": Kind("recovery keeper hand-off", 2, "start the keeper from the same fstrain that runs it"),
 }

@@ -249,7 +249,10 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read the trainer's summary: {exc}", "remove the file, or run again",
                          str(path)) from None
-    return document if isinstance(document, dict) else None
+    if not isinstance(document, dict):
+        return None
+    check_format(document, "summary", str(path))
+    return document
 
 
 def copy_training_summary(connect: Callable[[Host], Transport], host: Host, run_dir: str,

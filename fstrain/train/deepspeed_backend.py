@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from fstrain import __version__
+from fstrain.core.formats import check_format, stamped
 from fstrain.core.render.options import TrainingOptions
 from fstrain.train.checkpointing import torch_checkpoint
 from fstrain.train.ds_universal import Reshard, convert_once, plan_reshard
@@ -91,7 +93,9 @@ class DeepSpeedEngine:
         written by rank 0 as soon as its own files are, before the other ranks' are complete."""
         save_staged(directory, step_tag(step), self.runtime.is_main,
                     lambda staging: self.engine.save_checkpoint(str(staging.parent), tag=staging.name,
-                                                                client_state={"step": step}, save_latest=False))
+                                                                client_state=stamped({"step": step}, "trainer_state",
+                                                                                     __version__),
+                                                                save_latest=False))
 
     def load(self, directory: Path) -> int | None:
         if not (directory / "latest").is_file():
@@ -103,5 +107,6 @@ class DeepSpeedEngine:
         if path is None:
             return None
         state: dict[str, Any] = client_state or {}
+        check_format(state, "trainer_state", f"{path}: client_state")
         return int(state["step"])
 

@@ -23,6 +23,8 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import Shard
 
+from fstrain import __version__
+from fstrain.core.formats import check_format, stamped
 from fstrain.core.plan.schema import ModelSpec
 from fstrain.core.render.options import lr_multiplier
 from fstrain.train.model import GPT, compiled_blocks
@@ -114,7 +116,8 @@ class FSDPEngine:
                                      "world_size": self.runtime.world_size}
             if self.scaler is not None:
                 state["scaler"] = self.scaler.state_dict()
-            (staging / "trainer_state.json").write_text(json.dumps(state, sort_keys=True) + "\n")
+            document = stamped(state, "trainer_state", __version__)
+            (staging / "trainer_state.json").write_text(json.dumps(document, sort_keys=True) + "\n")
 
     def load(self, directory: Path) -> int | None:
         tag = read_latest(directory)
@@ -127,6 +130,7 @@ class FSDPEngine:
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
         trainer = json.loads((directory / tag / "trainer_state.json").read_text())
+        check_format(trainer, "trainer_state", str(directory / tag / "trainer_state.json"))
         written_by = trainer.get("world_size")
         if self.runtime.is_main and isinstance(written_by, int) and written_by != self.runtime.world_size:
             # DCP reads each rank's part of every tensor from the shards another world wrote.

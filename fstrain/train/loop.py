@@ -13,6 +13,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from fstrain import __version__
+from fstrain.core.formats import stamped
 from fstrain.core.monitor.metricline import StepMetrics
 from fstrain.train.data import SyntheticData
 from fstrain.train.preempt import DEFAULT_SAVE_ESTIMATE_S, StopSignal, die_of_sigterm, should_save
@@ -115,6 +117,7 @@ def train(settings: TrainSettings, runtime: Runtime) -> dict[str, Any]:
         "peak_memory_rank0": peak_memory(runtime.device),
         "peak_memory_max_over_ranks": memory_max,
     }
+    summary = stamped(summary, "summary", __version__)
     if runtime.is_main and settings.summary_json is not None:
         settings.summary_json.parent.mkdir(parents=True, exist_ok=True)
         tmp = settings.summary_json.with_name(settings.summary_json.name + ".tmp")

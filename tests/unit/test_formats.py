@@ -15,6 +15,7 @@ import pytest
 
 from fstrain.core.formats import KINDS, check_format, problem, stamped, version
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.monitor import stacks
 from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.errors import InputError
@@ -76,7 +77,8 @@ def test_the_node_side_scripts_hold_the_same_versions() -> None:
     copies = {("header", watchdog.HEADER_FORMAT), ("node", watchdog.NODE_FORMAT),
               ("message", coordinator.MESSAGE_FORMAT), ("node", coordinator.NODE_FORMAT),
               ("run", coordinator.RUN_FORMAT), ("coordinator", coordinator.COORDINATOR_FORMAT),
-              ("message", runctl.MESSAGE_FORMAT), ("coordinator", runctl.COORDINATOR_FORMAT)}
+              ("message", runctl.MESSAGE_FORMAT), ("coordinator", runctl.COORDINATOR_FORMAT),
+              ("hang_report", stacks.HANG_REPORT_FORMAT)}
     assert {(kind, KINDS[kind].current) for kind, _ in copies} == copies
 
 
@@ -192,3 +194,18 @@ def test_stop_says_in_one_line_when_node_0_speaks_another_format(tmp_path: Path)
         stop_on_node(lambda host: node0({"ok": True, "format": newer("message")}), Host("node1"), "python3", "/r/a",
                      "term")
     assert stop_on_node(lambda host: node0({"ok": True}), Host("node1"), "python3", "/r/a", "term") == {"ok": True}
+
+
+def test_the_trainers_summary_and_a_hang_report_carry_their_format(tmp_path: Path) -> None:
+    from fstrain.io.runs import read_summary
+
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(stamped({"losses": [2.0]}, "summary", "0.1.0")))
+    assert read_summary(path) == {"format": 1, "fstrain": "0.1.0", "losses": [2.0]}
+    path.write_text(json.dumps({"losses": [2.0]}))  # an older trainer's: no stamp, format 1
+    assert read_summary(path) == {"losses": [2.0]}
+    path.write_text(json.dumps({"format": 2, "fstrain": "9.9.0", "losses": [2.0]}))
+    with pytest.raises(InputError, match=r"training summary written by fstrain 9\.9\.0 \(format 2\)"):
+        read_summary(path)
+    document, _ = stacks.hang_report({}, "no rank printed anything for 60 s", [], ["node1"])
+    assert document["format"] == KINDS["hang_report"].current

@@ -170,7 +170,7 @@ MAY_IMPORT = {
     "api": {"api", "io", "core", "errors", "fstrain", "train"},  # train: the plan's trace, imported when asked
     "core": {"core", "errors"},
     "io": {"io", "core", "errors", "fstrain"},
-    "train": {"train", "io", "core", "errors"},  # io/userfiles.py: the trainer reads files as the CLI does
+    "train": {"train", "io", "core", "errors", "fstrain"},  # io/userfiles.py: the trainer reads files as the CLI does
     "bench": {"bench", "core", "errors"},
 }
 

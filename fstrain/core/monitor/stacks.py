@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # faulthandler: 'Thread 0x00007f... (most recent call first):' then '  File "x.py", line 3 in f'
+HANG_REPORT_FORMAT = 1  # report.json's "format" (fstrain/core/formats.py "hang_report"; this runs on nodes alone)
 _FH_THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FH_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 # py-spy dump: 'Thread 123 (idle): "MainThread"' then '    func (file.py:12)'
@@ -199,6 +200,7 @@ def hang_report(reports: Mapping[int, Mapping[str, Any]], reason: str,
                     files[f"rank{rank}.{kind.replace('_', '-')}.txt"] = entry[kind]
     hang = analyse(dumps, after_finish=reason.startswith(FINISHED_REASON))
     document = {
+        "format": HANG_REPORT_FORMAT,
         "reason": reason,
         "odd_ranks": list(hang.odd_ranks),
         "where": {str(r): (f.short() if f else None) for r, f in hang.where.items()},
