@@ -23,6 +23,7 @@ from fstrain.core.bench.arithmetic import worker_argv
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import LaunchJob, plan_launches, resolve_nproc
 from fstrain.core.progress import Reporter
+from fstrain.core.runs.limits import RunLimits
 from fstrain.io.bench import DOCUMENT, fetch_document
 from fstrain.io.launch import HostFacts, Rendezvous, RunOutcome
 from fstrain.io.transport.base import Transport
@@ -43,8 +44,7 @@ class BenchRequest:
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     master_port: int | None = None
-    grace_s: float = 15.0
-    heartbeat_timeout_s: float = 60.0
+    limits: RunLimits = field(default_factory=lambda: RunLimits(heartbeat_timeout_s=60.0))
     extra: Sequence[str] = ()
 
 
@@ -174,8 +174,8 @@ def run_bench(request: BenchRequest, connect: Callable[[Host], Transport], *, fa
     drive_request = DriveRequest(hosts=hosts, run_id=request.run_id, run_dir=request.run_dir, python=request.python,
                                  workdir=request.workdir, here_by_default=False, packages=("torch",),
                                  env=dict(request.env),
-                                 master_port=request.master_port, fanout=fanout, grace_s=request.grace_s,
-                                 heartbeat_timeout_s=request.heartbeat_timeout_s, record=False, out=out,
+                                 master_port=request.master_port, fanout=fanout, limits=request.limits,
+                                 record=False, out=out,
                                  first_step=False)
     driven = drive(drive_request, connect, worker, progress)
     document = fetch_document(hosts, driven.checked.run_dirs, connect, request.run_dir) \

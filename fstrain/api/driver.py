@@ -36,6 +36,7 @@ from fstrain.core.job.spec import NodeLaunch
 from fstrain.core.launch.blame import Evidence, Verdict
 from fstrain.core.launch.recovery import Attempt, Checkpoints, Policy, steps_lost
 from fstrain.core.progress import Event, Reporter, Silent
+from fstrain.core.runs.limits import RunLimits
 from fstrain.io.fanout import HostPool
 from fstrain.io.launch import (
     HostFacts,
@@ -68,10 +69,7 @@ class DriveRequest:
     master_port: int | None = None
     fanout: int = 64
     prewarm_backend: str | None = None  # attached: start this launcher's Python during the checks
-    grace_s: float = 15.0
-    heartbeat_timeout_s: float = 30.0
-    stall_timeout_s: float | None = None
-    finish_timeout_s: float | None = None
+    limits: RunLimits = field(default_factory=RunLimits)  # grace, heartbeat, stall, finish: as asked
     detach: bool = False
     metrics_textfile: str | None = None  # each node's watchdog writes a Prometheus textfile here
     record: bool = True  # list the run in this machine's index (`fstrain runs`)
@@ -149,12 +147,9 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                 checkpoint_dir = f"{run_dirs[0]}/checkpoints"
             checked = Checked(facts, rendezvous, run_dirs, checkpoint_dir, request.restart)
             node_job = with_recovery_env(job(checked), checked)
-            options = RunOptions(run_id=request.run_id, run_dir=request.run_dir, grace_s=request.grace_s,
-                                 heartbeat_timeout_s=request.heartbeat_timeout_s, workdir=workdir,
-                                 node_run_dirs=run_dirs, node_files=node_job.node_files, color=request.color,
-                                 out=request.out, stall_timeout_s=request.stall_timeout_s,
-                                 finish_timeout_s=request.finish_timeout_s,
-                                 metrics_textfile=request.metrics_textfile,
+            options = RunOptions(run_id=request.run_id, run_dir=request.run_dir, limits=request.limits,
+                                 workdir=workdir, node_run_dirs=run_dirs, node_files=node_job.node_files,
+                                 color=request.color, out=request.out, metrics_textfile=request.metrics_textfile,
                                  ended_by_slurm=slurm_ended(request.slurm_job_id),
                                  progress=stages.event if progress is not None else None,
                                  first_step=request.first_step)

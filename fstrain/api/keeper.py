@@ -61,7 +61,7 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     """A started detached attempt, followed to its end (every node's record final and no
     watchdog alive): its outcome as an attached attempt's, and the manifest written with it.
     A stop asked meanwhile is passed to the attempt's coordinator. Node 0 unreachable counts
-    as the end only once it has stayed so for ``request.heartbeat_timeout_s``."""
+    as the end only once it has stayed so for the heartbeat timeout."""
     from fstrain.api.driver import Driven, run_setup
     from fstrain.core.launch.supervisor import AttemptEnd
     from fstrain.core.runs.runstate import FINAL, from_nodes
@@ -72,7 +72,7 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     assert record.detached is not None
     node0 = record.detached.nodes[0]
     names = [h.label() for h in record.hosts]
-    stopping, end = False, AttemptEnd(request.heartbeat_timeout_s)
+    stopping, end = False, AttemptEnd(request.limits.heartbeat_timeout_s)
     highest: int | None = None  # over every look: a node's last record may no longer hold the line
     while True:
         views = node_views(record, connect, request.python)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fstrain.core.runs.limits import RunLimits
+
 
 @dataclass(frozen=True)
 class HostRequest:
@@ -64,6 +66,11 @@ class RunSettings:
     finish_timeout_s: float | None = None  # ranks finished apart by this long: the same
     detach: bool = False  # return once every node has started; the nodes supervise the job
     metrics_textfile: str | None = None  # each node's watchdog writes Prometheus textfiles here
+
+    @property
+    def limits(self) -> RunLimits:
+        """The four time rules above as the one value the driver, the supervisor and the nodes get."""
+        return RunLimits(self.grace_s, self.heartbeat_timeout_s, self.stall_timeout_s, self.finish_timeout_s)
 
 
 @dataclass(frozen=True)

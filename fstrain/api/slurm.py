@@ -34,7 +34,6 @@ class SubmitRequest:
     # The options the batch job's own `fstrain launch` is given; None: those of ``launch``
     # (:func:`launch_args_of`). The command line passes what the user typed.
     launch_args: tuple[str, ...] | None = None
-    grace_s: float | None = None  # the run's --grace, for `fstrain stop` of the job
     render_only: bool = False  # write the script, do not submit it
 
 
@@ -89,7 +88,7 @@ def submit(request: SubmitRequest) -> Submitted:
         forget_submission(folder, [])
         raise
     output = folder / f"slurm-{job_id}.out"
-    record_slurm(folder, run_id=run_id, job_id=job_id, script=path, output=output, grace_s=request.grace_s)
+    record_slurm(folder, run_id=run_id, job_id=job_id, script=path, output=output, grace_s=launch.run.grace_s)
     return Submitted(run_id, folder, path, job_id, output)
 
 

@@ -102,9 +102,7 @@ def submit_launch(ctx: typer.Context, request: LaunchRequest, slurm: SlurmReques
     follow the job (or print its id at once with --detach). Returns the exit code."""
     from fstrain.api.slurm import SubmitRequest, submit
 
-    grace = ctx.params.get("grace")
-    submitted = submit(SubmitRequest(request, slurm, tuple(inner_launch_args(ctx)),
-                                     float(grace) if grace is not None else None, render_only))
+    submitted = submit(SubmitRequest(request, slurm, tuple(inner_launch_args(ctx)), render_only=render_only))
     folder, path, job_id, output = submitted.run_dir, submitted.script, submitted.job_id, submitted.output
     if job_id is None or output is None:
         if json_output:

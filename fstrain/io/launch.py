@@ -62,6 +62,7 @@ from fstrain.core.monitor.logtail import split_rank_prefix
 from fstrain.core.monitor.noise import NodeNoise
 from fstrain.core.monitor.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
 from fstrain.core.progress import Event, RunStages
+from fstrain.core.runs.limits import RunLimits
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, slurm_cancel_reason
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
@@ -276,16 +277,13 @@ class NodeState:
 class RunOptions:
     run_id: str
     run_dir: Path
-    grace_s: float = 15.0
-    heartbeat_timeout_s: float = 30.0
+    limits: RunLimits = field(default_factory=RunLimits)
     workdir: str | None = None
     node_run_dirs: Sequence[str] = ()  # per node: where its watchdog writes files ({run_dir})
     node_files: Sequence[Mapping[str, str]] = ()  # per node: rendered configs to write there
     color: bool = False
     out: TextIO = sys.stdout
-    stall_timeout_s: float | None = None  # no rank output for this long: stalled
     metrics_textfile: str | None = None  # each node writes its Prometheus textfile into this folder
-    finish_timeout_s: float | None = None  # some nodes done with 0, others still running: stalled
     # Inside a Slurm job: why Slurm ended it ("cancelled by Slurm (scancel)"), None while it runs.
     # Asked on fstrain's own SIGTERM and when the run ends.
     ended_by_slurm: Callable[[], str | None] | None = None
@@ -444,14 +442,15 @@ def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
         "nproc": launch.nproc,
         "rank_log_dir": launch.rank_log_dir,
         "cleanup": [launch.rank_log_dir] if launch.rank_log_dir else [],
-        "grace_s": options.grace_s,
-        "heartbeat_timeout_s": options.heartbeat_timeout_s,
+        "grace_s": options.limits.grace_s,
+        "heartbeat_timeout_s": options.limits.heartbeat_timeout_s,
         "backend": launch.backend,
         "rank_offset": launch.rank_offset,
     }
-    if options.stall_timeout_s or options.finish_timeout_s:  # ranks answer SIGUSR1 with their stacks
-        header.update(stacks=True, modules={"stacks": source("stacks")}, stall_timeout_s=options.stall_timeout_s,
-                      finish_timeout_s=options.finish_timeout_s)
+    limits = options.limits
+    if limits.stall_timeout_s or limits.finish_timeout_s:  # ranks answer SIGUSR1 with their stacks
+        header.update(stacks=True, modules={"stacks": source("stacks")}, stall_timeout_s=limits.stall_timeout_s,
+                      finish_timeout_s=limits.finish_timeout_s)
     if launch.backend == "deepspeed":  # its launcher does not say which rank failed: the watchdog looks
         header.update(watch_rank_exits=True, modules={**header.get("modules", {}), "stacks": source("stacks")})
     if options.metrics_textfile:  # the node's .prom file: its ranks' lines, alive ranks from /proc
@@ -509,9 +508,9 @@ def _heartbeats(nodes: Sequence[NodeState], events: queue.Queue[tuple[str, int, 
 
 def _check_alive(node: NodeState, alive: Callable[[float], bool], events: queue.Queue[tuple[str, int, Any, Any]],
                  options: RunOptions) -> None:
-    if not alive(options.heartbeat_timeout_s) and not node.done:
+    if not alive(options.limits.heartbeat_timeout_s) and not node.done:
         events.put(("lost", node.launch.node_rank,
-                    f"no answer from the host for {options.heartbeat_timeout_s:g} s", None))
+                    f"no answer from the host for {options.limits.heartbeat_timeout_s:g} s", None))
 
 
 def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]], stop: _Stop, logs: _Logs,
@@ -520,8 +519,7 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
     until every node has ended."""
     clock = time.monotonic
     run = Supervisor([n.launch.host.name for n in nodes],
-                     Limits(stall_timeout_s=options.stall_timeout_s, finish_timeout_s=options.finish_timeout_s,
-                            heartbeat_timeout_s=options.heartbeat_timeout_s, grace_s=options.grace_s), clock(),
+                     supervision_limits(options.limits), clock(),
                      heard_from=[n.answers for n in nodes])
     handled_signals = 0
     while not run.ended:
@@ -568,6 +566,12 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
         _carry_out(run.tick(clock()), nodes, run, hangs, options)
     _ask_slurm(run, options, clock())
     return run
+
+
+def supervision_limits(limits: RunLimits) -> Limits:
+    """The supervisor's rules from the run's limits (its own module is stdlib-only: it runs on nodes)."""
+    return Limits(stall_timeout_s=limits.stall_timeout_s, finish_timeout_s=limits.finish_timeout_s,
+                  heartbeat_timeout_s=limits.heartbeat_timeout_s, grace_s=limits.grace_s)
 
 
 def _ask_slurm(run: Supervisor, options: RunOptions, now_s: float) -> None:

@@ -168,7 +168,7 @@ def record_detached(folder: Path, setup: RunSetup, run_dirs: Sequence[str], answ
     ssh_config, python = reach
     assert setup.rendezvous is not None
     record = DetachedRecord(
-        setup.run_id, setup.backend, started, python, options.grace_s,
+        setup.run_id, setup.backend, started, python, options.limits.grace_s,
         str(Path(ssh_config).resolve()) if ssh_config else None, setup.rendezvous.master_addr, answers[0].get("port"),
         tuple(DetachedNode(Host(launch.host.name, launch.host.user, launch.host.port), launch.node_rank, launch.nproc,
                            launch.rank_offset, run_dir, answer.get("pid"), answer.get("job_pid"))

@@ -25,6 +25,7 @@ from fstrain.core.launch.supervisor import (
     Limits,
     Supervisor,
 )
+from fstrain.core.runs.limits import RunLimits
 from fstrain.core.runs.runstate import from_manifest
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, NODE_FAILED, JobStatus, ended_by_slurm, slurm_cancel_reason
 from fstrain.io.launch import RunOptions, RunOutcome, run_nodes
@@ -152,7 +153,7 @@ def drive(tmp_path: Path, ended_by_slurm: Callable[[], str | None] | None, line:
     scripts = {h.name: STEP_ENDS.format(delay=0.5 + 0.5 * (h.name == "node1"),
                                         line=CANCEL_LINE.format(host=h.name, rank=i) if line else "")
                for i, h in enumerate(hosts)}
-    options = RunOptions(run_id="r1", run_dir=tmp_path / "run", grace_s=5, out=io.StringIO(),
+    options = RunOptions(run_id="r1", run_dir=tmp_path / "run", limits=RunLimits(grace_s=5), out=io.StringIO(),
                          ended_by_slurm=ended_by_slurm)
 
     def connect(host: Host) -> Transport:

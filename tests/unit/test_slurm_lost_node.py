@@ -13,6 +13,7 @@ from typing import cast
 
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import NodeLaunch
+from fstrain.core.runs.limits import RunLimits
 from fstrain.io.launch import RunOptions, run_nodes
 from fstrain.io.remote.watchdog import EVENT_PREFIX
 from fstrain.io.slurm import SrunTransport
@@ -34,7 +35,7 @@ def test_a_node_whose_watchdog_stops_answering_is_lost_and_its_srun_abandoned(tm
     scripts = {"node1": ANSWERS.format(prefix=EVENT_PREFIX), "node2": SILENT.format(pidfile=str(pidfile))}
     hosts = [Host("node1"), Host("node2")]
     launches = [NodeLaunch(host, rank, 1, ("torchrun",)) for rank, host in enumerate(hosts)]
-    options = RunOptions(run_id="r1", run_dir=tmp_path / "run", grace_s=5, heartbeat_timeout_s=1.5,
+    options = RunOptions(run_id="r1", run_dir=tmp_path / "run", limits=RunLimits(grace_s=5, heartbeat_timeout_s=1.5),
                          out=io.StringIO())
 
     def connect(host: Host) -> Transport:
@@ -64,7 +65,7 @@ def test_the_watchdog_answers_heartbeats_only_when_asked(tmp_path: Path) -> None
     from fstrain.io.transport.local import LocalTransport
 
     launch = NodeLaunch(Host("localhost"), 0, 1, (sys.executable, "-c", "import time; time.sleep(60)"))
-    options = RunOptions(run_id="r1", run_dir=tmp_path / "run", grace_s=2, out=io.StringIO())
+    options = RunOptions(run_id="r1", run_dir=tmp_path / "run", limits=RunLimits(grace_s=2), out=io.StringIO())
     for asked in (True, False):
         header = {**watchdog_header(launch, options), "answer_heartbeats": asked}
         running = LocalTransport().start([sys.executable, "-u", "-c", BOOTSTRAP])
