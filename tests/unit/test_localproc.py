@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from fstrain.io.localproc import command_line, process_alive, terminate_if_ours, wait_gone
 
@@ -12,6 +13,9 @@ from fstrain.io.localproc import command_line, process_alive, terminate_if_ours,
 def test_a_process_is_signalled_only_while_its_command_line_is_ours() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fstrain-test-marker"])
     try:
+        deadline = time.monotonic() + 10  # until it has exec'd (its command line reads empty before, on a busy machine)
+        while b"fstrain-test-marker" not in command_line(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert process_alive(child.pid) and b"fstrain-test-marker" in command_line(child.pid)
         assert not terminate_if_ours(child.pid, b"not-this-one")  # a reused pid: left alone
         assert child.poll() is None
