@@ -216,7 +216,6 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     """Every node's watchdog started detached (node 0 the coordinator), recorded here: before
     the first starts, so that a launch killed half-way leaves a run that `runs` lists and
     `stop` ends; then with node 0's answer (its coordinator's port); then with every node's."""
-    from fstrain.io.documents import write_json_atomic
     from fstrain.io.runs import read_json, record_detached, register, start_detached
 
     setup = run_setup(request, checked, node_job)
@@ -236,11 +235,10 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
         raise
     record(answers)
     earlier = read_json(request.run_dir / "manifest.json") if request.restart else None
-    manifest = write_manifest(request.run_dir / "manifest.json", setup, None)
-    manifest.update(reason="detached", started=started, detached=True)
+    marks: dict[str, Any] = {"reason": "detached", "started": started, "detached": True}
     if isinstance(earlier, dict) and earlier.get("attempts"):  # a later attempt: the record of those before
-        manifest["attempts"] = earlier["attempts"]
-    write_json_atomic(request.run_dir / "manifest.json", manifest)
+        marks["attempts"] = earlier["attempts"]
+    manifest = write_manifest(request.run_dir / "manifest.json", setup, None, marks)
     outcome = RunOutcome(0, "detached", None, [], started, time.time())
     return Driven(checked, node_job, outcome, manifest, started, answers)
 
@@ -462,20 +460,18 @@ def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> d
 
 def interim_manifest(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> None:
     """Between attempts: the manifest lists the attempts so far, and the run has not ended."""
-    from fstrain.io.documents import write_json_atomic
+    from fstrain.io.launch import update_manifest
 
-    driven.manifest.update(ended=None, reason="restarting", attempts=[a.to_dict() for a in attempts])
-    write_json_atomic(request.run_dir / "manifest.json", driven.manifest)
+    update_manifest(request.run_dir / "manifest.json", driven.manifest, ended=None, reason="restarting",
+                    attempts=[a.to_dict() for a in attempts])
 
 
 def finish_attempts(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> Driven:
     """The run's manifest as its last attempt ended, with every attempt listed."""
-    from fstrain.io.documents import write_json_atomic
+    from fstrain.io.launch import update_manifest
 
     last = attempts[-1]
-    driven.manifest.update(attempts=[a.to_dict() for a in attempts], exit_code=last.exit_code,
-                           ended=driven.outcome.ended or time.time())
-    if driven.manifest.get("reason") == "restarting":
-        driven.manifest["reason"] = driven.outcome.reason
-    write_json_atomic(request.run_dir / "manifest.json", driven.manifest)
+    reason = driven.outcome.reason if driven.manifest.get("reason") == "restarting" else driven.manifest.get("reason")
+    update_manifest(request.run_dir / "manifest.json", driven.manifest, attempts=[a.to_dict() for a in attempts],
+                    exit_code=last.exit_code, ended=driven.outcome.ended or time.time(), reason=reason)
     return driven

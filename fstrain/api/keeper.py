@@ -87,11 +87,11 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
         time.sleep(poll_s)
     outcome, last = attempt_outcome(views, driven.job.launches, state, driven.started)
     last = max((s for s in (highest, last) if s is not None), default=None)
-    manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, driven.checked, driven.job),
-                              outcome)
-    manifest["detached"] = True
+    marks: dict[str, Any] = {"detached": True}
     if driven.manifest.get("attempts"):
-        manifest["attempts"] = driven.manifest["attempts"]
+        marks["attempts"] = driven.manifest["attempts"]
+    manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, driven.checked, driven.job),
+                              outcome, marks)
     return Driven(driven.checked, driven.job, outcome, manifest, driven.started, driven.answers, last)
 
 

@@ -230,7 +230,10 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
         launched.training_summary = fetch_training_summary(hosts[0], driven.checked.run_dirs[0], connect,
                                                            prepared.run_dir, report)
         if launched.training_summary is not None:
-            driven.manifest["training_summary"] = launched.training_summary
+            from fstrain.io.launch import update_manifest
+
+            update_manifest(prepared.run_dir / "manifest.json", driven.manifest,
+                            training_summary=launched.training_summary)
     return launched
 
 

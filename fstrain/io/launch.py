@@ -713,9 +713,12 @@ class RunSetup:
     plan: Mapping[str, Any] | None = None  # the plan it trains with
 
 
-def write_manifest(path: Path, setup: RunSetup, outcome: RunOutcome | None) -> dict[str, Any]:
+def write_manifest(path: Path, setup: RunSetup, outcome: RunOutcome | None,
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """RUN_DIR/manifest.json: exact commands, hosts, masked environment, versions, times, codes
-    (no outcome: a run that started detached, its end kept by its nodes)."""
+    (no outcome: a run that started detached, its end kept by its nodes); ``extra`` added or
+    replaced (a detached run's marks, the attempts of a recovering run). With
+    :func:`update_manifest`, the only writer of the file."""
     run_id, backend, rendezvous, launches = setup.run_id, setup.backend, setup.rendezvous, setup.launches
     facts, env, plan = setup.facts, setup.env, setup.plan
     states = {n.launch.node_rank: n for n in outcome.nodes} if outcome else {}
@@ -740,12 +743,24 @@ def write_manifest(path: Path, setup: RunSetup, outcome: RunOutcome | None) -> d
         if outcome and outcome.first_failure is not None else None,
         "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
     }
+    document.update(extra or {})
     document = stamped(document, "manifest", __version__)
     try:
         write_json_atomic(path, document)
     except OSError as exc:  # a full disk loses the file, never the job's result
         warn(f"cannot write {path} ({describe(exc)})")
     return document
+
+
+def update_manifest(path: Path, manifest: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """``manifest`` with ``changes``, written again (a recovering run's attempts as they end, the
+    training summary); the same dict, changed, is returned."""
+    manifest.update(changes)
+    try:
+        write_json_atomic(path, manifest)
+    except OSError as exc:  # a full disk loses the file, never the job's result
+        warn(f"cannot write {path} ({describe(exc)})")
+    return manifest
 
 
 def node_summary(launch: NodeLaunch, state: NodeState | None) -> dict[str, Any]:
