@@ -211,7 +211,7 @@ def collect(older_than_s: float, *, dry_run: bool = False, access: Access | None
             results.append(Collected(record.run_id, state, "kept",
                                      why=f"its state cannot be told: {', '.join(unreachable)} cannot be reached"))
             continue
-        slurm_job = str(record.slurm.get("job_id")) if record.slurm is not None else None
+        slurm_job = str(record.slurm.job_id) if record.slurm is not None else None
         if dry_run:
             results.append(Collected(record.run_id, state, "would remove", slurm_job=slurm_job))
             continue
@@ -625,7 +625,7 @@ class SlurmRun:
                           "ranks": ranks, "gpus": gpus, "gpus_error": gpus_error})
         return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
                 "detached": True, "kind": "slurm", "started": record.started, "job": job,
-                "output": self.slurm.get("output"), "nodes": nodes}
+                "output": self.slurm.output, "nodes": nodes}
 
     def log_files(self, hosts: Sequence[str], rank: int | None) -> list[Path]:
         """The job's output file (every tagged line and fstrain's summary) unless a host or rank
@@ -634,7 +634,7 @@ class SlurmRun:
 
         record = self.record
         if not hosts and rank is None:
-            return [Path(self.slurm.get("output") or record.run_dir / f"slurm-{self.slurm['job_id']}.out")]
+            return [Path(self.slurm.output or record.run_dir / f"slurm-{self.slurm.job_id}.out")]
         folder = record.job_dir / "logs"
         known = logged_hosts(folder)
         for name in hosts:
@@ -662,7 +662,7 @@ class SlurmRun:
         from fstrain.io.slurm import SlurmError, signal_job
 
         record = self.record
-        job_id = str(self.slurm["job_id"])
+        job_id = str(self.slurm.job_id)
         state, job = slurm_state(record)
         if job.get("forgotten") and state.state == "lost":
             raise SlurmError(f"Slurm does not know job {job_id} (run {record.run_id}) and its run directory "
@@ -690,7 +690,7 @@ class SlurmRun:
                 return Stopped(state, True)
             raise SlurmError(f"scancel of job {job_id} failed: {error}", f"check the job with `squeue -j {job_id}`",
                              "stop")
-        grace = grace_s if grace_s is not None else float(self.slurm.get("grace_s") or 15.0) + STOP_MARGIN_S
+        grace = grace_s if grace_s is not None else float(self.slurm.grace_s or 15.0) + STOP_MARGIN_S
         started = time.monotonic()
         killed = force or state.state == "pending"
         while state.state not in FINAL:

@@ -246,7 +246,7 @@ def _say_slurm_job(handle: Run) -> None:
     from fstrain.api.runs import SlurmRun
 
     if isinstance(handle.backend, SlurmRun):
-        console().print(f"run {handle.run_id}: Slurm job {handle.backend.slurm.get('job_id')}", style="dim",
+        console().print(f"run {handle.run_id}: Slurm job {handle.backend.slurm.job_id}", style="dim",
                         markup=False)
 
 

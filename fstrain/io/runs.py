@@ -32,15 +32,22 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fstrain import __version__
-from fstrain.core.formats import check_format, stamped
+from fstrain.core.formats import check_format
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.progress import Event
-from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry, KeeperRecord, StateCache
+from fstrain.core.runs.runrecord import (
+    DetachedNode,
+    DetachedRecord,
+    IndexEntry,
+    KeeperRecord,
+    SlurmRecord,
+    StateCache,
+)
 from fstrain.core.runs.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes, with_keeper
 from fstrain.core.slurm.job import JOB_DIR_PREFIX, TIME_LIMIT_MARKER, job_dir_name
 from fstrain.errors import FstrainError, InputError
@@ -187,7 +194,7 @@ def register(run_id: str, folder: Path, *, detached: bool, launching: bool = Tru
     owner = read_json(folder / SLURM_RECORD)
     if owner is None and folder.name.startswith(JOB_DIR_PREFIX):  # a job's folder in a Slurm run directory
         owner = read_json(folder.parent / SLURM_RECORD)
-    if isinstance(owner, dict) and owner.get("run_id") not in (None, run_id):
+    if isinstance(owner, dict) and owner.get("run_id") not in (None, run_id):  # read loosely: only its owner
         return
     entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid() if launching else None)
     write_json_atomic(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
@@ -221,23 +228,21 @@ def forget_submission(folder: Path, made: Sequence[Path]) -> None:
 
 
 def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output: Path,
-                 grace_s: float | None) -> dict[str, Any]:
+                 grace_s: float | None) -> SlurmRecord:
     """RUN_DIR/slurm_job_id, RUN_DIR/slurm.json and this machine's index entry for a submitted
     batch job."""
     (folder / "slurm_job_id").write_text(job_id + "\n")
-    document = stamped({"kind": "slurm", "run_id": run_id, "job_id": job_id, "submitted": time.time(),
-                        "script": str(script), "output": str(output), "grace_s": grace_s}, "slurm", __version__)
-    write_json_atomic(folder / SLURM_RECORD, document)
-    entry = IndexEntry(run_id, str(folder.resolve()), True, document["submitted"], kind="slurm", job_id=job_id)
+    record = SlurmRecord(run_id, job_id, time.time(), str(script), str(output), grace_s)
+    write_slurm(folder, record)
+    entry = IndexEntry(run_id, str(folder.resolve()), True, record.submitted, kind="slurm", job_id=job_id)
     write_json_atomic(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
-    return document
+    return record
 
 
 def claim_for_slurm(folder: Path, run_id: str) -> None:
     """Before sbatch: mark the run directory as the submission's, so that a job starting at
     once finds it claimed (the job id is added by :func:`record_slurm`)."""
-    write_json_atomic(folder / SLURM_RECORD, stamped({"kind": "slurm", "run_id": run_id, "job_id": None,
-                                                "submitted": time.time()}, "slurm", __version__))
+    write_slurm(folder, SlurmRecord(run_id, None, time.time()))
 
 
 def read_summary(path: Path) -> dict[str, Any] | None:
@@ -282,13 +287,13 @@ class RunRecord:
     detached: DetachedRecord | None
     manifest: dict[str, Any] | None
     entry: IndexEntry | None  # None: found by its run directory, not in this machine's index
-    slurm: dict[str, Any] | None = None  # RUN_DIR/slurm.json of a `launch --slurm` run
+    slurm: SlurmRecord | None = None  # RUN_DIR/slurm.json of a `launch --slurm` run
 
     @property
     def job_dir(self) -> Path:
         """Where a Slurm run's job keeps its manifest, logs and summary: RUN_DIR/job-<job id>, or
         the run directory itself for a job of an fstrain that did not make job folders."""
-        job_id = (self.slurm or {}).get("job_id")
+        job_id = self.slurm.job_id if self.slurm is not None else None
         if not job_id:
             return self.run_dir
         folder = self.run_dir / job_dir_name(str(job_id))
@@ -298,7 +303,8 @@ class RunRecord:
     def slurm_path(self) -> Path:
         """A Slurm run's record: RUN_DIR/slurm.json for the job `launch --slurm` submitted, the
         job folder's own for another job of the same script (submitted by hand)."""
-        return self.job_dir / SLURM_RECORD if (self.slurm or {}).get("by_hand") else self.run_dir / SLURM_RECORD
+        return self.job_dir / SLURM_RECORD if self.slurm is not None and self.slurm.by_hand \
+            else self.run_dir / SLURM_RECORD
 
     @property
     def hosts(self) -> list[Host]:
@@ -311,7 +317,7 @@ class RunRecord:
 
     @property
     def started(self) -> float:
-        return float((self.detached.started if self.detached else 0) or (self.slurm or {}).get("submitted")
+        return float((self.detached.started if self.detached else 0) or (self.slurm.submitted if self.slurm else 0)
                      or (self.manifest or {}).get("started") or (self.entry.registered if self.entry else 0))
 
     @property
@@ -335,6 +341,17 @@ def read_document(path: Path, kind: str) -> dict[str, Any] | None:
         return None
     check_format(document, kind, str(path))
     return document
+
+
+def read_slurm(path: Path) -> SlurmRecord | None:
+    """A Slurm run's record; None where there is none, an InputError naming the file where it
+    cannot be read."""
+    document = read_json(path)
+    return SlurmRecord.from_dict(document, str(path)) if isinstance(document, dict) else None
+
+
+def write_slurm(folder: Path, record: SlurmRecord) -> None:
+    write_json_atomic(folder / SLURM_RECORD, record.to_dict(__version__))
 
 
 def read_state_cache(path: Path) -> StateCache | None:
@@ -397,8 +414,8 @@ def _indexed_run(path: Path) -> RunRecord | None:
         return None
     entry = IndexEntry.from_dict(raw, str(path))
     run_dir = Path(entry.run_dir)
-    slurm = read_document(run_dir / SLURM_RECORD, "slurm")
-    if slurm is not None and slurm.get("run_id") != entry.run_id:
+    slurm = read_slurm(run_dir / SLURM_RECORD)
+    if slurm is not None and slurm.run_id != entry.run_id:
         return None  # the job's own launch inside a Slurm run: the submission's entry stands for it
     record = RunRecord(entry.run_id, run_dir, read_detached(run_dir), None, entry, slurm)
     record.manifest = read_document(record.job_dir / "manifest.json", "manifest")
@@ -408,17 +425,16 @@ def _indexed_run(path: Path) -> RunRecord | None:
 def _slurm_job(runs: Sequence[RunRecord], job_id: str) -> list[RunRecord]:
     """The Slurm run whose submitted job is ``job_id``, else the one whose script ran as that job
     too (submitted again by hand: its folder RUN_DIR/job-<job id>), as a record of that job."""
-    submitted = [r for r in runs if r.slurm is not None and str(r.slurm.get("job_id")) == job_id]
+    submitted = [r for r in runs if r.slurm is not None and r.slurm.job_id == job_id]
     if submitted or not job_id.isdigit():
         return submitted
     found = []
     for run in runs:
         folder = run.run_dir / job_dir_name(job_id)
         if run.slurm is not None and folder.is_dir():
-            own = read_document(folder / SLURM_RECORD, "slurm")  # where a stop of it was recorded
-            slurm = own or {**{k: v for k, v in run.slurm.items() if k != "stop_requested"}, "job_id": job_id,
-                            "by_hand": True, "submitted": folder.stat().st_mtime,
-                            "output": str(run.run_dir / f"slurm-{job_id}.out")}
+            own = read_slurm(folder / SLURM_RECORD)  # where a stop of it was recorded
+            slurm = own or replace(run.slurm, job_id=job_id, by_hand=True, submitted=folder.stat().st_mtime,
+                                   output=str(run.run_dir / f"slurm-{job_id}.out"), stop_requested=None)
             found.append(RunRecord(run.run_id, run.run_dir, None, read_document(folder / "manifest.json", "manifest"),
                                    run.entry, slurm))
     return found
@@ -434,9 +450,9 @@ def find_run(reference: str) -> RunRecord:
     if len(matches) == 1:
         return matches[0]
     path = Path(reference)
-    slurm = read_document(path / SLURM_RECORD, "slurm") if not matches else None
-    if slurm is not None and slurm.get("job_id"):
-        record = RunRecord(slurm["run_id"], path, None, None, None, slurm)
+    slurm = read_slurm(path / SLURM_RECORD) if not matches else None
+    if slurm is not None and slurm.job_id:
+        record = RunRecord(slurm.run_id, path, None, None, None, slurm)
         record.manifest = read_document(record.job_dir / "manifest.json", "manifest")
         return record
     detached = read_detached(path) if not matches and (path / "detached.json").is_file() else None
@@ -581,18 +597,18 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     from fstrain.io.slurm import job_status
 
     assert record.slurm is not None
-    fresh = read_document(record.slurm_path, "slurm")  # another `fstrain stop` may have marked it
-    if fresh is not None and fresh.get("job_id") == record.slurm.get("job_id"):
+    fresh = read_slurm(record.slurm_path)  # another `fstrain stop` may have marked it
+    if fresh is not None and fresh.job_id == record.slurm.job_id:
         record.slurm = fresh
-    stop_requested = bool(record.slurm.get("stop_requested"))
+    stop_requested = record.slurm.stop_requested is not None
     job_dir = record.job_dir
     cached = read_state_cache(job_dir / "state.json")
-    job_seen: dict[str, Any] = dict((cached.job if cached else None) or {"job_id": record.slurm.get("job_id")})
+    job_seen: dict[str, Any] = dict((cached.job if cached else None) or {"job_id": record.slurm.job_id})
     if cached is not None and cached.state in FINAL and cached.settled and cached.stop_requested == stop_requested:
         return cached.run_state(), job_seen  # nothing changes after the end
     record.manifest = read_document(job_dir / "manifest.json", "manifest")
     try:
-        job = job_status(str(record.slurm["job_id"]), "RUN")
+        job = job_status(str(record.slurm.job_id), "RUN")
     except FstrainError:
         if strict:
             raise
@@ -624,11 +640,8 @@ def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:
     """RUN_DIR/slurm.json records that `fstrain stop` ends the run (Slurm calls it FAILED);
     ``requested=False`` takes that back (the signal could not be sent)."""
     assert record.slurm is not None
-    if requested:
-        record.slurm["stop_requested"] = time.time()
-    else:
-        record.slurm.pop("stop_requested", None)
-    write_json_atomic(record.slurm_path, record.slurm)
+    record.slurm = replace(record.slurm, stop_requested=time.time() if requested else None)
+    write_json_atomic(record.slurm_path, record.slurm.to_dict(__version__))
 
 
 def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, run_dir: str,

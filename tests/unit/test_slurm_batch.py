@@ -179,7 +179,7 @@ def test_a_job_id_of_a_second_submission_finds_that_job(tmp_path: Path, monkeypa
     first, second = find_run("12"), find_run("35")
     assert (first.run_id, first.job_dir, first.manifest) == ("r1", run_dir / "job-12", {"exit_code": 0})
     assert (second.run_id, second.job_dir, second.manifest) == ("r1", run_dir / "job-35", {"exit_code": 7})
-    assert second.slurm is not None and second.slurm["output"] == str(run_dir / "slurm-35.out")
+    assert second.slurm is not None and second.slurm.output == str(run_dir / "slurm-35.out")
     assert second.slurm_path == run_dir / "job-35" / "slurm.json"  # a stop of job 35 is recorded there
     assert find_run("r1").job_dir == run_dir / "job-12"
     with pytest.raises(InputError, match="no run '36'"):

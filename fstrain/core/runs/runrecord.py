@@ -1,9 +1,11 @@
 """The records this machine keeps of a run, as values: its index entry, a detached run's record,
-the recovery keeper of a detached run with a recovery policy, and the state last seen.
+the recovery keeper of a detached run with a recovery policy, a Slurm run's submission, and the
+state last seen.
 
 ``~/.fstrain/launched/<run id>.json`` holds an :class:`IndexEntry`, ``RUN_DIR/detached.json`` a
 :class:`DetachedRecord`, ``RUN_DIR/keeper.json`` a :class:`KeeperRecord`, ``RUN_DIR/state.json``
-(a Slurm job's: in its job folder) a :class:`StateCache`. ``to_dict`` writes the
+(a Slurm job's: in its job folder) a :class:`StateCache`, ``RUN_DIR/slurm.json`` a
+:class:`SlurmRecord`. ``to_dict`` writes the
 document with its format version (fstrain/core/formats.py); ``from_dict`` checks that version
 and the fields, naming the file.
 Pure: fstrain/io/runs.py reads and writes the files.
@@ -135,6 +137,44 @@ class KeeperRecord:
 
 
 @dataclass(frozen=True)
+class SlurmRecord:
+    """RUN_DIR/slurm.json: a run submitted with `launch --slurm` (claimed before sbatch, with no
+    job id yet; the job's own once it answered), or, in a job folder, the record of another job
+    of the same script (submitted again by hand)."""
+
+    run_id: str
+    job_id: str | None  # None: claimed, sbatch has not answered
+    submitted: float
+    script: str | None = None
+    output: str | None = None  # the job's output file
+    grace_s: float | None = None  # the run's --grace, which `fstrain stop` waits for
+    stop_requested: float | None = None  # when `fstrain stop` asked for the end (Slurm calls it FAILED)
+    by_hand: bool = False  # another job of the same script: its record lives in its job folder
+
+    def to_dict(self, writer: str) -> dict[str, Any]:
+        document: dict[str, Any] = {"kind": "slurm", "run_id": self.run_id, "job_id": self.job_id,
+                                    "submitted": self.submitted, "script": self.script, "output": self.output,
+                                    "grace_s": self.grace_s}
+        if self.stop_requested is not None:
+            document["stop_requested"] = self.stop_requested
+        if self.by_hand:
+            document["by_hand"] = True
+        return stamped(document, "slurm", writer)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> SlurmRecord:
+        check_format(data, "slurm", where)
+        if not isinstance(data, Mapping):
+            raise InputError("not a Slurm run record", _HINT, where)
+        job_id = data.get("job_id")
+        stop = _number(data, "stop_requested", where)
+        return cls(_text(data, "run_id", where), None if job_id is None else str(job_id),
+                   float(_number(data, "submitted", where) or 0), _optional_text(data, "script"),
+                   _optional_text(data, "output"), _number(data, "grace_s", where),
+                   None if stop is None else float(stop), bool(data.get("by_hand")))
+
+
+@dataclass(frozen=True)
 class StateCache:
     """What this machine last saw of a run, written each time the run is asked about: its state,
     and what the kind of run that saw it adds (a detached run: its nodes and first failure; a
@@ -187,6 +227,11 @@ def _text(data: Mapping[str, Any], key: str, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise InputError(f"{key} must be non-empty text, got {value!r}", _HINT, where)
     return value
+
+
+def _optional_text(data: Mapping[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return str(value) if value else None
 
 
 def _int(data: Mapping[str, Any], key: str, where: str) -> int:
