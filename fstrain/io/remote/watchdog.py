@@ -440,11 +440,13 @@ class Watchdog:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         name = f"{self.header.get('run_id')}.node{self.header.get('node_rank')}.json"
         self.state_file = os.path.join(state_dir, name)
-        with open(self.state_file, "w") as handle:
+        partial = f"{self.state_file}.{os.getpid()}.partial"
+        with open(partial, "w") as handle:  # whole or not at all: `doctor --orphans` may read it any time
             json.dump({"format": NODE_FORMAT, "run_id": self.header.get("run_id"),
                        "node_rank": self.header.get("node_rank"),
                        "watchdog_pid": os.getpid(), "job_pid": self.child.pid, "started": time.time(),
                        "argv": self.header.get("argv")}, handle)
+        os.replace(partial, self.state_file)
 
     def control_loop(self) -> None:
         """Read the launcher's control lines; end of file means the launcher is gone."""
