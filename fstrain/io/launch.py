@@ -521,15 +521,13 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
     run = Supervisor([n.launch.host.name for n in nodes],
                      supervision_limits(options.limits), clock(),
                      heard_from=[n.answers for n in nodes])
-    handled_signals = 0
+    handled_signals, heard_at_s = 0, clock()
     while not run.ended:
         for signum in stop.signals[handled_signals:]:  # the first asks for a graceful stop, the next kills
             if signum == signal.SIGTERM:
                 _ask_slurm(run, options, clock())
             _carry_out(run.signalled(signum == signal.SIGINT, clock()), nodes, run, hangs, options)
         handled_signals = len(stop.signals)
-        for index, each in enumerate(nodes):  # when each node was last heard from, as its reader saw it
-            run.heard(index, each.heard_s)
         try:
             kind, rank, a, b = events.get(timeout=0.2)
         except queue.Empty:
@@ -563,6 +561,10 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                        options)
         elif kind == "lost" and node is not None and not node.done:
             _carry_out(run.node_lost(rank, a, clock()), nodes, run, hangs, options)
+        if clock() - heard_at_s >= HEARTBEAT_INTERVAL_S:  # once a beat, not once a line: O(nodes) each
+            heard_at_s = clock()
+            for index, each in enumerate(nodes):  # when its reader last read from it (queued lines are older)
+                run.heard(index, each.heard_s)
         _carry_out(run.tick(clock()), nodes, run, hangs, options)
     _ask_slurm(run, options, clock())
     return run
