@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fstrain.api.requests import LaunchRequest, SlurmRequest
+from fstrain.api.requests import HostRequest, LaunchRequest, SlurmRequest
 from fstrain.errors import InputError
 
 if TYPE_CHECKING:
@@ -248,8 +248,6 @@ def plan_allocation(num_nodes: int | None, gpus_per_node: int | None, gpu: str |
         return nodes, gpus, None
     report(f"cluster: Slurm job {allocation.job_id}, probing its {allocation.num_nodes} nodes through srun")
     hosts = allocation_hosts(allocation, None, None, None, None, None).hosts
-    from fstrain.api.requests import HostRequest
-
     reports, failed = probe_inventory(hosts, connector(allocation, HostRequest()), python=python, fanout=fanout)
     if failed:
         raise TransportError("could not probe " + "; ".join(error.one_line() for _, error in failed),

@@ -37,6 +37,19 @@ def write_json_atomic(path: Path, document: Mapping[str, Any], indent: int = 2) 
     write_text_atomic(path, json.dumps(document, indent=indent) + "\n")
 
 
+def write_json_or_warn(path: Path, document: Mapping[str, Any]) -> bool:
+    """:func:`write_json_atomic` where losing this machine's copy must not stop anything (a full
+    disk): the failure is said once on stderr. Whether it was written."""
+    from fstrain.io.localout import describe, warn
+
+    try:
+        write_json_atomic(path, document)
+    except OSError as exc:
+        warn(f"cannot write {path} ({describe(exc)})")
+        return False
+    return True
+
+
 def fetch_json(connect: Callable[[Host], Transport], host: Host, path: str,
                timeout_s: float = 60) -> tuple[Any, str | None]:
     """The JSON document at ``path`` on ``host``: (document, None), or (None, why not)."""

@@ -66,7 +66,7 @@ from fstrain.core.runs.limits import RunLimits
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, slurm_cancel_reason
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
-from fstrain.io.documents import write_json_atomic
+from fstrain.io.documents import write_json_or_warn
 from fstrain.io.fanout import HostPool
 from fstrain.io.localout import describe, warn
 from fstrain.io.relay import RelayQueue
@@ -746,22 +746,14 @@ def write_manifest(path: Path, setup: RunSetup, outcome: RunOutcome | None,
         "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
     }
     document.update(extra or {})
-    document = stamped(document, "manifest", __version__)
-    try:
-        write_json_atomic(path, document)
-    except OSError as exc:  # a full disk loses the file, never the job's result
-        warn(f"cannot write {path} ({describe(exc)})")
-    return document
+    return update_manifest(path, stamped(document, "manifest", __version__))
 
 
 def update_manifest(path: Path, manifest: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """``manifest`` with ``changes``, written again (a recovering run's attempts as they end, the
     training summary); the same dict, changed, is returned."""
     manifest.update(changes)
-    try:
-        write_json_atomic(path, manifest)
-    except OSError as exc:  # a full disk loses the file, never the job's result
-        warn(f"cannot write {path} ({describe(exc)})")
+    write_json_or_warn(path, manifest)  # a full disk loses the file, never the job's result
     return manifest
 
 

@@ -58,7 +58,7 @@ from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 if TYPE_CHECKING:
     from fstrain.core.job.spec import NodeLaunch
     from fstrain.io.launch import Rendezvous, RunOptions, RunSetup
-from fstrain.io.documents import fetch_json, write_json_atomic
+from fstrain.io.documents import fetch_json, write_json_atomic, write_json_or_warn
 from fstrain.io.localproc import process_alive
 from fstrain.io.transport.base import Transport
 
@@ -233,7 +233,7 @@ def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output
     batch job."""
     (folder / "slurm_job_id").write_text(job_id + "\n")
     record = SlurmRecord(run_id, job_id, time.time(), str(script), str(output), grace_s)
-    write_slurm(folder, record)
+    write_slurm(folder / SLURM_RECORD, record)
     entry = IndexEntry(run_id, str(folder.resolve()), True, record.submitted, kind="slurm", job_id=job_id)
     write_json_atomic(index_dir() / f"{run_id}.json", entry.to_dict(__version__))
     return record
@@ -242,7 +242,7 @@ def record_slurm(folder: Path, *, run_id: str, job_id: str, script: Path, output
 def claim_for_slurm(folder: Path, run_id: str) -> None:
     """Before sbatch: mark the run directory as the submission's, so that a job starting at
     once finds it claimed (the job id is added by :func:`record_slurm`)."""
-    write_slurm(folder, SlurmRecord(run_id, None, time.time()))
+    write_slurm(folder / SLURM_RECORD, SlurmRecord(run_id, None, time.time()))
 
 
 def read_summary(path: Path) -> dict[str, Any] | None:
@@ -265,15 +265,10 @@ def copy_training_summary(connect: Callable[[Host], Transport], host: Host, run_
     """The bundled trainer's rank-0 summary.json from node 0's run directory, copied into the
     local ``folder``: (summary, None), or (None, why not). A summary that cannot be copied is
     still returned (the copy's failure is said as a warning)."""
-    from fstrain.io.localout import describe, warn
-
     summary, error = fetch_json(connect, host, f"{run_dir}/summary.json", timeout_s=30)
     if not isinstance(summary, dict):
         return None, error or "not a JSON object"
-    try:
-        write_json_atomic(folder / "summary.json", summary)
-    except OSError as exc:
-        warn(f"cannot write {folder / 'summary.json'} ({describe(exc)})")
+    write_json_or_warn(folder / "summary.json", summary)
     return summary, None
 
 
@@ -350,8 +345,8 @@ def read_slurm(path: Path) -> SlurmRecord | None:
     return SlurmRecord.from_dict(document, str(path)) if isinstance(document, dict) else None
 
 
-def write_slurm(folder: Path, record: SlurmRecord) -> None:
-    write_json_atomic(folder / SLURM_RECORD, record.to_dict(__version__))
+def write_slurm(path: Path, record: SlurmRecord) -> None:
+    write_json_atomic(path, record.to_dict(__version__))
 
 
 def read_state_cache(path: Path) -> StateCache | None:
@@ -641,7 +636,7 @@ def mark_stop_requested(record: RunRecord, requested: bool = True) -> None:
     ``requested=False`` takes that back (the signal could not be sent)."""
     assert record.slurm is not None
     record.slurm = replace(record.slurm, stop_requested=time.time() if requested else None)
-    write_json_atomic(record.slurm_path, record.slurm.to_dict(__version__))
+    write_slurm(record.slurm_path, record.slurm)
 
 
 def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, run_dir: str,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.io.documents import fetch_json, write_json_atomic, write_text_atomic
+from fstrain.io.documents import fetch_json, write_json_atomic, write_json_or_warn, write_text_atomic
 from fstrain.io.transport.base import CommandResult
 from fstrain.io.transport.fake import FakeTransport
 
@@ -24,6 +24,14 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_partial(tmp_path: Path) -
         write_text_atomic(path, "new")
     assert json.loads(path.read_text()) == {"reason": "ok"}
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["manifest.json", "manifest.json.partial"]
+
+
+def test_a_copy_that_cannot_be_written_is_said_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert write_json_or_warn(tmp_path / "summary.json", {"a": 1})
+    (tmp_path / "summary.json.partial").mkdir()
+    assert not write_json_or_warn(tmp_path / "summary.json", {"a": 2})
+    assert capsys.readouterr().err == f"warning: cannot write {tmp_path / 'summary.json'} (Is a directory)\n"
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"a": 1}
 
 
 def test_a_node_document_or_why_not() -> None:

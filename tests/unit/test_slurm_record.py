@@ -17,7 +17,7 @@ def test_a_record_reads_back_as_written(tmp_path: Path) -> None:
     claimed = SlurmRecord("r1", None, 100.0)  # before sbatch answered
     submitted = SlurmRecord("r1", "42", 101.0, "/runs/r1/sbatch.sh", "/runs/r1/slurm-42.out", 15.0, 130.5)
     for record in (claimed, submitted):
-        write_slurm(tmp_path, record)
+        write_slurm(tmp_path / SLURM_RECORD, record)
         assert read_slurm(tmp_path / SLURM_RECORD) == record
     assert read_slurm(tmp_path / "none.json") is None
 
