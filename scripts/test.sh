@@ -10,7 +10,8 @@
 #            component (namespace cluster, Slurm, training); about 5 minutes on 2 cores
 # Extra arguments go to pytest, e.g. `scripts/test.sh tests/unit -x`. FSTRAIN_TEST_WORKERS sets
 # the number of workers (default 4: most cluster and Slurm time is spent waiting on processes;
-# 0 runs everything in this one process).
+# 0 runs everything in this one process). Without arguments, the tests marked `timing` run first,
+# alone, then the rest on the workers; with arguments, one pytest run takes them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,5 +43,19 @@ echo "== ruff"
 ruff check fstrain tests benchmarks
 echo "== mypy"
 mypy
-echo "== pytest"
-exec python3 -m pytest -p no:cacheprovider "${parallel[@]}" "${selection[@]}" "$@"
+if [ "$quick" = 1 ] || [ $# -gt 0 ] || [ "$workers" = 0 ]; then
+    echo "== pytest"
+    exec python3 -m pytest -p no:cacheprovider "${parallel[@]}" "${selection[@]}" "$@"
+fi
+# The whole suite: first the `timing` tests, one at a time on otherwise idle cores (they assert
+# that healthy links and collectives measure as healthy, which other tests' CPU load can
+# disprove), then everything else on the workers.
+echo "== pytest: timing tests, alone"
+timing=0
+python3 -m pytest -p no:cacheprovider -n 0 -m timing || timing=$?
+echo "== pytest: the rest, on $workers workers"
+rest=0
+python3 -m pytest -p no:cacheprovider "${parallel[@]}" -m "not timing" || rest=$?
+[ "$timing" = 0 ] && [ "$rest" = 0 ] && exit 0
+echo "test.sh: timing tests exit $timing, the rest exit $rest" >&2
+exit 1

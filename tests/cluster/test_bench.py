@@ -67,6 +67,7 @@ def test_pairs_name_the_shaped_host_and_no_other_every_time(cluster: NamespaceCl
     assert_no_job_processes(cluster, 10)
 
 
+@pytest.mark.timing
 def test_pairs_name_nobody_on_an_even_cluster(cluster: NamespaceCluster, tmp_path: Path) -> None:
     for run in range(2):
         run_dir = tmp_path / f"even{run}"
@@ -162,6 +163,7 @@ def test_collectives_are_named_by_host_and_summarised(cluster: NamespaceCluster,
     assert result.returncode == (1 if document["analysis"]["outlier_hosts"] else 0)
 
 
+@pytest.mark.timing
 def test_doctor_bench_on_an_even_cluster_names_nobody(cluster: NamespaceCluster) -> None:
     result = run_fstrain("doctor", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-3]", "--only", "net",
                          "--workdir", str(REPO), "--bench", "--json", timeout=600)
@@ -169,6 +171,7 @@ def test_doctor_bench_on_an_even_cluster_names_nobody(cluster: NamespaceCluster)
     assert [(c["id"], c["verdict"]) for c in checks] == [("bench.pairs", "ok"), ("bench.collectives", "ok")], checks
 
 
+@pytest.mark.timing
 def test_bus_bandwidth_agrees_with_a_direct_torch_distributed_timing(cluster: NamespaceCluster, tmp_path: Path) -> None:
     result = run_fstrain(
         "launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-3]", "--nproc-per-node", "1",

@@ -30,6 +30,7 @@ def test_a_host_that_stopped_answering_is_guilty(cluster: NamespaceCluster) -> N
     assert report.why["node1"] == "nothing found" and report.also_failing == ()
 
 
+@pytest.mark.timing
 def test_a_healthy_suspect_is_cleared_by_the_doctor_and_the_bench(cluster: NamespaceCluster, tmp_path: Path) -> None:
     report = diagnose.test_suspects(hosts_of(cluster), ["node2"], make_connector(cluster.ssh_config),
                                     bench_suites=("pairs",), run_dir=tmp_path / "bench")
