@@ -9,8 +9,11 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from fstrain.core.runs.manifest import Manifest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,3 +46,9 @@ def interruptible() -> None:
     test runner's process hands down (an ignored or blocked SIGINT is inherited across exec)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def manifest(**fields: Any) -> Manifest:
+    """A run manifest with ``fields``, read as fstrain reads manifest.json (a run id and backend
+    unless given)."""
+    return Manifest.from_dict({"run_id": "r", "backend": "torchrun", **fields}, "test manifest")

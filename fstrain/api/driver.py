@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -37,6 +37,7 @@ from fstrain.core.launch.blame import Evidence, Verdict
 from fstrain.core.launch.recovery import Attempt, Checkpoints, Policy, steps_lost
 from fstrain.core.progress import Event, Reporter, Silent
 from fstrain.core.runs.limits import RunLimits
+from fstrain.core.runs.manifest import Manifest
 from fstrain.io.fanout import HostPool
 from fstrain.io.launch import (
     HostFacts,
@@ -45,6 +46,7 @@ from fstrain.io.launch import (
     RunOutcome,
     RunSetup,
     choose_rendezvous,
+    manifest_of,
     preflight,
     prewarm_nodes,
     remote_run_dir,
@@ -112,7 +114,7 @@ class Driven:
     checked: Checked
     job: NodeJob
     outcome: RunOutcome
-    manifest: dict[str, Any]
+    manifest: Manifest
     started: float
     answers: list[dict[str, Any]] = field(default_factory=list)  # detached: each node's start answer
     last_step: int | None = None  # a followed detached attempt: the highest step its ranks reported
@@ -164,7 +166,8 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
             for node in prewarmed:
                 if node is not None:
                     node.close()
-    manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, checked, node_job), outcome)
+    manifest = write_manifest(request.run_dir / "manifest.json",
+                              manifest_of(run_setup(request, checked, node_job), outcome))
     return Driven(checked, node_job, outcome, manifest, started)
 
 
@@ -216,7 +219,7 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     """Every node's watchdog started detached (node 0 the coordinator), recorded here: before
     the first starts, so that a launch killed half-way leaves a run that `runs` lists and
     `stop` ends; then with node 0's answer (its coordinator's port); then with every node's."""
-    from fstrain.io.runs import read_json, record_detached, register, start_detached
+    from fstrain.io.runs import read_manifest, record_detached, register, start_detached
 
     setup = run_setup(request, checked, node_job)
     reach = (request.ssh_config, request.python)
@@ -234,11 +237,11 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
         register(request.run_id, request.run_dir, detached=True, launching=False)
         raise
     record(answers)
-    earlier = read_json(request.run_dir / "manifest.json") if request.restart else None
-    marks: dict[str, Any] = {"reason": "detached", "started": started, "detached": True}
-    if isinstance(earlier, dict) and earlier.get("attempts"):  # a later attempt: the record of those before
-        marks["attempts"] = earlier["attempts"]
-    manifest = write_manifest(request.run_dir / "manifest.json", setup, None, marks)
+    earlier = read_manifest(request.run_dir / "manifest.json") if request.restart else None
+    # A later attempt keeps the record of those before.
+    manifest = write_manifest(request.run_dir / "manifest.json", replace(
+        manifest_of(setup, None), reason="detached", started=started, detached=True,
+        attempts=earlier.attempts if earlier is not None else ()))
     outcome = RunOutcome(0, "detached", None, [], started, time.time())
     return Driven(checked, node_job, outcome, manifest, started, answers)
 
@@ -460,18 +463,15 @@ def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> d
 
 def interim_manifest(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> None:
     """Between attempts: the manifest lists the attempts so far, and the run has not ended."""
-    from fstrain.io.launch import update_manifest
-
-    update_manifest(request.run_dir / "manifest.json", driven.manifest, ended=None, reason="restarting",
-                    attempts=[a.to_dict() for a in attempts])
+    driven.manifest = write_manifest(request.run_dir / "manifest.json", replace(
+        driven.manifest, ended=None, reason="restarting", attempts=tuple(a.to_dict() for a in attempts)))
 
 
 def finish_attempts(request: DriveRequest, driven: Driven, attempts: Sequence[Attempt]) -> Driven:
     """The run's manifest as its last attempt ended, with every attempt listed."""
-    from fstrain.io.launch import update_manifest
-
     last = attempts[-1]
-    reason = driven.outcome.reason if driven.manifest.get("reason") == "restarting" else driven.manifest.get("reason")
-    update_manifest(request.run_dir / "manifest.json", driven.manifest, attempts=[a.to_dict() for a in attempts],
-                    exit_code=last.exit_code, ended=driven.outcome.ended or time.time(), reason=reason)
+    reason = driven.outcome.reason if driven.manifest.reason == "restarting" else driven.manifest.reason
+    driven.manifest = write_manifest(request.run_dir / "manifest.json", replace(
+        driven.manifest, attempts=tuple(a.to_dict() for a in attempts), exit_code=last.exit_code,
+        ended=driven.outcome.ended or time.time(), reason=reason))
     return driven

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +66,7 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     from fstrain.api.driver import Driven, run_setup
     from fstrain.core.launch.supervisor import AttemptEnd
     from fstrain.core.runs.runstate import FINAL, from_nodes
-    from fstrain.io.launch import write_manifest
+    from fstrain.io.launch import manifest_of, write_manifest
     from fstrain.io.runs import launched_record, node_views, stop_on_node
 
     record = launched_record(request.run_id, request.run_dir, detached=True)  # this attempt's detached.json
@@ -87,11 +88,9 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
         time.sleep(poll_s)
     outcome, last = attempt_outcome(views, driven.job.launches, state, driven.started)
     last = max((s for s in (highest, last) if s is not None), default=None)
-    marks: dict[str, Any] = {"detached": True}
-    if driven.manifest.get("attempts"):
-        marks["attempts"] = driven.manifest["attempts"]
-    manifest = write_manifest(request.run_dir / "manifest.json", run_setup(request, driven.checked, driven.job),
-                              outcome, marks)
+    manifest = write_manifest(request.run_dir / "manifest.json", replace(
+        manifest_of(run_setup(request, driven.checked, driven.job), outcome), detached=True,
+        attempts=driven.manifest.attempts))
     return Driven(driven.checked, driven.job, outcome, manifest, driven.started, driven.answers, last)
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from fstrain.core.launch.blame import Verdict
     from fstrain.core.plan.planfile import PlanFile
     from fstrain.core.progress import Reporter
+    from fstrain.core.runs.manifest import Manifest
     from fstrain.core.slurm.job import Allocation
     from fstrain.io.launch import NodeState
     from fstrain.io.launch import RunOutcome as RunOutcome  # re-exported: what print_summary reads
@@ -75,8 +76,15 @@ class Launched(Run):
         return self.driven.outcome.exit_code
 
     @property
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> Manifest:
+        """RUN_DIR/manifest.json as written."""
         return self.driven.manifest
+
+    def manifest_document(self) -> dict[str, Any]:
+        """The manifest as its file holds it (what `launch --json` prints)."""
+        from fstrain import __version__
+
+        return self.driven.manifest.to_dict(__version__)
 
 
 def prepare(request: LaunchRequest) -> Prepared:
@@ -156,7 +164,7 @@ class DryRun:
         """Each node's command and (masked) environment, as the manifest lists them."""
         from fstrain.io.launch import node_summary
 
-        return [node_summary(launch, None) for launch in self.launches]
+        return [node_summary(launch, None).to_dict() for launch in self.launches]
 
 
 def dry_run(prepared: Prepared) -> DryRun:
@@ -230,10 +238,10 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
         launched.training_summary = fetch_training_summary(hosts[0], driven.checked.run_dirs[0], connect,
                                                            prepared.run_dir, report)
         if launched.training_summary is not None:
-            from fstrain.io.launch import update_manifest
+            from fstrain.io.launch import write_manifest
 
-            update_manifest(prepared.run_dir / "manifest.json", driven.manifest,
-                            training_summary=launched.training_summary)
+            driven.manifest = write_manifest(prepared.run_dir / "manifest.json",
+                                             replace(driven.manifest, training_summary=launched.training_summary))
     return launched
 
 

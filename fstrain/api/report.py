@@ -53,8 +53,7 @@ def report_of(run: Run) -> Report:
     else:
         folder = run.record.job_dir if isinstance(backend, SlurmRun) else run.run_dir
         summary = read_summary(folder / "summary.json")
-        manifest = run.record.manifest or {}
-        events = timeline.from_manifest({"started": run.record.started, **manifest}, state)
+        events = timeline.from_manifest(run.record.manifest, state, run.record.started)
     tokens_per_step = (summary or {}).get("tokens_per_step")
     resumes: list[str] = []
     outputs = run.outputs()
@@ -65,9 +64,9 @@ def report_of(run: Run) -> Report:
         outputs.close()
     unread.update(outputs.failed)
     events = [*events, *timeline.restarts(resumed_steps(resumes))]
-    plan = (run.record.manifest or {}).get("plan")
+    plan = run.record.manifest.plan if run.record.manifest is not None else None
     result = build(run.run_id, run.kind, state, series=series, events=events,
-                   plan=plan if isinstance(plan, dict) else None, summary=summary)
+                   plan=dict(plan) if plan is not None else None, summary=summary)
     if unread:
         from dataclasses import replace
 

@@ -27,6 +27,7 @@ from fstrain.errors import FstrainError, InputError
 if TYPE_CHECKING:
     from fstrain.api.requests import HostRequest
     from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.runs.manifest import Manifest
     from fstrain.core.runs.runrecord import KeeperRecord
     from fstrain.io.logs import FileOutputs, NodeOutputs
     from fstrain.io.runs import FolderGone, RunRecord
@@ -362,9 +363,9 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
     failure = first_failure(views) if views else _manifest_failure(record.manifest)
     nodes: list[dict[str, Any]] = []
     if record.detached is None:  # an attached run: what its manifest recorded
-        nodes = [{"host": n.get("host"), "node_rank": n.get("node_rank"), "exit_code": n.get("exit_code"),
-                  "error": n.get("error"), "last_lines": n.get("last_lines") or [], "ranks": []}
-                 for n in (record.manifest or {}).get("nodes", [])]
+        nodes = [{"host": n.host, "node_rank": n.node_rank, "exit_code": n.exit_code, "error": n.error,
+                  "last_lines": list(n.last_lines), "ranks": []}
+                 for n in (record.manifest.nodes if record.manifest else ())]
     for index, host in enumerate(record.hosts if record.detached else []):
         view = views[index] if views else None
         node = (view or {}).get("node") or {}
@@ -384,7 +385,7 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
                       "last_lines": node.get("last_lines") or []})
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
             "first_failure": failure, "detached": bool(record.detached), "started": record.started, "nodes": nodes,
-            "attempts": (record.manifest or {}).get("attempts") or []}
+            "attempts": _attempts(record)}
 
 
 def progress_of(line: str) -> dict[str, Any] | None:
@@ -423,7 +424,7 @@ def run_rows(include_ended: bool, access: Access, on_hosts: HostRequest | None =
                      "seconds": round((state.ended or time.time()) - record.started, 1) if record.started else None,
                      "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir),
                      "first_failure": recorded_failure(record),
-                     "attempts": (record.manifest or {}).get("attempts") or []})
+                     "attempts": _attempts(record)})
     if on_hosts is not None:  # and the detached runs found on those hosts
         known = {row["run_id"] for row in rows}
         rows += [row for row in rows_on_hosts(on_hosts, access.python)
@@ -476,14 +477,17 @@ def recorded_failure(record: RunRecord) -> dict[str, Any] | None:
     return _manifest_failure(record.manifest)
 
 
-def _manifest_failure(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+def _manifest_failure(manifest: Manifest | None) -> dict[str, Any] | None:
     """An attached run's first failure, as its manifest recorded it, with its host."""
-    if not manifest or manifest.get("first_failure_node_rank") is None:
+    if manifest is None or manifest.first_failure_node_rank is None:
         return None
-    node_rank = manifest["first_failure_node_rank"]
-    host = next((n.get("host") for n in manifest.get("nodes", []) if n.get("node_rank") == node_rank), None)
-    return {**(manifest.get("first_failure") or {}), "node_rank": node_rank, "host": host,
-            "reason": manifest.get("reason", "")}
+    return {**(manifest.first_failure or {}), "node_rank": manifest.first_failure_node_rank,
+            "host": manifest.failed_host, "reason": manifest.reason}
+
+
+def _attempts(record: RunRecord) -> list[dict[str, Any]]:
+    """A run with a recovery policy: its attempts as the manifest lists them (none before it has one)."""
+    return [dict(a) for a in record.manifest.attempts] if record.manifest else []
 
 
 # -- attached runs on this machine ---------------------------------------------------------------
@@ -495,9 +499,9 @@ class AttachedRun:
 
     def refresh(self) -> None:
         """The manifest as it is now: the launcher writes it at the run's end."""
-        from fstrain.io.runs import read_document
+        from fstrain.io.runs import read_manifest
 
-        self.record.manifest = read_document(self.record.run_dir / "manifest.json", "manifest")
+        self.record.manifest = read_manifest(self.record.run_dir / "manifest.json")
 
     def state(self) -> RunState:
         from fstrain.io.runs import run_state
@@ -511,7 +515,7 @@ class AttachedRun:
         from fstrain.io.localproc import process_alive
 
         self.refresh()
-        ended = bool(self.record.manifest and self.record.manifest.get("ended"))
+        ended = bool(self.record.manifest and self.record.manifest.ended)
         return not ended and process_alive(self.record.client_pid)
 
     def finished(self) -> RunState | None:
@@ -584,8 +588,9 @@ class SlurmRun:
         record = self.record
         state, job = slurm_state(record, strict=False)
         seconds = job.get("run_time_s")
-        if seconds is None and record.manifest and record.manifest.get("ended") and record.manifest.get("started"):
-            seconds = record.manifest["ended"] - record.manifest["started"]
+        manifest = record.manifest
+        if seconds is None and manifest is not None and manifest.ended and manifest.started:
+            seconds = manifest.ended - manifest.started
         return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
                 "detached": True, "started": record.started, "seconds": round(seconds, 1) if seconds is not None
                 else round(time.time() - record.started, 1), "nodes": [h.label() for h in record.hosts]
@@ -603,7 +608,7 @@ class SlurmRun:
 
         record = self.record
         state, job = slurm_state(record)
-        ended = {str(n.get("host")): n for n in (record.manifest or {}).get("nodes", [])}
+        ended = {n.host: n for n in (record.manifest.nodes if record.manifest else ())}
         hosts = [h.name for h in record.hosts]
         views: list[dict[str, Any] | None] = [None] * len(hosts)
         asked = state.state == "running" and job.get("state") == "RUNNING" and bool(hosts)
@@ -614,14 +619,14 @@ class SlurmRun:
                 asked = False
         nodes = []
         for index, host in enumerate(hosts):
-            node, view = ended.get(host, {}), views[index]
+            node, view = ended.get(host), views[index]
             ranks = rank_files(record.job_dir / "logs", host)
             alive = set((view or {}).get("ranks_alive") or [])
             for rank in ranks:
                 rank["alive"] = (rank["rank"] in alive) if view is not None else None
             gpus, gpus_error = from_node((view or {}).get("gpus"), host)
-            nodes.append({"host": host, "node_rank": index, "exit_code": node.get("exit_code"),
-                          "error": node.get("error"), "reachable": view is not None if asked else None,
+            nodes.append({"host": host, "node_rank": index, "exit_code": node.exit_code if node else None,
+                          "error": node.error if node else None, "reachable": view is not None if asked else None,
                           "ranks": ranks, "gpus": gpus, "gpus_error": gpus_error})
         return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
                 "detached": True, "kind": "slurm", "started": record.started, "job": job,

@@ -20,6 +20,7 @@ from fstrain.errors import InputError
 
 if TYPE_CHECKING:
     from fstrain.core.plan.plancluster import NodeGpus
+    from fstrain.core.runs.manifest import Manifest
     from fstrain.core.slurm.job import JobStatus
 
 CANCELLED_EXIT_CODE = 143  # a job cancelled before it started: as one scancel stopped (SIGTERM)
@@ -196,13 +197,14 @@ class JobEnd:
     started: bool  # whether the job ran at all
     run_dir: Path
     job_dir: Path
-    manifest: dict[str, Any] | None
+    manifest: Manifest | None
     training_summary: dict[str, Any] | None
 
     def document(self) -> dict[str, Any]:
+        manifest = self.manifest.to_dict(self.manifest.writer) if self.manifest is not None else None
         document: dict[str, Any] = {"job_id": self.job_id, "state": self.state, "exit_code": self.exit_code,
                                     "reason": self.reason, "run_dir": str(self.run_dir), "job_dir": str(self.job_dir),
-                                    "manifest": self.manifest}
+                                    "manifest": manifest}
         if self.training_summary is not None:
             document["training_summary"] = self.training_summary
         return document
@@ -212,13 +214,13 @@ def job_end(job_id: str, status: JobStatus | None, folder: Path) -> JobEnd:
     """The job's end from Slurm's last status and the job's records in the run directory."""
     from fstrain.core.slurm.job import TIME_LIMIT_MARKER, job_dir_name
     from fstrain.core.slurm.state import slurm_run_state
-    from fstrain.io.runs import read_document, read_summary
+    from fstrain.io.runs import read_manifest, read_summary
 
     job_dir = folder / job_dir_name(job_id)
-    manifest = read_document(job_dir / "manifest.json", "manifest")
+    manifest = read_manifest(job_dir / "manifest.json")
     summary = read_summary(job_dir / "summary.json")
     if status is None:
-        code = int(manifest["exit_code"]) if manifest and manifest.get("exit_code") is not None else 1
+        code = manifest.exit_code if manifest is not None and manifest.exit_code is not None else 1
         return JobEnd(job_id, "UNKNOWN", code, "", True, folder, job_dir, manifest, summary)
     run = slurm_run_state(status, manifest, time_limit_reached=(job_dir / TIME_LIMIT_MARKER).is_file())
     started = run.exit_code is not None

@@ -182,12 +182,12 @@ def run_launch(request: LaunchRequest, *, dry_run: bool, json_output: bool) -> i
         return 0
     if json_output:
         with final_write():
-            print_json(launched.manifest)
+            print_json(launched.manifest_document())
         return launched.exit_code
     from fstrain.cli.launch_output import print_attempts, print_summary, print_training_summary
 
     print_summary(launched.outcome)
-    print_attempts(launched.manifest.get("attempts") or [])
+    print_attempts(list(launched.manifest.attempts))
     if launched.training_summary is not None:
         with final_write():
             print_training_summary(launched.training_summary)

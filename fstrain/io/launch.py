@@ -27,12 +27,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain import __version__
-from fstrain.core.formats import KINDS, stamped
+from fstrain.core.formats import KINDS
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import (
     NodeLaunch,
@@ -63,6 +63,7 @@ from fstrain.core.monitor.noise import NodeNoise
 from fstrain.core.monitor.rankexit import FailureReportReader, RankFailure, node_failure, rank_exit_report
 from fstrain.core.progress import Event, RunStages
 from fstrain.core.runs.limits import RunLimits
+from fstrain.core.runs.manifest import Manifest, ManifestNode
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, slurm_cancel_reason
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.connect import is_local
@@ -715,67 +716,48 @@ class RunSetup:
     plan: Mapping[str, Any] | None = None  # the plan it trains with
 
 
-def write_manifest(path: Path, setup: RunSetup, outcome: RunOutcome | None,
-                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """RUN_DIR/manifest.json: exact commands, hosts, masked environment, versions, times, codes
-    (no outcome: a run that started detached, its end kept by its nodes); ``extra`` added or
-    replaced (a detached run's marks, the attempts of a recovering run). With
-    :func:`update_manifest`, the only writer of the file."""
-    run_id, backend, rendezvous, launches = setup.run_id, setup.backend, setup.rendezvous, setup.launches
-    facts, env, plan = setup.facts, setup.env, setup.plan
+def manifest_of(setup: RunSetup, outcome: RunOutcome | None) -> Manifest:
+    """What ``setup`` ran and how ``outcome`` ended it (no outcome: a run that started detached,
+    its end kept by its nodes); the caller adds its marks with :func:`dataclasses.replace`."""
     states = {n.launch.node_rank: n for n in outcome.nodes} if outcome else {}
     versions = {f.host.label(): {k: f.info.get(k) for k in ("hostname", "python", "torch", "deepspeed")}
-                for f in facts}
-    document = {
-        "run_id": run_id,
-        "backend": backend,
-        "master_addr": rendezvous.master_addr if rendezvous else None,
-        "master_port": rendezvous.master_port if rendezvous else None,
-        "env": mask_env(env),
-        "plan": plan,
-        "versions": versions,
-        "started": outcome.started if outcome else None,
-        "ended": outcome.ended if outcome else None,
-        "exit_code": outcome.exit_code if outcome else None,
-        "reason": outcome.reason if outcome else "dry-run",
-        "stall": outcome.stall if outcome else None,
-        "detail": outcome.detail if outcome else None,
-        "first_failure_node_rank": outcome.first_failure if outcome else None,
-        "first_failure": failure_summary(outcome.nodes[outcome.first_failure].failure)
-        if outcome and outcome.first_failure is not None else None,
-        "nodes": [node_summary(launch, states.get(launch.node_rank)) for launch in launches],
-    }
-    document.update(extra or {})
-    return update_manifest(path, stamped(document, "manifest", __version__))
+                for f in setup.facts}
+    rendezvous = setup.rendezvous
+    first = outcome.first_failure if outcome else None
+    return Manifest(
+        run_id=setup.run_id,
+        backend=setup.backend,
+        master_addr=rendezvous.master_addr if rendezvous else None,
+        master_port=rendezvous.master_port if rendezvous else None,
+        env=mask_env(setup.env),
+        plan=setup.plan,
+        versions=versions,
+        started=outcome.started if outcome else None,
+        ended=outcome.ended if outcome else None,
+        exit_code=outcome.exit_code if outcome else None,
+        reason=outcome.reason if outcome else "dry-run",
+        stall=outcome.stall if outcome else None,
+        detail=outcome.detail if outcome else None,
+        first_failure_node_rank=first,
+        first_failure=failure_summary(outcome.nodes[first].failure) if outcome and first is not None else None,
+        nodes=tuple(node_summary(launch, states.get(launch.node_rank)) for launch in setup.launches),
+    )
 
 
-def update_manifest(path: Path, manifest: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """``manifest`` with ``changes``, written again (a recovering run's attempts as they end, the
-    training summary); the same dict, changed, is returned."""
-    manifest.update(changes)
-    write_json_or_warn(path, manifest)  # a full disk loses the file, never the job's result
+def write_manifest(path: Path, manifest: Manifest) -> Manifest:
+    """RUN_DIR/manifest.json, the only writer of the file: at a run's end, at a detached start,
+    between a recovering run's attempts, with the training summary added."""
+    write_json_or_warn(path, manifest.to_dict(__version__))  # a full disk loses the file, never the job's result
     return manifest
 
 
-def node_summary(launch: NodeLaunch, state: NodeState | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "host": launch.host.label(),
-        "node_rank": launch.node_rank,
-        "nproc": launch.nproc,
-        "argv": list(launch.argv),
-        "env": mask_env(launch.env),
-    }
-    if state is not None:
-        entry.update(
-            exit_code=state.exit_code,
-            error=state.error,
-            started=state.started,
-            ended=state.ended,
-            seconds=round((state.ended or time.time()) - state.started, 3),
-            last_lines=last_lines(state),
-            failed_rank=failure_summary(state.failure),
-        )
-    return entry
+def node_summary(launch: NodeLaunch, state: NodeState | None) -> ManifestNode:
+    node = ManifestNode(launch.host.label(), launch.node_rank, launch.nproc, tuple(launch.argv), mask_env(launch.env))
+    if state is None:
+        return node
+    return replace(node, exit_code=state.exit_code, error=state.error, started=state.started, ended=state.ended,
+                   seconds=round((state.ended or time.time()) - state.started, 3),
+                   last_lines=tuple(last_lines(state)), failed_rank=failure_summary(state.failure))
 
 
 def failure_summary(failure: RankFailure | None) -> dict[str, Any] | None:

@@ -40,6 +40,7 @@ from fstrain import __version__
 from fstrain.core.formats import check_format
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.progress import Event
+from fstrain.core.runs.manifest import Manifest
 from fstrain.core.runs.runrecord import (
     DetachedNode,
     DetachedRecord,
@@ -280,7 +281,7 @@ class RunRecord:
     run_id: str
     run_dir: Path
     detached: DetachedRecord | None
-    manifest: dict[str, Any] | None
+    manifest: Manifest | None
     entry: IndexEntry | None  # None: found by its run directory, not in this machine's index
     slurm: SlurmRecord | None = None  # RUN_DIR/slurm.json of a `launch --slurm` run
 
@@ -303,17 +304,17 @@ class RunRecord:
 
     @property
     def hosts(self) -> list[Host]:
-        if self.slurm is not None and not (self.manifest or {}).get("nodes"):  # still running: Slurm's nodes
+        if self.slurm is not None and not (self.manifest and self.manifest.nodes):  # still running: Slurm's nodes
             cached = read_state_cache(self.job_dir / "state.json")
             return [Host(name) for name in ((cached.job if cached else None) or {}).get("hosts", [])]
         if self.detached:
             return self.detached.hosts
-        return [Host(n["host"]) for n in (self.manifest or {}).get("nodes", [])]
+        return [Host(n.host) for n in self.manifest.nodes] if self.manifest is not None else []
 
     @property
     def started(self) -> float:
         return float((self.detached.started if self.detached else 0) or (self.slurm.submitted if self.slurm else 0)
-                     or (self.manifest or {}).get("started") or (self.entry.registered if self.entry else 0))
+                     or (self.manifest.started if self.manifest else 0) or (self.entry.registered if self.entry else 0))
 
     @property
     def client_pid(self) -> int:
@@ -328,14 +329,11 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def read_document(path: Path, kind: str) -> dict[str, Any] | None:
-    """A run folder's JSON document of ``kind`` (fstrain/core/formats.py): None where it is missing
-    or no JSON object, an InputError naming the file where this fstrain cannot read its format."""
+def read_manifest(path: Path) -> Manifest | None:
+    """A run's manifest: None where it is missing or no JSON object, an InputError naming the
+    file where this fstrain cannot read it."""
     document = read_json(path)
-    if not isinstance(document, dict):
-        return None
-    check_format(document, kind, str(path))
-    return document
+    return Manifest.from_dict(document, str(path)) if isinstance(document, dict) else None
 
 
 def read_slurm(path: Path) -> SlurmRecord | None:
@@ -364,7 +362,7 @@ def launched_record(run_id: str, folder: Path, *, detached: bool) -> RunRecord:
     the index: inside a Slurm job the directory is the submission's, indexed under its id)."""
     entry = IndexEntry(run_id, str(folder.resolve()), detached, time.time(), os.getpid())
     return RunRecord(run_id, folder, read_detached(folder) if detached else None,
-                     read_document(folder / "manifest.json", "manifest"), entry)
+                     read_manifest(folder / "manifest.json"), entry)
 
 
 def read_keeper(folder: Path) -> KeeperRecord | None:
@@ -413,7 +411,7 @@ def _indexed_run(path: Path) -> RunRecord | None:
     if slurm is not None and slurm.run_id != entry.run_id:
         return None  # the job's own launch inside a Slurm run: the submission's entry stands for it
     record = RunRecord(entry.run_id, run_dir, read_detached(run_dir), None, entry, slurm)
-    record.manifest = read_document(record.job_dir / "manifest.json", "manifest")
+    record.manifest = read_manifest(record.job_dir / "manifest.json")
     return record
 
 
@@ -430,7 +428,7 @@ def _slurm_job(runs: Sequence[RunRecord], job_id: str) -> list[RunRecord]:
             own = read_slurm(folder / SLURM_RECORD)  # where a stop of it was recorded
             slurm = own or replace(run.slurm, job_id=job_id, by_hand=True, submitted=folder.stat().st_mtime,
                                    output=str(run.run_dir / f"slurm-{job_id}.out"), stop_requested=None)
-            found.append(RunRecord(run.run_id, run.run_dir, None, read_document(folder / "manifest.json", "manifest"),
+            found.append(RunRecord(run.run_id, run.run_dir, None, read_manifest(folder / "manifest.json"),
                                    run.entry, slurm))
     return found
 
@@ -448,14 +446,14 @@ def find_run(reference: str) -> RunRecord:
     slurm = read_slurm(path / SLURM_RECORD) if not matches else None
     if slurm is not None and slurm.job_id:
         record = RunRecord(slurm.run_id, path, None, None, None, slurm)
-        record.manifest = read_document(record.job_dir / "manifest.json", "manifest")
+        record.manifest = read_manifest(record.job_dir / "manifest.json")
         return record
     detached = read_detached(path) if not matches and (path / "detached.json").is_file() else None
     if detached is not None:
-        return RunRecord(detached.run_id, path, detached, read_document(path / "manifest.json", "manifest"), None)
-    manifest = read_document(path / "manifest.json", "manifest") if not matches else None
-    if manifest is not None and manifest.get("run_id") and not manifest.get("detached"):  # an attached run's folder
-        return RunRecord(str(manifest["run_id"]), path, None, manifest, None)
+        return RunRecord(detached.run_id, path, detached, read_manifest(path / "manifest.json"), None)
+    manifest = read_manifest(path / "manifest.json") if not matches else None
+    if manifest is not None and not manifest.detached:  # an attached run's folder
+        return RunRecord(manifest.run_id, path, None, manifest, None)
     if matches:
         raise InputError(f"{reference!r} matches {len(matches)} runs", "give more of the run id", "RUN")
     for run_id, error in unreadable.items():
@@ -545,13 +543,13 @@ def run_state(record: RunRecord, views: Sequence[dict[str, Any] | None] | None) 
     if record.slurm is not None:
         return slurm_state(record, strict=False)[0]
     if record.detached is None:
-        if record.manifest is not None and record.manifest.get("ended"):
+        if record.manifest is not None and record.manifest.ended:
             return from_manifest(record.manifest)
         alive = process_alive(record.client_pid)
         return RunState("running" if alive else "lost", None, "" if alive else "its launcher is gone")
     keeper = read_keeper(record.run_dir)
     if keeper is not None:  # the keeper writes the manifest as attempts end, and this attempt's detached.json
-        record.manifest = read_document(record.run_dir / "manifest.json", "manifest")
+        record.manifest = read_manifest(record.run_dir / "manifest.json")
         record.detached = read_detached(record.run_dir) or record.detached
     if views is None:  # not asked: what this machine last saw
         cached = read_state_cache(record.run_dir / "state.json")
@@ -601,7 +599,7 @@ def slurm_state(record: RunRecord, *, strict: bool = True) -> tuple[RunState, di
     job_seen: dict[str, Any] = dict((cached.job if cached else None) or {"job_id": record.slurm.job_id})
     if cached is not None and cached.state in FINAL and cached.settled and cached.stop_requested == stop_requested:
         return cached.run_state(), job_seen  # nothing changes after the end
-    record.manifest = read_document(job_dir / "manifest.json", "manifest")
+    record.manifest = read_manifest(job_dir / "manifest.json")
     try:
         job = job_status(str(record.slurm.job_id), "RUN")
     except FstrainError:

@@ -15,7 +15,7 @@ from fstrain import __version__
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import NodeLaunch
 from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry
-from fstrain.io.launch import RunOutcome, RunSetup, write_manifest
+from fstrain.io.launch import RunOutcome, RunSetup, manifest_of, write_manifest
 from fstrain.io.runs import RunRecord, register, run_state
 from tests.helpers import run_fstrain
 
@@ -25,9 +25,9 @@ def attached_run(home: Path, folder: Path, run_id: str, reason: str, exit_code: 
     """An attached run as `fstrain launch` leaves it (through the functions it uses): the index
     entry, the manifest, the logs."""
     (folder / "logs").mkdir(parents=True)
-    write_manifest(folder / "manifest.json",
-                   RunSetup(run_id, "torchrun", [NodeLaunch(Host("localhost"), 0, 2, ("python3", "train.py"))]),
-                   RunOutcome(exit_code, reason, None, [], time.time() - 60, time.time() - 30))
+    write_manifest(folder / "manifest.json", manifest_of(
+        RunSetup(run_id, "torchrun", [NodeLaunch(Host("localhost"), 0, 2, ("python3", "train.py"))]),
+        RunOutcome(exit_code, reason, None, [], time.time() - 60, time.time() - 30)))
     (folder / "logs" / "localhost.log").write_text("[localhost r0] hello\n[localhost r1] world\n")
     (folder / "logs" / "localhost.r1.log").write_text("[localhost r1] world\n")
     monkeypatch.setenv("HOME", str(home))  # the index is under this machine's home

@@ -19,7 +19,7 @@ from fstrain.core.monitor import stacks
 from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry
 from fstrain.errors import InputError
-from fstrain.io.launch import RunOutcome, RunSetup, write_manifest
+from fstrain.io.launch import RunOutcome, RunSetup, manifest_of, write_manifest
 from fstrain.io.remote import coordinator, runctl, source, watchdog
 from fstrain.io.render_files import to_yaml
 from fstrain.io.runs import register, stop_on_node
@@ -119,8 +119,8 @@ def test_status_and_logs_of_a_run_folder_of_a_newer_format_exit_2(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     home, folder = tmp_path / "home", tmp_path / "run"
     manifest = folder / "manifest.json"
-    write_manifest(manifest, RunSetup(RUN_ID, "torchrun", []), RunOutcome(0, "ok", None, [], time.time() - 5,
-                                                                         time.time()))
+    write_manifest(manifest, manifest_of(RunSetup(RUN_ID, "torchrun", []),
+                                         RunOutcome(0, "ok", None, [], time.time() - 5, time.time())))
     monkeypatch.setenv("HOME", str(home))
     register(RUN_ID, folder, detached=False)
     env = {"HOME": str(home)}

@@ -78,7 +78,7 @@ def _calls_of_a_dry_run(count: int) -> int:
     sys.setprofile(counter)
     try:
         planned = dry_run(prepare(request))
-        for _ in json_pieces({"nodes": [node_summary(launch, None) for launch in planned.launches]}):
+        for _ in json_pieces({"nodes": [node_summary(launch, None).to_dict() for launch in planned.launches]}):
             pass
     finally:
         sys.setprofile(None)

@@ -5,11 +5,13 @@ keeper's record, and an ended detached attempt read as the recovery loop reads a
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
 import pytest
 
+from fstrain import __version__
 from fstrain.api.driver import Checked, Driven, DriveRequest, NodeJob, Recovery, attempt_evidence, drive_attempts
 from fstrain.api.keeper import STOPPED, attempt_outcome
 from fstrain.core.formats import KINDS
@@ -21,17 +23,19 @@ from fstrain.core.runs.runrecord import KeeperRecord
 from fstrain.core.runs.runstate import KEEPER_GONE, RunState, attempt_reason, with_keeper
 from fstrain.errors import FstrainError, InputError
 from fstrain.io.launch import HostFacts, Rendezvous, RunOutcome
+from fstrain.io.runs import read_manifest
 from fstrain.io.transport.base import Transport
+from tests.helpers import manifest
 
 FAILED = RunState("failed", 3, "rank 1 (local rank 0) on n2 exited with 3", 10.0)
 RUNNING = RunState("running", None)
-ENDED = {"ended": 20.0, "reason": "ok", "exit_code": 0}
+ENDED = manifest(ended=20.0, reason="ok", exit_code=0)
 
 
 def test_a_live_keeper_keeps_an_ended_attempt_from_ending_the_run() -> None:
-    assert with_keeper(FAILED, {"reason": "detached"}, keeper_alive=True).state == "running"
-    assert with_keeper(FAILED, {"reason": "restarting"}, keeper_alive=True).state == "running"
-    assert with_keeper(RUNNING, {"reason": "restarting"}, keeper_alive=True) == RUNNING  # the next attempt runs
+    assert with_keeper(FAILED, manifest(reason="detached"), keeper_alive=True).state == "running"
+    assert with_keeper(FAILED, manifest(reason="restarting"), keeper_alive=True).state == "running"
+    assert with_keeper(RUNNING, manifest(reason="restarting"), keeper_alive=True) == RUNNING  # the next attempt runs
 
 
 def test_the_manifest_ends_the_run_once_the_keeper_has_exited() -> None:
@@ -40,7 +44,7 @@ def test_the_manifest_ends_the_run_once_the_keeper_has_exited() -> None:
 
 
 def test_a_keeper_gone_leaves_the_attempt_to_its_nodes_and_says_so() -> None:
-    running = with_keeper(RUNNING, {"reason": "detached"}, keeper_alive=False)
+    running = with_keeper(RUNNING, manifest(reason="detached"), keeper_alive=False)
     assert running.state == "running" and running.reason == f"{KEEPER_GONE}: no further attempt"
     failed = with_keeper(FAILED, None, keeper_alive=False)
     assert failed.state == "failed" and failed.exit_code == 3
@@ -136,7 +140,7 @@ def followed_loop(tmp_path: Path, stop_after: int) -> tuple[Driven, list[str], l
     def follow(driven: Driven) -> Driven:
         followed.append(len(followed) + 1)
         outcome, last = attempt_outcome([view(0, final(), []), view(1, final(), [])], job.launches, FAILED, 0.0)
-        return Driven(checked, job, outcome, {"run_id": "r1"}, 0.0, [], last)
+        return Driven(checked, job, outcome, manifest(run_id="r1"), 0.0, [], last)
 
     def connect(host: Host) -> Transport:
         raise FstrainError(f"{host.name}: not reached in a unit test")
@@ -144,12 +148,12 @@ def followed_loop(tmp_path: Path, stop_after: int) -> tuple[Driven, list[str], l
     def start(request: DriveRequest, *_: object) -> Driven:
         started.append(request.restart + 1)
         assert request.banner == f"==== attempt {request.restart + 1} (hosts n1,n2) ===="
-        return Driven(checked, job, RunOutcome(0, "detached", None, [], 0.0, 0.0), {"run_id": "r1"}, 0.0)
+        return Driven(checked, job, RunOutcome(0, "detached", None, [], 0.0, 0.0), manifest(run_id="r1"), 0.0)
 
     recovery = Recovery(Policy("restart", max_restarts=3), follow=follow,
                         stop_requested=lambda: STOPPED if len(followed) >= stop_after else "")
     reported: list[str] = []
-    first = Driven(checked, job, RunOutcome(0, "detached", None, [], 0.0, 0.0), {"run_id": "r1"}, 0.0)
+    first = Driven(checked, job, RunOutcome(0, "detached", None, [], 0.0, 0.0), manifest(run_id="r1"), 0.0)
     with mock.patch("fstrain.api.driver.drive", start):
         driven = drive_attempts(request, connect, lambda c: job, recovery, reported.append, first=first)
     return driven, reported, started
@@ -157,11 +161,13 @@ def followed_loop(tmp_path: Path, stop_after: int) -> tuple[Driven, list[str], l
 
 def test_a_keeper_follows_each_attempt_and_a_stop_leaves_no_next_one(tmp_path: Path) -> None:
     driven, reported, started = followed_loop(tmp_path, stop_after=2)
-    attempts = driven.manifest["attempts"]
+    attempts = driven.manifest.attempts
     assert started == [2]  # the first was given; the third never started
     assert [a["next"] for a in attempts] == ["restart", "stop"] and attempts[-1]["next_why"] == STOPPED
     assert attempts[0]["exit_code"] == 3 and reported[-1] == STOPPED
-    assert driven.manifest["exit_code"] == 3 and driven.manifest["ended"]
+    assert driven.manifest.exit_code == 3 and driven.manifest.ended
+    # What the keeper wrote is what it holds.
+    assert read_manifest(tmp_path / "manifest.json") == replace(driven.manifest, writer=__version__)
     assert not (tmp_path / "logs").exists()  # a detached attempt's banner goes to its nodes' output
 
 
@@ -172,19 +178,20 @@ def test_the_hand_off_carries_its_format_and_a_newer_one_is_refused_before_unpic
     from fstrain.errors import InputError
     from fstrain.io.keeper import hand_off_bytes, read_hand_off
 
+    current = KINDS["handoff"].current
     sent = hand_off_bytes(("prepared", "first", "job"), "0.1.0")
-    assert sent.split(b"\n", 1)[0] == b'{"format": 2, "fstrain": "0.1.0", "kind": "handoff"}'
+    assert sent.split(b"\n", 1)[0] == f'{{"format": {current}, "fstrain": "0.1.0", "kind": "handoff"}}'.encode()
     assert read_hand_off(io.BytesIO(sent)) == ("prepared", "first", "job")
 
     class Bomb:  # unpickling this would run code: a refused hand-off must never get that far
         def __reduce__(self) -> tuple[object, tuple[str]]:
             return (exec, ("raise SystemExit('unpickled before the check')",))
 
-    newer = b'{"format": 3, "fstrain": "9.9.0"}\n' + pickle.dumps(Bomb())
+    newer = f'{{"format": {current + 1}, "fstrain": "9.9.0"}}\n'.encode() + pickle.dumps(Bomb())
     with pytest.raises(InputError) as refused:
         read_hand_off(io.BytesIO(newer))
     assert refused.value.one_line().startswith("the recovery keeper's stdin: recovery keeper hand-off written by "
-                                               "fstrain 9.9.0 (format 3)")
+                                               f"fstrain 9.9.0 (format {current + 1})")
     with pytest.raises(InputError, match="does not start with its format line"):
         read_hand_off(io.BytesIO(pickle.dumps(("an", "old", "hand-off"))))
 

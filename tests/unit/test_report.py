@@ -15,6 +15,7 @@ from fstrain.core.report.page import render
 from fstrain.core.report.series import Point, RankSeries, differ, rank_series, resumed_steps, step_times
 from fstrain.core.report.svg import Group, Line, distribution_chart, line_chart, nice_ticks, thinned
 from fstrain.core.runs.runstate import RunState
+from tests.helpers import manifest
 
 PROGRESS = ("[node1 r0] [fstrain.train] step {step}/4 loss {loss} lr 3.000e-04 tokens/s {rate} "
             "max_allocated_bytes=100.0MiB max_reserved_bytes=128.5MiB")
@@ -74,7 +75,7 @@ MANIFEST = {
 
 def test_a_manifest_gives_the_start_each_node_up_the_failure_and_the_end_in_time_order() -> None:
     state = RunState("failed", 7, "rank 3 exited with 7", 130.0)
-    events = timeline.from_manifest(MANIFEST, state)
+    events = timeline.from_manifest(manifest(**MANIFEST), state)
     assert [(e.time, e.kind, e.where) for e in events] == [
         (100.0, "start", ""), (101.0, "node up", "node1"), (102.0, "node up", "node2"),
         (120.0, "failure", "node2"), (129.0, "node end", "node1"), (130.0, "failure", "")]
@@ -125,7 +126,7 @@ def test_the_page_has_every_section_well_formed_svg_and_no_script_or_link() -> N
                          [metric(1, s, 0.2 * s, host="node2", loss=5.0 / s, tokens_per_s=900.0 * s,
                                  memory_bytes=2**30 + 5) for s in range(1, 5)])
     state = RunState("failed", 7, "rank 3 exited with 7", 130.0)
-    report = build("r<1>", "attached", state, series=series, events=timeline.from_manifest(MANIFEST, state),
+    report = build("r<1>", "attached", state, series=series, events=timeline.from_manifest(manifest(**MANIFEST), state),
                    plan=PLAN, summary=SUMMARY)
     page = render(report, "0.1.0")
     for section in ("table", "loss", "tokens", "step-times", "memory", "timeline"):

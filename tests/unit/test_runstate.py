@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fstrain.core.runs.runstate import RunState, from_host_records, from_manifest, from_nodes
+from tests.helpers import manifest
 
 
 def view(alive: bool, run: dict[str, Any] | None = None, final: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -39,9 +40,9 @@ def test_a_vanished_coordinator_is_lost() -> None:
 
 
 def test_attached_runs_from_their_manifest() -> None:
-    assert from_manifest({"reason": "ok", "exit_code": 0, "ended": 5.0}) == RunState("succeeded", 0, "ok", 5.0)
-    assert from_manifest({"reason": "interrupted", "exit_code": 130}).state == "stopped"
-    assert from_manifest({"reason": "stalled", "exit_code": 124}).state == "stalled"
+    assert from_manifest(manifest(reason="ok", exit_code=0, ended=5.0)) == RunState("succeeded", 0, "ok", 5.0)
+    assert from_manifest(manifest(reason="interrupted", exit_code=130)).state == "stopped"
+    assert from_manifest(manifest(reason="stalled", exit_code=124)).state == "stalled"
 
 
 def test_runs_found_on_the_hosts() -> None:

@@ -31,6 +31,7 @@ from fstrain.core.slurm.job import CANCELLED_BY_SLURM, NODE_FAILED, JobStatus, e
 from fstrain.io.launch import RunOptions, RunOutcome, run_nodes
 from fstrain.io.transport.base import Transport
 from fstrain.io.transport.local import LocalRunning, LocalTransport
+from tests.helpers import manifest
 
 # -- a run that Slurm cancels -------------------------------------------------------------------
 
@@ -125,7 +126,7 @@ def test_a_stop_the_user_asked_keeps_its_verdict_when_slurm_ends_the_job() -> No
 
 
 def test_a_cancelled_run_is_stopped_in_the_run_list() -> None:
-    state = from_manifest({"reason": "cancelled", "exit_code": 143, "detail": CANCELLED_BY_SLURM})
+    state = from_manifest(manifest(reason="cancelled", exit_code=143, detail=CANCELLED_BY_SLURM))
     assert (state.state, state.exit_code) == ("stopped", 143)
 
 

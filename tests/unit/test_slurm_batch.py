@@ -25,7 +25,7 @@ from fstrain.core.slurm.job import (
 )
 from fstrain.core.slurm.state import slurm_run_state
 from fstrain.errors import InputError
-from tests.helpers import REPO, run_fstrain
+from tests.helpers import REPO, manifest, run_fstrain
 
 FIXTURES = REPO / "tests" / "fixtures" / "slurm-runs"
 NO_SLURM = {"SLURM_JOB_ID": "", "SLURM_JOB_NODELIST": ""}
@@ -110,7 +110,7 @@ def test_a_time_limit_too_short_for_a_job_is_one_line(time: str) -> None:
 
 def test_the_end_by_the_time_limit_is_named() -> None:
     # The warning's SIGTERM made the script exit 143 (Slurm: FAILED); the script marked why.
-    ended = {"started": 1.0, "ended": 2.0, "reason": "terminated", "exit_code": 143}
+    ended = manifest(started=1.0, ended=2.0, reason="terminated", exit_code=143)
     failed = JobStatus("42", "FAILED", 143, 0, nodes="node[1-2]", run_time_s=95, time_limit="00:02:00")
     state = slurm_run_state(failed, ended, time_limit_reached=True)
     assert (state.state, state.exit_code, state.reason) == ("failed", 143, "time limit (--time 00:02:00) reached")
@@ -173,12 +173,13 @@ def test_a_job_id_of_a_second_submission_finds_that_job(tmp_path: Path, monkeypa
     run_dir = tmp_path / "run"
     for job_id, code in (("12", 0), ("35", 7)):
         (run_dir / f"job-{job_id}").mkdir(parents=True)
-        (run_dir / f"job-{job_id}" / "manifest.json").write_text(json.dumps({"exit_code": code}))
+        (run_dir / f"job-{job_id}" / "manifest.json").write_text(json.dumps({"run_id": "r1", "exit_code": code}))
     record_slurm(run_dir, run_id="r1", job_id="12", script=run_dir / "sbatch.sh", output=run_dir / "slurm-12.out",
                  grace_s=5.0)
     first, second = find_run("12"), find_run("35")
-    assert (first.run_id, first.job_dir, first.manifest) == ("r1", run_dir / "job-12", {"exit_code": 0})
-    assert (second.run_id, second.job_dir, second.manifest) == ("r1", run_dir / "job-35", {"exit_code": 7})
+    assert first.manifest is not None and second.manifest is not None
+    assert (first.run_id, first.job_dir, first.manifest.exit_code) == ("r1", run_dir / "job-12", 0)
+    assert (second.run_id, second.job_dir, second.manifest.exit_code) == ("r1", run_dir / "job-35", 7)
     assert second.slurm is not None and second.slurm.output == str(run_dir / "slurm-35.out")
     assert second.slurm_path == run_dir / "job-35" / "slurm.json"  # a stop of job 35 is recorded there
     assert find_run("r1").job_dir == run_dir / "job-12"

@@ -74,16 +74,19 @@ def test_node_order_is_cross_checked_with_scontrol(tmp_path: Path, answer: str, 
 def test_job_report_takes_the_jobs_code_and_joins_the_manifest(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     from fstrain.cli.slurm import report_job
+    from fstrain.core.runs.manifest import Manifest
 
     job_dir = tmp_path / "job-12"  # the job's own records (the script may have run as other jobs too)
     job_dir.mkdir()
-    (job_dir / "manifest.json").write_text(json.dumps({"exit_code": 7, "reason": "failed"}))
+    written = Manifest("r1", "torchrun", exit_code=7, reason="failed").to_dict("0.1.0")
+    (job_dir / "manifest.json").write_text(json.dumps(written))
     (job_dir / "summary.json").write_text(json.dumps({"world_size": 4}))
-    (tmp_path / "manifest.json").write_text(json.dumps({"exit_code": 3, "reason": "failed"}))  # not job 12's
+    other = Manifest("r1", "torchrun", exit_code=3, reason="failed").to_dict("0.1.0")
+    (tmp_path / "manifest.json").write_text(json.dumps(other))  # not job 12's
     assert report_job("12", JobStatus("12", "FAILED", 7, 0, nodes="node1"), tmp_path, json_output=True) == 7
     document = json.loads(capsys.readouterr().out)
     assert document == {"job_id": "12", "state": "FAILED", "exit_code": 7, "reason": "", "run_dir": str(tmp_path),
-                        "job_dir": str(job_dir), "manifest": {"exit_code": 7, "reason": "failed"},
+                        "job_dir": str(job_dir), "manifest": written,
                         "training_summary": {"world_size": 4}}
     # Slurm has forgotten the job: the manifest's code is the answer.
     assert report_job("12", None, tmp_path, json_output=False) == 7

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import NodeLaunch
-from fstrain.io.launch import RunOutcome, RunSetup, write_manifest
+from fstrain.io.launch import RunOutcome, RunSetup, manifest_of, write_manifest
 from tests.helpers import REPO, run_fstrain
 
 FIXTURES = REPO / "tests" / "fixtures" / "slurm-runs"
@@ -135,8 +135,8 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert stop.stderr.startswith("error: stop: Slurm does not know job 42") and "(hint: is SLURM_CONF" in stop.stderr
     # Once the manifest recorded the end, the forgotten job is simply over.
     launches = [NodeLaunch(Host(f"node{i + 1}"), i, 1, ("python3", "t.py")) for i in range(2)]
-    write_manifest(tmp_path / "run" / "job-42" / "manifest.json",
-                   RunSetup("20261130-120001-bbbbbb", "torchrun", launches), RunOutcome(0, "ok", None, [], 1.0, 2.0))
+    write_manifest(tmp_path / "run" / "job-42" / "manifest.json", manifest_of(
+        RunSetup("20261130-120001-bbbbbb", "torchrun", launches), RunOutcome(0, "ok", None, [], 1.0, 2.0)))
     (tmp_path / "run" / "job-42" / "state.json").unlink()
     rows = json.loads(run_fstrain("runs", "--all", "--json", env=env).stdout)["runs"]
     assert [(r["state"], r["exit_code"], r["nodes"]) for r in rows] == [("succeeded", 0, ["node1", "node2"])]

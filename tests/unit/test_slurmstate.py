@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from fstrain.core.runs.manifest import Manifest
 from fstrain.core.slurm.job import JobStatus, parse_run_time_s, parse_scontrol_job
 from fstrain.core.slurm.state import slurm_run_state
+from tests.helpers import manifest
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-runs"
 
@@ -16,8 +18,8 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-runs"
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.stem)
 def test_captured_scontrol_output_maps_to_the_run_state(path: Path) -> None:
     case = json.loads(path.read_text())
-    state = slurm_run_state(parse_scontrol_job(case["output"]), case["manifest"],
-                            stop_requested=case["stop_requested"])
+    recorded = manifest(**case["manifest"]) if case["manifest"] else None
+    state = slurm_run_state(parse_scontrol_job(case["output"]), recorded, stop_requested=case["stop_requested"])
     assert {"state": state.state, "exit_code": state.exit_code} == case["expected"]
 
 
@@ -38,16 +40,20 @@ def job(state: str, exit_code: int = 0, signal: int = 0) -> JobStatus:
 ENDED_OK = {"started": 100.0, "ended": 160.0, "reason": "ok", "exit_code": 0}
 
 
+def ended_ok(**changes: object) -> Manifest:
+    return manifest(**{**ENDED_OK, **changes})
+
+
 def test_a_job_slurm_forgot_takes_its_end_from_the_manifest_or_is_lost() -> None:
-    state = slurm_run_state(None, ENDED_OK)
+    state = slurm_run_state(None, ended_ok())
     assert (state.state, state.exit_code, state.ended) == ("succeeded", 0, 160.0)
-    failed = slurm_run_state(None, {**ENDED_OK, "reason": "failed", "exit_code": 7})
+    failed = slurm_run_state(None, ended_ok(reason="failed", exit_code=7))
     assert (failed.state, failed.exit_code) == ("failed", 7)
     lost = slurm_run_state(None, None)
     assert lost.state == "lost" and "no final manifest" in lost.reason
     # A manifest the launcher wrote at the start (no end yet) does not decide.
-    assert slurm_run_state(None, {"started": 100.0, "ended": None}).state == "lost"
-    stopped = slurm_run_state(None, {**ENDED_OK, "reason": "terminated", "exit_code": 143}, stop_requested=True)
+    assert slurm_run_state(None, manifest(started=100.0, ended=None)).state == "lost"
+    stopped = slurm_run_state(None, ended_ok(reason="terminated", exit_code=143), stop_requested=True)
     assert (stopped.state, stopped.exit_code, stopped.reason) == ("stopped", 143, "fstrain stop")
 
 
@@ -61,16 +67,16 @@ def test_each_slurm_state_has_its_run_state(slurm: str, state: str) -> None:
 
 
 def test_the_manifest_refines_the_end_slurm_reports() -> None:
-    stalled = slurm_run_state(job("FAILED", 124), {**ENDED_OK, "reason": "stalled", "exit_code": 124})
+    stalled = slurm_run_state(job("FAILED", 124), ended_ok(reason="stalled", exit_code=124))
     assert (stalled.state, stalled.exit_code, stalled.ended) == ("stalled", 124, 160.0)
     # Slurm's code is the script's; the manifest names the failing rank's own.
-    failed = slurm_run_state(job("FAILED", 1), {**ENDED_OK, "reason": "failed", "exit_code": 139})
+    failed = slurm_run_state(job("FAILED", 1), ended_ok(reason="failed", exit_code=139))
     assert (failed.state, failed.exit_code) == ("failed", 139)
     # The time limit's early warning: fstrain stopped it, Slurm says FAILED 143.
-    warned = slurm_run_state(job("FAILED", 143), {**ENDED_OK, "reason": "terminated", "exit_code": 143})
+    warned = slurm_run_state(job("FAILED", 143), ended_ok(reason="terminated", exit_code=143))
     assert (warned.state, warned.exit_code, warned.reason) == ("failed", 143, "terminated")
     # Slurm's success stands, with the end time from the manifest.
-    done = slurm_run_state(job("COMPLETED"), ENDED_OK)
+    done = slurm_run_state(job("COMPLETED"), ended_ok())
     assert (done.state, done.exit_code, done.ended) == ("succeeded", 0, 160.0)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fstrain.core.runs.manifest import Manifest
 from fstrain.core.runs.runstate import FINAL, RunState
 
 # The state a run ended in -> the kind of its last event.
@@ -33,23 +34,25 @@ class Event:
     text: str
 
 
-def from_manifest(manifest: Mapping[str, Any], state: RunState) -> list[Event]:
-    """An attached run's (or a Slurm job's) events, as its manifest recorded them."""
-    events = [Event(_number(manifest.get("started")), "start", "", f"run {manifest.get('run_id', '')} started "
-                    f"({manifest.get('backend', '')})")]
-    for node in manifest.get("nodes") or []:
-        host = str(node.get("host") or f"node rank {node.get('node_rank')}")
-        if node.get("started") is not None:
-            events.append(Event(_number(node.get("started")), "node up", host,
-                                f"node rank {node.get('node_rank')} started {_processes(node.get('nproc'))}"))
-        torn_down = _torn_down(manifest.get("first_failure_node_rank"), node.get("node_rank"))
-        events.extend(_node_end(host, node.get("ended"), node.get("exit_code"), node.get("error"),
-                                node.get("failed_rank"), torn_down))
-    if manifest.get("stall") and state.state != "stalled":  # a stalled run's end is the stall
-        events.append(Event(_number(manifest.get("ended")), "stall", "", str(manifest.get("detail") or
-                                                                            "no rank made progress")))
+def from_manifest(manifest: Manifest | None, state: RunState, started: float | None = None) -> list[Event]:
+    """An attached run's (or a Slurm job's) events, as its manifest recorded them (None: it has
+    none yet, or never wrote one); ``started``: when this machine knows the run began (its
+    record), else the manifest's start."""
+    if manifest is None:
+        events = [Event(started, "start", "", "run started")]
+        return _ordered([*events, _end(state, state.ended, events)] if state.state in FINAL else events)
+    events = [Event(started or manifest.started, "start", "", f"run {manifest.run_id} started ({manifest.backend})")]
+    for node in manifest.nodes:
+        host = node.host or f"node rank {node.node_rank}"
+        if node.started is not None:
+            events.append(Event(node.started, "node up", host,
+                                f"node rank {node.node_rank} started {_processes(node.nproc)}"))
+        torn_down = _torn_down(manifest.first_failure_node_rank, node.node_rank)
+        events.extend(_node_end(host, node.ended, node.exit_code, node.error, node.failed_rank, torn_down))
+    if manifest.stall and state.state != "stalled":  # a stalled run's end is the stall
+        events.append(Event(manifest.ended, "stall", "", manifest.detail or "no rank made progress"))
     if state.state in FINAL:
-        events.append(_end(state, _number(manifest.get("ended")), events))
+        events.append(_end(state, manifest.ended, events))
     return _ordered(events)
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fstrain.core.runs.manifest import Manifest
+
 STATES = ("starting", "running", "stalled", "succeeded", "failed", "stopped", "lost")
 FINAL = frozenset({"stalled", "succeeded", "failed", "stopped", "lost"})
 # The attached launcher's reasons (manifest.json) -> states.
@@ -28,10 +30,9 @@ class RunState:
     ended: float | None = None  # when the run ended, once it has
 
 
-def from_manifest(manifest: Mapping[str, Any]) -> RunState:
+def from_manifest(manifest: Manifest) -> RunState:
     """An attached run's end, from its manifest."""
-    reason = str(manifest.get("reason") or "")
-    return RunState(_REASONS.get(reason, "failed"), manifest.get("exit_code"), reason, manifest.get("ended"))
+    return RunState(_REASONS.get(manifest.reason, "failed"), manifest.exit_code, manifest.reason, manifest.ended)
 
 
 def from_nodes(views: Sequence[Mapping[str, Any] | None], names: Sequence[str] = ()) -> RunState:
@@ -70,14 +71,13 @@ def attempt_reason(state: str) -> str:
     return _ATTEMPT_REASONS.get(state, "failed")
 
 
-def with_keeper(nodes: RunState, manifest: Mapping[str, Any] | None, keeper_alive: bool) -> RunState:
+def with_keeper(nodes: RunState, manifest: Manifest | None, keeper_alive: bool) -> RunState:
     """A detached run with a recovery keeper (docs/recovery.md): ``nodes`` is what the current
     attempt's nodes say. The run has ended once the keeper wrote the manifest's end and exited;
     while the keeper lives, an attempt's end is not the run's (another may follow); a keeper
     gone without that end leaves the current attempt to run to its end, and nothing after it."""
-    ended = bool(manifest and manifest.get("ended"))
-    if ended and not keeper_alive:
-        return from_manifest(manifest or {})
+    if manifest is not None and manifest.ended and not keeper_alive:
+        return from_manifest(manifest)
     if keeper_alive:
         if nodes.state not in FINAL:
             return nodes

@@ -26,9 +26,7 @@ TIMEOUT, or the batch script's mark that the time-limit warning stopped it) says
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from fstrain.core.runs.manifest import Manifest
 from fstrain.core.runs.runstate import FINAL, RunState, from_manifest
 from fstrain.core.slurm.job import JobStatus
 
@@ -44,7 +42,7 @@ _WHY = {"TIMEOUT": "the job reached its time limit (TIMEOUT)", "NODE_FAIL": "a n
         "SUSPENDED": "suspended by Slurm", "COMPLETING": "Slurm is ending the job (COMPLETING)"}
 
 
-def slurm_run_state(job: JobStatus | None, manifest: Mapping[str, Any] | None, *,
+def slurm_run_state(job: JobStatus | None, manifest: Manifest | None, *,
                     stop_requested: bool = False, time_limit_reached: bool = False, time_limit: str = "") -> RunState:
     """The run's state from its job (``None``: Slurm no longer knows it) and its manifest
     (``None``: not written yet, or the job died before writing it). ``time_limit_reached``: the
@@ -59,11 +57,11 @@ def slurm_run_state(job: JobStatus | None, manifest: Mapping[str, Any] | None, *
     return state
 
 
-def _slurm_run_state(job: JobStatus | None, manifest: Mapping[str, Any] | None, stop_requested: bool) -> RunState:
-    ended = manifest.get("ended") if manifest and manifest.get("ended") else None
+def _slurm_run_state(job: JobStatus | None, manifest: Manifest | None, stop_requested: bool) -> RunState:
+    ended = manifest if manifest is not None and manifest.ended else None  # the job's launcher recorded its end
     if job is None:
         if ended:
-            state = from_manifest(manifest or {})
+            state = from_manifest(ended)
             return _stopped(state) if stop_requested else state
         return RunState("lost", None, "Slurm no longer knows the job and the run directory holds no final "
                                       "manifest")
@@ -86,7 +84,7 @@ def _slurm_run_state(job: JobStatus | None, manifest: Mapping[str, Any] | None, 
         return RunState("running", None, f"Slurm job state {job.state}") if not job.final else \
             RunState("failed", code, f"Slurm job state {job.state}")
     if ended:  # the job's own launcher recorded the end: a stall, the failing rank's own code
-        recorded = from_manifest(manifest or {})
+        recorded = from_manifest(ended)
         why = state.reason or ("" if recorded.reason in ("ok", "failed") else recorded.reason)
         if recorded.state == "stalled" or (state.state == "failed" and recorded.state == "failed"):
             exit_code = recorded.exit_code if recorded.exit_code is not None else code
