@@ -50,10 +50,10 @@ def test_a_node_that_ran_keeps_its_end_and_names_the_failed_host() -> None:
 
 @pytest.mark.parametrize(("change", "words"), [
     ({"run_id": ""}, "run_id must be non-empty text"),
-    ({"exit_code": "7"}, "exit_code must be a whole number"),
+    ({"exit_code": "7"}, "exit_code must be an integer"),
     ({"ended": "later"}, "ended must be a number"),
     ({"nodes": {"node1": {}}}, "nodes must be a list"),
-    ({"nodes": [{"host": "node1", "node_rank": 0}]}, "nproc must be a whole number"),
+    ({"nodes": [{"host": "node1", "node_rank": 0}]}, "nproc is missing"),
     ({"attempts": [1, 2]}, "attempts must be a list of objects"),
 ])
 def test_a_manifest_changed_by_hand_is_named_in_one_line(tmp_path: Path, change: dict, words: str) -> None:

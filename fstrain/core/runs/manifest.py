@@ -12,14 +12,13 @@ fstrain/io/launch.py builds and writes it, fstrain/io/runs.py reads it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fstrain.core.formats import WRITER_KEY, check_format, stamped
+from fstrain.core.runs import fields
 from fstrain.errors import InputError
-
-_HINT = "the file was changed by hand or cut short: start the run again, or remove the run folder"
 
 
 @dataclass(frozen=True)
@@ -50,20 +49,20 @@ class ManifestNode:
     @classmethod
     def from_dict(cls, data: Any, where: str) -> ManifestNode:
         if not isinstance(data, Mapping):
-            raise InputError(f"a node entry is not an object: {data!r}", _HINT, where)
+            raise InputError(f"a node entry is not an object: {data!r}", fields.HINT, where)
         return cls(
-            host=_text(data, "host", where),
-            node_rank=_int(data, "node_rank", where),
-            nproc=_int(data, "nproc", where),
-            argv=tuple(str(a) for a in _list(data, "argv", where)),
-            env=_strings(data, "env", where),
-            started=_number(data, "started", where),
-            ended=_number(data, "ended", where),
-            exit_code=_optional_int(data, "exit_code", where),
+            host=fields.text(data, "host", where),
+            node_rank=fields.integer(data, "node_rank", where),
+            nproc=fields.integer(data, "nproc", where),
+            argv=tuple(str(a) for a in fields.items(data, "argv", where)),
+            env=fields.strings(data, "env", where),
+            started=fields.number(data, "started", where),
+            ended=fields.number(data, "ended", where),
+            exit_code=fields.optional_integer(data, "exit_code", where),
             error=None if data.get("error") is None else str(data["error"]),
-            seconds=_number(data, "seconds", where),
-            last_lines=tuple(str(line) for line in _list(data, "last_lines", where)),
-            failed_rank=_mapping(data, "failed_rank", where),
+            seconds=fields.number(data, "seconds", where),
+            last_lines=tuple(str(line) for line in fields.items(data, "last_lines", where)),
+            failed_rank=fields.mapping(data, "failed_rank", where),
         )
 
 
@@ -119,88 +118,27 @@ class Manifest:
     def from_dict(cls, data: Any, where: str) -> Manifest:
         check_format(data, "manifest", where)
         if not isinstance(data, Mapping):
-            raise InputError("not a run manifest", _HINT, where)
-        versions = _mapping(data, "versions", where) or {}
+            raise InputError("not a run manifest", fields.HINT, where)
+        versions = fields.mapping(data, "versions", where) or {}
         return cls(
-            run_id=_text(data, "run_id", where),
+            run_id=fields.text(data, "run_id", where),
             backend=str(data.get("backend") or ""),
             master_addr=None if data.get("master_addr") is None else str(data["master_addr"]),
-            master_port=_optional_int(data, "master_port", where),
-            env=_strings(data, "env", where),
-            plan=_mapping(data, "plan", where),
+            master_port=fields.optional_integer(data, "master_port", where),
+            env=fields.strings(data, "env", where),
+            plan=fields.mapping(data, "plan", where),
             versions={str(h): v for h, v in versions.items() if isinstance(v, Mapping)},
-            started=_number(data, "started", where),
-            ended=_number(data, "ended", where),
-            exit_code=_optional_int(data, "exit_code", where),
+            started=fields.number(data, "started", where),
+            ended=fields.number(data, "ended", where),
+            exit_code=fields.optional_integer(data, "exit_code", where),
             reason=str(data.get("reason") or ""),
-            stall=_mapping(data, "stall", where),
+            stall=fields.mapping(data, "stall", where),
             detail=None if data.get("detail") is None else str(data["detail"]),
-            first_failure_node_rank=_optional_int(data, "first_failure_node_rank", where),
-            first_failure=_mapping(data, "first_failure", where),
-            nodes=tuple(ManifestNode.from_dict(n, where) for n in _list(data, "nodes", where)),
+            first_failure_node_rank=fields.optional_integer(data, "first_failure_node_rank", where),
+            first_failure=fields.mapping(data, "first_failure", where),
+            nodes=tuple(ManifestNode.from_dict(n, where) for n in fields.items(data, "nodes", where)),
             detached=bool(data.get("detached")),
-            attempts=tuple(_objects(data, "attempts", where)),
-            training_summary=_mapping(data, "training_summary", where),
+            attempts=tuple(fields.objects(data, "attempts", where)),
+            training_summary=fields.mapping(data, "training_summary", where),
             writer=str(data.get(WRITER_KEY) or ""),
         )
-
-
-def _text(data: Mapping[str, Any], key: str, where: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str) or not value:
-        raise InputError(f"manifest field {key} must be non-empty text, got {value!r}", _HINT, where)
-    return value
-
-
-def _int(data: Mapping[str, Any], key: str, where: str) -> int:
-    value = _optional_int(data, key, where)
-    if value is None:
-        raise InputError(f"manifest field {key} must be a whole number, got nothing", _HINT, where)
-    return value
-
-
-def _optional_int(data: Mapping[str, Any], key: str, where: str) -> int | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"manifest field {key} must be a whole number, got {value!r}", _HINT, where)
-    return value
-
-
-def _number(data: Mapping[str, Any], key: str, where: str) -> float | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"manifest field {key} must be a number, got {value!r}", _HINT, where)
-    return float(value)
-
-
-def _mapping(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any] | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise InputError(f"manifest field {key} must be an object, got {value!r}", _HINT, where)
-    return value
-
-
-def _strings(data: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
-    return {str(k): str(v) for k, v in (_mapping(data, key, where) or {}).items()}
-
-
-def _list(data: Mapping[str, Any], key: str, where: str) -> Sequence[Any]:
-    value = data.get(key)
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise InputError(f"manifest field {key} must be a list, got {value!r}", _HINT, where)
-    return value
-
-
-def _objects(data: Mapping[str, Any], key: str, where: str) -> list[Mapping[str, Any]]:
-    values = _list(data, key, where)
-    if not all(isinstance(v, Mapping) for v in values):
-        raise InputError(f"manifest field {key} must be a list of objects", _HINT, where)
-    return list(values)

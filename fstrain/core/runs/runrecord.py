@@ -19,6 +19,12 @@ from typing import Any
 
 from fstrain.core.formats import check_format, problem, stamped
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.runs.fields import HINT as _HINT
+from fstrain.core.runs.fields import integer as _int
+from fstrain.core.runs.fields import number as _number
+from fstrain.core.runs.fields import optional_integer as _int_or_none
+from fstrain.core.runs.fields import optional_text as _optional_text
+from fstrain.core.runs.fields import text as _text
 from fstrain.core.runs.runstate import RunState
 from fstrain.errors import InputError
 
@@ -219,37 +225,3 @@ class StateCache:
             return None
 
 
-_HINT = "the file was changed by hand or cut short: start the run again, or remove it"
-
-
-def _text(data: Mapping[str, Any], key: str, where: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str) or not value:
-        raise InputError(f"{key} must be non-empty text, got {value!r}", _HINT, where)
-    return value
-
-
-def _optional_text(data: Mapping[str, Any], key: str) -> str | None:
-    value = data.get(key)
-    return str(value) if value else None
-
-
-def _int(data: Mapping[str, Any], key: str, where: str) -> int:
-    value = _int_or_none(data, key, where)
-    if value is None:
-        raise InputError(f"{key} is missing", _HINT, where)
-    return value
-
-
-def _int_or_none(data: Mapping[str, Any], key: str, where: str) -> int | None:
-    value = data.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise InputError(f"{key} must be an integer, got {value!r}", _HINT, where)
-    return value
-
-
-def _number(data: Mapping[str, Any], key: str, where: str) -> float | None:
-    value = data.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise InputError(f"{key} must be a number, got {value!r}", _HINT, where)
-    return value
