@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fstrain.api.driver import Checked, DriveRequest, NodeJob, drive
+from fstrain.api.driver import Checked, DriveRequest, NodeAccess, NodeJob, RunOutput, drive
 from fstrain.api.hosts import quiet
 from fstrain.api.requests import HostRequest
 from fstrain.core.bench.arithmetic import worker_argv
@@ -171,12 +171,11 @@ def run_bench(request: BenchRequest, connect: Callable[[Host], Transport], *, fa
         launches = plan_launches(hosts, nprocs, job, per_node)
         return NodeJob("torchrun", launches)
 
-    drive_request = DriveRequest(hosts=hosts, run_id=request.run_id, run_dir=request.run_dir, python=request.python,
-                                 workdir=request.workdir, here_by_default=False, packages=("torch",),
-                                 env=dict(request.env),
-                                 master_port=request.master_port, fanout=fanout, limits=request.limits,
-                                 record=False, out=out,
-                                 first_step=False)
+    nodes = NodeAccess(hosts, request.python, request.workdir, here_by_default=False, packages=("torch",),
+                       fanout=fanout)
+    drive_request = DriveRequest(nodes, request.run_id, request.run_dir, env=dict(request.env),
+                                 master_port=request.master_port, limits=request.limits, record=False,
+                                 first_step=False, output=RunOutput(out))
     driven = drive(drive_request, connect, worker, progress)
     document = fetch_document(hosts, driven.checked.run_dirs, connect, request.run_dir) \
         if driven.outcome.exit_code == 0 else None

@@ -57,34 +57,55 @@ from fstrain.io.transport.base import Transport
 
 
 @dataclass(frozen=True)
-class DriveRequest:
-    """Where and how a run is driven; the job itself comes separately."""
+class NodeAccess:
+    """Which hosts a run's nodes are, and how they are reached and checked."""
 
     hosts: Sequence[Host]
-    run_id: str
-    run_dir: Path
     python: str = "python3"
     workdir: str | None = None  # None: this directory, checked on every host (with ``here_by_default``)
     here_by_default: bool = True  # False: None leaves each node's command in its login directory
     packages: tuple[str, ...] = ("torch",)  # the preflight checks they import on every host
+    fanout: int = 64
+    ssh_config: str | None = None  # kept with a detached run, for later commands
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """Where a run's output goes on this machine and on its nodes."""
+
+    out: TextIO = sys.stdout  # the ranks' lines
+    color: bool = False
+    metrics_textfile: str | None = None  # each node's watchdog writes a Prometheus textfile here
+
+
+@dataclass(frozen=True)
+class AttemptSettings:
+    """Which attempt of a run this is (drive_attempts). Every rank gets FSTRAIN_CHECKPOINT_DIR
+    (``checkpoint_dir``, or "" for node 0's RUN_DIR/checkpoints) and FSTRAIN_RESTART; a
+    ``checkpoint_dir`` of None gives neither (a run without a recovery policy)."""
+
+    checkpoint_dir: str | None = None
+    restart: int = 0  # FSTRAIN_RESTART: 0 for the first attempt
+    banner: str = ""  # a detached attempt's first line in every node's output
+
+
+@dataclass(frozen=True)
+class DriveRequest:
+    """Where and how a run is driven; the job itself comes separately."""
+
+    nodes: NodeAccess
+    run_id: str
+    run_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)  # the user's, for every rank
     master_port: int | None = None
-    fanout: int = 64
     prewarm_backend: str | None = None  # attached: start this launcher's Python during the checks
     limits: RunLimits = field(default_factory=RunLimits)  # grace, heartbeat, stall, finish: as asked
     detach: bool = False
-    metrics_textfile: str | None = None  # each node's watchdog writes a Prometheus textfile here
     record: bool = True  # list the run in this machine's index (`fstrain runs`)
-    ssh_config: str | None = None  # kept with a detached run, for later commands
-    color: bool = False
-    out: TextIO = sys.stdout  # the ranks' lines
     slurm_job_id: str | None = None  # inside a Slurm allocation: the job, asked whether Slurm ended it
     first_step: bool = True  # a training job: its progress waits for the first step
-    # Recovery (drive_attempts): every rank gets FSTRAIN_CHECKPOINT_DIR (this, or "" for node 0's
-    # RUN_DIR/checkpoints) and FSTRAIN_RESTART; None: neither (a run without a recovery policy).
-    checkpoint_dir: str | None = None
-    restart: int = 0  # FSTRAIN_RESTART: 0 for the first attempt
-    banner: str = ""  # a detached attempt's first line in every node's output (drive_attempts)
+    output: RunOutput = field(default_factory=RunOutput)
+    attempt: AttemptSettings = field(default_factory=AttemptSettings)
 
 
 @dataclass(frozen=True)
@@ -124,34 +145,34 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
           progress: Reporter | None = None) -> Driven:
     """Run the stages; never leaves a job running (a failure in any stage stops what started).
     ``progress`` hears where the stages are (connect, preflight, rendezvous, start, first step)."""
-    hosts = list(request.hosts)
+    hosts, nodes, output = list(request.nodes.hosts), request.nodes, request.output
     # Like DeepSpeed's launcher: by default this directory, checked on every host.
-    workdir = request.workdir or (os.getcwd() if request.here_by_default else None)
+    workdir = nodes.workdir or (os.getcwd() if nodes.here_by_default else None)
     started = time.time()
     stages = progress or Silent()
-    with HostPool(hosts, connect, fanout=request.fanout) as pool:
+    with HostPool(hosts, connect, fanout=nodes.fanout) as pool:
         connect_all(pool, stages)
-        prewarmed = prewarm_nodes(pool, request.prewarm_backend, request.python, workdir, request.env,
+        prewarmed = prewarm_nodes(pool, request.prewarm_backend, nodes.python, workdir, request.env,
                                   request.run_id) if request.prewarm_backend and not request.detach else []
         try:
             stages.event(Event("preflight", text="interpreter, packages, working directory"))
-            facts = preflight(pool, request.python, workdir, packages=request.packages,
-                              workdir_is_default=request.workdir is None and workdir is not None)
+            facts = preflight(pool, nodes.python, workdir, packages=nodes.packages,
+                              workdir_is_default=nodes.workdir is None and workdir is not None)
             stages.event(Event("preflight", ended=True))
             stages.event(Event("rendezvous", text="the master address and port"))
-            rendezvous = choose_rendezvous(pool, connect, facts, request.python, request.run_id, request.master_port)
+            rendezvous = choose_rendezvous(pool, connect, facts, nodes.python, request.run_id, request.master_port)
             stages.event(Event("rendezvous", ended=True,
                                text=f"{rendezvous.master_addr}:{rendezvous.master_port}"))
             run_dirs = [remote_run_dir(h, f.info.get("home"), request.run_id, request.run_dir)
                         for h, f in zip(hosts, facts, strict=True)]
-            checkpoint_dir = request.checkpoint_dir
+            checkpoint_dir = request.attempt.checkpoint_dir
             if checkpoint_dir == "":
                 checkpoint_dir = f"{run_dirs[0]}/checkpoints"
-            checked = Checked(facts, rendezvous, run_dirs, checkpoint_dir, request.restart)
+            checked = Checked(facts, rendezvous, run_dirs, checkpoint_dir, request.attempt.restart)
             node_job = with_recovery_env(job(checked), checked)
             options = RunOptions(run_id=request.run_id, run_dir=request.run_dir, limits=request.limits,
                                  workdir=workdir, node_run_dirs=run_dirs, node_files=node_job.node_files,
-                                 color=request.color, out=request.out, metrics_textfile=request.metrics_textfile,
+                                 color=output.color, out=output.out, metrics_textfile=output.metrics_textfile,
                                  ended_by_slurm=slurm_ended(request.slurm_job_id),
                                  progress=stages.event if progress is not None else None,
                                  first_step=request.first_step)
@@ -161,7 +182,7 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                 from fstrain.io.runs import register
 
                 register(request.run_id, request.run_dir, detached=False)
-            outcome = run_nodes(node_job.launches, pool.open_transport, request.python, options, prewarmed)
+            outcome = run_nodes(node_job.launches, pool.open_transport, nodes.python, options, prewarmed)
         finally:
             for node in prewarmed:
                 if node is not None:
@@ -222,22 +243,22 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     from fstrain.io.runs import read_manifest, record_detached, register, start_detached
 
     setup = run_setup(request, checked, node_job)
-    reach = (request.ssh_config, request.python)
+    reach = (request.nodes.ssh_config, request.nodes.python)
 
     def record(answers: Sequence[dict[str, Any]]) -> None:
         record_detached(request.run_dir, setup, checked.run_dirs, answers, options, reach, started)
 
     record([{}] * len(node_job.launches))
     try:
-        answers = start_detached(node_job.launches, connect, request.python, options, checked.rendezvous, record,
-                                 request.banner)
+        answers = start_detached(node_job.launches, connect, request.nodes.python, options, checked.rendezvous, record,
+                                 request.attempt.banner)
     except BaseException:
         # This process no longer starts it (it may live on: the API's caller): what shows on
         # the nodes decides the run's state from now on.
         register(request.run_id, request.run_dir, detached=True, launching=False)
         raise
     record(answers)
-    earlier = read_manifest(request.run_dir / "manifest.json") if request.restart else None
+    earlier = read_manifest(request.run_dir / "manifest.json") if request.attempt.restart else None
     # A later attempt keeps the record of those before.
     manifest = write_manifest(request.run_dir / "manifest.json", replace(
         manifest_of(setup, None), reason="detached", started=started, detached=True,
@@ -276,7 +297,7 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
     from fstrain.core.launch.recovery import decide
     from fstrain.errors import FstrainError
 
-    hosts, spares = list(request.hosts), list(recovery.spares)
+    hosts, spares = list(request.nodes.hosts), list(recovery.spares)
     attempts: list[Attempt] = []
     checkpoint_dir, before = recovery.checkpoint_dir, Checkpoints()
     previous: Driven | None = None
@@ -309,7 +330,7 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
             report(f"attempt {number} failed ({outcome.detail or outcome.reason}); verdict {verdict.kind}: "
                    f"{verdict.why}; testing {', '.join(verdict.suspects)}")
             guilty, tested = recovery.test(hosts, verdict)
-        after = _checkpoints(hosts, outcome, connect, request.python, checkpoint_dir)
+        after = _checkpoints(hosts, outcome, connect, request.nodes.python, checkpoint_dir)
         next_ = (decide(recovery.policy, number - 1, named, [s.name for s in spares], verdict, guilty)
                  if verdict else None)
         attempts.append(Attempt(
@@ -343,8 +364,8 @@ def attempt_request(request: DriveRequest, number: int, hosts: Sequence[Host], c
 
     from fstrain.core.launch.recovery import attempt_banner
 
-    return replace(request, hosts=tuple(hosts), record=request.record and number == 1, checkpoint_dir=checkpoint_dir,
-                   restart=number - 1, banner=attempt_banner(number, [h.name for h in hosts]))
+    return replace(request, nodes=replace(request.nodes, hosts=tuple(hosts)), record=request.record and number == 1,
+                   attempt=AttemptSettings(checkpoint_dir, number - 1, attempt_banner(number, [h.name for h in hosts])))
 
 
 def should_test(policy: Policy, verdict: Verdict, restarts_done: int) -> bool:
@@ -448,8 +469,8 @@ def mark_attempt(request: DriveRequest, number: int, hosts: Sequence[Host]) -> d
     from fstrain.io.logs import append_to_logs
 
     line = attempt_banner(number, [h.name for h in hosts])
-    request.out.write(line + "\n")
-    request.out.flush()
+    request.output.out.write(line + "\n")
+    request.output.out.flush()
     if request.detach:
         return {}
     folder = request.run_dir / "logs"

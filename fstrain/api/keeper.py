@@ -76,12 +76,12 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     stopping, end = False, AttemptEnd(request.limits.heartbeat_timeout_s)
     highest: int | None = None  # over every look: a node's last record may no longer hold the line
     while True:
-        views = node_views(record, connect, request.python)
+        views = node_views(record, connect, request.nodes.python)
         state = from_nodes(views, names)
         highest = max((s for s in (highest, reported_step(views)) if s is not None), default=None)
         if stop.is_set() and not stopping:
             stopping = True
-            stop_on_node(connect, node0.host, request.python, node0.run_dir, "term")
+            stop_on_node(connect, node0.host, request.nodes.python, node0.run_dir, "term")
         if end.ended(state.state in FINAL, any((v or {}).get("watchdog_alive") for v in views), views[0] is not None,
                      time.monotonic()):
             break

@@ -249,7 +249,7 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter,
              color: bool) -> tuple[DriveRequest, Callable[[Checked], NodeJob], list[Job]]:
     """The driver's request for this launch, and its job: fitted to each attempt's hosts (the
     first attempt's plan re-planned for another world), every job built kept in the list."""
-    from fstrain.api.driver import DriveRequest
+    from fstrain.api.driver import AttemptSettings, DriveRequest, NodeAccess, RunOutput
 
     request, hosts = prepared.request, prepared.selection.hosts
     job_request, run = request.job, request.run
@@ -266,15 +266,14 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter,
         report(describe_start(prepared, checked, node.launches))
         return node
 
+    nodes = NodeAccess(hosts, job_request.python, job_request.workdir,
+                       packages=rank_packages(job_request.backend, prepared.spec.bundled_trainer),
+                       fanout=request.hosts.fanout, ssh_config=request.hosts.ssh_config)
     drive_request = DriveRequest(
-        hosts=hosts, run_id=prepared.run_id, run_dir=prepared.run_dir, python=job_request.python,
-        workdir=job_request.workdir,
-        packages=rank_packages(job_request.backend, prepared.spec.bundled_trainer),
-        env=dict(job_request.env), master_port=run.master_port, fanout=request.hosts.fanout,
+        nodes, prepared.run_id, prepared.run_dir, env=dict(job_request.env), master_port=run.master_port,
         prewarm_backend=job_request.backend, limits=run.limits, detach=run.detach,
-        metrics_textfile=run.metrics_textfile, ssh_config=request.hosts.ssh_config, color=color, out=out,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None,
-        checkpoint_dir=run.checkpoint_dir)
+        output=RunOutput(out, color, run.metrics_textfile), attempt=AttemptSettings(run.checkpoint_dir))
     return drive_request, node_job, built
 
 

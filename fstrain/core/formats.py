@@ -54,7 +54,8 @@ KINDS: dict[str, Kind] = {
     "summary": Kind("training summary", 1, "it comes from a pre-release fstrain: train again"),
     "trainer_state": Kind("trainer checkpoint state", 1, "resume from a checkpoint this fstrain wrote"),
     # the launch's hand-off to its recovery keeper (fstrain/api/keeper.py), on the keeper's stdin
-    "handoff": Kind("recovery keeper hand-off", 2, "start the keeper from the same fstrain that runs it"),
+    # 3: the DriveRequest in it groups its node access, output and attempt settings
+    "handoff": Kind("recovery keeper hand-off", 3, "start the keeper from the same fstrain that runs it"),
 }
 
 

@@ -12,7 +12,18 @@ from unittest import mock
 import pytest
 
 from fstrain import __version__
-from fstrain.api.driver import Checked, Driven, DriveRequest, NodeJob, Recovery, attempt_evidence, drive_attempts
+from fstrain.api.driver import (
+    AttemptSettings,
+    Checked,
+    Driven,
+    DriveRequest,
+    NodeAccess,
+    NodeJob,
+    Recovery,
+    RunOutput,
+    attempt_evidence,
+    drive_attempts,
+)
 from fstrain.api.keeper import STOPPED, attempt_outcome
 from fstrain.core.formats import KINDS
 from fstrain.core.hosts.hostfile import Host
@@ -129,8 +140,8 @@ def followed_loop(tmp_path: Path, stop_after: int) -> tuple[Driven, list[str], l
     attempts were followed. Returns the run's result, what it reported, and the attempts that
     ``drive`` was asked to start."""
     hosts = (Host("n1"), Host("n2"))
-    request = DriveRequest(hosts=hosts, run_id="r1", run_dir=tmp_path, detach=True, checkpoint_dir="",
-                           out=io.StringIO())
+    request = DriveRequest(NodeAccess(hosts), "r1", tmp_path, detach=True, output=RunOutput(io.StringIO()),
+                           attempt=AttemptSettings(checkpoint_dir=""))
     checked = Checked([HostFacts(h, {}) for h in hosts], Rendezvous("n1", 29500, ("eth0", "eth0")), ["/r", "/r"],
                       "/r/checkpoints")
     job = NodeJob("torchrun", launches("n1", "n2", nproc=1))
@@ -146,8 +157,8 @@ def followed_loop(tmp_path: Path, stop_after: int) -> tuple[Driven, list[str], l
         raise FstrainError(f"{host.name}: not reached in a unit test")
 
     def start(request: DriveRequest, *_: object) -> Driven:
-        started.append(request.restart + 1)
-        assert request.banner == f"==== attempt {request.restart + 1} (hosts n1,n2) ===="
+        started.append(request.attempt.restart + 1)
+        assert request.attempt.banner == f"==== attempt {request.attempt.restart + 1} (hosts n1,n2) ===="
         return Driven(checked, job, RunOutcome(0, "detached", None, [], 0.0, 0.0), manifest(run_id="r1"), 0.0)
 
     recovery = Recovery(Policy("restart", max_restarts=3), follow=follow,
