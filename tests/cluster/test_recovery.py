@@ -40,7 +40,7 @@ def manifest(tmp_path: Path) -> dict:
 
 def lose_node(cluster: NamespaceCluster, launch: LaunchProcess, index: int, after: str) -> int:
     """Once ``after`` shows, host ``index`` dies (its sshd and sessions); the launch's exit code."""
-    launch.wait_for(after)
+    launch.wait_for(after, timeout=300)  # a DeepSpeed run may first wait for its CPU ops to compile
     cluster.script("stop-sshd", str(index))
     try:
         return launch.finish(timeout=150)
