@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from html import escape
 
+from fstrain.core.monitor.stragglers import STRAGGLER_FRACTION
 from fstrain.core.report import svg
 from fstrain.core.report.numbers import Comparison, Report
 from fstrain.core.report.series import RankSeries, differ
@@ -104,8 +105,8 @@ def _step_times(report: Report) -> str:
     stragglers = [s for s in report.steps if s.straggler]
     said = ", ".join(f"rank {s.rank} on {s.host} (median {s.median_s:.4g} s)" for s in stragglers)
     return chart + (f'<p data-stragglers="{len(stragglers)}">stragglers: {escape(said)}</p>' if stragglers
-                    else '<p data-stragglers="0">no straggler: every rank\'s median is within 10 % of the '
-                    'typical one.</p>')
+                    else f'<p data-stragglers="0">no straggler: no rank\'s median is over '
+                    f'{100 * STRAGGLER_FRACTION:.0f} % above the median of the other ranks\' medians.</p>')
 
 
 def _memory(report: Report) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fstrain.core.monitor.metricline import METRIC_LINE, PROGRESS_LINE, StepMetrics, read_step
+from fstrain.core.monitor.stragglers import stragglers
 
 TAG_RE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
 RESUMED_MARK = "[fstrain.train] resumed from step "
@@ -29,10 +30,6 @@ _MEMORY_RE = re.compile(r"\b(max_(?:reserved|allocated|rss)_bytes)=([0-9.]+)MiB"
 _MEMORY_KEYS = ("max_reserved_bytes", "max_allocated_bytes", "max_rss_bytes")
 # What each of them is measured on (fstrain/train/runtime.py peak_memory).
 MEMORY_DEVICES = {"max_reserved_bytes": "cuda", "max_allocated_bytes": "cuda", "max_rss_bytes": "cpu"}
-# A rank whose median step time is this much over the median of all ranks' medians is a straggler:
-# 10 % is well above the step-to-step noise of a synchronous step (every rank waits at the same
-# collectives, so their times differ only by what each does on its own).
-STRAGGLER_FRACTION = 0.10
 
 
 @dataclass(frozen=True)
@@ -144,7 +141,8 @@ def resumed_steps(lines: Iterable[str]) -> list[tuple[str, int]]:
 
 
 def step_times(series: Sequence[RankSeries]) -> list[RankSteps]:
-    """Each rank's step-time distribution, stragglers marked (with two ranks or more)."""
+    """Each rank's step-time distribution, stragglers marked by their median step time
+    (fstrain/core/monitor/stragglers.py: the rule `status --watch` uses too)."""
     timed = []
     for one in series:
         values = tuple(p.step_s for p in one.points if p.step_s is not None)
@@ -152,12 +150,12 @@ def step_times(series: Sequence[RankSeries]) -> list[RankSteps]:
         if values:
             timed.append((one, values))
     medians = [statistics.median(values) for _, values in timed]
-    typical = statistics.median(medians) if medians else 0.0
+    slow = set(stragglers({one.rank: median for (one, _), median in zip(timed, medians, strict=True)}))
     out = []
     for (one, values), median in zip(timed, medians, strict=True):
         ordered = sorted(values)
-        straggler = len(timed) > 1 and median > typical * (1 + STRAGGLER_FRACTION)
-        out.append(RankSteps(one.rank, one.host, values, median, quantile(ordered, 0.9), ordered[-1], straggler))
+        out.append(RankSteps(one.rank, one.host, values, median, quantile(ordered, 0.9), ordered[-1],
+                             one.rank in slow))
     return out
 
 
