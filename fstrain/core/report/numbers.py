@@ -1,5 +1,6 @@
-"""The report of one run as values: series, step times, memory, events, and the table
-"planned vs measured"; :func:`as_document` is what ``fstrain report --json`` prints.
+"""The report of one run as values: series, step times, memory, events, the table "planned vs
+measured", and a failed run's failing rank with its last lines; :func:`as_document` is what
+``fstrain report --json`` prints.
 
 The planned numbers are the plan's prediction as the run folder keeps it (the manifest's
 ``plan.predicted``, from ``fstrain plan --out`` and ``launch --plan``); a plan pinned from the
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fstrain.core.report.events import Event
+from fstrain.core.report.excerpt import FailureExcerpt
 from fstrain.core.report.series import MEMORY_DEVICES, RankSeries, RankSteps, step_times
 from fstrain.core.runs.runstate import RunState
 
@@ -70,12 +72,16 @@ class Report:
     table: tuple[Comparison, ...]
     summary: Mapping[str, Any] | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    failure: FailureExcerpt | None = None
+    """A failed run's failing rank and its last lines (fstrain/core/report/excerpt.py)."""
 
 
 def build(run_id: str, kind: str, state: RunState, *, series: Sequence[RankSeries], events: Sequence[Event],
-          plan: Mapping[str, Any] | None, summary: Mapping[str, Any] | None) -> Report:
+          plan: Mapping[str, Any] | None, summary: Mapping[str, Any] | None,
+          failure: FailureExcerpt | None = None) -> Report:
     """The report from what was gathered: the series from the output, the events, the plan as
-    the manifest keeps it (None: no manifest) and the trainer's summary (None: none written)."""
+    the manifest keeps it (None: no manifest), the trainer's summary (None: none written) and
+    the failing rank's last lines (None: no failure recorded)."""
     notes: list[str] = []
     predicted = (plan or {}).get("predicted") or {}
     cluster = (plan or {}).get("cluster") or {}
@@ -97,7 +103,8 @@ def build(run_id: str, kind: str, state: RunState, *, series: Sequence[RankSerie
     memory = _memory(series, summary, on_cpu)
     return Report(run_id, kind, state, device, memory_label, card_bytes,
                   int(planned_peak) if isinstance(planned_peak, (int, float)) else None, tuple(series),
-                  tuple(step_times(series)), tuple(memory), tuple(events), tuple(table), summary, tuple(notes))
+                  tuple(step_times(series)), tuple(memory), tuple(events), tuple(table), summary, tuple(notes),
+                  failure)
 
 
 def measured_device(summary: Mapping[str, Any] | None, series: Sequence[RankSeries],
@@ -178,4 +185,11 @@ def as_document(report: Report) -> dict[str, Any]:
         "events": [asdict(e) for e in report.events],
         "summary": dict(report.summary) if report.summary is not None else None,
         "notes": list(report.notes),
+        "failure": _failure_document(report.failure),
     }
+
+
+def _failure_document(failure: FailureExcerpt | None) -> dict[str, Any] | None:
+    if failure is None:
+        return None
+    return {**asdict(failure), "lines": list(failure.lines), "heading": failure.heading}
