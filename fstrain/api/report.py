@@ -2,8 +2,9 @@
 
 The output is read as `fstrain logs` reads it (every rank's lines, from the nodes for a
 detached run, from the run directory for an attached or Slurm run); the plan and the events
-from the run's manifest (a detached run: its nodes' records); the measured numbers from the
-bundled trainer's summary.json (a detached run's is fetched from node 0 into the run directory).
+from the run's manifest (a detached run: its nodes' records), and so the failing rank's last
+lines; the measured numbers from the bundled trainer's summary.json (a detached run's is
+fetched from node 0 into the run directory).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def report(reference: str, access: Access | None = None) -> Report:
 def report_of(run: Run) -> Report:
     from fstrain.api.runs import SlurmRun, SshRun
     from fstrain.core.report import events as timeline
+    from fstrain.core.report import excerpt
     from fstrain.core.report.numbers import build
     from fstrain.core.report.series import rank_series, resumed_steps
     from fstrain.io.runs import read_summary
@@ -49,11 +51,16 @@ def report_of(run: Run) -> Report:
             unread[node0] = exc.one_line()
             summary = read_summary(run.run_dir / "summary.json")
         views = backend.views()
-        events = timeline.from_views(run.record.started, [h.label() for h in run.record.hosts], views, state)
+        names = [h.label() for h in run.record.hosts]
+        events = timeline.from_views(run.record.started, names, views, state)
+        # A recovering run's keeper writes each attempt's end into the manifest: the nodes' records
+        # first (the current attempt), the manifest where they name no failure.
+        failure = excerpt.from_views(names, views) or excerpt.from_manifest(run.record.manifest)
     else:
         folder = run.record.job_dir if isinstance(backend, SlurmRun) else run.run_dir
         summary = read_summary(folder / "summary.json")
         events = timeline.from_manifest(run.record.manifest, state, run.record.started)
+        failure = excerpt.from_manifest(run.record.manifest)
     tokens_per_step = (summary or {}).get("tokens_per_step")
     resumes: list[str] = []
     outputs = run.outputs()
@@ -66,7 +73,7 @@ def report_of(run: Run) -> Report:
     events = [*events, *timeline.restarts(resumed_steps(resumes))]
     plan = run.record.manifest.plan if run.record.manifest is not None else None
     result = build(run.run_id, run.kind, state, series=series, events=events,
-                   plan=dict(plan) if plan is not None else None, summary=summary)
+                   plan=dict(plan) if plan is not None else None, summary=summary, failure=failure)
     if unread:
         from dataclasses import replace
 

@@ -25,7 +25,8 @@ def report_command(
                                      "(no HTML file unless --out is given)."),
 ) -> None:
     """Loss and tokens/s over steps, step time per rank with stragglers, memory per rank against
-    the plan and the card, the run's events, and the plan's prediction against what was measured."""
+    the plan and the card, the run's events, the plan's prediction against what was measured,
+    and a failed run's failing rank with its last lines (also printed here, on stderr)."""
     from fstrain.api.report import report_of, write_html
     from fstrain.api.runs import Access, open_run
     from fstrain.core.report.numbers import as_document
@@ -37,6 +38,10 @@ def report_command(
         write_html(result, target)
         console().print(f"report of run {result.run_id} ({result.state.state}) written to {target}", markup=False,
                         highlight=False, soft_wrap=True)
+    if result.failure is not None:  # what a failed run's reader looks for first, on the terminal too
+        console().print("\n".join([result.failure.heading + (":" if result.failure.lines else ""),
+                                   *(f"  {line}" for line in result.failure.lines)]),
+                        markup=False, highlight=False, soft_wrap=True)
     for note in result.notes:
         console().print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if json_output:

@@ -54,7 +54,7 @@ def _cells(row: WatchRow) -> list[str]:
             "" if row.memory_bytes is None else f"{row.memory_bytes / 2**30:.1f} GiB",
             usage_cell(list(row.gpus), row.gpus_error),
             "" if row.last_output_age_s is None else f"{row.last_output_age_s:.0f} s ago",
-            "slowest" if row.slowest else ""]
+            "slowest" if row.slowest else "straggler" if row.straggler else ""]
 
 
 COLUMNS = ("host", "rank", "alive", "step", "loss", "tokens/s", "step time", "memory", "gpus", "last output", "")
@@ -82,7 +82,7 @@ def render(view: WatchView, interval_s: float) -> RenderableType:
     for column in COLUMNS:
         table.add_column(column)
     for row in view.rows:
-        table.add_row(*_cells(row), style="bold yellow" if row.slowest else None)
+        table.add_row(*_cells(row), style="bold yellow" if row.slowest else "yellow" if row.straggler else None)
     parts.append(table if view.rows else Text("no rank has started yet", style="dim"))
     if not view.ended:
         parts.append(Text(f"refreshing every {interval_s:g} s; Ctrl-C stops watching (the run goes on)",
@@ -95,6 +95,9 @@ def plain_line(view: WatchView) -> str:
     text = f"{headline(view)}; {progress_text(view)}"
     if view.slowest_rank is not None:
         text += f"; slowest rank {view.slowest_rank}"
+    others = [str(rank) for rank in view.stragglers if rank != view.slowest_rank]
+    if others:
+        text += f"; other stragglers: rank{'s' if len(others) > 1 else ''} {', '.join(others)}"
     return text
 
 

@@ -3,6 +3,7 @@ the events, the table "planned vs measured", and the page (every section, well-f
 
 from __future__ import annotations
 
+import html
 import re
 import xml.etree.ElementTree as ET
 
@@ -10,7 +11,7 @@ import pytest
 
 from fstrain.core.monitor.metricline import StepMetrics, format_metric_line
 from fstrain.core.report import events as timeline
-from fstrain.core.report.numbers import as_document, build
+from fstrain.core.report.numbers import Report, as_document, build
 from fstrain.core.report.page import render
 from fstrain.core.report.series import Point, RankSeries, differ, rank_series, resumed_steps, step_times
 from fstrain.core.report.svg import Group, Line, distribution_chart, line_chart, nice_ticks, thinned
@@ -118,6 +119,35 @@ def test_a_cpu_run_without_a_prediction_says_so_and_labels_its_memory_as_cpu() -
     assert rows["memory"].measured == 400 * 2**20 and rows["memory"].planned is None and rows["memory"].error is None
     assert report.memory_label.startswith("CPU peak RSS") and report.card_bytes is None
     assert any("no prediction" in note for note in report.notes)
+
+
+def memory_chart_title(report: Report) -> str:
+    chart = re.search(r'<svg [^>]*data-chart="memory".*?</svg>', render(report, "0.1.0"), flags=re.S)
+    assert chart is not None
+    title = re.search(r'font-weight="bold">([^<]*)</text>', chart.group())
+    assert title is not None
+    return html.unescape(title.group(1))
+
+
+def test_the_memory_chart_names_what_the_data_says_was_measured_not_the_plans_gpu() -> None:
+    """A CPU run planned for H100s, with no summary yet (still running, or failed): its progress
+    lines print the process's max_rss_bytes, so its memory is CPU RSS, with no card to compare."""
+    cpu = ("[node1 r0] [fstrain.train] step {step}/4 loss 6.0 lr 3.000e-04 tokens/s 1,000 "
+           "max_rss_bytes=412.0MiB")
+    series = rank_series([cpu.format(step=step) for step in (1, 2)], tokens_per_step=1000)
+    assert series[0].memory_key == "max_rss_bytes"
+    report = build("r1", "detached", RunState("running", None), series=series, events=[], plan=PLAN, summary=None)
+    assert (report.device, report.card_bytes) == ("cpu", None)
+    assert memory_chart_title(report).startswith("CPU peak RSS") and "GPU" not in report.memory_label
+    # A program's own metric lines do not say of which device their memory_bytes is.
+    own = build("r2", "attached", RunState("failed", 7), series=rank_series([metric(0, 1, 0.1, memory_bytes=2**30)]),
+                events=[], plan=None, summary=None)
+    assert own.device is None and "GPU" not in own.memory_label and "CPU" not in own.memory_label
+    # The trainer's progress lines on a GPU print the allocator's peaks.
+    gpu = build("r3", "attached", RunState("running", None), plan=PLAN, summary=None, events=[],
+                series=rank_series([PROGRESS.format(step=1, loss="6.0", rate="1,000")], tokens_per_step=1000))
+    assert gpu.device == "cuda" and memory_chart_title(gpu).startswith("GPU memory")
+    assert gpu.card_bytes == 80 * 2**30
 
 
 def test_the_page_has_every_section_well_formed_svg_and_no_script_or_link() -> None:

@@ -1,4 +1,5 @@
-"""`fstrain report` of a run whose hosts do not answer: a report all the same, the hosts named."""
+"""`fstrain report` of a run whose hosts do not answer: a report all the same, the hosts named;
+of a failed attached run: the failing rank's last lines, on the page, in --json and on stderr."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from fstrain import api
-from tests.helpers import run_fstrain
+from fstrain.io.launch import write_manifest
+from fstrain.io.runs import register
+from tests.helpers import manifest, run_fstrain
 from tests.unit.test_cli_runs import detached_run
+from tests.unit.test_report_failure import RANK_3_LINES, failed_manifest
 
 
 def test_a_detached_run_whose_node_0_refuses_ssh_is_reported_all_the_same(tmp_path: Path,
@@ -47,3 +51,23 @@ def test_a_report_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch
     assert shown.returncode == 2
     assert shown.stderr == f"error: {out}: cannot write the report: File exists (hint: give " \
         "another --out FILE)\n"
+
+
+def test_a_failed_attached_runs_report_shows_its_failing_ranks_last_lines(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    home, folder, run_id = tmp_path / "home", tmp_path / "run", "20261201-170000-ffffff"
+    (folder / "logs").mkdir(parents=True)
+    failure = {"rank": 3, "local_rank": 1, "exit_code": 7, "signal": None}
+    write_manifest(folder / "manifest.json", manifest(**{**failed_manifest(RANK_3_LINES, failure), "run_id": run_id}))
+    (folder / "logs" / "node2.log").write_text("".join(f"{line}\n" for line in RANK_3_LINES))
+    monkeypatch.setenv("HOME", str(home))
+    register(run_id, folder, detached=False)
+    shown = run_fstrain("report", run_id, "--json", "--out", str(tmp_path / "report.html"), env={"HOME": str(home)})
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["state"]["state"] == "failed"
+    assert document["failure"]["lines"] == RANK_3_LINES and document["failure"]["rank"] == 3
+    assert "rank 3 on node2 (exit 7) failed; its last lines:\n  [node2 r3] step 2 done\n" in shown.stderr
+    assert "  [node2 r3] ValueError: bad batch <7>\n" in shown.stderr
+    page = (tmp_path / "report.html").read_text()
+    assert 'data-section="failure"' in page and "[node2 r3] ValueError: bad batch &lt;7&gt;" in page

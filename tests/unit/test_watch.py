@@ -99,7 +99,7 @@ def test_slowest_rank_is_the_one_behind_then_the_one_with_the_longest_step() -> 
     assert slowest_rank(rows((10, 1.0), (8, 1.0), (10, 1.0))) == 1  # two steps behind
     assert slowest_rank(rows((10, 1.0), (9, 1.0), (10, 1.0))) is None  # one step is a read's timing
     assert slowest_rank(rows((10, 1.0), (10, 1.5), (10, 1.0), (10, 1.01))) == 1
-    assert slowest_rank(rows((10, 1.0), (10, 1.02), (10, 1.0))) is None  # within 5 %
+    assert slowest_rank(rows((10, 1.0), (10, 1.02), (10, 1.0))) is None  # within 10 %
     assert slowest_rank(rows((10, None), (10, None))) is None
     assert slowest_rank(rows((10, 1.0), (None, None))) is None  # one rank reports
 

@@ -10,6 +10,7 @@ edge (fstrain/io/launch.py, fstrain/io/logs.py, fstrain/io/remote) reads the out
 - :mod:`.promfile`: a node's ranks as a Prometheus textfile
 - :mod:`.gpuusage`: GPU memory and utilisation of a run's nodes (`fstrain status`)
 - :mod:`.watch`: the live view's rows (`fstrain status --watch`)
+- :mod:`.stragglers`: which ranks are stragglers, the one rule of the live view and `fstrain report`
 
 ``rankexit``, ``stacks``, ``logtail``, ``metricline`` and ``promfile`` also run on the nodes: the
 edge sends their source text with the scripts of fstrain/io/remote, so they import nothing but the

@@ -6,7 +6,8 @@ nodes know: alive, last output, GPUs) and the last lines of the ranks' output, t
 carry (the metric line, ``FSTRAIN_METRICS {...}``, where the rank prints it; else a progress
 line, the bundled trainer's ``step 5/20 loss ... tokens/s ...`` or a program's own line that
 says ``step N``: metricline.read_step); the step time, from the metric line or else measured
-between refreshes; the slowest rank; and the run's progress to its final step with an estimate
+between refreshes; the stragglers (fstrain/core/monitor/stragglers.py, the rule `fstrain report`
+uses too) and the slowest rank; and the run's progress to its final step with an estimate
 of the time left. Pure: the caller passes the time.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fstrain.core.monitor.metricline import StepMetrics, from_mapping, read_step
+from fstrain.core.monitor.stragglers import stragglers
 from fstrain.core.runs.runstate import FINAL
 
 # A tagged output line: "[node1 r3] text" (a detached run's logs, an attached or Slurm run's log files).
@@ -26,7 +28,6 @@ TAIL_LINES_PER_RANK = 40  # what a refresh reads of each rank's output, at most
 TAIL_LINES_MAX = 4000  # and of the whole run's
 RATE_WINDOW_S = 120.0  # the progress rate (and so the ETA) is measured over about this long
 BEHIND_STEPS = 2  # a rank this many steps behind the furthest is the slowest (one is a read's timing)
-SLOWER_BY = 1.05  # else one whose step time is this much over the ranks' median
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class WatchRow:
     last_output_age_s: float | None = None
     gpus: Sequence[dict[str, Any]] = ()  # the node's GPUs (memory and utilisation), as status gives them
     gpus_error: str | None = None
-    slowest: bool = False
+    straggler: bool = False  # its step time is a straggler's (fstrain/core/monitor/stragglers.py)
+    slowest: bool = False  # the one rank holding the others back (:func:`slowest_rank`)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class WatchView:
     steps: int | None = None  # the final step, where the ranks' lines say it
     eta_s: float | None = None  # the time left to the final step, at the measured rate
     slowest_rank: int | None = None
+    stragglers: tuple[int, ...] = ()
 
     @property
     def ended(self) -> bool:
@@ -136,8 +139,10 @@ class Watch:
                 rows.append(self._row(hosts[rank_number], None, {"rank": rank_number}, sample, now))
         rows.sort(key=lambda r: r.rank)
         # Every rank of a run that succeeded reached its end: none held the others back.
-        slowest = slowest_rank(rows) if status.get("state") != "succeeded" else None
-        rows = [_with_slowest(r, r.rank == slowest) for r in rows]
+        succeeded = status.get("state") == "succeeded"
+        slowest = slowest_rank(rows) if not succeeded else None
+        slow = set(row_stragglers(rows)) if not succeeded else set()
+        rows = [_marked(r, r.rank in slow, r.rank == slowest) for r in rows]
         steps = max((r.steps for r in rows if r.steps), default=None)
         reached = [r.step for r in rows if r.step is not None]
         step = min(reached) if reached else None
@@ -147,7 +152,7 @@ class Watch:
             eta = eta_s(self.run_seen, step, steps, [r.step_s for r in rows if r.step_s])
         return WatchView(str(status.get("run_id") or ""), str(status.get("state") or ""), status.get("exit_code"),
                          str(status.get("reason") or ""), status.get("first_failure"), rows, unreachable, step, steps,
-                         eta, slowest)
+                         eta, slowest, tuple(sorted(slow)))
 
     def _row(self, host: str, node: Mapping[str, Any] | None, rank: Mapping[str, Any], sample: StepMetrics | None,
              now: float) -> WatchRow:
@@ -169,8 +174,9 @@ class Watch:
             gpus=node.get("gpus") or (), gpus_error=node.get("gpus_error"))
 
 
-def _with_slowest(row: WatchRow, slowest: bool) -> WatchRow:
-    return row if row.slowest == slowest else replace(row, slowest=slowest)
+def _marked(row: WatchRow, straggler: bool, slowest: bool) -> WatchRow:
+    return row if (row.straggler, row.slowest) == (straggler, slowest) else \
+        replace(row, straggler=straggler, slowest=slowest)
 
 
 def _note(seen: list[tuple[float, int]], now: float, step: int, window_s: float) -> list[tuple[float, int]]:
@@ -211,21 +217,21 @@ def eta_s(seen: Sequence[tuple[float, int]], step: int, steps: int | None,
     return left * per_step if per_step is not None else None
 
 
+def row_stragglers(rows: Sequence[WatchRow]) -> list[int]:
+    """The ranks whose latest step time makes them stragglers, by the rule `fstrain report`
+    uses (fstrain/core/monitor/stragglers.py: over 10 % above the other ranks' median)."""
+    return stragglers({r.rank: r.step_s for r in rows if r.step is not None and r.step_s is not None})
+
+
 def slowest_rank(rows: Sequence[WatchRow]) -> int | None:
     """The rank holding the others back: one at least BEHIND_STEPS steps behind the furthest
-    (the furthest behind), else the one with the longest step time when it is SLOWER_BY over
-    the ranks' median. None while fewer than two ranks report numbers, or none stands out."""
-    reporting = [(r.step, r.rank, r.step_s) for r in rows if r.step is not None]
+    (the furthest behind), else the straggler with the longest step time (:func:`row_stragglers`).
+    None while fewer than two ranks report numbers, or none stands out."""
+    reporting = [(r.step, r.rank) for r in rows if r.step is not None]
     if len(reporting) < 2:
         return None
-    behind_step, behind_rank, _ = min(reporting)
-    if max(step for step, _, _ in reporting) - behind_step >= BEHIND_STEPS:
+    behind_step, behind_rank = min(reporting)
+    if max(step for step, _ in reporting) - behind_step >= BEHIND_STEPS:
         return behind_rank
-    timed = sorted((seconds, rank) for _, rank, seconds in reporting if seconds is not None)
-    if len(timed) < 2:
-        return None
-    median = timed[len(timed) // 2][0] if len(timed) % 2 else (timed[len(timed) // 2 - 1][0]
-                                                              + timed[len(timed) // 2][0]) / 2
-    slow_s = timed[-1][0]
-    slow = min(rank for seconds, rank in timed if seconds == slow_s)
-    return slow if slow_s > median * SLOWER_BY else None
+    seconds = {r.rank: r.step_s for r in rows if r.step_s is not None}
+    return max(row_stragglers(rows), key=lambda rank: (seconds[rank], -rank), default=None)

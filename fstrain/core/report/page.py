@@ -1,6 +1,7 @@
 """The report as one self-contained HTML page: inline CSS and SVG, no script, no link to fetch.
 
-Sections, each a ``<section data-section=NAME>``: the table "planned vs measured", loss and
+Sections, each a ``<section data-section=NAME>``: a failed run's failing rank and its last lines
+(first: it is what a failed run's reader looks for), the table "planned vs measured", loss and
 tokens/s over steps, the step-time distribution per rank, memory per rank, the timeline, notes.
 """
 
@@ -9,7 +10,9 @@ from __future__ import annotations
 import time
 from html import escape
 
+from fstrain.core.monitor.stragglers import STRAGGLER_FRACTION
 from fstrain.core.report import svg
+from fstrain.core.report.excerpt import FailureExcerpt
 from fstrain.core.report.numbers import Comparison, Report
 from fstrain.core.report.series import RankSeries, differ
 
@@ -21,6 +24,7 @@ table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 4
 th:first-child, td:first-child { text-align: left; }
 .state-succeeded { color: #2ca02c; } .state-failed, .state-lost, .state-stalled { color: #d62728; }
 .note { color: #666; }
+pre { text-align: left; background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; }
 """
 
 
@@ -31,7 +35,8 @@ def render(report: Report, fstrain_version: str) -> str:
             + (f", exit {state.exit_code}" if state.exit_code is not None else "")
             + (f" ({escape(state.reason)})" if state.reason not in ("", "ok", state.state) else "")
             + (f"; trained on {escape(report.device)}" if report.device else "") + "</p>")
-    sections = [
+    sections = [_section("failure", "Where it failed", _failure(report.failure))] if report.failure else []
+    sections += [
         _section("table", "Planned vs measured", _table(report.table)),
         _section("loss", "Loss", _over_steps(report.series, "loss", "loss", "loss")),
         _section("tokens", "Tokens/s", _over_steps(report.series, "tokens_per_s", "tokens/s", "tokens/s")),
@@ -51,6 +56,12 @@ def render(report: Report, fstrain_version: str) -> str:
 
 def _section(name: str, title: str, body: str) -> str:
     return f'<section data-section="{name}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+def _failure(failure: FailureExcerpt) -> str:
+    lines = "\n".join(escape(line) for line in failure.lines)
+    return (f'<p class="state-failed">{escape(failure.heading)}</p>'
+            + (f'<pre data-own="{int(failure.own)}">{lines}</pre>' if failure.lines else ""))
 
 
 def _value(value: float | None, unit: str) -> str:
@@ -104,8 +115,8 @@ def _step_times(report: Report) -> str:
     stragglers = [s for s in report.steps if s.straggler]
     said = ", ".join(f"rank {s.rank} on {s.host} (median {s.median_s:.4g} s)" for s in stragglers)
     return chart + (f'<p data-stragglers="{len(stragglers)}">stragglers: {escape(said)}</p>' if stragglers
-                    else '<p data-stragglers="0">no straggler: every rank\'s median is within 10 % of the '
-                    'typical one.</p>')
+                    else f'<p data-stragglers="0">no straggler: no rank\'s median is over '
+                    f'{100 * STRAGGLER_FRACTION:.0f} % above the median of the other ranks\' medians.</p>')
 
 
 def _memory(report: Report) -> str:

@@ -21,16 +21,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fstrain.core.monitor.metricline import METRIC_LINE, PROGRESS_LINE, StepMetrics, read_step
+from fstrain.core.monitor.stragglers import stragglers
 
 TAG_RE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
 RESUMED_MARK = "[fstrain.train] resumed from step "
 _MEMORY_RE = re.compile(r"\b(max_(?:reserved|allocated|rss)_bytes)=([0-9.]+)MiB")
 # The progress line's memory, most telling first: what the allocator holds, what tensors use, the RSS.
 _MEMORY_KEYS = ("max_reserved_bytes", "max_allocated_bytes", "max_rss_bytes")
-# A rank whose median step time is this much over the median of all ranks' medians is a straggler:
-# 10 % is well above the step-to-step noise of a synchronous step (every rank waits at the same
-# collectives, so their times differ only by what each does on its own).
-STRAGGLER_FRACTION = 0.10
+# What each of them is measured on (fstrain/train/runtime.py peak_memory).
+MEMORY_DEVICES = {"max_reserved_bytes": "cuda", "max_allocated_bytes": "cuda", "max_rss_bytes": "cpu"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +48,10 @@ class RankSeries:
     source: str
     """``metric line`` or ``progress line``."""
     points: tuple[Point, ...]
+    memory_key: str | None = None
+    """What the rank's progress lines call its memory (``max_reserved_bytes``: a GPU allocator's
+    peak, ``max_rss_bytes``: a CPU process's peak RSS), also where its metric lines win; None
+    where they give none (a metric line's ``memory_bytes`` does not say of which device)."""
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,17 @@ def progress_point(found: StepMetrics, text: str, tokens_per_step: int | None) -
     the step time from its tokens/s, the memory from the line's own figures."""
     rate = found.tokens_per_s
     memory = {key: float(value) for key, value in _MEMORY_RE.findall(text)}
-    chosen = next((memory[k] for k in _MEMORY_KEYS if k in memory), None)
+    key = memory_key(text)
     return Point(step=found.step, loss=found.loss, tokens_per_s=rate,
                  step_s=tokens_per_step / rate if tokens_per_step and rate else None,
-                 memory_bytes=round(chosen * 2**20) if chosen is not None else None)
+                 memory_bytes=round(memory[key] * 2**20) if key is not None else None)
+
+
+def memory_key(text: str) -> str | None:
+    """Which of the progress line's memory figures is its memory, the most telling first
+    (``max_reserved_bytes``, ``max_allocated_bytes``, ``max_rss_bytes``); None for none."""
+    found = {key for key, _ in _MEMORY_RE.findall(text)}
+    return next((key for key in _MEMORY_KEYS if key in found), None)
 
 
 def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> list[RankSeries]:
@@ -88,6 +98,7 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
     the steps after its checkpoint again), ranks in order."""
     metric: dict[int, dict[int, Point]] = {}
     progress: dict[int, dict[int, Point]] = {}
+    memory_keys: dict[int, str] = {}
     hosts: dict[int, str] = {}
     for line in lines:
         host, tagged_rank, text = split_tag(line)
@@ -104,11 +115,15 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
         else:
             rank = tagged_rank if tagged_rank is not None else 0  # the trainer prints it on rank 0 only
             progress.setdefault(rank, {})[metrics.step] = progress_point(metrics, text, tokens_per_step)
+            key = memory_key(text)
+            if key is not None:
+                memory_keys[rank] = key
         hosts.setdefault(rank, host)
     out = []
     for rank in sorted(set(metric) | set(progress)):
         source, points = (METRIC_LINE, metric[rank]) if rank in metric else (PROGRESS_LINE, progress[rank])
-        out.append(RankSeries(rank, hosts.get(rank, ""), source, tuple(points[s] for s in sorted(points))))
+        out.append(RankSeries(rank, hosts.get(rank, ""), source, tuple(points[s] for s in sorted(points)),
+                              memory_keys.get(rank)))
     return out
 
 
@@ -126,7 +141,8 @@ def resumed_steps(lines: Iterable[str]) -> list[tuple[str, int]]:
 
 
 def step_times(series: Sequence[RankSeries]) -> list[RankSteps]:
-    """Each rank's step-time distribution, stragglers marked (with two ranks or more)."""
+    """Each rank's step-time distribution, stragglers marked by their median step time
+    (fstrain/core/monitor/stragglers.py: the rule `status --watch` uses too)."""
     timed = []
     for one in series:
         values = tuple(p.step_s for p in one.points if p.step_s is not None)
@@ -134,12 +150,12 @@ def step_times(series: Sequence[RankSeries]) -> list[RankSteps]:
         if values:
             timed.append((one, values))
     medians = [statistics.median(values) for _, values in timed]
-    typical = statistics.median(medians) if medians else 0.0
+    slow = set(stragglers({one.rank: median for (one, _), median in zip(timed, medians, strict=True)}))
     out = []
     for (one, values), median in zip(timed, medians, strict=True):
         ordered = sorted(values)
-        straggler = len(timed) > 1 and median > typical * (1 + STRAGGLER_FRACTION)
-        out.append(RankSteps(one.rank, one.host, values, median, quantile(ordered, 0.9), ordered[-1], straggler))
+        out.append(RankSteps(one.rank, one.host, values, median, quantile(ordered, 0.9), ordered[-1],
+                             one.rank in slow))
     return out
 
 

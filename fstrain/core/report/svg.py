@@ -8,6 +8,7 @@ per mark, so a browser shows each value on hover and a test can find each chart.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,30 +70,80 @@ class Mark:
     alert: bool
 
 
+# A flat series (every value the same) is drawn inside its value +- FLAT_PAD_FRACTION, so its
+# line runs through the middle of the plot; a flat zero keeps zero as its floor (a loss, a memory).
+FLAT_PAD_FRACTION = 0.10
+# A range narrower than MIN_SPAN_FRACTION of its level (tokens/s of 1,000.0 to 1,000.04) is
+# widened to that: finer ticks would need more than six digits each, and so small a change is
+# noise on a chart (the --json output keeps every number).
+MIN_SPAN_FRACTION = 1e-4
+# Tick labels use a k/M/G suffix only where it needs at most this many decimals (20k, 1.5M);
+# a finer step is written whole (51,230), which a reader compares at a glance.
+SUFFIX_DECIMALS = 1
+SUFFIXES = ((1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values covering [low, high]."""
+    """Round tick values covering [low, high] (a flat or nearly flat range padded first)."""
     if not math.isfinite(low) or not math.isfinite(high):
         return [0.0]
-    if high <= low:
-        high = low + (abs(low) or 1.0)
+    low, high = _padded(low, high)
     raw = (high - low) / max(1, count)
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    start = math.floor(low / step) * step
+    first = math.floor(low / step)
     ticks = []
-    value = start
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 12))
-        value += step
+    index = first
+    while index * step <= high + step * 1e-9:
+        ticks.append(round(index * step, 12))
+        index += 1
     if ticks[-1] < high:
-        ticks.append(round(value, 12))
+        ticks.append(round(index * step, 12))
     return ticks
 
 
+def _padded(low: float, high: float) -> tuple[float, float]:
+    """The range to draw: a flat one padded around its value, one narrower than
+    MIN_SPAN_FRACTION of its level widened about its middle."""
+    if high < low:
+        low, high = high, low
+    level = max(abs(low), abs(high))
+    if high == low:
+        return (0.0, 1.0) if low == 0 else (low - level * FLAT_PAD_FRACTION, high + level * FLAT_PAD_FRACTION)
+    least = level * MIN_SPAN_FRACTION
+    if high - low < least:
+        middle = (low + high) / 2
+        return middle - least / 2, middle + least / 2
+    return low, high
+
+
+def tick_labels(ticks: Sequence[float]) -> list[str]:
+    """The labels of an axis's ticks, each told apart from its neighbours: with a k/M/G suffix
+    where the step needs at most SUFFIX_DECIMALS decimals under it (``20k``, ``1.5M``), else
+    whole with thousands separators and the decimals the step needs (``51,230``, ``0.25``)."""
+    if len(ticks) < 2:
+        return [number(tick) for tick in ticks]
+    step = min(b - a for a, b in itertools.pairwise(ticks))
+    largest = max(abs(tick) for tick in ticks)
+    scale, suffix = next(((s, x) for s, x in SUFFIXES if largest >= s), (1.0, ""))
+    places = _decimals(step / scale)
+    if places > SUFFIX_DECIMALS:
+        scale, suffix, places = 1.0, "", _decimals(step)
+    return ["0" if tick == 0 else f"{tick / scale:,.{places}f}{suffix}" for tick in ticks]
+
+
+def _decimals(step: float) -> int:
+    """The fewest decimals that write ``step`` (and so every multiple of it) exactly."""
+    for places in range(13):
+        if abs(step - round(step, places)) <= abs(step) * 1e-6:
+            return places
+    return 12
+
+
 def number(value: float) -> str:
-    """A tick or hover label: short, with k/M/G for large values."""
+    """A hover label: short, with k/M/G for large values (an axis's ticks: :func:`tick_labels`)."""
     size = abs(value)
-    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+    for limit, suffix in SUFFIXES:
         if size >= limit:
             return f"{value / limit:.3g}{suffix}"
     return f"{value:.3g}"
@@ -115,14 +166,14 @@ class _Frame:
         right, bottom = WIDTH - RIGHT, HEIGHT - BOTTOM
         self.parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{right - LEFT}" height="{bottom - TOP}" '
                           'fill="none" stroke="#999"/>')
-        for tick in self.y_ticks:
+        for tick, label in zip(self.y_ticks, tick_labels(self.y_ticks), strict=True):
             y = self.y(tick)
             self.parts.append(f'<line x1="{LEFT}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                              f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{number(tick)}</text>')
-        for tick in self.x_ticks:
+                              f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
+        for tick, label in zip(self.x_ticks, tick_labels(self.x_ticks), strict=True):
             x = self.x(tick)
             self.parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{bottom}" y2="{bottom + 4}" stroke="#999"/>'
-                              f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{number(tick)}</text>')
+                              f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{label}</text>')
         self.parts.append(f'<text x="{(LEFT + right) / 2:.1f}" y="{HEIGHT - 6}" text-anchor="middle">'
                           f'{escape(x_label)}</text>')
         self.parts.append(f'<text transform="translate(14 {(TOP + bottom) / 2:.1f}) rotate(-90)" '
@@ -262,10 +313,10 @@ def timeline(name: str, title: str, marks: Sequence[Mark], origin: float | None)
              f'font-size="11"><text x="{LEFT}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>']
     axis = height - BOTTOM + 4
     parts.append(f'<line x1="{plot[0]}" x2="{plot[1]}" y1="{axis}" y2="{axis}" stroke="#999"/>')
-    for tick in ticks:
+    for tick, label in zip(ticks, tick_labels(ticks), strict=True):
         x = plot[0] + tick / span * (plot[1] - plot[0])
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{axis}" stroke="#eee"/>'
-                     f'<text x="{x:.1f}" y="{axis + 14}" text-anchor="middle">{number(tick)}</text>')
+                     f'<text x="{x:.1f}" y="{axis + 14}" text-anchor="middle">{label}</text>')
     parts.append(f'<text x="{(plot[0] + plot[1]) / 2:.1f}" y="{axis + 30}" text-anchor="middle">'
                  'seconds after the start</text>')
     last = 0.0
