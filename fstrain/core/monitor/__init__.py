@@ -3,7 +3,8 @@ edge (fstrain/io/launch.py, fstrain/io/logs.py, fstrain/io/remote) reads the out
 
 - :mod:`.logtail`: log files by whole lines and byte offsets, forward or from the end
 - :mod:`.metricline`: the metric line a rank prints per step, and metrics.jsonl; a rank's step
-  from a line of its output (``read_step``: the metric line, else the trainer's progress line)
+  from a line of its output (``read_step``: the metric line, else the trainer's progress line),
+  and its latest numbers across its lines (``newer_step``)
 - :mod:`.noise`: what of a launcher's own output reaches the terminal
 - :mod:`.rankexit`: the failed rank and its own exit code, from the launchers' output
 - :mod:`.stacks`: hang analysis: stack dumps -> where each rank is, the odd ranks
