@@ -8,7 +8,7 @@ edge (fstrain/io/launch.py, fstrain/io/logs.py, fstrain/io/remote) reads the out
 - :mod:`.noise`: what of a launcher's own output reaches the terminal
 - :mod:`.rankexit`: the failed rank and its own exit code, from the launchers' output
 - :mod:`.stacks`: hang analysis: stack dumps -> where each rank is, the odd ranks
-- :mod:`.promfile`: a node's ranks as a Prometheus textfile
+- :mod:`.promfile`: a node's ranks, and the time and end of the node's job, as a Prometheus textfile
 - :mod:`.gpuusage`: GPU memory and utilisation of a run's nodes (`fstrain status`)
 - :mod:`.watch`: the live view's rows (`fstrain status --watch`)
 
