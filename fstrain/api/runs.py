@@ -15,7 +15,7 @@ One implementation per backend, never per command:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -376,7 +376,7 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
             rank = int(local) + offset if offset is not None else int(local)
             ranks.append({"rank": rank, "local_rank": int(local), "alive": rank in alive,
                           "last_output_at": entry.get("last_output_at"), "last_line": entry.get("last_line"),
-                          "progress": progress_of(entry.get("progress_line") or "")})
+                          "progress": progress_of([entry.get("progress_line") or ""])})
         gpus, gpus_error = from_node((view or {}).get("gpus"), host.label())
         nodes.append({"host": host.label(), "node_rank": index, "reachable": view is not None,
                       "watchdog_alive": (view or {}).get("watchdog_alive"), "exit_code": node.get("exit_code"),
@@ -388,15 +388,19 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
             "attempts": _attempts(record)}
 
 
-def progress_of(line: str) -> dict[str, Any] | None:
-    """A rank's ``progress`` in status: step, final step, loss and tokens/s of a progress line,
-    the trainer's or a program's own ``step N/M loss L`` (metricline.read_progress); None for
-    any other line."""
-    from fstrain.core.monitor.metricline import read_progress
+def progress_of(lines: Iterable[str]) -> dict[str, Any] | None:
+    """A rank's ``progress`` in status: step, final step, loss and tokens/s of its latest numbers
+    among ``lines`` (oldest first), as the live view reads them (metricline.newer_step): its
+    last metric line once it printed one, else its last progress line (the trainer's, or a
+    program's own ``step N/M loss L``); None where no line says a step."""
+    from fstrain.core.monitor.metricline import newer_step
 
-    found = read_progress(line, any_program=True)
-    if found is None:
+    held = None
+    for line in lines:
+        held = newer_step(held, line)
+    if held is None:
         return None
+    found = held.metrics
     return {"step": found.step, "steps": found.steps, "loss": found.loss, "tokens_per_s": found.tokens_per_s}
 
 
@@ -722,13 +726,12 @@ def kill_job(job_id: str) -> None:
 
 
 def rank_files(folder: Path, host: str) -> list[dict[str, Any]]:
-    """Each rank's last line, last output time and last progress line, from its log file."""
+    """Each rank's last line, last output time and latest numbers (:func:`progress_of`), from its log file."""
     from fstrain.io.logs import rank_log_ends
 
     ranks = []
     for end in rank_log_ends(folder, host):
         texts = [line.split("] ", 1)[-1] for line in end.lines]
-        progress = next((p for p in map(progress_of, reversed(texts)) if p is not None), None)
         ranks.append({"rank": end.rank, "last_output_at": end.modified_at,
-                      "last_line": texts[-1] if texts else None, "progress": progress})
+                      "last_line": texts[-1] if texts else None, "progress": progress_of(texts)})
     return sorted(ranks, key=lambda r: r["rank"])

@@ -90,7 +90,8 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     core = Path(__file__).resolve().parent.parent / "core"  # pure, stdlib-only modules the nodes run too
     modules = {"coordinator": source("coordinator"), "rankexit": (core / "monitor" / "rankexit.py").read_text(),
                "analysis": (core / "monitor" / "stacks.py").read_text(),
-               "supervisor": (core / "launch" / "supervisor.py").read_text()}
+               "supervisor": (core / "launch" / "supervisor.py").read_text(),
+               "metricline": (core / "monitor" / "metricline.py").read_text()}  # each rank's numbers, for status
 
     def header(launch: NodeLaunch, detach: dict[str, Any]) -> bytes:
         document = watchdog_header(launch, options)

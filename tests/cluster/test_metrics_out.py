@@ -1,6 +1,7 @@
 """Metrics out of a real run on two namespace hosts (gloo on CPU, the tiny model): a metric line
 per rank and step in the launcher's output, each rank's metrics.jsonl on its node, and each
-node's Prometheus textfile, read by Prometheus's own parser, for an attached and a detached run."""
+node's Prometheus textfile, read by Prometheus's own parser, for an attached and a detached run:
+its write time advancing while the run goes on, and at the end the node's state and exit code."""
 
 from __future__ import annotations
 
@@ -39,8 +40,20 @@ def per_rank(families: dict[str, list[tuple[str, dict[str, str], float]]], name:
     return {labels["rank"]: value for _, labels, value in families[name]}
 
 
+def node_end(families: dict[str, list[tuple[str, dict[str, str], float]]]) -> tuple[list[str], list[float]]:
+    """The node's run state (the states at 1) and its exit code (none while the job runs)."""
+    return ([labels["state"] for _, labels, value in families["fstrain_run_state"] if value == 1],
+            [value for *_, value in families["fstrain_exit_code"]])
+
+
+def written(families: dict[str, list[tuple[str, dict[str, str], float]]]) -> float:
+    [(_, _, value)] = families["fstrain_textfile_written_timestamp_seconds"]
+    return value
+
+
 def test_attached_run_reports_every_rank_every_step(cluster: NamespaceCluster, tmp_path: Path) -> None:
     run_dir, prom = tmp_path / "run", tmp_path / "prom"
+    launched = time.time()
     result = run_fstrain(
         "launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]", "--nproc-per-node", "1",
         "--model", "tiny", "--steps", str(STEPS), "--grace", "5", "--run-dir", str(run_dir),
@@ -67,6 +80,8 @@ def test_attached_run_reports_every_rank_every_step(cluster: NamespaceCluster, t
         assert per_rank(families, "fstrain_step") == {rank: STEPS}
         assert per_rank(families, "fstrain_rank_alive") == {rank: 0}  # the final write: the job is over
         assert per_rank(families, "fstrain_loss")[rank] > 0
+        assert node_end(families) == (["succeeded"], [0])
+        assert launched < written(families) <= time.time()
         [(_, labels, restarts)] = families["fstrain_restarts"]
         assert labels == {"run_id": run_id, "host": host, "node_rank": str(node_rank)} and restarts == 0
     # Rank 0's TensorBoard events, in node 0's run directory, read with TensorBoard's own reader.
@@ -89,6 +104,7 @@ def test_detached_run_textfiles_show_live_ranks_then_the_end(cluster: NamespaceC
     run_id = started.stdout.strip()
     paths = [prom / f"fstrain_{run_id}_node{i}.prom" for i in (0, 1)]
     seen_live: set[int] = set()
+    writes: dict[int, set[float]] = {0: set(), 1: set()}  # each node's write times seen while it ran
     finals: list[dict[str, list[tuple[str, dict[str, str], float]]]] = []
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -97,6 +113,8 @@ def test_detached_run_textfiles_show_live_ranks_then_the_end(cluster: NamespaceC
             alive, now = per_rank(families, "fstrain_rank_alive"), per_rank(families, "fstrain_step")
             if alive == {str(node_rank): 1} and 0 < now.get(str(node_rank), 0) < steps:
                 seen_live.add(node_rank)
+            if node_end(families) == (["running"], []):
+                writes[node_rank].add(written(families))
         finals = [f for f in found.values() if set(per_rank(f, "fstrain_rank_alive").values()) == {0}
                   and set(per_rank(f, "fstrain_step").values()) == {steps}]
         if len(finals) == 2:
@@ -104,5 +122,7 @@ def test_detached_run_textfiles_show_live_ranks_then_the_end(cluster: NamespaceC
         time.sleep(0.3)
     assert seen_live == {0, 1}, "no textfile showed a live rank mid-run"
     assert len(finals) == 2, "the nodes did not write their final files"
+    assert all(len(times) >= 2 for times in writes.values()), f"the write time did not advance: {writes}"
+    assert [node_end(f) for f in finals] == [(["succeeded"], [0])] * 2
     assert wait_state(home, run_id, {"succeeded", "failed", "stopped", "lost"}, 60)["state"] == "succeeded"
     assert_no_job_processes(cluster, 10)

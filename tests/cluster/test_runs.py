@@ -118,8 +118,10 @@ def test_detached_training_outlives_the_client_and_is_followed_to_its_end(
     assert json.loads(attach.stdout[attach.stdout.rindex("\n{\n") + 1:])["world_size"] == 4
     status = json.loads(fstrain(home, "status", run_id, "--json").stdout)
     assert status["state"] == "succeeded" and status["exit_code"] == 0
-    rank0 = status["nodes"][0]["ranks"][0]
-    assert rank0["progress"]["step"] == 6 and rank0["progress"]["loss"] > 0
+    # Every rank's numbers: rank 0's progress line, and the metric line each rank prints.
+    progress = {rank["rank"]: rank["progress"] for node in status["nodes"] for rank in node["ranks"]}
+    assert sorted(progress) == [0, 1, 2, 3], progress
+    assert all(p["step"] == 6 and p["loss"] > 0 and p["tokens_per_s"] > 0 for p in progress.values()), progress
     assert [f["state"] for f in wait_finals(cluster, run_dir, 30)] == ["succeeded", "succeeded"]
     assert_no_job_processes(cluster, 10)
     assert json.loads(fstrain(home, "runs", "--json").stdout)["runs"] == []  # --all lists finished runs

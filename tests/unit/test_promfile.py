@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fstrain.core.monitor.metricline import StepMetrics, format_metric_line, read_step
@@ -54,6 +55,34 @@ def test_metric_lines_become_one_series_per_rank_with_help_and_type() -> None:
     node_labels = {"run_id": 'run-"1"', "host": "node\\a", "node_rank": "1"}
     assert found["fstrain_restarts"]["samples"] == [("fstrain_restarts_total", node_labels, 1.0)]
     assert samples(found, "fstrain_loss") == {"0": 2.5}  # rank 1's NaN went out as null: no sample
+    written = found["fstrain_textfile_written_timestamp_seconds"]
+    assert written["type"] == "gauge" and written["samples"] == [
+        ("fstrain_textfile_written_timestamp_seconds", node_labels, 115.0)]
+    assert states(found) == {"running": 1.0, "succeeded": 0.0, "failed": 0.0, "stopped": 0.0}
+    assert found["fstrain_exit_code"]["samples"] == []  # not known while the job runs
+
+
+def states(found: dict[str, dict[str, object]]) -> dict[str, float]:
+    return {labels["state"]: value for _, labels, value in found["fstrain_run_state"]["samples"]}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("exit_code", "stopped", "state"), [(0, False, "succeeded"), (3, False, "failed"),
+                                                             (143, True, "stopped"), (0, True, "stopped"),
+                                                             (None, False, "failed")])
+def test_the_end_says_the_state_and_exit_code_and_no_rank_alive(exit_code: int | None, stopped: bool,
+                                                               state: str) -> None:
+    metrics = node()
+    metrics.line(0, format_metric_line(StepMetrics(step=5, rank=2)), now=110.0)
+    metrics.set_alive({0: 2, 1: 3})
+    metrics.end(exit_code, stopped)
+    found = families(metrics.render(now=120.5))
+    assert samples(found, "fstrain_rank_alive") == {"0": 0.0, "1": 0.0}
+    assert samples(found, "fstrain_step") == {"0": 5.0}  # the last numbers stay
+    assert [s for s, value in states(found).items() if value == 1.0] == [state]
+    assert [value for *_, value in found["fstrain_exit_code"]["samples"]] == (  # type: ignore[attr-defined]
+        [] if exit_code is None else [float(exit_code)])
+    [(_, _, written)] = found["fstrain_textfile_written_timestamp_seconds"]["samples"]  # type: ignore[misc]
+    assert written == 120.5
 
 
 def test_progress_lines_count_only_where_a_rank_prints_no_metric_line() -> None:

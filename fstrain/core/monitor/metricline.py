@@ -20,7 +20,8 @@ A rank that prints no metric line may still say its step in the bundled trainer'
 (fstrain/train/loop.py), ``[fstrain.train] step 5/20 loss 3.1234 lr ... tokens/s 12,345 ...``.
 :func:`read_step` is the one reader of a rank's step from a line of its output, whichever of the
 two it is: the watchdog's Prometheus textfile, ``status`` and its live view, ``fstrain report``,
-the launch's progress and the recovery loop all read through it.
+the launch's progress and the recovery loop all read through it. :func:`newer_step` keeps a
+rank's latest numbers across its lines (a metric line, once printed, wins over progress lines).
 
 Pure and stdlib only: the node-side watchdog sends this module with itself.
 """
@@ -173,6 +174,18 @@ def read_step(line: str, any_program: bool = False) -> StepReading | None:
         return StepReading(metrics, METRIC_LINE)
     progress = read_progress(line, any_program)
     return StepReading(progress, PROGRESS_LINE) if progress is not None else None
+
+
+def newer_step(held: StepReading | None, line: str) -> StepReading | None:
+    """A rank's latest numbers once one more line of its output is read, ``held`` being those
+    of its lines before: the line's (:func:`read_step`, any program's ``step N`` included),
+    unless it is a progress line and the rank has printed a metric line (which carries more:
+    step time, memory); else ``held``. Folded over a rank's lines in the order written, it gives
+    what ``status``, its live view and the detached nodes' per-rank records show."""
+    reading = read_step(line, any_program=True)
+    if reading is None or (held is not None and held.from_metric_line and not reading.from_metric_line):
+        return held
+    return reading
 
 
 def read_progress(line: str, any_program: bool = False) -> StepMetrics | None:

@@ -6,6 +6,11 @@ seconds and at the end writes :meth:`NodeMetrics.render` to ``DIR/<textfile_name
 beside it first, then renamed over it: the collector never reads half a file, and it skips
 names that do not end in ``.prom``).
 
+Beside the ranks' numbers, the node's own: the time of the write (a watchdog that was killed
+stops writing, so the time stops advancing: the one sign of a dead watchdog, whose file still
+says its ranks are alive), and once its job has ended, the end (:meth:`NodeMetrics.end`): its
+state and exit code, every rank no longer alive.
+
 A rank's numbers come from its metric lines; a rank that prints none but the bundled trainer's
 progress line (``step 5/20 loss 3.1 ... tokens/s 12,345``) is read from that: both through
 ``read_step`` of fstrain/core/monitor/metricline.py. Every sample carries ``run_id``, ``host``
@@ -46,7 +51,17 @@ RANK_METRICS = (
 )
 NODE_METRICS = (
     ("fstrain_restarts_total", "counter", "Restarts of the node's worker group (torchrun --max-restarts).", None),
+    ("fstrain_textfile_written_timestamp_seconds", "gauge",
+     "Unix seconds when the node's watchdog wrote this file: it stops advancing once the watchdog is gone.", None),
+    ("fstrain_run_state", "gauge",
+     "1 for the state of the run on this node (running; once its job ended: succeeded, failed or stopped), "
+     "0 for the others.", None),
+    ("fstrain_exit_code", "gauge", "The exit code of the node's job (its launcher), once it has ended.", None),
 )
+# fstrain_run_state's states. ``stopped``: the watchdog stopped the job (`fstrain stop`, Ctrl-C,
+# SIGTERM, Slurm's scancel, or another node's failure); ``failed``: it exited non-zero by itself.
+RUNNING, SUCCEEDED, FAILED, STOPPED = "running", "succeeded", "failed", "stopped"
+STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
 
 
 def textfile_name(run_id: str, node_rank: int) -> str:
@@ -79,6 +94,8 @@ class NodeMetrics:
         self.started = started
         self.read_step = read_step
         self.restarts = 0
+        self.state = RUNNING
+        self.exit_code: int | None = None  # the node's job's, once it has ended
         self.ranks = {local: RankSeries(local, None if rank_offset is None else rank_offset + local)
                       for local in range(max(1, nproc))}
 
@@ -116,8 +133,16 @@ class NodeMetrics:
             if local in ranks:
                 series.rank = ranks[local]
 
+    def end(self, exit_code: int | None, stopped: bool) -> None:
+        """The node's job has ended with ``exit_code`` (None: not known), ``stopped`` by the
+        watchdog or by itself: no rank is alive any more."""
+        self.set_alive({})
+        self.exit_code = exit_code
+        self.state = STOPPED if stopped else SUCCEEDED if exit_code == 0 else FAILED
+
     def render(self, now: float) -> str:
-        """The exposition text: a HELP and a TYPE line, then the samples, for every metric."""
+        """The exposition text: a HELP and a TYPE line, then the samples, for every metric;
+        ``now`` (Unix seconds) is the time of the write."""
         out: list[str] = []
         for name, kind, help_text, source in RANK_METRICS:
             samples = []
@@ -133,8 +158,18 @@ class NodeMetrics:
                 samples.append(_sample(name, labels, value))
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
         for name, kind, help_text, _ in NODE_METRICS:
-            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", _sample(name, self.labels, self.restarts)]
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *self._node_samples(name, now)]
         return "\n".join(out) + "\n"
+
+    def _node_samples(self, name: str, now: float) -> list[str]:
+        if name == "fstrain_restarts_total":
+            return [_sample(name, self.labels, self.restarts)]
+        if name == "fstrain_textfile_written_timestamp_seconds":
+            return [_sample(name, self.labels, now)]
+        if name == "fstrain_run_state":
+            return [_sample(name, {**self.labels, "state": state}, 1 if state == self.state else 0)
+                    for state in STATES]
+        return [] if self.exit_code is None else [_sample(name, self.labels, self.exit_code)]
 
     def _rank_value(self, series: RankSeries, name: str, source: str | None, now: float) -> float | None:
         if source is not None:

@@ -5,7 +5,7 @@ nodes know: alive, last output, GPUs) and the last lines of the ranks' output, t
 ``[host rN]`` as `fstrain logs` prints them. From those, per rank: the newest numbers its lines
 carry (the metric line, ``FSTRAIN_METRICS {...}``, where the rank prints it; else a progress
 line, the bundled trainer's ``step 5/20 loss ... tokens/s ...`` or a program's own line that
-says ``step N``: metricline.read_step); the step time, from the metric line or else measured
+says ``step N``: metricline.newer_step); the step time, from the metric line or else measured
 between refreshes; the stragglers (fstrain/core/monitor/stragglers.py, the rule `fstrain report`
 uses too) and the slowest rank; and the run's progress to its final step with an estimate
 of the time left. Pure: the caller passes the time.
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fstrain.core.monitor.metricline import StepMetrics, from_mapping, read_step
+from fstrain.core.monitor.metricline import StepMetrics, StepReading, from_mapping, newer_step
 from fstrain.core.monitor.stragglers import stragglers
 from fstrain.core.runs.runstate import FINAL
 
@@ -84,16 +84,16 @@ def latest_samples(lines: Iterable[str]) -> dict[int, StepMetrics]:
     """Per global rank, the newest numbers among its lines (in the order written): its last
     metric line once it prints any (they carry more: step time, memory), else its last
     progress line. Lines without a rank tag (the launchers' own) are left out."""
-    metrics: dict[int, StepMetrics] = {}
-    progress: dict[int, StepMetrics] = {}
+    held: dict[int, StepReading] = {}
     for line in lines:
         match = _TAGGED_RE.match(line.rstrip("\r\n"))
         if match is None:
             continue
-        reading = read_step(match.group(3), any_program=True)
+        rank = int(match.group(2))
+        reading = newer_step(held.get(rank), match.group(3))
         if reading is not None:
-            (metrics if reading.from_metric_line else progress)[int(match.group(2))] = reading.metrics
-    return {**progress, **metrics}
+            held[rank] = reading
+    return {rank: reading.metrics for rank, reading in held.items()}
 
 
 def tail_lines(status: Mapping[str, Any], ranks_seen: int = 0) -> int:

@@ -114,10 +114,14 @@ class Link:
 
 class Output:
     """Copies the job's output (a pipe) to RUN_DIR/node<I>.out with the time in front of each
-    line, and remembers per local rank the time and text of its last line and of its last
-    progress line (one with ``step``)."""
+    line, and remembers per local rank the time and text of its last line and of the line its
+    latest numbers come from (``progress_line``: its last metric line once it printed one, else
+    its last progress line), which `fstrain status` reads.
 
-    def __init__(self, read_fd: int, path: str, secrets: list[str]) -> None:
+    ``newer_step``: fstrain/core/monitor/metricline.py's (sent in the header as ``metricline``),
+    the one rule `status` and its live view read a rank's numbers by."""
+
+    def __init__(self, read_fd: int, path: str, secrets: list[str], newer_step: Any) -> None:
         self.on_event: Any = None  # called with the watchdog's own reports (stacks, ranks gone)
         self.rank_exit: dict[str, Any] | None = None  # the watchdog's report of the first rank to fail
         self.read_fd = read_fd
@@ -126,6 +130,8 @@ class Output:
         self.last_at: float | None = None  # the time of day of the last rank line (shown by `fstrain status`)
         self.last_output_mono: float | None = None  # the same on this node's monotonic clock (for the rules)
         self.ranks: dict[str, dict[str, Any]] = {}
+        self.newer_step = newer_step
+        self.readings: dict[str, Any] = {}  # local rank -> the StepReading its progress_line gave
         self.tail: list[str] = []
         self.lock = threading.Lock()
         self.last_write = time.monotonic()
@@ -171,8 +177,13 @@ class Output:
             self.last_output_mono = time.monotonic()
             entry = self.ranks.setdefault(local, {})
             entry.update(last_output_at=now, last_line=line[-300:])
-            if " step " in f" {line} ":
-                entry.update(progress_at=now, progress_line=line[-300:])
+            held = self.readings.get(local)
+            reading = self.newer_step(held, line)
+            if reading is not held:
+                self.readings[local] = reading
+                # A metric line is kept whole (a cut one would not read again); metricline reads
+                # none over MAX_LINE_BYTES. A progress line's numbers are at its end.
+                entry.update(progress_at=now, progress_line=line if reading.from_metric_line else line[-300:])
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -528,7 +539,7 @@ def _detach(node: Node) -> int:
     os.close(devnull)
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
     node.output = Output(out_r, os.path.join(node.run_dir, f"node{node.node_rank}.out"),
-                         list(node.detach.get("redact") or []))
+                         list(node.detach.get("redact") or []), node.watchdog.module("metricline").newer_step)
     if node.detach.get("banner"):  # an attempt of a recovering run: where its lines begin
         with contextlib.suppress(OSError), open(node.output.path, "ab") as handle:
             handle.write(b"%.3f %s\n" % (time.time(), str(node.detach["banner"]).encode()))

@@ -516,15 +516,17 @@ class Watchdog:
             threading.Thread(target=self.watch_ranks, daemon=True).start()
         if self.header.get("watch_rank_exits"):
             threading.Thread(target=self.watch_rank_exits, daemon=True).start()
+        exit_code = None  # the job's, for the textfile's end
         try:
-            return self.supervise()
+            exit_code = self.supervise()
+            return exit_code
         finally:
             for relay in self.relays:  # the job is gone: its pipes end (unless something escaped)
                 relay.join(5.0)
             if tailer is not None:
                 tailer.finish()
             if self.textfile is not None:
-                self.textfile.finish(tailer)
+                self.textfile.finish(tailer, exit_code, self.stop_requested is not None)
             self.clean_up(run_dir)
             if self.state_file:
                 with contextlib.suppress(OSError):
@@ -701,17 +703,20 @@ class MetricsTextfile:
     (Prometheus text format, for node_exporter's textfile collector), rewritten every
     ``metrics_interval_s`` and once more at the end, each time into a ``.tmp`` file beside it
     that is then renamed over it. The numbers come from the lines the relays see
-    (fstrain/core/monitor/promfile.py); alive ranks from /proc (stacks.py). A folder that cannot
-    be written is said once on stderr: the job runs on."""
+    (fstrain/core/monitor/promfile.py); alive ranks from /proc (stacks.py); each write carries its
+    time (``clock``), the last one the job's end. A folder that cannot be written is said once on
+    stderr: the job runs on."""
 
-    def __init__(self, header: dict[str, Any], folder: str, promfile: Any, metricline: Any, stacks: Any) -> None:
+    def __init__(self, header: dict[str, Any], folder: str, promfile: Any, metricline: Any, stacks: Any,
+                 clock: Any = time.time) -> None:
         self.folder = folder
         self.path = os.path.join(self.folder, promfile.textfile_name(header.get("run_id", ""),
                                                                        int(header.get("node_rank") or 0)))
         self.interval_s = float(header.get("metrics_interval_s") or promfile.INTERVAL_S)
         self.metrics = promfile.NodeMetrics(str(header.get("run_id", "")), os.uname().nodename,
                                             int(header.get("node_rank") or 0), int(header.get("nproc") or 1),
-                                            header.get("rank_offset"), time.time(), metricline.read_step)
+                                            header.get("rank_offset"), clock(), metricline.read_step)
+        self.clock = clock
         self.max_line_bytes = int(metricline.MAX_LINE_BYTES)
         self.stacks = stacks
         self.lock = threading.Lock()
@@ -721,7 +726,7 @@ class MetricsTextfile:
     def line(self, local_rank: int | None, line: bytes) -> None:
         text = line[:self.max_line_bytes + 1].decode("utf-8", "replace").rstrip("\r\n")
         with self.lock:
-            self.metrics.line(local_rank, text, time.time())
+            self.metrics.line(local_rank, text, self.clock())
 
     def follow(self, child: Any, tailer: RankLogTailer | None) -> None:
         """Write now, then every interval while the job runs."""
@@ -730,9 +735,12 @@ class MetricsTextfile:
             if self.done.wait(self.interval_s):
                 return
 
-    def finish(self, tailer: RankLogTailer | None) -> None:
-        """The job is over: every rank gone, the last numbers written."""
+    def finish(self, tailer: RankLogTailer | None, exit_code: int | None = None, stopped: bool = False) -> None:
+        """The job is over (``exit_code``: its own, None where it is not known; ``stopped``: by
+        the watchdog): every rank gone, the end and the last numbers written."""
         self.done.set()
+        with self.lock:
+            self.metrics.end(exit_code, stopped)
         self.write({}, tailer, final=True)
 
     def write(self, alive: dict[int, int], tailer: RankLogTailer | None, final: bool) -> None:
@@ -743,7 +751,7 @@ class MetricsTextfile:
             self.metrics.set_alive(alive)
             if tailer is not None:
                 self.metrics.restarts = tailer.latest_attempt
-            text = self.metrics.render(time.time())
+            text = self.metrics.render(self.clock())
             partial = f"{self.path}.{os.getpid()}.tmp"  # not *.prom: the collector skips it
             try:
                 os.makedirs(self.folder, exist_ok=True)
