@@ -53,8 +53,9 @@ class Stopped:
 
 
 class Outputs(Protocol):
-    """A run's output as whole lines (each ending with a newline): the last ``tail`` first,
-    then, on later reads, what came since. ``failed``: hosts that could not be read (why)."""
+    """A run's output, one whole line per item (each ending with a newline), whatever the kind
+    of run: the last ``tail`` first, then, on later reads, what came since. ``failed``: hosts
+    that could not be read (why)."""
 
     failed: dict[str, str]
 
@@ -119,7 +120,10 @@ class Run:
 
     def logs(self, *, tail: int | None = None, hosts: Sequence[str] = (), rank: int | None = None,
              since_s: float | None = None) -> list[str]:
-        """The run's lines now (tagged ``[host rN]``), the last ``tail`` of them if given."""
+        """The run's lines now, one item per line (each tagged ``[host rN]`` and ending with a
+        newline), the last ``tail`` of them if given. In order: a detached run's merged by time
+        across its nodes; an attached or Slurm run's one log file after the other (hosts by
+        name), or the Slurm job's output file as written."""
         outputs = self.outputs(hosts=hosts, rank=rank, since_s=since_s)
         try:
             lines = list(outputs.read(tail))

@@ -168,8 +168,9 @@ class FileOutputs:
         """Nothing is held between reads: each read opens and closes its files."""
 
     def read(self, tail: int | None = None) -> Iterator[str]:
-        """The files' new whole lines, one file after the other, as text ending with a newline
-        (a chunk of lines at a time); with ``tail``, only the last ``tail`` lines of them all."""
+        """The files' new whole lines, one file after the other, one line at a time (text ending
+        with a newline, as NodeOutputs gives them); with ``tail``, only the last ``tail`` lines
+        of them all."""
         paths = list(self.files())
         if tail is not None:
             yield from self._tail(paths, tail)
@@ -182,9 +183,12 @@ class FileOutputs:
             with handle:
                 start = self.offsets.get(path, 0)
                 handle.seek(start)
-                for piece, offset in logtail.forward_chunks(handle.read, start):
-                    self.offsets[path] = offset
-                    yield piece.decode(errors="replace")
+                for piece, end in logtail.forward_chunks(handle.read, start):
+                    offset = end - len(piece)
+                    for line in logtail.whole_lines(piece)[0]:
+                        offset += len(line) + 1
+                        self.offsets[path] = offset  # a reader that stops here goes on after this line
+                        yield line.decode(errors="replace") + "\n"
 
     def _tail(self, paths: Sequence[Path], count: int) -> Iterator[str]:
         """The last ``count`` lines of the files taken one after the other: read backwards from
@@ -201,8 +205,8 @@ class FileOutputs:
             found.append(lines)
             count -= len(lines)
         for lines in reversed(found):
-            if lines:
-                yield b"\n".join([*lines, b""]).decode(errors="replace")
+            for line in lines:
+                yield line.decode(errors="replace") + "\n"
 
 
 def _reader_at(fd: int) -> Callable[[int, int], bytes]:
