@@ -64,6 +64,23 @@ def test_logs_of_an_attached_run_and_unknown_runs(tmp_path: Path, monkeypatch: p
     assert stop.returncode == 0 and "has already ended: succeeded, exit 0" in stop.stderr
 
 
+def test_logs_no_metrics_leaves_out_the_metric_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    env = {"HOME": str(home)}
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "ok", 0, monkeypatch)
+    lines = ["[localhost r0] step 1\n", '[localhost r0] FSTRAIN_METRICS {"v":1,"step":1,"loss":2.5}\n',
+             '[localhost r1] FSTRAIN_METRICS {"v":1,"step":1}\n', "[localhost r0] step 2\n",
+             '[localhost r0] FSTRAIN_METRICS {"v":1,"step":2}\n']
+    (tmp_path / "a" / "logs" / "localhost.log").write_text("".join(lines))
+    shown = run_fstrain("logs", "20261130-12", env=env)
+    assert (shown.returncode, shown.stdout) == (0, "".join(lines))  # as written unless asked
+    hidden = run_fstrain("logs", "20261130-12", "--no-metrics", env=env)
+    assert (hidden.returncode, hidden.stdout, hidden.stderr) == (0, "[localhost r0] step 1\n[localhost r0] step 2\n",
+                                                                 "")
+    last = run_fstrain("logs", "20261130-12", "--no-metrics", "--tail", "2", env=env)  # counts the lines shown
+    assert (last.returncode, last.stdout) == (0, "[localhost r0] step 1\n[localhost r0] step 2\n")
+
+
 def test_bad_durations_are_one_line(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path)}
     gc = run_fstrain("gc", "--older-than", "soon", env=env)
