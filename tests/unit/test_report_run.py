@@ -9,7 +9,7 @@ import pytest
 
 from fstrain import api
 from tests.helpers import run_fstrain
-from tests.unit.test_cli_runs import detached_run
+from tests.unit.test_cli_runs import detached_run, live_attached_run
 
 
 def test_a_detached_run_whose_node_0_refuses_ssh_is_reported_all_the_same(tmp_path: Path,
@@ -47,3 +47,13 @@ def test_a_report_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch
     assert shown.returncode == 2
     assert shown.stderr == f"error: {out}: cannot write the report: File exists (hint: give " \
         "another --out FILE)\n"
+
+
+def test_a_live_attached_run_is_reported_by_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, run_id = tmp_path / "home", "20261201-160000-eeeeee"
+    live_attached_run(home, tmp_path / "runs" / run_id, run_id, monkeypatch)
+    shown = run_fstrain("report", str(tmp_path / "runs" / run_id), "--json", env={"HOME": str(home)})
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert (document["run_id"], document["kind"], document["state"]["state"]) == (run_id, "attached", "running")
+    assert [(r["rank"], len(r["points"])) for r in document["ranks"]] == [(0, 1)]  # its lines so far
