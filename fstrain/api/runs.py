@@ -53,8 +53,9 @@ class Stopped:
 
 
 class Outputs(Protocol):
-    """A run's output as whole lines (each ending with a newline): the last ``tail`` first,
-    then, on later reads, what came since. ``failed``: hosts that could not be read (why)."""
+    """A run's output, one whole line per item (each ending with a newline), whatever the kind
+    of run: the last ``tail`` first, then, on later reads, what came since. ``failed``: hosts
+    that could not be read (why)."""
 
     failed: dict[str, str]
 
@@ -70,7 +71,7 @@ class Backend(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
-    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> Outputs: ...
+    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None, hide: str | None) -> Outputs: ...
 
     def running(self) -> bool: ...
 
@@ -108,19 +109,27 @@ class Run:
         """The state and, per node and rank, what is known now (`fstrain status --json`)."""
         return self.backend.status()
 
-    def outputs(self, *, hosts: Sequence[str] = (), rank: int | None = None, since_s: float | None = None) -> Outputs:
+    def outputs(self, *, hosts: Sequence[str] = (), rank: int | None = None, since_s: float | None = None,
+                metrics: bool = True) -> Outputs:
         """The run's output files, filtered (``since_s``: lines of the last so many seconds;
-        only runs whose lines carry their time, the detached ones)."""
+        only runs whose lines carry their time, the detached ones; ``metrics=False``: without
+        the metric lines, ``FSTRAIN_METRICS {...}``, which a ``tail`` then does not count)."""
+        from fstrain.core.monitor.metricline import PREFIX
+
         if since_s is not None and self.kind != "detached":
             kind = "a Slurm run's" if self.kind == "slurm" else "an attached run's"
             raise InputError(f"--since needs the time of each line, and {kind} log lines have none",
                              "use --tail N", "--since")
-        return self.backend.outputs(hosts, rank, time.time() - since_s if since_s is not None else None)
+        return self.backend.outputs(hosts, rank, time.time() - since_s if since_s is not None else None,
+                                    None if metrics else PREFIX)
 
     def logs(self, *, tail: int | None = None, hosts: Sequence[str] = (), rank: int | None = None,
-             since_s: float | None = None) -> list[str]:
-        """The run's lines now (tagged ``[host rN]``), the last ``tail`` of them if given."""
-        outputs = self.outputs(hosts=hosts, rank=rank, since_s=since_s)
+             since_s: float | None = None, metrics: bool = True) -> list[str]:
+        """The run's lines now, one item per line (each tagged ``[host rN]`` and ending with a
+        newline), the last ``tail`` of them if given. In order: a detached run's merged by time
+        across its nodes; an attached or Slurm run's one log file after the other (hosts by
+        name), or the Slurm job's output file as written."""
+        outputs = self.outputs(hosts=hosts, rank=rank, since_s=since_s, metrics=metrics)
         try:
             lines = list(outputs.read(tail))
         finally:
@@ -300,7 +309,7 @@ class SshRun:
             document["keeper"] = {"pid": keeper.pid, "alive": self.keeper_alive(), "log": keeper.log}
         return document
 
-    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> NodeOutputs:
+    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None, hide: str | None) -> NodeOutputs:
         from fstrain.io.logs import NodeFile, NodeOutputs
 
         known = {h.name for h in self.record.hosts} | {h.label() for h in self.record.hosts}
@@ -310,7 +319,7 @@ class SshRun:
                                  "--host")
         nodes = [NodeFile(n.host, n.run_dir, n.node_rank, n.rank_offset) for n in self.detached.nodes
                  if not hosts or n.host.name in hosts or n.host.label() in hosts]
-        return NodeOutputs(nodes, self.connect, self.python, rank=rank, since=since)
+        return NodeOutputs(nodes, self.connect, self.python, rank=rank, since=since, hide=hide)
 
     def training_summary(self) -> dict[str, Any] | None:
         """The bundled trainer's rank-0 summary (node 0's run directory), copied into the local one."""
@@ -533,7 +542,7 @@ class AttachedRun:
         self.refresh()  # asked again and again (`status --watch`): the launcher writes the end
         return status_document(self.record, None)
 
-    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> FileOutputs:
+    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None, hide: str | None) -> FileOutputs:
         """The launcher's own log files: one per host (``<host>.log``) or per rank (``.r<R>``)."""
         from fstrain.io.logs import FileOutputs, log_files
 
@@ -542,7 +551,7 @@ class AttachedRun:
         def chosen() -> list[Path]:
             return log_files(folder, hosts, rank)
 
-        return FileOutputs(chosen)
+        return FileOutputs(chosen, hide)
 
     def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped:
         """SIGTERM to its launcher, as Ctrl-C would (a second one, with ``force``, skips the
@@ -655,11 +664,11 @@ class SlurmRun:
             return [folder / f"{host}.log" for host in chosen]
         return [folder / f"{host}.r{rank}.log" for host in chosen]
 
-    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None) -> FileOutputs:
+    def outputs(self, hosts: Sequence[str], rank: int | None, since: float | None, hide: str | None) -> FileOutputs:
         from fstrain.io.logs import FileOutputs
 
         self.log_files(hosts, rank)  # checked now: a wrong --host is an error before any read
-        return FileOutputs(lambda: self.log_files(hosts, rank))
+        return FileOutputs(lambda: self.log_files(hosts, rank), hide)
 
     def stop(self, force: bool, grace_s: float | None, wait_s: float) -> Stopped:
         """SIGTERM to every process of the job (``scancel --signal=TERM --full``), so its fstrain

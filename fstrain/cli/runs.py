@@ -225,6 +225,8 @@ def logs_command(
     rank: int | None = typer.Option(None, "--rank", min=0, help="Only this global rank's lines."),
     since: str | None = typer.Option(None, "--since", metavar="DURATION", help="Only lines of the last DURATION."),
     tail: int | None = typer.Option(None, "--tail", min=0, help="Start with the last N lines only."),
+    no_metrics: bool = typer.Option(False, "--no-metrics", help="Leave out the metric lines "
+                                    "(FSTRAIN_METRICS {...}); --tail counts the lines shown."),
     ssh_config: str | None = hostopts.SSH_CONFIG,
     accept_new_hosts: bool = hostopts.ACCEPT_NEW,
     python: str = PYTHON,
@@ -234,7 +236,8 @@ def logs_command(
 
     since_s = parse_duration_s(since, "--since") if since else None
     handle = _open(run, ssh_config, accept_new_hosts, python)
-    outputs = handle.outputs(hosts=host, rank=rank, since_s=since_s)  # bad --host/--rank: one line, first
+    outputs = handle.outputs(hosts=host, rank=rank, since_s=since_s,  # bad --host/--rank: one line, first
+                             metrics=not no_metrics)
     _say_slurm_job(handle)
     _follow(handle, outputs, tail=tail, follow=follow)
     if outputs.failed:

@@ -104,8 +104,8 @@ def plain_line(view: WatchView) -> str:
 def read_view(handle: Run, outputs: Outputs, watch: Watch) -> WatchView:
     """One refresh: the run's status, then the last lines of its ranks' output (a bounded tail)."""
     document = handle.status()
-    # Pieces of whole lines: one line each from the nodes, a chunk of lines each from local files.
-    lines = [line for piece in outputs.read(watch.tail_lines(document)) for line in piece.splitlines()]
+    # One line per item; splitlines drops its newline and parts a progress bar's \r updates.
+    lines = [text for line in outputs.read(watch.tail_lines(document)) for text in line.splitlines()]
     return watch.update(document, lines, time.time())
 
 

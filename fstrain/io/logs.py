@@ -60,10 +60,11 @@ class Unread(Exception):
 class NodeOutputs:
     """A detached run's output files, one per node, read over each node's transport; each read
     goes on from where the node's last one ended. Only global rank ``rank``'s lines, only lines
-    from ``since`` (Unix seconds) on, when given."""
+    from ``since`` (Unix seconds) on, none that carries the text ``hide``, when given (filtered
+    on the node)."""
 
     def __init__(self, nodes: Sequence[NodeFile], connect: Callable[[Host], Transport], python: str, *,
-                 rank: int | None = None, since: float | None = None) -> None:
+                 rank: int | None = None, since: float | None = None, hide: str | None = None) -> None:
         self.nodes = list(nodes)
         self.failed: dict[str, str] = {}  # host label -> why its last read failed
         self.offsets = [0] * len(self.nodes)
@@ -71,6 +72,7 @@ class NodeOutputs:
         self._python = python
         self._rank = rank
         self._since = since
+        self._hide = hide
         self._transports: dict[int, Transport] = {}
         self._stdin = as_line("runctl") + (json.dumps(Path(logtail.__file__).read_text()) + "\n").encode()
 
@@ -131,7 +133,7 @@ class NodeOutputs:
         """One remote read of node ``index``'s file: (its lines, runctl's answer)."""
         node = self.nodes[index]
         request = {"offset": self.offsets[index], "tail": tail, "rank": self._rank, "since": self._since,
-                   "rank_offset": node.rank_offset, "limit_bytes": LIMIT_BYTES}
+                   "hide": self._hide, "rank_offset": node.rank_offset, "limit_bytes": LIMIT_BYTES}
         try:
             transport = self._transports.get(index) or self._transports.setdefault(index, self._connect(node.host))
         except FstrainError as exc:
@@ -157,10 +159,12 @@ class NodeOutputs:
 class FileOutputs:
     """Log files on this machine (``files()`` is asked at each read: files appear as ranks start),
     read by whole lines, each read going on from where that file's last one ended. A file
-    that does not exist yet is read once it does."""
+    that does not exist yet is read once it does. Lines that carry the text ``hide`` are left
+    out (and not counted by ``tail``)."""
 
-    def __init__(self, files: Callable[[], Sequence[Path]]) -> None:
+    def __init__(self, files: Callable[[], Sequence[Path]], hide: str | None = None) -> None:
         self.files = files
+        self._keep = logtail.without(hide)
         self.offsets: dict[Path, int] = {}
         self.failed: dict[str, str] = {}  # as NodeOutputs': no host is read over the network here
 
@@ -168,8 +172,9 @@ class FileOutputs:
         """Nothing is held between reads: each read opens and closes its files."""
 
     def read(self, tail: int | None = None) -> Iterator[str]:
-        """The files' new whole lines, one file after the other, as text ending with a newline
-        (a chunk of lines at a time); with ``tail``, only the last ``tail`` lines of them all."""
+        """The files' new whole lines, one file after the other, one line at a time (text ending
+        with a newline, as NodeOutputs gives them); with ``tail``, only the last ``tail`` lines
+        of them all."""
         paths = list(self.files())
         if tail is not None:
             yield from self._tail(paths, tail)
@@ -182,9 +187,13 @@ class FileOutputs:
             with handle:
                 start = self.offsets.get(path, 0)
                 handle.seek(start)
-                for piece, offset in logtail.forward_chunks(handle.read, start):
-                    self.offsets[path] = offset
-                    yield piece.decode(errors="replace")
+                for piece, end in logtail.forward_chunks(handle.read, start):
+                    offset = end - len(piece)
+                    for line in logtail.whole_lines(piece)[0]:
+                        offset += len(line) + 1
+                        self.offsets[path] = offset  # a reader that stops here goes on after this line
+                        if self._keep is None or self._keep(line):
+                            yield line.decode(errors="replace") + "\n"
 
     def _tail(self, paths: Sequence[Path], count: int) -> Iterator[str]:
         """The last ``count`` lines of the files taken one after the other: read backwards from
@@ -197,12 +206,13 @@ class FileOutputs:
                 continue
             with handle:
                 lines, self.offsets[path] = logtail.last_lines(_reader_at(handle.fileno()),
-                                                               os.fstat(handle.fileno()).st_size, count)
+                                                               os.fstat(handle.fileno()).st_size, count,
+                                                               self._keep)
             found.append(lines)
             count -= len(lines)
         for lines in reversed(found):
-            if lines:
-                yield b"\n".join([*lines, b""]).decode(errors="replace")
+            for line in lines:
+                yield line.decode(errors="replace") + "\n"
 
 
 def _reader_at(fd: int) -> Callable[[int, int], bytes]:

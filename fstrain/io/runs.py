@@ -435,8 +435,9 @@ def _slurm_job(runs: Sequence[RunRecord], job_id: str) -> list[RunRecord]:
 
 
 def find_run(reference: str) -> RunRecord:
-    """A run by id, by a unique prefix of its id, by its Slurm job id, or by its local run directory.
-    A run whose files this fstrain cannot read is named with that error."""
+    """A run by id, by a unique prefix of its id, by its Slurm job id, or by its local run directory
+    (the index's record where this machine started it, else what the folder holds). A run whose
+    files this fstrain cannot read is named with that error."""
     unreadable: dict[str, InputError] = {}
     runs = all_runs(lambda run_id, exc: unreadable.__setitem__(run_id, exc))
     exact = [r for r in runs if r.run_id == reference] or _slurm_job(runs, reference)
@@ -444,6 +445,9 @@ def find_run(reference: str) -> RunRecord:
     if len(matches) == 1:
         return matches[0]
     path = Path(reference)
+    indexed = _indexed_folder(runs, path) if not matches else None
+    if indexed is not None:
+        return indexed
     slurm = read_slurm(path / SLURM_RECORD) if not matches else None
     if slurm is not None and slurm.job_id:
         record = RunRecord(slurm.run_id, path, None, None, None, slurm)
@@ -462,6 +466,17 @@ def find_run(reference: str) -> RunRecord:
             raise error
     raise InputError(f"no run {reference!r} was started from this machine",
                      "`fstrain runs --all` lists them (or give the run's local directory)", "RUN")
+
+
+def _indexed_folder(runs: Sequence[RunRecord], path: Path) -> RunRecord | None:
+    """The run started here whose run directory ``path`` is, as the index has it (its launcher's
+    pid included): an attached run still going has no final manifest there yet. The latest,
+    where a folder was given to several runs."""
+    if not path.is_dir():
+        return None
+    folder = path.resolve()
+    same = [r for r in runs if r.run_dir.resolve() == folder]
+    return same[-1] if same else None
 
 
 # -- looking ------------------------------------------------------------------------------------

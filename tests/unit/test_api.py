@@ -57,3 +57,44 @@ def test_runs_lists_nothing_on_a_fresh_machine(tmp_path: Path, monkeypatch: pyte
     assert api.runs() == []
     with pytest.raises(InputError):
         api.open_run("20261201")
+
+
+def test_logs_are_one_line_per_item_for_every_kind_of_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Run.logs()`: the same shape whatever the run (one item per line, each ending with a
+    newline), in the documented order: an attached or Slurm run's files one after the other
+    (hosts by name), a detached run's nodes merged by time."""
+    import time
+
+    from fstrain.api.runs import Run
+    from fstrain.core.runs.runrecord import SlurmRecord
+    from fstrain.io.runs import RunRecord
+    from tests.unit.test_cli_runs import attached_run, detached_run
+
+    attached_run(tmp_path / "home", tmp_path / "a", "20261201-100000-aaaaaa", "ok", 0, monkeypatch)
+    (tmp_path / "a" / "logs" / "node2.log").write_text("[node2 r2] third\n[node2 r3] fourth\n")
+    attached = api.open_run("20261201-100000-aaaaaa")
+    assert attached.kind == "attached"
+    assert attached.logs() == ["[localhost r0] hello\n", "[localhost r1] world\n", "[node2 r2] third\n",
+                               "[node2 r3] fourth\n"]
+    assert attached.logs(tail=3) == ["[localhost r1] world\n", "[node2 r2] third\n", "[node2 r3] fourth\n"]
+    assert attached.logs(hosts=["node2"]) == ["[node2 r2] third\n", "[node2 r3] fourth\n"]
+
+    job = tmp_path / "s" / "job-42" / "logs"
+    job.mkdir(parents=True)
+    (tmp_path / "s" / "slurm-42.out").write_text("[node1 r0] hello\n[node2 r1] world\nfstrain: run ended\n")
+    (job / "node1.log").write_text("[node1 r0] hello\n[node1 r0] again\n")
+    slurm = Run(RunRecord("20261201-110000-bbbbbb", tmp_path / "s", None, None, None,
+                          SlurmRecord("20261201-110000-bbbbbb", "42", time.time(),
+                                      output=str(tmp_path / "s" / "slurm-42.out"))))
+    assert slurm.kind == "slurm"
+    assert slurm.logs() == ["[node1 r0] hello\n", "[node2 r1] world\n", "fstrain: run ended\n"]
+    assert slurm.logs(tail=2, hosts=["node1"]) == ["[node1 r0] hello\n", "[node1 r0] again\n"]
+
+    node0 = tmp_path / "node0"
+    node0.mkdir()
+    (node0 / "node0.out").write_text("10.000 [default0]:first\n12.000 [default1]:second\n")
+    detached_run(tmp_path / "home", tmp_path / "d", "20261201-120000-cccccc", [{"name": "localhost"}], [node0],
+                 monkeypatch)
+    detached = api.open_run("20261201-120000-cccccc")
+    assert detached.kind == "detached"
+    assert detached.logs() == ["[localhost r0] first\n", "[localhost r1] second\n"]

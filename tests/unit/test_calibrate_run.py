@@ -18,6 +18,7 @@ from fstrain.errors import InputError
 from fstrain.io.recipes import load_shipped_recipe
 from tests.helpers import run_fstrain
 from tests.unit.test_calibrate import summary
+from tests.unit.test_cli_runs import live_attached_run
 
 H100 = uniform_cluster(2, 8, "h100-sxm")
 TINY = load_shipped_recipe("tiny").model
@@ -65,3 +66,14 @@ def test_plan_calibrate_takes_a_run_directory(tmp_path: Path) -> None:
     empty.mkdir()
     bad = run_fstrain(*args[:-1], str(empty), env=env)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"no run '{empty}'" in bad.stderr
+
+
+def test_plan_calibrate_finds_a_live_attached_run_by_its_folder(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder is the run (found in this machine's index), which has not ended yet."""
+    home, run_id = tmp_path / "home", "20261201-170000-eeeeee"
+    live_attached_run(home, tmp_path / "runs" / run_id, run_id, monkeypatch)
+    shown = run_fstrain("plan", "--model", "tiny", "--num-nodes", "2", "--gpu", "h100-sxm", "--calibrate",
+                        str(tmp_path / "runs" / run_id), env={"HOME": str(home)})
+    assert shown.returncode == 2 and shown.stderr.count("\n") == 1
+    assert f"run {run_id} has not ended (running)" in shown.stderr, shown.stderr

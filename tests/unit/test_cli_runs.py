@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from fstrain import __version__
+from fstrain.api.runs import open_run
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import NodeLaunch
 from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry
@@ -30,6 +32,16 @@ def attached_run(home: Path, folder: Path, run_id: str, reason: str, exit_code: 
         RunOutcome(exit_code, reason, None, [], time.time() - 60, time.time() - 30)))
     (folder / "logs" / "localhost.log").write_text("[localhost r0] hello\n[localhost r1] world\n")
     (folder / "logs" / "localhost.r1.log").write_text("[localhost r1] world\n")
+    monkeypatch.setenv("HOME", str(home))  # the index is under this machine's home
+    register(run_id, folder, detached=False)
+
+
+def live_attached_run(home: Path, folder: Path, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attached run still going, as `fstrain launch` leaves it while its ranks run: the index
+    entry (this test's process as its launcher), a rank's first line, no manifest yet."""
+    (folder / "logs").mkdir(parents=True)
+    (folder / "logs" / "localhost.log").write_text("[localhost r0] [fstrain.train] step 1/4 loss 6.0 lr 1e-4 "
+                                                   "tokens/s 9\n")
     monkeypatch.setenv("HOME", str(home))  # the index is under this machine's home
     register(run_id, folder, detached=False)
 
@@ -64,6 +76,23 @@ def test_logs_of_an_attached_run_and_unknown_runs(tmp_path: Path, monkeypatch: p
     assert stop.returncode == 0 and "has already ended: succeeded, exit 0" in stop.stderr
 
 
+def test_logs_no_metrics_leaves_out_the_metric_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    env = {"HOME": str(home)}
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "ok", 0, monkeypatch)
+    lines = ["[localhost r0] step 1\n", '[localhost r0] FSTRAIN_METRICS {"v":1,"step":1,"loss":2.5}\n',
+             '[localhost r1] FSTRAIN_METRICS {"v":1,"step":1}\n', "[localhost r0] step 2\n",
+             '[localhost r0] FSTRAIN_METRICS {"v":1,"step":2}\n']
+    (tmp_path / "a" / "logs" / "localhost.log").write_text("".join(lines))
+    shown = run_fstrain("logs", "20261130-12", env=env)
+    assert (shown.returncode, shown.stdout) == (0, "".join(lines))  # as written unless asked
+    hidden = run_fstrain("logs", "20261130-12", "--no-metrics", env=env)
+    assert (hidden.returncode, hidden.stdout, hidden.stderr) == (0, "[localhost r0] step 1\n[localhost r0] step 2\n",
+                                                                 "")
+    last = run_fstrain("logs", "20261130-12", "--no-metrics", "--tail", "2", env=env)  # counts the lines shown
+    assert (last.returncode, last.stdout) == (0, "[localhost r0] step 1\n[localhost r0] step 2\n")
+
+
 def test_bad_durations_are_one_line(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path)}
     gc = run_fstrain("gc", "--older-than", "soon", env=env)
@@ -78,6 +107,26 @@ def test_status_of_an_attached_run_is_its_manifest(tmp_path: Path, monkeypatch: 
     document = json.loads(run_fstrain("status", "20261130-120000-aaaaaa", "--json", env={"HOME": str(home)}).stdout)
     assert (document["state"], document["exit_code"], document["detached"]) == ("failed", 7, False)
     assert document["nodes"][0]["host"] == "localhost"
+
+
+def test_status_of_a_live_attached_run_by_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A still-going attached run has its index entry and run directory but no final manifest:
+    its folder names it as its id does (`fstrain report` and `plan --calibrate` find it the same way)."""
+    home, run_id = tmp_path / "home", "20261130-150000-eeeeee"
+    folder = tmp_path / "runs" / run_id
+    live_attached_run(home, folder, run_id, monkeypatch)
+    for reference in (run_id, str(folder)):
+        shown = run_fstrain("status", reference, "--json", env={"HOME": str(home)})
+        assert shown.returncode == 0, shown.stderr
+        document = json.loads(shown.stdout)
+        assert (document["run_id"], document["state"], document["detached"]) == (run_id, "running", False)
+    monkeypatch.chdir(tmp_path)
+    assert open_run(f"./runs/{run_id}").state().state == "running"
+    # Between two attempts (--on-failure) the manifest lists them but has no end: its launcher says.
+    write_manifest(folder / "manifest.json", replace(manifest_of(
+        RunSetup(run_id, "torchrun", [NodeLaunch(Host("localhost"), 0, 2, ("python3", "train.py"))]),
+        RunOutcome(1, "failed", None, [], time.time() - 60, time.time() - 30)), ended=None, reason="restarting"))
+    assert open_run(f"./runs/{run_id}").state().state == "running"
 
 
 def detached_run(home: Path, folder: Path, run_id: str, hosts: list[dict], node_dirs: list[Path],

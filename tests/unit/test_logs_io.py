@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.monitor.metricline import PREFIX as METRIC_MARK
 from fstrain.errors import TransportError
 from fstrain.io import logs
 from fstrain.io.logs import FileOutputs, NodeFile, NodeOutputs
@@ -89,6 +90,23 @@ def test_filters_run_on_the_node(tmp_path: Path) -> None:
     assert list(outputs.read(tail=10)) == ["[localhost r1] after the bad byte\n", "[localhost r3] step 1 on rank 3\n"]
     assert list(NodeOutputs(nodes, local, sys.executable, rank=3).read(tail=5)) == [
         "[localhost r3] step 1 on rank 3\n"]
+
+
+def test_metric_lines_are_left_out_on_the_node_and_in_local_files(tmp_path: Path) -> None:
+    """``hide``: lines carrying the mark are not read back, and a tail counts the others."""
+    (tmp_path / "node0.out").write_bytes(b"1.000 [default0]:step 1\n2.000 [default0]:FSTRAIN_METRICS {}\n"
+                                         b"3.000 [default1]:step 1\n4.000 [default1]:FSTRAIN_METRICS {}\n")
+    node = [NodeFile(Host("localhost"), str(tmp_path), 0, 0)]
+    shown = ["[localhost r0] step 1\n", "[localhost r1] step 1\n"]
+    assert list(NodeOutputs(node, local, sys.executable, hide=METRIC_MARK).read()) == shown
+    assert list(NodeOutputs(node, local, sys.executable, hide=METRIC_MARK).read(tail=2)) == shown
+    assert list(NodeOutputs(node, local, sys.executable, rank=1, hide=METRIC_MARK).read(tail=2)) == shown[1:]
+    log = tmp_path / "node1.log"
+    log.write_bytes(b"[node1 r0] a\n[node1 r0] FSTRAIN_METRICS {}\n[node1 r0] b\n[node1 r0] FSTRAIN_METRICS {}\n")
+    outputs = FileOutputs(lambda: [log], METRIC_MARK)
+    assert list(outputs.read(tail=2)) == ["[node1 r0] a\n", "[node1 r0] b\n"]
+    assert outputs.offsets == {log: log.stat().st_size}  # a hidden last line is not read again
+    assert list(FileOutputs(lambda: [log], METRIC_MARK).read()) == ["[node1 r0] a\n", "[node1 r0] b\n"]
 
 
 def test_a_big_file_is_read_a_bounded_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

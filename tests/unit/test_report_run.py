@@ -12,7 +12,7 @@ from fstrain import api
 from fstrain.io.launch import write_manifest
 from fstrain.io.runs import register
 from tests.helpers import manifest, run_fstrain
-from tests.unit.test_cli_runs import detached_run
+from tests.unit.test_cli_runs import detached_run, live_attached_run
 from tests.unit.test_report_failure import RANK_3_LINES, failed_manifest
 
 
@@ -71,3 +71,13 @@ def test_a_failed_attached_runs_report_shows_its_failing_ranks_last_lines(tmp_pa
     assert "  [node2 r3] ValueError: bad batch <7>\n" in shown.stderr
     page = (tmp_path / "report.html").read_text()
     assert 'data-section="failure"' in page and "[node2 r3] ValueError: bad batch &lt;7&gt;" in page
+
+
+def test_a_live_attached_run_is_reported_by_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, run_id = tmp_path / "home", "20261201-160000-eeeeee"
+    live_attached_run(home, tmp_path / "runs" / run_id, run_id, monkeypatch)
+    shown = run_fstrain("report", str(tmp_path / "runs" / run_id), "--json", env={"HOME": str(home)})
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert (document["run_id"], document["kind"], document["state"]["state"]) == (run_id, "attached", "running")
+    assert [(r["rank"], len(r["points"])) for r in document["ranks"]] == [(0, 1)]  # its lines so far

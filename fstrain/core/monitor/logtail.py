@@ -132,18 +132,29 @@ def node_line(line: str, rank_offset: int | None) -> tuple[float, int | None, st
     return at, (None if local is None else local + (rank_offset or 0)), text
 
 
-def node_filter(rank_offset: int | None, rank: int | None,
-                since: float | None) -> Callable[[bytes], bool | None] | None:
+def without(hide: str | None) -> Callable[[bytes], bool] | None:
+    """``keep`` for :func:`last_lines`: every line but those that carry the text ``hide``
+    (`fstrain logs --no-metrics`: the metric lines). None when nothing is hidden."""
+    if hide is None:
+        return None
+    mark = hide.encode()
+    return lambda raw: mark not in raw
+
+
+def node_filter(rank_offset: int | None, rank: int | None, since: float | None,
+                hide: str | None = None) -> Callable[[bytes], bool | None] | None:
     """``keep`` for :func:`last_lines` over a node's output file: only global rank ``rank``'s
     lines, only lines at ``since`` (Unix seconds) or later, stopping at the first older one
-    (each node writes its lines in time order). None when nothing is filtered."""
+    (each node writes its lines in time order), none that carries ``hide``. None when nothing
+    is filtered."""
+    shown = without(hide)
     if rank is None and since is None:
-        return None
+        return shown
 
     def keep(raw: bytes) -> bool | None:
         at, line_rank, _ = node_line(raw.decode(errors="replace"), rank_offset)
         if since is not None and at < since:
             return None if at > 0 else False
-        return rank is None or line_rank == rank
+        return (rank is None or line_rank == rank) and (shown is None or shown(raw))
 
     return keep

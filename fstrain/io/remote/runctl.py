@@ -13,9 +13,10 @@ Never raises: what cannot be read is reported as missing.
 ``lines`` reads the node's output file as `fstrain logs` asks (REQUEST, a JSON object): from byte
 ``offset`` on, at most about ``limit_bytes`` of it, or with ``tail`` the last N lines read
 backwards from the end; only global rank ``rank``'s lines (``rank_offset`` turns local ranks
-into global ones), only lines from Unix time ``since`` on. It writes the lines as they are in
-the file (bytes, invalid UTF-8 included) on stdout, and one JSON line on stderr: the byte offset
-just after the last whole line it read and whether more is left, or the error. It reads with
+into global ones), only lines from Unix time ``since`` on, none that carries the text ``hide``
+(`logs --no-metrics`: the metric lines). It writes the lines as they are in the file (bytes,
+invalid UTF-8 included) on stdout, and one JSON line on stderr: the byte offset just after the
+last whole line it read and whether more is left, or the error. It reads with
 fstrain/core/monitor/logtail.py, sent as stdin's second line.
 """
 
@@ -183,7 +184,8 @@ def lines(run_dir: str, node_rank: str, request: dict[str, Any], logtail: Any, o
     except FileNotFoundError:  # not written yet (or removed by gc): nothing to read
         return {"offset": offset, "more": False}
     with handle:
-        keep = logtail.node_filter(request.get("rank_offset"), request.get("rank"), request.get("since"))
+        keep = logtail.node_filter(request.get("rank_offset"), request.get("rank"), request.get("since"),
+                                   request.get("hide"))
         if request.get("tail") is not None:
             fd = handle.fileno()
             found, end = logtail.last_lines(lambda start, size: os.pread(fd, size, start), os.fstat(fd).st_size,
