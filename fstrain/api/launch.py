@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from fstrain.core.progress import Reporter
     from fstrain.core.runs.manifest import Manifest
     from fstrain.core.slurm.job import Allocation
-    from fstrain.io.launch import NodeState
-    from fstrain.io.launch import RunOutcome as RunOutcome  # re-exported: what print_summary reads
+    from fstrain.io.launch import NodeState as NodeState  # re-exported with RunOutcome: what print_summary reads
+    from fstrain.io.launch import RunOutcome as RunOutcome
     from fstrain.io.runs import RunRecord
     from fstrain.io.transport.base import Transport
 
