@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,20 @@ def run_fstrain(
         [sys.executable, "-m", "fstrain", *args],
         capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO, input=input_text, check=False,
     )
+
+
+def python_without(folder: Path, package: str) -> str:
+    """An interpreter (this one) that cannot import ``package``, as a host's python3 without it:
+    a wrapper whose PYTHONPATH starts with a sitecustomize that blocks the import (written into
+    ``folder``)."""
+    hide = folder / f"without-{package}"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(f"import sys\nsys.modules[{package!r}] = None  # importing it fails\n")
+    wrapper = folder / f"python-without-{package}"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(hide))}${{PYTHONPATH:+:$PYTHONPATH}} '
+                       f'exec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
 
 
 def interruptible() -> None:

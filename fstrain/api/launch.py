@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from fstrain.core.progress import Reporter
     from fstrain.core.runs.manifest import Manifest
     from fstrain.core.slurm.job import Allocation
-    from fstrain.io.launch import NodeState
-    from fstrain.io.launch import RunOutcome as RunOutcome  # re-exported: what print_summary reads
+    from fstrain.io.launch import NodeState as NodeState  # re-exported with RunOutcome: what print_summary reads
+    from fstrain.io.launch import RunOutcome as RunOutcome
     from fstrain.io.runs import RunRecord
     from fstrain.io.transport.base import Transport
 
@@ -202,10 +202,15 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
                                                                           request.hosts.ssh_config))
 
 
-def rank_packages(backend: str, bundled_trainer: bool) -> tuple[str, ...]:
+def rank_packages(backend: str, bundled_trainer: bool, tensorboard: bool = False) -> tuple[str, ...]:
     """What every host's interpreter must import for the ranks to start: torch, DeepSpeed for
-    its backend, and fstrain itself where the ranks run the bundled trainer."""
-    return ("torch", *(("deepspeed",) if backend == "deepspeed" else ()), *(("fstrain",) if bundled_trainer else ()))
+    its backend, fstrain itself where the ranks run the bundled trainer, and what its
+    ``--tensorboard`` writer imports (rank 0 writes, and any host can be node 0 once a
+    recovery has left hosts out)."""
+    from fstrain.core.job.plan import TENSORBOARD_PACKAGE
+
+    return ("torch", *(("deepspeed",) if backend == "deepspeed" else ()), *(("fstrain",) if bundled_trainer else ()),
+            *((TENSORBOARD_PACKAGE,) if tensorboard else ()))
 
 
 def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: bool) -> Launched:
@@ -267,7 +272,8 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter,
         return node
 
     nodes = NodeAccess(hosts, job_request.python, job_request.workdir,
-                       packages=rank_packages(job_request.backend, prepared.spec.bundled_trainer),
+                       packages=rank_packages(job_request.backend, prepared.spec.bundled_trainer,
+                                              bool(prepared.spec.tensorboard)),
                        fanout=request.hosts.fanout, ssh_config=request.hosts.ssh_config)
     drive_request = DriveRequest(
         nodes, prepared.run_id, prepared.run_dir, env=dict(job_request.env), master_port=run.master_port,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fstrain.cli.output import console
 
 if TYPE_CHECKING:
-    from fstrain.api.launch import RunOutcome
+    from fstrain.api.launch import NodeState, RunOutcome
     from fstrain.core.runs.runstate import RunState
 
 
@@ -24,14 +24,23 @@ def print_training_summary(summary: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def describe_exit(code: int | None, error: str | None) -> str:
+def describe_exit(code: int | None, error: str | None, rank: int | None = None) -> str:
+    """``139 (SIGSEGV, rank 3)``: an exit code, the signal it stands for, the rank it is of."""
     import signal
 
     if code is None:
         return error or "unknown"
-    if code > 128 and code - 128 in signal.valid_signals():
-        return f"{code} ({signal.Signals(code - 128).name})"
-    return str(code)
+    notes = [signal.Signals(code - 128).name] if code > 128 and code - 128 in signal.valid_signals() else []
+    notes += [f"rank {rank}"] if rank is not None else []
+    return f"{code} ({', '.join(notes)})" if notes else str(code)
+
+
+def node_exit(node: NodeState) -> str:
+    """A node's exit as the run counts it (the supervisor's rule): its failed rank's own code
+    where known (torchrun itself exits 1 whatever the rank's code), else the node's."""
+    if node.failure is not None:
+        return describe_exit(node.failure.exit_code, None, node.failure.rank)
+    return describe_exit(node.exit_code, node.error)
 
 
 def print_attempts(attempts: Sequence[Mapping[str, Any]]) -> None:
@@ -53,7 +62,7 @@ def print_summary(outcome: RunOutcome) -> None:
     for node in outcome.nodes:
         ok = node.exit_code == 0
         seconds = (node.ended or time.time()) - node.started
-        code = describe_exit(node.exit_code, node.error)
+        code = node_exit(node)
         table.add_row(node.launch.host.label(), str(node.launch.node_rank),
                       f"[{'green' if ok else 'red'}]{code}[/]", f"{seconds:.1f}", node.error or "")
     out = console()

@@ -189,7 +189,7 @@ def plan_command(
     if trace:
         from fstrain.cli.plan_trace import run_trace
 
-        traced = run_trace(result, plan_model, cluster)
+        traced = run_trace(planned)
     if json_output:
         from fstrain.cli.output import print_json
 

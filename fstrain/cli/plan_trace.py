@@ -7,18 +7,17 @@ from typing import TYPE_CHECKING, Any
 from fstrain.api.trace import GIB, ROWS
 
 if TYPE_CHECKING:
-    from fstrain.core.plan.plancluster import PlanCluster
-    from fstrain.core.plan.planner import PlanModel, PlanResult
+    from fstrain.api.plan import Planned
 
 
-def run_trace(result: PlanResult, plan_model: PlanModel, cluster: PlanCluster) -> dict[str, Any]:
-    """The trace, its stages on stderr (live on a terminal)."""
+def run_trace(planned: Planned) -> dict[str, Any]:
+    """The trace of the chosen plan, its stages on stderr (live on a terminal)."""
     from fstrain.api.trace import trace
     from fstrain.cli.progress_output import progress_reporter
     from fstrain.core.progress import Event
 
     with progress_reporter() as reporter:
-        doc = trace(result, plan_model, cluster, progress=lambda text: reporter.event(Event("trace", text=text)))
+        doc = trace(planned, progress=lambda text: reporter.event(Event("trace", text=text)))
         reporter.event(Event("trace", ended=True, text=f"{doc['traced']['seconds']:.0f} s"))
     return doc
 
@@ -46,7 +45,9 @@ def print_trace(doc: dict[str, Any]) -> None:
         table.add_row(key.replace("_", " "), f"{analytic / GIB:.2f}", f"{value / GIB:.2f}",
                       "-" if error is None else f"{error:+.1f} %")
     out = console()
-    out.print(f"trace of: {doc['plan']}")
+    out.print(f"trace of: {doc['plan']}", markup=False)
+    if doc["stand_in"]:
+        out.print(doc["stand_in"], markup=False)
     out.print(table)
     out.print("not traced: CUDA context, NCCL buffers, allocator fragmentation (the planner's overhead row)")
     for note in doc.get("notes", ()):

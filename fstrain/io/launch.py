@@ -112,11 +112,30 @@ BUNDLED_TRAINER_HINT = ("install fstrain on every host (pip install fstrain, the
                         "with an interpreter that has it")
 
 
+def package_hint(package: str, python: str) -> str | None:
+    """What to do where the interpreter lacks only ``package``, for the packages a flag of the
+    bundled trainer asks for; None for the rest (:func:`interpreter_hint` then)."""
+    if package == "fstrain":
+        return BUNDLED_TRAINER_HINT
+    if package == "tensorboard":  # --tensorboard: the trainer's SummaryWriter imports it
+        return (f"{python} -m pip install tensorboard on those hosts (or pip install 'fstrain[tensorboard]'), "
+                "or leave out --tensorboard")
+    return None
+
+
+def missing_packages(info: Mapping[str, Any], packages: Sequence[str]) -> list[str]:
+    """Which of ``packages`` a host's ``info`` (netcheck's) says its interpreter cannot import:
+    neither an installed version (torch, deepspeed) nor a place it imports from in the working
+    directory."""
+    found = info.get("importable") or {}
+    return [name for name in packages if not (info.get(name) or found.get(name))]
+
+
 def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float = 60,
               packages: Sequence[str] = (), workdir_is_default: bool = False) -> list[HostFacts]:
     """Check every host's interpreter, its ``packages`` and the working directory; raise one
     error naming each bad host."""
-    argv = [python, "-", "info", workdir or ""]
+    argv = [python, "-", "info", workdir or "", *packages]
     results = pool.run_all(argv, stdin=source("netcheck").encode(), timeout_s=timeout_s)
     problems: list[str] = []
     facts: list[HostFacts] = []
@@ -142,12 +161,12 @@ def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float
             if workdir_is_default:
                 hint = "run fstrain from a directory that exists on every host, or pass --workdir DIR"
             continue
-        missing = [name for name in packages if not info.get(name)]
+        missing = missing_packages(info, packages)
         if missing:
             problems.append(f"{host.label()}: {python} ({info.get('python_executable')}, Python "
                             f"{info.get('python')}) cannot import {' or '.join(missing)}")
-            hint = (BUNDLED_TRAINER_HINT if missing == ["fstrain"]
-                    else interpreter_hint(pool, python, packages, timeout_s))
+            own = package_hint(missing[0], python) if len(missing) == 1 else None
+            hint = own or interpreter_hint(pool, python, packages, timeout_s)
             continue
         facts.append(HostFacts(host, info))
     if problems:
@@ -163,13 +182,14 @@ def interpreter_hint(pool: HostPool, python: str, packages: Sequence[str], timeo
                "host (a venv's or conda environment's bin/python)")
     if not local or local == python:
         return generic
-    results = pool.run_all([local, "-", "info", ""], stdin=source("netcheck").encode(), timeout_s=timeout_s)
+    results = pool.run_all([local, "-", "info", "", *packages], stdin=source("netcheck").encode(),
+                           timeout_s=timeout_s)
     for result in results:
         try:
             info = json.loads(result.stdout) if result.ok else {}
         except json.JSONDecodeError:
             info = {}
-        if not all(info.get(name) for name in packages):
+        if missing_packages(info, packages):
             return generic
     return f"pass --python {local} (the interpreter running fstrain here has them on every host)"
 

@@ -106,7 +106,9 @@ def check_tensorboard() -> None:
     checked before any process group exists, without importing it."""
     import importlib.util
 
-    if importlib.util.find_spec("tensorboard") is None:
+    from fstrain.core.job.plan import TENSORBOARD_PACKAGE
+
+    if importlib.util.find_spec(TENSORBOARD_PACKAGE) is None:
         raise ConfigError(
             "the tensorboard package, which it writes through, is not installed in this Python",
             "pip install 'fstrain[tensorboard]' (or pip install tensorboard) where rank 0 runs, or leave out "

@@ -100,7 +100,7 @@ def check_traceable(plan: PlanFile) -> None:
     if not k.strategy.startswith("fsdp"):
         raise ConfigError(
             f"strategy {k.strategy}: the trace runs FSDP2 (DeepSpeed's partitioning does not run on fake tensors)",
-            "pin --strategy fsdp-full, fsdp-grad-op or fsdp-hybrid to trace",
+            "pin --strategy fsdp-full, fsdp-grad-op, fsdp-hybrid or zero3 (traced as fsdp-full) to trace",
             "--trace",
         )
 

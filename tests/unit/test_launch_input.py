@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from fstrain.core.job.nested import nested_launcher
-from tests.helpers import require_tool, run_fstrain
+from tests.helpers import python_without, require_tool, run_fstrain
 
 DRY = ("launch", "--dry-run", "--hosts", "nodeA,nodeB", "--nproc-per-node", "1")
 
@@ -176,3 +177,33 @@ def test_dry_run_opens_no_connection(tmp_path: Path) -> None:
     assert "-m deepspeed.launcher.launch" in lines[2] and "--node_rank=0" in lines[2]
     assert lines[2].endswith("train.py --lr 0.1")
     assert lines[5].startswith("python3 -u -m deepspeed.launcher.launch") and "--node_rank=1" in lines[5]
+
+
+def test_tensorboard_is_checked_by_the_preflight_where_the_launch_writes_events(tmp_path: Path) -> None:
+    """--tensorboard: what the trainer's writer imports is one of the packages every host's
+    interpreter must import, checked for real (netcheck through the local transport)."""
+    from fstrain.api.launch import rank_packages
+    from fstrain.core.hosts.hostfile import Host
+    from fstrain.errors import FstrainError
+    from fstrain.io.fanout import HostPool
+    from fstrain.io.launch import preflight
+    from fstrain.io.transport.local import LocalTransport
+    from tests.helpers import REPO
+
+    packages = rank_packages("torchrun", True, tensorboard=True)
+    assert packages == ("torch", "fstrain", "tensorboard")
+    assert "tensorboard" not in rank_packages("torchrun", True)
+
+    def connect(host: Host) -> LocalTransport:
+        return LocalTransport(host.name)
+
+    with HostPool([Host("localhost")], connect) as pool:
+        # This interpreter has it (fstrain[test]): the check passes.
+        assert len(preflight(pool, sys.executable, str(REPO), packages=packages)) == 1
+        without = python_without(tmp_path, "tensorboard")
+        with pytest.raises(FstrainError) as caught:
+            preflight(pool, without, str(REPO), packages=packages)
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith(f"launch: preflight failed on localhost: {without} ("), line
+    assert line.count("cannot import") == 1 and "cannot import tensorboard (hint:" in line, line
+    assert f"{without} -m pip install tensorboard on those hosts" in line and "leave out --tensorboard" in line

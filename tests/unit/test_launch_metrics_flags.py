@@ -9,7 +9,7 @@ from pathlib import Path
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import NodeLaunch
 from fstrain.io.launch import RunOptions, watchdog_header
-from tests.helpers import run_fstrain
+from tests.helpers import python_without, run_fstrain
 
 DRY = ("launch", "--dry-run", "--hosts", "nodeA,nodeB", "--nproc-per-node", "1")
 
@@ -29,6 +29,23 @@ def test_tensorboard_with_a_program_of_ones_own_is_one_line() -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("error: --tensorboard: the flag is the bundled trainer's"), result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_tensorboard_where_the_package_is_missing_stops_the_launch_in_the_preflight(tmp_path: Path) -> None:
+    """A real launch on this machine whose interpreter cannot import tensorboard: one line naming
+    the host and the fix, before any rank starts (not rank 0's own refusal after the start)."""
+    without = python_without(tmp_path, "tensorboard")
+    run_dir, board = tmp_path / "run", tmp_path / "tb"
+    result = run_fstrain("launch", "--model", "tiny", "--steps", "1", "--nproc-per-node", "1", "--python", without,
+                         "--run-dir", str(run_dir), "--tensorboard", str(board),
+                         env={"HOME": str(tmp_path)}, timeout=300)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [result.stderr.splitlines()[-1]], result.stderr
+    assert errors[0].startswith(f"error: launch: preflight failed on localhost: {without} ("), errors
+    assert "cannot import tensorboard (hint:" in errors[0] and "-m pip install tensorboard" in errors[0], errors
+    assert "[rank 0]" not in result.stderr and result.stdout == "", result.stdout  # no rank ran
+    assert not board.exists() and not (run_dir / "logs").exists() and not (run_dir / "manifest.json").exists()
 
 
 def test_the_watchdog_header_carries_the_textfile_folder_and_its_modules(tmp_path: Path) -> None:

@@ -68,6 +68,20 @@ def test_what_the_trainer_does_not_run_is_refused_before_torch() -> None:
         check_traceable(make_plan("fsdp-full", dp=2, compile=True))
 
 
+def test_zero3_is_traced_as_fsdp_full_with_every_other_knob_the_same() -> None:
+    from fstrain.api.trace import stand_in_knobs
+
+    zero3 = make_plan("zero3", dp=8, activation_checkpointing="full", micro_batch_size=2, grad_accum_steps=4).knobs
+    assert stand_in_knobs(zero3) == replace(zero3, strategy="fsdp-full")  # ZeRO stage 3 both
+    # FSDP's CPU offload moves parameters with the optimizer: ZeRO-3's optimizer-only offload has
+    # no FSDP kind (and the trace runs without offload anyway).
+    assert stand_in_knobs(replace(zero3, offload="optimizer")).offload == "none"
+    assert stand_in_knobs(replace(zero3, offload="optimizer+params")).offload == "optimizer+params"
+    for strategy in ("fsdp-full", "fsdp-grad-op", "ddp", "zero1", "zero2"):  # traced as they are, or refused
+        knobs = make_plan(strategy, dp=8).knobs
+        assert stand_in_knobs(knobs) == knobs
+
+
 @pytest.mark.slow
 def test_cli_trace_json_and_table() -> None:
     common = ("plan", "--model", "tiny", "--gpu", "h100-sxm", "--num-nodes", "1", "--strategy", "fsdp-full",
@@ -83,8 +97,32 @@ def test_cli_trace_json_and_table() -> None:
                                        "total"}
     human = run_fstrain(*common, timeout=600)
     assert human.returncode == 0 and "analytic vs PyTorch's trace" in human.stderr
-    bad = run_fstrain("plan", "--model", "tiny", "--gpu", "h100-sxm", "--strategy", "zero3", "--trace")
+    bad = run_fstrain("plan", "--model", "tiny", "--gpu", "h100-sxm", "--strategy", "zero2", "--trace")
     assert bad.returncode == 2 and "--trace" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_cli_trace_of_a_chosen_zero3_plan_traces_its_fsdp2_equivalent() -> None:
+    # No --strategy: ZeRO-3 is the best plan here (it ties with FSDP full-shard and ranks first).
+    common = ("plan", "--model", "tiny", "--gpu", "h100-sxm", "--num-nodes", "1", "--gpus-per-node", "2", "--top", "1")
+    result = run_fstrain(*common, "--trace", "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    best, trace = doc["plans"][0], doc["trace"]
+    assert best["strategy"] == "zero3" and trace["plan"].startswith("ZeRO-3, ")
+    assert trace["traced_plan"] == trace["plan"].replace("ZeRO-3", "FSDP full-shard", 1)
+    assert trace["traced"]["total"] > 0
+    # The analytic column is the planner's own for that FSDP plan, pinned: the same things counted.
+    knobs = ("--strategy", "fsdp-full", "--micro-batch", str(best["micro_batch_size"]), "--grad-accum",
+             str(best["grad_accum_steps"]), "--ac", best["activation_checkpointing"])
+    fsdp = json.loads(run_fstrain(*common, *knobs, "--json").stdout)["plans"][0]
+    rows = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
+    assert {key: trace["analytic"][key] for key in rows} == {key: fsdp["memory"][key] for key in rows}
+    own = sum(best["memory"][key] for key in rows) / 2**30
+    assert trace["stand_in"] == (
+        f"traced as {trace['traced_plan']}: ZeRO-3's FSDP2 equivalent (the same states sharded over every "
+        "data-parallel rank; DeepSpeed's partitioning does not run on fake tensors); both columns are FSDP "
+        f"full-shard's, ZeRO-3's own analytic total is {own:.2f} GiB")
 
 
 @pytest.mark.parametrize(("precision", "param_bytes", "state_bytes"), [

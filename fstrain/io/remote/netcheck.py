@@ -2,8 +2,8 @@
 
 Usage (as sent: ``python3 - MODE ARGS`` with this file on stdin):
 
-- ``info WORKDIR``: JSON with hostname, IPv4 interfaces, python and package versions, whether
-  WORKDIR exists;
+- ``info WORKDIR [PACKAGE...]``: JSON with hostname, IPv4 interfaces, python and package versions,
+  whether WORKDIR exists, and where each PACKAGE imports from in WORKDIR (``importable``);
 - ``listen PORT [PORT...]``: bind the first free port on all addresses, print
   ``{"port": P}`` (or ``{"port": null, "busy": [...]}``), accept and close connections until
   a line or the end of stdin, then close the port and exit;
@@ -84,7 +84,7 @@ def importable_from(name: str, workdir: str) -> str | None:
     return os.path.dirname(spec.origin) if spec.origin else (list(spec.submodule_search_locations or []) or [name])[0]
 
 
-def info(workdir: str) -> dict[str, Any]:
+def info(workdir: str, packages: list[str] | None = None) -> dict[str, Any]:
     hostname = socket.gethostname()
     try:
         resolved = socket.gethostbyname(hostname)
@@ -103,6 +103,7 @@ def info(workdir: str) -> dict[str, Any]:
         "workdir": workdir,
         "workdir_exists": os.path.isdir(os.path.expanduser(workdir)) if workdir else True,
         "fstrain": importable_from("fstrain", workdir),
+        "importable": {name: importable_from(name, workdir) for name in packages or []},
     }
 
 
@@ -174,7 +175,7 @@ def connect(timeout_s: float, targets: list[str]) -> list[dict[str, Any]]:
 def main(argv: list[str]) -> int:
     mode = argv[0] if argv else ""
     if mode == "info":
-        print(json.dumps(info(argv[1] if len(argv) > 1 else "")))
+        print(json.dumps(info(argv[1] if len(argv) > 1 else "", argv[2:])))
     elif mode == "listen":
         listen([int(p) for p in argv[1:]])
     elif mode == "connect":
