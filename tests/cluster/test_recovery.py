@@ -154,7 +154,7 @@ def test_min_nodes_stops_the_shrinking(cluster: NamespaceCluster, tmp_path: Path
 
 def test_a_hung_rank_is_found_stalled_and_the_run_restarts(cluster: NamespaceCluster, tmp_path: Path) -> None:
     launch = start_launch(cluster, *recovering(
-        tmp_path, "node[1-2]", "--on-failure", "restart", "--max-restarts", "1", "--stall-timeout", "4s",
+        tmp_path, "node[1-2]", "--on-failure", "restart", "--max-restarts", "1", "--stall-timeout", "8s",
         program=("--steps", "8", "--hang-at-step", "3", "--exit-host", "node2", "--first-attempt-only")))
     code = launch.finish(timeout=150)
     assert code == 0, launch.err

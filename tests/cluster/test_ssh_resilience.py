@@ -121,18 +121,31 @@ def test_host_certificate_signed_by_a_known_ca(cluster: NamespaceCluster, tmp_pa
         assert code == 1 and "is marked @revoked" in str(hosts["certified"]["error"])
 
 
-def sshd_pids(cluster: NamespaceCluster, index: int) -> list[int]:
-    """The sshd processes (listener and sessions) of host ``index``'s namespace."""
+def namespace_pids(cluster: NamespaceCluster, index: int, command: str) -> list[int]:
+    """The processes of host ``index``'s namespace whose command name starts with ``command``."""
     listed = subprocess.run(["ip", "netns", "pids", cluster.namespace(index)], capture_output=True, text=True,
                             check=True).stdout.split()
     pids = []
     for pid in listed:
         try:
-            if Path(f"/proc/{pid}/comm").read_text().startswith("sshd"):
+            if Path(f"/proc/{pid}/comm").read_text().startswith(command):
                 pids.append(int(pid))
         except OSError:
             continue
     return pids
+
+
+def sshd_pids(cluster: NamespaceCluster, index: int) -> list[int]:
+    """The sshd processes (listener and sessions) of host ``index``'s namespace."""
+    return namespace_pids(cluster, index, "sshd")
+
+
+def wait_for_process(cluster: NamespaceCluster, index: int, command: str, timeout_s: float = 60) -> None:
+    """Until host ``index`` runs ``command`` (however long connecting takes on a loaded machine)."""
+    deadline = time.monotonic() + timeout_s
+    while not namespace_pids(cluster, index, command):
+        assert time.monotonic() < deadline, f"host {index} never ran {command}"
+        time.sleep(0.05)
 
 
 @contextmanager
@@ -152,7 +165,7 @@ def test_host_frozen_mid_command_is_reported_lost(cluster: NamespaceCluster, tmp
             "--", "sleep", "4"]
     start = time.monotonic()
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) as proc:
-        time.sleep(2.5)  # connected, the command running everywhere
+        wait_for_process(cluster, 2, "sleep")  # connected, the command running there
         with frozen(sshd_pids(cluster, 2)):
             try:
                 stdout, _ = proc.communicate(timeout=60)
