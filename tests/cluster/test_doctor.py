@@ -241,7 +241,10 @@ def test_orphans_of_a_lost_watchdog_are_listed_then_ended(cluster: NamespaceClus
         while not record.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         job = json.loads(record.read_text())["job_pid"]
-        time.sleep(0.5)  # the job starts its child
+        started_by = time.monotonic() + 30
+        while not _children(job) and time.monotonic() < started_by:  # the job starts its child
+            time.sleep(0.05)
+        assert _children(job), "the job never started its child"
         reapers = [pid for pid in _children(watchdog.pid) if pid != job]
         assert len(reapers) == 1, reapers
         os.kill(reapers[0], signal.SIGKILL)  # first, or it would end the job the moment the watchdog dies
