@@ -18,6 +18,7 @@ from fstrain.core.monitor.metricline import (
     read_step,
     read_transformers_trainer,
 )
+from fstrain.core.report.series import rank_series
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "trainer-output"
 HF = "transformers Trainer"
@@ -121,3 +122,10 @@ def test_a_metric_line_and_the_bundled_progress_line_read_as_before() -> None:
     reading = read_step(BUNDLED_PROGRESS)
     assert reading is not None and reading.source == PROGRESS_LINE and reading.metrics.step == 2
 
+
+def test_report_keeps_a_logged_loss_when_the_bar_says_its_step_again() -> None:
+    # After an evaluation, and at the end, the Trainer redraws its bar at the step it just logged.
+    logged = {e["step"]: significant(e["loss"], 4) for e in json.loads(
+        (FIXTURES / "transformers-trainer-1proc-merged.trainer_state.json").read_text())["log_history"] if "loss" in e}
+    (series,) = rank_series(lines("transformers-trainer-1proc-merged.txt"))
+    assert {p.step: p.loss for p in series.points} == logged
