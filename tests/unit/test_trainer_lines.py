@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.monitor.metricline import (
+    MAX_LINE_BYTES,
     METRIC_LINE,
     PROGRESS_LINE,
     TRAINER_FORMATS,
@@ -109,6 +110,14 @@ NOT_A_STEP = [
 @pytest.mark.parametrize("read", [read_transformers_trainer, read_lightning], ids=[HF, LIGHTNING])
 def test_other_lines_are_no_trainer_step(read: object, line: str) -> None:
     assert callable(read) and read(line) is None
+
+
+def test_a_line_longer_than_a_relay_keeps_is_not_read() -> None:
+    # The watchdog keeps a line's first MAX_LINE_BYTES: its last draws, the latest, would be gone.
+    draws = "".join(f"\r{100 * step // 4000:3d}%|#   | {step}/4000 [00:01<00:10,  8.50it/s]" for step in range(1, 2000))
+    assert len(draws) > MAX_LINE_BYTES and read_transformers_trainer(draws) is None
+    assert read_transformers_trainer(draws[-200:]) is not None
+    assert read_lightning("Epoch 0:" + draws.replace("\r", "\rEpoch 0:")) is None
 
 
 def test_each_reader_leaves_the_other_trainers_lines_alone() -> None:

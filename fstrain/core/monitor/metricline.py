@@ -271,8 +271,9 @@ def read_transformers_trainer(line: str) -> StepMetrics | None:
     last draw in the line giving ``step``/``steps``; where the line ends with the Trainer's log
     dict after the bar (stdout and stderr in one stream), also that dict's ``loss``,
     ``learning_rate`` and ``grad_norm``. The dict alone (stdout in a file of its own) says no
-    step and reads as None, as does the evaluation's dict and the final ``train_runtime`` one."""
-    if "%|" not in line:
+    step and reads as None, as does the evaluation's dict and the final ``train_runtime`` one,
+    and a line over MAX_LINE_BYTES (a reader that cut it kept its oldest draws)."""
+    if "%|" not in line or len(line) > MAX_LINE_BYTES:
         return None
     cut = line.rfind("\r")
     tail = line[cut + 1:] if cut >= 0 else ""
@@ -296,8 +297,9 @@ def read_lightning(line: str) -> StepMetrics | None:
     step is the batches done since the run began, ``E * total + n``: the optimizer steps where
     each batch is one (no gradient accumulation). The loss is the bar's ``loss``,
     ``train_loss`` or ``train/loss`` (3 significant digits, as tqdm formats it). None for a
-    bar whose epoch has no known length past epoch 0, and for any other line."""
-    if "Epoch " not in line or "%|" not in line:
+    bar whose epoch has no known length past epoch 0, for a line over MAX_LINE_BYTES, and for
+    any other line."""
+    if "Epoch " not in line or "%|" not in line or len(line) > MAX_LINE_BYTES:
         return None
     for match in reversed(_tqdm_draws(line)):
         desc, n, total, bracket = match.groups()
