@@ -17,9 +17,31 @@ step), ``memory_bytes`` (peak bytes the rank's accelerator allocator reserved), 
 ``time`` (Unix seconds when the step ended). Unknown fields are kept in ``extra``.
 
 A rank that prints no metric line may still say its step in the bundled trainer's progress line
-(fstrain/train/loop.py), ``[fstrain.train] step 5/20 loss 3.1234 lr ... tokens/s 12,345 ...``.
-:func:`read_step` is the one reader of a rank's step from a line of its output, whichever of the
-two it is: the watchdog's Prometheus textfile, ``status`` and its live view, ``fstrain report``,
+(fstrain/train/loop.py), ``[fstrain.train] step 5/20 loss 3.1234 lr ... tokens/s 12,345 ...``,
+or in a trainer's own output, as it prints it (:data:`TRAINER_FORMATS`; read from rank 0, the
+only rank these print on):
+
+- transformers' ``Trainer`` (5.25: trainer_callback.py:643-690, ProgressCallback; trainer.py:4233
+  ``Trainer.log``): a tqdm bar ``tqdm(total=max_steps)`` on stderr, `` 33%|###  | 4/12 [00:08<00:17,
+  2.16s/it]``, which gives ``step`` and ``steps``; and per logging step the log dict on stdout,
+  ``{'loss': '4.222', 'grad_norm': '1.291', 'learning_rate': '0.0009', 'epoch': '0.0625'}``
+  (floats as ``f"{v:.4g}"`` strings; 4.x printed them bare), which has no step: it is read
+  (``loss``, ``lr``, ``grad_norm`` in ``extra``) only where it ends a line that holds the bar
+  (stdout and stderr in one stream), the bar's last draw before it giving its step. That draw
+  is the dict's own step where steps take longer than tqdm's 0.1 s between draws. The
+  ``trainer_state.json`` beside a checkpoint has each logged step, but only from a checkpoint
+  on and in the program's own output folder: it is no line of output, and not read.
+- PyTorch Lightning's ``Trainer`` (2.6: callbacks/progress/tqdm_progress.py, TQDMProgressBar, its
+  default where rich is not installed; trainer/connectors/callback_connector.py:154): a tqdm bar
+  on stdout, ``Epoch 1:  17%|#  | 1/6 [00:00<00:00, 118.05it/s, v_num=0, train_loss=2.840]``,
+  read as ``step`` = the batches done since the run began and the ``loss``/``train_loss``
+  shown. Its rich bar (RichProgressBar, the default where rich is installed) draws nothing on a
+  pipe or a file until the run ends, and is not read.
+
+tqdm redraws a bar with "\r", not "\n": a line of such output holds many draws, and ends only
+where the trainer prints a line of its own or another bar draws below it (an evaluation).
+:func:`read_step` is the one reader of a rank's step from a line of its output, whichever of
+these it is: the watchdog's Prometheus textfile, ``status`` and its live view, ``fstrain report``,
 the launch's progress and the recovery loop all read through it. :func:`newer_step` keeps a
 rank's latest numbers across its lines (a metric line, once printed, wins over progress lines).
 
@@ -31,7 +53,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,7 +179,7 @@ class StepReading:
 
     metrics: StepMetrics
     source: str
-    """``metric line`` or ``progress line``."""
+    """``metric line``, ``progress line``, or a trainer format's name (:data:`TRAINER_FORMATS`)."""
 
     @property
     def from_metric_line(self) -> bool:
@@ -167,11 +189,16 @@ class StepReading:
 
 def read_step(line: str, any_program: bool = False) -> StepReading | None:
     """A rank's step from one line of its output: the metric line where the line holds one, else
-    the progress line (:func:`read_progress`, ``any_program`` as there); None for any other line.
+    a trainer's own output (:data:`TRAINER_FORMATS`), else the progress line (:func:`read_progress`,
+    ``any_program`` as there); None for any other line.
     Text before either (a host, rank or launcher tag) is allowed."""
     metrics = parse_metric_line(line)
     if metrics is not None:
         return StepReading(metrics, METRIC_LINE)
+    for name, read in TRAINER_FORMATS:
+        metrics = read(line)
+        if metrics is not None:
+            return StepReading(metrics, name)
     progress = read_progress(line, any_program)
     return StepReading(progress, PROGRESS_LINE) if progress is not None else None
 
@@ -211,3 +238,84 @@ def _float(text: str | None) -> float | None:
         return float(text) if text else None
     except ValueError:  # "loss -" or "tokens/s ." in a line that only looks like a progress line
         return None
+
+
+# Trainers' own output, read as it is (docs/observability.md, "Trainers' own output"). Both
+# trainers below draw a tqdm bar: on a pipe or in a file (a rank's log), tqdm redraws it by
+# writing "\r" and the bar again, never "\n", so one line of the rank's output holds many draws
+# of it; its last draw is the latest. A bar drawn below another (tqdm's position 1 and on:
+# an evaluation bar) ends with the cursor-up escape "\x1b[A" and is not read.
+# tqdm's default bar_format, and Lightning's (the same fields): "{desc}: {percentage:3.0f}%|{bar}|
+# {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"; groups: desc, n, total, bracket.
+_TQDM_BAR_RE = re.compile(r"(.*?) *\d{1,3}%\|[^|]*\| *(\d+)/(\d+|\?) \[([^\]]*)\]")
+# transformers' Trainer log dict (ProgressCallback.on_log, PrinterCallback.on_log): its keys and
+# values, 4.x printing floats as they are, 5.x as quoted strings ("'loss': '4.223'").
+_HF_FIELD_RE = re.compile(r"'(loss|learning_rate|grad_norm)': '?([-+0-9.eE]+|nan|inf|-inf)'?")
+# The names a Lightning module most often gives its training loss in self.log(..., prog_bar=True).
+LIGHTNING_LOSS_NAMES = ("loss", "train_loss", "train/loss")
+
+
+def _tqdm_draws(line: str) -> list[re.Match[str]]:
+    """The tqdm bars drawn at the top position in ``line``, in the order drawn."""
+    draws = []
+    for part in line.split("\r"):
+        match = _TQDM_BAR_RE.fullmatch(part.strip(" \n"))
+        if match is not None:
+            draws.append(match)
+    return draws
+
+
+def read_transformers_trainer(line: str) -> StepMetrics | None:
+    """A step of Hugging Face transformers' ``Trainer`` from one line of rank 0's output: its
+    training bar (ProgressCallback: ``tqdm(total=max_steps)``, no description, on stderr), the
+    last draw in the line giving ``step``/``steps``; where the line ends with the Trainer's log
+    dict after the bar (stdout and stderr in one stream), also that dict's ``loss``,
+    ``learning_rate`` and ``grad_norm``. The dict alone (stdout in a file of its own) says no
+    step and reads as None, as does the evaluation's dict and the final ``train_runtime`` one,
+    and a line over MAX_LINE_BYTES (a reader that cut it kept its oldest draws)."""
+    if "%|" not in line or len(line) > MAX_LINE_BYTES:
+        return None
+    cut = line.rfind("\r")
+    tail = line[cut + 1:] if cut >= 0 else ""
+    logged = tail.lstrip(" \x1b[A").startswith("{'") and "'loss': " in tail
+    draws = [m for m in _tqdm_draws(line[:cut] if logged else line) if not m.group(1)]
+    if not draws or draws[-1].group(3) == "?":
+        return None
+    step, steps = int(draws[-1].group(2)), int(draws[-1].group(3))
+    if not logged:
+        return StepMetrics(step=step, steps=steps)
+    fields = {name: _float(value) for name, value in _HF_FIELD_RE.findall(tail)}
+    grad_norm = fields.get("grad_norm")
+    return StepMetrics(step=step, steps=steps, loss=fields.get("loss"), lr=fields.get("learning_rate"),
+                       extra={"grad_norm": grad_norm} if grad_norm is not None else {})
+
+
+def read_lightning(line: str) -> StepMetrics | None:
+    """A step of PyTorch Lightning's ``Trainer`` from one line of rank 0's output: the last
+    draw of its training bar (TQDMProgressBar, ``Epoch E:`` and the batches done of the
+    epoch's ``n/total``, the ``self.log(..., prog_bar=True)`` metrics after the rate). The
+    step is the batches done since the run began, ``E * total + n``: the optimizer steps where
+    each batch is one (no gradient accumulation). The loss is the bar's ``loss``,
+    ``train_loss`` or ``train/loss`` (3 significant digits, as tqdm formats it). None for a
+    bar whose epoch has no known length past epoch 0, for a line over MAX_LINE_BYTES, and for
+    any other line."""
+    if "Epoch " not in line or "%|" not in line or len(line) > MAX_LINE_BYTES:
+        return None
+    for match in reversed(_tqdm_draws(line)):
+        desc, n, total, bracket = match.groups()
+        if not desc.startswith("Epoch ") or not desc.endswith(":") or not desc[6:-1].isdigit():
+            continue
+        epoch = int(desc[6:-1])
+        if total == "?" and epoch > 0:
+            return None
+        step = int(n) + (epoch * int(total) if total != "?" else 0)
+        shown = dict(item.split("=", 1) for item in bracket.split(", ") if "=" in item)
+        loss = next((_float(shown[name]) for name in LIGHTNING_LOSS_NAMES if name in shown), None)
+        return StepMetrics(step=step, loss=loss, lr=_float(shown.get("lr")))
+    return None
+
+
+TRAINER_FORMATS: tuple[tuple[str, Callable[[str], StepMetrics | None]], ...] = (
+    ("transformers Trainer", read_transformers_trainer),
+    ("Lightning Trainer", read_lightning),
+)

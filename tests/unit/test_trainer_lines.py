@@ -1,0 +1,140 @@
+"""Trainers' own output read as a rank's step (fstrain.core.monitor.metricline.TRAINER_FORMATS):
+real output of transformers' and Lightning's Trainer (tests/fixtures/trainer-output, SOURCES.md
+there), checked against what those runs logged themselves, and lines that must not be read."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from fstrain.core.monitor.metricline import (
+    MAX_LINE_BYTES,
+    METRIC_LINE,
+    PROGRESS_LINE,
+    TRAINER_FORMATS,
+    read_lightning,
+    read_step,
+    read_transformers_trainer,
+)
+from fstrain.core.report.series import rank_series
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "trainer-output"
+HF = "transformers Trainer"
+LIGHTNING = "Lightning Trainer"
+
+
+def lines(name: str) -> list[str]:
+    """The file's lines as a relay splits them: at "\\n" only, tqdm's "\\r" redraws kept."""
+    return (FIXTURES / name).read_bytes().decode("utf-8").split("\n")
+
+
+def significant(value: float, digits: int) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def test_the_formats_are_named_by_their_trainer() -> None:
+    assert [name for name, _ in TRAINER_FORMATS] == [HF, LIGHTNING]
+
+
+def test_transformers_log_dicts_in_one_stream_give_the_steps_and_losses_the_trainer_logged() -> None:
+    logged = [entry for entry in json.loads((FIXTURES / "transformers-trainer-1proc-merged.trainer_state.json")
+                                            .read_text())["log_history"] if "loss" in entry]
+    readings = [r for r in map(read_step, lines("transformers-trainer-1proc-merged.txt"))
+                if r is not None and r.metrics.loss is not None]
+    assert {r.source for r in readings} == {HF}
+    # ProgressCallback prints each float as f"{v:.4g}" (transformers 5.25 trainer_callback.py:686)
+    assert [(r.metrics.step, r.metrics.steps, r.metrics.loss, r.metrics.lr, r.metrics.extra["grad_norm"])
+            for r in readings] == [(e["step"], 12, significant(e["loss"], 4), significant(e["learning_rate"], 4),
+                                    significant(e["grad_norm"], 4)) for e in logged]
+    assert [e["step"] for e in logged] == [2, 4, 6, 8, 10, 12]
+
+
+def test_transformers_bar_lines_give_the_step_and_the_final_step_alone() -> None:
+    # torchrun --redirects 3: the bar in stderr.log (lines end only where the evaluation bar
+    # draws below it, and at the end), the log dicts in stdout.log with no step.
+    found = [read_step(line) for line in lines("transformers-trainer-torchrun-rank0-stderr.txt")]
+    readings = [r for r in found if r is not None]
+    assert readings and {r.source for r in readings} == {HF}
+    assert {(r.metrics.step, r.metrics.steps) for r in readings} == {(6, 12), (12, 12)}
+    assert all(r.metrics.loss is None for r in readings)
+    assert readings[-1].metrics.step == 12
+
+
+@pytest.mark.parametrize("name", ["transformers-trainer-torchrun-rank0-stdout.txt",
+                                  "transformers-trainer-torchrun-rank1-stdout.txt",
+                                  "transformers-trainer-torchrun-rank1-stderr.txt"])
+def test_transformers_lines_without_the_bar_say_no_step(name: str) -> None:
+    assert [line for line in lines(name) if read_step(line) is not None] == []
+
+
+def test_transformers_evaluation_and_final_dicts_carry_no_training_loss() -> None:
+    for line in lines("transformers-trainer-1proc-merged.txt"):
+        if "'eval_loss'" in line or "'train_runtime'" in line:
+            reading = read_transformers_trainer(line)
+            assert reading is None or reading.loss is None
+
+
+def test_lightning_bar_gives_the_batches_done_and_the_loss_its_csv_logger_logged() -> None:
+    with (FIXTURES / "lightning-torchrun.metrics.csv").open() as handle:
+        logged = {int(row["step"]): float(row["train_loss"]) for row in csv.DictReader(handle) if row["train_loss"]}
+    readings = [r for r in map(read_step, lines("lightning-torchrun-rank0-stdout.txt")) if r is not None]
+    assert readings and {r.source for r in readings} == {LIGHTNING}
+    for reading in readings:  # the CSV's step counts from 0, the bar's batches done from 1
+        assert reading.metrics.loss == significant(logged[reading.metrics.step - 1], 3)
+    assert readings[-1].metrics.step == max(logged) + 1 == 12
+    assert [line for line in lines("lightning-torchrun-rank0-stderr.txt") if read_step(line) is not None] == []
+
+
+BUNDLED_PROGRESS = ("[localhost r0] [fstrain.train] step 2/3 loss 6.2902 lr 3.000e-04 tokens/s 299 "
+                    "max_rss_bytes=360.1MiB")
+FSTRAIN_METRIC = '[localhost r0] FSTRAIN_METRICS {"v":1,"step":2,"steps":3,"loss":6.29}'
+NOT_A_STEP = [
+    BUNDLED_PROGRESS,
+    FSTRAIN_METRIC,
+    "[2026-11-30 15:10:49,100] [INFO] [logging.py:107:log_dist] [Rank 0] step=10, skipped=0, lr=[0.0003], "
+    "mom=[(0.9, 0.95)]",
+    '  File "/usr/lib/python3.11/site-packages/transformers/trainer.py", line 2311, in _maybe_log_save_evaluate',
+    "Traceback (most recent call last):",
+    "{'loss': '4.035', 'grad_norm': '0.7301', 'learning_rate': '0.0005', 'epoch': '0.0625'}",  # no step
+    "\rMap: 100%|##########| 512/512 [00:00<00:00, 9120.33 examples/s]",  # datasets' map: a description
+    "\rValidation DataLoader 0: 100%|##########| 2/2 [00:00<00:00, 176.92it/s]\x1b[A",
+    "\r 50%|#####     | 1/2 [00:00<00:00, 169.44it/s]\x1b[A",  # an evaluation bar drawn below the training bar
+    "",
+]
+
+
+@pytest.mark.parametrize("line", NOT_A_STEP)
+@pytest.mark.parametrize("read", [read_transformers_trainer, read_lightning], ids=[HF, LIGHTNING])
+def test_other_lines_are_no_trainer_step(read: object, line: str) -> None:
+    assert callable(read) and read(line) is None
+
+
+def test_a_line_longer_than_a_relay_keeps_is_not_read() -> None:
+    # The watchdog keeps a line's first MAX_LINE_BYTES: its last draws, the latest, would be gone.
+    draws = "".join(f"\r{100 * step // 4000:3d}%|#   | {step}/4000 [00:01<00:10,  8.50it/s]" for step in range(1, 2000))
+    assert len(draws) > MAX_LINE_BYTES and read_transformers_trainer(draws) is None
+    assert read_transformers_trainer(draws[-200:]) is not None
+    assert read_lightning("Epoch 0:" + draws.replace("\r", "\rEpoch 0:")) is None
+
+
+def test_each_reader_leaves_the_other_trainers_lines_alone() -> None:
+    assert all(read_lightning(line) is None for line in lines("transformers-trainer-1proc-merged.txt"))
+    assert all(read_transformers_trainer(line) is None for line in lines("lightning-torchrun-rank0-stdout.txt"))
+
+
+def test_a_metric_line_and_the_bundled_progress_line_read_as_before() -> None:
+    reading = read_step(FSTRAIN_METRIC)
+    assert reading is not None and reading.source == METRIC_LINE
+    reading = read_step(BUNDLED_PROGRESS)
+    assert reading is not None and reading.source == PROGRESS_LINE and reading.metrics.step == 2
+
+
+def test_report_keeps_a_logged_loss_when_the_bar_says_its_step_again() -> None:
+    # After an evaluation, and at the end, the Trainer redraws its bar at the step it just logged.
+    logged = {e["step"]: significant(e["loss"], 4) for e in json.loads(
+        (FIXTURES / "transformers-trainer-1proc-merged.trainer_state.json").read_text())["log_history"] if "loss" in e}
+    (series,) = rank_series(lines("transformers-trainer-1proc-merged.txt"))
+    assert {p.step: p.loss for p in series.points} == logged
