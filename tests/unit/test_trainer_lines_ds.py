@@ -24,6 +24,8 @@ from fstrain.core.monitor.metricline import (
     read_step,
     read_torchtitan,
 )
+from fstrain.core.monitor.promfile import NodeMetrics
+from fstrain.core.report.series import rank_series
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OUTPUT = FIXTURES / "trainer-output"
@@ -241,3 +243,23 @@ def test_a_metric_line_still_wins_over_a_trainer_line() -> None:
     held = newer_step(held, format_metric_line(StepMetrics(step=15, loss=3.1)))
     assert held is not None and held.source == METRIC_LINE
     assert newer_step(held, lines_of("torchtitan-step.txt")[2]) is held
+
+
+# --- What the report and the textfile make of them --------------------------------------------
+
+def test_the_report_takes_the_step_time_and_memory_a_trainer_line_gives() -> None:
+    (megatron,) = rank_series(lines_of("megatron-iteration.txt"), tokens_per_step=128 * 4096)
+    assert [p.step_s for p in megatron.points] == pytest.approx([5.3616, 5.4707, 5.8299])  # not tokens / samples
+    assert [p.loss for p in megatron.points] == [1.818812, 1.820313, 1.798953]
+    (titan,) = rank_series(lines_of("torchtitan-step.txt"), tokens_per_step=8 * 8192)
+    assert {p.memory_bytes for p in titan.points} == {round(9.46 * GIB)}
+    assert {p.step_s for p in titan.points} == {None}  # a rank's tps over the job's tokens would be no step time
+
+
+def test_the_textfile_labels_torchtitans_tokens_per_second_as_the_ranks() -> None:
+    node = NodeMetrics("r1", "node1", 0, 1, 0, started=100.0, read_step=read_step)
+    for line in lines_of("torchtitan-step.txt"):
+        node.line(None, line, 101.0)
+    text = node.render(102.0)
+    assert re.search(r'^fstrain_tokens_per_second\{[^}]*scope="rank"[^}]*\} 7322(\.0)?$', text, re.M), text
+    assert re.search(r"^fstrain_step\{[^}]*\} 18(\.0)?$", text, re.M), text

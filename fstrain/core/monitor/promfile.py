@@ -120,9 +120,9 @@ class NodeMetrics:
         if reading is None or (series.from_metric_line and not reading.from_metric_line):
             return
         series.values = {name: getattr(reading.metrics, name) for name in _VALUES}
+        series.scope = reading.metrics.scope  # a trainer's own line may count this rank's tokens (torchtitan)
         if metrics is not None:
             series.from_metric_line = True
-            series.scope = metrics.scope
             if metrics.rank is not None:
                 series.rank = metrics.rank
 
