@@ -256,10 +256,36 @@ def test_the_report_takes_the_step_time_and_memory_a_trainer_line_gives() -> Non
     assert {p.step_s for p in titan.points} == {None}  # a rank's tps over the job's tokens would be no step time
 
 
-def test_the_textfile_labels_torchtitans_tokens_per_second_as_the_ranks() -> None:
+def textfile_of(name: str) -> str:
+    """The Prometheus textfile of a one-rank node whose rank printed the fixture's lines."""
     node = NodeMetrics("r1", "node1", 0, 1, 0, started=100.0, read_step=read_step)
-    for line in lines_of("torchtitan-step.txt"):
+    for line in lines_of(name):
         node.line(None, line, 101.0)
-    text = node.render(102.0)
+    return node.render(102.0)
+
+
+def test_the_textfile_labels_torchtitans_tokens_per_second_as_the_ranks() -> None:
+    text = textfile_of("torchtitan-step.txt")
     assert re.search(r'^fstrain_tokens_per_second\{[^}]*scope="rank"[^}]*\} 7322(\.0)?$', text, re.M), text
     assert re.search(r"^fstrain_step\{[^}]*\} 18(\.0)?$", text, re.M), text
+
+
+def test_deepspeeds_two_lines_of_a_step_add_up() -> None:
+    held = None
+    for line in lines_of("deepspeed-engine.txt"):
+        held = newer_step(held, line)
+    assert held is not None and held.source == "DeepSpeed ThroughputTimer"
+    assert (held.metrics.step, held.metrics.lr, held.metrics.rank) == (6, 0.001, 0)
+    assert held.metrics.extra["samples_per_s"] == 2222.2806875280908 and held.metrics.extra["skipped_steps"] == 0
+    text = textfile_of("deepspeed-engine.txt")
+    assert re.search(r"^fstrain_learning_rate\{[^}]*\} 0\.001$", text, re.M), text
+    assert re.search(r"^fstrain_step\{[^}]*\} 6(\.0)?$", text, re.M), text
+
+
+def test_a_line_of_another_step_does_not_carry_the_last_ones_numbers() -> None:
+    held = None
+    for line in lines_of("torchtitan-step-2025.txt")[:3]:  # step 200, then "Dumping profiler traces at step 200"
+        held = newer_step(held, line)
+    assert held is not None and (held.metrics.step, held.metrics.loss) == (200, 6.1384)
+    held = newer_step(held, "[rank0]: step 201/300")
+    assert held is not None and (held.metrics.step, held.metrics.loss, held.metrics.tokens_per_s) == (201, None, None)

@@ -211,11 +211,26 @@ def newer_step(held: StepReading | None, line: str) -> StepReading | None:
     of its lines before: the line's (:func:`read_step`, any program's ``step N`` included),
     unless it is a progress line and the rank has printed a metric line (which carries more:
     step time, memory); else ``held``. Folded over a rank's lines in the order written, it gives
-    what ``status``, its live view and the detached nodes' per-rank records show."""
+    what ``status``, its live view and the detached nodes' per-rank records show. Two lines of
+    the same step that are not metric lines add up (:func:`same_step`): DeepSpeed prints the
+    step's learning rate on one line and its samples/s on the next."""
     reading = read_step(line, any_program=True)
     if reading is None or (held is not None and held.from_metric_line and not reading.from_metric_line):
         return held
+    if held is not None and not reading.from_metric_line:
+        return StepReading(same_step(held.metrics, reading.metrics), reading.source)
     return reading
+
+
+def same_step(held: StepMetrics, later: StepMetrics) -> StepMetrics:
+    """``later``, with what ``held`` said and ``later`` leaves out where both are of one step (the
+    scope goes with the tokens/s it describes); ``later`` alone for another step."""
+    if held.step != later.step:
+        return later
+    fields = {name: getattr(later, name) if getattr(later, name) is not None else getattr(held, name)
+              for name in ("steps", "loss", "lr", "tokens_per_s", "step_s", "memory_bytes", "rank", "time")}
+    scope = later.scope if later.tokens_per_s is not None else held.scope
+    return StepMetrics(step=later.step, scope=scope, extra={**held.extra, **later.extra}, **fields)
 
 
 def read_progress(line: str, any_program: bool = False) -> StepMetrics | None:
