@@ -37,13 +37,34 @@ only rank these print on):
   read as ``step`` = the batches done since the run began and the ``loss``/``train_loss``
   shown. Its rich bar (RichProgressBar, the default where rich is installed) draws nothing on a
   pipe or a file until the run ends, and is not read.
+- DeepSpeed's engine (deepspeed/runtime/engine.py ``_report_progress``, every ``steps_per_print``
+  steps, rank 0, an INFO line: ``"log_level": "info"`` in the config where the logger is at
+  WARNING), ``[Rank 0] step=10, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]``: the step, the first
+  parameter group's learning rate, the rank; the skipped steps in ``extra``;
+- DeepSpeed's ThroughputTimer (deepspeed/utils/timer.py ``ThroughputTimer.stop``, same steps),
+  ``epoch=0/micro_step=20/global_step=10, RunningAvgSamplesPerSec=..., CurrSamplesPerSec=...,
+  MemAllocated=0.1GB, MaxMemAllocated=0.1GB``: the step (``global_step``); its rates count
+  samples of the whole job, not tokens (tokens/s would need the sequence length, which the line
+  does not carry), so ``tokens_per_s`` stays None and ``extra`` keeps ``samples_per_s``
+  (CurrSamplesPerSec), ``avg_samples_per_s`` and ``max_memory_allocated_bytes`` (the allocator's
+  allocated peak, not the reserved one ``memory_bytes`` means);
+- torchtitan (torchtitan/components/metrics.py ``MetricsProcessor.log``), colour codes and all,
+  ``step: 10  loss:  7.9  grad_norm: 1.2  memory: 9.46GiB(64.99%)  tps: 7,282  tflops: 0.52
+  mfu: 0.17%``: step, loss, ``tps`` as this rank's tokens/s (scope "rank": torchtitan divides by
+  the non-data-parallel size), the reserved peak as ``memory_bytes``; grad_norm, tflops, mfu in
+  ``extra``; its ``validate step:`` line is not a training step;
+- Megatron-LM and NeMo's Megatron-Bridge (megatron/training/training.py ``training_log``), ``iteration
+  10/ 100 | consumed samples: ... | elapsed time per iteration (ms): 812.3 | learning rate:
+  1.5E-04 | global batch size: 128 | lm loss: 7.9E+00 | ...``: step, final step, ``lm loss``,
+  learning rate, step time; consumed samples, global batch size, grad norm, loss scale, TFLOP/s
+  per GPU and the skipped and NaN iterations in ``extra``; no tokens/s (samples again).
 
 tqdm redraws a bar with "\r", not "\n": a line of such output holds many draws, and ends only
 where the trainer prints a line of its own or another bar draws below it (an evaluation).
 :func:`read_step` is the one reader of a rank's step from a line of its output, whichever of
 these it is: the watchdog's Prometheus textfile, ``status`` and its live view, ``fstrain report``,
 the launch's progress and the recovery loop all read through it. :func:`newer_step` keeps a
-rank's latest numbers across its lines (a metric line, once printed, wins over progress lines).
+rank's latest numbers across its lines (a metric line, once printed, wins over the others).
 
 Pure and stdlib only: the node-side watchdog sends this module with itself.
 """
@@ -179,7 +200,8 @@ class StepReading:
 
     metrics: StepMetrics
     source: str
-    """``metric line``, ``progress line``, or a trainer format's name (:data:`TRAINER_FORMATS`)."""
+    """``metric line``, ``progress line``, or a trainer format's name (the first of its pair in
+    :data:`TRAINER_FORMATS`, e.g. ``DeepSpeed engine``)."""
 
     @property
     def from_metric_line(self) -> bool:
@@ -189,9 +211,9 @@ class StepReading:
 
 def read_step(line: str, any_program: bool = False) -> StepReading | None:
     """A rank's step from one line of its output: the metric line where the line holds one, else
-    a trainer's own output (:data:`TRAINER_FORMATS`), else the progress line (:func:`read_progress`,
-    ``any_program`` as there); None for any other line.
-    Text before either (a host, rank or launcher tag) is allowed."""
+    a trainer's own step line (:data:`TRAINER_FORMATS`), else the progress line
+    (:func:`read_progress`, ``any_program`` as there); None for any other line. Text before any
+    of them (a host, rank or launcher tag) is allowed."""
     metrics = parse_metric_line(line)
     if metrics is not None:
         return StepReading(metrics, METRIC_LINE)
@@ -208,11 +230,26 @@ def newer_step(held: StepReading | None, line: str) -> StepReading | None:
     of its lines before: the line's (:func:`read_step`, any program's ``step N`` included),
     unless it is a progress line and the rank has printed a metric line (which carries more:
     step time, memory); else ``held``. Folded over a rank's lines in the order written, it gives
-    what ``status``, its live view and the detached nodes' per-rank records show."""
+    what ``status``, its live view and the detached nodes' per-rank records show. Two lines of
+    the same step that are not metric lines add up (:func:`same_step`): DeepSpeed prints the
+    step's learning rate on one line and its samples/s on the next."""
     reading = read_step(line, any_program=True)
     if reading is None or (held is not None and held.from_metric_line and not reading.from_metric_line):
         return held
+    if held is not None and not reading.from_metric_line:
+        return StepReading(same_step(held.metrics, reading.metrics), reading.source)
     return reading
+
+
+def same_step(held: StepMetrics, later: StepMetrics) -> StepMetrics:
+    """``later``, with what ``held`` said and ``later`` leaves out where both are of one step (the
+    scope goes with the tokens/s it describes); ``later`` alone for another step."""
+    if held.step != later.step:
+        return later
+    fields = {name: getattr(later, name) if getattr(later, name) is not None else getattr(held, name)
+              for name in ("steps", "loss", "lr", "tokens_per_s", "step_s", "memory_bytes", "rank", "time")}
+    scope = later.scope if later.tokens_per_s is not None else held.scope
+    return StepMetrics(step=later.step, scope=scope, extra={**held.extra, **later.extra}, **fields)
 
 
 def read_progress(line: str, any_program: bool = False) -> StepMetrics | None:
@@ -315,7 +352,136 @@ def read_lightning(line: str) -> StepMetrics | None:
     return None
 
 
+# --- Trainers' own step lines -----------------------------------------------------------------
+# One reader per line form: what it reads and from which code is in the module docstring and
+# docs/observability.md; the lines they were tested on are in tests/fixtures/trainer-output/.
+# Each turns a line down with substring checks before any regex: the watchdog reads every line
+# of every rank.
+
+_NUMBER = r"(?:[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?nan|[-+]?inf)"
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+GIB = 2**30
+
+# DeepSpeed 0.19 engine.py _report_progress: log_dist(f"step={step}, skipped={...}, lr={lr}, mom={mom}")
+# on rank 0, which prefixes "[Rank 0] ". lr is a list, one per parameter group, whose items print
+# as 0.001, tensor(0.001) or np.float64(0.001) as the scheduler keeps them: the first one is read.
+DEEPSPEED_STEP_MARK = ", skipped="
+_DEEPSPEED_STEP_RE = re.compile(
+    rf"(?:\[Rank (-?\d+)\] )?\bstep=(\d+), skipped=(\d+), lr=\[(?:(?:[\w.]*\()?({_NUMBER}))?")
+# DeepSpeed 0.19 utils/timer.py ThroughputTimer.stop, every steps_per_print global steps on rank 0.
+DEEPSPEED_THROUGHPUT_MARK = ", RunningAvgSamplesPerSec="
+_DEEPSPEED_THROUGHPUT_RE = re.compile(
+    rf"\bepoch=\d+/micro_step=\d+/global_step=(\d+), RunningAvgSamplesPerSec=({_NUMBER}), "
+    rf"CurrSamplesPerSec=({_NUMBER})(?:, MemAllocated={_NUMBER}GB, MaxMemAllocated=({_NUMBER})GB)?")
+# torchtitan components/metrics.py MetricsProcessor.log: "step: {step:2}  loss: {loss:8.5f}  ...",
+# each field behind its own colour code unless metrics.disable_color_printing. Its validation line
+# ("validate step: ...") is not a training step. Before 4d182a13e (2024-11-23) tps was called wps.
+_TITAN_STEP_RE = re.compile(rf"(?<!validate )\bstep:\s*(\d+)\s+loss:\s*({_NUMBER})\s")
+_TITAN_FIELDS = {"grad_norm": re.compile(rf"\bgrad_norm:\s*({_NUMBER})"),
+                 "memory_gib": re.compile(rf"\bmemory:\s*({_NUMBER})GiB"),
+                 "tps": re.compile(r"\b[tw]ps:\s*(\d[\d,]*)"),
+                 "tflops": re.compile(r"\btflops:\s*(\d[\d,]*(?:\.\d+)?)"),
+                 "mfu_pct": re.compile(rf"\bmfu:\s*({_NUMBER})%")}
+# Megatron-LM training/training.py training_log: " iteration {:8d}/{:8d} | key: value | ...", the
+# losses keyed by what the model's loss function reports ("lm loss" for GPT, BERT, the multimodal
+# and MIMO examples), printed by the last rank.
+MEGATRON_MARK = " | consumed samples:"
+_MEGATRON_STEP_RE = re.compile(r"\biteration\s+(\d+)/\s*(\d+) \|")
+_MEGATRON_FIELD_RE = re.compile(r"\|\s*([^|:]+?):\s*([^|]*?)\s*(?=\|)")
+# The line's fields kept in extra, by the names they get there (the others are read into fields).
+_MEGATRON_EXTRA = {"consumed samples": "consumed_samples", "global batch size": "global_batch_size",
+                   "grad norm": "grad_norm", "loss scale": "loss_scale",
+                   "throughput per GPU (TFLOP/s/GPU)": "tflops", "number of skipped iterations": "skipped_iterations",
+                   "number of nan iterations": "nan_iterations"}
+_MEGATRON_COUNTS = frozenset(("consumed_samples", "global_batch_size", "skipped_iterations", "nan_iterations"))
+
+
+def read_deepspeed_step(line: str) -> StepMetrics | None:
+    """Step, learning rate (the first parameter group's) and rank from DeepSpeed's engine line
+    ``[Rank 0] step=10, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]``; the skipped steps (fp16
+    overflows) in ``extra``. ``step`` is the engine's global step count, 0 for the line
+    ``deepspeed.initialize`` prints before the first step."""
+    if DEEPSPEED_STEP_MARK not in line or ", lr=[" not in line:
+        return None
+    match = _DEEPSPEED_STEP_RE.search(line)
+    if match is None:
+        return None
+    rank, step, skipped, lr = match.groups()
+    return StepMetrics(step=int(step), lr=_float(lr), rank=int(rank) if rank and int(rank) >= 0 else None,
+                       extra={"skipped_steps": int(skipped)})
+
+
+def read_deepspeed_throughput(line: str) -> StepMetrics | None:
+    """The global step of DeepSpeed's ThroughputTimer line (``epoch=0/micro_step=20/global_step=10,
+    RunningAvgSamplesPerSec=..., CurrSamplesPerSec=..., MemAllocated=..GB, MaxMemAllocated=..GB``)
+    and, in ``extra``, the job's samples/s over the last step (``samples_per_s``) and since the
+    timer's start step (``avg_samples_per_s``) and the allocator's allocated peak in bytes
+    (``max_memory_allocated_bytes``, to 0.01 GiB). Samples are not tokens: ``tokens_per_s`` is None."""
+    if DEEPSPEED_THROUGHPUT_MARK not in line:
+        return None
+    match = _DEEPSPEED_THROUGHPUT_RE.search(line)
+    if match is None:
+        return None
+    step, average, current, peak_gib = match.groups()
+    extra = {"samples_per_s": _float(current), "avg_samples_per_s": _float(average)}
+    peak = _float(peak_gib)
+    if peak is not None and math.isfinite(peak):
+        extra["max_memory_allocated_bytes"] = round(peak * GIB)
+    return StepMetrics(step=int(step), extra={k: v for k, v in extra.items() if v is not None})
+
+
+def read_torchtitan(line: str) -> StepMetrics | None:
+    """Step, loss, tokens/s (``tps``: this rank's, scope "rank") and the reserved peak memory
+    (``memory: 9.46GiB(64.99%)``, to 0.01 GiB) from torchtitan's step line, its ANSI colour codes
+    allowed; grad_norm, tflops and mfu (percent; "N/A" under FP8/MX) in ``extra``."""
+    if "step:" not in line or "loss:" not in line or "ps:" not in line:
+        return None
+    if "\x1b[" in line:
+        line = _ANSI_RE.sub("", line)
+    match = _TITAN_STEP_RE.search(line)
+    if match is None:
+        return None
+    rest = line[match.end():]
+    found = {name: pattern.search(rest) for name, pattern in _TITAN_FIELDS.items()}
+    values = {name: _float(got.group(1).replace(",", "")) if got else None for name, got in found.items()}
+    if values["tps"] is None:
+        return None  # step and loss alone: not torchtitan's line
+    gib = values.pop("memory_gib")
+    tps = values.pop("tps")
+    return StepMetrics(step=int(match.group(1)), loss=_float(match.group(2)), tokens_per_s=tps, scope="rank",
+                       memory_bytes=round(gib * GIB) if gib is not None and math.isfinite(gib) else None,
+                       extra={k: v for k, v in values.items() if v is not None})
+
+
+def read_megatron(line: str) -> StepMetrics | None:
+    """Iteration, final iteration, ``lm loss``, learning rate and step time (``elapsed time per
+    iteration (ms)``) from Megatron-LM's training log line; consumed samples, global batch size,
+    grad norm, loss scale, TFLOP/s per GPU and the skipped and NaN iterations in ``extra``. A
+    model whose loss has another name gives no loss. No tokens/s: the line counts samples."""
+    if MEGATRON_MARK not in line or "iteration" not in line:
+        return None
+    match = _MEGATRON_STEP_RE.search(line)
+    if match is None:
+        return None
+    fields = dict(_MEGATRON_FIELD_RE.findall(line, match.end() - 1))
+    step_ms = _float(fields.get("elapsed time per iteration (ms)"))
+    extra: dict[str, Any] = {}
+    for key, name in _MEGATRON_EXTRA.items():
+        value = _float(fields.get(key))
+        if value is not None:
+            extra[name] = int(value) if name in _MEGATRON_COUNTS and value.is_integer() else value
+    return StepMetrics(step=int(match.group(1)), steps=int(match.group(2)), loss=_float(fields.get("lm loss")),
+                       lr=_float(fields.get("learning rate")), step_s=step_ms / 1000 if step_ms is not None else None,
+                       extra=extra)
+
+
 TRAINER_FORMATS: tuple[tuple[str, Callable[[str], StepMetrics | None]], ...] = (
     ("transformers Trainer", read_transformers_trainer),
     ("Lightning Trainer", read_lightning),
+    ("DeepSpeed engine", read_deepspeed_step),
+    ("DeepSpeed ThroughputTimer", read_deepspeed_throughput),
+    ("torchtitan", read_torchtitan),
+    ("Megatron-LM", read_megatron),
 )
+"""A trainer's own step line: its name (a :class:`StepReading`'s ``source``) and its reader, tried
+in this order by :func:`read_step` after the metric line and before the progress line."""

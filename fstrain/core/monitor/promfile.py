@@ -119,10 +119,15 @@ class NodeMetrics:
         series.last_output = now
         if reading is None or (series.from_metric_line and not reading.from_metric_line):
             return
-        series.values = {name: getattr(reading.metrics, name) for name in _VALUES}
+        values = {name: getattr(reading.metrics, name) for name in _VALUES}
+        if metrics is None and series.values.get("step") == values["step"]:
+            # A second line of the same step adds to the first (DeepSpeed: lr, then samples/s).
+            values = {name: series.values.get(name) if value is None else value for name, value in values.items()}
+        if reading.metrics.tokens_per_s is not None or metrics is not None:
+            series.scope = reading.metrics.scope  # a trainer's own line may count this rank's tokens (torchtitan)
+        series.values = values
         if metrics is not None:
             series.from_metric_line = True
-            series.scope = metrics.scope
             if metrics.rank is not None:
                 series.rank = metrics.rank
 

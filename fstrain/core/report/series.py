@@ -9,8 +9,10 @@ launcher does not say the rank). Two forms carry numbers:
   tokens/s 12,345 max_reserved_bytes=812.0MiB``: the step time is the step's tokens over its
   tokens/s, the memory the allocator's reserved peak (the process's peak RSS on CPU).
 
+A trainer's own step line (DeepSpeed's, torchtitan's, Megatron-LM's: metricline.TRAINER_FORMATS)
+counts as a progress line, with the step time and memory it gives where it gives them.
 Where a rank prints metric lines, its progress lines are left out (they say the same once more).
-Both are read by fstrain/core/monitor/metricline.py's ``read_step``.
+All are read by fstrain/core/monitor/metricline.py's ``read_step``.
 """
 
 from __future__ import annotations
@@ -78,14 +80,20 @@ def split_tag(line: str) -> tuple[str, int | None, str]:
 
 
 def progress_point(found: StepMetrics, text: str, tokens_per_step: int | None) -> Point:
-    """A point from the bundled trainer's progress line ``text``, ``found`` as read_step read it:
-    the step time from its tokens/s, the memory from the line's own figures."""
+    """A point from the bundled trainer's progress line ``text``, or a trainer's own step line
+    (metricline.TRAINER_FORMATS), ``found`` as read_step read it: the step time and memory the
+    line gives, else the step time from the job's tokens/s and the memory from the progress
+    line's own figures."""
     rate = found.tokens_per_s
     memory = {key: float(value) for key, value in _MEMORY_RE.findall(text)}
     key = memory_key(text)
-    return Point(step=found.step, loss=found.loss, tokens_per_s=rate,
-                 step_s=tokens_per_step / rate if tokens_per_step and rate else None,
-                 memory_bytes=round(memory[key] * 2**20) if key is not None else None)
+    step_s = found.step_s
+    if step_s is None and tokens_per_step and rate and found.scope == "job":  # a rank's tokens/s is not the job's
+        step_s = tokens_per_step / rate
+    memory_bytes = found.memory_bytes
+    if memory_bytes is None and key is not None:
+        memory_bytes = round(memory[key] * 2**20)
+    return Point(step=found.step, loss=found.loss, tokens_per_s=rate, step_s=step_s, memory_bytes=memory_bytes)
 
 
 def memory_key(text: str) -> str | None:
