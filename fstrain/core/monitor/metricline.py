@@ -75,8 +75,8 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 PREFIX = "FSTRAIN_METRICS "
 METRIC_LINE_VERSION = 1
@@ -246,10 +246,18 @@ def same_step(held: StepMetrics, later: StepMetrics) -> StepMetrics:
     scope goes with the tokens/s it describes); ``later`` alone for another step."""
     if held.step != later.step:
         return later
-    fields = {name: getattr(later, name) if getattr(later, name) is not None else getattr(held, name)
-              for name in ("steps", "loss", "lr", "tokens_per_s", "step_s", "memory_bytes", "rank", "time")}
     scope = later.scope if later.tokens_per_s is not None else held.scope
-    return StepMetrics(step=later.step, scope=scope, extra={**held.extra, **later.extra}, **fields)
+    return replace(filled(later, held), scope=scope, extra={**held.extra, **later.extra})
+
+
+_Record = TypeVar("_Record")
+
+
+def filled(later: _Record, held: _Record) -> _Record:
+    """``later`` (a dataclass), each of its fields that is None taken from ``held``: two reports
+    of one step, the later one leaving out what the earlier said."""
+    return replace(later, **{f.name: getattr(held, f.name) for f in fields(later)  # type: ignore[arg-type,type-var]
+                             if getattr(later, f.name) is None})
 
 
 def read_progress(line: str, any_program: bool = False) -> StepMetrics | None:

@@ -21,14 +21,12 @@ import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
-from fstrain.core.monitor.metricline import METRIC_LINE, PROGRESS_LINE, StepMetrics, read_step
+from fstrain.core.monitor.metricline import METRIC_LINE, PROGRESS_LINE, StepMetrics, filled, read_step
 from fstrain.core.monitor.stragglers import stragglers
 
 TAG_RE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
 RESUMED_MARK = "[fstrain.train] resumed from step "
-_N = TypeVar("_N", int, float)
 _MEMORY_RE = re.compile(r"\b(max_(?:reserved|allocated|rss)_bytes)=([0-9.]+)MiB")
 # The progress line's memory, most telling first: what the allocator holds, what tensors use, the RSS.
 _MEMORY_KEYS = ("max_reserved_bytes", "max_allocated_bytes", "max_rss_bytes")
@@ -128,9 +126,7 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
             point = progress_point(metrics, text, tokens_per_step)
             held = progress.setdefault(rank, {}).get(metrics.step)
             if held is not None:  # a transformers bar redrawn at a logged step says the step again, not its loss
-                point = Point(point.step, _either(point.loss, held.loss),
-                              _either(point.tokens_per_s, held.tokens_per_s), _either(point.step_s, held.step_s),
-                              _either(point.memory_bytes, held.memory_bytes))
+                point = filled(point, held)
             progress[rank][metrics.step] = point
             key = memory_key(text)
             if key is not None:
@@ -142,10 +138,6 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
         out.append(RankSeries(rank, hosts.get(rank, ""), source, tuple(points[s] for s in sorted(points)),
                               memory_keys.get(rank)))
     return out
-
-
-def _either(new: _N | None, held: _N | None) -> _N | None:
-    return new if new is not None else held
 
 
 def resumed_steps(lines: Iterable[str]) -> list[tuple[str, int]]:
