@@ -146,6 +146,9 @@ def _notes(plan: PlanFile, options: TrainingOptions) -> list[str]:
     if knobs.precision == "bf16-pure":
         notes.append("bf16-pure: training.dtype bfloat16 holds parameters and optimizer states in bf16; torchtitan "
                      "reduces gradients in float32 (fsdp.yaml in bf16)")
+    if knobs.framework != "torchtitan":
+        notes.append(f"the plan was made for --framework {knobs.framework}; `fstrain plan --framework torchtitan` "
+                     "counts what torchtitan keeps")
     if knobs.fp8:
         notes.append("fp8: add torchtitan's float8 converter to the config function (torchao Float8Linear, "
                      "tensorwise, the output layer left out)")
