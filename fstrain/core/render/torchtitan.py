@@ -52,8 +52,7 @@ def check_torchtitan(plan: PlanFile) -> None:
     knobs = plan.knobs
     if knobs.strategy == "zero1":
         raise cannot_run(TRAINER, "strategy", "zero1", "torchtitan shards with FSDP2, which has no "
-                         "optimizer-only sharding", "re-plan with --strategy zero2 (FSDP2 reshard_after_forward "
-                         "never) or fsdp-full")
+                         "optimizer-only sharding", "re-plan with --strategy zero2 or fsdp-full")
     if knobs.precision in ("fp16", "amp-fp16"):
         raise cannot_run(TRAINER, "precision", knobs.precision, "torchtitan trains in bfloat16 or float32 only "
                          "(training.mixed_precision_param)", "re-plan with --precision bf16")
