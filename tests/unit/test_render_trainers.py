@@ -79,3 +79,14 @@ def test_torchtitan_arguments_are_flags_and_the_subcommand_comes_last() -> None:
         "--lr_scheduler.warmup_steps=50", "--lr_scheduler.decay_type=cosine", "--lr_scheduler.min_lr_factor=0.2",
     }
     assert expected <= set(args)
+
+
+def test_lightning_names_the_optimizer_for_configure_optimizers_unless_deepspeed_builds_it() -> None:
+    from fstrain.core.render import render_lightning
+
+    adamw = render_lightning(make_plan("zero2")).config
+    assert "optimizer" in adamw["strategy"]["init_args"]["config"] and "optimizer" not in adamw
+    adam8bit = render_lightning(make_plan("zero2", optimizer="adam8bit")).config
+    assert "optimizer" not in adam8bit["strategy"]["init_args"]["config"]
+    assert adam8bit["optimizer"]["name"] == "adam8bit" and adam8bit["scheduler"]["warmup_steps"] == 100
+    assert render_lightning(make_plan("fsdp-full")).config["optimizer"]["name"] == "adamw"

@@ -18,8 +18,8 @@ tuple) is kept as plain values in its own section for the script to build:
   to bf16 for both), ``device_mesh`` (``(replicate, shard)`` for HYBRID_SHARD), and whether
   ``activation_checkpointing_policy`` and ``auto_wrap_policy`` name the model's block class.
 - ``batch`` (the DataLoader's ``batch_size`` is ``micro_batch_size``), ``activation_checkpointing``,
-  ``optimizer`` / ``scheduler`` for ``configure_optimizers`` (DeepSpeed's config holds its own),
-  ``seed_everything``.
+  ``optimizer`` / ``scheduler`` for ``configure_optimizers`` (unless DeepSpeed's config holds an
+  optimizer: then Lightning does not call it), ``seed_everything``.
 """
 
 from __future__ import annotations
@@ -148,12 +148,15 @@ def render_lightning(plan: PlanFile, options: TrainingOptions | None = None, *, 
         config["fsdp"] = _fsdp_section(plan)
         notes.append("FSDPStrategy is FSDP1: pass your model's block class as auto_wrap_policy (and "
                      "activation_checkpointing_policy when fsdp.activation_checkpointing is true)")
-    if knobs.strategy not in ("zero1", "zero2", "zero3"):
+    deepspeed_config = strategy["init_args"].get("config", {})
+    if "optimizer" in deepspeed_config:
+        # DeepSpeedStrategy._initialize_deepspeed_train: an optimizer in the config replaces configure_optimizers.
+        notes.append("DeepSpeedStrategy builds the optimizer (and scheduler) of its config; configure_optimizers "
+                     "is not called")
+    else:
         config["optimizer"] = optimizer_section(knobs.optimizer, options)
         config["scheduler"] = scheduler_section(options)
-    else:
-        notes.append("DeepSpeedStrategy builds the optimizer and scheduler of its config; configure_optimizers "
-                     "is not used")
+    if deepspeed_config:
         if knobs.activation_checkpointing != "none":
             notes.append(f"activation checkpointing {knobs.activation_checkpointing}: the model's forward calls "
                          "deepspeed.checkpointing.checkpoint, set up by the config's activation_checkpointing section")
