@@ -1,5 +1,6 @@
 """``render``: a plan -> the files a training job reads (ds_config.json, fsdp.yaml,
-accelerate.yaml, fstrain.env, README, plan.yaml), written into a new or empty directory
+accelerate.yaml, fstrain.env, README, plan.yaml, and the configs of the trainers asked for:
+hf_training_args.json, hf_ds_config.json, lightning.yaml, torchtitan.args), written into a new or empty directory
 (fstrain/io/render_files.py: whole files or none, byte-identical for the same plan)."""
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class RenderRequest:
     lr: float = 3e-4  # peak learning rate
     warmup_steps: int = 100
     train_steps: int = 0  # cosine decay to this step (0: constant after warm-up)
+    # Also write the configs of these trainers (hf-trainer, lightning, torchtitan); a plan one of
+    # them cannot run is refused (ConfigError) and nothing is written.
+    trainers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ def render(request: RenderRequest) -> Rendered:
     options = TrainingOptions(lr=request.lr, warmup_steps=request.warmup_steps, total_steps=request.train_steps)
     bundle, paths = render_and_write(plan_file, request.out, force=request.force, ifname=request.ifname,
                                      rdma_devices=request.rdma_devices, nccl_topo_files=request.nccl_topo,
-                                     debug=request.debug_env, options=options)
+                                     debug=request.debug_env, options=options, trainers=request.trainers)
     return Rendered(paths[0].parent, tuple(paths), {name: tuple(notes) for name, notes in sorted(bundle.notes.items())},
                     planned)
 

@@ -37,7 +37,8 @@ METAVARS = {
     "--assume": "KEY=VALUE", "--top": "N", "--render": "DIR", "--gpu-memory": "GIB", "--gpu-tflops": "TFLOPS",
     # render, topo
     "--out": "PATH", "--ifname": "IFACE", "--rdma-device": "DEVICE", "--nccl-topo": "FILE", "--lr": "RATE",
-    "--warmup-steps": "N", "--train-steps": "N", "--from": "FILE", "--output": "FILE",
+    "--warmup-steps": "N", "--train-steps": "N", "--trainer": "hf-trainer|lightning|torchtitan", "--from": "FILE",
+    "--output": "FILE",
     # runs, logs, stop, gc
     "--host": "HOST", "--rank": "N", "--tail": "N", "--since": "DURATION", "--older-than": "DURATION",
     "--wait": "SECONDS", "--interval": "SECONDS",

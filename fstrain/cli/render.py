@@ -1,4 +1,5 @@
-"""``fstrain render``: a plan -> ds_config.json, fsdp.yaml, accelerate.yaml, fstrain.env, README."""
+"""``fstrain render``: a plan -> ds_config.json, fsdp.yaml, accelerate.yaml, fstrain.env, README, and
+with --trainer the configs of the Hugging Face Trainer, Lightning and torchtitan."""
 
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ def render_command(
     train_steps: int = typer.Option(
         0, "--train-steps", min=0, help="Total optimizer steps: cosine decay to the end (0: constant after warm-up)."
     ),
+    trainers: list[str] = typer.Option(
+        [], "--trainer", help="Also write the config of this training program: hf-trainer (TrainingArguments), "
+        "lightning (Trainer and strategy arguments) or torchtitan (its command-line overrides); repeat for several."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     slurm: bool = typer.Option(False, "--slurm", help="Write the sbatch script of `fstrain launch --slurm` with "
                                "the other options (launch's) into DIR, without submitting it."),
@@ -60,7 +65,8 @@ def render_command(
 
     request = RenderRequest(plan if plan is not None else plan_from_options(ctx), out, force=force,
                             ifname=ifname, rdma_devices=tuple(rdma_devices), nccl_topo=tuple(nccl_topo),
-                            debug_env=debug_env, lr=lr, warmup_steps=warmup_steps, train_steps=train_steps)
+                            debug_env=debug_env, lr=lr, warmup_steps=warmup_steps, train_steps=train_steps,
+                            trainers=tuple(trainers))
     rendered = render(request)
     if json_output:
         print_json({"out_dir": str(rendered.out_dir), "files": [path.name for path in rendered.files],

@@ -25,9 +25,13 @@ from fstrain.core.render.bundle import (
     DS_CONFIG,
     ENV_FILE,
     FSDP_CONFIG,
+    HF_ARGS,
+    HF_DS_CONFIG,
+    LIGHTNING_CONFIG,
     PLAN_FILE,
     README,
     RENDERED_FILES,
+    TORCHTITAN_ARGS,
     RenderBundle,
     render_bundle,
 )
@@ -48,7 +52,7 @@ def to_yaml(data: Any) -> str:
 
 def bundle_files(bundle: RenderBundle) -> dict[str, bytes]:
     """File name -> content for everything but the NCCL XML copies (no ds_config.json for a plan
-    DeepSpeed cannot run)."""
+    DeepSpeed cannot run; a trainer's files only when it was asked for)."""
     files = {
         ACCELERATE_CONFIG: to_yaml(bundle.accelerate).encode(),
         DS_CONFIG: to_json(bundle.deepspeed).encode(),
@@ -59,6 +63,14 @@ def bundle_files(bundle: RenderBundle) -> dict[str, bytes]:
     }
     if bundle.deepspeed is None:
         del files[DS_CONFIG]
+    if bundle.hf_training_args is not None:
+        files[HF_ARGS] = to_json(bundle.hf_training_args).encode()
+    if bundle.hf_deepspeed is not None:
+        files[HF_DS_CONFIG] = to_json(bundle.hf_deepspeed).encode()
+    if bundle.lightning is not None:
+        files[LIGHTNING_CONFIG] = to_yaml(bundle.lightning).encode()
+    if bundle.torchtitan_args is not None:
+        files[TORCHTITAN_ARGS] = "".join(f"{arg}\n" for arg in bundle.torchtitan_args).encode()
     return files
 
 
@@ -129,6 +141,7 @@ def render_and_write(
     nccl_topo_files: Sequence[Path | str] = (),
     debug: bool = False,
     options: TrainingOptions | None = None,
+    trainers: Sequence[str] = (),
 ) -> tuple[RenderBundle, list[Path]]:
     """Render ``plan`` and write it into ``out_dir``; returns the bundle and the written paths."""
     out_path = Path(out_dir).absolute()
@@ -153,6 +166,7 @@ def render_and_write(
         rdma_devices=rdma_devices,
         topo_files=[source.name for source in topo_sources],
         debug=debug,
+        trainers=trainers,
     )
     files = bundle_files(bundle)
     files.update(topo_contents)

@@ -74,14 +74,34 @@ def test_render_imports_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
         "import sys\n"
         "from fstrain.cli.main import app\n"
         "try:\n"
-        f"    app(['render', '--plan', {str(plan)!r}, '-o', {str(tmp_path / 'out')!r}], prog_name='fstrain')\n"
+        f"    app(['render', '--plan', {str(plan)!r}, '-o', {str(tmp_path / 'out')!r}, '--trainer', 'hf-trainer', "
+        "'--trainer', 'lightning', '--trainer', 'torchtitan'], prog_name='fstrain')\n"
         "except SystemExit as exc:\n"
         "    assert not exc.code, exc.code\n"
-        "print('HEAVY=' + ','.join(m for m in ('torch', 'deepspeed', 'accelerate') if m in sys.modules))\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'deepspeed', 'accelerate', 'transformers', 'lightning', "
+        "'torchtitan') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "HEAVY="
-    assert (tmp_path / "out" / "ds_config.json").is_file()
+    assert (tmp_path / "out" / "ds_config.json").is_file() and (tmp_path / "out" / "torchtitan.args").is_file()
+
+
+def test_trainer_configs_are_written_or_refused_in_one_line(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path / "plan.yaml", strategy="zero1")
+    result = run_fstrain("render", "--plan", str(plan), "-o", str(tmp_path / "out"), "--trainer", "hf-trainer",
+                         "--trainer", "lightning", "--json")
+    assert result.returncode == 0, result.stderr
+    files = json.loads(result.stdout)["files"]
+    assert {"hf_training_args.json", "hf_ds_config.json", "lightning.yaml"} <= set(files)
+    assert "torchtitan.args" not in files
+    arguments = json.loads((tmp_path / "out" / "hf_training_args.json").read_text())
+    assert arguments["deepspeed"] == str(tmp_path / "out" / "hf_ds_config.json")
+    for trainer, message in (("torchtitan", "error: --trainer torchtitan: plan.strategy is zero1: "),
+                             ("megatron", "error: --trainer: unknown trainer 'megatron'")):
+        refused = run_fstrain("render", "--plan", str(plan), "-o", str(tmp_path / trainer), "--trainer", trainer)
+        assert refused.returncode == 2 and refused.stderr.startswith(message), refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and "hint: " in refused.stderr
+        assert not (tmp_path / trainer).exists()
 
 
 def test_render_from_plan_options_matches_plan_render(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Everything ``fstrain render`` writes, as values: the three configs, the env and the README.
+"""Everything ``fstrain render`` writes, as values: the configs, the env and the README, and the
+configs of the trainers asked for with ``--trainer`` (:mod:`fstrain.core.render.trainers`).
 
 The writer (``fstrain.io.render_files``) only serializes and writes what this returns.
 """
@@ -7,12 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.env import EnvVar, render_env
 from fstrain.core.render.fsdp import render_accelerate, render_fsdp
+from fstrain.core.render.hftrainer import render_hf_trainer
+from fstrain.core.render.lightning import render_lightning
 from fstrain.core.render.options import TrainingOptions
+from fstrain.core.render.torchtitan import format_torchtitan_args, render_torchtitan
+from fstrain.core.render.trainers import check_trainers
 from fstrain.errors import ConfigError
 
 DS_CONFIG = "ds_config.json"
@@ -21,7 +27,19 @@ ACCELERATE_CONFIG = "accelerate.yaml"
 ENV_FILE = "fstrain.env"
 README = "README"
 PLAN_FILE = "plan.yaml"
-RENDERED_FILES = (ACCELERATE_CONFIG, DS_CONFIG, ENV_FILE, FSDP_CONFIG, PLAN_FILE, README)
+HF_ARGS = "hf_training_args.json"
+HF_DS_CONFIG = "hf_ds_config.json"
+LIGHTNING_CONFIG = "lightning.yaml"
+TORCHTITAN_ARGS = "torchtitan.args"
+# What each trainer's file is, for the README (docs/configs.md shows the lines that load them).
+TRAINER_FILES = {
+    HF_ARGS: "Hugging Face TrainingArguments: HfArgumentParser(TrainingArguments).parse_json_file(...)",
+    HF_DS_CONFIG: "the DeepSpeed config hf_training_args.json names ('auto' where the Trainer fills it)",
+    LIGHTNING_CONFIG: "Lightning Trainer and strategy arguments (YAML; see docs/configs.md)",
+    TORCHTITAN_ARGS: "torchtitan's overrides: -m torchtitan.train --module M --config F $(cat torchtitan.args)",
+}
+RENDERED_FILES = (ACCELERATE_CONFIG, DS_CONFIG, ENV_FILE, FSDP_CONFIG, HF_ARGS, HF_DS_CONFIG, LIGHTNING_CONFIG,
+                  PLAN_FILE, README, TORCHTITAN_ARGS)
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,11 @@ class RenderBundle:
     plan: dict[str, object]
     notes: dict[str, tuple[str, ...]]  # rendered file name -> what a human should know
     topo_files: tuple[str, ...]  # file names of the NCCL XML copies in the output directory
+    # The trainers' files, for those asked for (None: not asked for, or no such file for the plan)
+    hf_training_args: dict[str, object] | None = None
+    hf_deepspeed: dict[str, object] | None = None
+    lightning: dict[str, object] | None = None
+    torchtitan_args: tuple[str, ...] | None = None
 
 
 def render_bundle(
@@ -45,8 +68,12 @@ def render_bundle(
     rdma_devices: Sequence[str] = (),
     topo_files: Sequence[str] = (),
     debug: bool = False,
+    trainers: Sequence[str] = (),
 ) -> RenderBundle:
-    """Render every file for ``plan``; ``out_dir`` is the absolute directory they will live in."""
+    """Render every file for ``plan``; ``out_dir`` is the absolute directory they will live in.
+    ``trainers`` (names of :data:`fstrain.core.render.trainers.TRAINERS`) adds their files; a plan
+    one of them cannot run is refused before anything is rendered."""
+    trainers = check_trainers(trainers)
     names = set(topo_files)
     clashes = names & set(RENDERED_FILES)
     if len(names) != len(topo_files) or clashes:
@@ -67,6 +94,8 @@ def render_bundle(
         f"not written: the plan has cp={plan.knobs.cp}, and DeepSpeed has no ring-attention context parallelism "
         "(DeepSpeed-Ulysses is a different scheme); re-plan with --cp 1 for DeepSpeed",)
     notes = {DS_CONFIG: ds_notes, FSDP_CONFIG: fsdp.notes, ACCELERATE_CONFIG: accelerate.notes}
+    trainer_configs, trainer_notes = render_trainers(plan, trainers, out_dir=out_dir, options=options, debug=debug)
+    notes.update(trainer_notes)
     readme = render_readme(
         plan,
         notes=notes,
@@ -82,7 +111,29 @@ def render_bundle(
         plan=plan.to_dict(),
         notes=notes,
         topo_files=tuple(topo_files),
+        **trainer_configs,
     )
+
+
+def render_trainers(
+    plan: PlanFile, trainers: Sequence[str], *, out_dir: str, options: TrainingOptions | None, debug: bool
+) -> tuple[dict[str, Any], dict[str, tuple[str, ...]]]:
+    """The trainers' configs as RenderBundle fields, and their notes by file name."""
+    configs: dict[str, Any] = {}
+    notes: dict[str, tuple[str, ...]] = {}
+    if "hf-trainer" in trainers:
+        hf = render_hf_trainer(plan, options, deepspeed_path=f"{out_dir.rstrip('/')}/{HF_DS_CONFIG}", debug=debug)
+        configs["hf_training_args"], notes[HF_ARGS] = hf.arguments.config, hf.arguments.notes
+        if hf.deepspeed is not None:
+            configs["hf_deepspeed"], notes[HF_DS_CONFIG] = hf.deepspeed.config, hf.deepspeed.notes
+    if "lightning" in trainers:
+        lightning = render_lightning(plan, options, debug=debug)
+        configs["lightning"], notes[LIGHTNING_CONFIG] = lightning.config, lightning.notes
+    if "torchtitan" in trainers:
+        torchtitan = render_torchtitan(plan, options)
+        configs["torchtitan_args"] = format_torchtitan_args(torchtitan.config)
+        notes[TORCHTITAN_ARGS] = torchtitan.notes
+    return configs, notes
 
 
 def render_readme(
@@ -121,6 +172,10 @@ def render_readme(
     ]
     for name in topo_files:
         lines.append(f"{name:<16} NCCL topology XML (NCCL_TOPO_FILE)")
+    trainer_files = [name for name in TRAINER_FILES if name in notes]
+    if trainer_files:
+        lines += ["", "Files for your trainer (--trainer)", "----------------------------------"]
+        lines += [f"{name:<22} {TRAINER_FILES[name]}" for name in trainer_files]
     lines += [
         "",
         "Run the bundled trainer (one node shown; `fstrain launch --plan plan.yaml` starts every node)",

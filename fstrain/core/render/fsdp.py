@@ -162,12 +162,8 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
             "grad_accum_steps": knobs.grad_accum_steps,
             "global_batch_size": knobs.global_batch_size,
         },
-        "optimizer": _optimizer(knobs.optimizer, options),
-        "scheduler": {
-            "warmup_steps": options.warmup_steps,
-            "total_steps": options.total_steps,
-            "min_lr_ratio": options.min_lr_ratio,
-        },
+        "optimizer": optimizer_section(knobs.optimizer, options),
+        "scheduler": scheduler_section(options),
         "gradient_clipping": options.gradient_clipping,
         "seed": options.seed,
     }
@@ -201,7 +197,14 @@ def pipeline_section(knobs: PlanKnobs) -> dict[str, Any]:
     }
 
 
-def _optimizer(name: str, options: TrainingOptions) -> dict[str, Any]:
+def scheduler_section(options: TrainingOptions) -> dict[str, Any]:
+    """The schedule as fsdp.yaml (and lightning.yaml) name it (fstrain.core.render.options.lr_multiplier)."""
+    return {"warmup_steps": options.warmup_steps, "total_steps": options.total_steps,
+            "min_lr_ratio": options.min_lr_ratio}
+
+
+def optimizer_section(name: str, options: TrainingOptions) -> dict[str, Any]:
+    """The optimizer as fsdp.yaml (and lightning.yaml) name it: its name and hyperparameters."""
     if name == "sgd":
         return {"name": "sgd", "lr": options.lr, "momentum": options.momentum, "weight_decay": options.weight_decay}
     if name == "adafactor":  # no first moment (beta1 None), an external learning rate
