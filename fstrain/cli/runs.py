@@ -94,7 +94,8 @@ def status_command(
     ssh_config: str | None = hostopts.SSH_CONFIG,
     accept_new_hosts: bool = hostopts.ACCEPT_NEW,
     python: str = PYTHON,
-    json_output: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_output: bool = typer.Option(False, "--json", help="One JSON document on stdout (with --watch: one "
+                                     "per change, a line each, until the run ends)."),
     watch: bool = typer.Option(False, "--watch", help="A live view, redrawn until the run ends (Ctrl-C stops "
                                "watching; the run goes on)."),
     interval: float = typer.Option(2.0, "--interval", min=0.5, help="--watch: seconds between refreshes."),
@@ -103,14 +104,10 @@ def status_command(
     from rich.table import Table
 
     from fstrain.core.monitor.gpuusage import usage_cell
-    from fstrain.errors import InputError
 
-    if watch and json_output:
-        raise InputError("--watch draws a live view for a terminal and --json prints one document",
-                         "leave out one of them (`status RUN --json` repeated gives the documents)", "--watch")
     handle = _open(run, ssh_config, accept_new_hosts, python)
     if watch:
-        _watch(handle, interval)
+        _watch(handle, interval, json_output)
     record = handle.record
     document = handle.status()
     if json_output:
@@ -153,15 +150,16 @@ def status_command(
     out.print(table)
 
 
-def _watch(handle: Run, interval_s: float) -> None:
-    """The live view until the run ends (exit: the run's exit code, 1 for a run that ended
-    without one unless it succeeded); Ctrl-C exits 0 and leaves the run alone."""
-    from fstrain.cli.watch_output import watch_run
+def _watch(handle: Run, interval_s: float, json_lines: bool = False) -> None:
+    """The live view (``json_lines``: a JSON line per change on stdout) until the run ends
+    (exit: the run's exit code, 1 for a run that ended without one unless it succeeded); Ctrl-C
+    exits 0 and leaves the run alone."""
+    from fstrain.cli.watch_output import watch_json, watch_run
 
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        view = watch_run(handle, interval_s)
+        view = watch_json(handle, interval_s) if json_lines else watch_run(handle, interval_s)
     except KeyboardInterrupt:
         console().print(f"stopped watching run {handle.run_id}; it goes on (`fstrain status {handle.run_id} "
                         "--watch`)", markup=False)

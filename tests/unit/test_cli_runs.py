@@ -217,7 +217,25 @@ def test_watch_reads_the_last_lines_of_local_log_files(tmp_path: Path) -> None:
     assert plain_line(view) == "run r: running; step 4/10 (40%)"
 
 
-def test_watch_with_json_is_one_line_and_exit_2() -> None:
-    result = run_fstrain("status", "some-run", "--watch", "--json")
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("error: --watch: --watch draws a live view") and result.stderr.count("\n") == 1
+def test_watch_json_of_an_ended_run_is_one_line_with_its_events_and_its_exit_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status --watch --json` on a run that has ended: one line (the view and every event its
+    file holds), exit code the run's."""
+    from fstrain.io.runevents import EventLog
+
+    home, run_id = tmp_path / "home", "20261130-120000-aaaaaa"
+    attached_run(home, tmp_path / "a", run_id, "failed", 7, monkeypatch)
+    log = EventLog.in_folder(tmp_path / "a", run_id)
+    log.write("started", text="run started", at=100.0, hosts=("localhost",))
+    log.write("failure", text="rank 1 on localhost exited with 7", at=130.0, host="localhost", rank=1, exit_code=7)
+    log.write("finished", text="run failed, exit code 7", at=131.0, state="failed", exit_code=7)
+    result = run_fstrain("status", run_id, "--watch", "--json", "--interval", "0.5", env={"HOME": str(home)})
+    assert result.returncode == 7, result.stderr
+    (line,) = result.stdout.splitlines()
+    document = json.loads(line)
+    assert (document["format"], document["run_id"], document["state"], document["exit_code"], document["ended"]) == \
+        (1, run_id, "failed", 7, True)
+    assert [(e["kind"], e["time"]) for e in document["events"]] == [("started", 100.0), ("failure", 130.0),
+                                                                    ("finished", 131.0)]
+    assert document["events"][1]["rank"] == 1 and document["ranks"] == []
+
