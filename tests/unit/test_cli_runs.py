@@ -239,3 +239,23 @@ def test_watch_json_of_an_ended_run_is_one_line_with_its_events_and_its_exit_cod
                                                                     ("finished", 131.0)]
     assert document["events"][1]["rank"] == 1 and document["ranks"] == []
 
+
+def test_runs_show_step_and_eta_and_filter_by_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fstrain.cli.runs import step_cell
+
+    home = tmp_path / "home"
+    env = {"HOME": str(home)}
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "failed", 7, monkeypatch)
+    live_attached_run(home, tmp_path / "b", "20261130-150000-eeeeee", monkeypatch)  # at step 1 of 4
+    rows = json.loads(run_fstrain("runs", "--state", "running", "--json", env=env).stdout)["runs"]
+    assert [(r["run_id"], r["step"], r["steps"]) for r in rows] == [("20261130-150000-eeeeee", 1, 4)]
+    assert rows[0]["eta_s"] is not None and rows[0]["eta_s"] > 0
+    assert (step_cell(rows[0]), step_cell({**rows[0], "steps": None}), step_cell({"step": None})) == ("1/4", "1", "")
+    table = run_fstrain("runs", "--state", "failed", "--state", "stopped", env={**env, "COLUMNS": "200"})
+    assert table.returncode == 0, table.stderr
+    assert "20261130-120000-aaaaaa │ failed" in table.stderr and "eeeeee" not in table.stderr  # ended, yet shown
+    assert "┃ step ┃ ETA ┃" in table.stderr
+    bad = run_fstrain("runs", "--state", "done", env=env)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
+    assert bad.stderr.startswith("error: --state: unknown run state 'done' (hint: use one of pending, starting, "
+                                 "running, stalled, succeeded, failed, stopped, lost)")

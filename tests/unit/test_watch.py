@@ -17,6 +17,7 @@ from fstrain.core.monitor.watch import (
     eta_s,
     latest_samples,
     measured_step_s,
+    progress_now,
     slowest_rank,
     tail_lines,
     view_document,
@@ -175,3 +176,14 @@ def test_the_watch_document_changes_with_the_run_not_with_the_clock() -> None:
     assert changed(ended, view_document(watch.update(status(("node1", [0]), state="failed", exit_code=1), [], 108.0),
                                         108.0, [{"kind": "finished"}]))
 
+
+def test_progress_at_one_look_measures_the_rate_since_the_first_step() -> None:
+    lines = [metric("node1", 0, 30, steps=100), metric("node1", 1, 31, steps=100)]
+    # Step 10 at t=100, step 30 (the lowest rank's) at t=140: 2 s a step, 70 steps left.
+    shown = progress_now(lines, 140.0, (100.0, 10))
+    assert (shown.step, shown.steps, shown.eta_s) == (30, 100, 140.0)
+    # No rate (the first step is the one shown): the slowest rank's step time.
+    slow = [metric("node1", 0, 5, steps=10, step_s=2.0), metric("node1", 1, 5, steps=10, step_s=3.0)]
+    shown = progress_now(slow, 140.0, (140.0, 5))
+    assert (shown.step, shown.steps, shown.eta_s) == (5, 10, 15.0)
+    assert progress_now(["[node1 r0] hello\n"], 1.0, None).step is None

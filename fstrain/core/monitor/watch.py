@@ -222,6 +222,29 @@ def eta_s(seen: Sequence[tuple[float, int]], step: int, steps: int | None,
     return left * per_step if per_step is not None else None
 
 
+@dataclass(frozen=True)
+class RunProgress:
+    """A run's progress at one look (`fstrain runs`)."""
+
+    step: int | None = None  # the lowest step any reporting rank reached (the live view's rule)
+    steps: int | None = None  # the final step, where the ranks' lines say it
+    eta_s: float | None = None  # the time left to it
+
+
+def progress_now(lines: Iterable[str], now: float, since: tuple[float, int] | None) -> RunProgress:
+    """The run's progress from its ranks' last output ``lines`` at ``now``, the time left at
+    the rate since ``since`` ((Unix seconds, step): the attempt's first step, from its events
+    file, else its start at step 0); at the slowest rank's step time where no rate is measured
+    (:func:`eta_s`)."""
+    samples = latest_samples(lines).values()
+    if not samples:
+        return RunProgress()
+    step = min(m.step for m in samples)
+    steps = max((m.steps for m in samples if m.steps), default=None)
+    seen = [since, (now, step)] if since is not None else []
+    return RunProgress(step, steps, eta_s(seen, step, steps, [m.step_s for m in samples if m.step_s]))
+
+
 def row_stragglers(rows: Sequence[WatchRow]) -> list[int]:
     """The ranks whose latest step time makes them stragglers, by the rule `fstrain report`
     uses (fstrain/core/monitor/stragglers.py: over 10 % above the other ranks' median)."""
