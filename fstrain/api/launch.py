@@ -223,8 +223,8 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
     drive_request, node_job, built = _driving(prepared, out, report, color)
     progress = cast("Reporter", report) if hasattr(report, "event") else None
     recovery = recovery_of(prepared, connect)
-    if recovery is None:
-        driven = drive(drive_request, connect, node_job, progress)
+    if recovery is None:  # detached: node 0's coordinator decides the run, and writes its events
+        driven = drive(replace(drive_request, coordinator_events=run.detach), connect, node_job, progress)
     elif run.detach:  # the first attempt starts here; the keeper, a process of its own, runs the attempts
         from fstrain.api.keeper import start_keeper
 
@@ -234,6 +234,10 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
                f"--max-restarts {run.max_restarts}); its log: {keeper.log}")
     else:
         driven = drive_attempts(drive_request, connect, node_job, recovery, report, progress)
+    if not run.detach:
+        from fstrain.api import eventlog
+
+        eventlog.finished(drive_request.events, attempt_count(driven.manifest), driven.manifest)
     job = built[-1]
     hosts = [facts.host for facts in driven.checked.facts]  # the last attempt's
     access = Access(request.hosts.ssh_config, request.hosts.accept_new_hosts, job_request.python)
@@ -255,6 +259,7 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter,
     """The driver's request for this launch, and its job: fitted to each attempt's hosts (the
     first attempt's plan re-planned for another world), every job built kept in the list."""
     from fstrain.api.driver import AttemptSettings, DriveRequest, NodeAccess, RunOutput
+    from fstrain.io.runevents import EventLog
 
     request, hosts = prepared.request, prepared.selection.hosts
     job_request, run = request.job, request.run
@@ -279,25 +284,36 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter,
         nodes, prepared.run_id, prepared.run_dir, env=dict(job_request.env), master_port=run.master_port,
         prewarm_backend=job_request.backend, limits=run.limits, detach=run.detach,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None,
-        output=RunOutput(out, color, run.metrics_textfile), attempt=AttemptSettings(run.checkpoint_dir))
+        output=RunOutput(out, color, run.metrics_textfile), attempt=AttemptSettings(run.checkpoint_dir),
+        events=EventLog.in_folder(prepared.run_dir.resolve(), prepared.run_id))
     return drive_request, node_job, built
+
+
+def attempt_count(manifest: Manifest) -> int:
+    """How many attempts the run made: its manifest's list, 1 for a run without a recovery policy."""
+    return max(1, len(manifest.attempts))
 
 
 def keep(prepared: Prepared, first: Driven, first_job: Job, stop: threading.Event) -> Driven:
     """A detached run's attempts after its launch started the first (fstrain/api/keeper.py):
     the one recovery loop, each attempt followed to its end on its nodes; ``stop`` set: no
     further attempt, and the current one stopped."""
+    from fstrain.api import eventlog
     from fstrain.api.driver import drive_attempts
     from fstrain.api.keeper import STOPPED, follow
 
     connect = _connector(prepared)
     drive_request, node_job, built = _driving(prepared, sys.stdout, _to_stderr, False)
+    # The keeper writes the run's events: the first attempt started before it did.
+    eventlog.started(drive_request.events, 1, [h.name for h in prepared.selection.hosts], at=first.started)
     built.append(first_job)  # the plan a smaller world is re-planned from
     recovery = recovery_of(prepared, connect)
     assert recovery is not None, "a keeper runs only for a recovery policy"
     recovery = replace(recovery, follow=lambda driven: follow(driven, drive_request, connect, stop),
                        stop_requested=lambda: STOPPED if stop.is_set() else "")
-    return drive_attempts(drive_request, connect, node_job, recovery, _to_stderr, first=first)
+    driven = drive_attempts(drive_request, connect, node_job, recovery, _to_stderr, first=first)
+    eventlog.finished(drive_request.events, attempt_count(driven.manifest), driven.manifest)
+    return driven
 
 
 def recovery_of(prepared: Prepared, connect: Callable[[Host], Transport]) -> Recovery | None:
