@@ -14,13 +14,14 @@ CORE = Path(coordinator.__file__).resolve().parents[2] / "core"  # the modules s
 SECRET = "ab" * 16
 
 
-def make_coordinator(run_dir: Path, nnodes: int = 1, names: list[str] | None = None,
+def make_coordinator(run_dir: Path, nnodes: int = 1, names: list[str] | None = None, events: bool = False,
                      **header: Any) -> coordinator.Coordinator:
     modules = {"supervisor": (CORE / "launch" / "supervisor.py").read_text(),
                "analysis": (CORE / "monitor" / "stacks.py").read_text(),
                "metricline": (CORE / "monitor" / "metricline.py").read_text(),
                "stacks": Path(watchdog.__file__).with_name("stacks.py").read_text()}  # sent with --stall-timeout
-    detach = {"role": "coordinator", "secret": SECRET, "nnodes": nnodes, **({"names": names} if names else {})}
+    detach = {"role": "coordinator", "secret": SECRET, "nnodes": nnodes, **({"names": names} if names else {}),
+              **({"events": True} if events else {})}
     node = coordinator.Node({"detach": detach, "run_id": "r", "run_dir": str(run_dir), "modules": modules,
                              **header}, watchdog.Watchdog)
     return coordinator.Coordinator(node)

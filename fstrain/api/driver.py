@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from fstrain.api import eventlog
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import NodeLaunch
 from fstrain.core.launch.blame import Evidence, Verdict
@@ -53,6 +54,7 @@ from fstrain.io.launch import (
     run_nodes,
     write_manifest,
 )
+from fstrain.io.runevents import EventLog
 from fstrain.io.transport.base import Transport
 
 
@@ -109,6 +111,11 @@ class DriveRequest:
     first_step: bool = True  # a training job: its progress waits for the first step
     output: RunOutput = field(default_factory=RunOutput)
     attempt: AttemptSettings = field(default_factory=AttemptSettings)
+    # RUN_DIR/events.jsonl's writer, where this process decides the run (fstrain/api/eventlog.py);
+    # a detached start writes none: its recovery keeper does, or (``coordinator_events``, a run
+    # without a recovery policy: nothing here follows it) node 0's coordinator, on node 0
+    events: EventLog | None = None
+    coordinator_events: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,18 +186,22 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                                  on_line=output.lines,
                                  ended_by_slurm=slurm_ended(request.slurm_job_id),
                                  progress=stages.event if progress is not None else None,
-                                 first_step=request.first_step)
+                                 first_step=request.first_step,
+                                 on_first_step=eventlog.first_step(request.events, request.attempt.restart + 1))
             if request.detach:
                 return _start_detached(request, connect, checked, node_job, options, started)
             if request.record:
                 from fstrain.io.runs import register
 
                 register(request.run_id, request.run_dir, detached=False)
+            if request.attempt.restart == 0:  # a later attempt's start: drive_attempts says it
+                eventlog.started(request.events, 1, [h.name for h in hosts])
             outcome = run_nodes(node_job.launches, pool.open_transport, nodes.python, options, prewarmed)
         finally:
             for node in prewarmed:
                 if node is not None:
                     node.close()
+    eventlog.failure(request.events, request.attempt.restart + 1, outcome)
     manifest = write_manifest(request.run_dir / "manifest.json",
                               manifest_of(run_setup(request, checked, node_job), outcome))
     return Driven(checked, node_job, outcome, manifest, started)
@@ -255,7 +266,7 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     record([{}] * len(node_job.launches))
     try:
         answers = start_detached(node_job.launches, connect, request.nodes.python, options, checked.rendezvous, record,
-                                 request.attempt.banner)
+                                 request.attempt.banner, events=request.coordinator_events)
     except BaseException:
         # This process no longer starts it (it may live on: the API's caller): what shows on
         # the nodes decides the run's state from now on.
@@ -312,6 +323,9 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
         try:
             if stop:  # between attempts: the one that failed is the run's last
                 raise FstrainError(stop)
+            if number > 1:  # the first attempt's start is drive's (or, detached, the keeper's) to say
+                eventlog.started(request.events, number, [h.name for h in hosts])
+                eventlog.resumed(request.events, number, before.step)
             driven = first if first is not None and number == 1 else \
                 drive(attempt_request(request, number, hosts, checkpoint_dir), connect, job, progress)
             if recovery.follow is not None:
@@ -334,6 +348,7 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
             report(f"attempt {number} failed ({outcome.detail or outcome.reason}); verdict {verdict.kind}: "
                    f"{verdict.why}; testing {', '.join(verdict.suspects)}")
             guilty, tested = recovery.test(hosts, verdict)
+        eventlog.blame(request.events, number, verdict, tested)
         after = _checkpoints(hosts, outcome, connect, request.nodes.python, checkpoint_dir)
         next_ = (decide(recovery.policy, number - 1, named, [s.name for s in spares], verdict, guilty)
                  if verdict else None)
@@ -348,6 +363,7 @@ def drive_attempts(request: DriveRequest, connect: Callable[[Host], Transport],
             recover_s=round(outcome.started - previous.outcome.ended, 3) if previous else None,
             steps_lost=steps_lost(driven.last_step if request.detach else last_step(request.run_dir / "logs", offsets),
                                   after.step) if failed else None))
+        eventlog.excluded(request.events, number, next_)
         if next_ is None or next_.action == "stop":
             if next_ is not None and failed:
                 report(f"attempt {number} failed ({outcome.detail or outcome.reason}); {next_.why}: the run ends "

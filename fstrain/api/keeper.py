@@ -102,8 +102,10 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     """A started detached attempt, followed to its end (every node's record final and no
     watchdog alive): its outcome as an attached attempt's, and the manifest written with it.
     A stop asked meanwhile is passed to the attempt's coordinator. Node 0 unreachable counts
-    as the end only once it has stayed so for the heartbeat timeout. ``feed`` reads the nodes'
-    output at each look, and once more at the end."""
+    as the end only once it has stayed so for the heartbeat timeout. The attempt's first step
+    (the first look that shows one) and its first failure go to the run's events. ``feed``
+    reads the nodes' output at each look, and once more at the end."""
+    from fstrain.api import eventlog
     from fstrain.api.driver import Driven, run_setup
     from fstrain.core.launch.supervisor import AttemptEnd
     from fstrain.core.runs.runstate import FINAL, from_nodes
@@ -116,6 +118,8 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     names = [h.label() for h in record.hosts]
     stopping, end = False, AttemptEnd(request.limits.heartbeat_timeout_s)
     highest: int | None = None  # over every look: a node's last record may no longer hold the line
+    attempt = driven.checked.restart + 1
+    stepped = eventlog.first_step(request.events, attempt)
     if feed is not None:
         feed.attach(record)
     while True:
@@ -124,6 +128,9 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
         views = node_views(record, connect, request.nodes.python)
         state = from_nodes(views, names)
         highest = max((s for s in (highest, reported_step(views)) if s is not None), default=None)
+        if highest is not None and stepped is not None:
+            stepped(highest)
+            stepped = None
         if stop.is_set() and not stopping:
             stopping = True
             stop_on_node(connect, node0.host, request.nodes.python, node0.run_dir, "term")
@@ -136,6 +143,7 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
         feed.detach()
     outcome, last = attempt_outcome(views, driven.job.launches, state, driven.started)
     last = max((s for s in (highest, last) if s is not None), default=None)
+    eventlog.failure(request.events, attempt, outcome)
     manifest = write_manifest(request.run_dir / "manifest.json", replace(
         manifest_of(run_setup(request, driven.checked, driven.job), outcome), detached=True,
         attempts=driven.manifest.attempts))

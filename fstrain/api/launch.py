@@ -243,11 +243,17 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
     recovery = recovery_of(prepared, connect)
 
     def run_it() -> Driven:
-        if run.detach and (recovery is not None or request.trackers.any):
+        if run.detach and (recovery is not None or request.trackers.any):  # its keeper writes its events
             return _start_kept(prepared, drive_request, connect, node_job, built, recovery, progress, report)
-        if recovery is None:
-            return drive(drive_request, connect, node_job, progress)
-        return drive_attempts(drive_request, connect, node_job, recovery, report, progress)
+        if recovery is None:  # detached: node 0's coordinator decides the run, and writes its events
+            driven = drive(replace(drive_request, coordinator_events=run.detach), connect, node_job, progress)
+        else:
+            driven = drive_attempts(drive_request, connect, node_job, recovery, report, progress)
+        if not run.detach:  # before the trackers' last read of the events
+            from fstrain.api import eventlog
+
+            eventlog.finished(drive_request.events, attempt_count(driven.manifest), driven.manifest)
+        return driven
 
     driven = tracked(trackers, run_it)
     job = built[-1]
@@ -350,6 +356,7 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
     """The driver's request for this launch, and its job: fitted to each attempt's hosts (the
     first attempt's plan re-planned for another world), every job built kept in the list."""
     from fstrain.api.driver import AttemptSettings, DriveRequest, NodeAccess, RunOutput
+    from fstrain.io.runevents import EventLog
 
     request, hosts = prepared.request, prepared.selection.hosts
     job_request, run = request.job, request.run
@@ -377,15 +384,23 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
         prewarm_backend=job_request.backend, limits=run.limits, detach=run.detach,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None,
         output=RunOutput(out, color, run.metrics_textfile, trackers.line if trackers is not None else None),
-        attempt=AttemptSettings(run.checkpoint_dir))
+        attempt=AttemptSettings(run.checkpoint_dir), events=EventLog.in_folder(prepared.run_dir.resolve(),
+                                                                               prepared.run_id))
     return drive_request, node_job, built
+
+
+def attempt_count(manifest: Manifest) -> int:
+    """How many attempts the run made: its manifest's list, 1 for a run without a recovery policy."""
+    return max(1, len(manifest.attempts))
 
 
 def keep(prepared: Prepared, first: Driven, first_job: Job, stop: threading.Event) -> Driven:
     """A detached run after its launch started the first attempt (fstrain/api/keeper.py): with
     a recovery policy, the one recovery loop, each attempt followed to its end on its nodes;
-    without, the one attempt followed. Its trackers, where asked for, are sent every node's
-    output as it is read. ``stop`` set: no further attempt, and the current one stopped."""
+    without, the one attempt followed. The keeper writes the run's events, and its trackers,
+    where asked for, are sent every node's output as it is read. ``stop`` set: no further
+    attempt, and the current one stopped."""
+    from fstrain.api import eventlog
     from fstrain.api.driver import drive_attempts
     from fstrain.api.keeper import STOPPED, OutputFeed, follow
     from fstrain.errors import FstrainError
@@ -397,6 +412,8 @@ def keep(prepared: Prepared, first: Driven, first_job: Job, stop: threading.Even
         _to_stderr(f"warning: {exc.one_line()}; the run goes on without it")
         trackers = None
     drive_request, node_job, built = _driving(prepared, sys.stdout, _to_stderr, False, trackers)
+    # The keeper writes the run's events: the first attempt started before it did.
+    eventlog.started(drive_request.events, 1, [h.name for h in prepared.selection.hosts], at=first.started)
     built.append(first_job)  # the plan a smaller world is re-planned from
     feed = OutputFeed(trackers.line, connect, prepared.request.job.python) if trackers is not None else None
     if trackers is not None:
@@ -405,10 +422,13 @@ def keep(prepared: Prepared, first: Driven, first_job: Job, stop: threading.Even
 
     def run_it() -> Driven:
         if recovery is None:
-            return follow(first, drive_request, connect, stop, feed=feed)
-        kept = replace(recovery, follow=lambda driven: follow(driven, drive_request, connect, stop, feed=feed),
-                       stop_requested=lambda: STOPPED if stop.is_set() else "")
-        return drive_attempts(drive_request, connect, node_job, kept, _to_stderr, first=first)
+            driven = follow(first, drive_request, connect, stop, feed=feed)
+        else:
+            kept = replace(recovery, follow=lambda driven: follow(driven, drive_request, connect, stop, feed=feed),
+                           stop_requested=lambda: STOPPED if stop.is_set() else "")
+            driven = drive_attempts(drive_request, connect, node_job, kept, _to_stderr, first=first)
+        eventlog.finished(drive_request.events, attempt_count(driven.manifest), driven.manifest)
+        return driven
 
     return tracked(trackers, run_it)
 

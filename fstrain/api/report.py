@@ -70,7 +70,11 @@ def report_of(run: Run) -> Report:
     finally:
         outputs.close()
     unread.update(outputs.failed)
-    events = [*events, *timeline.restarts(resumed_steps(resumes))]
+    recorded = run.events()
+    if recorded is not None:  # the run's own record of its events: the one source where it exists
+        events = timeline.from_run_events(recorded.events)
+    else:
+        events = [*events, *timeline.restarts(resumed_steps(resumes))]
     plan = run.record.manifest.plan if run.record.manifest is not None else None
     result = build(run.run_id, run.kind, state, series=series, events=events,
                    plan=dict(plan) if plan is not None else None, summary=summary, failure=failure)

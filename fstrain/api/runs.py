@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from fstrain.core.runs.manifest import Manifest
     from fstrain.core.runs.runrecord import KeeperRecord
     from fstrain.io.logs import FileOutputs, NodeOutputs
+    from fstrain.io.runevents import EventsRead
     from fstrain.io.runs import FolderGone, RunRecord
     from fstrain.io.transport.base import Transport
 
@@ -139,6 +140,20 @@ class Run:
             raise FstrainError(f"could not read the output of {names}", "check the hosts with `fstrain status`",
                                "logs")
         return lines
+
+    def events(self) -> EventsRead | None:
+        """The run's events file as it is now: RUN_DIR/events.jsonl (a Slurm run's job folder's),
+        or for a detached run without a recovery policy node 0's, written by its coordinator.
+        None where the run has none: a run of an fstrain that did not write it, a launch refused
+        before its nodes started, node 0 out of reach."""
+        from fstrain.core.runs.runevents import EVENTS_FILE
+        from fstrain.io.runevents import fetch_events, read_events
+
+        local = read_events(self.record.job_dir / EVENTS_FILE)
+        if local is not None or not isinstance(self.backend, SshRun):
+            return local
+        node0 = self.backend.detached.nodes[0]
+        return fetch_events(self.backend.connect, node0.host, f"{node0.run_dir}/{EVENTS_FILE}")
 
     def running(self) -> bool:
         """Whether anything of the run still runs (a watchdog, its launcher, the job)."""

@@ -146,9 +146,11 @@ class RunStages:
     of one of its ranks), the first training step (a metric or progress line), and the bench
     worker's measurements; every stage still open is closed at the run's end."""
 
-    def __init__(self, nodes: int, report: Callable[[Event], None] | None, first_step: bool = True) -> None:
+    def __init__(self, nodes: int, report: Callable[[Event], None] | None, first_step: bool = True,
+                 on_first_step: Callable[[int], None] | None = None) -> None:
         self.report = report
         self.first_step = first_step  # a training job: its first step is a stage
+        self.on_first_step = on_first_step  # told the step of the first step line (the run's events)
         self.total = nodes
         self.up: set[int] = set()
         self.open: set[str] = set()
@@ -167,6 +169,11 @@ class RunStages:
         self._say(Event("start", 0, self.total, "waiting for each node's ranks"))
 
     def line(self, node_rank: int, ranked: bool, text: str) -> None:
+        if self.on_first_step is not None and self.first_step and not self.stepped:
+            reading = read_step(text)
+            if reading is not None:
+                self.on_first_step(reading.metrics.step)
+                self.on_first_step = None
         if self.report is None:
             return
         if ranked and node_rank not in self.up:

@@ -311,6 +311,7 @@ class RunOptions:
     ended_by_slurm: Callable[[], str | None] | None = None
     progress: Callable[[Event], None] | None = None  # the stages: nodes up, first step, measurements
     first_step: bool = True  # a training job: waiting for its first step is a stage of the progress
+    on_first_step: Callable[[int], None] | None = None  # told the first step a rank reports (the run's events)
 
 
 @dataclass
@@ -390,7 +391,7 @@ def run_nodes(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transpor
     stop = _Stop()
     previous = {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.time()
-    stages = RunStages(len(nodes), options.progress, options.first_step)
+    stages = RunStages(len(nodes), options.progress, options.first_step, options.on_first_step)
     try:
         stages.begin()
         for index, node in enumerate(nodes):

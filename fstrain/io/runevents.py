@@ -11,13 +11,17 @@ full disk) never stops the run: the first failure is said once on stderr.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fstrain import __version__
 from fstrain.core.runs.runevents import EVENTS_FILE, RunEvent, parse_lines
+
+if TYPE_CHECKING:
+    from fstrain.core.hosts.hostfile import Host
+    from fstrain.io.transport.base import Transport
 
 MAX_EVENTS_BYTES = 16 * 2**20  # a run writes a few lines per attempt: more is not an events file
 
@@ -84,6 +88,21 @@ def read_events(path: Path) -> EventsRead | None:
     return EventsRead(tuple(events), skipped)
 
 
-def events_after(read: EventsRead | None, seen: int) -> Sequence[RunEvent]:
-    """The events past the first ``seen`` (what a follower has not yet passed on)."""
-    return read.events[seen:] if read is not None else ()
+def fetch_events(connect: Callable[[Host], Transport], host: Host, path: str,
+                 timeout_s: float = 60) -> EventsRead | None:
+    """The events file at ``path`` on ``host`` (a detached run's node 0, where its coordinator
+    writes it); None where there is none or the host cannot be read. A newer format: an InputError."""
+    from fstrain.errors import FstrainError
+
+    try:
+        transport = connect(host)
+    except FstrainError:
+        return None
+    try:
+        result = transport.run(["cat", "--", path], timeout_s=timeout_s)
+    finally:
+        transport.close()
+    if not result.ok:
+        return None
+    events, skipped = parse_lines(result.stdout.splitlines(), f"{host.label()}:{path}")
+    return EventsRead(tuple(events), skipped)

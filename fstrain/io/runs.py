@@ -78,11 +78,13 @@ def index_dir() -> Path:
 def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transport], python: str,
                    options: RunOptions, rendezvous: Rendezvous,
                    coordinator_started: Callable[[list[dict[str, Any]]], None] = lambda answers: None,
-                   banner: str = "") -> list[dict[str, Any]]:
+                   banner: str = "", events: bool = False) -> list[dict[str, Any]]:
     """Start node 0's watchdog as the coordinator, then every other node's as a member; return
     each node's answer (pids, the coordinator's port) once all of them started.
     ``coordinator_started`` gets the answers as soon as node 0's is in (the others' empty);
-    ``banner``, the attempt's first line in every node's output (a recovering run)."""
+    ``banner``, the attempt's first line in every node's output (a recovering run); ``events``:
+    the coordinator writes the run's events (RUN_DIR/events.jsonl on node 0: a run without a
+    recovery keeper)."""
     from fstrain.core.job.spec import secret_values
     from fstrain.io.launch import LaunchError, watchdog_header
 
@@ -106,7 +108,8 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     report = options.progress or (lambda event: None)
     report(Event("start", 0, total, "node 0 (the coordinator)"))
     first = _start_one(launches[0], connect, python,
-                       header(launches[0], {"role": "coordinator", "bind": rendezvous.master_addr}))
+                       header(launches[0], {"role": "coordinator", "bind": rendezvous.master_addr,
+                                            **({"events": True} if events else {})}))
     answers: list[dict[str, Any]] = [first] + [{}] * (len(launches) - 1)
     coordinator_started(list(answers))
     started = [launches[0].host.label()]

@@ -32,7 +32,7 @@ from fstrain.core.runs.runevents import EVENTS_FILE, RunEvent
 from fstrain.core.track.calls import Point, StepFeed, event_lines, event_tags
 from fstrain.errors import FstrainError, TransportError
 from fstrain.io.localout import warn
-from fstrain.io.runevents import events_after, read_events
+from fstrain.io.runevents import read_events
 
 QUEUE_ITEMS = 10_000  # lines' points waiting to be sent; beyond: dropped and counted
 BATCH_POINTS = 1000  # MLflow's most metrics in one log_batch
@@ -319,11 +319,12 @@ class TrackerSession:
         if self.events_path is None:
             return
         try:
-            new = events_after(read_events(self.events_path), len(self._events))
+            read = read_events(self.events_path)
         except FstrainError as exc:  # a newer format, a file past its bound: said once, then left
             self.say(f"trackers: {exc.one_line()}; the run's events are not sent")
             self.events_path = None
             return
+        new = read.events[len(self._events):] if read is not None else ()
         if new:
             self._events += new
             self._send("events", None)

@@ -74,9 +74,9 @@ def test_lost_node_is_excluded_and_the_run_resumes_on_the_rest(cluster: Namespac
     assert second["resumed_from_step"] == first["last_checkpoint_step"] and second["progress"] is True
     assert second["recover_s"] > 0 and first["steps_lost"] >= 0
     lines = step_lines(launch.stdout)
-    resumed = first["last_checkpoint_step"]
+    resumed_step = first["last_checkpoint_step"]
     # The new world: three ranks, from the checkpoint to the last step, every line once.
-    assert lines[(0, 1)] == lines[(1, 1)] == lines[(2, 1)] == list(range(resumed + 1, 15))
+    assert lines[(0, 1)] == lines[(1, 1)] == lines[(2, 1)] == list(range(resumed_step + 1, 15))
     assert (3, 1) not in lines
     assert lines[(0, 0)][:5] == [1, 2, 3, 4, 5]
     assert "world=3" in "".join(line for line in launch.stdout if "attempt=1 host=" in line)
@@ -84,6 +84,21 @@ def test_lost_node_is_excluded_and_the_run_resumes_on_the_rest(cluster: Namespac
     assert "==== attempt 1 (hosts node1,node2,node3,node4) ====" in log
     assert "==== attempt 2 (hosts node1,node2,node3) ====" in log
     assert "attempt 2 on 3 nodes (node1, node2, node3)" in launch.err
+    # The launch wrote each decision to the run's events as it took it.
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["attempt"]) for e in events] == [
+        ("started", 1), ("first_step", 1), ("failure", 1), ("blame", 1), ("excluded", 1), ("attempt", 2),
+        ("resumed", 2), ("first_step", 2), ("finished", 2)], events
+    started, stepped, failure, blamed, excluded, attempt, resumed, stepped_again, finished = events
+    assert started["hosts"] == ["node1", "node2", "node3", "node4"] and stepped["step"] == 1
+    assert (failure["host"], failure["exit_code"]) == ("node4", 255)
+    assert (blamed["verdict"], blamed["suspects"]) == ("hardware", ["node4"])
+    assert blamed["tested"]["node4"].startswith("ssh.connect") and blamed["evidence"] == first["verdict"]["why"]
+    assert excluded["host"] == "node4" and attempt["hosts"] == ["node1", "node2", "node3"]
+    assert resumed["step"] == resumed_step == second["resumed_from_step"]
+    assert stepped_again["step"] > resumed["step"]
+    assert (finished["state"], finished["exit_code"]) == ("succeeded", 0)
+    assert [e["time"] for e in events] == sorted(e["time"] for e in events)
     assert_no_job_processes(cluster, GRACE_S + 8)
 
 

@@ -84,6 +84,12 @@ def test_a_short_time_limit_runs_the_job_and_names_the_limit_as_its_end(slurm: S
     assert f"Slurm job {job_id}: FAILED, exit code 143: time limit (--time 00:02:00) reached" in result.stderr
     manifest = json.loads((run_dir / f"job-{job_id}" / "manifest.json").read_text())
     assert manifest["exit_code"] == 143 and [n["host"] for n in manifest["nodes"]] == ["node1", "node2"]
+    # The batch job's launch writes the run's events in its job folder, as they happen.
+    events = [json.loads(line) for line in (run_dir / f"job-{job_id}" / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["attempt"]) for e in events] == [("started", 1), ("finished", 1)], events
+    assert events[0]["hosts"] == ["node1", "node2"] and events[0]["format"] == 1
+    assert (events[1]["state"], events[1]["exit_code"]) == ("stopped", 143)
+    assert events[0]["time"] <= events[1]["time"] == manifest["ended"]
     status = json.loads(fstrain(slurm, tmp_path, "status", job_id, "--json").stdout)
     assert (status["state"], status["exit_code"], status["reason"]) == (
         "failed", 143, "time limit (--time 00:02:00) reached")

@@ -38,7 +38,9 @@ class Member:
 
 
 def test_a_members_failure_is_named_by_host_and_rank_and_stops_the_others(tmp_path: Path) -> None:
-    running = make_coordinator(tmp_path, nnodes=3, names=["node1", "node2", "node3"])
+    from fstrain.core.runs.runevents import parse_lines
+
+    running = make_coordinator(tmp_path, nnodes=3, names=["node1", "node2", "node3"], events=True)
     port = running.listen("127.0.0.1")
     members = {rank: Member(port, rank) for rank in (1, 2)}
     try:
@@ -48,6 +50,15 @@ def test_a_members_failure_is_named_by_host_and_rank_and_stops_the_others(tmp_pa
         assert (record["state"], record["exit_code"]) == ("failed", 7)  # the rank's own code
         assert record["reason"] == "rank 5 (local rank 1) on node3 exited with 7"
         assert (record["first_failure_node_rank"], record["first_failure_host"]) == (2, "node3")
+        # The coordinator decides this run: its events file has the failure once, as the record reads it.
+        members[1].send({"exit": 143})
+        running.node_exit(0, 143, None)
+        running.finish()
+        events, skipped = parse_lines((tmp_path / "events.jsonl").read_text().splitlines(), "events.jsonl")
+        assert skipped == 0 and [e.kind for e in events] == ["failure", "finished"]
+        assert (events[0].host, events[0].rank, events[0].exit_code, events[0].signal) == ("node3", 5, 7, None)
+        assert events[0].text == "rank 5 (local rank 1) on node3 exited with 7"
+        assert (events[1].state, events[1].exit_code, events[1].run_id) == ("failed", 7, "r")
     finally:
         for member in members.values():
             member.close()

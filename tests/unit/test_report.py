@@ -95,6 +95,25 @@ def test_detached_views_give_each_node_a_stall_and_a_node_not_reached() -> None:
     assert events[-1].text == "stalled, exit 124 (no output for 5 s)"
 
 
+def test_an_events_file_is_the_timeline_one_entry_per_event() -> None:
+    from fstrain.core.runs.runevents import RunEvent
+
+    recorded = [RunEvent("started", 100.0, "r1", hosts=("node1", "node2"), text="run r1 started on 2 nodes"),
+                RunEvent("first_step", 110.0, "r1", step=1, text="first step reported: step 1"),
+                RunEvent("failure", 120.0, "r1", host="node2", rank=3, exit_code=7, text="rank 3 on node2 exited 7"),
+                RunEvent("blame", 121.0, "r1", verdict="hardware", suspects=("node2",), text="verdict hardware"),
+                RunEvent("excluded", 122.0, "r1", host="node2", text="node2 is left out of attempt 2"),
+                RunEvent("attempt", 125.0, "r1", 2, hosts=("node1",), text="attempt 2 started on 1 node"),
+                RunEvent("resumed", 125.5, "r1", 2, step=4, text="resumes from step 4"),
+                RunEvent("finished", 150.0, "r1", 2, state="succeeded", exit_code=0, text="run succeeded")]
+    events = timeline.from_run_events(list(reversed(recorded)))
+    assert [(e.time, e.kind, e.where) for e in events] == [
+        (100.0, "start", ""), (110.0, "first step", ""), (120.0, "failure", "node2"), (121.0, "blame", ""),
+        (122.0, "excluded", "node2"), (125.0, "restart", ""), (125.5, "restart", ""), (150.0, "end", "")]
+    stalled = timeline.from_run_events([RunEvent("finished", 1.0, "r", state="stalled", exit_code=124)])
+    assert [e.kind for e in stalled] == ["stall"]
+
+
 PLAN = {"cluster": {"gpu": "h100-sxm", "gpu_memory_bytes": 80 * 2**30},
         "predicted": {"memory": {"peak": 2 * 2**30}, "tokens_per_s": 10000.0, "step_time_s": 0.1}}
 SUMMARY = {"device": "cuda", "tokens_per_s": 8000.0, "tokens_per_step": 1000, "world_size": 4,

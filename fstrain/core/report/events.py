@@ -1,6 +1,9 @@
 """The timeline of a run: its start, each node up, stalls, failures, stops, restarts, its end.
 
-Two sources, one per kind of run:
+Where the run has an events file (``RUN_DIR/events.jsonl``, fstrain/core/runs/runevents.py,
+written live by the process that decided the run), the timeline is that file's events
+(:func:`from_run_events`). Runs without one (an fstrain that did not write it, a detached run
+without a recovery policy) have two sources, one per kind of run:
 
 - a manifest (``RUN_DIR/manifest.json``: an attached run's, a Slurm job's), written at the end
   by the launcher: the run's and each node's start and end, exit codes, the stall;
@@ -16,12 +19,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fstrain.core.runs import runevents
 from fstrain.core.runs.manifest import Manifest
+from fstrain.core.runs.runevents import RunEvent
 from fstrain.core.runs.runstate import FINAL, RunState
 
 # The state a run ended in -> the kind of its last event.
 _END_KINDS = {"succeeded": "end", "failed": "failure", "lost": "failure", "stopped": "stop", "stalled": "stall"}
-KINDS = ("start", "node up", "node end", "stall", "failure", "stop", "restart", "end")
+KINDS = ("start", "node up", "node end", "first step", "stall", "failure", "blame", "excluded", "stop", "restart",
+         "end")
+# A run event's kind -> its kind on the timeline (finished: by the state it ended in).
+_RUN_EVENT_KINDS = {runevents.STARTED: "start", runevents.FIRST_STEP: "first step", runevents.FAILURE: "failure",
+                    runevents.BLAME: "blame", runevents.EXCLUDED: "excluded", runevents.ATTEMPT: "restart",
+                    runevents.RESUMED: "restart"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,17 @@ def from_views(started: float | None, names: Sequence[str], views: Sequence[Mapp
     if state.state in FINAL:  # a run still going has no end yet
         events.append(_end(state, state.ended, events))
     return _ordered(events)
+
+
+def from_run_events(events: Sequence[RunEvent]) -> list[Event]:
+    """The timeline as the run's events file recorded it, one entry per event."""
+    timeline = []
+    for event in events:
+        kind = _END_KINDS.get(event.state or "", "end") if event.kind == runevents.FINISHED \
+            else _RUN_EVENT_KINDS[event.kind]
+        where = event.host or "" if event.kind in (runevents.FAILURE, runevents.EXCLUDED) else ""
+        timeline.append(Event(event.time, kind, where, event.text))
+    return _ordered(timeline)
 
 
 def restarts(resumed: Sequence[tuple[str, int]]) -> list[Event]:

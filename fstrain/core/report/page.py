@@ -16,7 +16,7 @@ from fstrain.core.report.excerpt import FailureExcerpt
 from fstrain.core.report.numbers import Comparison, Report
 from fstrain.core.report.series import RankSeries, differ
 
-ALERT_KINDS = frozenset({"failure", "stall", "stop"})
+ALERT_KINDS = frozenset({"failure", "stall", "stop", "excluded"})
 _STYLE = """
 body { font-family: sans-serif; margin: 24px; color: #222; max-width: 980px; }
 h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }

@@ -3,8 +3,10 @@ object per line of ``RUN_DIR/events.jsonl`` (docs/observability.md#events).
 
 The process that makes a run's decisions writes them, live, appending one line per event
 (fstrain/io/runevents.py ``EventLog``): an attached launch (and the batch job's launch of a
-Slurm run, in ``RUN_DIR/job-<job id>``) and the recovery keeper of a detached run with a
-recovery policy (fstrain/api/keeper.py). Each line carries the format version of kind
+Slurm run, in ``RUN_DIR/job-<job id>``), the recovery keeper of a detached run with a recovery
+policy (fstrain/api/keeper.py), and for a detached run without one node 0's coordinator, in
+node 0's run directory (fstrain/io/remote/coordinator.py, which writes these lines itself: it
+runs where fstrain need not be installed). Each line carries the format version of kind
 ``events`` (fstrain/core/formats.py), the event's ``kind``, when (``time``, Unix seconds on the
 writer's clock), the run, the attempt (1 for the first) and a line in words (``text``); then
 the fields of its kind only (:data:`FIELDS`):
@@ -14,7 +16,7 @@ the fields of its kind only (:data:`FIELDS`):
 - ``failure``: the attempt's first failure; ``host``, ``rank`` (global; None when not known),
   ``exit_code``, ``signal`` (the signal's name where a signal killed the rank).
 - ``blame``: who the attempt's failure was put on and why; ``verdict`` (fstrain/core/launch/
-  blame.py: ``application``, ``host``, ``network``, ...), ``suspects`` (hosts), ``evidence``
+  blame.py: ``hardware``, ``application``, ``unknown``), ``suspects`` (hosts), ``evidence``
   (the verdict's reason), ``tested`` (per tested host: what its test found).
 - ``excluded``: a host left out of the next attempt; ``host``, ``evidence``.
 - ``attempt``: a later attempt starts (a restart, or a new world after an exclusion); ``hosts``.
@@ -76,7 +78,7 @@ class RunEvent:
     signal: str | None = None  # failure: the signal that killed the rank (SIGKILL, ...)
     step: int | None = None  # first_step: the step reported; resumed: the checkpoint's step
     state: str | None = None  # finished: the run's final state
-    verdict: str | None = None  # blame: the verdict's kind
+    verdict: str | None = None  # blame: the verdict's kind (hardware, application, unknown)
     suspects: tuple[str, ...] = ()  # blame: the hosts it points at
     evidence: str = ""  # blame: the verdict's reason; excluded: why the host is left out
     tested: Mapping[str, str] = field(default_factory=dict)  # blame: per tested host, what its test found

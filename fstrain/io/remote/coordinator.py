@@ -24,6 +24,11 @@ node (``term``: SIGTERM, SIGKILL after ``grace_s``); a member that loses the coo
 its own job down. When every node has ended, the coordinator sends the run's record
 (``state``, ``exit_code``, ``first_failure``) to every member; each node writes it to
 ``RUN_DIR/node<I>.json``, the coordinator also to ``RUN_DIR/run.json``.
+
+A detached run without a recovery policy has no process on the launching machine once it has
+started: the coordinator decides it, so it writes the run's events (``detach`` has ``events``):
+``RUN_DIR/events.jsonl`` on node 0, a flushed line each as fstrain/core/runs/runevents.py
+describes them (``started``, ``first_step`` from node 0's ranks, ``failure``, ``finished``).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ MESSAGE_FORMAT = 1
 NODE_FORMAT = 1  # node<I>.json
 RUN_FORMAT = 1  # run.json, and the record in ``end``
 COORDINATOR_FORMAT = 1  # coordinator.json
+EVENTS_FORMAT = 1  # each line of events.jsonl
 
 
 def write_json(path: str, document: dict[str, Any]) -> None:
@@ -314,6 +320,8 @@ class Coordinator:
         self.started = time.time()
         self.listener: socket.socket | None = None
         self.finished = False
+        self.events_path = os.path.join(node.run_dir, "events.jsonl") if node.detach.get("events") else None
+        self.stepped = False  # the first step is written (node 0's ranks' lines show it)
 
     # -- events in ------------------------------------------------------------------------------
 
@@ -335,14 +343,53 @@ class Coordinator:
     def node_exit(self, rank: int, code: Any, failure: Any) -> None:
         with self.lock:
             code = code if isinstance(code, int) and not isinstance(code, bool) else None
+            first = self.run.first_failure
             self.carry_out(self.run.node_exited(rank, code, time.monotonic(), failure,
                                                 None if code is not None else "no exit status came back"))
             self.ended_at.setdefault(rank, time.time())
+            self.failure_event(first)
 
     def lost(self, rank: int, why: str) -> None:
         with self.lock:
+            first = self.run.first_failure
             self.carry_out(self.run.node_lost(rank, why, time.monotonic()))
             self.ended_at.setdefault(rank, time.time())
+            self.failure_event(first)
+
+    # -- the run's events -------------------------------------------------------------------------
+
+    def write_event(self, kind: str, text: str, **fields: Any) -> None:
+        """One line of RUN_DIR/events.jsonl, appended and flushed (where this run has the file)."""
+        if self.events_path is None:
+            return
+        line = {"format": EVENTS_FORMAT, "kind": kind, "time": time.time(), "run_id": self.node.header.get("run_id"),
+                "attempt": 1, **fields, "text": text}
+        with contextlib.suppress(OSError), open(self.events_path, "a") as handle:  # the run goes on without it
+            handle.write(json.dumps(line) + "\n")
+
+    def failure_event(self, before: int | None) -> None:
+        """The run's first failure, once the supervisor has named it (called with the lock held)."""
+        first = self.run.first_failure
+        if before is not None or first is None:
+            return
+        node = self.run.nodes[first]
+        failure = node.failure if isinstance(node.failure, dict) else {}
+        code = failure.get("exit_code")
+        code = code if isinstance(code, int) else node.exit_code if node.exit_code is not None else \
+            self.rules.EXIT_LOST_HOST
+        self.write_event("failure", self.run.reason, host=node.name, rank=failure.get("rank"), exit_code=code,
+                         signal=failure.get("signal") or None)
+
+    def step_event(self) -> None:
+        """The first step one of node 0's ranks reported (its lines are this node's to read)."""
+        output = self.node.output
+        if self.stepped or self.events_path is None or output is None:
+            return
+        with output.lock:
+            steps = [reading.metrics.step for reading in output.readings.values() if reading is not None]
+        if steps:
+            self.stepped = True
+            self.write_event("first_step", f"first step reported: step {min(steps)}", step=min(steps))
 
     def stop(self, how: str, state: str, reason: str, grace_s: Any = None) -> None:
         grace = float(grace_s) if isinstance(grace_s, (int, float)) and not isinstance(grace_s, bool) else None
@@ -459,8 +506,11 @@ class Coordinator:
                     self.run.output(output.last_output_mono)
             for link in links.values():
                 link.send({"hb": time.time()})
+            self.step_event()
             with self.lock:
+                first = self.run.first_failure
                 self.carry_out(self.run.tick(time.monotonic()))
+                self.failure_event(first)
                 if not self.finished:  # for `fstrain status` and `fstrain runs` while the run lasts
                     with contextlib.suppress(OSError):
                         write_json(os.path.join(self.node.run_dir, "run.json"), self.record())
@@ -497,6 +547,9 @@ class Coordinator:
         record = self.record()
         with contextlib.suppress(OSError):
             write_json(os.path.join(self.node.run_dir, "run.json"), record)
+        said = f" ({record['reason']})" if record["reason"] else ""
+        self.write_event("finished", f"run {record['state']}, exit code {record['exit_code']}{said}",
+                         state=record["state"], exit_code=record["exit_code"])
         for link in list(self.links.values()):
             link.send({"end": record})
         return record
@@ -568,6 +621,9 @@ def run_coordinator(node: Node, ready_w: int) -> None:
     if node.output is not None:
         node.output.on_event = lambda payload: coordinator.event(0, payload)
     job = node.start_job(ready_w, {"port": port})
+    names = [n.name for n in coordinator.run.nodes]
+    coordinator.write_event("started", f"run {node.header.get('run_id')} started on {len(names)} node"
+                            f"{'' if len(names) == 1 else 's'} ({', '.join(names)})", hosts=names)
     threading.Thread(target=coordinator.tick, daemon=True).start()
     node.job_ended(job)
     coordinator.node_exit(0, node.exit_code, node.failure)
