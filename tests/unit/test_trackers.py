@@ -57,7 +57,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                                    "--artifacts-destination", str(folder / "artifacts")],
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 300  # a loaded 2-core machine took 27-98 s
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
@@ -143,6 +143,11 @@ def test_a_launch_logs_params_every_ranks_steps_and_its_end_to_mlflow_and_wandb(
         {"backend": "torchrun", "nodes": "1", "nproc_per_node": "2", "world_size": "2", "hosts": "localhost"}
     assert params["program"].endswith("train.py")
     assert run.data.tags["fstrain.exit_code"] == "0" and run.data.tags["fstrain.reason"] == "ok"
+    assert run.data.tags["fstrain.state"] == "succeeded" and run.data.tags["fstrain.attempts"] == "1"
+    events = client.download_artifacts(run.info.run_id, "fstrain/events.jsonl", str(tmp_path))
+    kinds = [json.loads(line)["kind"] for line in Path(events).read_text().splitlines()]
+    assert kinds == [json.loads(line)["kind"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert kinds[0] == "started" and "first_step" in kinds and kinds[-1] == "finished", kinds
 
     def history(key: str) -> list[tuple[int, float]]:
         return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
@@ -156,12 +161,16 @@ def test_a_launch_logs_params_every_ranks_steps_and_its_end_to_mlflow_and_wandb(
 
     (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{run_id}")
     records = wandb_records(offline / f"run-{run_id}.wandb")
-    kinds = [r.WhichOneof("record_type") for r in records]
-    assert "run" in kinds and "exit" in kinds
+    record_types = [r.WhichOneof("record_type") for r in records]
+    assert "run" in record_types and "exit" in record_types
     (started,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert started.run_id == run_id and started.project == "fstrain-test"
     (ended,) = [r.exit for r in records if r.WhichOneof("record_type") == "exit"]
     assert ended.exit_code == 0
+    summary = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for r in records
+               if r.WhichOneof("record_type") == "summary" for item in r.summary.update}
+    assert summary["fstrain/status"] == "FINISHED" and summary["fstrain.state"] == "succeeded", summary
+    assert [event["kind"] for event in summary["fstrain/events"]] == kinds
     rows = history_rows(records)
     assert sorted((row["step"], row["loss"]) for row in rows if "loss" in row) == [(1, 4.0), (2, 2.0), (3, 4.0 / 3)]
     assert sorted((row["step"], row["rank1/loss"]) for row in rows if "rank1/loss" in row) == \
@@ -215,6 +224,7 @@ def test_a_detached_runs_keeper_logs_its_steps_and_end(mlflow_server: str, tmp_p
     (run,) = client.search_runs([experiment.experiment_id], f"tags.`fstrain.run_id` = '{run_id}'")
     assert run.info.status == "FAILED" and run.data.tags["fstrain.exit_code"] == "3", (run.data.tags, log)
     assert run.data.params["world_size"] == "2"
+    assert run.data.tags["fstrain.state"] == "failed" and run.data.tags["fstrain.failures"] == "1", run.data.tags
     loss = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
     assert loss == [(1, 4.0), (2, 2.0), (3, 4.0 / 3)]
     titan = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "rank1/loss"))
