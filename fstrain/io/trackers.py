@@ -18,9 +18,11 @@ mlflow and wandb are imported here only, and only when their flag is given.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,9 +41,11 @@ BATCH_POINTS = 1000  # MLflow's most metrics in one log_batch
 EVENTS_POLL_S = 1.0  # how often the run's events file is read for new events
 FINISH_TIMEOUT_S = 30.0  # the run's end waits this long at most for what is left to be sent
 # MLflow's HTTP client retries a failed request 7 times with a growing backoff (about 2 min);
-# a tracker that is down should cost the follower seconds. Set where the user has not.
-MLFLOW_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-                   "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+# a tracker that is down should cost the follower seconds. Its client also prints the run's
+# address on stdout as the run ends, where `launch --json` has one document: the session says it
+# on stderr instead. Set where the user has not.
+MLFLOW_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 EVENTS_ARTIFACT = "fstrain/events.jsonl"
 
 
@@ -62,13 +66,20 @@ class Sender(Protocol):
 
     name: str
 
-    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> None: ...
+    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> str: ...
     def points(self, points: Sequence[Point]) -> None: ...
     def events(self, lines: Sequence[str], tags: Mapping[str, str]) -> None: ...
     def close(self, status: str, tags: Mapping[str, str]) -> None: ...
 
 
 _ERRNO_RE = re.compile(r"\[Errno -?\d+\] [^'\")\]]+")
+
+
+def note(line: str) -> None:
+    """One line on stderr, for a human (silent if stderr itself is gone)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def _why(exc: BaseException) -> str:
@@ -91,7 +102,7 @@ class MlflowSender:
     name = "MLflow"
 
     def __init__(self, uri: str, experiment: str) -> None:
-        for name, value in MLFLOW_HTTP_ENV.items():
+        for name, value in MLFLOW_ENV.items():
             os.environ.setdefault(name, value)
         from mlflow.tracking import MlflowClient
 
@@ -99,20 +110,25 @@ class MlflowSender:
         self.experiment = experiment
         self.client = MlflowClient(tracking_uri=uri)
         self.run_id: str | None = None
+        self.experiment_id = ""
 
     def check(self) -> None:
         self.client.search_experiments(max_results=1)
 
-    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> None:
+    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> str:
+        """The run made, its parameters logged; where it is, in words."""
         from mlflow.entities import Param
 
         if self.run_id is None:  # a retry after the parameters failed keeps the run it made
             found = self.client.get_experiment_by_name(self.experiment)
-            experiment_id = found.experiment_id if found is not None else \
+            self.experiment_id = found.experiment_id if found is not None else \
                 self.client.create_experiment(self.experiment)
-            run = self.client.create_run(experiment_id, run_name=tags.get("fstrain.run_id"), tags=dict(tags))
+            run = self.client.create_run(self.experiment_id, run_name=tags.get("fstrain.run_id"), tags=dict(tags))
             self.run_id = run.info.run_id
         self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
+        if self.uri.startswith(("http://", "https://")):
+            return f"MLflow: run at {self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        return f"MLflow: run {self.run_id} in experiment {self.experiment!r} of {self.uri}"
 
     def points(self, points: Sequence[Point]) -> None:
         from mlflow.entities import Metric
@@ -168,7 +184,8 @@ class WandbSender:
         except HTTPError:
             pass
 
-    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> None:
+    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> str:
+        """The run started, its config the parameters; where it is, in words."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         settings = self.wandb.Settings(console="off", silent=True, x_disable_stats=True)
         self.run = self.wandb.init(project=self.project, id=self.run_id, name=self.run_id, dir=str(self.run_dir),
@@ -176,6 +193,9 @@ class WandbSender:
                                    mode="offline" if self.offline else None, settings=settings, resume="allow")
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
+        if self.offline:
+            return f"W&B: offline run in {self.run.settings.sync_dir} (upload it with `wandb sync`)"
+        return f"W&B: run at {self.run.url}"
 
     def points(self, points: Sequence[Point]) -> None:
         by_step: dict[int, dict[str, float]] = {}
@@ -244,7 +264,8 @@ class TrackerSession:
 
     senders: Sequence[Sender]
     run_id: str
-    say: Callable[[str], None] = warn
+    say: Callable[[str], None] = warn  # a tracker's failures
+    tell: Callable[[str], None] = note  # where each tracker's run is
     events_path: Path | None = None
     feed: StepFeed = field(default_factory=StepFeed)
     dropped_points: int = 0
@@ -334,7 +355,7 @@ class TrackerSession:
             health = self._health[sender.name]
             try:
                 if not health.opened and self._opening is not None:  # its run, once it answers
-                    sender.open(*self._opening)
+                    self.tell(sender.open(*self._opening))
                     health.opened = True
                     if self._events and kind != "events":
                         self._send_events(sender)
@@ -369,4 +390,4 @@ def start_session(settings: TrackerSettings, say: Callable[[str], None] = warn) 
     """The run's trackers checked (the preflight: :func:`senders`) and a session started, which
     reads the run's events from its run directory; None where no tracker was asked for."""
     found = senders(settings)
-    return TrackerSession(found, settings.run_id, say, settings.run_dir / EVENTS_FILE) if found else None
+    return TrackerSession(found, settings.run_id, say, events_path=settings.run_dir / EVENTS_FILE) if found else None

@@ -30,8 +30,9 @@ class FlakyTracker:
         self.refused = 0  # points refused
         self.event_calls: list[tuple[list[str], dict[str, str]]] = []
 
-    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> None:
+    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> str:
         self.opened.append(dict(params))
+        return f"Flaky: run {len(self.opened)} opened"
 
     def points(self, points: Sequence[Point]) -> None:
         if any(p.step in self.down_steps for p in points):
@@ -66,7 +67,8 @@ def test_a_tracker_that_fails_mid_run_is_said_once_and_the_run_goes_on() -> None
         with lock:
             said.append(line)
 
-    session = TrackerSession([tracker], "r7", say)
+    told: list[str] = []
+    session = TrackerSession([tracker], "r7", say, told.append)
     session.start({"backend": "torchrun"}, {"fstrain.run_id": "r7"})
     session.line(_line(1))
     _until(lambda: tracker.sent == [("rank1/loss", 1, 1.0)])
@@ -82,6 +84,7 @@ def test_a_tracker_that_fails_mid_run_is_said_once_and_the_run_goes_on() -> None
     session.finish("FINISHED", {"fstrain.exit_code": "0"})
     assert said[1:] == ["Flaky answers again; 2 step numbers of run r7 were not logged"]
     assert tracker.opened == [{"backend": "torchrun"}] and tracker.closed == ["FINISHED"]
+    assert told == ["Flaky: run 1 opened"]  # where the run is, said once and not as a warning
     assert tracker.sent == [("rank1/loss", 1, 1.0), ("rank1/loss", 4, 4.0)]
 
 
@@ -91,15 +94,15 @@ def test_a_tracker_that_never_opened_is_opened_once_it_answers() -> None:
             super().__init__(set())
             self.refusals = 1
 
-        def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> None:
+        def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> str:
             if self.refusals:
                 self.refusals -= 1
                 raise TimeoutError("read timed out")
-            super().open(params, tags)
+            return super().open(params, tags)
 
     tracker = LateTracker()
     said: list[str] = []
-    session = TrackerSession([tracker], "r8", said.append)
+    session = TrackerSession([tracker], "r8", said.append, lambda line: None)
     session.start({"backend": "deepspeed"}, {})
     session.line(_line(1))
     session.finish("FAILED", {})
@@ -112,7 +115,7 @@ def test_a_tracker_that_never_opened_is_opened_once_it_answers() -> None:
 def test_the_runs_events_are_read_from_its_file_as_they_are_written_and_at_the_end(tmp_path: Path) -> None:
     log = EventLog.in_folder(tmp_path, "r9")
     tracker = FlakyTracker(set())
-    session = TrackerSession([tracker], "r9", events_path=log.path)
+    session = TrackerSession([tracker], "r9", tell=lambda line: None, events_path=log.path)
     log.write("started", 1, "attempt 1 on node1", hosts=("node1",))  # before the run's parameters
     session.start({"backend": "torchrun"}, {})
     _until(lambda: tracker.event_calls == [(["started"], {"fstrain.attempts": "1", "fstrain.failures": "0",

@@ -69,13 +69,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 pytest.fail(f"mlflow server did not start:\n{(folder / 'server.log').read_text()[-3000:]}")
             time.sleep(0.3)
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+    finally:  # a throwaway server: SIGKILL (SIGTERM took 20 s to end it on a loaded machine)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
 
 
 def wandb_records(path: Path) -> list[Any]:
@@ -131,13 +127,18 @@ def test_a_launch_logs_params_every_ranks_steps_and_its_end_to_mlflow_and_wandb(
                          env={"HOME": str(tmp_path), "WANDB_SILENT": "true"}, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "warning" not in result.stderr, result.stderr
+    assert "View run" not in result.stdout and "MLflow" not in result.stdout  # the ranks' lines only
     run_id = json.loads((run_dir / "manifest.json").read_text())["run_id"]
+    said = [line for line in result.stderr.splitlines() if line.startswith(("MLflow: ", "W&B: "))]
 
     client = MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_experiment_by_name("fstrain-test")
     assert experiment is not None
     (run,) = client.search_runs([experiment.experiment_id], f"tags.`fstrain.run_id` = '{run_id}'")
     assert run.info.run_name == run_id and run.info.status == "FINISHED"
+    assert said == [f"MLflow: run at {mlflow_server}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}",
+                    f"W&B: offline run in {next((run_dir / 'wandb').glob('offline-run-*'))} (upload it with "
+                    f"`wandb sync`)"], result.stderr
     params = run.data.params
     assert {k: params[k] for k in ("backend", "nodes", "nproc_per_node", "world_size", "hosts")} == \
         {"backend": "torchrun", "nodes": "1", "nproc_per_node": "2", "world_size": "2", "hosts": "localhost"}
