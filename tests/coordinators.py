@@ -21,7 +21,7 @@ def make_coordinator(run_dir: Path, nnodes: int = 1, names: list[str] | None = N
                "metricline": (CORE / "monitor" / "metricline.py").read_text(),
                "stacks": Path(watchdog.__file__).with_name("stacks.py").read_text()}  # sent with --stall-timeout
     detach = {"role": "coordinator", "secret": SECRET, "nnodes": nnodes, **({"names": names} if names else {}),
-              **({"events": True} if events else {})}
+              **({"events": "9.9"} if events else {})}
     node = coordinator.Node({"detach": detach, "run_id": "r", "run_dir": str(run_dir), "modules": modules,
                              **header}, watchdog.Watchdog)
     return coordinator.Coordinator(node)

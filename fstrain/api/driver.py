@@ -187,7 +187,8 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                                  ended_by_slurm=slurm_ended(request.slurm_job_id),
                                  progress=stages.event if progress is not None else None,
                                  first_step=request.first_step,
-                                 on_first_step=eventlog.first_step(request.events, request.attempt.restart + 1))
+                                 on_first_step=eventlog.first_step(request.events, request.attempt.restart + 1),
+                                 on_first_failure=eventlog.first_failure(request.events, request.attempt.restart + 1))
             if request.detach:
                 return _start_detached(request, connect, checked, node_job, options, started)
             if request.record:
@@ -201,7 +202,6 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
             for node in prewarmed:
                 if node is not None:
                     node.close()
-    eventlog.failure(request.events, request.attempt.restart + 1, outcome)
     manifest = write_manifest(request.run_dir / "manifest.json",
                               manifest_of(run_setup(request, checked, node_job), outcome))
     return Driven(checked, node_job, outcome, manifest, started)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from fstrain.core.launch.blame import Verdict
     from fstrain.core.launch.recovery import Next
     from fstrain.core.runs.manifest import Manifest
-    from fstrain.io.launch import RunOutcome
+    from fstrain.io.launch import NodeState, RunOutcome
     from fstrain.io.runevents import EventLog
 
 
@@ -53,17 +53,35 @@ def first_step(events: EventLog | None, attempt: int) -> Callable[[int], None] |
     return write
 
 
-def failure(events: EventLog | None, attempt: int, outcome: RunOutcome) -> None:
-    """The attempt's first failure: the node that failed first, its failed rank where known."""
-    first = outcome.first_failure
-    if events is None or first is None or not 0 <= first < len(outcome.nodes):
+def failure(events: EventLog | None, attempt: int, node: NodeState, detail: str, run_code: int | None) -> None:
+    """The attempt's first failure: the node that failed first, its failed rank where known
+    (``run_code``, the run's code, where neither says one: a node lost)."""
+    if events is None:
         return
-    node = outcome.nodes[first]
     rank = node.failure
-    code = rank.exit_code if rank is not None else node.exit_code if node.exit_code is not None else outcome.exit_code
-    events.write(runevents.FAILURE, attempt, outcome.detail or node.error or f"{outcome.reason} (exit {code})",
+    code = rank.exit_code if rank is not None else node.exit_code if node.exit_code is not None else run_code
+    events.write(runevents.FAILURE, attempt, detail or node.error or f"the job on {node.launch.host.name} failed",
                  at=node.ended, host=node.launch.host.name, rank=rank.rank if rank is not None else None,
                  exit_code=code, signal=(rank.signal_name or None) if rank is not None else None)
+
+
+def first_failure(events: EventLog | None, attempt: int) -> Callable[[NodeState, str, int | None], None] | None:
+    """What an attached attempt's supervision calls the moment its first failure is named."""
+    if events is None:
+        return None
+    log = events
+
+    def write(node: NodeState, detail: str, run_code: int | None) -> None:
+        failure(log, attempt, node, detail, run_code)
+
+    return write
+
+
+def outcome_failure(events: EventLog | None, attempt: int, outcome: RunOutcome) -> None:
+    """An ended attempt's first failure, from its outcome (a detached attempt the keeper followed)."""
+    first = outcome.first_failure
+    if first is not None and 0 <= first < len(outcome.nodes):
+        failure(events, attempt, outcome.nodes[first], outcome.detail, outcome.exit_code)
 
 
 def blame(events: EventLog | None, attempt: int, verdict: Verdict | None, tested: dict[str, str]) -> None:

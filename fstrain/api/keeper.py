@@ -143,7 +143,7 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
         feed.detach()
     outcome, last = attempt_outcome(views, driven.job.launches, state, driven.started)
     last = max((s for s in (highest, last) if s is not None), default=None)
-    eventlog.failure(request.events, attempt, outcome)
+    eventlog.outcome_failure(request.events, attempt, outcome)
     manifest = write_manifest(request.run_dir / "manifest.json", replace(
         manifest_of(run_setup(request, driven.checked, driven.job), outcome), detached=True,
         attempts=driven.manifest.attempts))

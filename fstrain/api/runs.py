@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fstrain.core.launch.supervisor import GIVE_UP, KILL, stop_step
-from fstrain.core.runs.runstate import FINAL, RunState
+from fstrain.core.runs.runstate import FINAL, STATES, RunState
 from fstrain.errors import FstrainError, InputError
 
 if TYPE_CHECKING:
@@ -428,36 +428,77 @@ def progress_of(lines: Iterable[str]) -> dict[str, Any] | None:
     return {"step": found.step, "steps": found.steps, "loss": found.loss, "tokens_per_s": found.tokens_per_s}
 
 
-def run_rows(include_ended: bool, access: Access, on_hosts: HostRequest | None = None) -> list[dict[str, Any]]:
+RUN_STATES = ("pending", *STATES)  # what `fstrain runs --state` filters by (pending: a Slurm job not started)
+
+
+def run_rows(include_ended: bool, access: Access, on_hosts: HostRequest | None = None,
+             states: Sequence[str] = ()) -> list[dict[str, Any]]:
     """`fstrain runs`: a row per run started from this machine (state, exit code, duration,
-    nodes, attempts, first failure), live ones only unless ``include_ended``; with ``on_hosts``, also
-    the detached runs whose records are on those hosts."""
+    nodes, attempts, first failure, step and ETA), live ones only unless ``include_ended`` or
+    ``states`` (then only those states, ended or not); with ``on_hosts``, also the detached
+    runs whose records are on those hosts."""
     from fstrain.io.runs import run_state
+
+    check_states(states)
+
+    def shown(state: str) -> bool:
+        return state in states if states else include_ended or state not in FINAL
 
     rows: list[dict[str, Any]] = []
     for run in all_runs(access):
         record = run.record
         if isinstance(run.backend, SlurmRun):  # Slurm's word, asked of scontrol here
             row = run.backend.row()
-            if include_ended or row["state"] not in FINAL:
-                rows.append(row)
+            if shown(row["state"]):
+                rows.append({**row, **row_progress(run, row["state"])})
             continue
         cached = run_state(record, None)
         # Ask the nodes only while it may still run.
         state = run.state() if run.kind == "detached" and cached.state not in FINAL else cached
-        if not include_ended and state.state in FINAL:
+        if not shown(state.state):
             continue
         rows.append({"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code,
                      "reason": state.reason, "detached": bool(record.detached), "started": record.started,
                      "seconds": round((state.ended or time.time()) - record.started, 1) if record.started else None,
                      "nodes": [h.label() for h in record.hosts], "run_dir": str(record.run_dir),
                      "first_failure": recorded_failure(record),
-                     "attempts": _attempts(record)})
+                     "attempts": _attempts(record), **row_progress(run, state.state)})
     if on_hosts is not None:  # and the detached runs found on those hosts
         known = {row["run_id"] for row in rows}
-        rows += [row for row in rows_on_hosts(on_hosts, access.python)
-                 if row["run_id"] not in known and (include_ended or row["state"] not in FINAL)]
+        rows += [{**row, "step": None, "steps": None, "eta_s": None} for row in rows_on_hosts(on_hosts, access.python)
+                 if row["run_id"] not in known and shown(row["state"])]
     return rows
+
+
+def check_states(states: Sequence[str]) -> None:
+    """`runs --state`: each one a state a run can be in."""
+    for state in states:
+        if state not in RUN_STATES:
+            raise InputError(f"unknown run state {state!r}", f"use one of {', '.join(RUN_STATES)}", "--state")
+
+
+def row_progress(run: Run, state: str) -> dict[str, Any]:
+    """A `runs` row's step, final step and ETA (None where not known, an ended run's ETA
+    among them), from the ranks' last output lines (a bounded tail, as `status --watch` reads
+    it) and the rate since the last attempt's first step (its events file), else since the
+    run's start. A detached run that has ended is not asked: its nodes may be gone."""
+    from fstrain.core.monitor.watch import TAIL_LINES_MAX, progress_now
+    from fstrain.core.runs.runevents import FIRST_STEP
+
+    if run.kind == "detached" and state in FINAL:
+        return {"step": None, "steps": None, "eta_s": None}
+    outputs = run.outputs()
+    try:
+        lines = [text for chunk in outputs.read(TAIL_LINES_MAX) for text in chunk.splitlines()]
+    finally:
+        outputs.close()
+    recorded = run.events()
+    firsts = [e for e in recorded.events if e.kind == FIRST_STEP] if recorded is not None else []
+    since = (firsts[-1].time, firsts[-1].step or 0) if firsts else (run.record.started, 0) \
+        if run.record.started else None
+    progress = progress_now(lines, time.time(), since)
+    eta = None if state in FINAL or progress.eta_s is None else round(progress.eta_s, 1)
+    return {"step": progress.step, "steps": progress.steps, "eta_s": eta}
 
 
 def rows_on_hosts(request: HostRequest, python: str) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ METAVARS = {
     "--warmup-steps": "N", "--train-steps": "N", "--from": "FILE", "--output": "FILE",
     # runs, logs, stop, gc
     "--host": "HOST", "--rank": "N", "--tail": "N", "--since": "DURATION", "--older-than": "DURATION",
-    "--wait": "SECONDS", "--interval": "SECONDS",
+    "--wait": "SECONDS", "--interval": "SECONDS", "--state": "STATE",
     # launch --slurm
     "--launcher": "ssh|srun", "--partition": "NAME", "--time": "LIMIT", "--account": "NAME", "--qos": "NAME",
     "--constraint": "FEATURES", "--sbatch-arg": "OPTION", "--container-image": "IMAGE",

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -54,6 +54,9 @@ def _open(run: str, ssh_config: str | None, accept_new_hosts: bool, python: str)
 
 def runs_command(
     all_runs: bool = typer.Option(False, "--all", help="Also finished runs (default: only live ones)."),
+    state: list[str] = typer.Option([], "--state", help="Only runs in this state, ended or not "
+                                    "(repeatable): pending, starting, running, stalled, succeeded, failed, "
+                                    "stopped, lost."),
     hostfile: str | None = hostopts.HOSTFILE,
     hosts: str | None = hostopts.HOSTS,
     ssh_config: str | None = hostopts.SSH_CONFIG,
@@ -61,7 +64,7 @@ def runs_command(
     python: str = PYTHON,
     json_output: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> None:
-    """Runs started from this machine: state, duration, nodes, exit code."""
+    """Runs started from this machine: state, duration, nodes, exit code, step and ETA."""
     from rich.table import Table
 
     from fstrain.api.requests import HostRequest
@@ -69,21 +72,35 @@ def runs_command(
 
     on_hosts = HostRequest(hostfile=hostfile, hosts=hosts, ssh_config=ssh_config,
                            accept_new_hosts=accept_new_hosts) if hostfile or hosts else None
-    rows = run_rows(all_runs, _access(ssh_config, accept_new_hosts, python), on_hosts)
+    rows = run_rows(all_runs, _access(ssh_config, accept_new_hosts, python), on_hosts, state)
     if json_output:
         print_json({"runs": rows})
         return
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("run", "state", "exit", "started", "duration", "nodes", "mode", "attempts", "first failure"):
+    for column in ("run", "state", "exit", "started", "duration", "step", "ETA", "nodes", "mode", "attempts",
+                   "first failure"):
         table.add_column(column)
     for row in rows:
         table.add_row(row["run_id"], row["state"], "" if row["exit_code"] is None else str(row["exit_code"]),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"])) if row["started"] else "",
-                      duration(row["seconds"] or 0), ",".join(row["nodes"]),
+                      duration(row["seconds"] or 0), step_cell(row), "" if row["eta_s"] is None else
+                      duration(row["eta_s"]), ",".join(row["nodes"]),
                       row.get("mode") or ("detached" if row["detached"] else "attached"),
                       str(len(row.get("attempts") or [])) if row.get("attempts") else "",
                       describe_failure(row["first_failure"]) if row.get("first_failure") else "")
-    console().print(table if rows else "no runs" + ("" if all_runs else " running (--all lists finished ones)"))
+    if rows:
+        console().print(table)
+    elif state:
+        console().print(f"no runs {' or '.join(state)}")
+    else:
+        console().print("no runs" + ("" if all_runs else " running (--all lists finished ones)"))
+
+
+def step_cell(row: dict[str, Any]) -> str:
+    """``120/200``, ``120`` without a known final step, "" before any step."""
+    if row.get("step") is None:
+        return ""
+    return f"{row['step']}/{row['steps']}" if row.get("steps") else str(row["step"])
 
 
 # -- fstrain status -----------------------------------------------------------------------------
@@ -94,7 +111,8 @@ def status_command(
     ssh_config: str | None = hostopts.SSH_CONFIG,
     accept_new_hosts: bool = hostopts.ACCEPT_NEW,
     python: str = PYTHON,
-    json_output: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_output: bool = typer.Option(False, "--json", help="One JSON document on stdout (with --watch: one "
+                                     "per change, a line each, until the run ends)."),
     watch: bool = typer.Option(False, "--watch", help="A live view, redrawn until the run ends (Ctrl-C stops "
                                "watching; the run goes on)."),
     interval: float = typer.Option(2.0, "--interval", min=0.5, help="--watch: seconds between refreshes."),
@@ -103,14 +121,10 @@ def status_command(
     from rich.table import Table
 
     from fstrain.core.monitor.gpuusage import usage_cell
-    from fstrain.errors import InputError
 
-    if watch and json_output:
-        raise InputError("--watch draws a live view for a terminal and --json prints one document",
-                         "leave out one of them (`status RUN --json` repeated gives the documents)", "--watch")
     handle = _open(run, ssh_config, accept_new_hosts, python)
     if watch:
-        _watch(handle, interval)
+        _watch(handle, interval, json_output)
     record = handle.record
     document = handle.status()
     if json_output:
@@ -153,15 +167,16 @@ def status_command(
     out.print(table)
 
 
-def _watch(handle: Run, interval_s: float) -> None:
-    """The live view until the run ends (exit: the run's exit code, 1 for a run that ended
-    without one unless it succeeded); Ctrl-C exits 0 and leaves the run alone."""
-    from fstrain.cli.watch_output import watch_run
+def _watch(handle: Run, interval_s: float, json_lines: bool = False) -> None:
+    """The live view (``json_lines``: a JSON line per change on stdout) until the run ends
+    (exit: the run's exit code, 1 for a run that ended without one unless it succeeded); Ctrl-C
+    exits 0 and leaves the run alone."""
+    from fstrain.cli.watch_output import watch_json, watch_run
 
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        view = watch_run(handle, interval_s)
+        view = watch_json(handle, interval_s) if json_lines else watch_run(handle, interval_s)
     except KeyboardInterrupt:
         console().print(f"stopped watching run {handle.run_id}; it goes on (`fstrain status {handle.run_id} "
                         "--watch`)", markup=False)

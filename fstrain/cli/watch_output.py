@@ -1,8 +1,10 @@
 """`fstrain status RUN --watch`: the live view of a run, redrawn every few seconds.
 
 It is a view for humans, so it goes where fstrain's human output goes, stderr: on a terminal a
-rich Live display (redrawn in place), otherwise one plain line per refresh. The values come
-from fstrain/core/monitor/watch.py; this module only draws them.
+rich Live display (redrawn in place), otherwise one plain line per refresh. With ``--json`` it
+is for machines: one JSON document per line on stdout for each refresh that changed something
+(:func:`watch_json`). The values come from fstrain/core/monitor/watch.py; this module only
+draws them.
 """
 
 from __future__ import annotations
@@ -134,5 +136,45 @@ def watch_run(handle: Run, interval_s: float) -> WatchView:
                 if view.ended:
                     return view
                 time.sleep(interval_s)
+    finally:
+        outputs.close()
+
+
+FINISHED_WAIT_S = 5.0  # an ended run's last events: its writer records the end just after the state
+
+
+def watch_json(handle: Run, interval_s: float) -> WatchView:
+    """`status --watch --json`: a JSON line on stdout for each refresh that changed something
+    (the view, and the run's events written since the line before), until the run has ended;
+    its last view."""
+    import json
+    import sys
+
+    from fstrain.core.monitor.watch import Watch, changed, view_document
+    from fstrain.core.runs.runevents import FINISHED
+
+    watch = Watch()
+    outputs = handle.outputs()
+    previous, seen = None, 0
+    try:
+        while True:
+            view = read_view(handle, outputs, watch)
+            deadline = time.monotonic() + FINISHED_WAIT_S
+            while True:
+                recorded = handle.events()
+                events = recorded.events[seen:] if recorded is not None else ()
+                done = recorded is None or any(e.kind == FINISHED for e in recorded.events)
+                if not view.ended or done or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            seen += len(events)
+            document = view_document(view, time.time(), [e.to_dict() for e in events])
+            if changed(previous, document):
+                sys.stdout.write(json.dumps(document) + "\n")
+                sys.stdout.flush()
+                previous = document
+            if view.ended:
+                return view
+            time.sleep(interval_s)
     finally:
         outputs.close()

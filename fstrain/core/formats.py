@@ -45,6 +45,7 @@ KINDS: dict[str, Kind] = {
     "keeper": Kind("recovery keeper record", 1, _RUN_FOLDER),  # RUN_DIR/keeper.json (a detached recovering run)
     # RUN_DIR/events.jsonl: one per line (fstrain/core/runs/runevents.py)
     "events": Kind("run event", 1, _RUN_FOLDER),
+    "watch": Kind("run watch document", 1, "upgrade fstrain"),  # each line of `status --watch --json`
     "state": Kind("run state cache", 1, "remove it: the next `fstrain status` writes it again"),  # RUN_DIR/state.json
     "node": Kind("node state", 1, _RUN_FOLDER),  # node<I>.json and ~/.fstrain/active/*.json on a node
     "run": Kind("run record", 1, _RUN_FOLDER),  # run.json on node 0: the coordinator's record

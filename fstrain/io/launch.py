@@ -312,6 +312,8 @@ class RunOptions:
     progress: Callable[[Event], None] | None = None  # the stages: nodes up, first step, measurements
     first_step: bool = True  # a training job: waiting for its first step is a stage of the progress
     on_first_step: Callable[[int], None] | None = None  # told the first step a rank reports (the run's events)
+    # told the node that failed first, the run's reason and code, once the supervisor names it (the run's events)
+    on_first_failure: Callable[[NodeState, str, int | None], None] | None = None
 
 
 @dataclass
@@ -545,6 +547,7 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                      supervision_limits(options.limits), clock(),
                      heard_from=[n.answers for n in nodes])
     handled_signals, heard_at_s = 0, clock()
+    tell_failure = options.on_first_failure
     while not run.ended:
         for signum in stop.signals[handled_signals:]:  # the first asks for a graceful stop, the next kills
             if signum == signal.SIGTERM:
@@ -589,6 +592,9 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
             for index, each in enumerate(nodes):  # when its reader last read from it (queued lines are older)
                 run.heard(index, each.heard_s)
         _carry_out(run.tick(clock()), nodes, run, hangs, options)
+        if tell_failure is not None and run.first_failure is not None:  # once, as soon as it is named
+            tell_failure(nodes[run.first_failure], run.reason, run.exit_code)
+            tell_failure = None
     _ask_slurm(run, options, clock())
     return run
 

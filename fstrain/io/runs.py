@@ -109,7 +109,7 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     report(Event("start", 0, total, "node 0 (the coordinator)"))
     first = _start_one(launches[0], connect, python,
                        header(launches[0], {"role": "coordinator", "bind": rendezvous.master_addr,
-                                            **({"events": True} if events else {})}))
+                                            **({"events": __version__} if events else {})}))
     answers: list[dict[str, Any]] = [first] + [{}] * (len(launches) - 1)
     coordinator_started(list(answers))
     started = [launches[0].host.label()]

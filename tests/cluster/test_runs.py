@@ -200,6 +200,17 @@ def test_a_rank_exiting_7_fails_the_detached_run_with_7_on_every_host(
     assert fstrain(home, "logs", run_id, "--since", "10m").stdout.count("ready rank=") == 4
     unknown = fstrain(home, "logs", run_id, "--host", "node9")
     assert unknown.returncode == 2 and "'node9' is not one of the run's hosts" in unknown.stderr
+    # No keeper: node 0's coordinator decided the run and wrote its events there; `status --watch
+    # --json` of the ended run prints them in its one line and exits with the run's code.
+    watched = fstrain(home, "status", run_id, "--watch", "--json")
+    assert watched.returncode == 7, watched.stderr
+    (line,) = watched.stdout.splitlines()
+    events = json.loads(line)["events"]
+    assert [e["kind"] for e in events] == ["started", "failure", "finished"], events
+    assert events[0]["hosts"] == ["node1", "node2"]
+    assert (events[1]["host"], events[1]["rank"], events[1]["exit_code"]) == ("node2", 3, 7)
+    assert (events[2]["state"], events[2]["exit_code"]) == ("failed", 7)
+    assert not (run_dir / "events.jsonl").exists()  # one writer: node 0's, not this machine
 
 
 def test_a_detached_deepspeed_run_names_the_rank_that_failed(cluster: NamespaceCluster, tmp_path: Path) -> None:
@@ -496,6 +507,21 @@ def test_a_detached_run_restarts_on_its_own_after_a_rank_dies(cluster: Namespace
         assert "[fstrain.train] step 6/6 loss" in logs
         assert "attempt 2 on 2 nodes (node1, node2)" in (run_dir / "keeper.log").read_text()
         wait_keeper_gone(run_dir, 10)
+        # The keeper wrote the run's events; `status --watch --json` of the ended run gives them all.
+        watched = fstrain(home, "status", run_id, "--watch", "--json")
+        assert watched.returncode == 0, watched.stderr
+        (line,) = watched.stdout.splitlines()
+        document = json.loads(line)
+        assert (document["state"], document["exit_code"], document["ended"]) == ("succeeded", 0, True)
+        events = document["events"]
+        written = [json.loads(e) for e in (run_dir / "events.jsonl").read_text().splitlines()]
+        assert events == [{k: v for k, v in e.items() if k != "fstrain"} for e in written]
+        assert [(e["kind"], e["attempt"]) for e in events] == [
+            ("started", 1), ("first_step", 1), ("failure", 1), ("blame", 1), ("attempt", 2), ("resumed", 2),
+            ("first_step", 2), ("finished", 2)], events
+        assert (events[2]["host"], events[2]["exit_code"], events[2]["signal"]) == ("node2", 137, "SIGKILL")
+        assert events[5]["step"] == first["last_checkpoint_step"]
+        assert (events[-1]["state"], events[-1]["exit_code"]) == ("succeeded", 0)
         assert_no_job_processes(cluster, GRACE_S + 8)
     finally:
         fstrain(home, "stop", run_id, "--force")

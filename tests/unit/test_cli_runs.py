@@ -217,7 +217,45 @@ def test_watch_reads_the_last_lines_of_local_log_files(tmp_path: Path) -> None:
     assert plain_line(view) == "run r: running; step 4/10 (40%)"
 
 
-def test_watch_with_json_is_one_line_and_exit_2() -> None:
-    result = run_fstrain("status", "some-run", "--watch", "--json")
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("error: --watch: --watch draws a live view") and result.stderr.count("\n") == 1
+def test_watch_json_of_an_ended_run_is_one_line_with_its_events_and_its_exit_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status --watch --json` on a run that has ended: one line (the view and every event its
+    file holds), exit code the run's."""
+    from fstrain.io.runevents import EventLog
+
+    home, run_id = tmp_path / "home", "20261130-120000-aaaaaa"
+    attached_run(home, tmp_path / "a", run_id, "failed", 7, monkeypatch)
+    log = EventLog.in_folder(tmp_path / "a", run_id)
+    log.write("started", text="run started", at=100.0, hosts=("localhost",))
+    log.write("failure", text="rank 1 on localhost exited with 7", at=130.0, host="localhost", rank=1, exit_code=7)
+    log.write("finished", text="run failed, exit code 7", at=131.0, state="failed", exit_code=7)
+    result = run_fstrain("status", run_id, "--watch", "--json", "--interval", "0.5", env={"HOME": str(home)})
+    assert result.returncode == 7, result.stderr
+    (line,) = result.stdout.splitlines()
+    document = json.loads(line)
+    assert (document["format"], document["run_id"], document["state"], document["exit_code"], document["ended"]) == \
+        (1, run_id, "failed", 7, True)
+    assert [(e["kind"], e["time"]) for e in document["events"]] == [("started", 100.0), ("failure", 130.0),
+                                                                    ("finished", 131.0)]
+    assert document["events"][1]["rank"] == 1 and document["ranks"] == []
+
+
+def test_runs_show_step_and_eta_and_filter_by_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fstrain.cli.runs import step_cell
+
+    home = tmp_path / "home"
+    env = {"HOME": str(home)}
+    attached_run(home, tmp_path / "a", "20261130-120000-aaaaaa", "failed", 7, monkeypatch)
+    live_attached_run(home, tmp_path / "b", "20261130-150000-eeeeee", monkeypatch)  # at step 1 of 4
+    rows = json.loads(run_fstrain("runs", "--state", "running", "--json", env=env).stdout)["runs"]
+    assert [(r["run_id"], r["step"], r["steps"]) for r in rows] == [("20261130-150000-eeeeee", 1, 4)]
+    assert rows[0]["eta_s"] is not None and rows[0]["eta_s"] > 0
+    assert (step_cell(rows[0]), step_cell({**rows[0], "steps": None}), step_cell({"step": None})) == ("1/4", "1", "")
+    table = run_fstrain("runs", "--state", "failed", "--state", "stopped", env={**env, "COLUMNS": "200"})
+    assert table.returncode == 0, table.stderr
+    assert "20261130-120000-aaaaaa │ failed" in table.stderr and "eeeeee" not in table.stderr  # ended, yet shown
+    assert "┃ step ┃ ETA ┃" in table.stderr
+    bad = run_fstrain("runs", "--state", "done", env=env)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
+    assert bad.stderr.startswith("error: --state: unknown run state 'done' (hint: use one of pending, starting, "
+                                 "running, stalled, succeeded, failed, stopped, lost)")

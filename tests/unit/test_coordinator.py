@@ -54,7 +54,9 @@ def test_a_members_failure_is_named_by_host_and_rank_and_stops_the_others(tmp_pa
         members[1].send({"exit": 143})
         running.node_exit(0, 143, None)
         running.finish()
-        events, skipped = parse_lines((tmp_path / "events.jsonl").read_text().splitlines(), "events.jsonl")
+        lines = (tmp_path / "events.jsonl").read_text().splitlines()
+        assert all(json.loads(line)["fstrain"] == "9.9" for line in lines)  # the launching fstrain's version
+        events, skipped = parse_lines(lines, "events.jsonl")
         assert skipped == 0 and [e.kind for e in events] == ["failure", "finished"]
         assert (events[0].host, events[0].rank, events[0].exit_code, events[0].signal) == ("node3", 5, 7, None)
         assert events[0].text == "rank 5 (local rank 1) on node3 exited with 7"

@@ -13,11 +13,14 @@ from fstrain.core.monitor.watch import (
     TAIL_LINES_PER_RANK,
     Watch,
     WatchRow,
+    changed,
     eta_s,
     latest_samples,
     measured_step_s,
+    progress_now,
     slowest_rank,
     tail_lines,
+    view_document,
 )
 
 
@@ -146,3 +149,41 @@ def test_tail_is_bounded_by_the_ranks() -> None:
     attached = {"nodes": [{"host": "h", "ranks": []}]}
     watch.update(attached, [metric("h", r, 1) for r in range(8)], now=1.0)
     assert watch.tail_lines(attached) == 8 * TAIL_LINES_PER_RANK
+
+
+def test_the_watch_document_changes_with_the_run_not_with_the_clock() -> None:
+    """`status --watch --json`: a line for what changed; the time, a rank's age and the ETA
+    moving alone are no change, a new step, a new state or a new event are."""
+    watch = Watch()
+    first = view_document(watch.update(status(("node1", [0])), [metric("node1", 0, 2, steps=10, step_s=1.0)],
+                                       100.0), 100.0)
+    assert (first["format"], first["run_id"], first["step"], first["steps"], first["fraction"]) == (1, "r1", 2, 10,
+                                                                                                    0.2)
+    assert first["ranks"][0] == {"host": "node1", "node_rank": 0, "rank": 0, "alive": True, "step": 2, "steps": 10,
+                                 "loss": None, "tokens_per_s": None, "step_s": 1.0, "memory_bytes": None,
+                                 "last_output_age_s": 0.0, "straggler": False, "slowest": False}
+    assert changed(None, first)
+    later = view_document(watch.update(status(("node1", [0])), [metric("node1", 0, 2, steps=10, step_s=1.0)],
+                                       105.0), 105.0)
+    assert later["time"] != first["time"] and later["ranks"][0]["last_output_age_s"] == 5.0
+    assert not changed(first, later)
+    stepped = view_document(watch.update(status(("node1", [0])), [metric("node1", 0, 3, steps=10, step_s=1.0)],
+                                         106.0), 106.0)
+    assert changed(later, stepped) and stepped["step"] == 3
+    ended = view_document(watch.update(status(("node1", [0]), state="failed", exit_code=1),
+                                       [metric("node1", 0, 3, steps=10, step_s=1.0)], 107.0), 107.0)
+    assert changed(stepped, ended) and ended["ended"] is True
+    assert changed(ended, view_document(watch.update(status(("node1", [0]), state="failed", exit_code=1), [], 108.0),
+                                        108.0, [{"kind": "finished"}]))
+
+
+def test_progress_at_one_look_measures_the_rate_since_the_first_step() -> None:
+    lines = [metric("node1", 0, 30, steps=100), metric("node1", 1, 31, steps=100)]
+    # Step 10 at t=100, step 30 (the lowest rank's) at t=140: 2 s a step, 70 steps left.
+    shown = progress_now(lines, 140.0, (100.0, 10))
+    assert (shown.step, shown.steps, shown.eta_s) == (30, 100, 140.0)
+    # No rate (the first step is the one shown): the slowest rank's step time.
+    slow = [metric("node1", 0, 5, steps=10, step_s=2.0), metric("node1", 1, 5, steps=10, step_s=3.0)]
+    shown = progress_now(slow, 140.0, (140.0, 5))
+    assert (shown.step, shown.steps, shown.eta_s) == (5, 10, 15.0)
+    assert progress_now(["[node1 r0] hello\n"], 1.0, None).step is None

@@ -9,6 +9,10 @@ says ``step N``: metricline.newer_step); the step time, from the metric line or 
 between refreshes; the stragglers (fstrain/core/monitor/stragglers.py, the rule `fstrain report`
 uses too) and the slowest rank; and the run's progress to its final step with an estimate
 of the time left. Pure: the caller passes the time.
+
+`status --watch --json` prints each refresh that changed something as one line, the view as a
+document (:func:`view_document`, format kind ``watch``) with the run's events written since the
+line before; the clock alone (the time, an age, the ETA) is no change (:func:`changed`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fstrain.core.formats import stamped
 from fstrain.core.monitor.metricline import StepMetrics, StepReading, from_mapping, newer_step
 from fstrain.core.monitor.stragglers import stragglers
 from fstrain.core.runs.runstate import FINAL
@@ -217,6 +222,29 @@ def eta_s(seen: Sequence[tuple[float, int]], step: int, steps: int | None,
     return left * per_step if per_step is not None else None
 
 
+@dataclass(frozen=True)
+class RunProgress:
+    """A run's progress at one look (`fstrain runs`)."""
+
+    step: int | None = None  # the lowest step any reporting rank reached (the live view's rule)
+    steps: int | None = None  # the final step, where the ranks' lines say it
+    eta_s: float | None = None  # the time left to it
+
+
+def progress_now(lines: Iterable[str], now: float, since: tuple[float, int] | None) -> RunProgress:
+    """The run's progress from its ranks' last output ``lines`` at ``now``, the time left at
+    the rate since ``since`` ((Unix seconds, step): the attempt's first step, from its events
+    file, else its start at step 0); at the slowest rank's step time where no rate is measured
+    (:func:`eta_s`)."""
+    samples = latest_samples(lines).values()
+    if not samples:
+        return RunProgress()
+    step = min(m.step for m in samples)
+    steps = max((m.steps for m in samples if m.steps), default=None)
+    seen = [since, (now, step)] if since is not None else []
+    return RunProgress(step, steps, eta_s(seen, step, steps, [m.step_s for m in samples if m.step_s]))
+
+
 def row_stragglers(rows: Sequence[WatchRow]) -> list[int]:
     """The ranks whose latest step time makes them stragglers, by the rule `fstrain report`
     uses (fstrain/core/monitor/stragglers.py: over 10 % above the other ranks' median)."""
@@ -235,3 +263,38 @@ def slowest_rank(rows: Sequence[WatchRow]) -> int | None:
         return behind_rank
     seconds = {r.rank: r.step_s for r in rows if r.step_s is not None}
     return max(row_stragglers(rows), key=lambda rank: (seconds[rank], -rank), default=None)
+
+
+# What moves with the clock, not with the run: left out when two documents are compared.
+CLOCK_FIELDS = ("time", "eta_s")
+CLOCK_ROW_FIELDS = ("last_output_age_s",)
+_ROW_FIELDS = ("host", "node_rank", "rank", "alive", "step", "steps", "loss", "tokens_per_s", "step_s",
+               "memory_bytes", "last_output_age_s", "straggler", "slowest")
+
+
+def view_document(view: WatchView, now: float, events: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """One line of `status --watch --json`: the view at ``now`` (Unix seconds), a row per rank
+    (its GPUs are `status --json`'s), and ``events``, the run's events written since the last line."""
+    return stamped({
+        "time": now, "run_id": view.run_id, "state": view.state, "exit_code": view.exit_code,
+        "reason": view.reason, "ended": view.ended, "step": view.step, "steps": view.steps,
+        "fraction": view.fraction, "eta_s": None if view.eta_s is None else round(view.eta_s, 1),
+        "first_failure": dict(view.first_failure) if view.first_failure else None,
+        "unreachable": list(view.unreachable), "slowest_rank": view.slowest_rank,
+        "stragglers": list(view.stragglers),
+        "ranks": [{name: getattr(row, name) for name in _ROW_FIELDS} for row in view.rows],
+        "events": [dict(event) for event in events],
+    }, "watch")
+
+
+def changed(previous: Mapping[str, Any] | None, document: Mapping[str, Any]) -> bool:
+    """Whether ``document`` says something ``previous`` did not (the first always does)."""
+    if previous is None or document.get("events"):
+        return True
+    return _steady(previous) != _steady(document)
+
+
+def _steady(document: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {k: v for k, v in document.items() if k not in CLOCK_FIELDS and k != "events"}
+    kept["ranks"] = [{k: v for k, v in row.items() if k not in CLOCK_ROW_FIELDS} for row in kept.get("ranks") or []]
+    return kept

@@ -26,7 +26,8 @@ its own job down. When every node has ended, the coordinator sends the run's rec
 ``RUN_DIR/node<I>.json``, the coordinator also to ``RUN_DIR/run.json``.
 
 A detached run without a recovery policy has no process on the launching machine once it has
-started: the coordinator decides it, so it writes the run's events (``detach`` has ``events``):
+started: the coordinator decides it, so it writes the run's events (``detach`` has ``events``,
+the launching fstrain's version, which each line names as its writer):
 ``RUN_DIR/events.jsonl`` on node 0, a flushed line each as fstrain/core/runs/runevents.py
 describes them (``started``, ``first_step`` from node 0's ranks, ``failure``, ``finished``).
 """
@@ -362,8 +363,9 @@ class Coordinator:
         """One line of RUN_DIR/events.jsonl, appended and flushed (where this run has the file)."""
         if self.events_path is None:
             return
-        line = {"format": EVENTS_FORMAT, "kind": kind, "time": time.time(), "run_id": self.node.header.get("run_id"),
-                "attempt": 1, **fields, "text": text}
+        writer = self.node.detach.get("events")
+        line = {"format": EVENTS_FORMAT, **({"fstrain": writer} if isinstance(writer, str) else {}), "kind": kind,
+                "time": time.time(), "run_id": self.node.header.get("run_id"), "attempt": 1, **fields, "text": text}
         with contextlib.suppress(OSError), open(self.events_path, "a") as handle:  # the run goes on without it
             handle.write(json.dumps(line) + "\n")
 
