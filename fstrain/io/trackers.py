@@ -224,7 +224,7 @@ def senders(settings: TrackerSettings) -> list[Sender]:
             mlflow.check()
         except ImportError as exc:
             raise TransportError(f"MLflow is not installed in this Python ({_why(exc)})",
-                                 "pip install mlflow (the client is enough)", "--mlflow") from None
+                                 "pip install mlflow (or mlflow-skinny: its client alone)", "--mlflow") from None
         except Exception as exc:  # the client's own errors (MlflowException, requests'): its first line
             raise TransportError(f"the MLflow tracking server at {settings.mlflow_uri} does not answer: {_why(exc)}",
                                  "start it (mlflow server --host ... --port ...), or check the URI; nothing was "
