@@ -238,3 +238,17 @@ def test_a_trackers_option_without_its_tracker_is_one_line() -> None:
         result = run_fstrain("launch", "--dry-run", *flags, "--", "true")
         assert result.returncode == 2 and result.stderr.startswith(expected), result.stderr
         assert result.stderr.count("\n") == 1 and "mlflow" not in result.stdout
+
+
+def test_a_tracker_whose_package_is_missing_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    hide = tmp_path / "without-mlflow"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None  # importing it fails\n")
+    result = run_fstrain("launch", "--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"), "--mlflow",
+                         "http://127.0.0.1:1", "--", sys.executable, "-c", "print('ran')",
+                         env={"HOME": str(tmp_path), "PYTHONPATH": f"{hide}:{os.environ.get('PYTHONPATH', '')}"})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: --mlflow: MLflow is not installed in this Python ("), \
+        result.stderr
+    assert result.stderr.splitlines()[-1].endswith("(hint: pip install mlflow (or mlflow-skinny: its client alone))")
+    assert result.stdout == "" and not (tmp_path / "run" / "logs").exists()
