@@ -32,7 +32,7 @@ from fstrain.api.launch import DryRun, Launched, Prepared, dry_run, launch, prep
 from fstrain.api.plan import ClusterRequest, ModelRequest, PinRequest, Planned, PlanRequest, TrainingRequest, plan
 from fstrain.api.render import Rendered, RenderRequest, render
 from fstrain.api.report import report
-from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings, SlurmRequest
+from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings, SlurmRequest, TrackerRequest
 from fstrain.api.runs import Access, Collected, Run, Stopped, collect, open_run
 from fstrain.api.runs import all_runs as runs
 from fstrain.api.slurm import JobEnd, SubmitRequest, Submitted, cancel_job, follow_job, job_end, submit
@@ -43,6 +43,6 @@ __all__ = [
     "DoctorRequest", "DryRun", "ExecRequest", "Executed", "HostRequest", "JobEnd", "JobRequest", "LaunchRequest",
     "Launched", "ModelRequest", "PinRequest", "PlanRequest", "Planned", "Prepared", "Probed", "RenderRequest",
     "Rendered", "Run", "RunSettings", "SlurmRequest", "Stopped", "SubmitRequest", "Submitted", "TopoRequest",
-    "TrainingRequest", "bench", "cancel_job", "collect", "doctor", "dry_run", "exec", "follow_job", "job_end",
-    "launch", "open_run", "plan", "prepare", "render", "report", "runs", "submit", "topo",
+    "TrackerRequest", "TrainingRequest", "bench", "cancel_job", "collect", "doctor", "dry_run", "exec", "follow_job",
+    "job_end", "launch", "open_run", "plan", "prepare", "render", "report", "runs", "submit", "topo",
 ]

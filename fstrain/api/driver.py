@@ -78,6 +78,9 @@ class RunOutput:
     out: TextIO = sys.stdout  # the ranks' lines
     color: bool = False
     metrics_textfile: str | None = None  # each node's watchdog writes a Prometheus textfile here
+    # An attached run: each rank's line as the logs hold it ("[host rN] text"), for its trackers;
+    # called on the thread that watches the run, so it must not block
+    lines: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
             options = RunOptions(run_id=request.run_id, run_dir=request.run_dir, limits=request.limits,
                                  workdir=workdir, node_run_dirs=run_dirs, node_files=node_job.node_files,
                                  color=output.color, out=output.out, metrics_textfile=output.metrics_textfile,
+                                 on_line=output.lines,
                                  ended_by_slurm=slurm_ended(request.slurm_job_id),
                                  progress=stages.event if progress is not None else None,
                                  first_step=request.first_step,

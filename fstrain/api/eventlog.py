@@ -4,8 +4,8 @@ its outcome, the verdict, what follows) into the event of its kind and hands it 
 (fstrain/io/runevents.py ``EventLog``). None for the writer: this process writes no events.
 
 Who calls them: the run driver (fstrain/api/driver.py) for an attached launch, a Slurm job's
-launch and the recovery loop; the recovery keeper (fstrain/api/keeper.py) for a detached run
-with a recovery policy; fstrain/api/launch.py for the run's end.
+launch and the recovery loop; the keeper (fstrain/api/keeper.py) for a detached run with a
+recovery policy or trackers; fstrain/api/launch.py for the run's end.
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from fstrain.core.job.spec import NodeLaunch
     from fstrain.core.runs.runstate import RunState
     from fstrain.io.launch import RunOutcome
+    from fstrain.io.logs import NodeOutputs
+    from fstrain.io.runs import RunRecord
     from fstrain.io.transport.base import Transport
 
 POLL_S = 2.0  # between two looks at the attempt's nodes
@@ -57,13 +59,52 @@ def start_keeper(run_id: str, run_dir: Path, hand_off: tuple[Any, ...]) -> Keepe
     return record
 
 
+class OutputFeed:
+    """Every node's new output lines of a detached run, handed to ``lines`` (its trackers) as
+    ``[host rN] text``: each look reads each node's file on from where the last read ended, in
+    this attempt and the next (a node's file is appended to), over one connection per node."""
+
+    def __init__(self, lines: Callable[[str], None], connect: Callable[[Host], Transport], python: str) -> None:
+        self.lines = lines
+        self.connect = connect
+        self.python = python
+        self.offsets: dict[tuple[str, str], int] = {}  # (host, its run directory) -> bytes read
+        self.outputs: NodeOutputs | None = None
+
+    def attach(self, record: RunRecord) -> None:
+        """Read the nodes of the attempt ``record`` (its detached.json) from now on."""
+        from fstrain.io.logs import NodeFile, NodeOutputs
+
+        assert record.detached is not None
+        self.detach()
+        nodes = [NodeFile(n.host, n.run_dir, n.node_rank, n.rank_offset) for n in record.detached.nodes]
+        self.outputs = NodeOutputs(nodes, self.connect, self.python)
+        self.outputs.offsets = [self.offsets.get((n.host.label(), n.run_dir), 0) for n in nodes]
+
+    def read(self) -> None:
+        """The lines written since the last read, every node's (a node that does not answer is
+        read next time, from where it was)."""
+        if self.outputs is None:
+            return
+        for line in self.outputs.read():
+            self.lines(line.rstrip("\n"))
+        for node, offset in zip(self.outputs.nodes, self.outputs.offsets, strict=True):
+            self.offsets[(node.host.label(), node.run_dir)] = offset
+
+    def detach(self) -> None:
+        if self.outputs is not None:
+            self.outputs.close()
+            self.outputs = None
+
+
 def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Transport], stop: threading.Event,
-           poll_s: float = POLL_S) -> Driven:
+           poll_s: float = POLL_S, feed: OutputFeed | None = None) -> Driven:
     """A started detached attempt, followed to its end (every node's record final and no
     watchdog alive): its outcome as an attached attempt's, and the manifest written with it.
     A stop asked meanwhile is passed to the attempt's coordinator. Node 0 unreachable counts
     as the end only once it has stayed so for the heartbeat timeout. The attempt's first step
-    (the first look that shows one) and its first failure go to the run's events."""
+    (the first look that shows one) and its first failure go to the run's events. ``feed``
+    reads the nodes' output at each look, and once more at the end."""
     from fstrain.api import eventlog
     from fstrain.api.driver import Driven, run_setup
     from fstrain.core.launch.supervisor import AttemptEnd
@@ -79,7 +120,11 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
     highest: int | None = None  # over every look: a node's last record may no longer hold the line
     attempt = driven.checked.restart + 1
     stepped = eventlog.first_step(request.events, attempt)
+    if feed is not None:
+        feed.attach(record)
     while True:
+        if feed is not None:
+            feed.read()
         views = node_views(record, connect, request.nodes.python)
         state = from_nodes(views, names)
         highest = max((s for s in (highest, reported_step(views)) if s is not None), default=None)
@@ -93,6 +138,9 @@ def follow(driven: Driven, request: DriveRequest, connect: Callable[[Host], Tran
                      time.monotonic()):
             break
         time.sleep(poll_s)
+    if feed is not None:
+        feed.read()
+        feed.detach()
     outcome, last = attempt_outcome(views, driven.job.launches, state, driven.started)
     last = max((s for s in (highest, last) if s is not None), default=None)
     eventlog.outcome_failure(request.events, attempt, outcome)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from fstrain.io.launch import NodeState as NodeState  # re-exported with RunOutcome: what print_summary reads
     from fstrain.io.launch import RunOutcome as RunOutcome
     from fstrain.io.runs import RunRecord
+    from fstrain.io.trackers import TrackerSession
     from fstrain.io.transport.base import Transport
 
 Report = Callable[[str], None]
@@ -109,6 +110,7 @@ def prepare(request: LaunchRequest) -> Prepared:
         check_container_options(request)
         selection = resolve_hosts(hosts.hostfile, hosts.hosts, hosts.include, hosts.exclude, hosts.gpus_per_node)
     check_recovery(request)
+    check_trackers(request)
     spec = job_spec(job)
     run_id = run.run_id or new_run_id()
     return Prepared(request, selection, allocation, spec, run_id, Path(run.run_dir or Path("runs") / run_id))
@@ -125,6 +127,21 @@ def check_recovery(request: LaunchRequest) -> None:
         raise InputError(f"--checkpoint-interval must be >= 0, got {request.job.checkpoint_interval}",
                          "give the steps between the bundled trainer's checkpoints (0: at the end only)",
                          "--checkpoint-interval")
+
+
+def check_trackers(request: LaunchRequest) -> None:
+    """A tracker's options without the tracker they belong to."""
+    from fstrain.errors import InputError
+
+    trackers = request.trackers
+    if trackers.wandb_offline and not trackers.wandb:
+        raise InputError("needs the W&B project to log to", "add --wandb PROJECT", "--wandb-offline")
+    if trackers.mlflow_experiment != "fstrain" and not trackers.mlflow:
+        raise InputError("needs the MLflow tracking server to log to", "add --mlflow URI",
+                         "--mlflow-experiment")
+    if not trackers.mlflow_experiment.strip():
+        raise InputError("the experiment's name is empty", "name the experiment, or leave the flag out (fstrain)",
+                         "--mlflow-experiment")
 
 
 def check_container_options(request: LaunchRequest) -> None:
@@ -214,30 +231,31 @@ def rank_packages(backend: str, bundled_trainer: bool, tensorboard: bool = False
 
 
 def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: bool) -> Launched:
-    from fstrain.api.driver import attempt_request, drive, drive_attempts
+    from fstrain.api.driver import drive, drive_attempts
     from fstrain.io.runs import launched_record
 
-    request, hosts = prepared.request, prepared.selection.hosts
+    request = prepared.request
     job_request, run = request.job, request.run
+    trackers = track(prepared, follows=not run.detach)  # their preflight: before anything is contacted
     connect = _connector(prepared)
-    drive_request, node_job, built = _driving(prepared, out, report, color)
+    drive_request, node_job, built = _driving(prepared, out, report, color, trackers)
     progress = cast("Reporter", report) if hasattr(report, "event") else None
     recovery = recovery_of(prepared, connect)
-    if recovery is None:  # detached: node 0's coordinator decides the run, and writes its events
-        driven = drive(replace(drive_request, coordinator_events=run.detach), connect, node_job, progress)
-    elif run.detach:  # the first attempt starts here; the keeper, a process of its own, runs the attempts
-        from fstrain.api.keeper import start_keeper
 
-        driven = drive(attempt_request(drive_request, 1, hosts, recovery.checkpoint_dir), connect, node_job, progress)
-        keeper = start_keeper(prepared.run_id, prepared.run_dir, (prepared, driven, built[0]))
-        report(f"recovery keeper (pid {keeper.pid}) runs the attempts (--on-failure {run.on_failure}, "
-               f"--max-restarts {run.max_restarts}); its log: {keeper.log}")
-    else:
-        driven = drive_attempts(drive_request, connect, node_job, recovery, report, progress)
-    if not run.detach:
-        from fstrain.api import eventlog
+    def run_it() -> Driven:
+        if run.detach and (recovery is not None or request.trackers.any):  # its keeper writes its events
+            return _start_kept(prepared, drive_request, connect, node_job, built, recovery, progress, report)
+        if recovery is None:  # detached: node 0's coordinator decides the run, and writes its events
+            driven = drive(replace(drive_request, coordinator_events=run.detach), connect, node_job, progress)
+        else:
+            driven = drive_attempts(drive_request, connect, node_job, recovery, report, progress)
+        if not run.detach:  # before the trackers' last read of the events
+            from fstrain.api import eventlog
 
-        eventlog.finished(drive_request.events, attempt_count(driven.manifest), driven.manifest)
+            eventlog.finished(drive_request.events, attempt_count(driven.manifest), driven.manifest)
+        return driven
+
+    driven = tracked(trackers, run_it)
     job = built[-1]
     hosts = [facts.host for facts in driven.checked.facts]  # the last attempt's
     access = Access(request.hosts.ssh_config, request.hosts.accept_new_hosts, job_request.python)
@@ -254,8 +272,87 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
     return launched
 
 
-def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter,
-             color: bool) -> tuple[DriveRequest, Callable[[Checked], NodeJob], list[Job]]:
+def _start_kept(prepared: Prepared, drive_request: DriveRequest, connect: Callable[[Host], Transport],
+                node_job: Callable[[Checked], NodeJob], built: list[Job], recovery: Recovery | None,
+                progress: Reporter | None, report: Report) -> Driven:
+    """A detached run whose keeper follows it (fstrain/api/keeper.py): its first attempt started
+    here, then the keeper, which runs the attempts after it (a recovery policy) and sends the
+    run to its trackers."""
+    from fstrain.api.driver import attempt_request, drive
+    from fstrain.api.keeper import start_keeper
+
+    run = prepared.request.run
+    first = drive_request if recovery is None else \
+        attempt_request(drive_request, 1, prepared.selection.hosts, recovery.checkpoint_dir)
+    driven = drive(first, connect, node_job, progress)
+    keeper = start_keeper(prepared.run_id, prepared.run_dir, (prepared, driven, built[0]))
+    does = [f"runs the attempts (--on-failure {run.on_failure}, --max-restarts {run.max_restarts})"] \
+        if recovery is not None else []
+    does += ["sends the run to its trackers"] if prepared.request.trackers.any else []
+    report(f"keeper (pid {keeper.pid}) {' and '.join(does)}; its log: {keeper.log}")
+    return driven
+
+
+def track(prepared: Prepared, follows: bool = True) -> TrackerSession | None:
+    """The run's trackers (``--mlflow``, ``--wandb``), each checked now: one that does not answer
+    is an error before anything starts. None where none was asked for, or where this process
+    does not follow the run (``follows`` False: a detached launch, which its keeper follows)."""
+    trackers = prepared.request.trackers
+    if not trackers.any:
+        return None
+    from fstrain.io.trackers import TrackerSettings, senders, start_session
+
+    settings = TrackerSettings(prepared.run_id, prepared.run_dir, trackers.mlflow, trackers.mlflow_experiment,
+                               trackers.wandb, trackers.wandb_offline)
+    if not follows:
+        senders(settings)
+        return None
+    return start_session(settings)
+
+
+def tracker_start(trackers: TrackerSession, prepared: Prepared, job: Job, node: NodeJob) -> None:
+    """The run's parameters and tags, sent as its first attempt's job is known."""
+    from fstrain.core.job.spec import redact, secret_values
+    from fstrain.core.track.calls import launch_params
+
+    env = {k: v for launch in node.launches for k, v in launch.env.items()}
+    program = [redact(arg, secret_values(env)) for arg in job.program]
+    params = launch_params(prepared.run_id, node.backend, [n.host.name for n in node.launches],
+                           [n.nproc for n in node.launches], program, node.plan)
+    trackers.start(params, {"fstrain.run_id": prepared.run_id, "fstrain.run_dir": str(prepared.run_dir.resolve()),
+                            "fstrain.backend": node.backend})
+
+
+def tracked(trackers: TrackerSession | None, run: Callable[[], Driven]) -> Driven:
+    """``run()``, its end sent to the run's trackers: the run's outcome, or the error that
+    ended the launch before the run did."""
+    if trackers is None:
+        return run()
+    try:
+        driven = run()
+    except BaseException as exc:
+        end_tracking(trackers, None, getattr(exc, "message", type(exc).__name__))
+        raise
+    end_tracking(trackers, driven)
+    return driven
+
+
+def end_tracking(trackers: TrackerSession, driven: Driven | None, error: str = "") -> None:
+    """The run's end sent to its trackers: its status, exit code and reason (or the error that
+    ended the launch before the run did)."""
+    from fstrain.core.track.calls import tracker_status
+
+    if driven is None:
+        trackers.finish("FAILED", {"fstrain.state": "error", "fstrain.error": error})
+        return
+    outcome = driven.outcome
+    trackers.finish(tracker_status(outcome.exit_code, outcome.reason),
+                    {"fstrain.exit_code": str(outcome.exit_code), "fstrain.reason": outcome.reason,
+                     **({"fstrain.detail": outcome.detail} if outcome.detail else {})})
+
+
+def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter, color: bool,
+             trackers: TrackerSession | None = None) -> tuple[DriveRequest, Callable[[Checked], NodeJob], list[Job]]:
     """The driver's request for this launch, and its job: fitted to each attempt's hosts (the
     first attempt's plan re-planned for another world), every job built kept in the list."""
     from fstrain.api.driver import AttemptSettings, DriveRequest, NodeAccess, RunOutput
@@ -267,6 +364,8 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter,
 
     def node_job(checked: Checked) -> NodeJob:
         job, node = fit_job(prepared, checked, built[0].plan if built else None)
+        if trackers is not None and not built:
+            tracker_start(trackers, prepared, job, node)
         built.append(job)
         if node.replanned:
             report(f"replanned: {node.replanned}")
@@ -284,8 +383,9 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter,
         nodes, prepared.run_id, prepared.run_dir, env=dict(job_request.env), master_port=run.master_port,
         prewarm_backend=job_request.backend, limits=run.limits, detach=run.detach,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None,
-        output=RunOutput(out, color, run.metrics_textfile), attempt=AttemptSettings(run.checkpoint_dir),
-        events=EventLog.in_folder(prepared.run_dir.resolve(), prepared.run_id))
+        output=RunOutput(out, color, run.metrics_textfile, trackers.line if trackers is not None else None),
+        attempt=AttemptSettings(run.checkpoint_dir), events=EventLog.in_folder(prepared.run_dir.resolve(),
+                                                                               prepared.run_id))
     return drive_request, node_job, built
 
 
@@ -295,25 +395,42 @@ def attempt_count(manifest: Manifest) -> int:
 
 
 def keep(prepared: Prepared, first: Driven, first_job: Job, stop: threading.Event) -> Driven:
-    """A detached run's attempts after its launch started the first (fstrain/api/keeper.py):
-    the one recovery loop, each attempt followed to its end on its nodes; ``stop`` set: no
-    further attempt, and the current one stopped."""
+    """A detached run after its launch started the first attempt (fstrain/api/keeper.py): with
+    a recovery policy, the one recovery loop, each attempt followed to its end on its nodes;
+    without, the one attempt followed. The keeper writes the run's events, and its trackers,
+    where asked for, are sent every node's output as it is read. ``stop`` set: no further
+    attempt, and the current one stopped."""
     from fstrain.api import eventlog
     from fstrain.api.driver import drive_attempts
-    from fstrain.api.keeper import STOPPED, follow
+    from fstrain.api.keeper import STOPPED, OutputFeed, follow
+    from fstrain.errors import FstrainError
 
     connect = _connector(prepared)
-    drive_request, node_job, built = _driving(prepared, sys.stdout, _to_stderr, False)
+    try:
+        trackers = track(prepared)
+    except FstrainError as exc:  # the launch's preflight passed: a tracker gone since never stops the run
+        _to_stderr(f"warning: {exc.one_line()}; the run goes on without it")
+        trackers = None
+    drive_request, node_job, built = _driving(prepared, sys.stdout, _to_stderr, False, trackers)
     # The keeper writes the run's events: the first attempt started before it did.
     eventlog.started(drive_request.events, 1, [h.name for h in prepared.selection.hosts], at=first.started)
     built.append(first_job)  # the plan a smaller world is re-planned from
+    feed = OutputFeed(trackers.line, connect, prepared.request.job.python) if trackers is not None else None
+    if trackers is not None:
+        tracker_start(trackers, prepared, first_job, first.job)
     recovery = recovery_of(prepared, connect)
-    assert recovery is not None, "a keeper runs only for a recovery policy"
-    recovery = replace(recovery, follow=lambda driven: follow(driven, drive_request, connect, stop),
-                       stop_requested=lambda: STOPPED if stop.is_set() else "")
-    driven = drive_attempts(drive_request, connect, node_job, recovery, _to_stderr, first=first)
-    eventlog.finished(drive_request.events, attempt_count(driven.manifest), driven.manifest)
-    return driven
+
+    def run_it() -> Driven:
+        if recovery is None:
+            driven = follow(first, drive_request, connect, stop, feed=feed)
+        else:
+            kept = replace(recovery, follow=lambda driven: follow(driven, drive_request, connect, stop, feed=feed),
+                           stop_requested=lambda: STOPPED if stop.is_set() else "")
+            driven = drive_attempts(drive_request, connect, node_job, kept, _to_stderr, first=first)
+        eventlog.finished(drive_request.events, attempt_count(driven.manifest), driven.manifest)
+        return driven
+
+    return tracked(trackers, run_it)
 
 
 def recovery_of(prepared: Prepared, connect: Callable[[Host], Transport]) -> Recovery | None:

@@ -74,6 +74,21 @@ class RunSettings:
 
 
 @dataclass(frozen=True)
+class TrackerRequest:
+    """Experiment trackers the run is logged to from the process that follows it
+    (docs/observability.md#trackers): its parameters, every rank's steps, its events and end."""
+
+    mlflow: str | None = None  # an MLflow tracking URI: http://host:5000, or a local store (file:, sqlite:)
+    mlflow_experiment: str = "fstrain"  # the MLflow experiment the run goes into (created if missing)
+    wandb: str | None = None  # a Weights & Biases project
+    wandb_offline: bool = False  # W&B's files under RUN_DIR/wandb only, for `wandb sync` later
+
+    @property
+    def any(self) -> bool:
+        return bool(self.mlflow or self.wandb)
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     hosts: HostRequest = field(default_factory=HostRequest)
     job: JobRequest = field(default_factory=JobRequest)
@@ -81,6 +96,7 @@ class LaunchRequest:
     container_image: str | None = None  # Slurm with Pyxis: every srun step in this image
     container_mounts: str | None = None
     container_default_mounts: bool = True  # Pyxis: the working and run directories mounted too
+    trackers: TrackerRequest = field(default_factory=TrackerRequest)
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,8 @@ LAUNCH_FLAGS = (
     ("run", "checkpoint_dir", "--checkpoint-dir"), ("run", "grace_s", "--grace"),
     ("run", "heartbeat_timeout_s", "--heartbeat-timeout"), ("run", "stall_timeout_s", "--stall-timeout"),
     ("run", "finish_timeout_s", "--finish-timeout"), ("run", "metrics_textfile", "--metrics-textfile"),
+    ("trackers", "mlflow", "--mlflow"), ("trackers", "mlflow_experiment", "--mlflow-experiment"),
+    ("trackers", "wandb", "--wandb"), ("trackers", "wandb_offline", "--wandb-offline"),
 )
 
 

@@ -80,6 +80,15 @@ def launch_command(
                                                 "fstrain_<run id>_node<I>.prom (Prometheus text format) to this "
                                                 "folder on the node every few seconds, for node_exporter's "
                                                 "textfile collector."),
+    mlflow: str | None = typer.Option(None, "--mlflow", help="Log the run to this MLflow tracking server "
+                                      "(http://host:5000, or a local store URI): its parameters, every rank's "
+                                      "steps, its events and end; checked before anything starts."),
+    mlflow_experiment: str = typer.Option("fstrain", "--mlflow-experiment", help="With --mlflow: the experiment "
+                                          "the run goes into (created if missing)."),
+    wandb: str | None = typer.Option(None, "--wandb", help="Log the run to this Weights & Biases project, as "
+                                     "--mlflow logs it (needs the wandb package here)."),
+    wandb_offline: bool = typer.Option(False, "--wandb-offline", help="With --wandb: write W&B's run files "
+                                       "under RUN_DIR/wandb only (upload later with `wandb sync`)."),
     stall_timeout: str | None = typer.Option(None, "--stall-timeout", metavar="DURATION",
                                              help="No rank output for this long (e.g. 20m): collect every rank's "
                                              "stacks, name the odd ranks, stop the job (exit 124)."),
@@ -110,7 +119,7 @@ def launch_command(
 ) -> None:
     """Launch PROGRAM on every selected host (one torchrun or DeepSpeed launcher per node)."""
     from fstrain.api.job import collect_env, new_run_id, parse_nproc, stall_timeouts
-    from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings
+    from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings, TrackerRequest
 
     if slurm or slurm_render_only:
         slurmopts.check_submit_flags(hostfile, hosts, launcher, dry_run)
@@ -133,6 +142,8 @@ def launch_command(
                         on_failure=on_failure, min_nodes=min_nodes, checkpoint_dir=checkpoint_dir,
                         grace_s=grace, heartbeat_timeout_s=heartbeat_timeout, stall_timeout_s=stall_s,
                         finish_timeout_s=finish_s, detach=detach, metrics_textfile=metrics_textfile),
+        trackers=TrackerRequest(mlflow=mlflow, mlflow_experiment=mlflow_experiment, wandb=wandb,
+                                wandb_offline=wandb_offline),
         container_image=container_image, container_mounts=container_mounts,
         container_default_mounts=not no_default_mounts)
     if slurm or slurm_render_only:

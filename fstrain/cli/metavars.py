@@ -22,7 +22,8 @@ METAVARS = {
     "--checkpoint-interval": "STEPS", "--run-dir": "DIR", "--grace": "SECONDS", "--heartbeat-timeout": "SECONDS",
     "--model": "NAME", "--recipe": "FILE", "--strategy": "STRATEGY", "--micro-batch": "N",
     "--precision": "bf16|fp16|fp32|bf16-pure|amp-bf16|amp-fp16", "--steps": "N",
-    "--tensorboard": "DIR", "--metrics-textfile": "DIR",
+    "--tensorboard": "DIR", "--metrics-textfile": "DIR", "--mlflow": "URI", "--mlflow-experiment": "NAME",
+    "--wandb": "PROJECT",
     # plan
     "--model-params": "COUNT", "--num-nodes": "N", "--gpu": "GPU", "--node": "GPU:COUNT[xNODES]",
     "--nvlink-domain-size": "N", "--inter-node-gbps": "GBPS", "--global-batch": "N", "--global-batch-tokens": "N",

@@ -144,7 +144,7 @@ def status_command(
     print_attempts(document.get("attempts") or [])
     keeper = document.get("keeper")
     if keeper and keeper["alive"]:
-        out.print(f"recovery keeper: pid {keeper['pid']} runs the attempts (its log: {keeper['log']})", markup=False)
+        out.print(f"keeper: pid {keeper['pid']} follows the run (its log: {keeper['log']})", markup=False)
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "rank", "alive", "last output", "step", "loss", "tokens/s", "gpus"):
         table.add_column(column)

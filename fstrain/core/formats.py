@@ -58,7 +58,8 @@ KINDS: dict[str, Kind] = {
     "trainer_state": Kind("trainer checkpoint state", 1, "resume from a checkpoint this fstrain wrote"),
     # the launch's hand-off to its recovery keeper (fstrain/api/keeper.py), on the keeper's stdin
     # 3: the DriveRequest in it groups its node access, output and attempt settings
-    "handoff": Kind("recovery keeper hand-off", 3, "start the keeper from the same fstrain that runs it"),
+    # 4: the launch request carries its trackers (TrackerRequest)
+    "handoff": Kind("recovery keeper hand-off", 4, "start the keeper from the same fstrain that runs it"),
 }
 
 

@@ -305,6 +305,7 @@ class RunOptions:
     color: bool = False
     out: TextIO = sys.stdout
     metrics_textfile: str | None = None  # each node writes its Prometheus textfile into this folder
+    on_line: Callable[[str], None] | None = None  # each line as the logs hold it, "[host rN] text" (trackers)
     # Inside a Slurm job: why Slurm ended it ("cancelled by Slurm (scancel)"), None while it runs.
     # Asked on fstrain's own SIGTERM and when the run ends.
     ended_by_slurm: Callable[[], str | None] | None = None
@@ -660,6 +661,8 @@ def _emit(node: NodeState, stream: str, line: str, logs: _Logs, options: RunOpti
     tag = f"{host} r{rank}" if rank is not None else host
     _show(node, tag, node.noise.feed(local_rank, text), options)
     logs.write(host, rank, f"[{tag}] {text}")
+    if options.on_line is not None:
+        options.on_line(f"[{tag}] {text}")
     node.tail = [*node.tail[-19:], f"[{tag}] {text}"]
     if local_rank is not None:
         node.rank_tails[local_rank] = [*node.rank_tails.get(local_rank, [])[-19:], f"[{tag}] {text}"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings, SlurmRequest
+from fstrain.api.requests import HostRequest, JobRequest, LaunchRequest, RunSettings, SlurmRequest, TrackerRequest
 from fstrain.api.slurm import SubmitRequest, launch_args_of, submit
 from tests.helpers import REPO, run_fstrain
 
@@ -62,3 +62,9 @@ def test_a_requests_options_reach_the_batch_jobs_launch_as_the_command_lines_do(
 def test_defaults_give_no_option() -> None:
     assert launch_args_of(LaunchRequest()) == []
     assert launch_args_of(LaunchRequest(run=RunSettings(finish_timeout_s=1.5))) == ["--finish-timeout", "1.5s"]
+
+
+def test_the_batch_jobs_launch_logs_to_the_same_trackers() -> None:
+    trackers = TrackerRequest(mlflow="http://mlflow:5000", mlflow_experiment="llm", wandb="proj", wandb_offline=True)
+    assert launch_args_of(LaunchRequest(trackers=trackers)) == [
+        "--mlflow", "http://mlflow:5000", "--mlflow-experiment", "llm", "--wandb", "proj", "--wandb-offline"]

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import run_fstrain
 
-HEAVY = ("torch", "deepspeed", "paramiko", "rich", "numpy")
+HEAVY = ("torch", "deepspeed", "paramiko", "rich", "numpy", "mlflow", "wandb")
 
 
 def test_help_imports_nothing_heavy() -> None:

@@ -65,7 +65,8 @@ def test_plan_imports_no_torch_deepspeed_or_rich_for_json() -> None:
         "        app(['plan', '--model', 'llama3.1-8b', '--gpu', 'h100-sxm', '--json'], prog_name='fstrain')\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "print('HEAVY=' + ','.join(m for m in ('torch', 'deepspeed', 'rich', 'numpy') if m in sys.modules))\n"
+        "heavy = ('torch', 'deepspeed', 'rich', 'numpy', 'mlflow', 'wandb')\n"
+        "print('HEAVY=' + ','.join(m for m in heavy if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "HEAVY="

@@ -205,6 +205,7 @@ CORE_ORDER = (
     "doctor",  # doctor's checks (on job, plan, parsers, topo)
     "bench",  # bench arithmetic and reports (on doctor's results and plan)
     "calibrate",  # `plan --calibrate` (on bench, report, runs and plan)
+    "track",  # what a launch sends its experiment trackers (on monitor and report)
 )
 
 
