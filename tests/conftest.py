@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.build_ops import extensions_dir
 from tests.helpers import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,19 +80,19 @@ def hermetic_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
     fstrain keeps state under ~/.fstrain (runs started here, active runs of localhost as a node) and
     OpenSSH and paramiko read ~/.ssh: none of the user's own may leak into a test, nor a test's into
-    them. Child processes inherit the variables. DeepSpeed's CPU ops are built once per session into
-    TORCH_EXTENSIONS_DIR (the hosts of the test cluster share the same folder, and so do the
-    workers of a parallel run: torch's builder takes a file lock, so the first builds and the others
-    wait for it).
+    them. Child processes inherit the variables. DeepSpeed's CPU ops are built once per machine and
+    version into TORCH_EXTENSIONS_DIR (tests/build_ops.py: the hosts of the test cluster share the
+    same folder, and so do the workers of a parallel run; torch's builder takes a file lock, so the
+    first builds and the others wait for it).
     """
     saved = {name: os.environ.get(name) for name in ("HOME", "TORCH_EXTENSIONS_DIR", "COLUMNS", "LINES")}
     # A terminal's size is the caller's (pytest-xdist sets COLUMNS=80 in its workers): fstrain's
     # output to a pipe must read the same whatever the shell or the runner set.
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))  # from the real HOME
     home = tmp_path_factory.mktemp("client-home")
     os.environ["HOME"] = str(home)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(shared_temp(tmp_path_factory) / "torch_extensions"))
     try:
         yield home
     finally:
@@ -117,14 +118,6 @@ def cluster_id_for_worker() -> str:
     return base if index is None else str(int(base or 0) + index + 1)
 
 
-
-def shared_temp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder every worker of this run shares (pytest's base temporary folder, or in a parallel run
-    the one above the workers' own)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if worker_index() is not None else base
-
-
 def hermetic_hosts(cluster: NamespaceCluster) -> None:
     """Make every host's sessions independent of this machine's set-up.
 
@@ -133,8 +126,8 @@ def hermetic_hosts(cluster: NamespaceCluster) -> None:
       run records) and ~/.cache stay out of the tests.
     - PYTHONPATH: this checkout, so what the hosts run (``python -m fstrain.train``) is the code
       under test, not whichever fstrain happens to be installed (CI runs on a fresh clone).
-    - TORCH_EXTENSIONS_DIR: the session's one folder (``hermetic_client``), so DeepSpeed builds its
-      CPU ops once per session (under an empty HOME each host would build them again).
+    - TORCH_EXTENSIONS_DIR: the suite's one folder (``hermetic_client``, tests/build_ops.py), so
+      DeepSpeed builds its CPU ops once (under an empty HOME each host would build them again).
     """
     for index in range(1, cluster.num_hosts + 1):
         cluster.home(index).mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Each run is a subprocess (torchrun --standalone), so torch's and DeepSpeed's warnings stay out
 of pytest's filterwarnings=error. On a CPU machine the ranks use gloo. DeepSpeed JIT-compiles
 two small C++ ops on its first CPU run (its shared-memory communicator, and CPUAdam for offload)
-into ~/.cache/torch_extensions; later runs load them in about a second.
+into the suite's extensions folder (tests/build_ops.py); later runs load them in about a second.
 """
 
 from __future__ import annotations
