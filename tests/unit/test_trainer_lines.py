@@ -102,6 +102,26 @@ def draws_as_handed_over(name: str) -> dict[int, str]:
     return draws
 
 
+def test_the_examples_dicts_give_each_step_its_loss_and_the_jobs_tokens_per_second() -> None:
+    """examples/train_hf.py under torchrun (include_num_input_tokens_seen, a log per step): the
+    dict after each step's draw gives that step the loss the Trainer logged for it (its
+    trainer_state.json) and the job's tokens/s since the start, which the dict says; the tokens
+    seen are the step's, 16 sequences of 64 tokens each."""
+    logged = [e for e in json.loads((FIXTURES / "train_hf.trainer_state.json").read_text())["log_history"]
+              if "loss" in e]
+    draws = draws_as_handed_over("train_hf-torchrun-rank0-stderr.txt")
+    dicts = [line for line in lines("train_hf-torchrun-rank0-stdout.txt") if "'loss': " in line]
+    assert len(dicts) == len(logged) == 40 and sorted(draws) == list(range(1, 41))
+    held = None
+    for entry, logged_line in zip(logged, dicts, strict=True):
+        held = newer_step(newer_step(held, draws[entry["step"]]), logged_line)
+        assert held is not None
+        rate = float(logged_line.split("'train_tokens_per_second': '")[1].split("'")[0])
+        assert (held.metrics.step, held.metrics.steps, held.metrics.loss, held.metrics.tokens_per_s) == (
+            entry["step"], 40, significant(entry["loss"], 4), rate)
+        assert held.metrics.extra["num_input_tokens_seen"] == entry["num_input_tokens_seen"] == 16 * 64 * entry["step"]
+
+
 @pytest.mark.parametrize("name", ["transformers-trainer-torchrun-rank0-stdout.txt",
                                   "transformers-trainer-torchrun-rank1-stdout.txt",
                                   "transformers-trainer-torchrun-rank1-stderr.txt"])
@@ -184,3 +204,6 @@ def test_report_has_every_step_the_bar_drew_in_a_file_of_its_own() -> None:
     (series,) = rank_series(f"[node1 r0] {line}" for line in lines("transformers-trainer-torchrun-rank0-stderr.txt"))
     assert (series.rank, series.host) == (0, "node1")
     assert [(p.step, p.loss) for p in series.points] == [(step, None) for step in range(1, 13)]
+    (series,) = rank_series(lines("train_hf-torchrun-rank0-stderr.txt"))  # its saves end the bar's lines
+    assert [p.step for p in series.points] == list(range(1, 41))
+
