@@ -207,3 +207,17 @@ def test_report_has_every_step_the_bar_drew_in_a_file_of_its_own() -> None:
     (series,) = rank_series(lines("train_hf-torchrun-rank0-stderr.txt"))  # its saves end the bar's lines
     assert [p.step for p in series.points] == list(range(1, 41))
 
+
+def test_the_report_reads_a_bars_lines_from_the_logs_whole(tmp_path: Path) -> None:
+    """`fstrain report` reads the run's logs (here a launcher's log file) line by line: a bar's
+    line stays one line ("\\r" splits none) and is kept for the series with its every step."""
+    from fstrain.api.report import numbered_lines
+    from fstrain.io.logs import FileOutputs
+
+    log = tmp_path / "node1.log"
+    raw = (FIXTURES / "train_hf-torchrun-rank0-stderr.txt").read_bytes()
+    log.write_bytes(b"".join(b"[node1 r0] " + line + b"\n" for line in raw.split(b"\n")[:-1]))
+    resumes: list[str] = []
+    (series,) = rank_series(numbered_lines(FileOutputs(lambda: [log], None), resumes))
+    assert (series.rank, series.host, [p.step for p in series.points]) == (0, "node1", list(range(1, 41)))
+    assert resumes == []
