@@ -201,10 +201,11 @@ def attempt_outcome(views: Sequence[Mapping[str, Any] | None], launches: Sequenc
 
 
 def reported_step(views: Sequence[Mapping[str, Any] | None]) -> int | None:
-    """The highest step the nodes' records show a rank reported: in each rank's last progress
-    line, and in the metric and progress lines among each node's last lines."""
+    """The highest step the nodes' records show a rank reported: in each rank's latest numbers
+    and last progress line, and in the metric and progress lines among each node's last lines."""
     from fstrain.api.driver import line_step
     from fstrain.core.monitor.logtail import split_rank_prefix
+    from fstrain.core.monitor.metricline import from_mapping
 
     steps = []
     for view in views:
@@ -213,4 +214,6 @@ def reported_step(views: Sequence[Mapping[str, Any] | None]) -> int | None:
         texts += [split_rank_prefix(str(rank.get("progress_line") or ""))[1]
                   for rank in (own.get("ranks") or {}).values()]
         steps += [step for step in map(line_step, (t.lstrip() for t in texts)) if step is not None]
+        steps += [found.step for found in (from_mapping(rank.get("progress"))
+                                           for rank in (own.get("ranks") or {}).values()) if found is not None]
     return max(steps) if steps else None

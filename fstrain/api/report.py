@@ -87,13 +87,17 @@ def report_of(run: Run) -> Report:
 
 
 def numbered_lines(outputs: Outputs, resumes: list[str]) -> Iterator[str]:
-    """The run's lines that carry a step's numbers, as they are read (every other line is
-    dropped at once: a long run's output is never held whole); a resume's lines go to ``resumes``."""
+    """The run's lines that carry a step's numbers (metricline.read_step: the metric line, the
+    bundled trainer's progress line, a trainer's own), as they are read (every other line is
+    dropped at once: a long run's output is never held whole); a resume's lines go to
+    ``resumes``. Lines end at "\\n" only: a tqdm bar's "\\r" redraws stay in their line."""
+    from fstrain.core.monitor.metricline import read_step
+
     for chunk in outputs.read():
-        for line in chunk.splitlines():
+        for line in chunk.rstrip("\n").split("\n"):
             if RESUMED_MARK in line:
                 resumes.append(line)
-            elif METRIC_MARK in line or PROGRESS_MARK in line:
+            elif METRIC_MARK in line or PROGRESS_MARK in line or read_step(line) is not None:
                 yield line
 
 

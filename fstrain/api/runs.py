@@ -15,7 +15,7 @@ One implementation per backend, never per command:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,6 +27,7 @@ from fstrain.errors import FstrainError, InputError
 if TYPE_CHECKING:
     from fstrain.api.requests import HostRequest
     from fstrain.core.hosts.hostfile import Host
+    from fstrain.core.monitor.metricline import StepMetrics
     from fstrain.core.runs.manifest import Manifest
     from fstrain.core.runs.runrecord import KeeperRecord
     from fstrain.io.logs import FileOutputs, NodeOutputs
@@ -400,7 +401,7 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
             rank = int(local) + offset if offset is not None else int(local)
             ranks.append({"rank": rank, "local_rank": int(local), "alive": rank in alive,
                           "last_output_at": entry.get("last_output_at"), "last_line": entry.get("last_line"),
-                          "progress": progress_of([entry.get("progress_line") or ""])})
+                          "progress": node_progress(entry)})
         gpus, gpus_error = from_node((view or {}).get("gpus"), host.label())
         nodes.append({"host": host.label(), "node_rank": index, "reachable": view is not None,
                       "watchdog_alive": (view or {}).get("watchdog_alive"), "exit_code": node.get("exit_code"),
@@ -410,6 +411,16 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
             "first_failure": failure, "detached": bool(record.detached), "started": record.started, "nodes": nodes,
             "attempts": _attempts(record)}
+
+
+def node_progress(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A rank's ``progress`` in status from its node's record: the numbers the node read from
+    its lines and its bar's draws (``progress``), else those of the line they came from (a node
+    of an earlier fstrain records only that line)."""
+    from fstrain.core.monitor.metricline import from_mapping
+
+    found = from_mapping(entry.get("progress"))
+    return progress_of([entry.get("progress_line") or ""]) if found is None else progress_numbers(found)
 
 
 def progress_of(lines: Iterable[str]) -> dict[str, Any] | None:
@@ -422,9 +433,11 @@ def progress_of(lines: Iterable[str]) -> dict[str, Any] | None:
     held = None
     for line in lines:
         held = newer_step(held, line)
-    if held is None:
-        return None
-    found = held.metrics
+    return None if held is None else progress_numbers(held.metrics)
+
+
+def progress_numbers(found: StepMetrics) -> dict[str, Any]:
+    """The numbers of a rank's ``progress`` in status."""
     return {"step": found.step, "steps": found.steps, "loss": found.loss, "tokens_per_s": found.tokens_per_s}
 
 

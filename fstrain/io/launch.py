@@ -568,6 +568,9 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                     run.stacks_reported(rank)
                 if payload.get("ranks_gone"):
                     run.rank_finished(clock())
+                if isinstance(payload.get("draw"), dict):  # a rank's bar drawn: output, in no log
+                    run.output(clock())
+                    stages.line(rank, True, str(payload["draw"].get("text") or ""))
                 continue
             why = slurm_cancel_reason(b) if options.ended_by_slurm is not None else None
             if why:

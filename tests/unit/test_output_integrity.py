@@ -17,7 +17,7 @@ import pytest
 
 from fstrain.io.relay import RelayQueue
 from fstrain.io.remote import source
-from fstrain.io.remote.watchdog import BOOTSTRAP, rank_source
+from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX, rank_source
 from fstrain.io.transport.local import LocalTransport
 from tests.integrity import CAT_TWICE, cpu_hogs, payload, payload_lines, started_lines
 
@@ -249,3 +249,70 @@ def test_relay_queue_passes_every_line_once_in_order_per_node() -> None:
     for producer in producers:
         producer.join()
     assert all(seen[node] == [f"{node}:{n}" for n in range(count)] for node in range(nodes))
+
+
+# A rank as transformers' Trainer writes under torchrun --redirects 3: a real tqdm bar redrawn
+# with "\r" in stderr.log (one line until the bar closes), a log dict now and then in
+# stdout.log; then it says when it wrote the bar's newline.
+_BAR_RANK = """
+import os, sys, time
+from tqdm import tqdm
+rank_dir = os.path.join(os.environ["FSTRAIN_RUN_DIR"], "ranklogs", "run_x", "attempt_0", "0")
+os.makedirs(rank_dir)
+with open(os.path.join(rank_dir, "stdout.log"), "w", buffering=1) as out, \\
+        open(os.path.join(rank_dir, "stderr.log"), "w", buffering=1) as err:
+    bar = tqdm(total=12, file=err, mininterval=0)
+    for step in range(1, 13):
+        time.sleep(0.25)
+        bar.update(1)
+        if step % 4 == 0:
+            out.write("{'loss': '%.3f', 'learning_rate': '0.001'}\\n" % (5 - step / 4))
+            out.flush()
+    bar.close()
+print(time.time(), flush=True)
+"""
+
+
+def test_a_bars_draws_reach_the_step_readers_live_and_its_line_is_relayed_once_whole(tmp_path: Path) -> None:
+    """A "\\r" ends no line: the bar's line goes out once, whole, bytes as written, when its
+    newline comes; its draws reach the launcher before that, as events, each a draw of a later
+    step, none of them in the output."""
+    from fstrain.core.monitor.metricline import read_transformers_trainer
+
+    header = {"source": source("watchdog"), "argv": [sys.executable, "-c", _BAR_RANK], "env": {},
+              "run_dir": str(tmp_path / "run"), "rank_log_dir": "{run_dir}/ranklogs", "nproc": 1, "grace_s": 2}
+    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert watchdog.stdin is not None and watchdog.stdout is not None and watchdog.stderr is not None
+    watchdog.stdin.write((json.dumps(header) + "\n").encode())
+    watchdog.stdin.flush()
+    arrived: list[tuple[float, bytes]] = []  # each line of the watchdog's stdout, when it came
+    err: list[bytes] = []
+    reader = threading.Thread(target=lambda: arrived.extend((time.time(), line.rstrip(b"\n"))
+                                                            for line in watchdog.stdout))
+    err_reader = threading.Thread(target=lambda: err.append(watchdog.stderr.read()))
+    reader.start()
+    err_reader.start()
+    code = watchdog.wait(60)
+    watchdog.stdin.close()
+    reader.join(10)
+    err_reader.join(10)
+    watchdog.stdout.close()
+    watchdog.stderr.close()
+    assert code == 0, err
+    mark = EVENT_PREFIX.encode()
+    events = [(at, json.loads(line[len(mark):])) for at, line in arrived if line.startswith(mark)]
+    output = [line for _, line in arrived if not line.startswith(mark)]
+    (newline_at,) = [float(line) for line in output if line[:1].isdigit()]  # the job's own stdout: no tag
+    rank_dir = tmp_path / "run" / "ranklogs" / "run_x" / "attempt_0" / "0"
+    written = {name: (rank_dir / name).read_bytes() for name in ("stdout.log", "stderr.log")}
+    assert written["stderr.log"].count(b"\r") >= 12 and written["stderr.log"].count(b"\n") == 1
+    relayed_err = [line for line in err[0].split(b"\n")[:-1] if not line.startswith(b"fstrain-watchdog")]
+    assert relayed_err == [b"[local0]:" + written["stderr.log"][:-1]]
+    assert [line for line in output if b"'loss'" in line] == \
+        [b"[local0]:" + line for line in written["stdout.log"].split(b"\n")[:-1]]
+    draws = [(at, event["draw"]) for at, event in events if "draw" in event]
+    steps = [read_transformers_trainer(draw["text"]) for _, draw in draws]
+    live = [found.step for (at, _), found in zip(draws, steps, strict=True) if found is not None and at < newline_at]
+    assert len(live) >= 2 and live == sorted(set(live)), (live, draws)
+    assert all(draw["local"] == 0 and draw["fd"] == 2 and "\n" not in draw["text"] for _, draw in draws)

@@ -66,6 +66,12 @@ def test_policy_values_are_checked() -> None:
 def test_checkpoints_and_progress() -> None:
     assert checkpoint_step(["step_0000003", "step_0000012", "latest", "step_0000006.tmp"]) == 12
     assert checkpoint_step([]) is None
+    # transformers', torchtitan's, DeepSpeed's, Megatron-LM's, Lightning's names for step 40
+    for names in (["checkpoint-20", "checkpoint-40", "runs", "tmp-checkpoint-60"], ["step-40", "step-20"],
+                  ["global_step40", "latest", "zero_to_fp32.py"], ["iter_0000040", "latest_checkpointed_iteration.txt"],
+                  ["epoch=0-step=20.ckpt", "epoch=1-step=40.ckpt", "last.ckpt"]):
+        assert checkpoint_step(names) == 40, names
+    assert checkpoint_step(["checkpoint_3", "step=4.tmp"]) is None  # Accelerate's count of saves is no step
     assert Checkpoints(6).newer_than(Checkpoints(3)) and not Checkpoints(3).newer_than(Checkpoints(3))
     assert Checkpoints(None, 20.0).newer_than(Checkpoints(None, 10.0))
     assert not Checkpoints().newer_than(Checkpoints())

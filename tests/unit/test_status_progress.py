@@ -54,18 +54,50 @@ def test_progress_is_the_latest_metric_line_else_progress_line_as_the_live_view_
     assert progress_of(["hello", ""]) is None
 
 
+def status_ranks(output: Output, tmp_path: Path) -> list[dict[str, Any]]:
+    """The ranks of a detached run's status whose one node's record ``output`` keeps."""
+    node = {**output.snapshot(), "node_rank": 0, "exit_code": None}
+    view = {"node": node, "run": {"state": "running"}, "watchdog_alive": True, "ranks_alive": [0, 1]}
+    hosts = (DetachedNode(Host("node1"), 0, 2, 0, str(tmp_path), 10, 11),)
+    detached = DetachedRecord("20261201-120000-aaaaaa", "torchrun", time.time(), "python3", 15.0, None, "", 1234,
+                              hosts)
+    document = status_document(RunRecord(detached.run_id, tmp_path, detached, None, None), [view])
+    return list(document["nodes"][0]["ranks"])
+
+
 def test_a_detached_runs_status_shows_every_ranks_numbers_from_the_nodes_record(tmp_path: Path) -> None:
     output = Output(-1, str(tmp_path / "node0.out"), [], newer_step)  # note() only: no pipe is read
     now = time.time()
     for rank, text in LINES:
         output.note(now, f"[local{rank}]:{text}")
-    node = {**output.snapshot(), "node_rank": 0, "exit_code": None}
-    view = {"node": node, "run": {"state": "running"}, "watchdog_alive": True, "ranks_alive": [0, 1]}
-    hosts = (DetachedNode(Host("node1"), 0, 2, 0, str(tmp_path), 10, 11),)
-    detached = DetachedRecord("20261201-120000-aaaaaa", "torchrun", now, "python3", 15.0, None, "", 1234, hosts)
-    document = status_document(RunRecord(detached.run_id, tmp_path, detached, None, None), [view])
-    ranks = document["nodes"][0]["ranks"]
+    ranks = status_ranks(output, tmp_path)
     assert [r["rank"] for r in ranks] == [0, 1]
     assert {r["rank"]: r["progress"] for r in ranks} == EXPECTED == as_live_view_reads_it()
     assert [r["last_line"] for r in ranks] == ["[local0]:[fstrain.train] checkpoint saved: step 2 in /ckpt",
                                                 "[local1]:saving"]
+
+
+# transformers' Trainer under torchrun (examples/train_hf.py, tests/fixtures/trainer-output): the
+# bar's draws on stderr, a line it is still writing, and a log dict per step on stdout.
+HF_DRAWS = "\r  8%|▊         | 1/12 [00:01<00:13,  1.26s/it]\r 17%|█▋        | 2/12 [00:02<00:11,  1.12s/it]"
+HF_DICT = ("{'loss': '4.216', 'grad_norm': '1.629', 'learning_rate': '0.0005', 'epoch': '0.0625', "
+           "'num_input_tokens_seen': 2048, 'train_runtime': '2.1', 'train_tokens_per_second': '975.2'}")
+
+
+def test_a_bars_draws_and_the_trainers_dicts_give_status_step_loss_and_tokens(tmp_path: Path) -> None:
+    """The watchdog's draw events give the step while the bar's line is still being written;
+    the dict that follows gives its loss and tokens/s. A draw is output (the rank's last output
+    time) but no line: the rank's last line and the node's last lines stay as they were."""
+    output = Output(-1, str(tmp_path / "node0.out"), [], newer_step)
+    output.note(100.0, "[local0]:starting")
+    output.note_draw(101.0, {"local": 0, "fd": 2, "text": HF_DRAWS})
+    (rank,) = status_ranks(output, tmp_path)
+    assert rank["progress"] == {"step": 2, "steps": 12, "loss": None, "tokens_per_s": None}
+    assert (rank["last_line"], rank["last_output_at"]) == ("[local0]:starting", 101.0)
+    output.note(102.0, f"[local0]:{HF_DICT}")
+    step_3 = "\r 25%|██▌       | 3/12 [00:03<00:09,  1.04s/it]"
+    output.note_draw(103.0, {"local": 0, "fd": 2, "text": HF_DRAWS + step_3})
+    output.note_draw(104.0, {"local": "0", "text": "\r 99%|#| 11/12 [00:03<00:09,  1.04s/it]"})  # not the watchdog's
+    (rank,) = status_ranks(output, tmp_path)
+    assert rank["progress"] == {"step": 3, "steps": 12, "loss": 4.216, "tokens_per_s": 975.2}
+    assert output.snapshot()["last_lines"] == ["[local0]:starting", f"[local0]:{HF_DICT}"]

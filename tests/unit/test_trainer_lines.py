@@ -15,9 +15,11 @@ from fstrain.core.monitor.metricline import (
     METRIC_LINE,
     PROGRESS_LINE,
     TRAINER_FORMATS,
+    newer_step,
     read_lightning,
     read_step,
     read_transformers_trainer,
+    transformers_logged,
 )
 from fstrain.core.report.series import rank_series
 
@@ -61,6 +63,63 @@ def test_transformers_bar_lines_give_the_step_and_the_final_step_alone() -> None
     assert {(r.metrics.step, r.metrics.steps) for r in readings} == {(6, 12), (12, 12)}
     assert all(r.metrics.loss is None for r in readings)
     assert readings[-1].metrics.step == 12
+
+
+def test_transformers_dicts_in_a_file_of_their_own_add_to_the_step_the_bar_drew() -> None:
+    """torchrun --redirects 3: each log dict of stdout.log, read after the bar's draw of its step
+    (stderr.log, as the watchdog hands over a line still being written), gives that step its
+    loss; the bar's next draws carry it until the next dict. A dict with no bar read before it,
+    and the evaluation's and the final dicts, add nothing."""
+    draws = draws_as_handed_over("transformers-trainer-torchrun-rank0-stderr.txt")
+    dicts = [line for line in lines("transformers-trainer-torchrun-rank0-stdout.txt") if "'loss': " in line]
+    assert len(dicts) == 6 and sorted(draws) == list(range(1, 13))
+    held = None
+    for number, logged_line in enumerate(dicts, start=1):  # logging_steps 2: the dicts of steps 2, 4, ...
+        held = newer_step(newer_step(held, draws[2 * number]), logged_line)
+        logged = transformers_logged(logged_line)
+        assert held is not None and logged is not None and held.source == HF
+        assert (held.metrics.step, held.metrics.loss, held.metrics.lr) == (2 * number, logged.loss, logged.lr)
+        if number < 6:
+            carried = newer_step(held, draws[2 * number + 1])
+            assert carried is not None and (carried.metrics.step, carried.metrics.loss) == (2 * number + 1, logged.loss)
+    assert newer_step(None, dicts[0]) is None
+    for line in lines("transformers-trainer-torchrun-rank0-stdout.txt"):
+        if "'eval_loss'" in line or "'train_runtime'" in line:
+            assert transformers_logged(line) is None and newer_step(held, line) is held
+
+
+def draws_as_handed_over(name: str) -> dict[int, str]:
+    """Per step, the bar's line as the watchdog hands it over once that step's draw is written:
+    the line so far, its last 2 KiB (RankLogTailer.DRAW_BYTES)."""
+    draws: dict[int, str] = {}
+    for line in lines(name):
+        written = ""
+        for draw in line.split("\r")[1:]:
+            written += "\r" + draw
+            reading = read_transformers_trainer(written[-2048:])
+            if reading is not None:
+                draws[reading.step] = written[-2048:]
+    return draws
+
+
+def test_the_examples_dicts_give_each_step_its_loss_and_the_jobs_tokens_per_second() -> None:
+    """examples/train_hf.py under torchrun (include_num_input_tokens_seen, a log per step): the
+    dict after each step's draw gives that step the loss the Trainer logged for it (its
+    trainer_state.json) and the job's tokens/s since the start, which the dict says; the tokens
+    seen are the step's, 16 sequences of 64 tokens each."""
+    logged = [e for e in json.loads((FIXTURES / "train_hf.trainer_state.json").read_text())["log_history"]
+              if "loss" in e]
+    draws = draws_as_handed_over("train_hf-torchrun-rank0-stderr.txt")
+    dicts = [line for line in lines("train_hf-torchrun-rank0-stdout.txt") if "'loss': " in line]
+    assert len(dicts) == len(logged) == 40 and sorted(draws) == list(range(1, 41))
+    held = None
+    for entry, logged_line in zip(logged, dicts, strict=True):
+        held = newer_step(newer_step(held, draws[entry["step"]]), logged_line)
+        assert held is not None
+        rate = float(logged_line.split("'train_tokens_per_second': '")[1].split("'")[0])
+        assert (held.metrics.step, held.metrics.steps, held.metrics.loss, held.metrics.tokens_per_s) == (
+            entry["step"], 40, significant(entry["loss"], 4), rate)
+        assert held.metrics.extra["num_input_tokens_seen"] == entry["num_input_tokens_seen"] == 16 * 64 * entry["step"]
 
 
 @pytest.mark.parametrize("name", ["transformers-trainer-torchrun-rank0-stdout.txt",
@@ -137,4 +196,28 @@ def test_report_keeps_a_logged_loss_when_the_bar_says_its_step_again() -> None:
     logged = {e["step"]: significant(e["loss"], 4) for e in json.loads(
         (FIXTURES / "transformers-trainer-1proc-merged.trainer_state.json").read_text())["log_history"] if "loss" in e}
     (series,) = rank_series(lines("transformers-trainer-1proc-merged.txt"))
-    assert {p.step: p.loss for p in series.points} == logged
+    assert {p.step: p.loss for p in series.points if p.loss is not None} == logged
+    assert [p.step for p in series.points] == list(range(1, 13))  # each step the bar drew
+
+
+def test_report_has_every_step_the_bar_drew_in_a_file_of_its_own() -> None:
+    (series,) = rank_series(f"[node1 r0] {line}" for line in lines("transformers-trainer-torchrun-rank0-stderr.txt"))
+    assert (series.rank, series.host) == (0, "node1")
+    assert [(p.step, p.loss) for p in series.points] == [(step, None) for step in range(1, 13)]
+    (series,) = rank_series(lines("train_hf-torchrun-rank0-stderr.txt"))  # its saves end the bar's lines
+    assert [p.step for p in series.points] == list(range(1, 41))
+
+
+def test_the_report_reads_a_bars_lines_from_the_logs_whole(tmp_path: Path) -> None:
+    """`fstrain report` reads the run's logs (here a launcher's log file) line by line: a bar's
+    line stays one line ("\\r" splits none) and is kept for the series with its every step."""
+    from fstrain.api.report import numbered_lines
+    from fstrain.io.logs import FileOutputs
+
+    log = tmp_path / "node1.log"
+    raw = (FIXTURES / "train_hf-torchrun-rank0-stderr.txt").read_bytes()
+    log.write_bytes(b"".join(b"[node1 r0] " + line + b"\n" for line in raw.split(b"\n")[:-1]))
+    resumes: list[str] = []
+    (series,) = rank_series(numbered_lines(FileOutputs(lambda: [log], None), resumes))
+    assert (series.rank, series.host, [p.step for p in series.points]) == (0, "node1", list(range(1, 41)))
+    assert resumes == []

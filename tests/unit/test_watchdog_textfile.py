@@ -55,6 +55,31 @@ def test_relayed_lines_and_restarts_reach_the_file(tmp_path: Path, capfd: pytest
     assert sorted(os.listdir(tmp_path / "prom")) == ["fstrain_r1_node1.prom"]  # no .tmp left
 
 
+def test_a_bars_draws_reach_the_file_before_its_line_ends(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A tqdm bar (transformers' Trainer) redrawn with "\\r" and no newline yet: each poll hands
+    its newest draws to the textfile, which shows the step drawn; nothing is relayed until the
+    newline comes, then the line once, whole."""
+    folder = tmp_path / "ranklogs" / "r1_x" / "attempt_0" / "0"
+    folder.mkdir(parents=True)
+    (folder / "stdout.log").write_text("")
+    bar = folder / "stderr.log"
+    bar.write_bytes("\r  8%|▊         | 1/12 [00:01<00:13,  1.26s/it]\r 17%|█▋        | 2/12 [00:02<00".encode())
+    out = textfile(tmp_path / "prom")
+    tailer = RankLogTailer(str(tmp_path / "ranklogs"), 2, 2, out.line, lambda local, fd, text: out.line(local, text))
+    tailer.DRAW_INTERVAL_S = 0.0
+    path = tmp_path / "prom" / "fstrain_r1_node1.prom"
+    steps = []
+    for more in (":11,  1.12s/it]", "\r 25%|██▌       | 3/12 [00:03<00:09,  1.04s/it]", "\n"):
+        tailer.poll(final=False)
+        out.write({0: 2}, tailer, final=False)
+        steps.append(values(path, "fstrain_step").get("0"))
+        with bar.open("ab") as handle:
+            handle.write(more.encode())
+    tailer.poll(final=False)
+    assert steps == [1.0, 2.0, 3.0]  # the half-written draw of step 2 is not read until whole
+    assert capfd.readouterr().err == "[local0]:" + bar.read_bytes().decode()
+
+
 def test_the_final_write_is_the_last(tmp_path: Path) -> None:
     out = textfile(tmp_path)
     out.write({0: 2, 1: 3}, None, final=False)

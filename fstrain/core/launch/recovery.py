@@ -19,7 +19,12 @@ from fstrain.errors import InputError
 POLICIES = ("stop", "restart", "exclude")
 CHECKPOINT_DIR_ENV = "FSTRAIN_CHECKPOINT_DIR"
 RESTART_ENV = "FSTRAIN_RESTART"
-_STEP_DIR = re.compile(r"^step_(\d+)$")  # the bundled trainer's checkpoint folders (fstrain/train/steps.py)
+# Checkpoints named by their step, as each trainer names them (docs/your-trainer.md): the bundled
+# trainer's step_0000006 (fstrain/train/steps.py), transformers' Trainer's checkpoint-6
+# (trainer_utils.py PREFIX_CHECKPOINT_DIR), torchtitan's step-6 (checkpointer/dcp.py
+# _create_checkpoint_id), DeepSpeed's global_step6 (engine.py save_checkpoint's default tag),
+# Megatron-LM's iter_0000006, Lightning's epoch=0-step=6.ckpt (ModelCheckpoint's default name).
+_STEP_DIR = re.compile(r"^(?:step_|step-|checkpoint-|global_step|iter_|(?:.*-)?step=)(\d+)(?:\.ckpt)?$")
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,8 @@ def decide(policy: Policy, restarts_done: int, hosts: Sequence[str], spares: Seq
 
 
 def checkpoint_step(names: Sequence[str]) -> int | None:
-    """The newest step among a checkpoint folder's entries (``step_0000006``); None if none."""
+    """The newest step among a checkpoint folder's entries (``step_0000006``, ``checkpoint-6``,
+    ``step-6``, ``global_step6``, ``iter_0000006``, ``epoch=0-step=6.ckpt``); None if none."""
     steps = [int(m.group(1)) for m in map(_STEP_DIR.match, names) if m]
     return max(steps) if steps else None
 

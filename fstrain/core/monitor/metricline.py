@@ -26,11 +26,16 @@ only rank these print on):
   2.16s/it]``, which gives ``step`` and ``steps``; and per logging step the log dict on stdout,
   ``{'loss': '4.222', 'grad_norm': '1.291', 'learning_rate': '0.0009', 'epoch': '0.0625'}``
   (floats as ``f"{v:.4g}"`` strings; 4.x printed them bare), which has no step: it is read
-  (``loss``, ``lr``, ``grad_norm`` in ``extra``) only where it ends a line that holds the bar
-  (stdout and stderr in one stream), the bar's last draw before it giving its step. That draw
-  is the dict's own step where steps take longer than tqdm's 0.1 s between draws. The
-  ``trainer_state.json`` beside a checkpoint has each logged step, but only from a checkpoint
-  on and in the program's own output folder: it is no line of output, and not read.
+  (``loss``, ``lr``, ``grad_norm`` in ``extra``; with ``include_num_input_tokens_seen``, its
+  ``train_tokens_per_second`` as the job's ``tokens_per_s``, averaged since the Trainer's start,
+  and ``num_input_tokens_seen`` in ``extra``) where it ends a line that holds the bar (stdout
+  and stderr in one stream), the bar's last draw before it giving its step. That draw is the
+  dict's own step where steps take longer than tqdm's 0.1 s between draws. Where the two
+  streams are files of their own (torchrun's ``--redirects 3``, how fstrain starts ranks), the
+  dict alone adds its numbers to the rank's latest step (:func:`newer_step`), and the bar's
+  later draws carry them until the next dict. The ``trainer_state.json`` beside a checkpoint
+  has each logged step, but only from a checkpoint on and in the program's own output folder:
+  it is no line of output, and not read.
 - PyTorch Lightning's ``Trainer`` (2.6: callbacks/progress/tqdm_progress.py, TQDMProgressBar, its
   default where rich is not installed; trainer/connectors/callback_connector.py:154): a tqdm bar
   on stdout, ``Epoch 1:  17%|#  | 1/6 [00:00<00:00, 118.05it/s, v_num=0, train_loss=2.840]``,
@@ -60,7 +65,11 @@ only rank these print on):
   per GPU and the skipped and NaN iterations in ``extra``; no tokens/s (samples again).
 
 tqdm redraws a bar with "\r", not "\n": a line of such output holds many draws, and ends only
-where the trainer prints a line of its own or another bar draws below it (an evaluation).
+where the trainer prints a line of its own or another bar draws below it (an evaluation). A
+"\r" ends a draw, not a line: the relays and logs move whole lines, as written, and the node's
+watchdog, which alone sees a rank's bytes as they are written, hands the draws of a line still
+being written to the step readers as they come (fstrain/io/remote/watchdog.py, RankLogTailer),
+read here as a line that holds them.
 :func:`read_step` is the one reader of a rank's step from a line of its output, whichever of
 these it is: the watchdog's Prometheus textfile, ``status`` and its live view, ``fstrain report``,
 the launch's progress and the recovery loop all read through it. :func:`newer_step` keeps a
@@ -232,10 +241,19 @@ def newer_step(held: StepReading | None, line: str) -> StepReading | None:
     step time, memory); else ``held``. Folded over a rank's lines in the order written, it gives
     what ``status``, its live view and the detached nodes' per-rank records show. Two lines of
     the same step that are not metric lines add up (:func:`same_step`): DeepSpeed prints the
-    step's learning rate on one line and its samples/s on the next."""
+    step's learning rate on one line and its samples/s on the next. A transformers Trainer's log
+    dict alone (:func:`transformers_logged`) adds its numbers to a held Trainer step, and the
+    Trainer's later bar draws keep them until its next log."""
     reading = read_step(line, any_program=True)
-    if reading is None or (held is not None and held.from_metric_line and not reading.from_metric_line):
+    if reading is None:
+        logged = transformers_logged(line) if held is not None and held.source == TRANSFORMERS else None
+        return held if logged is None or held is None else StepReading(with_logged(held.metrics, logged), TRANSFORMERS)
+    if held is not None and held.from_metric_line and not reading.from_metric_line:
         return held
+    if held is not None and reading.source == held.source == TRANSFORMERS:
+        # The Trainer logs every logging_steps; its bar's draws between carry the latest log.
+        carried = replace(filled(reading.metrics, held.metrics), extra={**held.metrics.extra, **reading.metrics.extra})
+        return StepReading(carried, TRANSFORMERS)
     if held is not None and not reading.from_metric_line:
         return StepReading(same_step(held.metrics, reading.metrics), reading.source)
     return reading
@@ -295,7 +313,9 @@ def _float(text: str | None) -> float | None:
 _TQDM_BAR_RE = re.compile(r"(.*?) *\d{1,3}%\|[^|]*\| *(\d+)/(\d+|\?) \[([^\]]*)\]")
 # transformers' Trainer log dict (ProgressCallback.on_log, PrinterCallback.on_log): its keys and
 # values, 4.x printing floats as they are, 5.x as quoted strings ("'loss': '4.223'").
-_HF_FIELD_RE = re.compile(r"'(loss|learning_rate|grad_norm)': '?([-+0-9.eE]+|nan|inf|-inf)'?")
+_HF_FIELD_RE = re.compile(r"'(loss|learning_rate|grad_norm|train_tokens_per_second|num_input_tokens_seen)': "
+                          r"'?([-+0-9.eE]+|nan|inf|-inf)'?")
+TRANSFORMERS = "transformers Trainer"  # the source of its readings (TRAINER_FORMATS)
 # The names a Lightning module most often gives its training loss in self.log(..., prog_bar=True).
 LIGHTNING_LOSS_NAMES = ("loss", "train_loss", "train/loss")
 
@@ -314,25 +334,60 @@ def read_transformers_trainer(line: str) -> StepMetrics | None:
     """A step of Hugging Face transformers' ``Trainer`` from one line of rank 0's output: its
     training bar (ProgressCallback: ``tqdm(total=max_steps)``, no description, on stderr), the
     last draw in the line giving ``step``/``steps``; where the line ends with the Trainer's log
-    dict after the bar (stdout and stderr in one stream), also that dict's ``loss``,
-    ``learning_rate`` and ``grad_norm``. The dict alone (stdout in a file of its own) says no
-    step and reads as None, as does the evaluation's dict and the final ``train_runtime`` one,
-    and a line over MAX_LINE_BYTES (a reader that cut it kept its oldest draws)."""
+    dict after the bar (stdout and stderr in one stream), also that dict's numbers
+    (:func:`transformers_logged`). The dict alone (stdout in a file of its own) says no step and
+    reads as None (:func:`newer_step` adds it to the rank's step), as does the evaluation's dict
+    and the final ``train_runtime`` one, and a line over MAX_LINE_BYTES (a reader that cut it
+    kept its oldest draws)."""
     if "%|" not in line or len(line) > MAX_LINE_BYTES:
         return None
     cut = line.rfind("\r")
-    tail = line[cut + 1:] if cut >= 0 else ""
-    logged = tail.lstrip(" \x1b[A").startswith("{'") and "'loss': " in tail
-    draws = [m for m in _tqdm_draws(line[:cut] if logged else line) if not m.group(1)]
+    logged = transformers_logged(line[cut + 1:]) if cut >= 0 else None
+    draws = [m for m in _tqdm_draws(line[:cut] if logged is not None else line) if not m.group(1)]
     if not draws or draws[-1].group(3) == "?":
         return None
-    step, steps = int(draws[-1].group(2)), int(draws[-1].group(3))
-    if not logged:
-        return StepMetrics(step=step, steps=steps)
-    fields = {name: _float(value) for name, value in _HF_FIELD_RE.findall(tail)}
-    grad_norm = fields.get("grad_norm")
-    return StepMetrics(step=step, steps=steps, loss=fields.get("loss"), lr=fields.get("learning_rate"),
-                       extra={"grad_norm": grad_norm} if grad_norm is not None else {})
+    found = StepMetrics(step=int(draws[-1].group(2)), steps=int(draws[-1].group(3)))
+    return found if logged is None else with_logged(found, logged)
+
+
+def transformers_steps(line: str) -> list[StepMetrics]:
+    """Every step a transformers ``Trainer`` bar line drew, in step order, each once: a line of
+    its output holds the draws of many steps (:func:`read_transformers_trainer` reads its last);
+    the last with the log dict that ends the line, where one does. [] for any other line."""
+    last = read_transformers_trainer(line)
+    if last is None:
+        return []
+    drawn = {int(m.group(2)): StepMetrics(step=int(m.group(2)), steps=int(m.group(3)))
+             for m in _tqdm_draws(line) if not m.group(1) and m.group(3) != "?"}
+    drawn[last.step] = last
+    return [drawn[step] for step in sorted(drawn)]
+
+
+def transformers_logged(text: str) -> StepMetrics | None:
+    """The numbers of a transformers ``Trainer`` log dict of a training step (one with a
+    ``loss``, after a rank tag or tqdm's cursor-up escapes where a bar drew below): ``loss``, ``lr``
+    (``learning_rate``), ``tokens_per_s`` (``train_tokens_per_second``, the job's since the
+    Trainer's start, logged with ``include_num_input_tokens_seen``), ``grad_norm`` and
+    ``num_input_tokens_seen`` in ``extra``; the step is 0, the dict does not say it (see
+    :func:`with_logged`). None for any other text, the evaluation's and the final dict
+    included."""
+    at = text.find("{'")
+    if at < 0 or "'loss': " not in text or len(text) > MAX_LINE_BYTES or not text.rstrip().endswith("}"):
+        return None
+    text = text[at:]
+    fields = {name: _float(value) for name, value in _HF_FIELD_RE.findall(text)}
+    extra = {name: fields[name] for name in ("grad_norm", "num_input_tokens_seen") if fields.get(name) is not None}
+    seen = extra.get("num_input_tokens_seen")
+    if seen is not None and seen.is_integer():
+        extra["num_input_tokens_seen"] = int(seen)
+    return StepMetrics(step=0, loss=fields.get("loss"), lr=fields.get("learning_rate"),
+                       tokens_per_s=fields.get("train_tokens_per_second"), extra=extra)
+
+
+def with_logged(step: StepMetrics, logged: StepMetrics) -> StepMetrics:
+    """``step`` (a bar's draw) with a Trainer log dict's numbers (:func:`transformers_logged`)."""
+    return replace(step, loss=logged.loss, lr=logged.lr, tokens_per_s=logged.tokens_per_s, scope="job",
+                   extra={**step.extra, **logged.extra})
 
 
 def read_lightning(line: str) -> StepMetrics | None:
@@ -484,7 +539,7 @@ def read_megatron(line: str) -> StepMetrics | None:
 
 
 TRAINER_FORMATS: tuple[tuple[str, Callable[[str], StepMetrics | None]], ...] = (
-    ("transformers Trainer", read_transformers_trainer),
+    (TRANSFORMERS, read_transformers_trainer),
     ("Lightning Trainer", read_lightning),
     ("DeepSpeed engine", read_deepspeed_step),
     ("DeepSpeed ThroughputTimer", read_deepspeed_throughput),

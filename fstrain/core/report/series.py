@@ -10,7 +10,8 @@ launcher does not say the rank). Two forms carry numbers:
   tokens/s, the memory the allocator's reserved peak (the process's peak RSS on CPU).
 
 A trainer's own step line (DeepSpeed's, torchtitan's, Megatron-LM's: metricline.TRAINER_FORMATS)
-counts as a progress line, with the step time and memory it gives where it gives them.
+counts as a progress line, with the step time and memory it gives where it gives them. A line
+of transformers' Trainer holds its bar's draws of many steps: each step drawn is a point.
 Where a rank prints metric lines, its progress lines are left out (they say the same once more).
 All are read by fstrain/core/monitor/metricline.py's ``read_step``.
 """
@@ -22,7 +23,15 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fstrain.core.monitor.metricline import METRIC_LINE, PROGRESS_LINE, StepMetrics, filled, read_step
+from fstrain.core.monitor.metricline import (
+    METRIC_LINE,
+    PROGRESS_LINE,
+    TRANSFORMERS,
+    StepMetrics,
+    filled,
+    read_step,
+    transformers_steps,
+)
 from fstrain.core.monitor.stragglers import stragglers
 
 TAG_RE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
@@ -123,11 +132,12 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
                                                               metrics.step_s, metrics.memory_bytes)
         else:
             rank = tagged_rank if tagged_rank is not None else 0  # the trainer prints it on rank 0 only
-            point = progress_point(metrics, text, tokens_per_step)
-            held = progress.setdefault(rank, {}).get(metrics.step)
-            if held is not None:  # a transformers bar redrawn at a logged step says the step again, not its loss
-                point = filled(point, held)
-            progress[rank][metrics.step] = point
+            for found in transformers_steps(text) if reading.source == TRANSFORMERS else [metrics]:
+                point = progress_point(found, text, tokens_per_step)
+                held = progress.setdefault(rank, {}).get(found.step)
+                if held is not None:  # a transformers bar redrawn at a logged step says the step again, not its loss
+                    point = filled(point, held)
+                progress[rank][found.step] = point
             key = memory_key(text)
             if key is not None:
                 memory_keys[rank] = key

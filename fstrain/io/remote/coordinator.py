@@ -121,9 +121,10 @@ class Link:
 
 class Output:
     """Copies the job's output (a pipe) to RUN_DIR/node<I>.out with the time in front of each
-    line, and remembers per local rank the time and text of its last line and of the line its
-    latest numbers come from (``progress_line``: its last metric line once it printed one, else
-    its last progress line), which `fstrain status` reads.
+    line, and remembers per local rank the time and text of its last line, its latest numbers
+    (``progress``, read from its lines and its bar's draws) and the line they come from
+    (``progress_line``: its last metric line once it printed one, else its last progress line),
+    which `fstrain status` reads.
 
     ``newer_step``: fstrain/core/monitor/metricline.py's (sent in the header as ``metricline``),
     the one rule `status` and its live view read a rank's numbers by."""
@@ -151,6 +152,8 @@ class Output:
                     with contextlib.suppress(ValueError):
                         payload = json.loads(raw[len(EVENT_PREFIX):])
                         self.rank_exit = payload.get("rank_exit") or self.rank_exit
+                        if isinstance(payload.get("draw"), dict):
+                            self.note_draw(time.time(), payload["draw"])
                         if self.on_event is not None:
                             self.on_event(payload)
                     continue
@@ -184,13 +187,33 @@ class Output:
             self.last_output_mono = time.monotonic()
             entry = self.ranks.setdefault(local, {})
             entry.update(last_output_at=now, last_line=line[-300:])
-            held = self.readings.get(local)
-            reading = self.newer_step(held, line)
-            if reading is not held:
-                self.readings[local] = reading
-                # A metric line is kept whole (a cut one would not read again); metricline reads
-                # none over MAX_LINE_BYTES. A progress line's numbers are at its end.
-                entry.update(progress_at=now, progress_line=line if reading.from_metric_line else line[-300:])
+            self.read(local, entry, now, line)
+
+    def note_draw(self, now: float, draw: dict[str, Any]) -> None:
+        """The newest draws of a rank's bar, a line it is still writing (the watchdog's ``draw``
+        event): read for the rank's numbers and as its output (a rank that draws is not
+        stalled), but no line: neither in the output file nor in the last lines."""
+        local, text = draw.get("local"), draw.get("text")
+        if isinstance(local, bool) or not isinstance(local, int) or not isinstance(text, str):
+            return
+        with self.lock:
+            self.last_at = now
+            self.last_output_mono = time.monotonic()
+            entry = self.ranks.setdefault(str(local), {})
+            entry.update(last_output_at=now)
+            self.read(str(local), entry, now, f"[local{local}]:{text}")
+
+    def read(self, local: str, entry: dict[str, Any], now: float, line: str) -> None:
+        """The rank's numbers once ``line`` is read: ``progress`` (a metric line's object, the
+        version in it), and ``progress_line``, the line they come from."""
+        held = self.readings.get(local)
+        reading = self.newer_step(held, line)
+        if reading is not held:
+            self.readings[local] = reading
+            # A metric line is kept whole (a cut one would not read again); metricline reads
+            # none over MAX_LINE_BYTES. A progress line's numbers are at its end.
+            entry.update(progress_at=now, progress_line=line if reading.from_metric_line else line[-300:],
+                         progress=reading.metrics.as_dict())
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:

@@ -427,6 +427,12 @@ class Watchdog:
         if self.textfile is not None:
             self.textfile.line(local_rank, line)
 
+    def report_draw(self, local_rank: int, fd: int, text: bytes) -> None:
+        """The newest draws of a rank's bar (a line still being written, see RankLogTailer): an
+        event for the launcher's step readers (never written to the logs), and the textfile's."""
+        self.event({"draw": {"local": local_rank, "fd": fd, "text": text.decode("utf-8", "replace")}})
+        self.observe_line(local_rank, text)
+
     def module(self, name: str) -> Any:
         """A helper module sent in the header (``modules``), loaded once."""
         if name not in self.modules:
@@ -549,7 +555,7 @@ class Watchdog:
         tail_dir = expand(str(self.header.get("rank_log_dir") or ""), run_dir)
         observe = self.observe_line if self.textfile is not None else None  # no cost per line without it
         tailer = RankLogTailer(tail_dir, int(self.header.get("nproc") or 1),
-                               self.header.get("rank_offset"), observe) if tail_dir else None
+                               self.header.get("rank_offset"), observe, self.report_draw) if tail_dir else None
         if tailer is not None:
             threading.Thread(target=tailer.follow, daemon=True).start()
         if self.textfile is not None:
@@ -844,16 +850,29 @@ class RankLogTailer:
     chunk in memory, never a line still being written: a file's offset, counted in bytes read,
     stays at that line's start, and the line is read again once whole. A file of an earlier restart
     attempt is complete once a later attempt exists: its last line, if it has no newline, goes out
-    then, with one; every other file's at :meth:`finish`, once."""
+    then, with one; every other file's at :meth:`finish`, once.
+
+    A "\r" ends no line here: a tqdm bar redrawn with "\r" (the transformers and Lightning
+    trainers' bars) stays one line, relayed once its newline comes, bytes as written. Its draws
+    go to the step readers as they come instead: where a line still being written holds a
+    "\r", ``on_draw(local rank, descriptor, text)`` gets its last DRAW_BYTES from its first
+    "\r" on (the newest draws; the last may be half written, and the readers take only whole
+    ones), at most every DRAW_INTERVAL_S per file and once more when the file stops growing."""
 
     CHUNK_BYTES = 1 << 20
     # Lines go out joined in writes of up to PIPE_BUF bytes (a longer line alone): few system
     # calls, and a pipe takes such a write whole even from processes that share it (the launcher).
     BATCH_BYTES = 4096
+    DRAW_BYTES = 2048  # of a line still being written, what its newest draws are read from
+    DRAW_INTERVAL_S = 0.5
 
-    def __init__(self, folder: str, nproc: int, rank_offset: int | None = None, observe: Any = None) -> None:
+    def __init__(self, folder: str, nproc: int, rank_offset: int | None = None, observe: Any = None,
+                 on_draw: Any = None) -> None:
         self.folder = folder
         self.observe = observe  # observe(local rank, line): each whole line relayed, without its newline
+        self.on_draw = on_draw  # on_draw(local rank, fd, text): the newest draws of a line being written
+        self.unfinished: dict[str, bytes] = {}  # file -> the last DRAW_BYTES of its line being written
+        self.drawn: dict[str, tuple[float, bytes]] = {}  # file -> when its draws went out, and which
         self.latest_attempt = 0  # torchrun's restart attempts seen so far
         self.nproc = max(1, nproc)
         self.rank_offset = rank_offset  # the node's first global rank (DeepSpeed's files name global ranks)
@@ -894,6 +913,22 @@ class RankLogTailer:
                 except OSError as exc:  # the file went away, or the output did: nothing to relay to
                     if not isinstance(exc, FileNotFoundError):
                         return
+                if self.on_draw is not None and not final and attempt == latest:
+                    self.draw(path, local, fd)
+
+    def draw(self, path: str, local: int, fd: int) -> None:
+        """The newest draws of ``path``'s line being written to ``on_draw``, where they changed
+        and the last went out DRAW_INTERVAL_S ago or more."""
+        pending = self.unfinished.get(path, b"")
+        first = pending.find(b"\r")
+        if first < 0:
+            return
+        text = pending[first:]
+        now = time.monotonic()
+        last_s, last_text = self.drawn.get(path, (-self.DRAW_INTERVAL_S, b""))
+        if text != last_text and now - last_s >= self.DRAW_INTERVAL_S:
+            self.drawn[path] = (now, text)
+            self.on_draw(local, fd, text)
 
     def relay(self, path: str, tag: bytes, fd: int, complete: bool, local: int = 0) -> None:
         """The whole lines ``path`` holds past its offset; its last partial line too if ``complete``."""
@@ -908,14 +943,18 @@ class RankLogTailer:
                 newline = chunk.rfind(b"\n")
                 if newline < 0:
                     scanned += len(chunk)
+                    if self.on_draw is not None:  # each byte of a line being written is read here once
+                        self.unfinished[path] = (self.unfinished.get(path, b"") + chunk)[-self.DRAW_BYTES:]
                     continue
                 end = scanned + newline + 1
                 self.copy(handle, start, end, tag, fd, local)
                 start = scanned = end
+                self.unfinished.pop(path, None)
                 handle.seek(end)
             if complete and scanned > start:
                 self.copy(handle, start, scanned, tag, fd, local)
                 start = scanned
+                self.unfinished.pop(path, None)
         self.start[path], self.scanned[path] = start, scanned
 
     def copy(self, handle: Any, start: int, end: int, tag: bytes, fd: int, local: int = 0) -> None:
