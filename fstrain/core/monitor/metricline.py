@@ -72,8 +72,9 @@ being written to the step readers as they come (fstrain/io/remote/watchdog.py, R
 read here as a line that holds them.
 :func:`read_step` is the one reader of a rank's step from a line of its output, whichever of
 these it is: the watchdog's Prometheus textfile, ``status`` and its live view, ``fstrain report``,
-the launch's progress and the recovery loop all read through it. :func:`newer_step` keeps a
-rank's latest numbers across its lines (a metric line, once printed, wins over the others).
+the launch's progress and the recovery loop all read through it. :func:`newer_reading` keeps a
+rank's latest numbers across its lines (a metric line, once printed, wins over the others), for
+``status`` (:func:`newer_step`) and the Prometheus textfile alike.
 
 Pure and stdlib only: the node-side watchdog sends this module with itself.
 """
@@ -234,17 +235,24 @@ def read_step(line: str, any_program: bool = False) -> StepReading | None:
     return StepReading(progress, PROGRESS_LINE) if progress is not None else None
 
 
-def newer_step(held: StepReading | None, line: str) -> StepReading | None:
+def newer_step(held: StepReading | None, line: str, any_program: bool = True) -> StepReading | None:
     """A rank's latest numbers once one more line of its output is read, ``held`` being those
-    of its lines before: the line's (:func:`read_step`, any program's ``step N`` included),
-    unless it is a progress line and the rank has printed a metric line (which carries more:
-    step time, memory); else ``held``. Folded over a rank's lines in the order written, it gives
-    what ``status``, its live view and the detached nodes' per-rank records show. Two lines of
-    the same step that are not metric lines add up (:func:`same_step`): DeepSpeed prints the
-    step's learning rate on one line and its samples/s on the next. A transformers Trainer's log
-    dict alone (:func:`transformers_logged`) adds its numbers to a held Trainer step, and the
-    Trainer's later bar draws keep them until its next log."""
-    reading = read_step(line, any_program=True)
+    of its lines before: :func:`newer_reading` of the line's reading (:func:`read_step`, any
+    program's ``step N`` included unless ``any_program`` is False). Folded over a rank's lines
+    in the order written, it gives what ``status``, its live view and the detached nodes'
+    per-rank records show."""
+    return newer_reading(held, read_step(line, any_program), line)
+
+
+def newer_reading(held: StepReading | None, reading: StepReading | None, line: str) -> StepReading | None:
+    """The one rule that keeps a rank's latest numbers, ``held`` those before and ``reading``
+    what its next line, ``line``, says (None: no step): the line's, unless it is not a metric
+    line and the rank has printed one (which carries more: step time, memory); else ``held``.
+    Two lines of the same step that are not metric lines add up (:func:`same_step`): DeepSpeed
+    prints the step's learning rate on one line and its samples/s on the next. A transformers
+    Trainer's log dict alone (:func:`transformers_logged`) adds its numbers to a held Trainer
+    step, and the Trainer's later bar draws keep them until its next log. The Prometheus
+    textfile (promfile.py) folds its lines through it too."""
     if reading is None:
         logged = transformers_logged(line) if held is not None and held.source == TRANSFORMERS else None
         return held if logged is None or held is None else StepReading(with_logged(held.metrics, logged), TRANSFORMERS)
