@@ -46,15 +46,20 @@ def test_a_running_run_or_one_without_a_summary_is_one_clear_error() -> None:
     assert caught.value.where == "RUN_DIR"
 
 
-def test_plan_calibrate_takes_a_run_directory(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def finished_run(run_dir: Path, log: str, nproc: int = 8) -> Path:
+    """A run folder of one node that ran ``nproc`` ranks and ended well, ``log`` its output."""
     (run_dir / "logs").mkdir(parents=True)
     manifest = {"run_id": "20261201-000000-abcdef", "backend": "torchrun", "started": 1.0, "ended": 9.0,
-                "exit_code": 0, "reason": "ok", "nodes": [{"host": "node1", "node_rank": 0, "nproc": 8,
+                "exit_code": 0, "reason": "ok", "nodes": [{"host": "node1", "node_rank": 0, "nproc": nproc,
                                                            "started": 1.5, "ended": 8.5, "exit_code": 0}]}
     (run_dir / "manifest.json").write_text(json.dumps(stamped(manifest, "manifest")))
+    (run_dir / "logs" / "node1.log").write_text(log)
+    return run_dir
+
+
+def test_plan_calibrate_takes_a_run_directory(tmp_path: Path) -> None:
+    run_dir = finished_run(tmp_path / "run", "[node1 r0] [fstrain.train] step 1/2 loss 6.0 lr 1e-4 tokens/s 9\n")
     (run_dir / "summary.json").write_text(json.dumps(summary()))
-    (run_dir / "logs" / "node1.log").write_text("[node1 r0] [fstrain.train] step 1/2 loss 6.0 lr 1e-4 tokens/s 9\n")
     env = {"HOME": str(tmp_path / "home")}
     args = ["plan", "--model", "tiny", "--num-nodes", "2", "--gpu", "h100-sxm", "--calibrate", str(run_dir)]
     shown = run_fstrain(*args, "--json", env=env)

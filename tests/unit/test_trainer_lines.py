@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fstrain.api.report import report
 from fstrain.core.monitor.metricline import (
     MAX_LINE_BYTES,
     METRIC_LINE,
@@ -21,7 +22,9 @@ from fstrain.core.monitor.metricline import (
     read_transformers_trainer,
     transformers_logged,
 )
+from fstrain.core.report.numbers import as_document
 from fstrain.core.report.series import rank_series
+from tests.unit.test_calibrate_run import finished_run
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "trainer-output"
 HF = "transformers Trainer"
@@ -221,3 +224,16 @@ def test_the_report_reads_a_bars_lines_from_the_logs_whole(tmp_path: Path) -> No
     (series,) = rank_series(numbered_lines(FileOutputs(lambda: [log], None), resumes))
     assert (series.rank, series.host, [p.step for p in series.points]) == (0, "node1", list(range(1, 41)))
     assert resumes == []
+
+
+def test_the_report_of_a_run_directory_reads_the_trainers_own_lines(tmp_path: Path) -> None:
+    # `fstrain report RUN_DIR` (and `plan --calibrate RUN_DIR`) read the node logs line by line,
+    # each line whole: the Trainer's log dicts end lines of its bar's "\r" redraws.
+    run_dir = finished_run(tmp_path / "run", "".join(
+        f"[node1 r0] {line}\n" for line in lines("transformers-trainer-1proc-merged.txt") if line), nproc=1)
+    logged = {e["step"]: significant(e["loss"], 4) for e in json.loads(
+        (FIXTURES / "transformers-trainer-1proc-merged.trainer_state.json").read_text())["log_history"] if "loss" in e}
+    document = as_document(report(str(run_dir)))
+    [rank] = document["ranks"]
+    assert (rank["rank"], rank["host"], rank["read_from"], document["world_size"]) == (0, "node1", HF, 1)
+    assert {p["step"]: p["loss"] for p in rank["points"] if p["loss"] is not None} == logged
