@@ -17,6 +17,7 @@ from fstrain.core.monitor.metricline import (
     PROGRESS_LINE,
     TRAINER_FORMATS,
     newer_step,
+    read_accelerate_steps_bar,
     read_lightning,
     read_step,
     read_transformers_trainer,
@@ -29,6 +30,7 @@ from tests.unit.test_calibrate_run import finished_run
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "trainer-output"
 HF = "transformers Trainer"
 LIGHTNING = "Lightning Trainer"
+ACCELERATE = "Accelerate steps bar"
 
 
 def lines(name: str) -> list[str]:
@@ -41,7 +43,7 @@ def significant(value: float, digits: int) -> float:
 
 
 def test_the_formats_are_named_by_their_trainer() -> None:
-    assert [name for name, _ in TRAINER_FORMATS][:2] == [HF, LIGHTNING]
+    assert [name for name, _ in TRAINER_FORMATS][:3] == [HF, LIGHTNING, ACCELERATE]
 
 
 def test_transformers_log_dicts_in_one_stream_give_the_steps_and_losses_the_trainer_logged() -> None:
@@ -169,7 +171,8 @@ NOT_A_STEP = [
 
 
 @pytest.mark.parametrize("line", NOT_A_STEP)
-@pytest.mark.parametrize("read", [read_transformers_trainer, read_lightning], ids=[HF, LIGHTNING])
+@pytest.mark.parametrize("read", [read_transformers_trainer, read_lightning, read_accelerate_steps_bar],
+                         ids=[HF, LIGHTNING, ACCELERATE])
 def test_other_lines_are_no_trainer_step(read: object, line: str) -> None:
     assert callable(read) and read(line) is None
 
@@ -185,6 +188,33 @@ def test_a_line_longer_than_a_relay_keeps_is_not_read() -> None:
 def test_each_reader_leaves_the_other_trainers_lines_alone() -> None:
     assert all(read_lightning(line) is None for line in lines("transformers-trainer-1proc-merged.txt"))
     assert all(read_transformers_trainer(line) is None for line in lines("lightning-torchrun-rank0-stdout.txt"))
+    others = lines("transformers-trainer-1proc-merged.txt") + lines("lightning-torchrun-rank0-stdout.txt")
+    assert all(read_accelerate_steps_bar(line) is None for line in others)
+    accelerate = lines("accelerate-steps-bar-stderr.txt")
+    assert all(read(line) is None for line in accelerate for read in (read_transformers_trainer, read_lightning))
+
+
+def test_an_accelerate_scripts_steps_bar_gives_the_step_loss_and_rate_it_logged() -> None:
+    logged = {int(step): values for step, values in
+              json.loads((FIXTURES / "accelerate-steps-bar.tensorboard.json").read_text()).items()}
+    found = [r for r in map(read_step, lines("accelerate-steps-bar-stderr.txt")) if r is not None]
+    assert found and {r.source for r in found} == {ACCELERATE}
+    last = found[-1].metrics  # the bar's one line ends at the end of the run: its last draw
+    assert (last.step, last.steps) == (8, 8)
+    # tqdm shows 3 significant digits (its format_num); TensorBoard keeps float32
+    assert last.loss == pytest.approx(logged[8]["step_loss"], rel=5e-3)
+    assert last.lr == pytest.approx(logged[8]["lr"], rel=5e-3)
+    # Draw by draw, as a relay that passes the redraws as they come gives them: each step's last
+    # draw shows what the loop logged at that step.
+    by_step = {}
+    for draw in "".join(lines("accelerate-steps-bar-stderr.txt")).split("\r"):
+        reading = read_accelerate_steps_bar(draw)
+        if reading is not None:
+            by_step[reading.step] = reading
+    assert set(by_step) - {0} == set(logged)
+    for step, values in logged.items():
+        assert by_step[step].loss == pytest.approx(values["step_loss"], rel=5e-3), step
+        assert by_step[step].lr == pytest.approx(values["lr"], rel=5e-3), step
 
 
 def test_a_metric_line_and_the_bundled_progress_line_read_as_before() -> None:

@@ -42,6 +42,12 @@ only rank these print on):
   read as ``step`` = the batches done since the run began and the ``loss``/``train_loss``
   shown. Its rich bar (RichProgressBar, the default where rich is installed) draws nothing on a
   pipe or a file until the run ends, and is not read.
+- a script on Hugging Face Accelerate (which prints no step itself: ``Accelerator.log`` goes to
+  trackers' files) that draws diffusers' training examples' step bar on rank 0, ``tqdm(range(0,
+  max_train_steps), initial=global_step, desc="Steps")`` with ``set_postfix(step_loss=...,
+  lr=...)``: ``Steps:  40%|####  | 4/10 [00:01<00:01,  3.05it/s, lr=0.0001, step_loss=0.123]``
+  gives ``step``, ``steps``, ``loss`` and ``lr``; transformers' ``*_no_trainer.py`` examples draw
+  a bare ``tqdm(range(max_train_steps))``, read as the Trainer's bar (step and final step);
 - DeepSpeed's engine (deepspeed/runtime/engine.py ``_report_progress``, every ``steps_per_print``
   steps, rank 0, an INFO line: ``"log_level": "info"`` in the config where the logger is at
   WARNING), ``[Rank 0] step=10, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]``: the step, the first
@@ -326,6 +332,10 @@ _HF_FIELD_RE = re.compile(r"'(loss|learning_rate|grad_norm|train_tokens_per_seco
 TRANSFORMERS = "transformers Trainer"  # the source of its readings (TRAINER_FORMATS)
 # The names a Lightning module most often gives its training loss in self.log(..., prog_bar=True).
 LIGHTNING_LOSS_NAMES = ("loss", "train_loss", "train/loss")
+# Accelerate itself prints no step (accelerate 1.16.0: Accelerator.log, accelerator.py:3302-3332,
+# hands the values to trackers, tracking.py, which write their own files and log at DEBUG); the
+# scripts built on it draw a step bar, diffusers' examples as "Steps" with the step's loss as step_loss.
+ACCELERATE_LOSS_NAMES = ("step_loss", "loss", "train_loss")
 
 
 def _tqdm_draws(line: str) -> list[re.Match[str]]:
@@ -417,9 +427,39 @@ def read_lightning(line: str) -> StepMetrics | None:
         if total == "?" and epoch > 0:
             return None
         step = int(n) + (epoch * int(total) if total != "?" else 0)
-        shown = dict(item.split("=", 1) for item in bracket.split(", ") if "=" in item)
+        shown = _postfix(bracket)
         loss = next((_float(shown[name]) for name in LIGHTNING_LOSS_NAMES if name in shown), None)
         return StepMetrics(step=step, loss=loss, lr=_float(shown.get("lr")))
+    return None
+
+
+def _postfix(bracket: str) -> dict[str, str]:
+    """The ``name=value`` pairs tqdm shows after the rate (``set_postfix``, Lightning's metrics)."""
+    return dict(item.split("=", 1) for item in bracket.split(", ") if "=" in item)
+
+
+def read_accelerate_steps_bar(line: str) -> StepMetrics | None:
+    """A step of a training script built on Hugging Face Accelerate, from the bar its rank 0
+    draws: ``tqdm(range(0, max_train_steps), initial=global_step, desc="Steps")``, updated once
+    per optimizer step (``accelerator.sync_gradients``) and given the step's numbers with
+    ``set_postfix(step_loss=..., lr=...)``, as diffusers' training examples draw it::
+
+        Steps:  40%|####      | 4/10 [00:01<00:01,  3.05it/s, lr=0.0001, step_loss=0.123]
+
+    The last draw in the line gives ``step`` and ``steps``, the postfix's ``step_loss`` (or
+    ``loss``, ``train_loss``: the rank's last micro-batch loss, 3 significant digits) and
+    ``lr``. None for a bar of unknown length, a line over MAX_LINE_BYTES and any other line."""
+    if "Steps:" not in line or "%|" not in line or len(line) > MAX_LINE_BYTES:
+        return None
+    for match in reversed(_tqdm_draws(line)):
+        desc, n, total, bracket = match.groups()
+        if desc != "Steps:":
+            continue
+        if total == "?":
+            return None
+        shown = _postfix(bracket)
+        loss = next((_float(shown[name]) for name in ACCELERATE_LOSS_NAMES if name in shown), None)
+        return StepMetrics(step=int(n), steps=int(total), loss=loss, lr=_float(shown.get("lr")))
     return None
 
 
@@ -549,6 +589,7 @@ def read_megatron(line: str) -> StepMetrics | None:
 TRAINER_FORMATS: tuple[tuple[str, Callable[[str], StepMetrics | None]], ...] = (
     (TRANSFORMERS, read_transformers_trainer),
     ("Lightning Trainer", read_lightning),
+    ("Accelerate steps bar", read_accelerate_steps_bar),
     ("DeepSpeed engine", read_deepspeed_step),
     ("DeepSpeed ThroughputTimer", read_deepspeed_throughput),
     ("torchtitan", read_torchtitan),
