@@ -334,7 +334,8 @@ TRANSFORMERS = "transformers Trainer"  # the source of its readings (TRAINER_FOR
 LIGHTNING_LOSS_NAMES = ("loss", "train_loss", "train/loss")
 # Accelerate itself prints no step (accelerate 1.16.0: Accelerator.log, accelerator.py:3302-3332,
 # hands the values to trackers, tracking.py, which write their own files and log at DEBUG); the
-# scripts built on it draw a step bar, diffusers' examples as "Steps" with the step's loss as step_loss.
+# scripts built on it draw a step bar: diffusers' examples as "Steps", with the step's loss as
+# step_loss or loss (examples/text_to_image/train_text_to_image.py:955-961,1092-1093 at 58eb52c0).
 ACCELERATE_LOSS_NAMES = ("step_loss", "loss", "train_loss")
 
 
