@@ -123,6 +123,11 @@ def test_each_rank_holds_what_status_folds_from_the_same_lines() -> None:
     the textfile without a program's bare ``step N`` (any_program=False): after every line, each
     sample is the folded reading's field, the tokens/s labelled with its scope."""
     lines = [
+        # a transformers Trainer's bar, then its log dict alone (stdout in a file of its own): the
+        # dict's numbers go to the step the bar last drew (as printed by tests/train/programs/hf_trainer.py)
+        "\r  0%|          | 0/6 [00:00<?, ?it/s]\r 17%|█▋        | 1/6 [00:00<00:00, 15.47it/s]"
+        "\r 33%|███▎      | 2/6 [00:00<00:00, 19.01it/s]",
+        "{'loss': '4.037', 'grad_norm': '1.049', 'learning_rate': '0.0005', 'epoch': '0.125'}",
         "[fstrain.train] step 3/10 loss 4.2500 lr 1.000e-04 tokens/s 12,345 max_rss_bytes=1MiB",
         "rank 0 step 4/10 loss 2.5",  # any program's step line: status reads it, the textfile does not
         *(FIXTURES / "deepspeed-engine.txt").read_text().splitlines()[-12:],  # two lines per step add up
@@ -145,3 +150,8 @@ def test_each_rank_holds_what_status_folds_from_the_same_lines() -> None:
             [(_, labels, _)] = found["fstrain_tokens_per_second"]["samples"]  # type: ignore[misc]
             assert labels["scope"] == held.metrics.scope, line
     assert held is not None and held.metrics.step == 21 and held.metrics.lr == 2e-4
+    metrics = node(nproc=1, offset=0)
+    for line in lines[:2]:
+        metrics.line(0, line, 101.0)
+    found = families(metrics.render(200.0))
+    assert (samples(found, "fstrain_step"), samples(found, "fstrain_loss")) == ({"0": 2.0}, {"0": 4.037})
