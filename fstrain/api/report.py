@@ -75,9 +75,12 @@ def report_of(run: Run) -> Report:
         events = timeline.from_run_events(recorded.events)
     else:
         events = [*events, *timeline.restarts(resumed_steps(resumes))]
-    plan = run.record.manifest.plan if run.record.manifest is not None else None
+    manifest = run.record.manifest
+    plan = manifest.plan if manifest is not None else None
+    world_size = sum(node.nproc for node in manifest.nodes) if manifest is not None and manifest.nodes else None
     result = build(run.run_id, run.kind, state, series=series, events=events,
-                   plan=dict(plan) if plan is not None else None, summary=summary, failure=failure)
+                   plan=dict(plan) if plan is not None else None, summary=summary, failure=failure,
+                   world_size=world_size)
     if unread:
         from dataclasses import replace
 

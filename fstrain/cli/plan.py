@@ -143,7 +143,8 @@ def plan_command(
     calibrate: str | None = typer.Option(None, "--calibrate", metavar="FILE|RUN_DIR",
                                          help="Measured numbers in place of assumptions: a bench JSON "
                                          "(fstrain bench --out), a finished run's directory or report "
-                                         "(fstrain report --json), or the trainer's summary.json."),
+                                         "(fstrain report --json; its summary, else the tokens/s its "
+                                         "ranks printed), or the trainer's summary.json."),
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     trace: bool = typer.Option(

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 def calibrated(path: str, request: PlanRequest, assumptions: Assumptions, cluster: PlanCluster, precision: str,
-               model: ModelSpec | None, quiet: bool) -> Calibration:
+               model: ModelSpec | None, quiet: bool, seq_len: int | None = None) -> Calibration:
     """The calibration of ``path``; what an explicit flag of ``request`` also sets is kept as the
-    flag says."""
+    flag says; ``seq_len``: the plan's, for a run whose output does not say its own."""
     from fstrain.api.plan import measurements
     from fstrain.core.calibrate.calibrate import calibrate
 
@@ -30,7 +30,7 @@ def calibrated(path: str, request: PlanRequest, assumptions: Assumptions, cluste
                         f"the calibration includes them (hint: fix them, or rerun `fstrain bench` with "
                         f"--exclude {','.join(outliers)}, and calibrate from that)", highlight=False, soft_wrap=True)
     result = calibrate(document, path, assumptions=assumptions, cluster=cluster, precision=precision,
-                       model=model)
+                       model=model, seq_len=seq_len)
     flags = {pair.partition("=")[0].strip().replace("-", "_"): "--assume" for pair in request.assume}
     if request.mfu is not None:
         flags["mfu"] = "--mfu"
@@ -57,6 +57,8 @@ def bench_outliers(document: Any) -> list[str]:
 
 def print_calibration(path: str, result: Calibration) -> None:
     out = console()
+    if result.note:
+        out.print(f"calibration from {path} ({result.kind}): {result.note}", highlight=False, markup=False)
     if not result.replaced and result.gemm_curve is None:
         out.print(f"[yellow]calibration from {path} ({result.kind}): nothing replaced[/yellow]")
     for r in result.replaced:
@@ -75,7 +77,7 @@ def curve_text(curve: MeasuredGemmCurve) -> str:
 
 def calibration_document(path: str, result: Calibration) -> dict[str, Any]:
     curve = result.gemm_curve
-    return {"file": path, "kind": result.kind, "replaced": [asdict(r) for r in result.replaced],
+    return {"file": path, "kind": result.kind, "note": result.note, "replaced": [asdict(r) for r in result.replaced],
             "ignored": list(result.ignored),
             "gemm_curve": None if curve is None else {
                 "device_name": curve.device_name, "points": len(curve.points), "source": curve.source,

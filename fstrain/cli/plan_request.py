@@ -65,7 +65,7 @@ def run_plan(request: PlanRequest, params: Mapping[str, Any], quiet: bool) -> tu
         from fstrain.cli.plan_calibrate import calibrated as measured
 
         calibration.append(measured(p["calibrate"] or "", planned_request, base, cluster, training.precision,
-                                    plan_model.spec, quiet))
+                                    plan_model.spec, quiet, training.seq_len))
         return calibration[-1].assumptions, calibration[-1].cluster
 
     planned = plan(request, probed=probed, calibrate=calibrated if p["calibrate"] else None)

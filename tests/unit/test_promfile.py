@@ -4,14 +4,16 @@ the ranks' lines, and a text that Prometheus's own parser (prometheus_client) re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fstrain.core.monitor.metricline import StepMetrics, format_metric_line, read_step
+from fstrain.core.monitor.metricline import StepMetrics, format_metric_line, newer_reading, newer_step, read_step
 from fstrain.core.monitor.promfile import NODE_METRICS, RANK_METRICS, NodeMetrics, textfile_name
 
 NAMES = [name for name, *_ in RANK_METRICS + NODE_METRICS]
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "trainer-output"
 
 
 def families(text: str) -> dict[str, dict[str, object]]:
@@ -22,7 +24,8 @@ def families(text: str) -> dict[str, dict[str, object]]:
 
 
 def node(nproc: int = 2, offset: int | None = 2) -> NodeMetrics:
-    return NodeMetrics('run-"1"', "node\\a", 1, nproc, offset, started=100.0, read_step=read_step)
+    return NodeMetrics('run-"1"', "node\\a", 1, nproc, offset, started=100.0, read_step=read_step,
+                       newer_reading=newer_reading)
 
 
 def samples(found: dict[str, dict[str, object]], name: str) -> dict[str, float]:
@@ -113,3 +116,42 @@ def test_lines_without_a_known_rank_and_odd_lines_are_left_out() -> None:
 
 def test_the_file_name_is_one_per_run_and_node() -> None:
     assert textfile_name("20261201-120000-abc123", 3) == "fstrain_20261201-120000-abc123_node3.prom"
+
+
+def test_each_rank_holds_what_status_folds_from_the_same_lines() -> None:
+    """The textfile and `status` keep a rank's numbers by one rule (metricline.newer_reading),
+    the textfile without a program's bare ``step N`` (any_program=False): after every line, each
+    sample is the folded reading's field, the tokens/s labelled with its scope."""
+    lines = [
+        # a transformers Trainer's bar, then its log dict alone (stdout in a file of its own): the
+        # dict's numbers go to the step the bar last drew (as printed by tests/train/programs/hf_trainer.py)
+        "\r  0%|          | 0/6 [00:00<?, ?it/s]\r 17%|█▋        | 1/6 [00:00<00:00, 15.47it/s]"
+        "\r 33%|███▎      | 2/6 [00:00<00:00, 19.01it/s]",
+        "{'loss': '4.037', 'grad_norm': '1.049', 'learning_rate': '0.0005', 'epoch': '0.125'}",
+        "[fstrain.train] step 3/10 loss 4.2500 lr 1.000e-04 tokens/s 12,345 max_rss_bytes=1MiB",
+        "rank 0 step 4/10 loss 2.5",  # any program's step line: status reads it, the textfile does not
+        *(FIXTURES / "deepspeed-engine.txt").read_text().splitlines()[-12:],  # two lines per step add up
+        *(FIXTURES / "torchtitan-step.txt").read_text().splitlines()[:2],  # tokens/s of the rank
+        format_metric_line(StepMetrics(step=20, loss=1.5, tokens_per_s=50.0, scope="job", rank=0)),
+        "[fstrain.train] step 21/30 loss 1.0000",  # after a metric line: left out
+        format_metric_line(StepMetrics(step=21, lr=2e-4, rank=0)),
+    ]
+    metrics, held = node(nproc=1, offset=0), None
+    fields = {name: field for name, _, _, field in RANK_METRICS if field is not None}
+    for number, line in enumerate(lines):
+        metrics.line(0, line, 101.0 + number)
+        held = newer_step(held, line, any_program=False)
+        found = families(metrics.render(200.0))
+        assert held is not None
+        for name, field in fields.items():
+            value = getattr(held.metrics, field)
+            assert samples(found, name) == ({} if value is None else {"0": float(value)}), (line, name)
+        if held.metrics.tokens_per_s is not None:
+            [(_, labels, _)] = found["fstrain_tokens_per_second"]["samples"]  # type: ignore[misc]
+            assert labels["scope"] == held.metrics.scope, line
+    assert held is not None and held.metrics.step == 21 and held.metrics.lr == 2e-4
+    metrics = node(nproc=1, offset=0)
+    for line in lines[:2]:
+        metrics.line(0, line, 101.0)
+    found = families(metrics.render(200.0))
+    assert (samples(found, "fstrain_step"), samples(found, "fstrain_loss")) == ({"0": 2.0}, {"0": 4.037})

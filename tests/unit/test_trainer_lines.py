@@ -10,22 +10,27 @@ from pathlib import Path
 
 import pytest
 
+from fstrain.api.report import report
 from fstrain.core.monitor.metricline import (
     MAX_LINE_BYTES,
     METRIC_LINE,
     PROGRESS_LINE,
     TRAINER_FORMATS,
     newer_step,
+    read_accelerate_steps_bar,
     read_lightning,
     read_step,
     read_transformers_trainer,
     transformers_logged,
 )
+from fstrain.core.report.numbers import as_document
 from fstrain.core.report.series import rank_series
+from tests.unit.test_calibrate_run import finished_run
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "trainer-output"
 HF = "transformers Trainer"
 LIGHTNING = "Lightning Trainer"
+ACCELERATE = "Accelerate steps bar"
 
 
 def lines(name: str) -> list[str]:
@@ -38,7 +43,7 @@ def significant(value: float, digits: int) -> float:
 
 
 def test_the_formats_are_named_by_their_trainer() -> None:
-    assert [name for name, _ in TRAINER_FORMATS][:2] == [HF, LIGHTNING]
+    assert [name for name, _ in TRAINER_FORMATS][:3] == [HF, LIGHTNING, ACCELERATE]
 
 
 def test_transformers_log_dicts_in_one_stream_give_the_steps_and_losses_the_trainer_logged() -> None:
@@ -166,7 +171,8 @@ NOT_A_STEP = [
 
 
 @pytest.mark.parametrize("line", NOT_A_STEP)
-@pytest.mark.parametrize("read", [read_transformers_trainer, read_lightning], ids=[HF, LIGHTNING])
+@pytest.mark.parametrize("read", [read_transformers_trainer, read_lightning, read_accelerate_steps_bar],
+                         ids=[HF, LIGHTNING, ACCELERATE])
 def test_other_lines_are_no_trainer_step(read: object, line: str) -> None:
     assert callable(read) and read(line) is None
 
@@ -182,6 +188,33 @@ def test_a_line_longer_than_a_relay_keeps_is_not_read() -> None:
 def test_each_reader_leaves_the_other_trainers_lines_alone() -> None:
     assert all(read_lightning(line) is None for line in lines("transformers-trainer-1proc-merged.txt"))
     assert all(read_transformers_trainer(line) is None for line in lines("lightning-torchrun-rank0-stdout.txt"))
+    others = lines("transformers-trainer-1proc-merged.txt") + lines("lightning-torchrun-rank0-stdout.txt")
+    assert all(read_accelerate_steps_bar(line) is None for line in others)
+    accelerate = lines("accelerate-steps-bar-stderr.txt")
+    assert all(read(line) is None for line in accelerate for read in (read_transformers_trainer, read_lightning))
+
+
+def test_an_accelerate_scripts_steps_bar_gives_the_step_loss_and_rate_it_logged() -> None:
+    logged = {int(step): values for step, values in
+              json.loads((FIXTURES / "accelerate-steps-bar.tensorboard.json").read_text()).items()}
+    found = [r for r in map(read_step, lines("accelerate-steps-bar-stderr.txt")) if r is not None]
+    assert found and {r.source for r in found} == {ACCELERATE}
+    last = found[-1].metrics  # the bar's one line ends at the end of the run: its last draw
+    assert (last.step, last.steps) == (8, 8)
+    # tqdm shows 3 significant digits (its format_num); TensorBoard keeps float32
+    assert last.loss == pytest.approx(logged[8]["step_loss"], rel=5e-3)
+    assert last.lr == pytest.approx(logged[8]["lr"], rel=5e-3)
+    # Draw by draw, as a relay that passes the redraws as they come gives them: each step's last
+    # draw shows what the loop logged at that step.
+    by_step = {}
+    for draw in "".join(lines("accelerate-steps-bar-stderr.txt")).split("\r"):
+        reading = read_accelerate_steps_bar(draw)
+        if reading is not None:
+            by_step[reading.step] = reading
+    assert set(by_step) - {0} == set(logged)
+    for step, values in logged.items():
+        assert by_step[step].loss == pytest.approx(values["step_loss"], rel=5e-3), step
+        assert by_step[step].lr == pytest.approx(values["lr"], rel=5e-3), step
 
 
 def test_a_metric_line_and_the_bundled_progress_line_read_as_before() -> None:
@@ -221,3 +254,16 @@ def test_the_report_reads_a_bars_lines_from_the_logs_whole(tmp_path: Path) -> No
     (series,) = rank_series(numbered_lines(FileOutputs(lambda: [log], None), resumes))
     assert (series.rank, series.host, [p.step for p in series.points]) == (0, "node1", list(range(1, 41)))
     assert resumes == []
+
+
+def test_the_report_of_a_run_directory_reads_the_trainers_own_lines(tmp_path: Path) -> None:
+    # `fstrain report RUN_DIR` (and `plan --calibrate RUN_DIR`) read the node logs line by line,
+    # each line whole: the Trainer's log dicts end lines of its bar's "\r" redraws.
+    run_dir = finished_run(tmp_path / "run", "".join(
+        f"[node1 r0] {line}\n" for line in lines("transformers-trainer-1proc-merged.txt") if line), nproc=1)
+    logged = {e["step"]: significant(e["loss"], 4) for e in json.loads(
+        (FIXTURES / "transformers-trainer-1proc-merged.trainer_state.json").read_text())["log_history"] if "loss" in e}
+    document = as_document(report(str(run_dir)))
+    [rank] = document["ranks"]
+    assert (rank["rank"], rank["host"], rank["read_from"], document["world_size"]) == (0, "node1", HF, 1)
+    assert {p["step"]: p["loss"] for p in rank["points"] if p["loss"] is not None} == logged

@@ -17,6 +17,7 @@ from fstrain.core.monitor.metricline import (
     TRAINER_FORMATS,
     StepMetrics,
     format_metric_line,
+    newer_reading,
     newer_step,
     read_deepspeed_step,
     read_deepspeed_throughput,
@@ -258,7 +259,7 @@ def test_the_report_takes_the_step_time_and_memory_a_trainer_line_gives() -> Non
 
 def textfile_of(name: str) -> str:
     """The Prometheus textfile of a one-rank node whose rank printed the fixture's lines."""
-    node = NodeMetrics("r1", "node1", 0, 1, 0, started=100.0, read_step=read_step)
+    node = NodeMetrics("r1", "node1", 0, 1, 0, started=100.0, read_step=read_step, newer_reading=newer_reading)
     for line in lines_of(name):
         node.line(None, line, 101.0)
     return node.render(102.0)

@@ -16,7 +16,10 @@ FILE is one of two documents, told apart by their keys:
     out with the reason. The kernel time model prices GEMMs on it; the bench sets no ``mfu``,
     which would replace that model by FLOPs at one rate.
 - a run's report (``fstrain report --json``, schema ``fstrain.report/1``; ``plan --calibrate
-  RUN_DIR`` makes it from the run): the trainer's summary it carries, once the run has ended;
+  RUN_DIR`` makes it from the run), once the run has ended: the trainer's summary it carries,
+  else what its ranks printed (fstrain/core/calibrate/fromoutput.py: any format
+  metricline.read_step reads), tokens/s -> ``mfu`` at the plan's sequence length, with one line
+  that says what the output gave and what it lacked;
 - the bundled trainer's summary (``summary.json``, fstrain/train/loop.py):
   - tokens/s -> ``mfu`` = tokens/s x model FLOPs per token / (ranks x peak FLOP/s);
   - max reserved and max allocated memory -> ``fragmentation_fraction`` = (reserved - allocated) /
@@ -36,6 +39,7 @@ from typing import Any
 from fstrain.core.bench.gemm import gemm_curve
 from fstrain.core.bench.pairs import link_table
 from fstrain.core.bench.report import SCHEMA, collective_summaries, compute_rows, gpu_of
+from fstrain.core.calibrate.fromoutput import OutputNumbers, output_numbers
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.gemmcurve import MeasuredGemmCurve
 from fstrain.core.plan.memory import model_states
@@ -70,15 +74,18 @@ class Calibration:
     """Measurements left out, each with the reason."""
     gemm_curve: MeasuredGemmCurve | None = None
     """The GEMM curve now in ``assumptions`` (None: the document had none for this plan)."""
+    note: str = ""
+    """One line on what the measurements were and what they lacked ("" where there is nothing to say)."""
 
 
 def calibrate(document: Any, where: str, *, assumptions: Assumptions, cluster: PlanCluster, precision: str,
-              model: ModelSpec | None) -> Calibration:
-    """Replace what ``document`` measures; ``where`` names the file in errors."""
+              model: ModelSpec | None, seq_len: int | None = None) -> Calibration:
+    """Replace what ``document`` measures; ``where`` names the file in errors; ``seq_len``: the
+    plan's tokens per sequence, for a run whose output does not say its own."""
     if isinstance(document, dict) and document.get("schema") == SCHEMA:
         return _from_bench(document, where, assumptions, cluster, precision)
     if isinstance(document, dict) and document.get("schema") == REPORT_SCHEMA:
-        return _from_report(document, where, assumptions, cluster, precision, model)
+        return _from_report(document, where, assumptions, cluster, precision, model, seq_len)
     if isinstance(document, dict) and all(key in document for key in SUMMARY_KEYS):
         return _from_summary(document, where, assumptions, cluster, precision, model)
     raise InputError("neither a bench document, a run's report nor a trainer summary",
@@ -220,18 +227,56 @@ def _from_summary(doc: Mapping[str, Any], where: str, assumptions: Assumptions, 
 
 
 def _from_report(doc: Mapping[str, Any], where: str, assumptions: Assumptions, cluster: PlanCluster,
-                 precision: str, model: ModelSpec | None) -> Calibration:
-    """A finished run's measured step time (as tokens/s) and memory: the summary its report carries."""
+                 precision: str, model: ModelSpec | None, seq_len: int | None) -> Calibration:
+    """A finished run's measured step time (as tokens/s) and memory: the summary its report
+    carries, else what its ranks printed."""
     state = (doc.get("state") or {}).get("state")
     run = f"run {doc.get('run_id')}"
     if state not in FINAL:
         raise InputError(f"{run} has not ended ({state}): its numbers are not final",
                          "calibrate from it once it has ended (`fstrain status` says when)", where)
     summary = doc.get("summary")
-    if not isinstance(summary, dict) or not all(key in summary for key in SUMMARY_KEYS):
-        raise InputError(f"{run} ({state}) left no trainer summary: it did not finish its steps, or its program is "
-                         "not the bundled trainer", "calibrate from a run of the bundled trainer that finished", where)
-    return replace(_from_summary(summary, where, assumptions, cluster, precision, model), kind=f"{run} ({state})")
+    if isinstance(summary, dict) and all(key in summary for key in SUMMARY_KEYS):
+        return replace(_from_summary(summary, where, assumptions, cluster, precision, model), kind=f"{run} ({state})")
+    numbers = output_numbers(doc)
+    if not numbers.read_from:
+        raise InputError(f"{run} ({state}) left no trainer summary, and its ranks printed no step fstrain reads",
+                         "calibrate from a run whose program prints the metric line or a trainer's own step line "
+                         "(docs/observability.md, \"Trainers' own output\")", where)
+    return _from_output(numbers, doc.get("device"), f"{run} ({state})", assumptions, cluster, precision, model,
+                        seq_len)
+
+
+def _from_output(numbers: OutputNumbers, device: Any, kind: str, assumptions: Assumptions, cluster: PlanCluster,
+                 precision: str, model: ModelSpec | None, seq_len: int | None) -> Calibration:
+    """``mfu`` from the tokens/s a run's ranks printed, and the one line on what was used and lacked."""
+    replaced: list[Replacement] = []
+    ignored: list[str] = []
+    used: list[str] = []
+    lacked = list(numbers.lacked)
+    rate = numbers.tokens_per_s_per_rank
+    if device == "cpu":
+        ignored.append("the run was on cpu: its speed and memory say nothing about GPUs")
+    elif rate is not None and model is None:
+        ignored.append("tokens/s: the plan has no architecture (--model-params) to count FLOPs with")
+    elif rate is not None and not seq_len:
+        lacked.append("the sequence length, to count a token's FLOPs (the output does not say it, nor does the plan)")
+    elif rate is not None and model is not None and seq_len:
+        gpu = cluster.speed_node(precision, assumptions.mfu).gpu
+        achieved = rate * flops_per_token(model, seq_len).training / gpu.peak_flops(precision)
+        replaced.append(Replacement("mfu", current_mfu(assumptions, cluster, precision), achieved,
+                                    f"{numbers.tokens_how}, x FLOPs per token at the plan's {seq_len} tokens per "
+                                    f"sequence (the output does not say its own) / {gpu.label} peak"))
+        used.append(numbers.tokens_how)
+        if device is None:
+            used.append("its device taken as the plan's GPU (the output does not say it)")
+    also = [f"step time {numbers.step_s:.3g} s"] if numbers.step_s is not None else []
+    also += [f"memory peak {numbers.memory_bytes / 2**30:.2f} GiB"] if numbers.memory_bytes is not None else []
+    if also:
+        used.append(f"also read: {', '.join(also)}")
+    said = [*used, *(["lacked: " + "; ".join(lacked)] if lacked else [])]
+    note = f"from its ranks' output ({', '.join(numbers.read_from)})" + (": " + "; ".join(said) if said else "")
+    return replace(_result(assumptions, cluster, kind, replaced, ignored), note=note)
 
 
 def _result(assumptions: Assumptions, cluster: PlanCluster, kind: str, replaced: list[Replacement],

@@ -42,6 +42,12 @@ only rank these print on):
   read as ``step`` = the batches done since the run began and the ``loss``/``train_loss``
   shown. Its rich bar (RichProgressBar, the default where rich is installed) draws nothing on a
   pipe or a file until the run ends, and is not read.
+- a script on Hugging Face Accelerate (which prints no step itself: ``Accelerator.log`` goes to
+  trackers' files) that draws diffusers' training examples' step bar on rank 0, ``tqdm(range(0,
+  max_train_steps), initial=global_step, desc="Steps")`` with ``set_postfix(step_loss=...,
+  lr=...)``: ``Steps:  40%|####  | 4/10 [00:01<00:01,  3.05it/s, lr=0.0001, step_loss=0.123]``
+  gives ``step``, ``steps``, ``loss`` and ``lr``; transformers' ``*_no_trainer.py`` examples draw
+  a bare ``tqdm(range(max_train_steps))``, read as the Trainer's bar (step and final step);
 - DeepSpeed's engine (deepspeed/runtime/engine.py ``_report_progress``, every ``steps_per_print``
   steps, rank 0, an INFO line: ``"log_level": "info"`` in the config where the logger is at
   WARNING), ``[Rank 0] step=10, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]``: the step, the first
@@ -72,8 +78,9 @@ being written to the step readers as they come (fstrain/io/remote/watchdog.py, R
 read here as a line that holds them.
 :func:`read_step` is the one reader of a rank's step from a line of its output, whichever of
 these it is: the watchdog's Prometheus textfile, ``status`` and its live view, ``fstrain report``,
-the launch's progress and the recovery loop all read through it. :func:`newer_step` keeps a
-rank's latest numbers across its lines (a metric line, once printed, wins over the others).
+the launch's progress and the recovery loop all read through it. :func:`newer_reading` keeps a
+rank's latest numbers across its lines (a metric line, once printed, wins over the others), for
+``status`` (:func:`newer_step`) and the Prometheus textfile alike.
 
 Pure and stdlib only: the node-side watchdog sends this module with itself.
 """
@@ -234,17 +241,24 @@ def read_step(line: str, any_program: bool = False) -> StepReading | None:
     return StepReading(progress, PROGRESS_LINE) if progress is not None else None
 
 
-def newer_step(held: StepReading | None, line: str) -> StepReading | None:
+def newer_step(held: StepReading | None, line: str, any_program: bool = True) -> StepReading | None:
     """A rank's latest numbers once one more line of its output is read, ``held`` being those
-    of its lines before: the line's (:func:`read_step`, any program's ``step N`` included),
-    unless it is a progress line and the rank has printed a metric line (which carries more:
-    step time, memory); else ``held``. Folded over a rank's lines in the order written, it gives
-    what ``status``, its live view and the detached nodes' per-rank records show. Two lines of
-    the same step that are not metric lines add up (:func:`same_step`): DeepSpeed prints the
-    step's learning rate on one line and its samples/s on the next. A transformers Trainer's log
-    dict alone (:func:`transformers_logged`) adds its numbers to a held Trainer step, and the
-    Trainer's later bar draws keep them until its next log."""
-    reading = read_step(line, any_program=True)
+    of its lines before: :func:`newer_reading` of the line's reading (:func:`read_step`, any
+    program's ``step N`` included unless ``any_program`` is False). Folded over a rank's lines
+    in the order written, it gives what ``status``, its live view and the detached nodes'
+    per-rank records show."""
+    return newer_reading(held, read_step(line, any_program), line)
+
+
+def newer_reading(held: StepReading | None, reading: StepReading | None, line: str) -> StepReading | None:
+    """The one rule that keeps a rank's latest numbers, ``held`` those before and ``reading``
+    what its next line, ``line``, says (None: no step): the line's, unless it is not a metric
+    line and the rank has printed one (which carries more: step time, memory); else ``held``.
+    Two lines of the same step that are not metric lines add up (:func:`same_step`): DeepSpeed
+    prints the step's learning rate on one line and its samples/s on the next. A transformers
+    Trainer's log dict alone (:func:`transformers_logged`) adds its numbers to a held Trainer
+    step, and the Trainer's later bar draws keep them until its next log. The Prometheus
+    textfile (promfile.py) folds its lines through it too."""
     if reading is None:
         logged = transformers_logged(line) if held is not None and held.source == TRANSFORMERS else None
         return held if logged is None or held is None else StepReading(with_logged(held.metrics, logged), TRANSFORMERS)
@@ -318,6 +332,11 @@ _HF_FIELD_RE = re.compile(r"'(loss|learning_rate|grad_norm|train_tokens_per_seco
 TRANSFORMERS = "transformers Trainer"  # the source of its readings (TRAINER_FORMATS)
 # The names a Lightning module most often gives its training loss in self.log(..., prog_bar=True).
 LIGHTNING_LOSS_NAMES = ("loss", "train_loss", "train/loss")
+# Accelerate itself prints no step (accelerate 1.16.0: Accelerator.log, accelerator.py:3302-3332,
+# hands the values to trackers, tracking.py, which write their own files and log at DEBUG); the
+# scripts built on it draw a step bar: diffusers' examples as "Steps", with the step's loss as
+# step_loss or loss (examples/text_to_image/train_text_to_image.py:955-961,1092-1093 at 58eb52c0).
+ACCELERATE_LOSS_NAMES = ("step_loss", "loss", "train_loss")
 
 
 def _tqdm_draws(line: str) -> list[re.Match[str]]:
@@ -409,9 +428,39 @@ def read_lightning(line: str) -> StepMetrics | None:
         if total == "?" and epoch > 0:
             return None
         step = int(n) + (epoch * int(total) if total != "?" else 0)
-        shown = dict(item.split("=", 1) for item in bracket.split(", ") if "=" in item)
+        shown = _postfix(bracket)
         loss = next((_float(shown[name]) for name in LIGHTNING_LOSS_NAMES if name in shown), None)
         return StepMetrics(step=step, loss=loss, lr=_float(shown.get("lr")))
+    return None
+
+
+def _postfix(bracket: str) -> dict[str, str]:
+    """The ``name=value`` pairs tqdm shows after the rate (``set_postfix``, Lightning's metrics)."""
+    return dict(item.split("=", 1) for item in bracket.split(", ") if "=" in item)
+
+
+def read_accelerate_steps_bar(line: str) -> StepMetrics | None:
+    """A step of a training script built on Hugging Face Accelerate, from the bar its rank 0
+    draws: ``tqdm(range(0, max_train_steps), initial=global_step, desc="Steps")``, updated once
+    per optimizer step (``accelerator.sync_gradients``) and given the step's numbers with
+    ``set_postfix(step_loss=..., lr=...)``, as diffusers' training examples draw it::
+
+        Steps:  40%|####      | 4/10 [00:01<00:01,  3.05it/s, lr=0.0001, step_loss=0.123]
+
+    The last draw in the line gives ``step`` and ``steps``, the postfix's ``step_loss`` (or
+    ``loss``, ``train_loss``: the rank's last micro-batch loss, 3 significant digits) and
+    ``lr``. None for a bar of unknown length, a line over MAX_LINE_BYTES and any other line."""
+    if "Steps:" not in line or "%|" not in line or len(line) > MAX_LINE_BYTES:
+        return None
+    for match in reversed(_tqdm_draws(line)):
+        desc, n, total, bracket = match.groups()
+        if desc != "Steps:":
+            continue
+        if total == "?":
+            return None
+        shown = _postfix(bracket)
+        loss = next((_float(shown[name]) for name in ACCELERATE_LOSS_NAMES if name in shown), None)
+        return StepMetrics(step=int(n), steps=int(total), loss=loss, lr=_float(shown.get("lr")))
     return None
 
 
@@ -541,6 +590,7 @@ def read_megatron(line: str) -> StepMetrics | None:
 TRAINER_FORMATS: tuple[tuple[str, Callable[[str], StepMetrics | None]], ...] = (
     (TRANSFORMERS, read_transformers_trainer),
     ("Lightning Trainer", read_lightning),
+    ("Accelerate steps bar", read_accelerate_steps_bar),
     ("DeepSpeed engine", read_deepspeed_step),
     ("DeepSpeed ThroughputTimer", read_deepspeed_throughput),
     ("torchtitan", read_torchtitan),

@@ -12,12 +12,14 @@ says its ranks are alive), and once its job has ended, the end (:meth:`NodeMetri
 state and exit code, every rank no longer alive.
 
 A rank's numbers come from its metric lines; a rank that prints none but the bundled trainer's
-progress line (``step 5/20 loss 3.1 ... tokens/s 12,345``) is read from that: both through
-``read_step`` of fstrain/core/monitor/metricline.py. Every sample carries ``run_id``, ``host``
-and ``node_rank``; per-rank samples also ``rank`` (global; empty while unknown) and ``local_rank``.
+progress line (``step 5/20 loss 3.1 ... tokens/s 12,345``) or a trainer's own step line is read
+from that: each line through ``read_step`` of fstrain/core/monitor/metricline.py, and folded
+into the rank's latest numbers by its ``newer_reading``, the rule ``status`` keeps them by.
+Every sample carries ``run_id``, ``host`` and ``node_rank``; per-rank samples also ``rank``
+(global; empty while unknown) and ``local_rank``.
 
 Pure and stdlib only: it travels to the nodes with the watchdog, as does metricline.py, whose
-reader is passed in (modules sent to a node cannot import each other).
+reader and fold are passed in (modules sent to a node cannot import each other).
 """
 
 from __future__ import annotations
@@ -25,13 +27,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 INTERVAL_S = 5.0  # how often the watchdog rewrites the file
 # A local-rank tag in front of a line: the watchdog's relay ([local3]:) or torchrun's --tee.
 _TAG_RE = re.compile(r"^\[(?:default|rank|local)(\d+)\]:")
-_VALUES = ("step", "steps", "loss", "lr", "tokens_per_s", "step_s", "memory_bytes")  # a rank's, from its lines
 
 # (name, type, help, the rank's field it shows); None: computed here.
 RANK_METRICS = (
@@ -74,9 +75,8 @@ def textfile_name(run_id: str, node_rank: int) -> str:
 class RankSeries:
     local_rank: int
     rank: int | None = None
-    values: dict[str, Any] = field(default_factory=dict)  # step, loss, ... of the last report
-    scope: str = "job"
-    from_metric_line: bool = False  # once it printed one, progress lines no longer count
+    reading: Any = None
+    """The rank's latest numbers: a metricline.StepReading folded over its lines (None before any)."""
     last_output: float | None = None  # Unix seconds of its last line
     alive: bool = False
 
@@ -84,15 +84,18 @@ class RankSeries:
 class NodeMetrics:
     """What one node's ranks reported, and the exposition of it.
 
-    ``read_step``: fstrain.core.monitor.metricline.read_step (text -> StepReading or None).
+    ``read_step``: fstrain.core.monitor.metricline.read_step (text -> StepReading or None);
+    ``newer_reading``: metricline.newer_reading (held, the line's reading, the line -> the rank's latest).
     ``rank_offset``: the global rank of local rank 0 where the launch knows it."""
 
     def __init__(self, run_id: str, host: str, node_rank: int, nproc: int, rank_offset: int | None,
-                 started: float, read_step: Callable[[str], Any]) -> None:
+                 started: float, read_step: Callable[[str], Any],
+                 newer_reading: Callable[[Any, Any, str], Any]) -> None:
         self.labels = {"run_id": run_id, "host": host, "node_rank": str(node_rank)}
         self.rank_offset = rank_offset
         self.started = started
         self.read_step = read_step
+        self.newer_reading = newer_reading
         self.restarts = 0
         self.state = RUNNING
         self.exit_code: int | None = None  # the node's job's, once it has ended
@@ -117,19 +120,9 @@ class NodeMetrics:
         if series is None:
             return
         series.last_output = now
-        if reading is None or (series.from_metric_line and not reading.from_metric_line):
-            return
-        values = {name: getattr(reading.metrics, name) for name in _VALUES}
-        if metrics is None and series.values.get("step") == values["step"]:
-            # A second line of the same step adds to the first (DeepSpeed: lr, then samples/s).
-            values = {name: series.values.get(name) if value is None else value for name, value in values.items()}
-        if reading.metrics.tokens_per_s is not None or metrics is not None:
-            series.scope = reading.metrics.scope  # a trainer's own line may count this rank's tokens (torchtitan)
-        series.values = values
-        if metrics is not None:
-            series.from_metric_line = True
-            if metrics.rank is not None:
-                series.rank = metrics.rank
+        series.reading = self.newer_reading(series.reading, reading, text)
+        if metrics is not None and metrics.rank is not None:
+            series.rank = metrics.rank
 
     def set_alive(self, ranks: Mapping[int, int]) -> None:
         """The ranks whose process runs now: local rank -> global rank."""
@@ -159,7 +152,7 @@ class NodeMetrics:
                 labels = {**self.labels, "rank": "" if series.rank is None else str(series.rank),
                           "local_rank": str(local)}
                 if name == "fstrain_tokens_per_second":
-                    labels["scope"] = series.scope
+                    labels["scope"] = series.reading.metrics.scope
                 samples.append(_sample(name, labels, value))
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
         for name, kind, help_text, _ in NODE_METRICS:
@@ -178,7 +171,7 @@ class NodeMetrics:
 
     def _rank_value(self, series: RankSeries, name: str, source: str | None, now: float) -> float | None:
         if source is not None:
-            value = series.values.get(source)
+            value = None if series.reading is None else getattr(series.reading.metrics, source)
             return None if value is None else float(value)
         if name == "fstrain_rank_alive":
             return 1.0 if series.alive else 0.0

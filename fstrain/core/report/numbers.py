@@ -74,14 +74,17 @@ class Report:
     notes: tuple[str, ...] = field(default_factory=tuple)
     failure: FailureExcerpt | None = None
     """A failed run's failing rank and its last lines (fstrain/core/report/excerpt.py)."""
+    world_size: int | None = None
+    """The ranks the run started (its manifest's nodes' processes); None where it names none."""
 
 
 def build(run_id: str, kind: str, state: RunState, *, series: Sequence[RankSeries], events: Sequence[Event],
           plan: Mapping[str, Any] | None, summary: Mapping[str, Any] | None,
-          failure: FailureExcerpt | None = None) -> Report:
+          failure: FailureExcerpt | None = None, world_size: int | None = None) -> Report:
     """The report from what was gathered: the series from the output, the events, the plan as
-    the manifest keeps it (None: no manifest), the trainer's summary (None: none written) and
-    the failing rank's last lines (None: no failure recorded)."""
+    the manifest keeps it (None: no manifest), the trainer's summary (None: none written), the
+    failing rank's last lines (None: no failure recorded) and the ranks the run started (None:
+    not known)."""
     notes: list[str] = []
     predicted = (plan or {}).get("predicted") or {}
     cluster = (plan or {}).get("cluster") or {}
@@ -104,7 +107,7 @@ def build(run_id: str, kind: str, state: RunState, *, series: Sequence[RankSerie
     return Report(run_id, kind, state, device, memory_label, card_bytes,
                   int(planned_peak) if isinstance(planned_peak, (int, float)) else None, tuple(series),
                   tuple(step_times(series)), tuple(memory), tuple(events), tuple(table), summary, tuple(notes),
-                  failure)
+                  failure, world_size)
 
 
 def measured_device(summary: Mapping[str, Any] | None, series: Sequence[RankSeries],
@@ -177,8 +180,10 @@ def as_document(report: Report) -> dict[str, Any]:
         "memory_label": report.memory_label,
         "card_bytes": report.card_bytes,
         "planned_memory_bytes": report.planned_memory_bytes,
+        "world_size": report.world_size,
         "planned_vs_measured": [asdict(row) for row in report.table],
-        "ranks": [{"rank": s.rank, "host": s.host, "source": s.source, "memory_key": s.memory_key,
+        "ranks": [{"rank": s.rank, "host": s.host, "source": s.source, "read_from": s.read_from,
+                   "memory_key": s.memory_key, "tokens_scope": s.tokens_scope,
                    "points": [asdict(p) for p in s.points]} for s in report.series],
         "step_times": [asdict(s) for s in report.steps],
         "memory": [asdict(m) for m in report.memory],

@@ -63,6 +63,12 @@ class RankSeries:
     """What the rank's progress lines call its memory (``max_reserved_bytes``: a GPU allocator's
     peak, ``max_rss_bytes``: a CPU process's peak RSS), also where its metric lines win; None
     where they give none (a metric line's ``memory_bytes`` does not say of which device)."""
+    read_from: str = ""
+    """The form its points were read from: ``metric line``, ``progress line`` or a trainer
+    format's name (metricline.TRAINER_FORMATS: ``torchtitan``, ...), its last line's."""
+    tokens_scope: str | None = None
+    """Whose tokens its tokens/s count: ``job`` (the whole job's) or ``rank`` (this rank's, as
+    torchtitan's ``tps``); None where no point has a tokens/s."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,8 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
     progress: dict[int, dict[int, Point]] = {}
     memory_keys: dict[int, str] = {}
     hosts: dict[int, str] = {}
+    read_from: dict[tuple[int, bool], str] = {}  # (rank, from a metric line) -> the form of its last line
+    scopes: dict[tuple[int, bool], str] = {}  # the same -> the scope of its last tokens/s
     for line in lines:
         host, tagged_rank, text = split_tag(line)
         reading = read_step(text)
@@ -142,11 +150,15 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
             if key is not None:
                 memory_keys[rank] = key
         hosts.setdefault(rank, host)
+        read_from[rank, reading.from_metric_line] = reading.source
+        if metrics.tokens_per_s is not None:
+            scopes[rank, reading.from_metric_line] = metrics.scope
     out = []
     for rank in sorted(set(metric) | set(progress)):
         source, points = (METRIC_LINE, metric[rank]) if rank in metric else (PROGRESS_LINE, progress[rank])
+        which = (rank, rank in metric)
         out.append(RankSeries(rank, hosts.get(rank, ""), source, tuple(points[s] for s in sorted(points)),
-                              memory_keys.get(rank)))
+                              memory_keys.get(rank), read_from[which], scopes.get(which)))
     return out
 
 

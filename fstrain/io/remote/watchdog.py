@@ -763,7 +763,8 @@ class MetricsTextfile:
         self.interval_s = float(header.get("metrics_interval_s") or promfile.INTERVAL_S)
         self.metrics = promfile.NodeMetrics(str(header.get("run_id", "")), os.uname().nodename,
                                             int(header.get("node_rank") or 0), int(header.get("nproc") or 1),
-                                            header.get("rank_offset"), clock(), metricline.read_step)
+                                            header.get("rank_offset"), clock(), metricline.read_step,
+                                            metricline.newer_reading)
         self.clock = clock
         self.max_line_bytes = int(metricline.MAX_LINE_BYTES)
         self.stacks = stacks
