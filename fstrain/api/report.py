@@ -72,7 +72,7 @@ def report_of(run: Run) -> Report:
     unread.update(outputs.failed)
     recorded = run.events()
     if recorded is not None:  # the run's own record of its events: the one source where it exists
-        events = timeline.from_run_events(recorded.events)
+        events = timeline.from_run_events(recorded.events, nodes=events)
     else:
         events = [*events, *timeline.restarts(resumed_steps(resumes))]
     manifest = run.record.manifest

@@ -99,8 +99,9 @@ def test_report_of_an_attached_run_of_a_program_that_failed(
     document, dom = opened_report(home, run_id, tmp_path)
     assert (document["kind"], document["state"]["state"]) == ("attached", "failed")
     failures = [e for e in document["events"] if e["kind"] == "failure"]
-    assert failures[0]["where"] == "node2" and "rank 3 exited with 7" in failures[0]["text"]
-    assert failures[-1]["where"] == "" and failures[-1]["text"].startswith("failed, exit 7")
+    # The run's events file: the failure as the launcher named it, then the run's end.
+    assert failures[0]["where"] == "node2" and failures[0]["text"] == "rank 3 (local rank 1) on node2 exited with 7"
+    assert failures[-1]["where"] == "" and failures[-1]["text"].startswith("run failed, exit code 7")
     node1 = [e["text"] for e in document["events"] if (e["kind"], e["where"]) == ("node end", "node1")]
     assert node1 and node1[0].endswith("stopped by the teardown after node rank 1's failure")
     assert {("node up", "node1"), ("node up", "node2")} <= {(e["kind"], e["where"]) for e in document["events"]}

@@ -112,6 +112,17 @@ def test_an_events_file_is_the_timeline_one_entry_per_event() -> None:
         (122.0, "excluded", "node2"), (125.0, "restart", ""), (125.5, "restart", ""), (150.0, "end", "")]
     stalled = timeline.from_run_events([RunEvent("finished", 1.0, "r", state="stalled", exit_code=124)])
     assert [e.kind for e in stalled] == ["stall"]
+    # Each node's start and end come from the manifest or the node views: the file has the decisions.
+    nodes = [timeline.Event(101.0, "node up", "node1", "up"), timeline.Event(149.0, "node end", "node1", "0"),
+             timeline.Event(120.0, "failure", "node2", "a second failure, from the manifest")]
+    merged = timeline.from_run_events(recorded, nodes=[timeline.Event(100.0, "node up", "node2", "up"), *nodes])
+    assert [(e.time, e.kind) for e in merged][:4] == [(100.0, "start"), (100.0, "node up"), (101.0, "node up"),
+                                                      (110.0, "first step")]
+    assert (149.0, "node end", "node1") in [(e.time, e.kind, e.where) for e in merged]
+    assert len(merged) == len(recorded) + 3  # only the nodes' own kinds are taken
+    # A start recorded after the first node came up (node 0's coordinator writes it) is that node's time.
+    late = timeline.from_run_events(recorded, nodes=[timeline.Event(90.0, "node up", "node1", "up")])
+    assert [(e.time, e.kind) for e in late][:2] == [(90.0, "start"), (90.0, "node up")]
 
 
 PLAN = {"cluster": {"gpu": "h100-sxm", "gpu_memory_bytes": 80 * 2**30},

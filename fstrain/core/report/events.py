@@ -2,7 +2,8 @@
 
 Where the run has an events file (``RUN_DIR/events.jsonl``, fstrain/core/runs/runevents.py,
 written live by the process that decided the run), the timeline is that file's events
-(:func:`from_run_events`). Runs without one (an fstrain that did not write it, a detached run
+(:func:`from_run_events`), with each node's start and end from the sources below. Runs
+without one (an fstrain that did not write it, a detached run
 without a recovery policy) have two sources, one per kind of run:
 
 - a manifest (``RUN_DIR/manifest.json``: an attached run's, a Slurm job's), written at the end
@@ -94,15 +95,32 @@ def from_views(started: float | None, names: Sequence[str], views: Sequence[Mapp
     return _ordered(events)
 
 
-def from_run_events(events: Sequence[RunEvent]) -> list[Event]:
-    """The timeline as the run's events file recorded it, one entry per event."""
-    timeline = []
+NODE_KINDS = ("node up", "node end")
+
+
+def from_run_events(events: Sequence[RunEvent], nodes: Sequence[Event] = ()) -> list[Event]:
+    """The timeline as the run's events file recorded it, one entry per event, with ``nodes``:
+    each node's start and end as the manifest or the node views have them (the file records
+    the run's decisions, not every node's start and end). Node 0's coordinator records the run's
+    start once it runs, and its end before the last node has said its own: the run began by its
+    first node's start and ended with its last node's end, and the timeline says so."""
+    node_events = [event for event in nodes if event.kind in NODE_KINDS]
+    ups = [event.time for event in node_events if event.kind == "node up" and event.time is not None]
+    ends = [event.time for event in node_events if event.kind == "node end" and event.time is not None]
+    decided: list[Event] = []
+    finished: list[Event] = []
     for event in events:
         kind = _END_KINDS.get(event.state or "", "end") if event.kind == runevents.FINISHED \
             else _RUN_EVENT_KINDS[event.kind]
         where = event.host or "" if event.kind in (runevents.FAILURE, runevents.EXCLUDED) else ""
-        timeline.append(Event(event.time, kind, where, event.text))
-    return _ordered(timeline)
+        time = event.time
+        if time is not None and kind == "start" and ups:
+            time = min(time, *ups)
+        if time is not None and event.kind == runevents.FINISHED and ends:
+            time = max(time, *ends)
+        (finished if event.kind == runevents.FINISHED else decided).append(Event(time, kind, where, event.text))
+    # In this order, so that at equal times the start comes before the nodes and the end after them.
+    return _ordered([*decided, *node_events, *finished])
 
 
 def restarts(resumed: Sequence[tuple[str, int]]) -> list[Event]:
