@@ -387,10 +387,8 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
     state = run_state(record, views)
     failure = first_failure(views) if views else _manifest_failure(record.manifest)
     nodes: list[dict[str, Any]] = []
-    if record.detached is None:  # an attached run: what its manifest recorded
-        nodes = [{"host": n.host, "node_rank": n.node_rank, "exit_code": n.exit_code, "error": n.error,
-                  "last_lines": list(n.last_lines), "ranks": []}
-                 for n in (record.manifest.nodes if record.manifest else ())]
+    if record.detached is None:
+        nodes = attached_nodes(record)
     for index, host in enumerate(record.hosts if record.detached else []):
         view = views[index] if views else None
         node = (view or {}).get("node") or {}
@@ -411,6 +409,35 @@ def status_document(record: RunRecord, views: list[dict[str, Any] | None] | None
     return {"run_id": record.run_id, "state": state.state, "exit_code": state.exit_code, "reason": state.reason,
             "first_failure": failure, "detached": bool(record.detached), "started": record.started, "nodes": nodes,
             "attempts": _attempts(record)}
+
+
+def attached_nodes(record: RunRecord) -> list[dict[str, Any]]:
+    """An attached run's nodes: the hosts its last attempt started (its manifest's once it
+    ended, with each node's exit), and each rank's last line, last output time and latest
+    numbers from the log the launcher writes here as the rank prints
+    (RUN_DIR/logs/<host>.r<rank>.log). Whether a rank lives is not asked of its node: ``alive``
+    is None while the run goes on, False once it ended."""
+    from fstrain.core.runs.runevents import EVENTS_FILE, attempt_hosts
+    from fstrain.io.logs import logged_hosts
+    from fstrain.io.runevents import read_events
+
+    folder = record.run_dir / "logs"
+    ended = {n.host: n for n in (record.manifest.nodes if record.manifest else ())}
+    if ended:
+        hosts = list(ended)
+    else:
+        recorded = read_events(record.run_dir / EVENTS_FILE)
+        hosts = list(attempt_hosts(recorded.events) if recorded is not None else ()) or logged_hosts(folder)
+    nodes = []
+    for index, host in enumerate(hosts):
+        node = ended.get(host)
+        ranks = rank_files(folder, host)
+        for rank in ranks:
+            rank["alive"] = False if ended else None
+        nodes.append({"host": host, "node_rank": node.node_rank if node else index,
+                      "exit_code": node.exit_code if node else None, "error": node.error if node else None,
+                      "last_lines": list(node.last_lines) if node else [], "ranks": ranks})
+    return nodes
 
 
 def node_progress(entry: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -149,19 +149,19 @@ def status_command(
     for column in ("host", "rank", "alive", "last output", "step", "loss", "tokens/s", "gpus"):
         table.add_column(column)
     now = time.time()
-    if not record.detached:
-        for node in document["nodes"]:
+    for node in document["nodes"] if not record.detached else ():  # an attached run's ended nodes
+        if node["exit_code"] is not None or node["error"]:
             out.print(f"  {node['host']} (node {node['node_rank']}): exit {node['exit_code']}"
                       + (f" ({node['error']})" if node["error"] else ""), markup=False)
-        return
     for node in document["nodes"]:
-        gpus = usage_cell(node["gpus"], node["gpus_error"])
-        if not node["reachable"]:
+        gpus = usage_cell(node.get("gpus") or [], node.get("gpus_error"))
+        if node.get("reachable") is False:
             table.add_row(node["host"], "", "unreachable", "", "", "", "", "")
         for rank in node["ranks"]:
             progress = rank["progress"] or {}
             ago = f"{now - rank['last_output_at']:.0f} s ago" if rank["last_output_at"] else ""
-            table.add_row(node["host"], str(rank["rank"]), "yes" if rank["alive"] else "no", ago,
+            alive = "" if rank["alive"] is None else "yes" if rank["alive"] else "no"
+            table.add_row(node["host"], str(rank["rank"]), alive, ago,
                           str(progress.get("step") or ""), str(progress.get("loss") or ""),
                           f"{progress['tokens_per_s']:,.0f}" if progress.get("tokens_per_s") else "", gpus)
     out.print(table)

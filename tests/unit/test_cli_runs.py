@@ -129,6 +129,42 @@ def test_status_of_a_live_attached_run_by_its_folder(tmp_path: Path, monkeypatch
     assert open_run(f"./runs/{run_id}").state().state == "running"
 
 
+def test_status_of_a_live_attached_run_lists_every_rank_with_its_numbers(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While an attached run goes on, its ranks are those of its logs here, on the hosts its
+    events file says it started; once it ended, the manifest's nodes, and no rank is alive."""
+    from fstrain.io.runevents import EventLog
+
+    home, run_id = tmp_path / "home", "20261130-160000-ffffff"
+    folder = tmp_path / "runs" / run_id
+    live_attached_run(home, folder, run_id, monkeypatch)
+    EventLog.in_folder(folder, run_id).write("started", hosts=["node2", "node1"])
+    logs = folder / "logs"
+    (logs / "node2.r0.log").write_text("[node2 r0] hello\n[node2 r0] [fstrain.train] step 3/8 loss 5.25 lr 1e-4 "
+                                       "tokens/s 1,200\n")
+    (logs / "node1.r1.log").write_text('[node1 r1] FSTRAIN_METRICS {"v":1,"step":2,"loss":6.5,"rank":1}\n')
+    env = {"HOME": str(home), "COLUMNS": "200"}
+    document = json.loads(run_fstrain("status", run_id, "--json", env=env).stdout)
+    assert [(n["host"], n["node_rank"], n["exit_code"]) for n in document["nodes"]] == [("node2", 0, None),
+                                                                                      ("node1", 1, None)]
+    ranks = [(r["rank"], r["alive"], r["progress"]) for n in document["nodes"] for r in n["ranks"]]
+    assert ranks == [(0, None, {"step": 3, "steps": 8, "loss": 5.25, "tokens_per_s": 1200.0}),
+                     (1, None, {"step": 2, "steps": None, "loss": 6.5, "tokens_per_s": None})]
+    table = run_fstrain("status", run_id, env=env)
+    assert table.returncode == 0, table.stderr
+    rows = [[cell for cell in line.split() if cell != "│"] for line in table.stderr.splitlines()
+            if line.startswith(("node1", "node2"))]
+    assert [row[:2] + row[-3:] for row in rows] == [["node2", "0", "3", "5.25", "1,200"],
+                                                    ["node1", "1", "ago", "2", "6.5"]]  # "N s ago", no tokens/s
+    write_manifest(folder / "manifest.json", manifest_of(
+        RunSetup(run_id, "torchrun", [NodeLaunch(Host("node2"), 0, 1, ("python3", "train.py")),
+                                      NodeLaunch(Host("node1"), 1, 1, ("python3", "train.py"))]),
+        RunOutcome(0, "ok", None, [], time.time() - 60, time.time() - 1)))
+    ended = json.loads(run_fstrain("status", run_id, "--json", env=env).stdout)
+    assert [(n["host"], [(r["rank"], r["alive"]) for r in n["ranks"]]) for n in ended["nodes"]] == [
+        ("node2", [(0, False)]), ("node1", [(1, False)])]
+
+
 def detached_run(home: Path, folder: Path, run_id: str, hosts: list[dict], node_dirs: list[Path],
                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A detached run as `launch --detach` records it here (the nodes' files are the caller's)."""
@@ -237,7 +273,8 @@ def test_watch_json_of_an_ended_run_is_one_line_with_its_events_and_its_exit_cod
         (1, run_id, "failed", 7, True)
     assert [(e["kind"], e["time"]) for e in document["events"]] == [("started", 100.0), ("failure", 130.0),
                                                                     ("finished", 131.0)]
-    assert document["events"][1]["rank"] == 1 and document["ranks"] == []
+    assert document["events"][1]["rank"] == 1
+    assert [(r["host"], r["rank"], r["alive"]) for r in document["ranks"]] == [("localhost", 1, False)]  # its log's
 
 
 def test_runs_show_step_and_eta_and_filter_by_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

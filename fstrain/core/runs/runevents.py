@@ -147,3 +147,12 @@ def parse_lines(lines: Sequence[str], where: str) -> tuple[list[RunEvent], int]:
         events.append(RunEvent.from_dict(data, f"{where}:{number}"))
     return events, skipped
 
+
+
+def attempt_hosts(events: Sequence[RunEvent]) -> tuple[str, ...]:
+    """The hosts of the run's latest attempt, in node rank order: those of its last ``started``
+    or ``attempt`` event; () before any."""
+    for event in reversed(events):
+        if event.kind in (STARTED, ATTEMPT):
+            return event.hosts
+    return ()
