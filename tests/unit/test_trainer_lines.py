@@ -267,3 +267,30 @@ def test_the_report_of_a_run_directory_reads_the_trainers_own_lines(tmp_path: Pa
     [rank] = document["ranks"]
     assert (rank["rank"], rank["host"], rank["read_from"], document["world_size"]) == (0, "node1", HF, 1)
     assert {p["step"]: p["loss"] for p in rank["points"] if p["loss"] is not None} == logged
+
+
+@pytest.mark.parametrize(("name", "state"), [("train_hf-torchrun-rank0", "train_hf.trainer_state.json"),
+                                             ("transformers-trainer-torchrun-rank0", None)])
+def test_the_report_gives_each_lone_dict_the_step_its_bar_was_cleared_at(tmp_path: Path, name: str,
+                                                                          state: str | None) -> None:
+    """Under torchrun (stdout and stderr in files of their own) the rank's log holds the
+    Trainer's log dicts as lines of their own, before its bar's line ends: each dict goes to the
+    step the bar was cleared at for it, so the report has the losses the Trainer logged, at
+    their steps (its trainer_state.json), and the job's tokens/s where the dict says it."""
+    stdout = [line for line in lines(f"{name}-stdout.txt") if line]
+    stderr = [line for line in lines(f"{name}-stderr.txt") if line]
+    run_dir = finished_run(tmp_path / "run", "".join(f"[node1 r0] {line}\n" for line in stdout + stderr), nproc=1)
+    [rank] = as_document(report(str(run_dir)))["ranks"]
+    losses = {p["step"]: p["loss"] for p in rank["points"] if p["loss"] is not None}
+    dicts = [line for line in stdout if "'loss': " in line]
+    if state is None:  # its evaluation's dicts (no training loss) are not placed
+        assert sorted(losses) == [2, 4, 6, 8, 10, 12]
+        assert list(losses.values()) == [float(d.split("'loss': '")[1].split("'")[0]) for d in dicts]
+        return
+    logged = [e for e in json.loads((FIXTURES / state).read_text())["log_history"] if "loss" in e]
+    assert losses == {e["step"]: significant(e["loss"], 4) for e in logged}
+    rates = [float(d.split("'train_tokens_per_second': '")[1].split("'")[0]) for d in dicts]
+    assert [p["tokens_per_s"] for p in rank["points"]] == rates and rank["tokens_scope"] == "job"
+    # A dict more than the bar's clears (a first attempt's bar lost): none is placed, none misplaced.
+    (series,) = rank_series([f"[node1 r0] {dicts[0]}", *(f"[node1 r0] {line}" for line in stdout + stderr)])
+    assert all(p.loss is None for p in series.points)

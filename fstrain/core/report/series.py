@@ -11,7 +11,12 @@ launcher does not say the rank). Two forms carry numbers:
 
 A trainer's own step line (DeepSpeed's, torchtitan's, Megatron-LM's: metricline.TRAINER_FORMATS)
 counts as a progress line, with the step time and memory it gives where it gives them. A line
-of transformers' Trainer holds its bar's draws of many steps: each step drawn is a point.
+of transformers' Trainer holds its bar's draws of many steps: each step drawn is a point. Its
+log dicts (loss, learning rate, tokens/s) end a bar's line where stdout and stderr are one
+stream; in files of their own (torchrun's ``--redirects 3``) they come on lines of their own,
+and each is given the step its bar was cleared at for it
+(metricline.transformers_written_steps), where the rank has exactly one such clear per dict (a
+mismatch, e.g. a first attempt's bar lost, leaves them unread rather than misplaced).
 Where a rank prints metric lines, its progress lines are left out (they say the same once more).
 All are read by fstrain/core/monitor/metricline.py's ``read_step``.
 """
@@ -30,7 +35,10 @@ from fstrain.core.monitor.metricline import (
     StepMetrics,
     filled,
     read_step,
+    transformers_logged,
     transformers_steps,
+    transformers_written_steps,
+    with_logged,
 )
 from fstrain.core.monitor.stragglers import stragglers
 
@@ -126,10 +134,15 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
     hosts: dict[int, str] = {}
     read_from: dict[tuple[int, bool], str] = {}  # (rank, from a metric line) -> the form of its last line
     scopes: dict[tuple[int, bool], str] = {}  # the same -> the scope of its last tokens/s
+    logged: dict[int, list[StepMetrics]] = {}  # rank -> a Trainer's log dicts alone on their lines, in order
+    written: dict[int, list[StepMetrics]] = {}  # rank -> the steps its Trainer bar was cleared at for one
     for line in lines:
         host, tagged_rank, text = split_tag(line)
         reading = read_step(text)
         if reading is None:
+            numbers = transformers_logged(text)
+            if numbers is not None:
+                logged.setdefault(tagged_rank if tagged_rank is not None else 0, []).append(numbers)
             continue
         metrics = reading.metrics
         if reading.from_metric_line:
@@ -140,6 +153,8 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
                                                               metrics.step_s, metrics.memory_bytes)
         else:
             rank = tagged_rank if tagged_rank is not None else 0  # the trainer prints it on rank 0 only
+            if reading.source == TRANSFORMERS:
+                written.setdefault(rank, []).extend(transformers_written_steps(text))
             for found in transformers_steps(text) if reading.source == TRANSFORMERS else [metrics]:
                 point = progress_point(found, text, tokens_per_step)
                 held = progress.setdefault(rank, {}).get(found.step)
@@ -153,6 +168,14 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
         read_from[rank, reading.from_metric_line] = reading.source
         if metrics.tokens_per_s is not None:
             scopes[rank, reading.from_metric_line] = metrics.scope
+    for rank, dicts in logged.items():
+        if rank in progress and len(dicts) == len(written.get(rank, ())):
+            for at, numbers in zip(written[rank], dicts, strict=True):
+                point = progress_point(with_logged(at, numbers), "", tokens_per_step)
+                held = progress[rank].get(at.step)
+                progress[rank][at.step] = point if held is None else filled(point, held)
+                if numbers.tokens_per_s is not None:
+                    scopes[rank, False] = "job"
     out = []
     for rank in sorted(set(metric) | set(progress)):
         source, points = (METRIC_LINE, metric[rank]) if rank in metric else (PROGRESS_LINE, progress[rank])
