@@ -54,7 +54,12 @@ python3 -m compileall -q fstrain tests benchmarks $([ -d examples ] && echo exam
 echo "== ruff"
 ruff check fstrain tests benchmarks
 echo "== mypy"
-mypy
+# mypy's incremental cache, kept per machine beside DeepSpeed's ops rather than in the clone: a
+# fresh clone (CI's) checks its 230 files in about 2 s instead of 60 s of one core. mypy
+# re-checks every file whose contents differ from what the cache saw, and what depends on it.
+# FSTRAIN_TEST_MYPY_CACHE moves it; a cache of another mypy version is ignored by mypy itself.
+mypy_cache=${FSTRAIN_TEST_MYPY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fstrain-tests/mypy}
+mypy --cache-dir "$mypy_cache"
 if [ -n "$ops" ] && ! wait "$ops"; then
     echo "test.sh: DeepSpeed's CPU ops did not build (above); the DeepSpeed tests will fail" >&2
 fi
