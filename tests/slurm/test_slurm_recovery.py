@@ -15,6 +15,7 @@ import pytest
 
 from fstrain.core.slurm.job import NODE_FAILED
 from tests.cluster.launch_helpers import start_process
+from tests.cluster.test_recovery import PROGRAM
 from tests.slurm.conftest import SlurmCluster
 from tests.slurm.test_slurm_launch import assert_nodes_idle
 
@@ -45,6 +46,16 @@ def recovering_launch(run_dir: Path, steps: int, *salloc: str) -> list[str]:
             "fp32", "--nproc-per-node", "1", "--steps", str(steps), "--checkpoint-interval", "2", "--on-failure",
             "exclude", "--max-restarts", "1", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S), "--grace", str(GRACE_S),
             "--run-dir", str(run_dir)]
+
+
+def program_launch(run_dir: Path, steps: int, *salloc: str) -> list[str]:
+    """As :func:`recovering_launch`, with the recovery tests' program instead of the trainer
+    (tests/cluster/programs/recovering.py: a step line every 0.5 s, a checkpoint every 2 steps):
+    for what is the launcher's and Slurm's, not the training's."""
+    return ["salloc", "-N3", *salloc, sys.executable, "-m", "fstrain", "launch", "--nproc-per-node", "1",
+            "--on-failure", "exclude", "--max-restarts", "1", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S),
+            "--grace", str(GRACE_S), "--run-dir", str(run_dir), "--", "python3", PROGRAM, "--steps", str(steps),
+            "--checkpoint-every", "2"]
 
 
 def test_a_node_that_dies_is_excluded_and_the_run_resumes_on_the_rest(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -90,11 +101,13 @@ def test_a_spare_node_of_the_allocation_takes_the_dead_nodes_place(slurm: SlurmC
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=1\nnode2 slots=1\nnode3 slots=1 spare=true\n")
     run_dir = tmp_path / "run"
-    argv = recovering_launch(run_dir, 6, "--no-kill")
-    launch = start_process([*argv, "--launcher", "srun", "--hostfile", str(hostfile)], slurm.env(tmp_path), tmp_path)
+    argv = program_launch(run_dir, 8, "--no-kill")
+    at = argv.index("--")
+    argv[at:at] = ["--launcher", "srun", "--hostfile", str(hostfile)]
+    launch = start_process(argv, slurm.env(tmp_path), tmp_path)
     killed = False
     try:
-        launch.wait_for("[fstrain.train] step 3/6 loss", timeout=300)
+        launch.wait_for("] line rank=0 attempt=0 step=3", timeout=300)
         slurm.script("kill-node", "2")
         killed = True
         code = launch.finish(timeout=300)
@@ -108,8 +121,10 @@ def test_a_spare_node_of_the_allocation_takes_the_dead_nodes_place(slurm: SlurmC
     assert first["hosts"] == ["node1", "node2"] and first["excluded"] == ["node2"], first
     assert first["spares_used"] == ["node3"] and second["hosts"] == ["node1", "node3"]
     assert second["exit_code"] == 0 and second["replanned"] == ""  # the same world size: nothing to re-plan
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["start_step"] == first["last_checkpoint_step"]
+    assert second["resumed_from_step"] == first["last_checkpoint_step"] >= 2
+    started = [line for line in launch.stdout if "] start rank=" in line and "attempt=1" in line]
+    assert sorted(line.split("host=")[1].split()[0] for line in started) == ["node1", "node3"], started
+    assert all("world=2" in line for line in started), started
     assert not srun_clients(slurm), srun_clients(slurm)
     assert_nodes_idle(slurm, GRACE_S + 8)
 
@@ -124,10 +139,10 @@ def test_without_no_kill_slurm_ends_the_job_and_the_run_says_why(slurm: SlurmClu
     conf.write_text(original + "SlurmdTimeout=10\n")
     subprocess.run(["scontrol", "reconfigure"], check=True, env=env, timeout=60)
     run_dir = tmp_path / "run"
-    launch = start_process(recovering_launch(run_dir, 300), env, tmp_path)
+    launch = start_process(program_launch(run_dir, 600), env, tmp_path)
     killed = False
     try:
-        launch.wait_for("[fstrain.train] step 3/300 loss", timeout=300)
+        launch.wait_for("] line rank=0 attempt=0 step=3", timeout=300)
         slurm.script("kill-node", "3")
         killed = True
         code = launch.finish(timeout=300)
