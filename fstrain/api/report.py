@@ -94,14 +94,14 @@ def numbered_lines(outputs: Outputs, resumes: list[str]) -> Iterator[str]:
     bundled trainer's progress line, a trainer's own), as they are read (every other line is
     dropped at once: a long run's output is never held whole); a resume's lines go to
     ``resumes``. Lines end at "\\n" only: a tqdm bar's "\\r" redraws stay in their line."""
-    from fstrain.core.monitor.metricline import read_step, transformers_logged
+    from fstrain.core.monitor.metricline import read_step, transformers_bar_written
 
     for chunk in outputs.read():
         for line in chunk.rstrip("\n").split("\n"):
             if RESUMED_MARK in line:
                 resumes.append(line)
             elif (METRIC_MARK in line or PROGRESS_MARK in line or read_step(line) is not None
-                  or transformers_logged(line) is not None):  # a Trainer's log dict on its own line
+                  or transformers_bar_written(line)):  # a Trainer's log dict on its own line
                 yield line
 
 

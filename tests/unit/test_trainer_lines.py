@@ -294,3 +294,23 @@ def test_the_report_gives_each_lone_dict_the_step_its_bar_was_cleared_at(tmp_pat
     # A dict more than the bar's clears (a first attempt's bar lost): none is placed, none misplaced.
     (series,) = rank_series([f"[node1 r0] {dicts[0]}", *(f"[node1 r0] {line}" for line in stdout + stderr)])
     assert all(p.loss is None for p in series.points)
+
+
+def test_a_detached_resumed_trainer_run_has_every_steps_loss_in_its_report() -> None:
+    """Node 0's output file of a detached HF Trainer run that lost a host and resumed from
+    checkpoint-70: the bar's lines are cut by the checkpoint saves' own bar, and its redraws
+    after a dict run ahead of its throttled draws; every step 1-200 still gets the loss logged
+    for it, the steps done again after the resume (71-78) the second attempt's."""
+    from fstrain.core.monitor.logtail import node_line
+
+    tagged = []
+    for raw in (FIXTURES / "train_hf-detached-node0.out").read_bytes().decode("utf-8").split("\n"):
+        _, rank, text = node_line(raw, 0)
+        tagged.append(f"[node1 r{rank}] {text}" if rank is not None else f"[node1] {text}")
+    dicts = [float(line.split("'loss': '")[1].split("'")[0]) for line in tagged if "{'loss': " in line]
+    assert len(dicts) == 78 + 130  # steps 1-78, then 71-200 after the resume
+    (series,) = rank_series(tagged)
+    losses = {p.step: p.loss for p in series.points if p.loss is not None}
+    assert sorted(losses) == list(range(1, 201))
+    assert [losses[step] for step in range(1, 71)] == dicts[:70]
+    assert [losses[step] for step in range(71, 201)] == dicts[78:]

@@ -385,26 +385,34 @@ def transformers_steps(line: str) -> list[StepMetrics]:
 def transformers_written_steps(line: str) -> list[StepMetrics]:
     """The steps at which a transformers ``Trainer`` bar line was cleared for a line printed on
     another stream, in order: each log dict goes out through ``training_bar.write``
-    (ProgressCallback.on_log), and tqdm's ``write`` clears the bar (``\\r`` and blanks), then
-    ``\\r`` again, then draws the same step again (tqdm/std.py ``external_write_mode``). In a
-    file of its own (torchrun's ``--redirects 3``) the log dicts then come in this order on the
-    other stream, one per clear (``rank_series`` pairs them). Only the bar alone drawn so counts:
-    a write while the evaluation's bar is open below it clears both, across lines, and is not
-    one of these (nor is its dict a training step's)."""
+    (ProgressCallback.on_log), and tqdm's ``write`` clears the bar (a carriage return and blanks),
+    returns once more, prints the dict, then draws the bar again at the step it has reached, the
+    one the dict was logged at (tqdm/std.py ``external_write_mode``; the draw before the clear
+    may be older: tqdm draws at most every 0.1 s). In a file of its own (torchrun's
+    ``--redirects 3``) the log dicts come in this order on the other stream, one per clear
+    (``rank_series`` pairs them). Only the bar alone drawn so counts: a write while the
+    evaluation's bar is open below it clears both, across lines, and is not one of these (nor
+    is its dict a training step's)."""
     if "%|" not in line or len(line) > MAX_LINE_BYTES:
         return []
     parts = line.split("\r")
     written = []
-    last: re.Match[str] | None = None
-    for index, part in enumerate(parts):
-        match = _TQDM_BAR_RE.fullmatch(part.strip(" \n"))
-        if match is not None and not match.group(1) and match.group(3) != "?":
-            last = match
-        elif part and not part.strip() and last is not None and parts[index + 1:index + 2] == [""]:
-            again = _TQDM_BAR_RE.fullmatch(parts[index + 2].strip(" \n")) if index + 2 < len(parts) else None
-            if again is not None and again.group(2) == last.group(2) and not again.group(1):
-                written.append(StepMetrics(step=int(last.group(2)), steps=int(last.group(3))))
+    for index in range(len(parts) - 2):
+        if parts[index] and not parts[index].strip() and parts[index + 1] == "":
+            again = _TQDM_BAR_RE.fullmatch(parts[index + 2].strip(" \n"))
+            if again is not None and not again.group(1) and again.group(3) != "?":
+                written.append(StepMetrics(step=int(again.group(2)), steps=int(again.group(3))))
     return written
+
+
+def transformers_bar_written(text: str) -> bool:
+    """Whether ``text`` ends with a transformers ``Trainer`` log dict that its bar wrote
+    (:func:`transformers_written_steps`): a training step's (``loss``) or the final one
+    (``train_runtime``), each with the ``epoch`` the Trainer adds to every dict; not the
+    evaluation's (``eval_*``), written while the evaluation's own bar is open."""
+    at = text.find("{'")
+    return (at >= 0 and len(text) <= MAX_LINE_BYTES and text.rstrip().endswith("}") and "'epoch': " in text
+            and "'eval_" not in text)
 
 
 def transformers_logged(text: str) -> StepMetrics | None:

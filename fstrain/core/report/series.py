@@ -35,6 +35,7 @@ from fstrain.core.monitor.metricline import (
     StepMetrics,
     filled,
     read_step,
+    transformers_bar_written,
     transformers_logged,
     transformers_steps,
     transformers_written_steps,
@@ -134,15 +135,16 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
     hosts: dict[int, str] = {}
     read_from: dict[tuple[int, bool], str] = {}  # (rank, from a metric line) -> the form of its last line
     scopes: dict[tuple[int, bool], str] = {}  # the same -> the scope of its last tokens/s
-    logged: dict[int, list[StepMetrics]] = {}  # rank -> a Trainer's log dicts alone on their lines, in order
+    # rank -> a Trainer's log dicts alone on their lines that its bar wrote, in order (None: the
+    # final dict, which has no step's numbers)
+    logged: dict[int, list[StepMetrics | None]] = {}
     written: dict[int, list[StepMetrics]] = {}  # rank -> the steps its Trainer bar was cleared at for one
     for line in lines:
         host, tagged_rank, text = split_tag(line)
         reading = read_step(text)
         if reading is None:
-            numbers = transformers_logged(text)
-            if numbers is not None:
-                logged.setdefault(tagged_rank if tagged_rank is not None else 0, []).append(numbers)
+            if transformers_bar_written(text):
+                logged.setdefault(tagged_rank if tagged_rank is not None else 0, []).append(transformers_logged(text))
             continue
         metrics = reading.metrics
         if reading.from_metric_line:
@@ -171,6 +173,8 @@ def rank_series(lines: Iterable[str], tokens_per_step: int | None = None) -> lis
     for rank, dicts in logged.items():
         if rank in progress and len(dicts) == len(written.get(rank, ())):
             for at, numbers in zip(written[rank], dicts, strict=True):
+                if numbers is None:
+                    continue
                 point = progress_point(with_logged(at, numbers), "", tokens_per_step)
                 held = progress[rank].get(at.step)
                 progress[rank][at.step] = point if held is None else filled(point, held)
