@@ -26,10 +26,11 @@ trace runs attention without dropout, as the GPU kernel stores nothing for it.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, overload
 
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.losses import loss_chunks
@@ -103,6 +104,64 @@ def check_traceable(plan: PlanFile) -> None:
             "pin --strategy fsdp-full, fsdp-grad-op, fsdp-hybrid or zero3 (traced as fsdp-full) to trace",
             "--trace",
         )
+
+
+class LazyChunks(Sequence[Any]):
+    """``torch.chunk(tensor, num_chunks, dim)`` padded with empty tensors to ``num_chunks``, as
+    FSDP2's ``_chunk_with_empty`` returns it, but each chunk made only when asked for. FSDP2
+    asks a parameter for its own rank's chunk and chunk 0 (the padded size); under fake tensors
+    making all ``dp`` of them cost more than the rest of building the model (a 405B plan at dp
+    512: 14 of 42 s, 141,000 fake tensors), and it grew with the world size."""
+
+    def __init__(self, tensor: Any, num_chunks: int, dim: int) -> None:
+        self.tensor, self.num_chunks, self.dim = tensor, num_chunks, dim
+        size = int(tensor.size(dim))
+        self.size = size
+        self.step = -(-size // num_chunks)  # torch.chunk's chunk size: the ceiling
+
+    def __len__(self) -> int:
+        return self.num_chunks
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.num_chunks))]
+        if index < 0:
+            index += self.num_chunks
+        if not 0 <= index < self.num_chunks:
+            raise IndexError(index)
+        start = index * self.step
+        if start < self.size:
+            return self.tensor.narrow(self.dim, start, min(self.step, self.size - start))
+        return self[0].new_empty(0)
+
+
+@contextlib.contextmanager
+def _chunks_on_demand() -> Iterator[None]:
+    """FSDP2's parameter chunking, made lazy (:class:`LazyChunks`) while the trace shards its
+    model; FSDP2 as it was outside. A torch whose FSDP2 has no ``_chunk_with_empty`` keeps its own."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    chunk = getattr(_fsdp_param, "_chunk_with_empty", None)
+    if chunk is None:
+        yield
+        return
+
+    def lazy(tensor: Any, num_chunks: int, dim: int) -> Any:
+        if int(tensor.size(dim)) == 0:  # torch.chunk's own rule for an empty dimension
+            return chunk(tensor, num_chunks, dim)
+        return LazyChunks(tensor, num_chunks, dim)
+
+    _fsdp_param._chunk_with_empty = lazy
+    try:
+        yield
+    finally:
+        _fsdp_param._chunk_with_empty = chunk
 
 
 def trace_plan(plan: PlanFile, fsdp: Mapping[str, Any], full_depth_limit: int = FULL_DEPTH_LIMIT,
@@ -204,7 +263,7 @@ class _Tracer:
         # Offload moves states to the host: on a CPU trace there is no device to keep apart.
         cfg = {**self.fsdp, "cpu_offload": {"enabled": False}}
         moments: dict[str, dict[str, int]] = {}
-        with FakeTensorMode():
+        with FakeTensorMode(), _chunks_on_demand():
             model, _ = build_sharded_model(
                 spec, cfg, self.mesh, knobs.activation_checkpointing, False, loss_chunks(knobs.loss),
                 knobs.fused_rmsnorm,

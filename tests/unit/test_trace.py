@@ -227,3 +227,27 @@ def test_shipped_recipes_trace_like_the_planner_counts(recipe: str, dp: int, mic
     for category, value in traced.categories.items():
         if value >= 64 << 20:  # under 64 MiB (the rotary tables) there is nothing to compare
             assert getattr(analytic, category) == pytest.approx(value, rel=0.05), category
+
+
+@pytest.mark.parametrize(("shape", "num_chunks", "dim"), [
+    ((10, 3), 4, 0),  # uneven: 3, 3, 3, 1
+    ((7,), 8, 0),  # fewer rows than chunks: the last chunk empty
+    ((3, 9), 5, 1),  # along dim 1
+    ((16, 2), 4, 0),  # even
+    ((5,), 1, 0),
+])
+def test_lazy_chunks_are_fsdp2s_chunks(shape: tuple[int, ...], num_chunks: int, dim: int) -> None:
+    """The trace's on-demand chunks are FSDP2's own ``_chunk_with_empty``: the same views (shape,
+    strides, offset, values), empty tensors past torch.chunk's last."""
+    import torch
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    from fstrain.train.trace import LazyChunks
+
+    tensor = torch.arange(int(torch.tensor(shape).prod())).reshape(shape)
+    expected, lazy = _chunk_with_empty(tensor, num_chunks, dim), LazyChunks(tensor, num_chunks, dim)
+    assert len(lazy) == len(expected) == num_chunks
+    for got, want in zip(lazy, expected, strict=True):
+        assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+        assert torch.equal(got, want)
+    assert [c.shape for c in lazy[-2:]] == [c.shape for c in expected[-2:]]
