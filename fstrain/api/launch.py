@@ -236,6 +236,8 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
 
     request = prepared.request
     job_request, run = request.job, request.run
+    if not run.detach:  # its log files stay open here until the run ends
+        check_attached_limits(prepared)
     trackers = track(prepared, follows=not run.detach)  # their preflight: before anything is contacted
     connect = _connector(prepared)
     drive_request, node_job, built = _driving(prepared, out, report, color, trackers)
@@ -270,6 +272,18 @@ def _execute(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
             driven.manifest = write_manifest(prepared.run_dir / "manifest.json",
                                              replace(driven.manifest, training_summary=launched.training_summary))
     return launched
+
+
+def check_attached_limits(prepared: Prepared) -> None:
+    """Room on this machine for an attached launch's connections and log files (a host's
+    processes: its selected slots, else --nproc-per-node, else 1 while a probe has not said)."""
+    from fstrain.core.launch.clientlimits import attached_launch_needs
+    from fstrain.io.clientlimits import ensure
+
+    hosts = prepared.selection.hosts
+    nproc = prepared.request.job.nproc_per_node
+    ranks = [host.num_selected_slots or nproc or 1 for host in hosts]
+    ensure(attached_launch_needs(ranks), len(hosts), "an attached launch on")
 
 
 def _start_kept(prepared: Prepared, drive_request: DriveRequest, connect: Callable[[Host], Transport],

@@ -1,7 +1,8 @@
 """Bounded-concurrency fan-out: run commands on many hosts, get every host's result back.
 
 A :class:`HostPool` opens at most one connection per host (lazily, at most ``fanout`` at a
-time) and reuses it for every command of a CLI invocation. A host that cannot be reached,
+time) and reuses it for every command of a CLI invocation; it checks first that this machine's
+limits hold a connection per host (fstrain/io/clientlimits.py). A host that cannot be reached,
 refuses authentication or times out gets a result with ``error`` set; the others go on.
 """
 
@@ -62,8 +63,12 @@ class HostPool:
     """
 
     def __init__(self, hosts: Sequence[Host], connect: Connector, *, fanout: int = DEFAULT_FANOUT) -> None:
+        from fstrain.core.launch.clientlimits import connection_needs
+        from fstrain.io.clientlimits import ensure
+
         if fanout < 1:
             raise ValueError("fanout must be at least 1")
+        ensure(connection_needs(len(hosts)), len(hosts), "connecting to")  # room for a connection per host
         self.hosts = list(hosts)
         self.fanout = fanout
         self._connect = connect
