@@ -33,7 +33,7 @@ from typing import Any, TextIO
 
 from fstrain import __version__
 from fstrain.core.formats import KINDS
-from fstrain.core.hosts.hostfile import Host
+from fstrain.core.hosts.hostfile import Host, compress_hostlist
 from fstrain.core.job.spec import (
     NodeLaunch,
     base_env,
@@ -170,8 +170,19 @@ def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float
             continue
         facts.append(HostFacts(host, info))
     if problems:
-        raise LaunchError("preflight failed on " + "; ".join(problems), hint, "launch")
+        raise LaunchError("preflight failed on " + summarize_problems(problems), hint, "launch")
     return facts
+
+
+PROBLEMS_SHOWN = 5  # hosts named with their problem in the one error line; the rest by name only
+
+
+def summarize_problems(problems: Sequence[str]) -> str:
+    """The first PROBLEMS_SHOWN hosts' problems (each ``host: what``), then the other failed
+    hosts as one compressed list (``node[6-200]``): at 200 failed hosts the line stays a line."""
+    shown = "; ".join(problems[:PROBLEMS_SHOWN])
+    rest = [problem.split(": ", 1)[0] for problem in problems[PROBLEMS_SHOWN:]]
+    return shown if not rest else f"{shown}; and {len(rest)} more hosts ({compress_hostlist(rest)})"
 
 
 def interpreter_hint(pool: HostPool, python: str, packages: Sequence[str], timeout_s: float) -> str:

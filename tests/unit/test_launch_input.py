@@ -207,3 +207,12 @@ def test_tensorboard_is_checked_by_the_preflight_where_the_launch_writes_events(
     assert "\n" not in line and line.startswith(f"launch: preflight failed on localhost: {without} ("), line
     assert line.count("cannot import") == 1 and "cannot import tensorboard (hint:" in line, line
     assert f"{without} -m pip install tensorboard on those hosts" in line and "leave out --tensorboard" in line
+
+
+def test_a_preflight_failing_on_many_hosts_names_five_and_folds_the_rest() -> None:
+    from fstrain.io.launch import summarize_problems
+
+    problems = [f"node{i}: cannot resolve 'node{i}': Name or service not known" for i in range(1, 201)]
+    line = summarize_problems(problems)
+    assert line == ("; ".join(problems[:5]) + "; and 195 more hosts (node[6-200])")
+    assert summarize_problems(problems[:5]) == "; ".join(problems[:5])
