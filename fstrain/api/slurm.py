@@ -79,6 +79,8 @@ def submit(request: SubmitRequest) -> Submitted:
     path, made = write_batch_script(folder, script, env_file_text(user_env) if user_env else None)
     if request.render_only:
         return Submitted(run_id, folder, path)
+    if launch.trackers.any:
+        ask_trackers_here(launch, run_id, folder)
     claim_for_slurm(folder, run_id)  # before sbatch: the job's own launch must find the folder claimed
     try:
         job_id = sbatch(path)
@@ -91,6 +93,24 @@ def submit(request: SubmitRequest) -> Submitted:
     output = folder / f"slurm-{job_id}.out"
     record_slurm(folder, run_id=run_id, job_id=job_id, script=path, output=output, grace_s=launch.run.grace_s)
     return Submitted(run_id, folder, path, job_id, output)
+
+
+def ask_trackers_here(launch: LaunchRequest, run_id: str, folder: Path) -> None:
+    """The trackers asked once from this machine as the job is submitted: one that does not
+    answer is said on stderr, and the job is submitted all the same. Its own launch, on its first
+    node, asks again and ends before its nodes start if it gets no answer there; the login node
+    may not reach what the compute nodes do, or the other way round."""
+    from fstrain.errors import FstrainError
+    from fstrain.io.localout import warn
+    from fstrain.io.trackers import TrackerSettings, senders
+
+    trackers = launch.trackers
+    try:
+        senders(TrackerSettings(run_id, folder, trackers.mlflow, trackers.mlflow_experiment, trackers.wandb,
+                                trackers.wandb_offline))
+    except FstrainError as exc:
+        warn(f"{exc.where}: {exc.message}, from this machine; the job is submitted all the same, and its launch "
+             "asks again from the job's first node, ending before the nodes start if it gets no answer there")
 
 
 # Each option of the batch job's `fstrain launch` that a request may carry: (the request's part,

@@ -276,3 +276,22 @@ def test_the_first_state_printed_is_never_pending_none(capsys: pytest.CaptureFix
     _say_state(fresh)
     _say_state(JobStatus("9", "PENDING", 0, 0, "Priority"))
     assert capsys.readouterr().err.splitlines() == ["Slurm job 9: pending", "Slurm job 9: pending (Priority)"]
+
+
+def test_a_tracker_that_does_not_answer_here_is_said_at_submission(tmp_path: Path) -> None:
+    """`--slurm --mlflow URI`: the batch job's launch logs to the tracker and asks it first;
+    the submission asks it too from this machine, and says so on stderr where it gets no answer
+    (the job still goes: its first node may reach what this machine does not)."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    env = {**fake_sbatch(tmp_path / "bin"), "HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    result = run_fstrain("launch", "--slurm", "--partition", "nope", "--mlflow", closed, "--run-dir",
+                         str(tmp_path / "run"), "--", "true", env=env)
+    warning, error = result.stderr.splitlines()
+    assert warning.startswith(f"warning: --mlflow: the MLflow tracking server at {closed} does not answer: "), warning
+    assert warning.endswith(", from this machine; the job is submitted all the same, and its launch asks again from "
+                            "the job's first node, ending before the nodes start if it gets no answer there")
+    assert error.startswith("error: sbatch: sbatch refused the job"), error  # submitted all the same
