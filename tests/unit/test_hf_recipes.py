@@ -49,13 +49,16 @@ def test_mistral_config() -> None:
     model = load_recipe_file(str(CONFIGS / "Mistral-7B-v0.1" / "config.json")).model
     assert (model.num_layers, model.num_kv_heads, model.ffn_hidden_size, model.seq_len) == (32, 8, 14336, 32768)
     assert model.moe is None and model.activation == "swiglu"
+    assert (model.sliding_window, model.windowed_layers) == (4096, 32)
 
 
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
-    path = str(CONFIGS / "Qwen2-7B" / "config.json")
-    with pytest.raises(InputError, match=r"unsupported architecture 'Qwen2ForCausalLM' \(model_type 'qwen2'\)") as info:
-        load_recipe_file(path)
-    assert "LlamaForCausalLM" in info.value.hint and info.value.where == path
+    path = tmp_path / "rwkv" / "config.json"
+    path.parent.mkdir()
+    path.write_text('{"architectures": ["RwkvForCausalLM"], "model_type": "rwkv", "hidden_size": 2048}')
+    with pytest.raises(InputError, match=r"unsupported architecture 'RwkvForCausalLM' \(model_type 'rwkv'\)") as info:
+        load_recipe_file(str(path))
+    assert "Qwen3ForCausalLM" in info.value.hint and info.value.where == str(path)
     broken = tmp_path / "config.json"
     broken.write_text('{"model_type": "llama", "hidden_size": 4096}')
     with pytest.raises(InputError, match="missing key 'num_attention_heads'"):
@@ -67,3 +70,4 @@ def test_plan_takes_a_config_json() -> None:
                          "--num-nodes", "1", "--json")
     assert result.returncode == 0, result.stderr
     assert '"num_layers": 32' in result.stdout
+
