@@ -316,9 +316,9 @@ def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:
         return plan
     # No plan: the recipe's model and training defaults, data-parallel over this world.
     from fstrain.core.plan.schema import ClusterSummary
-    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+    from fstrain.io.recipes import load_model, load_recipe_file
 
-    recipe = load_recipe_file(str(args.recipe)) if args.recipe else load_shipped_recipe(args.model or "tiny")
+    recipe = load_recipe_file(str(args.recipe)) if args.recipe else load_model(args.model or "tiny")
     training = recipe.training
     strategy = "zero3" if args.backend == "deepspeed" else "fsdp-full"
     knobs = PlanKnobs(
