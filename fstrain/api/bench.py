@@ -94,9 +94,9 @@ def gemm_args(options: BenchOptions, suites: Sequence[str]) -> list[str]:
     if "compute" not in suites:
         raise InputError(f"the compute suite times a model's GEMMs, and --suite {','.join(suites)} leaves it out",
                          "add compute to --suite", flag)
-    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+    from fstrain.io.recipes import load_model, load_recipe_file
 
-    recipe = load_shipped_recipe(options.model) if options.model else load_recipe_file(str(options.recipe))
+    recipe = load_model(options.model) if options.model else load_recipe_file(str(options.recipe))
     seq_len = options.seq_len or recipe.model.seq_len
     micro_batch = options.micro_batch or recipe.training.micro_batch_size or 1
     shapes = model_gemms(recipe.model, seq_len * micro_batch, options.tp)

@@ -89,9 +89,9 @@ def job_spec(request: JobRequest) -> JobSpec:
 
         return JobSpec(program, plan=read_plan_file(Path(request.plan)), flag="--plan", steps=request.steps,
                        tensorboard=request.tensorboard)
-    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+    from fstrain.io.recipes import load_model, load_recipe_file
 
-    loaded = load_shipped_recipe(str(request.model)) if request.model else load_recipe_file(str(request.recipe))
+    loaded = load_model(str(request.model)) if request.model else load_recipe_file(str(request.recipe))
     chosen = request.strategy or DEFAULT_STRATEGY[request.backend]
     check_strategy(chosen)
     return JobSpec(program, model=loaded.model, flag=given[0], strategy=chosen, micro_batch=request.micro_batch,

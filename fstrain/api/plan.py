@@ -158,9 +158,9 @@ def resolve_model(request: ModelRequest) -> tuple[PlanModel, Recipe | None]:
         )
     if model_params:
         return PlanModel(parse_count(model_params, "--model-params")), None
-    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+    from fstrain.io.recipes import load_model, load_recipe_file
 
-    loaded = load_shipped_recipe(model) if model else load_recipe_file(str(recipe))
+    loaded = load_model(model) if model else load_recipe_file(str(recipe))
     return PlanModel.from_spec(loaded.model), loaded
 
 

@@ -22,8 +22,11 @@ def register(app: typer.Typer) -> None:
 
 
 def plan_command(
-    model: str | None = typer.Option(None, "--model", "-m", help="A shipped recipe: tiny, llama3.1-8b, ..."),
-    recipe: str | None = typer.Option(None, "--recipe", help="Your own recipe YAML file."),
+    model: str | None = typer.Option(
+        None, "--model", "-m",
+        help="A shipped recipe (tiny, llama3.1-8b, ...), or ORG/NAME from the local Hugging Face cache.",
+    ),
+    recipe: str | None = typer.Option(None, "--recipe", help="Your own recipe YAML, or a Hugging Face config.json."),
     model_params: str | None = typer.Option(
         None, "--model-params", help="Only a parameter count (7e9, 70B): model states, no activations or speed."
     ),

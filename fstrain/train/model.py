@@ -1,10 +1,15 @@
 """A small GPT-style decoder built from a :class:`~fstrain.core.plan.schema.ModelSpec`.
 
 The spec's fields pick the parts: ``norm`` (RMSNorm or LayerNorm), ``position_embedding``
-(rotary, or learned absolute positions), ``activation`` (GeLU MLP with two matrices, SwiGLU
-with three), ``linear_bias``, ``dropout`` and ``tied_embeddings``; attention is grouped-query
-attention whenever ``num_kv_heads < num_heads``. GPT-2 and Llama layouts both come out of it,
-with the parameter count :func:`fstrain.core.plan.modelsize.count_parameters` predicts. The
+(rotary, or learned absolute positions), ``activation`` (GeLU MLP with two matrices, SwiGLU or
+GeGLU with three), ``head_dim``, the biases (``linear_bias``, ``attention_bias``, ``mlp_bias``),
+``qk_norm`` (Qwen3's per-head or OLMo 2's whole-projection RMSNorms on q and k, before the
+rotary positions), ``post_norms`` (Gemma 2's norm after each sublayer), ``dropout`` and
+``tied_embeddings``; attention is grouped-query attention whenever ``num_kv_heads < num_heads``.
+GPT-2, Llama, Qwen2, Qwen3 and OLMo 2 layouts come out of it, with the parameter count
+:func:`fstrain.core.plan.modelsize.count_parameters` predicts. Sliding-window attention, shared
+experts and an fp32 router are not built: :func:`fstrain.train.settings.check_supported` refuses
+them. The
 projections are separate matrices in torchtitan's Llama order (q, k, v, o; gate, up, down), so
 op-level selective checkpointing saves the same matmul outputs it saves there. The transformer
 block class is :class:`TransformerBlock`; the rendered FSDP file names it as the unit to shard,
@@ -96,20 +101,28 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, selective_checkpoint: bool, checkpoint_fn: CheckpointFn) -> None:
+    def __init__(self, spec: ModelSpec, selective_checkpoint: bool, checkpoint_fn: CheckpointFn,
+                 fused_rmsnorm: bool = False) -> None:
         super().__init__()
         self.checkpoint_fn = checkpoint_fn
         self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
-        self.head_dim = spec.head_dim
+        self.head_dim = spec.attn_head_dim
         self.rotary = spec.position_embedding == "rope"
         self.selective_checkpoint = selective_checkpoint
         self.dropout = spec.dropout
-        bias = spec.linear_bias
-        self.q_proj = nn.Linear(spec.hidden_size, spec.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * self.head_dim, bias=bias)
-        self.out_proj = nn.Linear(spec.num_heads * self.head_dim, spec.hidden_size, bias=bias)
+        self.q_proj = nn.Linear(spec.hidden_size, spec.q_width, bias=spec.qkv_bias)
+        self.k_proj = nn.Linear(spec.hidden_size, spec.kv_width, bias=spec.qkv_bias)
+        self.v_proj = nn.Linear(spec.hidden_size, spec.kv_width, bias=spec.qkv_bias)
+        self.out_proj = nn.Linear(spec.q_width, spec.hidden_size, bias=spec.out_bias)
+        # q/k norms (Hugging Face's q_norm, k_norm): Qwen3's over each head's head_dim values, one
+        # weight shared by the heads; OLMo 2's over the whole projection. Both before rotary.
+        self.per_head_norm = spec.qk_norm == "head"
+        q_norm_width, k_norm_width = (self.head_dim, self.head_dim) if self.per_head_norm else (spec.q_width,
+                                                                                               spec.kv_width)
+        norm = FusedRMSNorm if fused_rmsnorm else RMSNorm
+        self.q_norm = norm(q_norm_width) if spec.qk_norm != "none" else None
+        self.k_norm = norm(k_norm_width) if spec.qk_norm != "none" else None
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.num_kv_heads != self.num_heads:  # GQA: each kv head serves a group of query heads
@@ -121,8 +134,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.q_norm is not None and self.k_norm is not None and not self.per_head_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(batch, seq, self.num_heads, self.head_dim)
+        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None and self.per_head_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if self.rotary:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -135,20 +154,29 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+def gate_activation(spec: ModelSpec) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The gated unit's activation: SwiGLU's silu, or GeGLU's tanh-approximated GeLU (Gemma)."""
+    if spec.activation == "geglu":
+        return lambda gate: F.gelu(gate, approximate="tanh")
+    return F.silu
+
+
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        bias = spec.linear_bias
+        bias = spec.ffn_bias
         width = spec.ffn_hidden_size
-        # SwiGLU: down(silu(gate(x)) * up(x)), torchtitan's w2(silu(w1(x)) * w3(x)).
-        self.gate_proj = nn.Linear(spec.hidden_size, width, bias=bias) if spec.activation == "swiglu" else None
+        # SwiGLU: down(silu(gate(x)) * up(x)), torchtitan's w2(silu(w1(x)) * w3(x)); GeGLU the same
+        # with GeLU.
+        self.gate_proj = nn.Linear(spec.hidden_size, width, bias=bias) if spec.gated else None
+        self.gate_act = gate_activation(spec)
         self.up_proj = nn.Linear(spec.hidden_size, width, bias=bias)
         self.down_proj = nn.Linear(width, spec.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_proj is not None:
             gate = self.gate_proj(x)  # computed before up: the matmul order op-level AC counts
-            return self.down_proj(F.silu(gate) * self.up_proj(x))
+            return self.down_proj(self.gate_act(gate) * self.up_proj(x))
         return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
 
 
@@ -183,14 +211,15 @@ class MoE(nn.Module):
         h, width, experts = spec.hidden_size, spec.moe.expert_ffn_hidden_size, spec.moe.num_experts
         self.router = nn.Linear(h, experts, bias=False)  # Hugging Face's `gate`
         self.w1 = nn.Parameter(torch.empty(experts, width, h))
-        self.w3 = nn.Parameter(torch.empty(experts, width, h)) if spec.activation == "swiglu" else None
+        self.w3 = nn.Parameter(torch.empty(experts, width, h)) if spec.gated else None
         self.w2 = nn.Parameter(torch.empty(experts, h, width))
+        self.gate_act = gate_activation(spec)
 
     def _experts(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         # x: (token copies sorted by expert, hidden); offsets: where each expert's rows end.
         up = grouped_mm(x, self.w1.transpose(-2, -1), offsets)
         if self.w3 is not None:
-            inner = F.silu(up) * grouped_mm(x, self.w3.transpose(-2, -1), offsets)
+            inner = self.gate_act(up) * grouped_mm(x, self.w3.transpose(-2, -1), offsets)
         else:
             inner = F.gelu(up, approximate="tanh")
         return grouped_mm(inner, self.w2.transpose(-2, -1), offsets)
@@ -222,7 +251,8 @@ def _norm(spec: ModelSpec, fused_rmsnorm: bool = False) -> nn.Module:
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm attention + MLP: the unit FSDP shards and activation checkpointing wraps."""
+    """Pre-norm attention + MLP (with ``post_norms``, Gemma 2's norm after each too): the unit FSDP
+    shards and activation checkpointing wraps."""
 
     def __init__(
         self,
@@ -238,17 +268,19 @@ class TransformerBlock(nn.Module):
         self.selective_op = ac == "selective-op"
         self.checkpoint_fn = checkpoint_fn
         self.attn_norm = _norm(spec, fused_rmsnorm)
-        self.attn = Attention(spec, ac == "megatron-selective", checkpoint_fn)
+        self.attn = Attention(spec, ac == "megatron-selective", checkpoint_fn, fused_rmsnorm)
         self.mlp_norm = _norm(spec, fused_rmsnorm)
         self.mlp: nn.Module = MoE(spec) if spec.moe is not None else MLP(spec)
+        self.attn_post_norm = _norm(spec, fused_rmsnorm) if spec.post_norms else nn.Identity()
+        self.mlp_post_norm = _norm(spec, fused_rmsnorm) if spec.post_norms else nn.Identity()
         self.dropout = nn.Dropout(spec.dropout)
         # torchtitan recomputes the MoE router's matmul under op-level SAC (see checkpointing).
         router = frozenset({(spec.hidden_size, spec.moe.num_experts)}) if spec.moe is not None else frozenset()
         self.recompute_shapes = router
 
     def _block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin))
-        return x + self.dropout(self.mlp(self.mlp_norm(x)))
+        x = x + self.dropout(self.attn_post_norm(self.attn(self.attn_norm(x), cos, sin)))
+        return x + self.dropout(self.mlp_post_norm(self.mlp(self.mlp_norm(x))))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor
@@ -296,7 +328,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
-        cos, sin = rotary_tables(spec.seq_len, spec.head_dim)
+        cos, sin = rotary_tables(spec.seq_len, spec.attn_head_dim)
         # Not persistent: recomputed on build, so checkpoints hold only trained state.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

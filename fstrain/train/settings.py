@@ -18,7 +18,7 @@ from fstrain.core.job.plan import check_trainer_loss, check_trainer_optimizer
 from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.losses import loss_chunks
 from fstrain.core.plan.planfile import PlanFile
-from fstrain.core.plan.schema import ModelSpec, PlanKnobs
+from fstrain.core.plan.schema import ACTIVATIONS, ModelSpec, PlanKnobs
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import FSDP_FILE_VERSION, render_fsdp
 from fstrain.core.render.options import TrainingOptions
@@ -118,14 +118,17 @@ def check_tensorboard() -> None:
 
 
 def check_supported(spec: ModelSpec) -> None:
-    """Refuse what this reference model does not build, before any process group exists."""
-    if spec.moe is not None and spec.linear_bias:
+    """Refuse what this reference model does not build, before any process group exists: one line
+    naming the recipe key, never a silently different model."""
+    if spec.moe is not None and spec.ffn_bias:
+        key = "linear_bias" if spec.linear_bias else "mlp_bias"
         raise ConfigError(
             f"model {spec.name!r}: the reference trainer's experts have no biases (Mixtral's layout)",
-            "set linear_bias: false for a mixture-of-experts recipe",
-            "model.linear_bias",
+            f"set {key}: false for a mixture-of-experts recipe",
+            f"model.{key}",
         )
-    if spec.hidden_size % spec.num_heads != 0:
+    _check_unbuilt(spec)
+    if not spec.head_dim and spec.hidden_size % spec.num_heads != 0:
         raise ConfigError(
             f"hidden_size({spec.hidden_size}) is not divisible by num_heads({spec.num_heads})", "", "model"
         )
@@ -133,14 +136,33 @@ def check_supported(spec: ModelSpec) -> None:
         raise ConfigError(
             f"num_heads({spec.num_heads}) is not divisible by num_kv_heads({spec.num_kv_heads})", "", "model"
         )
-    if spec.activation not in ("gelu", "swiglu"):
-        raise ConfigError(f"activation {spec.activation!r}", "use gelu or swiglu", "model.activation")
+    if spec.activation not in ACTIVATIONS:
+        raise ConfigError(f"activation {spec.activation!r}", f"use one of {', '.join(ACTIVATIONS)}", "model.activation")
     if spec.norm not in ("rmsnorm", "layernorm"):
         raise ConfigError(f"norm {spec.norm!r}", "use rmsnorm or layernorm", "model.norm")
     if spec.position_embedding not in ("rope", "learned"):
         raise ConfigError(f"position_embedding {spec.position_embedding!r}", "use rope or learned", "model")
-    if spec.position_embedding == "rope" and spec.head_dim % 2 != 0:
-        raise ConfigError(f"head_dim({spec.head_dim}) must be even for rotary positions", "", "model")
+    if spec.position_embedding == "rope" and spec.attn_head_dim % 2 != 0:
+        raise ConfigError(f"head_dim({spec.attn_head_dim}) must be even for rotary positions", "", "model")
+
+
+def _check_unbuilt(spec: ModelSpec) -> None:
+    """Architecture the plan models but the reference trainer does not build."""
+    unbuilt = []
+    if spec.sliding_window:
+        unbuilt.append(("sliding-window attention", "model.sliding_window", "set sliding_window: 0"))
+    if spec.moe is not None and spec.moe.shared_ffn_hidden_size:
+        unbuilt.append(("a shared expert", "model.moe.shared_ffn_hidden_size", "set shared_ffn_hidden_size: 0"))
+    if spec.moe is not None and spec.moe.router_dtype != "compute":
+        unbuilt.append((f"a {spec.moe.router_dtype} router", "model.moe.router_dtype", "set router_dtype: compute"))
+    if unbuilt:
+        what, where, how = unbuilt[0]
+        raise ConfigError(
+            f"model {spec.name!r} has {what}, which the reference trainer does not build",
+            f"{how} to run the reference model without it (the plan itself models it), or train it with "
+            "your own trainer",
+            where,
+        )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -294,9 +316,9 @@ def _plan(args: argparse.Namespace, world_size: int) -> PlanFile:
         return plan
     # No plan: the recipe's model and training defaults, data-parallel over this world.
     from fstrain.core.plan.schema import ClusterSummary
-    from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
+    from fstrain.io.recipes import load_model, load_recipe_file
 
-    recipe = load_recipe_file(str(args.recipe)) if args.recipe else load_shipped_recipe(args.model or "tiny")
+    recipe = load_recipe_file(str(args.recipe)) if args.recipe else load_model(args.model or "tiny")
     training = recipe.training
     strategy = "zero3" if args.backend == "deepspeed" else "fsdp-full"
     knobs = PlanKnobs(

@@ -20,7 +20,7 @@ def saved_bytes(spec: ModelSpec, seq_len: int, micro_batch: int) -> int:
     """Distinct storages one block's forward saves for backward (its parameters excluded)."""
     block = TransformerBlock(spec).to(torch.bfloat16)
     x = torch.randn(micro_batch, seq_len, spec.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-    cos, sin = rotary_tables(seq_len, spec.head_dim)
+    cos, sin = rotary_tables(seq_len, spec.attn_head_dim)
     shared = {t.untyped_storage().data_ptr() for t in (*block.parameters(), cos, sin)}
     storages: dict[int, int] = {}
 
@@ -54,7 +54,7 @@ def saved_bytes_under_autocast(spec: ModelSpec, seq_len: int, micro_batch: int) 
     not equal a weight dimension)."""
     block = TransformerBlock(spec)
     x = torch.randn(micro_batch, seq_len, spec.hidden_size, requires_grad=True)
-    cos, sin = rotary_tables(seq_len, spec.head_dim)
+    cos, sin = rotary_tables(seq_len, spec.attn_head_dim)
     shared = {t.untyped_storage().data_ptr() for t in (*block.parameters(), cos, sin)}
     weight_shapes = {tuple(p.shape) for p in block.parameters() if p.dim() == 2}
     activations: dict[int, int] = {}
@@ -105,3 +105,33 @@ def test_moe_block_activations_match_autograd(activation: str, experts_top_k: tu
     dense = replace(spec, moe=None, ffn_hidden_size=160 * top_k)
     # A dense FFN as wide as the active experts saves the same FFN-wide tensors; MoE adds its routing.
     assert predicted > layer_activation_bytes(dense, 2, 64, ac="none", flash_attention=True, precision="bf16")
+
+
+# Qwen3's and OLMo 2's q/k norms, a head_dim of its own, Gemma's GeGLU and post-sublayer norms,
+# and the narrower biases, each on its own and together, against what autograd keeps.
+FEATURES = {
+    "head-dim": {"head_dim": 40},
+    "qk-norm-head": {"qk_norm": "head"},
+    "qk-norm-projection": {"qk_norm": "projection"},
+    "geglu-post-norms": {"activation": "geglu", "post_norms": True},
+    "biases": {"attention_bias": "qkv", "mlp_bias": True},
+    "qwen3-like": {"head_dim": 40, "qk_norm": "head", "attention_bias": "all"},
+    "gemma3-like": {"head_dim": 40, "qk_norm": "head", "activation": "geglu", "post_norms": True},
+}
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("feature", FEATURES)
+def test_new_architecture_features_match_autograd(feature: str, norm: str) -> None:
+    """bf16 and amp-bf16 (where the q/k norms meet fp32 weights and the post norms bf16 inputs);
+    micro-batch 3 x 64 tokens is no weight's width, so the weight casts are told apart."""
+    from fstrain.core.plan.memory import block_matmul_params
+
+    base = {"dropout": 0.0, "norm": norm, "activation": "swiglu", "position_embedding": "rope", "linear_bias": False,
+            "hidden_size": 128, "num_heads": 8, "num_kv_heads": 2, "ffn_hidden_size": 352}
+    spec = replace(TINY_MODEL, **{**base, **FEATURES[feature]})
+    predicted = layer_activation_bytes(spec, 2, 64, ac="none", flash_attention=True, precision="bf16")
+    assert predicted == saved_bytes(spec, 64, 2)
+    activations, casts = saved_bytes_under_autocast(spec, 64, 3)
+    assert layer_activation_bytes(spec, 3, 64, ac="none", flash_attention=True, precision="amp-bf16") == activations
+    assert casts == 2 * block_matmul_params(spec)

@@ -24,7 +24,7 @@ from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import render_fsdp
 from fstrain.core.render.options import TrainingOptions
 from fstrain.errors import ConfigError, InputError
-from fstrain.io.recipes import load_shipped_recipe
+from fstrain.io.recipes import load_recipe_file, load_shipped_recipe
 from fstrain.train.trace import check_traceable
 from tests.helpers import run_fstrain
 from tests.plans import make_plan
@@ -44,9 +44,18 @@ def test_state_elements_follow_the_shapes() -> None:
     assert sum(prod(s) for s in parameter_shapes(MINI_BERT)) == MINI_BERT_PARAMS
 
 
-@pytest.mark.parametrize("name", ["llama3.1-8b", "mixtral-8x7b", "gpt2-1.5b"])
+HF_CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf-configs"
+
+
+@pytest.mark.parametrize("name", ["llama3.1-8b", "mixtral-8x7b", "gpt2-1.5b", "Qwen3-4B", "Qwen2-57B-A14B",
+                                  "gemma-2-2b-it", "Qwen2.5-7B"])
 def test_the_shapes_add_up_to_the_parameter_count(name: str) -> None:
-    spec = load_shipped_recipe(name).model
+    """Shipped recipes, and Hugging Face configs with head_dim, q/k norms, post norms, qkv
+    biases and a gated shared expert."""
+    if (HF_CONFIGS / name).is_dir():
+        spec = load_recipe_file(str(HF_CONFIGS / name / "config.json")).model
+    else:
+        spec = load_shipped_recipe(name).model
     for vocab_head in (True, False):
         shapes = parameter_shapes(spec, vocab_head)
         assert sum(prod(s) for s in shapes) == count_parameters(spec, vocab_head).total

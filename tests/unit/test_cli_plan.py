@@ -204,7 +204,8 @@ def test_bad_recipe_key_names_file_and_key(tmp_path: Path) -> None:
     assert result.stderr == (
         f"error: {recipe}: model.hiden_size: unknown key 'hiden_size' (hint: known keys here: num_layers, "
         "hidden_size, num_heads, num_kv_heads, ffn_hidden_size, activation, vocab_size, seq_len, tied_embeddings, "
-        "norm, linear_bias, position_embedding, dropout, pooler, num_labels, moe, params)\n"
+        "norm, linear_bias, position_embedding, dropout, pooler, num_labels, head_dim, qk_norm, attention_bias, "
+        "mlp_bias, post_norms, sliding_window, sliding_window_layers, moe, params)\n"
     )
 
 

@@ -31,7 +31,7 @@ def saved_bytes(spec: ModelSpec, ac: str, compiled: bool = False, fused_rmsnorm:
     """Distinct storages one bf16 block keeps for backward (parameters and rotary tables excluded)."""
     block = TransformerBlock(spec, ac, fused_rmsnorm=fused_rmsnorm).to(torch.bfloat16)
     x = torch.randn(BATCH, SEQ, spec.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-    cos, sin = rotary_tables(SEQ, spec.head_dim)
+    cos, sin = rotary_tables(SEQ, spec.attn_head_dim)
     shared = {t.untyped_storage().data_ptr() for t in (*block.parameters(), cos, sin)}
     storages: dict[int, int] = {}
 

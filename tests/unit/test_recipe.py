@@ -96,7 +96,8 @@ def test_training_defaults_are_read() -> None:
         ({"model": {"num_layers": None}}, "x.yaml: model.num_layers", "expected a positive integer, got None"),
         ({"model": {"num_layers": "32"}}, "x.yaml: model.num_layers", "expected a positive integer, got '32'"),
         ({"model": {"num_layers": True}}, "x.yaml: model.num_layers", "expected a positive integer, got True"),
-        ({"model": {"activation": "relu"}}, "x.yaml: model.activation", "expected one of gelu, swiglu, got 'relu'"),
+        ({"model": {"activation": "relu"}}, "x.yaml: model.activation",
+         "expected one of gelu, swiglu, geglu, got 'relu'"),
         ({"model": {"num_kv_heads": 5}}, "x.yaml: model.num_kv_heads", "num_kv_heads (5) must divide num_heads (32)"),
         (
             {"model": {"num_heads": 3}},
@@ -111,6 +112,18 @@ def test_training_defaults_are_read() -> None:
             "top_k (3) is larger than num_experts (2)",
         ),
         ({"model": {"moe": {"num_experts": 2}}}, "x.yaml: model.moe.top_k", "missing key 'top_k'"),
+        ({"model": {"qk_norm": "rms"}}, "x.yaml: model.qk_norm", "expected one of none, head, projection"),
+        ({"model": {"head_dim": -8}}, "x.yaml: model.head_dim", "expected a whole number >= 0"),
+        ({"model": {"attention_bias": "qkv", "linear_bias": True}}, "x.yaml: model.attention_bias",
+         "attention_bias is set beside linear_bias: true"),
+        ({"model": {"sliding_window_layers": 4}}, "x.yaml: model.sliding_window_layers",
+         "sliding_window_layers is set but sliding_window is 0"),
+        ({"model": {"sliding_window": 4096, "sliding_window_layers": 33}}, "x.yaml: model.sliding_window_layers",
+         "sliding_window_layers (33) is more than num_layers (32)"),
+        ({"model": {"moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 8, "shared_expert_gate": True}}},
+         "x.yaml: model.moe.shared_expert_gate", "shared_expert_gate is true but there is no shared expert"),
+        ({"model": {"moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 8, "router_dtype": "bf16"}}},
+         "x.yaml: model.moe.router_dtype", "expected one of compute, fp32"),
         ({"training": {"precision": "fp8"}}, "x.yaml: training.precision", "expected one of bf16, fp16, fp32"),
         (
             {"training": {"global_batch_size": 8, "global_batch_tokens": 8}},
@@ -235,3 +248,30 @@ def test_unknown_shipped_model_lists_the_known_ones() -> None:
     with pytest.raises(InputError, match="unknown model 'llama5'") as caught:
         load_shipped_recipe("llama5")
     assert "llama3.1-8b" in caught.value.hint and caught.value.where == "--model"
+
+
+def test_head_dim_frees_the_head_width_from_hidden_size() -> None:
+    """Qwen3-4B's attention: 32 heads of 128 on a 2560-wide hidden state (q is 4096 wide)."""
+    data = copy.deepcopy(LLAMA2_7B)
+    data["model"].update(hidden_size=2560, num_heads=32, num_kv_heads=8, head_dim=128, qk_norm="head")
+    model = parse_recipe(data, "x.yaml").model
+    assert (model.attn_head_dim, model.q_width, model.kv_width) == (128, 4096, 1024)
+    derived = parse_recipe({**data, "model": {**data["model"], "head_dim": 0}}, "x.yaml").model
+    assert derived.attn_head_dim == 80
+
+
+def test_new_architecture_keys_round_trip_through_a_plan_file() -> None:
+    """A plan file holds the model as asdict writes it; reading it back gives the same model."""
+    from dataclasses import asdict
+
+    from fstrain.core.plan.recipe import parse_model_section
+    from fstrain.core.plan.schema import ModelSpec, MoESpec
+
+    gemma_like = ModelSpec("g", 26, 2304, 8, 4, 9216, "geglu", 256000, 8192, tied_embeddings=True, head_dim=256,
+                           qk_norm="head", post_norms=True, sliding_window=4096, sliding_window_layers=13)
+    qwen2_moe_like = ModelSpec("q", 28, 3584, 28, 4, 2560, "swiglu", 151936, 4096, attention_bias="qkv",
+                               moe=MoESpec(64, 8, 2560, shared_ffn_hidden_size=20480, shared_expert_gate=True,
+                                           router_dtype="fp32"))
+    for model in (gemma_like, qwen2_moe_like):
+        section = {key: value for key, value in asdict(model).items() if key != "name"}
+        assert parse_model_section(section, "plan.yaml", model.name) == model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -255,3 +256,45 @@ def test_ddp_all_reduce_and_tp_without_sequence_parallelism_use_nvls() -> None:
     plain = Assumptions(sequence_parallel=False)
     assert step_time(spec, 50_000_000, tp, 400e12, 8 * 989e12, links, plain).tp_comm_s < step_time(
         spec, 50_000_000, tp, 400e12, 8 * 989e12, no_nvls, plain).tp_comm_s
+
+
+HF_CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf-configs"
+
+
+def _hf(name: str) -> ModelSpec:
+    from fstrain.io.recipes import load_recipe_file
+
+    return load_recipe_file(str(HF_CONFIGS / name / "config.json")).model
+
+
+def test_a_sliding_window_cuts_the_attention_flops_to_the_keys_it_leaves() -> None:
+    """Against a brute-force count: query i of a causal layer attends min(i, w) keys, where a full
+    causal layer attends i; the FLOP convention counts the full square (s keys a query)."""
+    from fstrain.core.plan.kernels import attended_keys
+
+    mistral = _hf("Mistral-7B-v0.1")  # a 4096-token window on all 32 layers
+    s, w = 32768, mistral.sliding_window
+    brute = sum(min(i, w) for i in range(1, s + 1)) / sum(range(1, s + 1)) * s
+    assert attended_keys(mistral, s) == pytest.approx(brute, rel=1e-3)
+    assert attended_keys(mistral, 4096) == 4096  # the window covers the whole sequence
+    gemma = _hf("gemma-2-2b-it")  # 13 of 26 layers windowed
+    full = dataclasses.replace(gemma, sliding_window=0, sliding_window_layers=0)
+    windowed = dataclasses.replace(gemma, sliding_window_layers=gemma.num_layers)
+    mixed = flops_per_token(gemma, 16384).attention_core
+    assert mixed == pytest.approx((flops_per_token(full, 16384).attention_core
+                                   + flops_per_token(windowed, 16384).attention_core) / 2)
+    assert mixed < flops_per_token(full, 16384).attention_core
+
+
+def test_head_dim_and_shared_experts_in_the_flops() -> None:
+    qwen3 = _hf("Qwen3-4B")  # 32 heads of 128 on a 2560-wide hidden state
+    h, q, kv, ffn = 2560, 32 * 128, 8 * 128, 9728
+    assert flops_per_token(qwen3, 4096).layer_matmuls == 2.0 * (2 * h * q + 2 * h * kv + 3 * h * ffn)
+    assert flops_per_token(qwen3, 4096).attention_core == 4.0 * 4096 * q
+    qwen2_moe = _hf("Qwen2-57B-A14B")
+    assert qwen2_moe.moe is not None
+    alone = dataclasses.replace(qwen2_moe, moe=dataclasses.replace(qwen2_moe.moe, shared_ffn_hidden_size=0,
+                                                                   shared_expert_gate=False))
+    shared = qwen2_moe.moe.shared_ffn_hidden_size
+    added = flops_per_token(qwen2_moe, 4096).layer_matmuls - flops_per_token(alone, 4096).layer_matmuls
+    assert added == 2.0 * (3 * qwen2_moe.hidden_size * shared + qwen2_moe.hidden_size)

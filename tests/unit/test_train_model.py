@@ -31,8 +31,13 @@ MIXTRAL_LIKE = replace(LLAMA_LIKE, moe=MoESpec(num_experts=4, top_k=2, expert_ff
         replace(TINY_MODEL, tied_embeddings=False, linear_bias=False, norm="rmsnorm"),
         MIXTRAL_LIKE,
         replace(TINY_MODEL, linear_bias=False, moe=MoESpec(num_experts=3, top_k=1, expert_ffn_hidden_size=80)),
+        replace(LLAMA_LIKE, head_dim=24, qk_norm="head", attention_bias="qkv"),  # Qwen3 / Qwen2
+        replace(LLAMA_LIKE, qk_norm="projection", attention_bias="all", mlp_bias=True),  # OLMo 2 / Llama biases
+        replace(LLAMA_LIKE, activation="geglu", post_norms=True, head_dim=32, tied_embeddings=True),  # Gemma 2
+        replace(MIXTRAL_LIKE, qk_norm="head", activation="geglu"),
     ],
-    ids=["gpt2-like-gqa", "llama-like-gqa", "mqa", "mha-tied", "gelu-rmsnorm", "mixtral-like", "gelu-moe-top1"],
+    ids=["gpt2-like-gqa", "llama-like-gqa", "mqa", "mha-tied", "gelu-rmsnorm", "mixtral-like", "gelu-moe-top1",
+         "qwen3-like", "olmo2-like", "gemma2-like", "qk-norm-moe"],
 )
 def test_parameter_count_matches_the_planner(spec: ModelSpec) -> None:
     model = GPT(spec)
@@ -150,6 +155,26 @@ def test_unsupported_models_are_refused() -> None:
         GPT(replace(TINY_MODEL, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=128)))
     with pytest.raises(ConfigError, match="num_kv_heads"):
         GPT(replace(TINY_MODEL, num_kv_heads=3))
+
+
+@pytest.mark.parametrize(
+    ("spec", "where", "what"),
+    [
+        (replace(LLAMA_LIKE, sliding_window=32), "model.sliding_window", "sliding-window attention"),
+        (replace(MIXTRAL_LIKE, moe=MoESpec(4, 2, 96, shared_ffn_hidden_size=64)), "model.moe.shared_ffn_hidden_size",
+         "a shared expert"),
+        (replace(MIXTRAL_LIKE, moe=MoESpec(4, 2, 96, router_dtype="fp32")), "model.moe.router_dtype", "fp32 router"),
+        (replace(MIXTRAL_LIKE, mlp_bias=True), "model.mlp_bias", "experts have no biases"),
+    ],
+)
+def test_what_the_reference_trainer_does_not_build_is_refused_in_one_line(spec: ModelSpec, where: str,
+                                                                        what: str) -> None:
+    """Never a silently different model: the plan models these, the bundled trainer names them."""
+    from fstrain.train.settings import check_supported
+
+    with pytest.raises(ConfigError, match=what) as caught:
+        check_supported(spec)
+    assert caught.value.where == where and "\n" not in str(caught.value)
 
 
 def test_synthetic_batches_are_a_pure_function_of_step_and_rank() -> None:

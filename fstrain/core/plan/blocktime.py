@@ -38,12 +38,20 @@ from fstrain.core.plan.kernelcost import (
 from fstrain.core.plan.kernels import (
     EAGER_BLOCK,
     FusedBlock,
+    attended_keys,
     elementwise_bytes_per_token,
     elementwise_passes,
     fused_mlp_recompute_bytes,
 )
 from fstrain.core.plan.losses import has_vocab_head
-from fstrain.core.plan.memory import block_kernels, block_matmuls, converted_linears, replicated_split
+from fstrain.core.plan.memory import (
+    block_kernels,
+    block_matmuls,
+    converted_linears,
+    ffn_matmuls,
+    replicated_split,
+    shared_expert_matmuls,
+)
 from fstrain.core.plan.precision import compute_dtype
 from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
@@ -178,15 +186,25 @@ class KernelModel:
             forward, backward = self.gemms.linear(tokens, model.hidden_size, model.moe.num_experts, dtype)
             out.gemm_s += (1 + full_again) * forward + backward
             forward_kernels += 2
+        shared = shared_expert_matmuls(model)
+        for index, (n_in, n_out) in enumerate(shared):  # every token's, recomputed as the experts are
+            again = full_again or (1.0 if ac == "selective-op" else 0.0)
+            row_parallel = index == len(ffn_matmuls(model, 1)) - 1  # the down projection
+            n_in_local, n_out_local = (n_in // t, n_out) if row_parallel else (n_in, max(1, n_out // t))
+            forward, backward = self.gemms.linear(tokens, n_in_local, n_out_local, dtype)
+            out.gemm_s += (1 + again) * forward + backward
+            forward_kernels += 1
         heads = max(1, model.num_heads // t)
-        attention_flops = tokens * 4.0 * full_seq * heads * model.head_dim
+        # FlashAttention computes only the blocks a sliding window leaves (eager attention masks
+        # the whole square, so it keeps full_seq).
+        attention_flops = tokens * 4.0 * attended_keys(model, full_seq) * heads * model.attn_head_dim
         if knobs.flash_attention:
             forward, backward = flash_attention_s(self.gpu, dtype, attention_flops, full_seq, causal=not model.pooler)
             attention_again = full_again
             forward_kernels += 1
         else:
             forward, backward = eager_attention_s(self.gemms, self.hbm_bytes_per_s, dtype, b * heads, full_seq,
-                                                  model.head_dim)
+                                                  model.attn_head_dim)
             forward, backward = forward / knobs.cp, backward / knobs.cp  # a CP rank's share of the scores
             attention_again = full_again or (1.0 if ac == "megatron-selective" else 0.0)
             forward_kernels += 5
@@ -236,13 +254,17 @@ def _elementwise_kernels(model: ModelSpec, compiled: bool, fused_rmsnorm: bool,
                          fused: FusedBlock = EAGER_BLOCK) -> int:
     """Forward kernels of one block besides its GEMMs and attention: eager, each norm's ops
     (RMSNorm: ``float``, ``pow``, ``mean``, ``rsqrt`` multiply, ``to``, ``* weight``; a LayerNorm or
-    a fused RMSNorm one), two residual adds, rotary on q and k (three each), the activation
-    (SwiGLU two, GeLU one, none in FusedMLP's epilogue); compiled, Inductor fuses each chain
-    between GEMMs into one kernel; flash-attention's dropout-add-norm is one kernel a norm."""
+    a fused RMSNorm one; four norms with ``post_norms``, two more RMSNorms with ``qk_norm``), two
+    residual adds, rotary on q and k (three each), the activation (gated two, GeLU one, none in
+    FusedMLP's epilogue); compiled, Inductor fuses each chain between GEMMs into one kernel;
+    flash-attention's dropout-add-norm is one kernel a norm."""
     if compiled:
         return 4 + (1 if model.position_embedding == "rope" else 0)
-    norm = 6 if model.norm == "rmsnorm" and not fused_rmsnorm else 1
-    norms_and_adds = 2 if fused.dropout_add_ln else 2 * norm + 2
+    rmsnorm = 6 if not fused_rmsnorm else 1
+    norm = rmsnorm if model.norm == "rmsnorm" else 1
+    block_norms = 4 if model.post_norms else 2
+    norms_and_adds = 2 if fused.dropout_add_ln else block_norms * norm + 2
+    qk_norms = 2 * rmsnorm if model.qk_norm != "none" else 0
     rope = 6 if model.position_embedding == "rope" else 0
-    activation = 2 if model.activation == "swiglu" else (0 if fused.mlp_checkpoint_lvl is not None else 1)
-    return norms_and_adds + rope + activation
+    activation = 2 if model.gated else (0 if fused.mlp_checkpoint_lvl is not None else 1)
+    return norms_and_adds + qk_norms + rope + activation

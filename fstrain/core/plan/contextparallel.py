@@ -84,7 +84,7 @@ def ring_chunk_bytes(model: ModelSpec, knobs: PlanKnobs, element_bytes: int | No
     ``element_bytes`` (default the compute dtype)."""
     a = element_bytes or mode(knobs.precision).compute_bytes
     tokens = knobs.micro_batch_size * knobs.seq_len // knobs.cp
-    return tokens * 2 * model.num_heads * model.head_dim * a // knobs.tp
+    return tokens * 2 * model.num_heads * model.attn_head_dim * a // knobs.tp
 
 
 def ring_buffer_bytes(model: ModelSpec, knobs: PlanKnobs) -> int:

@@ -13,14 +13,15 @@ Under tensor parallelism the column-parallel linears (q, k, v, gate, up, the out
 ``out / tp`` of their outputs and the row-parallel ones (o, down) ``in / tp`` of their inputs
 (Megatron-LM's split; torchtitan's Llama plan is the same), and every rank runs all ``tokens``.
 A mixture of experts runs each expert's matmuls on ``tokens x top_k / num_experts`` tokens on
-average (dropless, balanced routing, as the memory model counts it).
+average (dropless, balanced routing, as the memory model counts it), and its shared expert's (and
+Qwen2-MoE's hidden -> 1 gate's) on every token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fstrain.core.plan.memory import block_matmuls
+from fstrain.core.plan.memory import block_matmuls, shared_expert_matmuls
 from fstrain.core.plan.schema import ModelSpec
 from fstrain.errors import InputError
 
@@ -42,8 +43,7 @@ class GemmShape:
 def _linear_names(model: ModelSpec) -> list[tuple[str, bool]]:
     """Names of block_matmuls' entries, in its order, and whether each is row-parallel under TP."""
     attention = [("q", False), ("k", False), ("v", False), ("o", True)]
-    mlp = [("gate", False), ("up", False), ("down", True)] if model.activation == "swiglu" \
-        else [("up", False), ("down", True)]
+    mlp = [("gate", False), ("up", False), ("down", True)] if model.gated else [("up", False), ("down", True)]
     return attention + mlp
 
 
@@ -62,6 +62,11 @@ def model_gemms(model: ModelSpec, tokens: int, tp: int = 1, *, head: bool = True
         split_in, split_out = (_split(n_in, tp, name), n_out) if row else (n_in, _split(n_out, tp, name))
         rows = expert_tokens if (model.moe is not None and index >= 4) else tokens
         linears.append((("expert " if model.moe is not None and index >= 4 else "") + name, split_in, split_out, rows))
+    shared_names = [(f"shared {name}", row) for name, row in _linear_names(model)[4:]] + [("shared gate", False)]
+    for (n_in, n_out), (name, row) in zip(shared_expert_matmuls(model), shared_names, strict=False):
+        # The gate's one output is not split (exact=False keeps it 1 wide on every rank).
+        split_in, split_out = (_split(n_in, tp, name), n_out) if row else (n_in, _split(n_out, tp, name, n_out > 1))
+        linears.append((name, split_in, split_out, tokens))
     if head:
         linears.append(("head", model.hidden_size, _split(model.vocab_size, tp, "head", exact=False), tokens))
     shapes: dict[tuple[int, int, int], list[str]] = {}

@@ -151,16 +151,34 @@ def _rmsnorm_bytes(a: int, fused: bool) -> float:
     return (a + FP32) + 2 * FP32 + FP32 + 2 * FP32 + (FP32 + a) + 2 * a
 
 
+def attended_keys(model: ModelSpec, seq_len: int) -> float:
+    """Keys per query one layer's attention computes, averaged over the layers, in the FLOP
+    convention of ``4 s d`` per query and head (the full square; causal kernels do half of it).
+
+    A sliding window of ``w < s`` tokens leaves a causal query ``min(i, w)`` keys, ``w - w^2 / 2s``
+    on average where a causal layer has ``s / 2``: ``2w - w^2 / s`` in this convention. FlashAttention
+    skips the blocks outside the window, so this is what it computes; the windowed layers are
+    ``model.windowed_layers`` of ``model.num_layers`` (Gemma 2: half, Mistral 7B v0.1: all)."""
+    window = model.sliding_window
+    if not window or window >= seq_len:
+        return float(seq_len)
+    windowed = 2.0 * window - window * window / seq_len
+    share = model.windowed_layers / model.num_layers
+    return share * windowed + (1.0 - share) * seq_len
+
+
 def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_rmsnorm: bool,
                                 fused: FusedBlock = EAGER_BLOCK) -> ElementwiseBytes:
     """Forward HBM traffic of one block's elementwise ops per token (``a``: compute-dtype bytes).
 
     - two residual adds, ``3a`` each (read two, write one); compiled, each folds into the next
       norm's kernel (or the block's output) and costs one write of ``a``;
-    - two norms (:func:`_rmsnorm_bytes`; a LayerNorm is one eager kernel, ``2a``, either way);
+    - two norms (:func:`_rmsnorm_bytes`; a LayerNorm is one eager kernel, ``2a``, either way), four
+      with ``post_norms``, and the RMSNorms of q and k with ``qk_norm``;
     - rotary on q and k (torchtitan's ``apply_rotary_emb``: ``.float()``, a complex multiply,
       ``type_as``: ``a + 4``, ``4 + 4``, ``4 + a`` per element), ``2a`` compiled;
-    - SwiGLU's ``silu(gate) * up``: ``2a`` then ``3a`` per FFN element eager, ``3a`` compiled;
+    - SwiGLU's ``silu(gate) * up`` (GeGLU's alike): ``2a`` then ``3a`` per FFN element eager, ``3a``
+      compiled (a mixture of experts: its top-k routed copies and its shared expert);
       GeLU's activation is one kernel (``2a``) either way (Inductor does not fuse it into the
       matmul by default);
     - flash-attention's kernels (``fused``): FusedMLP computes the GeLU in fc1's GEMM epilogue,
@@ -171,15 +189,20 @@ def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_
     """
     h = model.hidden_size
     fused_norm = norm_is_fused(compiled, fused_rmsnorm)
-    norms = 2 * (_rmsnorm_bytes(a, fused_norm) if model.norm == "rmsnorm" else 2.0 * a)
+    one_norm = _rmsnorm_bytes(a, fused_norm) if model.norm == "rmsnorm" else 2.0 * a
+    norms = (4 if model.post_norms else 2) * one_norm
     adds = 2 * (a if compiled else 3 * a)
     replicated = h * (2 * 4 * a if fused.dropout_add_ln else norms + adds)
     sharded = 0.0
+    qk_width = model.q_width + model.kv_width
+    if model.qk_norm != "none":  # RMSNorms over q and k, whatever the block's norm
+        sharded += qk_width * _rmsnorm_bytes(a, fused_norm)
     if model.position_embedding == "rope":
-        width = (model.num_heads + model.num_kv_heads) * model.head_dim
-        sharded += width * (2 * a if compiled else (a + FP32) + 2 * FP32 + (FP32 + a))
+        sharded += qk_width * (2 * a if compiled else (a + FP32) + 2 * FP32 + (FP32 + a))
     ffn = model.ffn_hidden_size if model.moe is None else model.moe.top_k * model.moe.expert_ffn_hidden_size
-    if model.activation == "swiglu":
+    if model.moe is not None:
+        ffn += model.moe.shared_ffn_hidden_size
+    if model.gated:
         sharded += ffn * (3 * a if compiled else 5 * a)
     else:
         sharded += ffn * (a if fused.mlp_checkpoint_lvl is not None else 2 * a)

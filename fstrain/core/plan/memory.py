@@ -360,13 +360,24 @@ def block_matmuls(model: ModelSpec) -> list[tuple[int, int]]:
     (w3), down (w2) for SwiGLU, or up, down for GeLU. Op-level selective AC saves the outputs
     of the 1st, 3rd, 5th, ... of them.
     """
-    h = model.hidden_size
-    q_width = model.num_heads * model.head_dim
-    kv_width = model.num_kv_heads * model.head_dim
-    ffn = ffn_width(model)
+    h, q_width, kv_width = model.hidden_size, model.q_width, model.kv_width
     attention = [(h, q_width), (h, kv_width), (h, kv_width), (q_width, h)]
-    mlp = [(h, ffn), (h, ffn), (ffn, h)] if model.activation == "swiglu" else [(h, ffn), (ffn, h)]
-    return attention + mlp
+    return attention + ffn_matmuls(model, ffn_width(model))
+
+
+def ffn_matmuls(model: ModelSpec, width: int) -> list[tuple[int, int]]:
+    """(in, out) widths of one FFN of ``width``: gate, up, down (gated) or up, down (GeLU)."""
+    h = model.hidden_size
+    return [(h, width), (h, width), (width, h)] if model.gated else [(h, width), (width, h)]
+
+
+def shared_expert_matmuls(model: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) widths of the shared expert every token runs besides its routed ones (Qwen2-MoE,
+    DeepSeek), with Qwen2-MoE's hidden -> 1 gate last; empty without one."""
+    if model.moe is None or not model.moe.shared_ffn_hidden_size:
+        return []
+    gate = [(model.hidden_size, 1)] if model.moe.shared_expert_gate else []
+    return ffn_matmuls(model, model.moe.shared_ffn_hidden_size) + gate
 
 
 def converted_linears(model: ModelSpec) -> list[tuple[int, int]]:
@@ -429,7 +440,7 @@ def _selective_op_saved(model: ModelSpec, s: int, b: int, a: int, flash_attentio
             saved += out
     saved *= s * b * a
     if flash_attention:
-        saved += s * b * model.num_heads * model.head_dim * a + 4 * model.num_heads * s * b
+        saved += s * b * model.q_width * a + 4 * model.num_heads * s * b
     return saved
 
 
@@ -444,7 +455,46 @@ def moe_routing_bytes_per_token(model: ModelSpec, a: int) -> int:
     if model.moe is None:
         return 0
     k, experts = model.moe.top_k, model.moe.num_experts
-    return 2 * k * model.hidden_size * a + 4 * experts + 3 * 8 * k + 4 * k + 4 + a * k
+    # An fp32 router keeps its input's fp32 copy for its weight's gradient (no copy in fp32).
+    router_input = 4 * model.hidden_size if model.moe.router_dtype == "fp32" and a < 4 else 0
+    return 2 * k * model.hidden_size * a + 4 * experts + 3 * 8 * k + 4 * k + 4 + a * k + router_input
+
+
+def shared_expert_bytes_per_token(model: ModelSpec, a: int, compiled: bool = False) -> int:
+    """What a shared expert keeps per token, counted as the dense FFN it is (its FFN-wide tensors;
+    its input is the normed hidden state the router reads, kept already) and, gated (Qwen2-MoE),
+    its output and the gate's sigmoid, which their product keeps. The bundled trainer does not
+    build shared experts, so unlike the rest of the block this is not checked against autograd."""
+    if model.moe is None or not model.moe.shared_ffn_hidden_size:
+        return 0
+    tensors = swiglu_saved_tensors(compiled) if model.gated else 2
+    gate = (model.hidden_size + 1) * a if model.moe.shared_expert_gate else 0
+    return tensors * model.moe.shared_ffn_hidden_size * a + gate
+
+
+def qk_norm_bytes_per_token(model: ModelSpec, a: int, fused_norm: bool) -> int:
+    """What one token's q and k norms keep (sharded with the heads under TP): an eager RMSNorm its
+    fp32 input, its output in the compute dtype and a 4-byte 1/rms per normalised row (per head
+    for Qwen3's per-head norm, one for OLMo 2's whole projection); a fused one its input in the
+    compute dtype and the 1/rms. Checked against autograd (tests/unit/test_activation_grid.py)."""
+    if model.qk_norm == "none":
+        return 0
+    width = model.q_width + model.kv_width
+    rows = model.num_heads + model.num_kv_heads if model.qk_norm == "head" else 2
+    return (a if fused_norm else 4 + a) * width + 4 * rows
+
+
+def post_norm_bytes_per_token(model: ModelSpec, a: int, autocast: bool, fused_norm: bool) -> int:
+    """What one token's two post-sublayer norms keep (Gemma 2 and 3; hidden-wide, replicated under
+    TP without SP). Their input is the sublayer's output, in the compute dtype, and the residual
+    add after them keeps nothing, so each keeps what a norm keeps of such an input: an eager
+    RMSNorm its fp32 copy, its output and 1/rms; a LayerNorm or a fused RMSNorm its input and its
+    fp32 statistics (a LayerNorm under autocast, which runs it in fp32, one more). Checked against
+    autograd (tests/unit/test_activation_grid.py)."""
+    h = model.hidden_size
+    if model.norm == "rmsnorm" and not fused_norm:
+        return 2 * (4 * h + 4 + a * h)
+    return 2 * (a * h + 4 + (4 if model.norm == "layernorm" and autocast else 0))
 
 
 def layer_activation_bytes(
@@ -506,14 +556,16 @@ def layer_activation_bytes(
     # The q/k/v and FFN inputs: one tensor each, but under autocast every linear saves its own
     # cast of the shared input (q, k and v; gate and up), since only weights are cached.
     qkv_casts = 1 if fused.packed_qkv else 3
-    linear_inputs = (qkv_casts + (2 if model.activation == "swiglu" else 1)) if autocast else 2
-    q_width = model.num_heads * model.head_dim
-    kv_width = model.num_kv_heads * model.head_dim
+    linear_inputs = (qkv_casts + (2 if model.gated else 1)) if autocast else 2
+    q_width, kv_width = model.q_width, model.kv_width
     ffn = ffn_width(model)
     tokens_per_expert_slot = 1 if model.moe is None else model.moe.top_k
-    ffn_tensors = swiglu_saved_tensors(compiled) if model.activation == "swiglu" else 2 - fused.mlp_recomputed
+    ffn_tensors = swiglu_saved_tensors(compiled) if model.gated else 2 - fused.mlp_recomputed
     ffn_saved = ffn_tensors * s * b * ffn * tokens_per_expert_slot * a
-    moe_extra = s * b * moe_routing_bytes_per_token(model, a)
+    fused_norm = norm_is_fused(compiled, fused_rmsnorm)
+    moe_extra = s * b * (moe_routing_bytes_per_token(model, a) + shared_expert_bytes_per_token(model, a, compiled)
+                         + qk_norm_bytes_per_token(model, a, fused_norm))
+    post_norms = s * b * post_norm_bytes_per_token(model, a, autocast, fused_norm) if model.post_norms else 0
     if flash_attention:
         # PyTorch eager with SDPA (the bundled trainer, torchtitan), counted op by op and checked
         # against what autograd saves (tests/unit/test_activation_grid.py): an RMSNorm keeps its
@@ -521,12 +573,12 @@ def layer_activation_bytes(
         # fp32 statistic); the q/k/v and FFN inputs; SDPA keeps q, K and V repeated to all heads
         # (GQA), its output and the fp32 log-sum-exp; the out-projection input is a contiguous
         # copy of that output; rotary positions add a rotated copy of q.
-        eager_rmsnorm = model.norm == "rmsnorm" and not norm_is_fused(compiled, fused_rmsnorm)
+        eager_rmsnorm = model.norm == "rmsnorm" and not fused_norm
         norm = (4 * h + 4 + r * h) if eager_rmsnorm else (r * h + 4 + (4 if autocast else 0))
         norms = 2 * s * b * norm + 2 * mask * sbh  # with the residual dropouts' masks
         if fused.dropout_add_ln:
             norms = 2 * s * b * fused_norm_saved_bytes(model, r)
-        replicated = norms + s * b * linear_inputs * a * h
+        replicated = norms + post_norms + s * b * linear_inputs * a * h
         q_copies = 5 if model.position_embedding == "rope" else 4
         sharded = q_copies * s * b * q_width * a + 4 * model.num_heads * s * b + ffn_saved + moe_extra
         return replicated // split_replicated + sharded // tp
@@ -535,7 +587,7 @@ def layer_activation_bytes(
     # attention core are split. Eager attention keeps the softmax output (and, with dropout, its
     # mask and the dropped-out output).
     norms = 2 * s * b * fused_norm_saved_bytes(model, r) if fused.dropout_add_ln else 2 * sbh * r + 2 * mask * sbh
-    replicated = norms + linear_inputs * sbh * a
+    replicated = norms + post_norms + linear_inputs * sbh * a
     sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved + moe_extra
     if ac == "none":
         # Softmax saves its output, dropout its mask, and the AV matmul its input (the dropped-out
@@ -599,7 +651,7 @@ def block_backward_extra_bytes(
     wide = tokens * top_k * ffn * a // tp  # one FFN-wide tensor (MoE: of every routed copy)
     # One FFN matrix's gradient (MoE: every expert's; the grouped matmul computes them at once).
     weight = experts * model.hidden_size * ffn * (grad_bytes or a) // tp if weight_grads != "none" else 0
-    if model.activation != "swiglu":
+    if not model.gated:
         return hidden + (1 + fused.mlp_recomputed) * wide + weight
     kept = weight if weight_grads == "block" else 0  # the down projection's, while its input's flow on
     in_ffn = hidden + max(weight + wide, kept + 2 * wide)

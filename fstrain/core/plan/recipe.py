@@ -17,15 +17,28 @@ Schema (every key is checked; unknown keys are errors, so a typo never passes si
       num_heads: 32
       num_kv_heads: 32              # optional, default num_heads (GQA when fewer)
       ffn_hidden_size: 11008        # optional with moe (defaults to the expert size)
-      activation: swiglu            # gelu (2 matrices) | swiglu (3 matrices)
+      activation: swiglu            # gelu (2 matrices) | swiglu | geglu (3 matrices)
       vocab_size: 32000
       seq_len: 4096
       tied_embeddings: false        # optional, default false
       norm: rmsnorm                 # optional: rmsnorm | layernorm
-      linear_bias: false            # optional
+      linear_bias: false            # optional: biases on every linear (GPT-2)
       position_embedding: rope      # optional: rope | learned
       dropout: 0.0                  # optional, 0 <= p < 1
-      moe: {num_experts: 8, top_k: 2, expert_ffn_hidden_size: 14336}   # optional
+      head_dim: 128                 # optional, default hidden_size / num_heads (0 says so too)
+      qk_norm: none                 # optional: none | head (Qwen3, Gemma 3) | projection (OLMo 2)
+      attention_bias: none          # optional: none | qkv (Qwen2) | all (q, k, v and o)
+      mlp_bias: false               # optional: biases on the FFN linears
+      post_norms: false             # optional: a norm after each sublayer too (Gemma 2 and 3)
+      sliding_window: 0             # optional: tokens a windowed layer attends back to (0: none)
+      sliding_window_layers: 0      # optional: how many layers use it (default: all)
+      moe:                          # optional
+        num_experts: 8
+        top_k: 2
+        expert_ffn_hidden_size: 14336
+        shared_ffn_hidden_size: 0   # optional: an always-on shared expert this wide
+        shared_expert_gate: false   # optional: Qwen2-MoE's sigmoid gate on it
+        router_dtype: compute       # optional: compute | fp32
       params: 6738415616            # optional: the published count, cross-checked
     training:                       # optional defaults, each overridable on the command line
       global_batch_size: 1024       # sequences (or global_batch_tokens, not both)
@@ -53,7 +66,15 @@ from typing import Any
 from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.modelsize import ParamCount, count_parameters
 from fstrain.core.plan.precision import PRECISIONS
-from fstrain.core.plan.schema import ACTIVATIONS, OPTIMIZERS, ModelSpec, MoESpec
+from fstrain.core.plan.schema import (
+    ACTIVATIONS,
+    ATTENTION_BIASES,
+    OPTIMIZERS,
+    QK_NORMS,
+    ROUTER_DTYPES,
+    ModelSpec,
+    MoESpec,
+)
 from fstrain.errors import InputError
 
 PARAMS_TOLERANCE = 0.005
@@ -82,10 +103,18 @@ _MODEL_KEYS = (
     "dropout",
     "pooler",
     "num_labels",
+    "head_dim",
+    "qk_norm",
+    "attention_bias",
+    "mlp_bias",
+    "post_norms",
+    "sliding_window",
+    "sliding_window_layers",
     "moe",
     "params",
 )
-_MOE_KEYS = ("num_experts", "top_k", "expert_ffn_hidden_size")
+_MOE_SIZES = ("num_experts", "top_k", "expert_ffn_hidden_size")
+_MOE_KEYS = (*_MOE_SIZES, "shared_ffn_hidden_size", "shared_expert_gate", "router_dtype")
 _TRAINING_KEYS = (
     "global_batch_size",
     "global_batch_tokens",
@@ -145,7 +174,7 @@ def parse_recipe(data: Any, where: str, default_name: str = "") -> Recipe:
         raise InputError(
             f"the architecture gives {params.total:,} parameters but params states {stated:,} "
             f"({(params.total - stated) / stated:+.2%}, tolerance {PARAMS_TOLERANCE:.1%})",
-            "check num_layers, hidden_size, ffn_hidden_size, num_kv_heads, vocab_size and tied_embeddings",
+            "check num_layers, hidden_size, ffn_hidden_size, num_kv_heads, head_dim, vocab_size and tied_embeddings",
             _at(where, "model.params"),
         )
     return Recipe(
@@ -183,17 +212,7 @@ def parse_model_section(section: Any, where: str, name: str) -> ModelSpec:
 
 def _parse_model(section: Mapping[str, Any], where: str, name: str) -> tuple[ModelSpec, int | None]:
     _no_unknown(section, _MODEL_KEYS, where, "model.")
-    moe = None
-    if section.get("moe") is not None:
-        moe_section = _mapping(section["moe"], where, "model.moe")
-        _no_unknown(moe_section, _MOE_KEYS, where, "model.moe.")
-        moe = MoESpec(**{key: _positive_int(moe_section, key, where, "model.moe.") for key in _MOE_KEYS})
-        if moe.top_k > moe.num_experts:
-            raise InputError(
-                f"top_k ({moe.top_k}) is larger than num_experts ({moe.num_experts})",
-                "a token is routed to at most num_experts experts",
-                _at(where, "model.moe.top_k"),
-            )
+    moe = _parse_moe(section.get("moe"), where)
     ints = {key: _positive_int(section, key, where, "model.") for key in ("num_layers", "hidden_size", "num_heads")}
     ints["vocab_size"] = _positive_int(section, "vocab_size", where, "model.")
     ints["seq_len"] = _positive_int(section, "seq_len", where, "model.")
@@ -218,17 +237,51 @@ def _parse_model(section: Mapping[str, Any], where: str, name: str) -> tuple[Mod
         dropout=_dropout(section, where),
         pooler=_bool(section, "pooler", where, "model.", False),
         num_labels=_count(section, "num_labels", where),
+        head_dim=_count(section, "head_dim", where),
+        qk_norm=_choice(section, "qk_norm", QK_NORMS, where, "model.", "none"),
+        attention_bias=_choice(section, "attention_bias", ATTENTION_BIASES, where, "model.", "none"),
+        mlp_bias=_bool(section, "mlp_bias", where, "model.", False),
+        post_norms=_bool(section, "post_norms", where, "model.", False),
+        sliding_window=_count(section, "sliding_window", where),
+        sliding_window_layers=_count(section, "sliding_window_layers", where),
     )
     _check_shapes(model, where)
+    _check_biases(model, where)
+    _check_window(model, where)
     stated = parse_count(section["params"], _at(where, "model.params")) if "params" in section else None
     return model, stated
 
 
+def _parse_moe(value: Any, where: str) -> MoESpec | None:
+    if value is None:
+        return None
+    section = _mapping(value, where, "model.moe")
+    _no_unknown(section, _MOE_KEYS, where, "model.moe.")
+    sizes = {key: _positive_int(section, key, where, "model.moe.") for key in _MOE_SIZES}
+    moe = MoESpec(
+        **sizes,
+        shared_ffn_hidden_size=_count(section, "shared_ffn_hidden_size", where, "model.moe."),
+        shared_expert_gate=_bool(section, "shared_expert_gate", where, "model.moe.", False),
+        router_dtype=_choice(section, "router_dtype", ROUTER_DTYPES, where, "model.moe.", "compute"),
+    )
+    if moe.top_k > moe.num_experts:
+        raise InputError(
+            f"top_k ({moe.top_k}) is larger than num_experts ({moe.num_experts})",
+            "a token is routed to at most num_experts experts",
+            _at(where, "model.moe.top_k"),
+        )
+    if moe.shared_expert_gate and not moe.shared_ffn_hidden_size:
+        raise InputError("shared_expert_gate is true but there is no shared expert",
+                         "give its width as shared_ffn_hidden_size, or leave the gate out",
+                         _at(where, "model.moe.shared_expert_gate"))
+    return moe
+
+
 def _check_shapes(model: ModelSpec, where: str) -> None:
-    if model.hidden_size % model.num_heads:
+    if not model.head_dim and model.hidden_size % model.num_heads:
         raise InputError(
             f"hidden_size ({model.hidden_size}) is not a multiple of num_heads ({model.num_heads})",
-            "the head dimension is hidden_size / num_heads",
+            "the head dimension is hidden_size / num_heads unless head_dim states it",
             _at(where, "model.num_heads"),
         )
     if model.num_kv_heads > model.num_heads or model.num_heads % model.num_kv_heads:
@@ -237,6 +290,27 @@ def _check_shapes(model: ModelSpec, where: str) -> None:
             "grouped-query attention shares each KV head among num_heads / num_kv_heads query heads",
             _at(where, "model.num_kv_heads"),
         )
+
+
+def _check_biases(model: ModelSpec, where: str) -> None:
+    """linear_bias already biases every linear: a narrower bias key beside it says nothing more,
+    so it is more likely a mistake than a wish."""
+    if model.linear_bias and (model.attention_bias != "none" or model.mlp_bias):
+        key = "attention_bias" if model.attention_bias != "none" else "mlp_bias"
+        raise InputError(f"{key} is set beside linear_bias: true, which puts biases on every linear already",
+                         f"keep linear_bias: true alone, or set linear_bias: false and say which biases with {key}",
+                         _at(where, f"model.{key}"))
+
+
+def _check_window(model: ModelSpec, where: str) -> None:
+    if model.sliding_window_layers > model.num_layers:
+        raise InputError(f"sliding_window_layers ({model.sliding_window_layers}) is more than num_layers "
+                         f"({model.num_layers})", "count the layers that attend through the window",
+                         _at(where, "model.sliding_window_layers"))
+    if model.sliding_window_layers and not model.sliding_window:
+        raise InputError("sliding_window_layers is set but sliding_window is 0",
+                         "give the window in tokens as sliding_window, or leave sliding_window_layers out",
+                         _at(where, "model.sliding_window_layers"))
 
 
 def _parse_training(value: Any, where: str) -> TrainingDefaults:
@@ -357,11 +431,11 @@ def _bool(section: Mapping[str, Any], key: str, where: str, prefix: str, default
     return value
 
 
-def _count(section: Mapping[str, Any], key: str, where: str) -> int:
+def _count(section: Mapping[str, Any], key: str, where: str, prefix: str = "model.") -> int:
     value = section.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InputError(f"expected a whole number >= 0, got {value!r}", "write e.g. 2, or 0 for none",
-                         _at(where, f"model.{key}"))
+                         _at(where, f"{prefix}{key}"))
     return value
 
 

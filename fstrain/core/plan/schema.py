@@ -30,7 +30,23 @@ PP_SCHEDULES = ("1f1b", "interleaved", "zero-bubble")
 # DeepSpeed's pipeline engine runs its own 1F1B schedule (deepspeed/runtime/pipe/schedule.py,
 # TrainSchedule) and nothing else.
 DEEPSPEED_STRATEGIES = ("zero1", "zero2", "zero3")
-ACTIVATIONS = ("gelu", "swiglu")
+# Feed-forward activations: GeLU's two matrices (up, down), or a gated unit's three (gate, up,
+# down): SwiGLU ``silu(gate) * up`` (Llama) and GeGLU ``gelu_tanh(gate) * up`` (Gemma).
+ACTIVATIONS = ("gelu", "swiglu", "geglu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+# Normalisation of the queries and keys before attention (and before rotary positions):
+# "head" normalises each head's head_dim values with one head_dim-wide weight (Qwen3, Gemma 3),
+# "projection" normalises the whole q (num_heads x head_dim) and k (num_kv_heads x head_dim)
+# projections (OLMo 2, OLMoE).
+QK_NORMS = ("none", "head", "projection")
+# Attention biases besides linear_bias: "qkv" on the q, k and v projections only (Qwen2),
+# "all" on those and the output projection (Llama's attention_bias).
+ATTENTION_BIASES = ("none", "qkv", "all")
+# The dtype of a mixture of experts' router matmul: "compute" runs it in the compute dtype (its
+# input is the normed hidden state already kept, Hugging Face Mixtral and Qwen), "fp32" casts the
+# input and weight to fp32 first (Megatron's moe_router_dtype fp32, DeepSeek-V3), which keeps an
+# fp32 copy of every token's input for backward.
+ROUTER_DTYPES = ("compute", "fp32")
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,14 @@ class MoESpec:
     num_experts: int
     top_k: int
     expert_ffn_hidden_size: int
+    shared_ffn_hidden_size: int = 0
+    """Width of an always-on shared expert every token also runs (Qwen2-MoE's
+    ``shared_expert_intermediate_size``; DeepSeek's ``n_shared_experts x moe_intermediate_size``,
+    which its code builds as one FFN that wide); 0: none."""
+    shared_expert_gate: bool = False
+    """Qwen2-MoE's sigmoid gate on the shared expert's output: a bias-free hidden -> 1 linear."""
+    router_dtype: str = "compute"
+    """One of :data:`ROUTER_DTYPES`."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +76,7 @@ class ModelSpec:
     num_heads: int
     num_kv_heads: int
     ffn_hidden_size: int
-    activation: str  # "gelu" (two matrices) or "swiglu" (three matrices)
+    activation: str  # one of ACTIVATIONS: "gelu" (two matrices), "swiglu" or "geglu" (three)
     vocab_size: int
     seq_len: int
     tied_embeddings: bool = False
@@ -66,10 +90,62 @@ class ModelSpec:
     # classifier; biases follow linear_bias. 0 / false: none (fstrain.core.plan.modelsize).
     pooler: bool = False
     num_labels: int = 0
+    head_dim: int = 0
+    """Width of one attention head as the recipe states it; 0 means hidden_size / num_heads (read
+    :attr:`attn_head_dim` for the width either way). Qwen3, Gemma and Mistral-Nemo
+    state their own (Qwen3-4B: 32 heads of 128 on a 2560-wide hidden state), so the q projection
+    is num_heads x head_dim wide, not hidden_size."""
+    qk_norm: str = "none"
+    """One of :data:`QK_NORMS`."""
+    attention_bias: str = "none"
+    """One of :data:`ATTENTION_BIASES` (linear_bias puts biases on every linear already)."""
+    mlp_bias: bool = False
+    """Biases on the feed-forward linears without linear_bias (Llama's and Granite's mlp_bias)."""
+    post_norms: bool = False
+    """A norm after each sublayer too, before its residual add (Gemma 2 and 3: four per block)."""
+    sliding_window: int = 0
+    """Tokens a query attends back to in the windowed layers (Mistral 7B v0.1: 4096); 0: none."""
+    sliding_window_layers: int = 0
+    """How many layers use the window (Gemma 2: every other, Gemma 3: five in six); the rest attend
+    to the whole causal context. 0 with a window means every layer."""
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def attn_head_dim(self) -> int:
+        """The width of one attention head: head_dim, or hidden_size / num_heads when it is 0."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def windowed_layers(self) -> int:
+        """How many layers attend through the sliding window (0 without one)."""
+        return (self.sliding_window_layers or self.num_layers) if self.sliding_window else 0
+
+    @property
+    def gated(self) -> bool:
+        """Whether the feed-forward is a gated unit (three matrices: gate, up, down)."""
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def q_width(self) -> int:
+        """Output width of the q projection (and input width of the output projection)."""
+        return self.num_heads * self.attn_head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Output width of the k and of the v projection."""
+        return self.num_kv_heads * self.attn_head_dim
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.linear_bias or self.attention_bias in ("qkv", "all")
+
+    @property
+    def out_bias(self) -> bool:
+        """A bias on the attention output projection."""
+        return self.linear_bias or self.attention_bias == "all"
+
+    @property
+    def ffn_bias(self) -> bool:
+        return self.linear_bias or self.mlp_bias
 
 
 @dataclass(frozen=True)

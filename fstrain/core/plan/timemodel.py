@@ -53,7 +53,7 @@ from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.blocktime import ComputeTerms, KernelModel
 from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
-from fstrain.core.plan.kernels import fusion_seconds_saved_per_token
+from fstrain.core.plan.kernels import attended_keys, fusion_seconds_saved_per_token
 from fstrain.core.plan.losses import has_vocab_head
 from fstrain.core.plan.memory import (
     block_kernels,
@@ -64,6 +64,7 @@ from fstrain.core.plan.memory import (
     param_bytes,
     replicated_split,
     residual_bytes,
+    shared_expert_matmuls,
     weight_bytes,
 )
 from fstrain.core.plan.pipeline import boundary_crossings, bubble_slots, layers_per_rank
@@ -101,25 +102,24 @@ def flops_per_token(model: ModelSpec, seq_len: int, loss: str = "full") -> Flops
     head, a pooler (hidden x hidden) and a classifier (hidden x num_labels) run once per sequence
     on its first token (BERT), or the classifier on every token without a pooler
     (``LlamaForSequenceClassification``'s ``score``)."""
-    h = model.hidden_size
-    q_width = model.num_heads * model.head_dim
-    kv_width = model.num_kv_heads * model.head_dim
-    matrices = 3 if model.activation == "swiglu" else 2
+    h, q_width, kv_width = model.hidden_size, model.q_width, model.kv_width
+    matrices = 3 if model.gated else 2
     if model.moe is None:
         ffn = matrices * h * model.ffn_hidden_size
     else:
         ffn = model.moe.top_k * matrices * h * model.moe.expert_ffn_hidden_size + h * model.moe.num_experts
-    linears = 2 * h * q_width + 2 * h * kv_width + ffn
+    shared = sum(n_in * n_out for n_in, n_out in shared_expert_matmuls(model))  # every token's
+    linears = 2 * h * q_width + 2 * h * kv_width + ffn + shared
     mms = block_matmuls(model)
     recomputed = sum(2.0 * n_in * n_out for index, (n_in, n_out) in enumerate(mms) if index % 2 == 1)
     if model.moe is not None:
         # Op-level SAC saves none of an MoE layer's matmuls (the router's is forced to recompute,
         # the experts' grouped matmuls are not in torchtitan's save list): all of it runs again.
         attention = sum(2.0 * n_in * n_out for index, (n_in, n_out) in enumerate(mms[:4]) if index % 2 == 1)
-        recomputed = attention + 2.0 * ffn
+        recomputed = attention + 2.0 * (ffn + shared)
     return FlopsPerToken(
         layer_matmuls=2.0 * linears,
-        attention_core=4.0 * seq_len * q_width,
+        attention_core=4.0 * attended_keys(model, seq_len) * q_width,
         head=_head_flops(model, seq_len, loss),
         num_layers=model.num_layers,
         selective_op_recompute=recomputed,
