@@ -64,7 +64,7 @@ def resolve_nprocs(hosts: list[Any], requested: int | None, gpu_counts: list[int
 
 def job_spec(request: JobRequest) -> JobSpec:
     """--plan, or --model/--recipe (a data-parallel plan), or a bare PROGRAM; files read now."""
-    from fstrain.core.job.plan import DEFAULT_STRATEGY, check_strategy
+    from fstrain.core.job.plan import DEFAULT_STRATEGY, check_strategy, check_supported
     from fstrain.errors import InputError
 
     program = list(request.program)
@@ -87,11 +87,15 @@ def job_spec(request: JobRequest) -> JobSpec:
     if request.plan:
         from fstrain.io.render_files import read_plan_file
 
-        return JobSpec(program, plan=read_plan_file(Path(request.plan)), flag="--plan", steps=request.steps,
-                       tensorboard=request.tensorboard)
+        plan = read_plan_file(Path(request.plan))
+        if not program:  # the bundled trainer runs it: what it cannot build stops here, not on every rank
+            check_supported(plan.model)
+        return JobSpec(program, plan=plan, flag="--plan", steps=request.steps, tensorboard=request.tensorboard)
     from fstrain.io.recipes import load_model, load_recipe_file
 
     loaded = load_model(str(request.model)) if request.model else load_recipe_file(str(request.recipe))
+    if not program:
+        check_supported(loaded.model)
     chosen = request.strategy or DEFAULT_STRATEGY[request.backend]
     check_strategy(chosen)
     return JobSpec(program, model=loaded.model, flag=given[0], strategy=chosen, micro_batch=request.micro_batch,

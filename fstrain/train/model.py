@@ -8,7 +8,7 @@ rotary positions), ``post_norms`` (Gemma 2's norm after each sublayer), ``dropou
 ``tied_embeddings``; attention is grouped-query attention whenever ``num_kv_heads < num_heads``.
 GPT-2, Llama, Qwen2, Qwen3 and OLMo 2 layouts come out of it, with the parameter count
 :func:`fstrain.core.plan.modelsize.count_parameters` predicts. Sliding-window attention, shared
-experts and an fp32 router are not built: :func:`fstrain.train.settings.check_supported` refuses
+experts and an fp32 router are not built: :func:`fstrain.core.job.plan.check_supported` refuses
 them. The
 projections are separate matrices in torchtitan's Llama order (q, k, v, o; gate, up, down), so
 op-level selective checkpointing saves the same matmul outputs it saves there. The transformer
@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fstrain.core.job.plan import check_supported
 from fstrain.core.plan.acpolicy import block_is_checkpointed, parse_ac
 from fstrain.core.plan.schema import ModelSpec
 from fstrain.train.checkpointing import selective_op_checkpoint, torch_checkpoint
 from fstrain.train.grouped_mm import grouped_mm
-from fstrain.train.settings import check_supported
 
 CheckpointFn = Callable[..., Any]
 

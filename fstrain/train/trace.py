@@ -84,8 +84,7 @@ class TracedMemory:
 
 def check_traceable(plan: PlanFile) -> None:
     """Refuse what the bundled trainer (and so the trace) does not run, before importing torch."""
-    from fstrain.core.job.plan import check_trace_eager, check_trace_framework, check_trainer_runs
-    from fstrain.train.settings import check_supported
+    from fstrain.core.job.plan import check_supported, check_trace_eager, check_trace_framework, check_trainer_runs
 
     check_supported(plan.model)
     check_trainer_runs(plan, "--trace")  # the trace runs the bundled trainer's model, loss and optimizer

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fstrain.core.job.nested import nested_launcher
-from tests.helpers import python_without, require_tool, run_fstrain
+from tests.helpers import REPO, python_without, require_tool, run_fstrain
 
 DRY = ("launch", "--dry-run", "--hosts", "nodeA,nodeB", "--nproc-per-node", "1")
 
@@ -216,3 +216,21 @@ def test_a_preflight_failing_on_many_hosts_names_five_and_folds_the_rest() -> No
     line = summarize_problems(problems)
     assert line == ("; ".join(problems[:5]) + "; and 195 more hosts (node[6-200])")
     assert summarize_problems(problems[:5]) == "; ".join(problems[:5])
+
+
+def test_a_model_the_bundled_trainer_cannot_build_is_refused_before_any_host(tmp_path: Path) -> None:
+    """Mistral's sliding window is planned, but the bundled trainer does not build it: `launch
+    --recipe config.json` says so in one line before contacting a host (it used to start every
+    rank, each of which refused); with a PROGRAM, the user's own trainer runs it, and the same
+    recipe goes on (a dry run: nothing is contacted)."""
+    config = REPO / "tests" / "fixtures" / "hf-configs" / "Mistral-7B-v0.1" / "config.json"
+    env = {"HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    refused = run_fstrain("launch", "--hosts", "nowhere.invalid", "--recipe", str(config), "--run-dir",
+                          str(tmp_path / "run"), env=env)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("error: model.sliding_window: model 'Mistral-7B-v0.1' has sliding-window "
+                                     "attention, which the reference trainer does not build (hint: "), refused.stderr
+    assert not (tmp_path / "run").exists()
+    own = run_fstrain("launch", "--dry-run", "--hosts", "nowhere.invalid", "--nproc-per-node", "1", "--recipe",
+                      str(config), "--run-dir", str(tmp_path / "run"), "--", "python3", "train.py", env=env)
+    assert own.returncode == 0 and "dry run: nothing was contacted" in own.stderr, own.stderr

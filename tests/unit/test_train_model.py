@@ -170,7 +170,7 @@ def test_unsupported_models_are_refused() -> None:
 def test_what_the_reference_trainer_does_not_build_is_refused_in_one_line(spec: ModelSpec, where: str,
                                                                         what: str) -> None:
     """Never a silently different model: the plan models these, the bundled trainer names them."""
-    from fstrain.train.settings import check_supported
+    from fstrain.core.job.plan import check_supported
 
     with pytest.raises(ConfigError, match=what) as caught:
         check_supported(spec)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from fstrain.core.plan.frameworks import DEFAULT_FRAMEWORK
 from fstrain.core.plan.losses import TRAINER_LOSSES
 from fstrain.core.plan.planfile import PlanFile, validate_knobs
-from fstrain.core.plan.schema import ClusterSummary, ModelSpec, PlanKnobs
+from fstrain.core.plan.schema import ACTIVATIONS, ClusterSummary, ModelSpec, PlanKnobs
 from fstrain.errors import ConfigError
 
 # What the bundled trainer builds (fstrain/train/fsdp_backend.py build_optimizer, deepspeed_backend.py).
@@ -180,3 +180,51 @@ def trainer_program(python: str, plan: PlanFile, *, steps: int, tensorboard: str
 def check_strategy(strategy: str) -> None:
     if strategy not in ZERO_STAGE:
         raise ConfigError(f"unknown strategy {strategy!r}", f"use one of {', '.join(ZERO_STAGE)}", "--strategy")
+
+
+def check_supported(spec: ModelSpec) -> None:
+    """Refuse what this reference model does not build, before any process group exists: one line
+    naming the recipe key, never a silently different model."""
+    if spec.moe is not None and spec.ffn_bias:
+        key = "linear_bias" if spec.linear_bias else "mlp_bias"
+        raise ConfigError(
+            f"model {spec.name!r}: the reference trainer's experts have no biases (Mixtral's layout)",
+            f"set {key}: false for a mixture-of-experts recipe",
+            f"model.{key}",
+        )
+    _check_unbuilt(spec)
+    if not spec.head_dim and spec.hidden_size % spec.num_heads != 0:
+        raise ConfigError(
+            f"hidden_size({spec.hidden_size}) is not divisible by num_heads({spec.num_heads})", "", "model"
+        )
+    if spec.num_heads % spec.num_kv_heads != 0:
+        raise ConfigError(
+            f"num_heads({spec.num_heads}) is not divisible by num_kv_heads({spec.num_kv_heads})", "", "model"
+        )
+    if spec.activation not in ACTIVATIONS:
+        raise ConfigError(f"activation {spec.activation!r}", f"use one of {', '.join(ACTIVATIONS)}", "model.activation")
+    if spec.norm not in ("rmsnorm", "layernorm"):
+        raise ConfigError(f"norm {spec.norm!r}", "use rmsnorm or layernorm", "model.norm")
+    if spec.position_embedding not in ("rope", "learned"):
+        raise ConfigError(f"position_embedding {spec.position_embedding!r}", "use rope or learned", "model")
+    if spec.position_embedding == "rope" and spec.attn_head_dim % 2 != 0:
+        raise ConfigError(f"head_dim({spec.attn_head_dim}) must be even for rotary positions", "", "model")
+
+
+def _check_unbuilt(spec: ModelSpec) -> None:
+    """Architecture the plan models but the reference trainer does not build."""
+    unbuilt = []
+    if spec.sliding_window:
+        unbuilt.append(("sliding-window attention", "model.sliding_window", "set sliding_window: 0"))
+    if spec.moe is not None and spec.moe.shared_ffn_hidden_size:
+        unbuilt.append(("a shared expert", "model.moe.shared_ffn_hidden_size", "set shared_ffn_hidden_size: 0"))
+    if spec.moe is not None and spec.moe.router_dtype != "compute":
+        unbuilt.append((f"a {spec.moe.router_dtype} router", "model.moe.router_dtype", "set router_dtype: compute"))
+    if unbuilt:
+        what, where, how = unbuilt[0]
+        raise ConfigError(
+            f"model {spec.name!r} has {what}, which the reference trainer does not build",
+            f"{how} to run the reference model without it (the plan itself models it), or train it with "
+            "your own trainer",
+            where,
+        )
