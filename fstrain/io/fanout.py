@@ -68,7 +68,7 @@ class HostPool:
 
         if fanout < 1:
             raise ValueError("fanout must be at least 1")
-        ensure(connection_needs(len(hosts)), len(hosts), "connecting to")  # room for a connection per host
+        ensure(connection_needs(len(hosts), fanout), len(hosts), "connecting to")  # room for a connection per host
         self.hosts = list(hosts)
         self.fanout = fanout
         self._connect = connect

@@ -24,12 +24,14 @@ from tests.helpers import REPO
 
 
 def test_what_a_host_costs_the_client() -> None:
-    assert connection_needs(600) == connection_needs(600)
-    assert (connection_needs(600).open_files, connection_needs(600).threads) == (BASE_OPEN_FILES + 600,
-                                                                                BASE_THREADS + 600)
+    # A socket and a thread per connection, and per command in flight (the fan-out) a channel's
+    # two pipe ends and up to two threads.
+    needs = connection_needs(600, fanout=64)
+    assert (needs.open_files, needs.threads) == (BASE_OPEN_FILES + 600 + 128, BASE_THREADS + 600 + 128)
+    assert connection_needs(10, fanout=64).open_files == BASE_OPEN_FILES + 10 + 20
     # An attached launch: a connection, the host's log and one log per rank (1 while unknown).
     needs = attached_launch_needs([8, 8, 0])
-    assert (needs.open_files, needs.threads) == (BASE_OPEN_FILES + 10 + 10 + 3, BASE_THREADS + 6)
+    assert (needs.open_files, needs.threads) == (BASE_OPEN_FILES + 10 + 10 + 3, BASE_THREADS + 18)
     assert needs.why == "a connection and up to 9 log files per host" and needs.logs_here
 
 
@@ -50,7 +52,7 @@ def test_what_the_hard_limits_cannot_hold_is_said_with_what_to_set() -> None:
                      "/etc/security/limits.conf and log in again; or reach fewer hosts from one command; or launch "
                      "with --detach, which keeps the logs on the nodes")
     threads = shortfall(connection_needs(4096), ClientLimits(UNLIMITED, UNLIMITED, 4000), 4096, "connecting to")
-    assert threads == ("connecting to 4,096 hosts runs about 4,112 threads (a connection per host), and this user "
+    assert threads == ("connecting to 4,096 hosts runs about 4,240 threads (a connection per host), and this user "
                        "may run 4,000 processes and threads (`ulimit -u`)",
                        "raise it: `ulimit -u 9216`, or `nproc 9216` in /etc/security/limits.conf")
 
@@ -67,7 +69,7 @@ def run_limited(soft: int, hard: int, *argv: str, home: Path) -> subprocess.Comp
 
 @pytest.mark.parametrize(("argv", "expected"), [
     (("exec", "--hosts", "node[1-600]", "--", "true"),
-     "error: limits: connecting to 600 hosts holds about 664 files open at once (a connection per host), and this "
+     "error: limits: connecting to 600 hosts holds about 792 files open at once (a connection per host), and this "
      "machine allows 512 (`ulimit -Hn`) (hint: raise this user's limit: `ulimit -n 2048` as root"),
     (("launch", "--hosts", "node[1-200]", "--nproc-per-node", "8", "--", "python3", "x.py"),
      "error: limits: an attached launch on 200 hosts holds about 2,064 files open at once"),
@@ -91,4 +93,4 @@ def test_the_soft_limit_is_raised_for_the_command_itself(tmp_path: Path) -> None
 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             preexec_fn=limit, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert (result.returncode, result.stdout.split()) == (0, ["1128", "4096"]), result.stderr
+    assert (result.returncode, result.stdout.split()) == (0, ["1384", "4096"]), result.stderr

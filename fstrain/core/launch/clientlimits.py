@@ -6,11 +6,17 @@ one line that says what to set, instead of failing at host 1,021 with "Too many 
 Pure: the counts and the limits are values; fstrain/io/clientlimits.py reads the limits and
 raises the soft one where the hard one allows.
 
-What one host costs the client (fstrain/io/fanout.py, fstrain/io/launch.py):
+What one host costs the client (fstrain/io/fanout.py, fstrain/io/launch.py), as measured with
+`/proc/PID/fd` and `/proc/PID/task` on the namespace and loopback test clusters:
 
-- an SSH connection: one socket, and one thread (paramiko's transport), for the whole command;
+- an SSH connection: one socket and one thread (paramiko's transport), for the whole command;
+  while a command runs on it (at most ``--fanout`` at once), two more files (its channel's
+  pipe) and a thread or two (the fan-out's worker): ``exec`` to 64 hosts held 195 files and
+  145 threads at fan-out 64, 99 and 81 at fan-out 16;
 - an attached launch, per host: its log file (``RUN_DIR/logs/<host>.log``) and one per rank
-  (``<host>.r<rank>.log``), open until the run ends, and a thread that reads the node's stream;
+  (``<host>.r<rank>.log``), open until the run ends, beside the connection, and 4 to 6
+  threads: 4 hosts of 4 ranks held 28 files (7 for one host of one rank, 3 more per rank and
+  per host);
 - a detached launch keeps nothing open once its nodes started: its connections are the fan-out's.
 """
 
@@ -47,19 +53,21 @@ class ClientLimits:
     threads: int = UNLIMITED
 
 
-def connection_needs(hosts: int) -> ClientNeeds:
+def connection_needs(hosts: int, fanout: int = 64) -> ClientNeeds:
     """`exec`, `doctor`, `bench` and the start of every launch: one connection per host, kept
-    for the command."""
-    return ClientNeeds(BASE_OPEN_FILES + hosts, BASE_THREADS + hosts, "a connection per host")
+    for the command, and ``fanout`` commands in flight at once."""
+    busy = min(hosts, fanout)
+    return ClientNeeds(BASE_OPEN_FILES + hosts + 2 * busy, BASE_THREADS + hosts + 2 * busy, "a connection per host")
 
 
 def attached_launch_needs(ranks_per_host: Sequence[int]) -> ClientNeeds:
-    """An attached launch: per host a connection, its stream's reader, its log file and one
-    per rank (``ranks_per_host``: each host's processes; 1 where not yet known)."""
+    """An attached launch: per host a connection, its log file and one per rank
+    (``ranks_per_host``: each host's processes; 1 where not yet known), and the threads that
+    read and answer its stream (up to 6 per host)."""
     hosts = len(ranks_per_host)
     files = sum(1 + 1 + max(1, ranks) for ranks in ranks_per_host)
     per_host = max((max(1, ranks) for ranks in ranks_per_host), default=1) + 1
-    return ClientNeeds(BASE_OPEN_FILES + files, BASE_THREADS + 2 * hosts,
+    return ClientNeeds(BASE_OPEN_FILES + files, BASE_THREADS + 6 * hosts,
                        f"a connection and up to {per_host} log files per host", logs_here=True)
 
 
