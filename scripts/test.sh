@@ -58,7 +58,7 @@ echo "== mypy"
 # fresh clone (CI's) checks its 230 files in about 2 s instead of 60 s of one core. mypy
 # re-checks every file whose contents differ from what the cache saw, and what depends on it.
 # FSTRAIN_TEST_MYPY_CACHE moves it; a cache of another mypy version is ignored by mypy itself.
-mypy_cache=${FSTRAIN_TEST_MYPY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fstrain-tests/mypy}
+mypy_cache=${FSTRAIN_TEST_MYPY_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/fstrain-tests/mypy}
 mypy --cache-dir "$mypy_cache"
 if [ -n "$ops" ] && ! wait "$ops"; then
     echo "test.sh: DeepSpeed's CPU ops did not build (above); the DeepSpeed tests will fail" >&2
