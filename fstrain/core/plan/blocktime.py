@@ -262,8 +262,7 @@ def _elementwise_kernels(model: ModelSpec, compiled: bool, fused_rmsnorm: bool,
         return 4 + (1 if model.position_embedding == "rope" else 0)
     rmsnorm = 6 if not fused_rmsnorm else 1
     norm = rmsnorm if model.norm == "rmsnorm" else 1
-    block_norms = 4 if model.post_norms else 2
-    norms_and_adds = 2 if fused.dropout_add_ln else block_norms * norm + 2
+    norms_and_adds = 2 if fused.dropout_add_ln else model.norms_per_block * norm + 2
     qk_norms = 2 * rmsnorm if model.qk_norm != "none" else 0
     rope = 6 if model.position_embedding == "rope" else 0
     activation = 2 if model.gated else (0 if fused.mlp_checkpoint_lvl is not None else 1)

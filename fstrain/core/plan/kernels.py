@@ -190,7 +190,7 @@ def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_
     h = model.hidden_size
     fused_norm = norm_is_fused(compiled, fused_rmsnorm)
     one_norm = _rmsnorm_bytes(a, fused_norm) if model.norm == "rmsnorm" else 2.0 * a
-    norms = (4 if model.post_norms else 2) * one_norm
+    norms = model.norms_per_block * one_norm
     adds = 2 * (a if compiled else 3 * a)
     replicated = h * (2 * 4 * a if fused.dropout_add_ln else norms + adds)
     sharded = 0.0

@@ -132,7 +132,7 @@ def count_parameters(model: ModelSpec, vocab_head: bool = True) -> ParamCount:
         ffn_per_layer=ffn,
         ffn_active_per_layer=ffn_active,
         router_per_layer=router,
-        norms_per_layer=(4 if model.post_norms else 2) * norm_params,
+        norms_per_layer=model.norms_per_block * norm_params,
         final_norm=norm_params,
         head=0 if model.tied_embeddings or not vocab_head else embedding,
         num_layers=model.num_layers,
@@ -160,7 +160,7 @@ def parameter_shapes(model: ModelSpec, vocab_head: bool = True) -> list[tuple[in
         block += [(model.attn_head_dim,)] * 2
     elif model.qk_norm == "projection":
         block += [(q_width,), (kv_width,)]
-    block += _ffn_shapes(model) + norm * (4 if model.post_norms else 2)
+    block += _ffn_shapes(model) + norm * model.norms_per_block
     shapes: list[Shape] = [(model.vocab_size, h)]
     if model.position_embedding == "learned":
         shapes.append((model.seq_len, h))

@@ -120,6 +120,11 @@ class ModelSpec:
         return (self.sliding_window_layers or self.num_layers) if self.sliding_window else 0
 
     @property
+    def norms_per_block(self) -> int:
+        """Norms in one block: before attention and before the FFN, and after each with post_norms."""
+        return 4 if self.post_norms else 2
+
+    @property
     def gated(self) -> bool:
         """Whether the feed-forward is a gated unit (three matrices: gate, up, down)."""
         return self.activation in GATED_ACTIVATIONS

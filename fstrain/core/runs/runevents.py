@@ -148,7 +148,6 @@ def parse_lines(lines: Sequence[str], where: str) -> tuple[list[RunEvent], int]:
     return events, skipped
 
 
-
 def attempt_hosts(events: Sequence[RunEvent]) -> tuple[str, ...]:
     """The hosts of the run's latest attempt, in node rank order: those of its last ``started``
     or ``attempt`` event; () before any."""
