@@ -23,6 +23,7 @@ from fstrain.api.runs import Access, Run
 if TYPE_CHECKING:
     from fstrain.api.driver import Checked, Driven, DriveRequest, NodeJob, Recovery
     from fstrain.api.hosts import HostSelection
+    from fstrain.api.requests import TrackerRequest
     from fstrain.core.hosts.hostfile import Host
     from fstrain.core.job.spec import LaunchJob, NodeLaunch
     from fstrain.core.launch.blame import Verdict
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from fstrain.io.launch import NodeState as NodeState  # re-exported with RunOutcome: what print_summary reads
     from fstrain.io.launch import RunOutcome as RunOutcome
     from fstrain.io.runs import RunRecord
-    from fstrain.io.trackers import TrackerSession
+    from fstrain.io.trackers import TrackerSession, TrackerSettings
     from fstrain.io.transport.base import Transport
 
 Report = Callable[[str], None]
@@ -314,14 +315,21 @@ def track(prepared: Prepared, follows: bool = True) -> TrackerSession | None:
     trackers = prepared.request.trackers
     if not trackers.any:
         return None
-    from fstrain.io.trackers import TrackerSettings, senders, start_session
+    from fstrain.io.trackers import senders, start_session
 
-    settings = TrackerSettings(prepared.run_id, prepared.run_dir, trackers.mlflow, trackers.mlflow_experiment,
-                               trackers.wandb, trackers.wandb_offline)
+    settings = tracker_settings(trackers, prepared.run_id, prepared.run_dir)
     if not follows:
         senders(settings)
         return None
     return start_session(settings)
+
+
+def tracker_settings(trackers: TrackerRequest, run_id: str, run_dir: Path) -> TrackerSettings:
+    """What the trackers flags ask for, for run ``run_id`` kept in ``run_dir``."""
+    from fstrain.io.trackers import TrackerSettings
+
+    return TrackerSettings(run_id, run_dir, trackers.mlflow, trackers.mlflow_experiment, trackers.wandb,
+                           trackers.wandb_offline)
 
 
 def tracker_start(trackers: TrackerSession, prepared: Prepared, job: Job, node: NodeJob) -> None:

@@ -100,14 +100,13 @@ def ask_trackers_here(launch: LaunchRequest, run_id: str, folder: Path) -> None:
     answer is said on stderr, and the job is submitted all the same. Its own launch, on its first
     node, asks again and ends before its nodes start if it gets no answer there; the login node
     may not reach what the compute nodes do, or the other way round."""
+    from fstrain.api.launch import tracker_settings
     from fstrain.errors import FstrainError
     from fstrain.io.localout import warn
-    from fstrain.io.trackers import TrackerSettings, senders
+    from fstrain.io.trackers import senders
 
-    trackers = launch.trackers
     try:
-        senders(TrackerSettings(run_id, folder, trackers.mlflow, trackers.mlflow_experiment, trackers.wandb,
-                                trackers.wandb_offline))
+        senders(tracker_settings(launch.trackers, run_id, folder))
     except FstrainError as exc:
         warn(f"{exc.where}: {exc.message}, from this machine; the job is submitted all the same, and its launch "
              "asks again from the job's first node, ending before the nodes start if it gets no answer there")
