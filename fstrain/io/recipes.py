@@ -36,17 +36,20 @@ def load_model(name: str, env: Mapping[str, str] | None = None) -> Recipe:
     ``config.json`` of the Hugging Face model ``ORG/NAME`` in the local cache (``env``: the
     environment that says where the cache is, ``os.environ`` by default)."""
     names = shipped_recipe_names()
-    if _shipped_choice(name, names) is None and "/" in name.strip():
-        config = hub_config_path(name.strip(), os.environ if env is None else env)
-        if config.is_file():
-            return load_recipe_file(str(config), plan_name_from(name.strip().rsplit("/", 1)[-1]))
-        raise InputError(
-            f"unknown model {name!r}: not a shipped recipe, and not in the Hugging Face cache",
-            f"looked for {config}; download it there (huggingface-cli download {name.strip()} config.json), "
-            "point HF_HOME or HF_HUB_CACHE at the cache that has it, or give its config.json with --recipe PATH",
-            "--model",
-        )
-    return load_shipped_recipe(name)
+    chosen = _shipped_choice(name, names)
+    if chosen is not None:
+        return _load_shipped(chosen)
+    if "/" not in name.strip():
+        raise _unknown_model(name, names)
+    config = hub_config_path(name.strip(), os.environ if env is None else env)
+    if config.is_file():
+        return load_recipe_file(str(config), plan_name_from(name.strip().rsplit("/", 1)[-1]))
+    raise InputError(
+        f"unknown model {name!r}: not a shipped recipe, and not in the Hugging Face cache",
+        f"looked for {config}; download it there (huggingface-cli download {name.strip()} config.json), "
+        "point HF_HOME or HF_HUB_CACHE at the cache that has it, or give its config.json with --recipe PATH",
+        "--model",
+    )
 
 
 def hub_cache_dir(env: Mapping[str, str]) -> Path:
@@ -77,7 +80,11 @@ def hub_config_path(model_id: str, env: Mapping[str, str]) -> Path:
 def load_shipped_recipe(name: str) -> Recipe:
     """The recipe ``fstrain/recipes/<name>.yaml`` (what ``--model NAME`` means): the name in any
     case, or a Hugging Face id of the same architecture (``meta-llama/Llama-3.1-8B``)."""
-    chosen = resolve_model_name(name)
+    return _load_shipped(resolve_model_name(name))
+
+
+def _load_shipped(chosen: str) -> Recipe:
+    """The shipped recipe named ``chosen`` exactly (a name :func:`resolve_model_name` gave)."""
     text = (resources.files("fstrain") / "recipes" / f"{chosen}.yaml").read_text(encoding="utf-8")
     return _parse_text(text, f"recipes/{chosen}.yaml", chosen)
 
@@ -88,7 +95,12 @@ def resolve_model_name(name: str) -> str:
     chosen = _shipped_choice(name, names)
     if chosen is not None:
         return chosen
-    raise InputError(
+    raise _unknown_model(name, names)
+
+
+def _unknown_model(name: str, names: list[str]) -> InputError:
+    """The error for ``--model NAME`` that names no shipped recipe, listing them."""
+    return InputError(
         f"unknown model {name!r}",
         f"known models: {', '.join(names)} (or their Hugging Face ids, e.g. meta-llama/Llama-3.1-8B, or any ORG/NAME "
         "in the local Hugging Face cache); or give your own file with --recipe PATH (a recipe YAML or a Hugging Face "
