@@ -15,28 +15,34 @@ def _limit(value: int) -> int:
     return UNLIMITED if value == resource.RLIM_INFINITY else int(value)
 
 
-def read_limits() -> ClientLimits:
+def read_limits(threads_needed: int = 0) -> ClientLimits:
     """``ulimit -n`` (soft, hard) and the threads this process may still start: the kernel's
     ``threads-max`` less the tasks running now, and for a user other than root (whom the kernel
-    does not hold to it) ``ulimit -u`` less this user's tasks."""
+    does not hold to it) ``ulimit -u`` less this user's tasks. This user's tasks are counted
+    (a walk of /proc) only where counting every task as theirs leaves fewer than
+    ``threads_needed``: a command started again and again (`status --watch`) walks nothing."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    threads = _kernel_threads_left()
+    most, running = _kernel_tasks()
+    threads = UNLIMITED if most == UNLIMITED else most - running
     nproc_soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     if os.geteuid() != 0 and nproc_soft != resource.RLIM_INFINITY:
-        left = int(nproc_soft) - _user_tasks(os.getuid())
+        left = int(nproc_soft) - running  # at least this many: not every task is this user's
+        if running == UNLIMITED or left < threads_needed:
+            left = int(nproc_soft) - _user_tasks(os.getuid())
         threads = left if threads == UNLIMITED else min(threads, left)
     return ClientLimits(_limit(soft), _limit(hard), threads)
 
 
-def _kernel_threads_left() -> int:
+def _kernel_tasks() -> tuple[int, int]:
+    """(``threads-max``, the tasks running now), UNLIMITED for each that cannot be read."""
     try:
         with open("/proc/sys/kernel/threads-max") as handle:
             most = int(handle.read())
         with open("/proc/loadavg") as handle:  # "0.20 0.18 0.12 1/80 11206": 80 tasks now
             running = int(handle.read().split()[3].split("/")[1])
     except (OSError, ValueError, IndexError):
-        return UNLIMITED
-    return most - running
+        return UNLIMITED, UNLIMITED
+    return most, running
 
 
 def _user_tasks(uid: int) -> int:
@@ -56,7 +62,7 @@ def _user_tasks(uid: int) -> int:
 def ensure(needs: ClientNeeds, hosts: int, action: str, limits: ClientLimits | None = None) -> None:
     """Make room for ``needs`` (the open-files soft limit raised where the hard one allows), or
     raise InputError saying what to set."""
-    limits = read_limits() if limits is None else limits
+    limits = read_limits(needs.threads) if limits is None else limits
     missing = shortfall(needs, limits, hosts, action)
     if missing is not None:
         what, fix = missing

@@ -94,3 +94,35 @@ def test_the_soft_limit_is_raised_for_the_command_itself(tmp_path: Path) -> None
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             preexec_fn=limit, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert (result.returncode, result.stdout.split()) == (0, ["1384", "4096"]), result.stderr
+
+
+def test_a_users_tasks_are_walked_only_where_the_cheap_count_falls_short() -> None:
+    """For a user other than root, ``ulimit -u`` less every task running is a floor of what is
+    left: where it covers the need, /proc is not walked; where it does not, this user's own
+    tasks are counted, and more is left than the floor said."""
+    import json
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a child as a user that runs almost nothing (as itself where the tests are not root)
+        try:
+            os.close(read)
+            from fstrain.io.clientlimits import read_limits
+
+            resource.setrlimit(resource.RLIMIT_NPROC, (5000, 5000))
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            found = [read_limits(10).threads, read_limits(10**6).threads]
+            os.write(write, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        floor, counted = json.loads(answer.read())
+    os.waitpid(pid, 0)
+    with open("/proc/loadavg") as handle:
+        running = int(handle.read().split()[3].split("/")[1])
+    assert floor <= 5000 - running + 50  # every task counted as this user's (give or take the ones since)
+    assert counted > floor  # its own tasks are far fewer than every task
