@@ -35,9 +35,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fstrain.core.plan import fittedbands
+from fstrain.core.plan.frameworks import DEFAULT_FRAMEWORK  # the profile without a class of its own
 from fstrain.core.plan.schema import PlanKnobs
 
-DEFAULT_FRAMEWORK = "fstrain"  # frameworks.DEFAULT_FRAMEWORK: the profile without a class of its own
 DIGITS = 3  # band ends are rounded so that the shipped table can equal the harness exactly
 LARGE_WORLD = 256  # GPUs from which a job is its own scale class
 ALL = "all"
