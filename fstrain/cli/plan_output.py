@@ -65,6 +65,8 @@ def print_plans(
     else:
         emit("[red bold]nothing fits.[/red bold] The closest configurations:")
         emit(_plans_table(result.rejected[:top], training, fitting=False))
+        if model.spec is not None:
+            emit(band_line(result.rejected[0], cluster.num_nodes, "#1 "))
         for suggestion in result.suggestions:
             emit(f"  would fit {suggestion}")
         if not result.suggestions:
@@ -221,9 +223,10 @@ def memory_bar(memory: MemoryBreakdown, usable: int, width: int = BAR_WIDTH) -> 
     return f"{''.join(parts)} {memory.peak / GIB:.1f} of {usable / GIB:.1f} GiB ({free / GIB:.1f} free)\n{legend}"
 
 
-def band_line(plan: Plan, num_nodes: int) -> str:
-    """The chosen plan's error bands: 'likely (80 % band): peak 57.1-66.0 GiB (zero3-fsdp, 21 runs),
-    ...' (fstrain/core/plan/errorband.py; docs/planner.md "Error bands")."""
+def band_line(plan: Plan, num_nodes: int, which: str = "") -> str:
+    """A plan's error bands (``which``: the plan's row, for one of several): 'likely (80 % band of
+    measured runs like it): peak 36.7-60.3 GiB (zero3-fsdp, 21 runs); ...'
+    (fstrain/core/plan/errorband.py; docs/planner.md "Error bands")."""
     from fstrain.core.plan.errorband import prediction_bands
 
     bands = prediction_bands(plan.knobs, num_nodes, plan.memory.peak, plan.time.tokens_per_s if plan.time else None)
@@ -234,7 +237,7 @@ def band_line(plan: Plan, num_nodes: int) -> str:
     if bands.throughput:
         parts.append(f"{bands.throughput.low:,.0f}-{bands.throughput.high:,.0f} tokens/s "
                      f"({bands.throughput.band.label}, {bands.throughput.band.runs} runs)")
-    return f"[bold]likely[/bold] ({bands.nominal_pct} % band of measured runs like it): " + "; ".join(parts)
+    return f"{which}[bold]likely[/bold] ({bands.nominal_pct} % band of measured runs like it): " + "; ".join(parts)
 
 
 def _details_lines(memory: MemoryBreakdown) -> str:

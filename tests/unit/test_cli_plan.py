@@ -116,7 +116,7 @@ def test_nothing_fits_exits_1_and_says_what_would() -> None:
     assert all(p["tokens_per_s"] > 0 and p["step_time_s"] > 0 for p in document["plans"])  # had they fitted
     human = run_fstrain("plan", "--model", "llama3.1-405b", "--gpu", "a100-40gb")
     assert human.returncode == 1 and "nothing fits" in human.stderr and "would fit on " in human.stderr
-    assert "tokens/s if it fit" in human.stderr
+    assert "tokens/s if it fit" in human.stderr and "#1 likely (" in human.stderr  # the closest one's band
 
 
 def test_heterogeneous_nodes_name_the_bound() -> None:
