@@ -1,15 +1,18 @@
 """The planner against published training runs, as markdown tables (not a test).
 
     python benchmarks/planner_accuracy.py [--all] [--by-source] [--fit]
+    python benchmarks/planner_accuracy.py --bands-module > fstrain/core/plan/fittedbands.py
 
 Plans every expressible run in tests/fixtures/planner/measured/ with all knobs pinned and prints
 the figures in sample (the shipped constants, fitted on every source) and leave one source out
 (each source predicted by constants re-fitted without it: the headline), then the error table
 of each, measured vs predicted memory and tokens/s/GPU with the fit verdicts (the same
-evaluation tests/unit/test_planner_accuracy.py asserts on), and the calibration sources.
+evaluation tests/unit/test_planner_accuracy.py asserts on), the error bands per class with their
+held-out coverage (tests/unit/test_planner_bands.py), and the calibration sources.
 ``--all`` also lists the runs the planner cannot express yet, with the reason; ``--by-source``
 a summary with one row per source file; ``--fit`` the constants fitted on every source (what
-fstrain/core/plan/fitted.py must hold) and on each leave-one-out fold.
+fstrain/core/plan/fitted.py must hold) and on each leave-one-out fold. ``--bands-module`` prints
+only the text of fstrain/core/plan/fittedbands.py (the bands the harness learns), nothing else.
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from tests.unit.test_planner_accuracy import (
     side_by_side,
     source_table,
 )
+from tests.unit.test_planner_bands import (
+    bands_markdown,
+    bands_module,
+    coverage_by_source,
+    harness_bands,
+    nested_loso,
+)
 
 
 def main() -> int:
@@ -37,11 +47,19 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="also list the runs that are not expressible")
     parser.add_argument("--by-source", action="store_true", help="also print one summary row per source file")
     parser.add_argument("--fit", action="store_true", help="also print the fitted constants, overall and per fold")
+    parser.add_argument("--bands-module", action="store_true",
+                        help="print only fstrain/core/plan/fittedbands.py as the harness computes it")
     args = parser.parse_args()
     cases = load_cases()
+    nested = nested_loso(cases)
+    bands = harness_bands(nested)
+    if args.bands_module:
+        print(bands_module(bands), end="")
+        return 0
     outcomes = evaluate_all(cases)
     loso, folds = evaluate_loso(cases)
     print(side_by_side(outcomes, loso))
+    print(f"\n### Error bands ({bands.nominal_pct} %)\n\n" + bands_markdown(bands))
     print("\n### Leave one source out\n\n" + markdown_table(loso))
     print("\n### In sample\n\n" + markdown_table(outcomes))
     print("\n### Calibration sources\n\n" + calibration_sources(cases))
@@ -52,6 +70,7 @@ def main() -> int:
                 why = "; ".join(case.run.get("not_expressible_because") or [])
                 print(f"| {case.id} | {case.file} | {why} |")
     if args.by_source:
+        print("\n### Error bands, held-out runs inside their band by source\n\n" + coverage_by_source(nested))
         print("\n### By source, leave one source out\n\n" + source_table(cases, loso))
         print("\n### By source, in sample\n\n" + source_table(cases, outcomes))
     if args.fit:

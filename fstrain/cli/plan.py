@@ -226,6 +226,8 @@ def plan_document(
     """The --json document: the top fitting plans, then the closest that do not fit."""
     from dataclasses import asdict
 
+    from fstrain.core.plan.errorband import plan_error_band
+
     shown = [*result.plans[:top], *result.rejected[:top]]
     return {
         "model": {
@@ -250,7 +252,9 @@ def plan_document(
         "considered": result.considered,
         "fitting_total": len(result.plans),
         "rejected_total": len(result.rejected),
-        "plans": [p.to_dict(training.train_tokens) for p in shown],
+        "plans": [{**p.to_dict(training.train_tokens), "error_band": plan_error_band(
+            p.knobs, cluster.num_nodes, p.memory.peak, p.time.tokens_per_s if p.time else None,
+            architecture=plan_model.spec is not None)} for p in shown],
         "suggestions": list(result.suggestions),
     }
 

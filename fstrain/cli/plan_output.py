@@ -53,6 +53,8 @@ def print_plans(
         best = result.plans[0]
         emit(f"\n[bold]chosen:[/bold] {best.describe()}")
         emit(memory_bar(best.memory, best.usable_bytes))
+        if model.spec is not None:
+            emit(band_line(best, cluster.num_nodes))
         if best.memory.peak > best.usable_bytes:
             emit(f"[yellow]tight:[/yellow] the live tensors, CUDA context and NCCL buffers "
                  f"({best.memory.required / GIB:.1f} GiB) fit, the allocator's cache margin does not: "
@@ -63,6 +65,8 @@ def print_plans(
     else:
         emit("[red bold]nothing fits.[/red bold] The closest configurations:")
         emit(_plans_table(result.rejected[:top], training, fitting=False))
+        if model.spec is not None:
+            emit(band_line(result.rejected[0], cluster.num_nodes, "#1 "))
         for suggestion in result.suggestions:
             emit(f"  would fit {suggestion}")
         if not result.suggestions:
@@ -217,6 +221,23 @@ def memory_bar(memory: MemoryBreakdown, usable: int, width: int = BAR_WIDTH) -> 
         for name, colour in _SEGMENTS
     )
     return f"{''.join(parts)} {memory.peak / GIB:.1f} of {usable / GIB:.1f} GiB ({free / GIB:.1f} free)\n{legend}"
+
+
+def band_line(plan: Plan, num_nodes: int, which: str = "") -> str:
+    """A plan's error bands (``which``: the plan's row, for one of several): 'likely (80 % band of
+    measured runs like it): peak 36.7-60.3 GiB (zero3-fsdp, 21 runs); ...'
+    (fstrain/core/plan/errorband.py; docs/planner.md "Error bands")."""
+    from fstrain.core.plan.errorband import prediction_bands
+
+    bands = prediction_bands(plan.knobs, num_nodes, plan.memory.peak, plan.time.tokens_per_s if plan.time else None)
+    parts = []
+    if bands.memory:
+        parts.append(f"peak {bands.memory.low / GIB:.1f}-{bands.memory.high / GIB:.1f} GiB "
+                     f"({bands.memory.band.label}, {bands.memory.band.runs} runs)")
+    if bands.throughput:
+        parts.append(f"{bands.throughput.low:,.0f}-{bands.throughput.high:,.0f} tokens/s "
+                     f"({bands.throughput.band.label}, {bands.throughput.band.runs} runs)")
+    return f"{which}[bold]likely[/bold] ({bands.nominal_pct} % band of measured runs like it): " + "; ".join(parts)
 
 
 def _details_lines(memory: MemoryBreakdown) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fstrain.core.plan import fittedbands
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.planfile import PlanFile
 from tests.helpers import run_fstrain
@@ -54,6 +55,21 @@ def test_json_document_has_the_issue_fields(tmp_path: Path) -> None:
     saved = PlanFile.from_dict(yaml.safe_load(out.read_text()), str(out))
     assert (saved.knobs.strategy, saved.knobs.tp, saved.knobs.dp) == (best["strategy"], best["tp"], best["dp"])
     assert saved.model.name == "llama3.1-70b" and saved.cluster.num_nodes == 8
+    # Every plan carries its error band (fstrain/core/plan/errorband.py): the measured values
+    # its peak and throughput are consistent with, P / (1 + high error) to P / (1 + low error).
+    for p in plans:
+        band = p["error_band"]
+        memory, throughput = band["memory"], band["throughput"]
+        assert band["nominal_coverage"] == fittedbands.NOMINAL_COVERAGE_PCT / 100
+        assert memory["class"] in fittedbands.MEMORY_BANDS and 0 < memory["held_out_coverage"] <= 1
+        assert memory["low_bytes"] == round(p["memory"]["peak"] / (1 + memory["error_high"]))
+        assert memory["high_bytes"] == round(p["memory"]["peak"] / (1 + memory["error_low"]))
+        if p["tokens_per_s"] is None:
+            assert throughput is None
+        else:
+            assert throughput["low_tokens_per_s"] == pytest.approx(p["tokens_per_s"] / (1 + throughput["error_high"]))
+            assert throughput["high_tokens_per_s"] == pytest.approx(p["tokens_per_s"] / (1 + throughput["error_low"]))
+    assert saved.predicted["error_band"] == best["error_band"]
 
 
 def test_plan_imports_no_torch_deepspeed_or_rich_for_json() -> None:
@@ -82,6 +98,7 @@ def test_human_output_shows_plans_memory_bar_and_assumptions() -> None:
         "tokens/s",
         "chosen:",
         "█",
+        "% band of measured runs like it): peak ",
         "peak",
         "assumptions",
         "cuda_context_bytes",
@@ -99,7 +116,7 @@ def test_nothing_fits_exits_1_and_says_what_would() -> None:
     assert all(p["tokens_per_s"] > 0 and p["step_time_s"] > 0 for p in document["plans"])  # had they fitted
     human = run_fstrain("plan", "--model", "llama3.1-405b", "--gpu", "a100-40gb")
     assert human.returncode == 1 and "nothing fits" in human.stderr and "would fit on " in human.stderr
-    assert "tokens/s if it fit" in human.stderr
+    assert "tokens/s if it fit" in human.stderr and "#1 likely (" in human.stderr  # the closest one's band
 
 
 def test_heterogeneous_nodes_name_the_bound() -> None:
@@ -129,6 +146,7 @@ def test_model_params_only() -> None:
     best = json.loads(result.stdout)["plans"][0]
     assert best["memory"]["activations"] == 0 and best["step_time_s"] is None
     assert best["memory"]["model_states"] == 18 * 7_500_000_000 // 64  # DeepSpeed's ZeRO-3 accounting
+    assert best["error_band"] is None  # no activations: no band learned on real runs applies
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from fstrain.core.plan.adafactor import adafactor_problem, check_adafactor
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.blocktime import KernelModel
 from fstrain.core.plan.contextparallel import CP_STRATEGIES, cp_problem
+from fstrain.core.plan.errorband import plan_error_band
 from fstrain.core.plan.frameworks import framework_assumptions, profile
 from fstrain.core.plan.kernelcost import GpuRates
 from fstrain.core.plan.kernels import EAGER_BLOCK, check_fused_block
@@ -274,7 +275,9 @@ def plan_file(result: PlanResult, model: PlanModel, cluster: PlanCluster, train_
             "use --model NAME or --recipe PATH instead of --model-params",
             "--out",
         )
-    predicted = {**best.to_dict(train_tokens), "bounded_by": result.bounded_by, "num_params": model.num_params}
+    predicted = {**best.to_dict(train_tokens), "bounded_by": result.bounded_by, "num_params": model.num_params,
+                 "error_band": plan_error_band(best.knobs, cluster.num_nodes, best.memory.peak,
+                                               best.time.tokens_per_s if best.time else None)}
     return PlanFile(model=model.spec, knobs=best.knobs, cluster=cluster.summary(), predicted=predicted)
 
 
