@@ -1,6 +1,6 @@
 """The planner against published training runs, as markdown tables (not a test).
 
-    python benchmarks/planner_accuracy.py [--all] [--by-source] [--fit]
+    python benchmarks/planner_accuracy.py [--all] [--by-source] [--fit] [--prospective FILE ...]
 
 Plans every expressible run in tests/fixtures/planner/measured/ with all knobs pinned and prints
 the figures in sample (the shipped constants, fitted on every source) and leave one source out
@@ -9,7 +9,10 @@ of each, measured vs predicted memory and tokens/s/GPU with the fit verdicts (th
 evaluation tests/unit/test_planner_accuracy.py asserts on), and the calibration sources.
 ``--all`` also lists the runs the planner cannot express yet, with the reason; ``--by-source``
 a summary with one row per source file; ``--fit`` the constants fitted on every source (what
-fstrain/core/plan/fitted.py must hold) and on each leave-one-out fold.
+fstrain/core/plan/fitted.py must hold) and on each leave-one-out fold. ``--prospective FILE ...``
+prints only the named source files' figures, per file and together: planned with the constants
+fitted on every other source (before anything is fitted to them: the prospective figure; with an
+unchanged model, the constants shipped before the files joined), then leave one source out.
 """
 
 from __future__ import annotations
@@ -20,15 +23,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fstrain.core.plan.fit import fit_constants
+from fstrain.core.plan.fitted import COMPUTE_TIME_SCALE, FRAGMENTATION_FRACTION
 from tests.unit.test_planner_accuracy import (
+    Case,
     calibration_sources,
     evaluate_all,
     evaluate_loso,
+    evaluate_prospective,
     fit_runs,
     load_cases,
     markdown_table,
     side_by_side,
     source_table,
+    summary_by_source,
 )
 
 
@@ -37,8 +44,16 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="also list the runs that are not expressible")
     parser.add_argument("--by-source", action="store_true", help="also print one summary row per source file")
     parser.add_argument("--fit", action="store_true", help="also print the fitted constants, overall and per fold")
+    parser.add_argument("--prospective", nargs="+", metavar="FILE",
+                        help="only these source files (names in tests/fixtures/planner/measured/), scored "
+                             "with the constants fitted without them, then leave one source out")
     args = parser.parse_args()
     cases = load_cases()
+    if args.prospective:
+        unknown = sorted(set(args.prospective) - {case.file for case in cases})
+        if unknown:
+            parser.error(f"no source file {', '.join(unknown)} in tests/fixtures/planner/measured/")
+        return prospective(cases, args.prospective)
     outcomes = evaluate_all(cases)
     loso, folds = evaluate_loso(cases)
     print(side_by_side(outcomes, loso))
@@ -59,6 +74,20 @@ def main() -> int:
         print(f"\nfitted on every source: {fit_constants(times, memories).as_dict()}")
         for source, constants in folds.items():
             print(f"without {source}: {constants.as_dict()}")
+    return 0
+
+
+def prospective(cases: list[Case], files: list[str]) -> int:
+    """The prospective figures of ``files``, then their leave-one-source-out figures."""
+    before, constants = evaluate_prospective(cases, files)
+    shipped = constants.compute_time_scale == COMPUTE_TIME_SCALE and \
+        constants.fragmentation_fraction == FRAGMENTATION_FRACTION
+    print(f"constants fitted without them: {constants.as_dict()} "
+          f"({'equal to' if shipped else 'not'} the shipped fstrain/core/plan/fitted.py)")
+    print("\n### Prospective (before fitting)\n\n" + summary_by_source(before))
+    print("\n" + markdown_table(before))
+    loso, _ = evaluate_loso(cases)
+    print("\n### Leave one source out (after)\n\n" + summary_by_source([o for o in loso if o.case.file in files]))
     return 0
 
 
