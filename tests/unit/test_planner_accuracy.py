@@ -73,6 +73,7 @@ EXTRA_KNOBS: dict[str, Any] = {
     "compile": False,
     "fp8": False,
     "fp8_all_gather": False,
+    "fp8_rowwise": False,
     "cp": 1,
     "async_tp": False,
     "pp_schedule": "1f1b",
@@ -80,6 +81,8 @@ EXTRA_KNOBS: dict[str, Any] = {
     "activation_offload": False,
     "lora": False,
     "fused_rmsnorm": False,
+    "fsdp2_no_sync": False,
+    "tp_replicated_logits": False,
     "framework": "fstrain",
 }
 # What `fstrain plan` could express when the calibration set was collected. A run needing more
