@@ -73,6 +73,7 @@ EXTRA_KNOBS: dict[str, Any] = {
     "compile": False,
     "fp8": False,
     "fp8_all_gather": False,
+    "fp8_rowwise": False,
     "cp": 1,
     "async_tp": False,
     "pp_schedule": "1f1b",
@@ -80,6 +81,8 @@ EXTRA_KNOBS: dict[str, Any] = {
     "activation_offload": False,
     "lora": False,
     "fused_rmsnorm": False,
+    "fsdp2_no_sync": False,
+    "tp_replicated_logits": False,
     "framework": "fstrain",
 }
 # What `fstrain plan` could express when the calibration set was collected. A run needing more
@@ -378,11 +381,37 @@ def evaluate_loso(cases: Iterable[Case]) -> tuple[list[Outcome], dict[str, Fitte
     (same order as :func:`evaluate_all`), and each source's fold."""
     cases = [c for c in cases if c.expressible]
     times, memories = fit_runs(cases)
-    folds = {}
-    for source in sorted({c.file for c in cases}):
-        folds[source] = fit_constants([r for r in times if r.source != source],
-                                      [r for r in memories if r.source != source])
+    folds = {source: fit_without(times, memories, {source}) for source in sorted({c.file for c in cases})}
     return [evaluate(case, fitted_assumptions(folds[case.file], case)) for case in cases], folds
+
+
+def fit_without(times: Iterable[TimeRun], memories: Iterable[MemoryRun], sources: set[str]) -> FittedConstants:
+    """The constants fitted on every run but those of ``sources`` (file names)."""
+    return fit_constants([r for r in times if r.source not in sources],
+                         [r for r in memories if r.source not in sources])
+
+
+def evaluate_prospective(cases: Iterable[Case], files: Iterable[str]) -> tuple[list[Outcome], FittedConstants]:
+    """The runs of ``files`` planned with the constants fitted on every other source: what the
+    planner says of them before anything is fitted to them (while the model is unchanged, these
+    constants are the ones shipped before the files joined). Same order as :func:`evaluate_all`."""
+    cases, wanted = [c for c in cases if c.expressible], set(files)
+    times, memories = fit_runs(cases)
+    constants = fit_without(times, memories, wanted)
+    return [evaluate(case, fitted_assumptions(constants, case)) for case in cases if case.file in wanted], constants
+
+
+def summary_by_source(outcomes: list[Outcome]) -> str:
+    """The figures of :func:`summary` for each source file of ``outcomes`` and over all of them."""
+    figures = list(summary([]))
+    rows = ["| source | " + " | ".join(figures) + " |", "|---" * (len(figures) + 1) + "|"]
+    files = sorted({o.case.file for o in outcomes})
+    for label, wanted in [*((f"`{name}`", {name}) for name in files), ("all", set(files))]:
+        values = summary([o for o in outcomes if o.case.file in wanted])
+        cells = ["-" if isinstance(v, float) and math.isnan(v) else
+                 f"{v:.0%}" if "within" in k else f"{v:.1f}" if "%" in k else f"{v:g}" for k, v in values.items()]
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def median_abs(errors: Iterable[float | None]) -> float:
@@ -781,3 +810,38 @@ def test_fit_verdict_agrees_on_every_expressible_case(outcomes: list[Outcome], l
     for results in (outcomes, loso):
         wrong = [f"{o.case.id}: {o.error or _fit(o.predicted_fits)}" for o in scored(results) if not o.fit_agrees]
         assert not wrong, "\n".join(wrong)
+
+
+def test_prospective_plans_the_named_sources_with_the_fit_without_them() -> None:
+    """One source named: its leave-one-source-out fold. Two: the fit on every other source."""
+    one, two = "flashattn_training_gpt3_a100.yaml", "torchtitan_llama3_h100_202412.yaml"
+    cases = [c for c in CASES if c.file in (one, two, "ibm_fms_fsdp_throughput_2024.yaml",
+                                            "fstrain_h200_20261130_run2.yaml")]
+    before, _ = evaluate_prospective(cases, [one])
+    loso, _ = evaluate_loso(cases)
+    assert [o.case.id for o in before] == [c.id for c in cases if c.expressible and c.file == one]
+    assert [(o.throughput_error_pct, o.predicted_fits) for o in before] == \
+        [(o.throughput_error_pct, o.predicted_fits) for o in loso if o.case.file == one]
+    both, constants = evaluate_prospective(cases, [one, two])
+    times, memories = fit_runs(cases)
+    assert constants == fit_constants([r for r in times if r.source not in (one, two)],
+                                      [r for r in memories if r.source not in (one, two)])
+    assert {o.case.file for o in both} == {one, two} and constants != fit_constants(times, memories)
+
+
+def test_summary_by_source_on_values() -> None:
+    def case(file: str, memory: float | None, tokens: float | None) -> Case:
+        measured = {"fits": True, "memory": memory, "memory_unit": "GiB", "tokens_per_s_per_gpu": tokens}
+        return Case(f"{file}-{memory}-{tokens}", file, {}, {}, {"expressible": True, "measured": measured})
+
+    fits = cast(Plan, types.SimpleNamespace(fits=True))
+    outcomes = [
+        Outcome(case("a.yaml", 10, 100), fits, predicted_memory_bytes=12 * GIB, predicted_tokens_per_s_per_gpu=80),
+        Outcome(case("a.yaml", 20, None), fits, predicted_memory_bytes=19 * GIB),  # -5 %
+        Outcome(case("b.yaml", None, 100), fits, predicted_tokens_per_s_per_gpu=130),  # +30 %
+    ]
+    assert summary_by_source(outcomes).splitlines()[2:] == [
+        "| `a.yaml` | 2 | 12.5 | 50% | 1 | 20.0 | 100% | 2 | 2 |",
+        "| `b.yaml` | 0 | - | - | 1 | 30.0 | 0% | 1 | 1 |",
+        "| all | 2 | 12.5 | 50% | 2 | 25.0 | 50% | 3 | 3 |",
+    ]
