@@ -179,16 +179,24 @@ class Assumptions:
     )
 
     collective_latency_s: float = _stated(
-        5e-6,
+        14e-6,
         "Latency of one step of a ring collective across nodes (the alpha of alpha-beta): NCCL's "
-        "tuning model puts a network hop at a few microseconds (src/graph/tuning.cc, hwLat NET); "
-        "a ring all-gather or reduce-scatter over n ranks takes n - 1 steps, a tree all-reduce "
-        "2 log2(n).",
+        "tuning model, hwLat NET Ring Simple = 14 us (NVIDIA/nccl src/graph/tuning.cc @b647562). "
+        "A ring all-gather or reduce-scatter over n ranks on k nodes takes k - 1 such steps and "
+        "n - k inside nodes; an all-reduce the cheaper of the ring's 2(n - 1) and a tree's "
+        "2 (ranks per node - 1 + log2 k) (fstrain/core/plan/nccllatency.py).",
     )
 
     nvlink_latency_s: float = _stated(
-        1e-6,
-        "Latency of one step of a collective inside a node (NVLink / PCIe hop).",
+        3.4e-6,
+        "Latency of one step of a ring collective inside a node over NVLink: NCCL's hwLat NVLINK "
+        "Ring Simple = 3.4 us (tuning.cc @b647562; over PCIe NCCL's 5.7 us).",
+    )
+
+    collective_base_latency_s: float = _stated(
+        8.4e-6,
+        "Fixed latency of one ring collective whatever its size and group: NCCL's baseLat Ring "
+        "Simple = 8.4 us (tuning.cc @b647562).",
     )
 
     layer_overhead_s: float = _stated(

@@ -19,7 +19,9 @@
 - Data parallel: DDP all-reduce (2 Psi) once a step; ZeRO-1 reduce-scatter + all-gather once a
   step; ZeRO-2 reduce-scatter every micro-batch, all-gather once; ZeRO-3 and FSDP full-shard
   all-gather (forward, backward) and reduce-scatter every micro-batch (3 Psi); grad-op gathers
-  once per micro-batch; hybrid shards inside a group and all-reduces across groups. Ring
+  once per micro-batch; hybrid sharding, and ZeRO-1/2 with ``shard_group_size < dp``, shard
+  inside a group and all-reduce the shard across groups. Each collective pays NCCL's latency
+  (:mod:`fstrain.core.plan.nccllatency`: ring hops, or a tree for all-reduces). Ring
   collectives move ``(n-1)/n`` of the buffer per step of the ring; bandwidth is NVLink inside a
   domain, PCIe inside a node without it, the node's NICs shared by its GPUs across nodes.
   What can overlap with compute hides behind it (assumption ``dp_overlap``).
@@ -67,6 +69,7 @@ from fstrain.core.plan.memory import (
     shared_expert_matmuls,
     weight_bytes,
 )
+from fstrain.core.plan.nccllatency import PCIE_RING_HOP_S, Hops, all_reduce_latency_s, ring_latency_s
 from fstrain.core.plan.pipeline import boundary_crossings, bubble_slots, layers_per_rank
 from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
@@ -263,15 +266,23 @@ def all_reduce_bandwidth(size: int, stride: int, links: Links) -> float:
 
 
 def collective_latency(size: int, stride: int, links: Links, assumptions: Assumptions, tree: bool = False) -> float:
-    """The alpha of one collective over ``size`` ranks: ring steps (n - 1), or a tree's 2 log2(n)
-    for an all-reduce where NCCL picks the cheaper."""
+    """The alpha of one collective over ``size`` ranks spaced ``stride`` apart, by NCCL's tuning
+    model (:mod:`fstrain.core.plan.nccllatency`): a ring all-gather or reduce-scatter, or with
+    ``tree`` an all-reduce, ring or tree, whichever NCCL finds cheaper."""
     if size <= 1:
         return 0.0
-    alpha = assumptions.nvlink_latency_s if size * stride <= links.gpus_per_node else assumptions.collective_latency_s
-    steps = float(size - 1)
-    if tree:
-        steps = min(2.0 * (size - 1), 2.0 * math.log2(size))
-    return steps * alpha
+    hops = Hops(size, _nodes_spanned(size, stride, links.gpus_per_node),
+                assumptions.nvlink_latency_s if links.nvlink_bytes_per_s > 0 else PCIE_RING_HOP_S,
+                assumptions.collective_latency_s, assumptions.collective_base_latency_s)
+    return all_reduce_latency_s(hops) if tree else ring_latency_s(hops)
+
+
+def _nodes_spanned(size: int, stride: int, gpus_per_node: int) -> int:
+    """Nodes a group of ``size`` ranks ``stride`` apart covers (ranks numbered node by node)."""
+    if size * stride <= gpus_per_node:
+        return 1
+    per_node = max(1, min(size, gpus_per_node // max(1, stride)))
+    return math.ceil(size / per_node)
 
 
 def _ring(size: int) -> float:
@@ -564,27 +575,39 @@ def _dp_parts(
     w_int, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
     w = w_int - (w_int - 1) * fp8_gathered if knobs.strategy.startswith("fsdp") else float(w_int)
     eff = assumptions.collective_efficiency
-    group = knobs.shard_group_size if knobs.strategy == "fsdp-hybrid" else d
+    hierarchical = knobs.strategy in ("fsdp-hybrid", "zero1", "zero2")  # zero1/2: sharded within groups
+    group = knobs.shard_group_size if hierarchical else d
     bandwidth = group_bandwidth(group, t, links) * eff
 
     def move(
-        bytes_per_param: float, size: int = group, bw: float = bandwidth, count: int = 1, passes: int = 1
+        bytes_per_param: float, size: int = group, bw: float = bandwidth, count: int = 1, passes: int = 1,
+        spacing: int = t, all_reduce: bool = False,
     ) -> float:
         # One collective per block and pass (FSDP / ZeRO-3 units; DDP and ZeRO buckets are of
-        # the same order): each pays the ring's latency besides the bytes.
-        latency = passes * layers * collective_latency(size, t, links, assumptions)
+        # the same order): each pays NCCL's latency besides the bytes.
+        latency = passes * layers * collective_latency(size, spacing, links, assumptions, tree=all_reduce)
         return count * (_ring(size) * bytes_per_param * params / bw + latency)
+
+    def across(bytes_per_param: float, count: int = 1) -> float:
+        # The shards' all-reduce across the d / group replicas (hybrid sharding, ZeRO-1/2 sharded
+        # within groups), one rank per group, ``t x group`` apart.
+        replicas = d // group
+        if replicas <= 1:
+            return 0.0
+        bw = group_bandwidth(replicas, t * group, links) * eff
+        return move(2 * bytes_per_param / group, size=replicas, bw=bw, count=count, spacing=t * group,
+                    all_reduce=True)
 
     backward_last = 2 / 3 * compute_mb  # what a once-per-step collective can hide behind
     all_compute = m * compute_mb
     strategy = knobs.strategy
     exposed_only = 0.0
     if strategy == "ddp":
-        hidden, window = move(2 * red, bw=all_reduce_bandwidth(group, t, links) * eff), backward_last
+        hidden, window = move(2 * red, bw=all_reduce_bandwidth(group, t, links) * eff, all_reduce=True), backward_last
     elif strategy == "zero1":
-        hidden, window, exposed_only = move(red), backward_last, move(w)
+        hidden, window, exposed_only = move(red) + across(red), backward_last, move(w)
     elif strategy == "zero2":
-        hidden, window, exposed_only = move(red, count=m), 2 / 3 * all_compute, move(w)
+        hidden, window, exposed_only = move(red, count=m) + across(red, count=m), 2 / 3 * all_compute, move(w)
     elif strategy == "zero3":
         hidden, window = move(2 * w + red, count=m, passes=3), all_compute
     elif strategy.startswith("fsdp") and knobs.pp > 1:
@@ -592,19 +615,11 @@ def _dp_parts(
         # torchtitan) and reduces its gradients once, after the last micro-batch's backward
         # (torch.distributed.pipelining's perform_reduce_grad): one all-gather a step, prefetched
         # block by block behind the first micro-batch's forward, and one exposed reduce-scatter.
-        hidden, window, exposed_only = move(w), compute_mb / 3, move(red)
-        if strategy == "fsdp-hybrid":
-            replicas = d // group
-            across = group_bandwidth(replicas, t * group, links) * eff
-            exposed_only += move(2 * red / group, size=replicas, bw=across)
+        hidden, window, exposed_only = move(w), compute_mb / 3, move(red) + across(red)
     elif strategy == "fsdp-grad-op":
         hidden, window = move(w + red, count=m, passes=2), all_compute
     else:  # fsdp-full, fsdp-hybrid
-        hidden, window = move(2 * w + red, count=m, passes=3), all_compute
-        if strategy == "fsdp-hybrid":
-            replicas = d // group
-            across = group_bandwidth(replicas, t * group, links) * eff
-            hidden += move(2 * red / group, size=replicas, bw=across, count=m)
+        hidden, window = move(2 * w + red, count=m, passes=3) + across(red, count=m), all_compute
     return hidden, window, exposed_only
 
 
