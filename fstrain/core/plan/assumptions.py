@@ -230,7 +230,16 @@ class Assumptions:
 
     cpu_adam_params_per_s_per_node: float = _stated(
         2e9,
-        "Parameters per second a node's CPUs update with DeepSpeed CPU-Adam (offloaded optimizer).",
+        "Parameters per second a node's CPUs update with DeepSpeed's AVX-vectorised CPU Adam "
+        "(ZeRO-Offload's optimizer step; fstrain/core/plan/offload.py).",
+    )
+
+    torch_cpu_adamw_params_per_s_per_node: float = _stated(
+        2e9 / 6,
+        "Parameters per second a node's CPUs update with torch.optim.AdamW on CPU tensors (FSDP's CPU "
+        "offload runs the user's optimizer on the host): 1/6 of cpu_adam_params_per_s_per_node, "
+        "DeepSpeed's 'DeepSpeedCPUAdam is 5X-7X faster than the standard PyTorch implementation' "
+        "(deepspeed.ai/tutorials/zero-offload).",
     )
 
     mfu: float = _stated(

@@ -39,7 +39,8 @@
   Ring attention's K/V all-gather (forward, and again in backward) hides behind the first (local)
   chunk's SDPA; backward's fp32 dK/dV rotation hides each step behind the next chunk's SDPA, the
   last one exposed (:func:`ring_attention_time`).
-- CPU offload: PCIe transfers and the CPU optimizer step, not overlapped.
+- CPU offload (:mod:`fstrain.core.plan.offload`): PCIe transfers and the CPU optimizer step
+  (DeepSpeed's CPU Adam, or torch's AdamW on the host under FSDP), not overlapped.
 - fp8 (``knobs.fp8``): the blocks' linear layers run their three matmuls on the fp8 tensor cores
   and pay for the casts, after torchao's float8 roofline (:func:`fp8_linear_saving_s`); the
   attention core, the output layer and everything else keep the compute dtype's time.
@@ -63,13 +64,13 @@ from fstrain.core.plan.memory import (
     comm_bytes,
     converted_linears,
     fp8_gathered_block_params,
-    param_bytes,
     replicated_split,
     residual_bytes,
     shared_expert_matmuls,
     weight_bytes,
 )
 from fstrain.core.plan.nccllatency import PCIE_RING_HOP_S, Hops, all_reduce_latency_s, ring_latency_s
+from fstrain.core.plan.offload import offload_time
 from fstrain.core.plan.pipeline import boundary_crossings, bubble_slots, layers_per_rank
 from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
@@ -312,6 +313,8 @@ class StepTime:
     elementwise_s: float = 0.0  # elementwise, norms, loss, fp8 casts: HBM traffic
     launch_s: float = 0.0  # kernel launches not hidden behind GPU work
     optimizer_s: float = 0.0  # the optimizer's update on the GPU, once a step (not in compute_s)
+    offload_pcie_s: float = 0.0  # of offload_s: the offloaded state's PCIe transfers
+    cpu_optimizer_s: float = 0.0  # of offload_s: the optimizer step on the host's CPUs
 
     @property
     def tokens_per_s(self) -> float:
@@ -330,6 +333,8 @@ class StepTime:
             "dp_comm_s": self.dp_comm_s,
             "dp_exposed_s": self.dp_exposed_s,
             "offload_s": self.offload_s,
+            **({"offload_pcie_s": self.offload_pcie_s, "cpu_optimizer_s": self.cpu_optimizer_s}
+               if self.offload_s else {}),
             **({"ep_comm_s": self.ep_comm_s} if self.ep_comm_s else {}),
             **({"cp_comm_s": self.cp_comm_s} if self.cp_comm_s else {}),
             "gemm_s": self.gemm_s,
@@ -411,12 +416,13 @@ def step_time(
         fp8_gathered = min(1.0, layers * fp8_gathered_block_params(model, rank) / dense_params)
     dp_total, dp_exposed = _data_parallel_time(rank, stage_params, compute_mb, links, assumptions, layers,
                                                expert_params, fp8_gathered)
-    offload = _offload_time(rank, stage_params, links, assumptions, expert_params)
+    offload = offload_time(rank, stage_params, links.host_link_bytes_per_s, links.gpus_per_node, assumptions,
+                           expert_params)
     optimizer = 0.0
     if terms is not None and kernels is not None and knobs.offload == "none":
         local = stage_params / (rank.shard_group_size if knobs.zero_stage else 1)
         optimizer = kernels.optimizer_s(local, knobs.optimizer)
-    total = pipeline + dp_exposed + offload + optimizer
+    total = pipeline + dp_exposed + offload.total_s + optimizer
     tokens = knobs.global_batch_size * knobs.seq_len
     model_flops = flops.training * tokens
     return StepTime(
@@ -427,7 +433,7 @@ def step_time(
         pp_comm_s=m * pp_mb,
         dp_comm_s=dp_total,
         dp_exposed_s=dp_exposed,
-        offload_s=offload,
+        offload_s=offload.total_s,
         tokens_per_step=tokens,
         model_flops_per_step=model_flops,
         mfu=model_flops / (total * cluster_peak_flops),
@@ -438,6 +444,8 @@ def step_time(
         elementwise_s=m * terms.memory_s if terms else 0.0,
         launch_s=m * terms.launch_s if terms else 0.0,
         optimizer_s=optimizer,
+        offload_pcie_s=offload.pcie_s,
+        cpu_optimizer_s=offload.cpu_optimizer_s,
     )
 
 
@@ -621,24 +629,3 @@ def _dp_parts(
     else:  # fsdp-full, fsdp-hybrid
         hidden, window = move(2 * w + red, count=m, passes=3) + across(red, count=m), all_compute
     return hidden, window, exposed_only
-
-
-def _offload_time(
-    knobs: PlanKnobs, params: int, links: Links, assumptions: Assumptions, expert_params: int = 0
-) -> float:
-    """PCIe traffic and the CPU optimizer step of an offloaded configuration (not overlapped).
-    Under expert parallelism the experts' shard is of ``shard/ep`` ranks (see ``_data_parallel_time``)."""
-    if knobs.offload == "none":
-        return 0.0
-    w = param_bytes(knobs.precision)
-    expert_shard = max(1, knobs.shard_group_size // knobs.ep)
-    shard = (params - expert_params) / knobs.shard_group_size + expert_params / expert_shard
-    pcie = links.host_link_bytes_per_s / 2  # one direction
-    cpu_step = shard * links.gpus_per_node / assumptions.cpu_adam_params_per_s_per_node
-    if knobs.strategy.startswith("fsdp"):
-        # fp32 shards up for forward and backward, fp32 gradients down, every micro-batch
-        return knobs.grad_accum_steps * 3 * 4 * shard / pcie + cpu_step
-    transfers = 2 * w * shard  # gradients down, updated parameters up, once a step
-    if knobs.offload == "optimizer+params":
-        transfers += knobs.grad_accum_steps * 2 * w * shard  # parameters up for forward and backward
-    return transfers / pcie + cpu_step
