@@ -208,9 +208,23 @@ class Assumptions:
 
     kernel_launch_s: float = _stated(
         4e-6,
-        "CPU time eager PyTorch takes to issue one kernel (dispatcher, autograd, the CUDA launch: a "
-        "few microseconds per op). A micro-batch costs at least its kernel count times this: what "
-        "bounds small models and micro-batches (fstrain/core/plan/kernelcost.py).",
+        "Host time of one kernel on the C++ side (dispatcher, allocator, cudaLaunchKernel): what a "
+        "backward op in autograd's engine and a compiled kernel cost the CPU. A micro-batch costs at "
+        "least the host's time issuing its kernels (fstrain/core/plan/hostlaunch.py).",
+    )
+
+    python_op_s: float = _stated(
+        8e-6,
+        "Host time an eager forward op adds on top of kernel_launch_s: Python, the module call, "
+        "autograd recording its node (PyTorch's operator benchmark: 2.3-3.4 us for the bare Python-"
+        "to-dispatcher path of a tiny op, pytorch#32194). 12 us a forward op and 4 us a backward op "
+        "agree with published host-bound runs of a 4B model on one H200 (fstrain/core/plan/hostlaunch.py).",
+    )
+
+    cuda_graphs: bool = _stated(
+        False,
+        "With --compile, the compiled blocks replay as CUDA graphs (torch.compile mode='reduce-overhead'): "
+        "one launch a block and pass instead of one a kernel.",
     )
 
     compute_time_scale: float = _stated(

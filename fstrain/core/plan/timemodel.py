@@ -54,8 +54,9 @@ from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.assumptions import Assumptions
-from fstrain.core.plan.blocktime import ComputeTerms, KernelModel
+from fstrain.core.plan.blocktime import ComputeTerms, KernelModel, host_costs
 from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
+from fstrain.core.plan.hostlaunch import optimizer_host_s, parameter_tensors, sharding_host_s
 from fstrain.core.plan.kernels import attended_keys, fusion_seconds_saved_per_token
 from fstrain.core.plan.losses import has_vocab_head
 from fstrain.core.plan.memory import (
@@ -312,7 +313,8 @@ class StepTime:
     attention_s: float = 0.0
     elementwise_s: float = 0.0  # elementwise, norms, loss, fp8 casts: HBM traffic
     launch_s: float = 0.0  # kernel launches not hidden behind GPU work
-    optimizer_s: float = 0.0  # the optimizer's update on the GPU, once a step (not in compute_s)
+    optimizer_s: float = 0.0  # the optimizer's update, once a step (not in compute_s): GPU or host time, the longer
+    host_s: float = 0.0  # the host's time issuing the step's kernels (what launch_s and optimizer_s wait for)
     offload_pcie_s: float = 0.0  # of offload_s: the offloaded state's PCIe transfers
     cpu_optimizer_s: float = 0.0  # of offload_s: the optimizer step on the host's CPUs
 
@@ -341,6 +343,7 @@ class StepTime:
             "attention_s": self.attention_s,
             "elementwise_s": self.elementwise_s,
             "launch_s": self.launch_s,
+            "host_s": self.host_s,
             "optimizer_s": self.optimizer_s,
         }
 
@@ -379,9 +382,15 @@ def step_time(
     layers = layers_per_rank(model.num_layers, p, chunks)
     terms: ComputeTerms | None = None
     attention_rate = effective_flops_per_gpu
+    host_mb = launch_mb = 0.0
     if kernels is not None and not assumptions.mfu:
         terms = kernels.micro_batch(model, knobs, layers)  # the last stage's (it adds the logits)
-        compute_mb = terms.total_s
+        # The host also issues FSDP's per-unit collectives (under PP the stage stays gathered).
+        units = layers if p == 1 else 0
+        host_mb = terms.host_s + sharding_host_s(knobs.strategy, units, host_costs(assumptions, knobs.compile))
+        gpu_mb = terms.total_s - terms.launch_s
+        launch_mb = max(0.0, host_mb - gpu_mb)
+        compute_mb = gpu_mb + launch_mb
         attention_rate = terms.attention_forward_flops_per_s
     else:
         compute_mb = _mfu_compute_s(model, knobs, rank, flops, layers, effective_flops_per_gpu, links, assumptions,
@@ -418,10 +427,13 @@ def step_time(
                                                expert_params, fp8_gathered)
     offload = offload_time(rank, stage_params, links.host_link_bytes_per_s, links.gpus_per_node, assumptions,
                            expert_params)
-    optimizer = 0.0
+    optimizer = optimizer_host = 0.0
     if terms is not None and kernels is not None and knobs.offload == "none":
         local = stage_params / (rank.shard_group_size if knobs.zero_stage else 1)
-        optimizer = kernels.optimizer_s(local, knobs.optimizer)
+        implementation = _optimizer_implementation(knobs, assumptions)
+        optimizer_host = optimizer_host_s(parameter_tensors(model, layers), implementation,
+                                          host_costs(assumptions, knobs.compile))
+        optimizer = max(kernels.optimizer_s(local, knobs.optimizer), optimizer_host)  # host-bound when tiny
     total = pipeline + dp_exposed + offload.total_s + optimizer
     tokens = knobs.global_batch_size * knobs.seq_len
     model_flops = flops.training * tokens
@@ -442,11 +454,20 @@ def step_time(
         gemm_s=m * terms.gemm_s if terms else 0.0,
         attention_s=m * terms.attention_s if terms else 0.0,
         elementwise_s=m * terms.memory_s if terms else 0.0,
-        launch_s=m * terms.launch_s if terms else 0.0,
+        launch_s=m * launch_mb,
         optimizer_s=optimizer,
+        host_s=m * host_mb + optimizer_host,
         offload_pcie_s=offload.pcie_s,
         cpu_optimizer_s=offload.cpu_optimizer_s,
     )
+
+
+def _optimizer_implementation(knobs: PlanKnobs, assumptions: Assumptions) -> str:
+    """How the optimizer issues its update: DeepSpeed's FusedAdam (one multi-tensor kernel) under
+    ZeRO, else torch's foreach or per-parameter loop (``adamw_foreach``)."""
+    if knobs.strategy.startswith("zero"):
+        return "fused"
+    return "foreach" if assumptions.adamw_foreach else "loop"
 
 
 def _mfu_compute_s(
