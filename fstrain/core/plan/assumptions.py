@@ -253,7 +253,7 @@ class Assumptions:
         "Parameters per second a node's CPUs update with torch.optim.AdamW on CPU tensors (FSDP's CPU "
         "offload runs the user's optimizer on the host): 1/6 of cpu_adam_params_per_s_per_node, "
         "DeepSpeed's 'DeepSpeedCPUAdam is 5X-7X faster than the standard PyTorch implementation' "
-        "(deepspeed.ai/tutorials/zero-offload).",
+        "(deepspeed.ai/tutorials/zero-offload). `fstrain bench --suite compute` measures it; --calibrate sets it.",
     )
 
     mfu: float = _stated(
