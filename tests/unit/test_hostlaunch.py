@@ -78,3 +78,14 @@ def test_fsdp_units_show_in_the_step_as_host_time() -> None:
     assert t_fsdp.host_s - t_ddp.host_s == pytest.approx(units)  # the same foreach AdamW over the same tensors
     assert t_fsdp.launch_s - t_ddp.launch_s == pytest.approx(units)
     assert t_fsdp.to_dict()["host_s"] == t_fsdp.host_s
+
+
+def test_the_human_breakdown_shows_host_time_and_offloads_two_parts() -> None:
+    from fstrain.cli.plan_output import _time_lines
+    from fstrain.core.plan.timemodel import StepTime
+
+    t = StepTime(0.2, 0.15, 0, 0, 0, 0, 0, 0.05, 1000, 1e12, 0.1, gemm_s=0.05, attention_s=0.02,
+                 elementwise_s=0.01, launch_s=0.07, host_s=0.17, offload_pcie_s=0.02, cpu_optimizer_s=0.03)
+    lines = _time_lines(t)
+    assert "host time not hidden (of 0.170 s)" in lines and " 0.070 s  35.0 %" in lines
+    assert "PCIe transfers" in lines and "CPU optimizer step" in lines and " 0.030 s  15.0 %" in lines
