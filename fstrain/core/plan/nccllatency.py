@@ -20,6 +20,11 @@ training, its latency is:
   ranks on 128 nodes of 8 GPUs, whatever the size, which is why sharding ZeRO's states over every
   rank is slower than sharding them inside a node and all-reducing the shards across nodes.
 
+NCCL adds a NIC's ``latency`` attribute from the topology (``<net latency="...">`` in microseconds,
+0 in the dumps NCCL writes: ``../shared/fixtures/nccl-xml/FORMAT.md``, ``<net>``) to each
+network hop (``graphs[a]->latencyInter``, twice for Simple); none of the fixtures sets one, so
+it is not modelled.
+
 The hop latencies are assumptions (``nvlink_latency_s``, ``collective_latency_s``,
 ``collective_base_latency_s``: NCCL's ring figures by default); the tree's are NCCL's ratio to
 them. The all-reduce's bandwidth term stays the ring's: the tree's bus bandwidth is within 8 %
