@@ -215,10 +215,18 @@ class Assumptions:
 
     python_op_s: float = _stated(
         8e-6,
-        "Host time an eager forward op adds on top of kernel_launch_s: Python, the module call, "
-        "autograd recording its node (PyTorch's operator benchmark: 2.3-3.4 us for the bare Python-"
-        "to-dispatcher path of a tiny op, pytorch#32194). 12 us a forward op and 4 us a backward op "
-        "agree with published host-bound runs of a 4B model on one H200 (fstrain/core/plan/hostlaunch.py).",
+        "Host time a torch call from Python adds on top of kernel_launch_s (argument parsing, the "
+        "Python binding; PyTorch's operator benchmark: 2.3-3.4 us for the bare path of a tiny op, "
+        "pytorch#32194): what each op of an optimizer's Python loop and of FSDP's hooks costs "
+        "(fstrain/core/plan/hostlaunch.py).",
+    )
+
+    eager_forward_op_s: float = _stated(
+        40e-6,
+        "Host time per kernel of an eager model's forward: the model's Python, the view and metadata "
+        "ops between kernels, the dispatcher, autograd recording and the launch. Eager Llama-2-7B at "
+        "batch 1 decodes 25.5 tokens/s on an A100, CPU-overhead bound (pytorch.org/blog/accelerating-"
+        "generative-ai-2): 39 ms over 32 blocks of about 30 kernels (fstrain/core/plan/hostlaunch.py).",
     )
 
     cuda_graphs: bool = _stated(

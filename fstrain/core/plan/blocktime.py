@@ -66,7 +66,8 @@ OPTIMIZER_BYTES_PER_PARAM = {"adamw": 30.0, "sgd": 14.0, "adam8bit": 14.0, "adaf
 
 def host_costs(assumptions: Assumptions, compiled: bool) -> HostCosts:
     """What the host spends per kernel under ``assumptions`` (:mod:`fstrain.core.plan.hostlaunch`)."""
-    return HostCosts(assumptions.kernel_launch_s, assumptions.python_op_s, compiled, assumptions.cuda_graphs)
+    return HostCosts(assumptions.kernel_launch_s, assumptions.python_op_s, assumptions.eager_forward_op_s, compiled,
+                     assumptions.cuda_graphs)
 
 
 def fitted_scale(gpu_name: str) -> float:

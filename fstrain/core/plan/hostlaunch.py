@@ -6,19 +6,23 @@ runs them, the GPU waits and the step is the host's: a micro-batch costs ``max(G
 time)`` (the overlap rule of :mod:`fstrain.core.plan.blocktime`), and small models and
 micro-batches are host-bound.
 
-- **An eager forward op** pays Python (the module's ``__call__``, the functional call), the
-  dispatcher, autograd recording its node and saved tensors, the caching allocator and
-  ``cudaLaunchKernel``: ``kernel_launch_s + python_op_s``, 4 + 8 = 12 us by default. The bare
-  Python-to-dispatcher path of one tiny CUDA op is 2.3-3.4 us in PyTorch's own operator
-  benchmark (pytorch/pytorch#32194, benchmarks/operator_benchmark, ``split``: no autograd, no
-  module); a training op adds the rest, and the views and reshapes between kernels dispatch too.
-- **A backward op** runs in autograd's C++ engine, no Python: ``kernel_launch_s``.
-- A recomputed forward (activation checkpointing) is eager forward again, at the forward's rate:
-  so recompute costs host time at three times the backward's rate per kernel.
-- The split is consistent with published runs of a 4B model on one H200 (128 ms per micro-batch
-  at micro-batch 1, 141 ms at 2: host-bound) that a flat 4 us per kernel priced 53-62 % too
-  fast, and 92 % too fast with full recompute: with a forward op at 3x a backward op's cost the
-  host's time grows by 67 % without recompute and 100 % with it over the flat 4 us.
+- **A kernel of an eager forward** costs the host ``eager_forward_op_s``, 40 us: the model's
+  Python (module calls, the functional code between them), the view, reshape and metadata ops
+  between kernels, which dispatch too, the dispatcher, autograd recording its node and saved
+  tensors, the allocator and ``cudaLaunchKernel``. PyTorch's own measurement: eager Llama-2-7B at
+  batch 1 generates 25.5 tokens/s on an A100, "heavily CPU overhead bound"
+  (https://pytorch.org/blog/accelerating-generative-ai-2/, the starting point of gpt-fast): 39 ms
+  a token over 32 blocks of about 30 kernels (as :mod:`fstrain.core.plan.blocktime` counts a
+  Llama block) is 40 us a kernel, without autograd.
+- **A backward kernel** runs from autograd's C++ engine, no Python: ``kernel_launch_s`` (4 us:
+  dispatcher, allocator, ``cudaLaunchKernel``).
+- A recomputed forward (activation checkpointing) is eager forward again, at the forward's rate.
+- **A torch call from Python** outside the model (an optimizer's loop, FSDP's hooks) costs
+  ``kernel_launch_s + python_op_s``, 12 us (PyTorch's operator benchmark puts the bare
+  Python-to-dispatcher path of a tiny CUDA op at 2.3-3.4 us: pytorch/pytorch#32194).
+- With these, a 4B model (Qwen3-4B's shape) under FSDP on one H200 at 256 tokens is host-bound,
+  about 128 ms a step at micro-batch 1 and 2 alike, as published runs measured (128 and 141 ms);
+  a flat 4 us a kernel put them 53-62 % too fast.
 - **torch.compile**: Inductor's wrapper calls its fused kernels directly, without the
   dispatcher's per-op Python and autograd bookkeeping: every kernel at ``kernel_launch_s``, and
   fewer kernels (:func:`fstrain.core.plan.blocktime._elementwise_kernels`).
@@ -29,7 +33,7 @@ micro-batches are host-bound.
   all-gather, then ``foreach_all_gather_copy_out``'s split copy: 3 kernels) and
   ``foreach_reduce`` (copy-in by ``chunk_cat``, pre-divide, reduce-scatter, post-divide, the fp32
   view into the sharded gradient: 5), torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py,
-  issued from Python hooks: ``SHARDING_KERNELS`` a unit and micro-batch at the forward op's rate.
+  issued from Python hooks: ``SHARDING_KERNELS`` torch calls a unit and micro-batch.
 - **Optimizer**: torch's AdamW issues 8 kernels per parameter tensor in its per-parameter loop
   (``_single_tensor_adam``: ``mul_`` for weight decay, ``lerp_``, ``mul_``, ``addcmul_``,
   ``sqrt``, ``div``, ``add_``, ``addcdiv_``), each a Python op; its foreach form issues 8
@@ -58,13 +62,14 @@ class HostCosts:
     """Seconds the host spends per kernel it issues."""
 
     launch_s: float  # the C++ side: dispatcher, allocator, cudaLaunchKernel (kernel_launch_s)
-    python_op_s: float  # an eager forward op's Python and autograd recording on top (python_op_s)
+    python_op_s: float  # a torch call from Python on top of that (python_op_s)
+    eager_forward_op_s: float  # a kernel of an eager model's forward, all included (eager_forward_op_s)
     compiled: bool = False
     cuda_graphs: bool = False
 
     @property
     def forward_op_s(self) -> float:
-        return self.launch_s if self.compiled else self.launch_s + self.python_op_s
+        return self.launch_s if self.compiled else self.eager_forward_op_s
 
     @property
     def backward_op_s(self) -> float:
