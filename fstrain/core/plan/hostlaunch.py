@@ -22,7 +22,7 @@ micro-batches are host-bound.
   Python-to-dispatcher path of a tiny CUDA op at 2.3-3.4 us: pytorch/pytorch#32194).
 - With these, a 4B model (Qwen3-4B's shape) under FSDP on one H200 at 256 tokens is host-bound,
   about 115 ms a step at micro-batch 1 and 2 alike; published runs of a 4B model there took 128
-  and 141 ms, which a flat 4 us a kernel put 53-62 % too fast.
+  and 141 ms (a flat 4 us a kernel would price them 53-62 % too fast).
 - **torch.compile**: Inductor's wrapper calls its fused kernels directly, without the
   dispatcher's per-op Python and autograd bookkeeping: every kernel at ``kernel_launch_s``, and
   fewer kernels (:func:`fstrain.core.plan.blocktime._elementwise_kernels`).
