@@ -1,4 +1,5 @@
-"""Compute measurements on one device: matmul (GEMM) throughput and memory bandwidth.
+"""Compute measurements on one device: matmul (GEMM) throughput and memory bandwidth; and the
+host's optimizer rate (torch's AdamW on CPU tensors, what FSDP's CPU offload runs).
 
 Both run a short warm-up, then repeat timed samples until ``seconds`` have passed (at least
 ``min_samples``), and return a plain dict with every sample so a report can show the spread.
@@ -25,6 +26,12 @@ GPU_COPY_BYTES = 1 << 30
 """Bytes of the source buffer of the memory test on a GPU (the destination is as large)."""
 CPU_COPY_BYTES = 64 << 20
 """Bytes of the source buffer on a CPU: well above the last-level cache."""
+HOST_ADAMW_ELEMENTS = 1 << 24
+"""fp32 parameters of the host AdamW test beside a GPU, in four tensors: 256 MiB of parameters,
+gradients and moments, well above a server's last-level cache."""
+CPU_HOST_ADAMW_ELEMENTS = 1 << 22
+"""The same in a CPU-only bench (64 MiB), where the figure only says what the CPU does, no GPU
+offloads to it, and the suite's time is the CPU's."""
 SAMPLE_SECONDS = 0.05
 """Aim of one timed sample: long enough that timer resolution and launch gaps do not count."""
 
@@ -119,6 +126,35 @@ def memory_bandwidth_gbps(
         "samples_seconds": samples_s,
         "samples_gbps": gbps,
         "gbps": summarize(gbps),
+    }
+
+
+def cpu_adamw_params_per_s(
+    seconds: float = 2.0, elements: int = HOST_ADAMW_ELEMENTS, *, warmup: int = 1, min_samples: int = 1
+) -> dict[str, Any]:
+    """Parameters per second this process updates with ``torch.optim.AdamW`` on CPU tensors (its
+    default implementation there, with torch's intra-op threads as the launcher set them).
+
+    FSDP's CPU offload runs the user's optimizer on the host like this, every rank of a node at
+    once: run on every rank at the same time, the ranks' rates summed over a node are the node's
+    rate (``plan --calibrate`` reads it as ``torch_cpu_adamw_params_per_s_per_node``).
+    """
+    params = [torch.nn.Parameter(torch.zeros(elements // 4)) for _ in range(4)]
+    for param in params:
+        param.grad = torch.full_like(param, 1e-3)
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    cpu = torch.device("cpu")
+    samples_s, steps_per_sample = _time_samples(cpu, optimizer.step, seconds, warmup, min_samples)
+    counted = 4 * (elements // 4)
+    rates = [counted * steps_per_sample / s for s in samples_s]
+    return {
+        "kind": "torch_adamw",
+        "elements": counted,
+        "threads": torch.get_num_threads(),
+        "steps_per_sample": steps_per_sample,
+        "samples_seconds": samples_s,
+        "samples_params_per_s": rates,
+        "params_per_s": summarize(rates),
     }
 
 

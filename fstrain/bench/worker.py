@@ -30,7 +30,14 @@ import torch
 import torch.distributed as dist
 
 from fstrain.bench.collectives import time_collective
-from fstrain.bench.compute import gemm_tflops, matmul_tflops, memory_bandwidth_gbps
+from fstrain.bench.compute import (
+    CPU_HOST_ADAMW_ELEMENTS,
+    HOST_ADAMW_ELEMENTS,
+    cpu_adamw_params_per_s,
+    gemm_tflops,
+    matmul_tflops,
+    memory_bandwidth_gbps,
+)
 from fstrain.bench.pairs import time_pairs
 from fstrain.core.bench.arithmetic import COLLECTIVES, format_size, parse_size, parse_sizes, parse_suites
 from fstrain.core.bench.gemm import (
@@ -65,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma list of collectives to time")
     parser.add_argument("--seconds", type=float, default=0.5, help="time budget per collective and size")
     parser.add_argument("--compute-seconds", type=float, default=3.0, help="seconds per compute measurement")
+    parser.add_argument("--cpu-adamw-elements", type=int, default=0,
+                        help="fp32 parameters of the host AdamW measurement (default 2**24, 2**22 on CPUs)")
     parser.add_argument("--gemm-shapes", default="",
                         help="GEMMs the compute suite times, MxNxK=label;... (default: the default grid)")
     parser.add_argument("--gemm-model", default="", help="JSON saying which model the shapes are of (recorded)")
@@ -158,17 +167,17 @@ def decided(value: Any) -> Any:
     return shared[0]
 
 
-def run_compute_confirmed(device_kind: str, seconds: float) -> dict[str, Any]:
+def run_compute_confirmed(device_kind: str, seconds: float, adamw_elements: int = 0) -> dict[str, Any]:
     """Compute on every rank; when a rank is a straggler, every rank once more (same conditions)."""
-    progress(f"compute: matmul and memory copy on every rank, {2 * seconds:g} s")
-    compute = run_compute(device_kind, seconds)
+    progress(f"compute: matmul, memory copy and host AdamW on every rank, {3 * seconds:g} s")
+    compute = run_compute(device_kind, seconds, adamw_elements)
     if decided(sorted(compute_stragglers(compute["per_rank"]))):
-        progress(f"compute: re-timing every rank, stragglers in the first pass, {2 * seconds:g} s")
-        compute["retime"] = run_compute(device_kind, seconds)["per_rank"]
+        progress(f"compute: re-timing every rank, stragglers in the first pass, {3 * seconds:g} s")
+        compute["retime"] = run_compute(device_kind, seconds, adamw_elements)["per_rank"]
     return compute
 
 
-def run_compute(device_kind: str, seconds: float) -> dict[str, Any]:
+def run_compute(device_kind: str, seconds: float, adamw_elements: int = 0) -> dict[str, Any]:
     # Each rank its own GPU, also when the collectives run over gloo (which set no device).
     local_gpu = int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
     device = torch.device("cuda", local_gpu) if device_kind == "cuda" else torch.device("cpu")
@@ -180,7 +189,10 @@ def run_compute(device_kind: str, seconds: float) -> dict[str, Any]:
         matmul = matmul_tflops(device, torch.float32, seconds=seconds)
         name = platform.processor() or platform.machine()
     copy = memory_bandwidth_gbps(device, seconds=seconds)
-    mine = {"rank": dist.get_rank(), "device": str(device), "device_name": name, "matmul": matmul, "memory": copy}
+    elements = adamw_elements or (HOST_ADAMW_ELEMENTS if device.type == "cuda" else CPU_HOST_ADAMW_ELEMENTS)
+    host_adamw = cpu_adamw_params_per_s(seconds, elements)  # every rank at once, as offloaded training runs it
+    mine = {"rank": dist.get_rank(), "device": str(device), "device_name": name, "matmul": matmul, "memory": copy,
+            "cpu_adamw": host_adamw}
     gathered: list[dict[str, Any] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return {"per_rank": [g for g in gathered if g is not None]}
@@ -348,7 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if "compute" in suites:
         device_kind = "cuda" if torch.cuda.is_available() else "cpu"
-        document["compute"] = run_compute_confirmed(device_kind, args.compute_seconds)
+        document["compute"] = run_compute_confirmed(device_kind, args.compute_seconds, args.cpu_adamw_elements)
         if not args.no_gemm:
             document["compute"]["gemm"] = run_gemm(args, device_kind)
     if "collectives" in suites:

@@ -36,7 +36,8 @@ def run_worker(args: list[str], out: Path, nproc: int = 0, timeout: int = 300) -
 
 
 def test_compute_standalone_on_cpu(tmp_path: Path) -> None:
-    doc = run_worker(["--suite", "compute", "--compute-seconds", "0.3", "--gemm-seconds", "0.02"], tmp_path / "c.json")
+    doc = run_worker(["--suite", "compute", "--compute-seconds", "0.3", "--gemm-seconds", "0.02",
+                      "--cpu-adamw-elements", str(1 << 18)], tmp_path / "c.json")
     assert doc["schema"] == "fstrain.bench/1" and doc["world_size"] == 1
     (rank,) = doc["compute"]["per_rank"]
     matmul, memory = rank["matmul"], rank["memory"]
@@ -46,6 +47,12 @@ def test_compute_standalone_on_cpu(tmp_path: Path) -> None:
     first = matmul["flops_per_op"] * matmul["ops_per_sample"] / matmul["samples_seconds"][0] / 1e12
     assert matmul["samples_tflops"][0] == pytest.approx(first)
     assert memory["bytes_moved_per_op"] == 2 * memory["bytes"] and memory["gbps"]["median"] > 0
+    # The host's AdamW: parameters / seconds of each sample, one thread as the test's launcher set
+    adamw = rank["cpu_adamw"]
+    assert adamw["kind"] == "torch_adamw" and adamw["elements"] == 1 << 18 and adamw["threads"] == 1
+    assert adamw["samples_params_per_s"][0] == pytest.approx(
+        adamw["elements"] * adamw["steps_per_sample"] / adamw["samples_seconds"][0])
+    assert 1e6 < adamw["params_per_s"]["median"] < 1e11
     # The GEMM sweep: the default grid at the CPU's size, in the dtype the CPU runs faster.
     gemm = doc["compute"]["gemm"]
     assert gemm["grid"] == "default" and gemm["model"] is None and gemm["skipped"] == []

@@ -236,3 +236,19 @@ def test_plan_cli_says_where_the_gemm_curve_came_from() -> None:
     assert document["calibration"]["gemm_curve"]["device_name"] == "NVIDIA H200"
     assert document["calibration"]["gemm_curve"]["points"] == 1
     assert document["assumptions"]["gemm_curve"]["points"][0]["m"] == 8192
+
+
+def test_host_adamw_is_summed_over_a_nodes_ranks_at_the_slowest_node() -> None:
+    def rank(r: int, rate: float) -> dict[str, Any]:
+        return {**_gpu(r, 700.0), "cpu_adamw": {"params_per_s": {"median": rate}}}
+
+    doc = bench(world_size=4, num_nodes=2, ranks=[{"rank": r, "hostname": "ab"[r // 2]} for r in range(4)],
+                compute={"per_rank": [rank(0, 1e8), rank(1, 1e8), rank(2, 2e8), rank(3, 2e8)]})
+    result = calibrate(doc, "b.json", assumptions=Assumptions(), cluster=H100, precision="bf16", model=None)
+    (host,) = [r for r in result.replaced if r.name == "torch_cpu_adamw_params_per_s_per_node"]
+    assert host.new == pytest.approx(2e8) and "on a, 2 ranks" in host.source  # node a: 1e8 + 1e8
+    assert result.assumptions.torch_cpu_adamw_params_per_s_per_node == pytest.approx(2e8)
+    # a bench from before the measurement leaves the assumption alone
+    older = bench(world_size=1, num_nodes=1, compute={"per_rank": [_gpu(0, 700.0)]})
+    assert calibrate(older, "b.json", assumptions=Assumptions(), cluster=H100, precision="bf16",
+                     model=None).assumptions.torch_cpu_adamw_params_per_s_per_node == pytest.approx(2e9 / 6)

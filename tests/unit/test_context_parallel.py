@@ -114,7 +114,7 @@ def test_ring_attention_time_by_hand() -> None:
         pytest.approx(exposed + gather - fast / 2)
     assert ring_attention_time(LLAMA, knobs(cp=1), per_token, 400e15, LINKS, NO_OVERLAP) == 0.0
     # Latency: one step of the ring (NVLink's alpha) per step, (cp - 1) per all-gather.
-    alpha = Assumptions(nvlink_latency_s=1e-5, collective_efficiency=1.0)
+    alpha = Assumptions(nvlink_latency_s=1e-5, collective_base_latency_s=0.0, collective_efficiency=1.0)
     assert ring_attention_time(LLAMA, k, per_token, 400e12, LINKS, alpha) == pytest.approx(134_217_728 / 450e9 + 1e-5)
 
 

@@ -95,6 +95,7 @@ LINKS = Links(
 )
 LLAMA = ModelSpec("l", 32, 4096, 32, 8, 14336, "swiglu", 128256, 8192)
 NO_OVERLAP = Assumptions(dp_overlap=0.0, collective_efficiency=1.0, collective_latency_s=0.0, nvlink_latency_s=0.0,
+                         collective_base_latency_s=0.0,
                          layer_overhead_s=0.0)
 
 
@@ -205,11 +206,44 @@ def test_offload_adds_host_time() -> None:
 
 
 def test_collective_latency_ring_and_tree() -> None:
+    # NCCL's Simple protocol (tuning.cc): 8.4 us base, 3.4 us a step over NVLink, 14 us across nodes.
     a = Assumptions()
-    assert collective_latency(1024, 1, LINKS, a) == pytest.approx(1023 * 5e-6)  # ring: n - 1 network steps
-    assert collective_latency(1024, 1, LINKS, a, tree=True) == pytest.approx(20 * 5e-6)  # 2 log2(n)
-    assert collective_latency(8, 1, LINKS, a) == pytest.approx(7 * 1e-6)  # inside a node
+    big = dataclasses.replace(LINKS, num_nodes=128)
+    # all-gather over 1,024 ranks on 128 nodes: 127 network steps, 896 NVLink steps
+    assert collective_latency(1024, 1, big, a) == pytest.approx(8.4e-6 + 896 * 3.4e-6 + 127 * 14e-6)
+    # all-reduce: the tree, 2 x (7 NVLink hops at 4 us + log2(128) = 7 network hops at 14 us)
+    assert collective_latency(1024, 1, big, a, tree=True) == pytest.approx(2 * (7 * 4e-6 + 7 * 14e-6))
+    # one rank per node (stride 8): the tree has no NVLink hop; the ring's 2 x 127 steps cost far more
+    assert collective_latency(128, 8, big, a, tree=True) == pytest.approx(2 * 7 * 14e-6)
+    assert collective_latency(8, 1, LINKS, a) == pytest.approx(8.4e-6 + 7 * 3.4e-6)  # inside a node
+    # two ranks in a node: the ring's 8.4 + 2 x 3.4 us beats nothing; the tree's 2 x 4 us is cheaper
+    assert collective_latency(2, 1, LINKS, a, tree=True) == pytest.approx(8e-6)
     assert collective_latency(1, 1, LINKS, a) == 0.0
+
+
+def test_zero1_sharded_within_a_node_beats_sharding_over_a_thousand_ranks() -> None:
+    # 1,024 ranks on 128 nodes: sharding the optimizer over all of them pays two 1,023-step rings
+    # per bucket (one per block); sharding within each node pays two 7-step rings and a tree
+    # all-reduce of the shard across the nodes.
+    big = dataclasses.replace(LINKS, num_nodes=128)
+    timed = dataclasses.replace(NO_OVERLAP, collective_latency_s=14e-6, nvlink_latency_s=3.4e-6,
+                                collective_base_latency_s=8.4e-6)
+    flat = knobs(strategy="zero1", zero_stage=1, dp=1024, shard_group_size=1024)
+    local = dataclasses.replace(flat, shard_group_size=8)
+    ring_all = 8.4e-6 + 896 * 3.4e-6 + 127 * 14e-6
+    ring_node = 8.4e-6 + 7 * 3.4e-6
+    tree = 2 * 7 * 14e-6
+    # latency alone (links too fast for the bytes to count): 32 blocks' collectives
+    instant = dataclasses.replace(big, nvlink_bytes_per_s=1e30, inter_node_bytes_per_s=1e30)
+    flat_s = step_time(LLAMA, 8e9, flat, 400e12, 1024 * 989e12, instant, timed).dp_comm_s
+    local_s = step_time(LLAMA, 8e9, local, 400e12, 1024 * 989e12, instant, timed).dp_comm_s
+    assert flat_s == pytest.approx(32 * 2 * ring_all)
+    assert local_s == pytest.approx(32 * (2 * ring_node + tree))
+    # with the bytes: the node-local shard all-reduces 2/8 of the fp32 gradients over one NIC,
+    # more bytes than the flat ring's, and still wins by the latency
+    t_flat = step_time(LLAMA, 8e9, flat, 400e12, 1024 * 989e12, big, timed)
+    t_local = step_time(LLAMA, 8e9, local, 400e12, 1024 * 989e12, big, timed)
+    assert t_flat.step_time_s - t_local.step_time_s > 0.1
 
 
 def test_tiny_micro_batches_are_latency_bound() -> None:
@@ -247,8 +281,9 @@ def test_ddp_all_reduce_and_tp_without_sequence_parallelism_use_nvls() -> None:
     no_nvls = dataclasses.replace(links, nvls_efficiency=0.0)
     spec = ModelSpec("m", 8, 2048, 16, 16, 8192, "gelu", 32000, 2048)
     ddp = PlanKnobs("ddp", 0, 8, 1, 1, 1, 1, 1, seq_len=2048)
-    with_nvls = step_time(spec, 400_000_000, ddp, 400e12, 8 * 989e12, links)
-    without = step_time(spec, 400_000_000, ddp, 400e12, 8 * 989e12, no_nvls)
+    bytes_only = Assumptions(collective_latency_s=0.0, nvlink_latency_s=0.0, collective_base_latency_s=0.0)
+    with_nvls = step_time(spec, 400_000_000, ddp, 400e12, 8 * 989e12, links, bytes_only)
+    without = step_time(spec, 400_000_000, ddp, 400e12, 8 * 989e12, no_nvls, bytes_only)
     assert with_nvls.dp_comm_s == pytest.approx(without.dp_comm_s * 450e9 / (450e9 * 0.85 * 15 / 8), rel=0.05)
     tp = PlanKnobs("ddp", 0, 1, 8, 1, 1, 1, 1, seq_len=2048)
     sp = step_time(spec, 50_000_000, tp, 400e12, 8 * 989e12, links)

@@ -10,6 +10,9 @@ FILE is one of two documents, told apart by their keys:
     all_reduce over the world when it has one rank per node, else the pairs suite's median link.
     It is divided by ``collective_efficiency`` because the time model multiplies them again, so
     the model's effective bandwidth equals the measured bus bandwidth;
+  - the host's AdamW rate (torch's AdamW on CPU tensors, every rank at once), summed over each
+    node's ranks, at the slowest node -> ``torch_cpu_adamw_params_per_s_per_node``, what FSDP's
+    CPU offload updates a step with; a CPU bench measures it as well as a GPU one;
   - the GEMM-shape sweep (every shape at its slowest rank: a step waits for its slowest GPU; a
     document without one: the square matmul) -> ``gemm_curve`` (fstrain/core/plan/gemmcurve.py),
     only when it was measured on the plan's GPU kind: a curve from a CPU or another GPU is left
@@ -134,6 +137,14 @@ def _from_bench(doc: Mapping[str, Any], where: str, assumptions: Assumptions, cl
                                     f"{how}: {node_gbps:.3g} Gb/s per node, / collective_efficiency "
                                     f"{efficiency:.2f}"))
 
+    host_adamw = _host_adamw_per_node(doc)
+    if host_adamw is not None:
+        rate, ranks, node = host_adamw
+        replaced.append(Replacement(
+            "torch_cpu_adamw_params_per_s_per_node", assumptions.torch_cpu_adamw_params_per_s_per_node, rate,
+            f"torch AdamW on the host: {rate:.3g} parameters/s on {node or 'the node'}, {ranks} ranks at once "
+            "(the slowest node)"))
+
     rows = compute_rows(doc)
     if rows and not any(r.peak_tflops for r in rows):
         ignored.append("compute: measured on CPUs (or GPUs not in the table), no GPU peak to compare with")
@@ -146,6 +157,21 @@ def _from_bench(doc: Mapping[str, Any], where: str, assumptions: Assumptions, cl
         ignored.append(f"GEMM curve ({curve}): {mismatch}")
         return result
     return replace(result, assumptions=replace(result.assumptions, gemm_curve=curve), gemm_curve=curve)
+
+
+def _host_adamw_per_node(doc: Mapping[str, Any]) -> tuple[float, int, str] | None:
+    """(parameters/s, ranks, node) of the slowest node's host AdamW, its ranks' medians summed;
+    None when the bench did not measure it."""
+    nodes = {r["rank"]: r.get("hostname", "") for r in doc.get("ranks", [])}
+    per_node: dict[str, list[float]] = {}
+    for record in doc.get("compute", {}).get("per_rank", []):
+        measured = record.get("cpu_adamw")
+        if measured:
+            per_node.setdefault(nodes.get(record["rank"], ""), []).append(float(measured["params_per_s"]["median"]))
+    if not per_node:
+        return None
+    node = min(per_node, key=lambda name: sum(per_node[name]))
+    return sum(per_node[node]), len(per_node[node]), node
 
 
 def curve_mismatch(curve: MeasuredGemmCurve, cluster: PlanCluster) -> str:

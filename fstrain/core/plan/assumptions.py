@@ -179,16 +179,24 @@ class Assumptions:
     )
 
     collective_latency_s: float = _stated(
-        5e-6,
+        14e-6,
         "Latency of one step of a ring collective across nodes (the alpha of alpha-beta): NCCL's "
-        "tuning model puts a network hop at a few microseconds (src/graph/tuning.cc, hwLat NET); "
-        "a ring all-gather or reduce-scatter over n ranks takes n - 1 steps, a tree all-reduce "
-        "2 log2(n).",
+        "tuning model, hwLat NET Ring Simple = 14 us (NVIDIA/nccl src/graph/tuning.cc @b647562). "
+        "A ring all-gather or reduce-scatter over n ranks on k nodes takes k - 1 such steps and "
+        "n - k inside nodes; an all-reduce the cheaper of the ring's 2(n - 1) and a tree's "
+        "2 (ranks per node - 1 + log2 k) (fstrain/core/plan/nccllatency.py).",
     )
 
     nvlink_latency_s: float = _stated(
-        1e-6,
-        "Latency of one step of a collective inside a node (NVLink / PCIe hop).",
+        3.4e-6,
+        "Latency of one step of a ring collective inside a node over NVLink: NCCL's hwLat NVLINK "
+        "Ring Simple = 3.4 us (tuning.cc @b647562; over PCIe NCCL's 5.7 us).",
+    )
+
+    collective_base_latency_s: float = _stated(
+        8.4e-6,
+        "Fixed latency of one ring collective whatever its size and group: NCCL's baseLat Ring "
+        "Simple = 8.4 us (tuning.cc @b647562).",
     )
 
     layer_overhead_s: float = _stated(
@@ -200,9 +208,31 @@ class Assumptions:
 
     kernel_launch_s: float = _stated(
         4e-6,
-        "CPU time eager PyTorch takes to issue one kernel (dispatcher, autograd, the CUDA launch: a "
-        "few microseconds per op). A micro-batch costs at least its kernel count times this: what "
-        "bounds small models and micro-batches (fstrain/core/plan/kernelcost.py).",
+        "Host time of one kernel on the C++ side (dispatcher, allocator, cudaLaunchKernel): what a "
+        "backward op in autograd's engine and a compiled kernel cost the CPU. A micro-batch costs at "
+        "least the host's time issuing its kernels (fstrain/core/plan/hostlaunch.py).",
+    )
+
+    python_op_s: float = _stated(
+        8e-6,
+        "Host time a torch call from Python adds on top of kernel_launch_s (argument parsing, the "
+        "Python binding; PyTorch's operator benchmark: 2.3-3.4 us for the bare path of a tiny op, "
+        "pytorch#32194): what each op of an optimizer's Python loop and of FSDP's hooks costs "
+        "(fstrain/core/plan/hostlaunch.py).",
+    )
+
+    eager_forward_op_s: float = _stated(
+        40e-6,
+        "Host time per kernel of an eager model's forward: the model's Python, the view and metadata "
+        "ops between kernels, the dispatcher, autograd recording and the launch. Eager Llama-2-7B at "
+        "batch 1 decodes 25.5 tokens/s on an A100, CPU-overhead bound (pytorch.org/blog/accelerating-"
+        "generative-ai-2): 39 ms over 32 blocks of about 30 kernels (fstrain/core/plan/hostlaunch.py).",
+    )
+
+    cuda_graphs: bool = _stated(
+        False,
+        "With --compile, the compiled blocks replay as CUDA graphs (torch.compile mode='reduce-overhead'): "
+        "one launch a block and pass instead of one a kernel.",
     )
 
     compute_time_scale: float = _stated(
@@ -222,7 +252,16 @@ class Assumptions:
 
     cpu_adam_params_per_s_per_node: float = _stated(
         2e9,
-        "Parameters per second a node's CPUs update with DeepSpeed CPU-Adam (offloaded optimizer).",
+        "Parameters per second a node's CPUs update with DeepSpeed's AVX-vectorised CPU Adam "
+        "(ZeRO-Offload's optimizer step; fstrain/core/plan/offload.py).",
+    )
+
+    torch_cpu_adamw_params_per_s_per_node: float = _stated(
+        2e9 / 6,
+        "Parameters per second a node's CPUs update with torch.optim.AdamW on CPU tensors (FSDP's CPU "
+        "offload runs the user's optimizer on the host): 1/6 of cpu_adam_params_per_s_per_node, "
+        "DeepSpeed's 'DeepSpeedCPUAdam is 5X-7X faster than the standard PyTorch implementation' "
+        "(deepspeed.ai/tutorials/zero-offload). `fstrain bench --suite compute` measures it; --calibrate sets it.",
     )
 
     mfu: float = _stated(

@@ -11,7 +11,8 @@ Attention by its kernel at the full sequence length. Elementwise ops and norms a
 :func:`fstrain.core.plan.kernels.elementwise_bytes_per_token` counts them, eager or fused
 (``--compile``, ``--fused-rmsnorm``, flash-attention's fused MLP and dropout-add-norm). The last
 stage adds the output layer's GEMMs and the loss's traffic over the logits. The GPU's work, times
-the fitted ``compute_time_scale``, or the kernels' launches when issuing them takes longer.
+the fitted ``compute_time_scale``, or the host's time issuing the kernels when that takes longer
+(:mod:`fstrain.core.plan.hostlaunch`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.fitted import COMPUTE_TIME_SCALE
 from fstrain.core.plan.gemmcurve import MeasuredGemmCurve, dtype_name, weighted_log_mean
+from fstrain.core.plan.hostlaunch import HostCosts, kernels_host_s
 from fstrain.core.plan.kernelcost import (
     DTYPE_BYTES,
     GemmEfficiency,
@@ -62,6 +64,12 @@ FP32 = 4
 OPTIMIZER_BYTES_PER_PARAM = {"adamw": 30.0, "sgd": 14.0, "adam8bit": 14.0, "adafactor": 14.0}
 
 
+def host_costs(assumptions: Assumptions, compiled: bool) -> HostCosts:
+    """What the host spends per kernel under ``assumptions`` (:mod:`fstrain.core.plan.hostlaunch`)."""
+    return HostCosts(assumptions.kernel_launch_s, assumptions.python_op_s, assumptions.eager_forward_op_s, compiled,
+                     assumptions.cuda_graphs)
+
+
 def fitted_scale(gpu_name: str) -> float:
     """The shipped ``compute_time_scale`` of the GPU's generation (all runs' for one without runs)."""
     return COMPUTE_TIME_SCALE.get(generation(gpu_name), COMPUTE_TIME_SCALE["all"])
@@ -76,6 +84,7 @@ class ComputeTerms:
     memory_s: float  # elementwise, norms, loss: HBM traffic
     launch_s: float  # launch overhead not hidden behind GPU work
     attention_forward_flops_per_s: float  # the attention kernel's rate (ring attention overlaps it)
+    host_s: float = 0.0  # the host's time issuing the kernels (launch_s is what the GPU work does not hide)
 
     @property
     def total_s(self) -> float:
@@ -144,9 +153,11 @@ class KernelModel:
             total.add(self._head(model, knobs))
         scale = self.scale
         gpu_s = scale * total.gpu_s
-        launch = max(0.0, total.kernels * self.assumptions.kernel_launch_s - gpu_s)
+        host = kernels_host_s(total.forward_kernels, total.backward_kernels,
+                              host_costs(self.assumptions, knobs.compile), total.graph_launches)
+        launch = max(0.0, host - gpu_s)
         return ComputeTerms(scale * total.gemm_s, scale * total.attention_s, scale * total.memory_s, launch,
-                            attention_rate / scale)
+                            attention_rate / scale, host)
 
     def _block(self, model: ModelSpec, knobs: PlanKnobs) -> tuple[KernelTime, float]:
         """One block's kernels for one micro-batch (forward, backward, recompute)."""
@@ -181,7 +192,8 @@ class KernelModel:
                 out.memory_s += casts / t / self.hbm_bytes_per_s
                 scale_kernels = 3 + 2 * again
                 out.memory_s += scale_kernels * self.assumptions.fp8_scale_kernel_s
-                out.kernels += scale_kernels
+                out.forward_kernels += 1 + 2 * again
+                out.backward_kernels += 2
         if model.moe is not None:  # the router
             forward, backward = self.gemms.linear(tokens, model.hidden_size, model.moe.num_experts, dtype)
             out.gemm_s += (1 + full_again) * forward + backward
@@ -217,7 +229,9 @@ class KernelModel:
         recompute = model.ffn_hidden_size * fused_mlp_recompute_bytes(a, fused) / t
         out.memory_s += tokens * recompute / self.hbm_bytes_per_s
         forward_kernels += _elementwise_kernels(model, knobs.compile, knobs.fused_rmsnorm, fused)
-        out.kernels += forward_kernels * passes
+        out.forward_kernels += forward_kernels * (passes - 2)  # forward, and recomputed forward
+        out.backward_kernels += 2 * forward_kernels  # each op's gradient about two kernels
+        out.graph_launches += passes - 1  # forward (and recompute) graphs, one backward graph
         return out, attention_flops / forward
 
     def _head(self, model: ModelSpec, knobs: PlanKnobs) -> KernelTime:
@@ -233,14 +247,16 @@ class KernelModel:
             # log-softmax over fp32 logits and its gradient: read a write 4, read 4 write 4, read 4 write a
             logits = tokens * model.vocab_size / t
             out.memory_s += logits * (3 * FP32 + 2 * a) / self.hbm_bytes_per_s
-            out.kernels += 9
+            out.forward_kernels += 3
+            out.backward_kernels += 6
         else:
             rows = b if model.pooler else tokens
             forward, backward = self.gemms.linear(rows, h, max(1, model.num_labels), dtype)
             if model.pooler:
                 pool_forward, pool_backward = self.gemms.linear(rows, h, h, dtype)
                 forward, backward = forward + pool_forward, backward + pool_backward
-            out.kernels += 9
+            out.forward_kernels += 3
+            out.backward_kernels += 6
         out.gemm_s += forward + backward
         return out
 

@@ -26,7 +26,8 @@ memory-bound work by its HBM traffic, and the launch overhead of each kernel.
   the optimizer's update) as bytes over the HBM bandwidth large copies reach.
 - **Launch overhead**: eager PyTorch issues each kernel from the CPU; when a kernel's GPU work
   is shorter than issuing the next, the GPU waits. One micro-batch's kernels cost
-  ``max(GPU time, kernels x kernel_launch_s)``; small models and micro-batches pay the second.
+  ``max(GPU time, host time)``; small models and micro-batches pay the second
+  (:mod:`fstrain.core.plan.hostlaunch` prices the host's time per forward and backward kernel).
 """
 
 from __future__ import annotations
@@ -116,13 +117,21 @@ class KernelTime:
     gemm_s: float = 0.0
     attention_s: float = 0.0
     memory_s: float = 0.0  # elementwise, norms, loss, optimizer: HBM traffic
-    kernels: float = 0.0
+    forward_kernels: float = 0.0  # issued by forward (and recomputed forward) ops
+    backward_kernels: float = 0.0  # issued by autograd's engine
+    graph_launches: float = 0.0  # the same work as CUDA graph replays: one a block and pass
 
     def add(self, other: KernelTime, times: float = 1.0) -> None:
         self.gemm_s += times * other.gemm_s
         self.attention_s += times * other.attention_s
         self.memory_s += times * other.memory_s
-        self.kernels += times * other.kernels
+        self.forward_kernels += times * other.forward_kernels
+        self.backward_kernels += times * other.backward_kernels
+        self.graph_launches += times * other.graph_launches
+
+    @property
+    def kernels(self) -> float:
+        return self.forward_kernels + self.backward_kernels
 
     @property
     def gpu_s(self) -> float:

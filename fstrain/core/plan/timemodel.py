@@ -19,7 +19,9 @@
 - Data parallel: DDP all-reduce (2 Psi) once a step; ZeRO-1 reduce-scatter + all-gather once a
   step; ZeRO-2 reduce-scatter every micro-batch, all-gather once; ZeRO-3 and FSDP full-shard
   all-gather (forward, backward) and reduce-scatter every micro-batch (3 Psi); grad-op gathers
-  once per micro-batch; hybrid shards inside a group and all-reduces across groups. Ring
+  once per micro-batch; hybrid sharding, and ZeRO-1/2 with ``shard_group_size < dp``, shard
+  inside a group and all-reduce the shard across groups. Each collective pays NCCL's latency
+  (:mod:`fstrain.core.plan.nccllatency`: ring hops, or a tree for all-reduces). Ring
   collectives move ``(n-1)/n`` of the buffer per step of the ring; bandwidth is NVLink inside a
   domain, PCIe inside a node without it, the node's NICs shared by its GPUs across nodes.
   What can overlap with compute hides behind it (assumption ``dp_overlap``).
@@ -37,7 +39,8 @@
   Ring attention's K/V all-gather (forward, and again in backward) hides behind the first (local)
   chunk's SDPA; backward's fp32 dK/dV rotation hides each step behind the next chunk's SDPA, the
   last one exposed (:func:`ring_attention_time`).
-- CPU offload: PCIe transfers and the CPU optimizer step, not overlapped.
+- CPU offload (:mod:`fstrain.core.plan.offload`): PCIe transfers and the CPU optimizer step
+  (DeepSpeed's CPU Adam, or torch's AdamW on the host under FSDP), not overlapped.
 - fp8 (``knobs.fp8``): the blocks' linear layers run their three matmuls on the fp8 tensor cores
   and pay for the casts, after torchao's float8 roofline (:func:`fp8_linear_saving_s`); the
   attention core, the output layer and everything else keep the compute dtype's time.
@@ -51,8 +54,9 @@ from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.assumptions import Assumptions
-from fstrain.core.plan.blocktime import ComputeTerms, KernelModel
+from fstrain.core.plan.blocktime import ComputeTerms, KernelModel, host_costs
 from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
+from fstrain.core.plan.hostlaunch import optimizer_host_s, parameter_tensors, sharding_host_s
 from fstrain.core.plan.kernels import attended_keys, fusion_seconds_saved_per_token
 from fstrain.core.plan.losses import has_vocab_head
 from fstrain.core.plan.memory import (
@@ -61,12 +65,13 @@ from fstrain.core.plan.memory import (
     comm_bytes,
     converted_linears,
     fp8_gathered_block_params,
-    param_bytes,
     replicated_split,
     residual_bytes,
     shared_expert_matmuls,
     weight_bytes,
 )
+from fstrain.core.plan.nccllatency import PCIE_RING_HOP_S, Hops, all_reduce_latency_s, ring_latency_s
+from fstrain.core.plan.offload import offload_time
 from fstrain.core.plan.pipeline import boundary_crossings, bubble_slots, layers_per_rank
 from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
@@ -263,15 +268,23 @@ def all_reduce_bandwidth(size: int, stride: int, links: Links) -> float:
 
 
 def collective_latency(size: int, stride: int, links: Links, assumptions: Assumptions, tree: bool = False) -> float:
-    """The alpha of one collective over ``size`` ranks: ring steps (n - 1), or a tree's 2 log2(n)
-    for an all-reduce where NCCL picks the cheaper."""
+    """The alpha of one collective over ``size`` ranks spaced ``stride`` apart, by NCCL's tuning
+    model (:mod:`fstrain.core.plan.nccllatency`): a ring all-gather or reduce-scatter, or with
+    ``tree`` an all-reduce, ring or tree, whichever NCCL finds cheaper."""
     if size <= 1:
         return 0.0
-    alpha = assumptions.nvlink_latency_s if size * stride <= links.gpus_per_node else assumptions.collective_latency_s
-    steps = float(size - 1)
-    if tree:
-        steps = min(2.0 * (size - 1), 2.0 * math.log2(size))
-    return steps * alpha
+    hops = Hops(size, _nodes_spanned(size, stride, links.gpus_per_node),
+                assumptions.nvlink_latency_s if links.nvlink_bytes_per_s > 0 else PCIE_RING_HOP_S,
+                assumptions.collective_latency_s, assumptions.collective_base_latency_s)
+    return all_reduce_latency_s(hops) if tree else ring_latency_s(hops)
+
+
+def _nodes_spanned(size: int, stride: int, gpus_per_node: int) -> int:
+    """Nodes a group of ``size`` ranks ``stride`` apart covers (ranks numbered node by node)."""
+    if size * stride <= gpus_per_node:
+        return 1
+    per_node = max(1, min(size, gpus_per_node // max(1, stride)))
+    return math.ceil(size / per_node)
 
 
 def _ring(size: int) -> float:
@@ -300,7 +313,10 @@ class StepTime:
     attention_s: float = 0.0
     elementwise_s: float = 0.0  # elementwise, norms, loss, fp8 casts: HBM traffic
     launch_s: float = 0.0  # kernel launches not hidden behind GPU work
-    optimizer_s: float = 0.0  # the optimizer's update on the GPU, once a step (not in compute_s)
+    optimizer_s: float = 0.0  # the optimizer's update, once a step (not in compute_s): GPU or host time, the longer
+    host_s: float = 0.0  # the host's time issuing the step's kernels (what launch_s and optimizer_s wait for)
+    offload_pcie_s: float = 0.0  # of offload_s: the offloaded state's PCIe transfers
+    cpu_optimizer_s: float = 0.0  # of offload_s: the optimizer step on the host's CPUs
 
     @property
     def tokens_per_s(self) -> float:
@@ -319,12 +335,15 @@ class StepTime:
             "dp_comm_s": self.dp_comm_s,
             "dp_exposed_s": self.dp_exposed_s,
             "offload_s": self.offload_s,
+            **({"offload_pcie_s": self.offload_pcie_s, "cpu_optimizer_s": self.cpu_optimizer_s}
+               if self.offload_s else {}),
             **({"ep_comm_s": self.ep_comm_s} if self.ep_comm_s else {}),
             **({"cp_comm_s": self.cp_comm_s} if self.cp_comm_s else {}),
             "gemm_s": self.gemm_s,
             "attention_s": self.attention_s,
             "elementwise_s": self.elementwise_s,
             "launch_s": self.launch_s,
+            "host_s": self.host_s,
             "optimizer_s": self.optimizer_s,
         }
 
@@ -363,9 +382,15 @@ def step_time(
     layers = layers_per_rank(model.num_layers, p, chunks)
     terms: ComputeTerms | None = None
     attention_rate = effective_flops_per_gpu
+    host_mb = launch_mb = 0.0
     if kernels is not None and not assumptions.mfu:
         terms = kernels.micro_batch(model, knobs, layers)  # the last stage's (it adds the logits)
-        compute_mb = terms.total_s
+        # The host also issues FSDP's per-unit collectives (under PP the stage stays gathered).
+        units = layers if p == 1 else 0
+        host_mb = terms.host_s + sharding_host_s(knobs.strategy, units, host_costs(assumptions, knobs.compile))
+        gpu_mb = terms.total_s - terms.launch_s
+        launch_mb = max(0.0, host_mb - gpu_mb)
+        compute_mb = gpu_mb + launch_mb
         attention_rate = terms.attention_forward_flops_per_s
     else:
         compute_mb = _mfu_compute_s(model, knobs, rank, flops, layers, effective_flops_per_gpu, links, assumptions,
@@ -400,12 +425,16 @@ def step_time(
         fp8_gathered = min(1.0, layers * fp8_gathered_block_params(model, rank) / dense_params)
     dp_total, dp_exposed = _data_parallel_time(rank, stage_params, compute_mb, links, assumptions, layers,
                                                expert_params, fp8_gathered)
-    offload = _offload_time(rank, stage_params, links, assumptions, expert_params)
-    optimizer = 0.0
+    offload = offload_time(rank, stage_params, links.host_link_bytes_per_s, links.gpus_per_node, assumptions,
+                           expert_params)
+    optimizer = optimizer_host = 0.0
     if terms is not None and kernels is not None and knobs.offload == "none":
         local = stage_params / (rank.shard_group_size if knobs.zero_stage else 1)
-        optimizer = kernels.optimizer_s(local, knobs.optimizer)
-    total = pipeline + dp_exposed + offload + optimizer
+        implementation = _optimizer_implementation(knobs, assumptions)
+        optimizer_host = optimizer_host_s(parameter_tensors(model, layers), implementation,
+                                          host_costs(assumptions, knobs.compile))
+        optimizer = max(kernels.optimizer_s(local, knobs.optimizer), optimizer_host)  # host-bound when tiny
+    total = pipeline + dp_exposed + offload.total_s + optimizer
     tokens = knobs.global_batch_size * knobs.seq_len
     model_flops = flops.training * tokens
     return StepTime(
@@ -416,7 +445,7 @@ def step_time(
         pp_comm_s=m * pp_mb,
         dp_comm_s=dp_total,
         dp_exposed_s=dp_exposed,
-        offload_s=offload,
+        offload_s=offload.total_s,
         tokens_per_step=tokens,
         model_flops_per_step=model_flops,
         mfu=model_flops / (total * cluster_peak_flops),
@@ -425,9 +454,20 @@ def step_time(
         gemm_s=m * terms.gemm_s if terms else 0.0,
         attention_s=m * terms.attention_s if terms else 0.0,
         elementwise_s=m * terms.memory_s if terms else 0.0,
-        launch_s=m * terms.launch_s if terms else 0.0,
+        launch_s=m * launch_mb,
         optimizer_s=optimizer,
+        host_s=m * host_mb + optimizer_host,
+        offload_pcie_s=offload.pcie_s,
+        cpu_optimizer_s=offload.cpu_optimizer_s,
     )
+
+
+def _optimizer_implementation(knobs: PlanKnobs, assumptions: Assumptions) -> str:
+    """How the optimizer issues its update: DeepSpeed's FusedAdam (one multi-tensor kernel) under
+    ZeRO, else torch's foreach or per-parameter loop (``adamw_foreach``)."""
+    if knobs.strategy.startswith("zero"):
+        return "fused"
+    return "foreach" if assumptions.adamw_foreach else "loop"
 
 
 def _mfu_compute_s(
@@ -564,27 +604,39 @@ def _dp_parts(
     w_int, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
     w = w_int - (w_int - 1) * fp8_gathered if knobs.strategy.startswith("fsdp") else float(w_int)
     eff = assumptions.collective_efficiency
-    group = knobs.shard_group_size if knobs.strategy == "fsdp-hybrid" else d
+    hierarchical = knobs.strategy in ("fsdp-hybrid", "zero1", "zero2")  # zero1/2: sharded within groups
+    group = knobs.shard_group_size if hierarchical else d
     bandwidth = group_bandwidth(group, t, links) * eff
 
     def move(
-        bytes_per_param: float, size: int = group, bw: float = bandwidth, count: int = 1, passes: int = 1
+        bytes_per_param: float, size: int = group, bw: float = bandwidth, count: int = 1, passes: int = 1,
+        spacing: int = t, all_reduce: bool = False,
     ) -> float:
         # One collective per block and pass (FSDP / ZeRO-3 units; DDP and ZeRO buckets are of
-        # the same order): each pays the ring's latency besides the bytes.
-        latency = passes * layers * collective_latency(size, t, links, assumptions)
+        # the same order): each pays NCCL's latency besides the bytes.
+        latency = passes * layers * collective_latency(size, spacing, links, assumptions, tree=all_reduce)
         return count * (_ring(size) * bytes_per_param * params / bw + latency)
+
+    def across(bytes_per_param: float, count: int = 1) -> float:
+        # The shards' all-reduce across the d / group replicas (hybrid sharding, ZeRO-1/2 sharded
+        # within groups), one rank per group, ``t x group`` apart.
+        replicas = d // group
+        if replicas <= 1:
+            return 0.0
+        bw = group_bandwidth(replicas, t * group, links) * eff
+        return move(2 * bytes_per_param / group, size=replicas, bw=bw, count=count, spacing=t * group,
+                    all_reduce=True)
 
     backward_last = 2 / 3 * compute_mb  # what a once-per-step collective can hide behind
     all_compute = m * compute_mb
     strategy = knobs.strategy
     exposed_only = 0.0
     if strategy == "ddp":
-        hidden, window = move(2 * red, bw=all_reduce_bandwidth(group, t, links) * eff), backward_last
+        hidden, window = move(2 * red, bw=all_reduce_bandwidth(group, t, links) * eff, all_reduce=True), backward_last
     elif strategy == "zero1":
-        hidden, window, exposed_only = move(red), backward_last, move(w)
+        hidden, window, exposed_only = move(red) + across(red), backward_last, move(w)
     elif strategy == "zero2":
-        hidden, window, exposed_only = move(red, count=m), 2 / 3 * all_compute, move(w)
+        hidden, window, exposed_only = move(red, count=m) + across(red, count=m), 2 / 3 * all_compute, move(w)
     elif strategy == "zero3":
         hidden, window = move(2 * w + red, count=m, passes=3), all_compute
     elif strategy.startswith("fsdp") and knobs.pp > 1:
@@ -592,38 +644,9 @@ def _dp_parts(
         # torchtitan) and reduces its gradients once, after the last micro-batch's backward
         # (torch.distributed.pipelining's perform_reduce_grad): one all-gather a step, prefetched
         # block by block behind the first micro-batch's forward, and one exposed reduce-scatter.
-        hidden, window, exposed_only = move(w), compute_mb / 3, move(red)
-        if strategy == "fsdp-hybrid":
-            replicas = d // group
-            across = group_bandwidth(replicas, t * group, links) * eff
-            exposed_only += move(2 * red / group, size=replicas, bw=across)
+        hidden, window, exposed_only = move(w), compute_mb / 3, move(red) + across(red)
     elif strategy == "fsdp-grad-op":
         hidden, window = move(w + red, count=m, passes=2), all_compute
     else:  # fsdp-full, fsdp-hybrid
-        hidden, window = move(2 * w + red, count=m, passes=3), all_compute
-        if strategy == "fsdp-hybrid":
-            replicas = d // group
-            across = group_bandwidth(replicas, t * group, links) * eff
-            hidden += move(2 * red / group, size=replicas, bw=across, count=m)
+        hidden, window = move(2 * w + red, count=m, passes=3) + across(red, count=m), all_compute
     return hidden, window, exposed_only
-
-
-def _offload_time(
-    knobs: PlanKnobs, params: int, links: Links, assumptions: Assumptions, expert_params: int = 0
-) -> float:
-    """PCIe traffic and the CPU optimizer step of an offloaded configuration (not overlapped).
-    Under expert parallelism the experts' shard is of ``shard/ep`` ranks (see ``_data_parallel_time``)."""
-    if knobs.offload == "none":
-        return 0.0
-    w = param_bytes(knobs.precision)
-    expert_shard = max(1, knobs.shard_group_size // knobs.ep)
-    shard = (params - expert_params) / knobs.shard_group_size + expert_params / expert_shard
-    pcie = links.host_link_bytes_per_s / 2  # one direction
-    cpu_step = shard * links.gpus_per_node / assumptions.cpu_adam_params_per_s_per_node
-    if knobs.strategy.startswith("fsdp"):
-        # fp32 shards up for forward and backward, fp32 gradients down, every micro-batch
-        return knobs.grad_accum_steps * 3 * 4 * shard / pcie + cpu_step
-    transfers = 2 * w * shard  # gradients down, updated parameters up, once a step
-    if knobs.offload == "optimizer+params":
-        transfers += knobs.grad_accum_steps * 2 * w * shard  # parameters up for forward and backward
-    return transfers / pcie + cpu_step
