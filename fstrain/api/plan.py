@@ -63,6 +63,8 @@ class TrainingRequest:
     fp8: bool = False
     fp8_all_gather: bool = False
     framework: str = "fstrain"  # fstrain.core.plan.frameworks.FRAMEWORKS
+    fsdp2_no_sync: bool = False  # fstrain.core.plan.fsdp2habits
+    tp_replicated_logits: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,8 @@ def resolve_training(plan_model: PlanModel, recipe: Recipe | None,
                          "leave --fused-rmsnorm out for this model", "--fused-rmsnorm")
     spec = TrainingSpec(seq, batch, chosen_precision, chosen_optimizer, flash, budget, chosen_loss,
                         compile=r.compile, fused_rmsnorm=fused_rmsnorm, fp8=r.fp8,
-                        fp8_all_gather=r.fp8_all_gather, framework=r.framework)
+                        fp8_all_gather=r.fp8_all_gather, framework=r.framework, fsdp2_no_sync=r.fsdp2_no_sync,
+                        tp_replicated_logits=r.tp_replicated_logits)
     return spec, note
 
 

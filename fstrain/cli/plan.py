@@ -111,6 +111,18 @@ def plan_command(
         help="With --fp8: FSDP gathers the fp8 linears' weights in fp8 (torchao enable_fsdp_float8_all_gather, "
         "torchtitan --float8.enable_fsdp_float8_all_gather); plans fsdp-* strategies only.",
     ),
+    fsdp2_no_sync: bool = typer.Option(
+        False, "--fsdp2-no-sync",
+        help="FSDP2 accumulates micro-batches under set_requires_gradient_sync(False): every gradient stays "
+        "unsharded in the reduce dtype (fp32: --assume fsdp_reduce_bytes_per_element) until the last "
+        "micro-batch reduce-scatters it once. Plans fsdp-* strategies without --pp. Not run by the bundled trainer.",
+    ),
+    tp_replicated_logits: bool = typer.Option(
+        False, "--tp-replicated-logits",
+        help="Under --tp the output layer gathers its logits to every TP rank (the loss is not "
+        "vocabulary-parallel) and the token embedding stays whole on each (KempnerForge's TP plan). "
+        "Plans without --pp. Not run by the bundled trainer.",
+    ),
     strategy: str | None = typer.Option(
         None, "--strategy", help="Pin: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-hybrid (no-shard = ddp)."
     ),

@@ -35,7 +35,8 @@ class Kind:
 
 _RUN_FOLDER = "it comes from a pre-release fstrain: start the run again, and remove this folder with `fstrain gc`"
 KINDS: dict[str, Kind] = {
-    "plan": Kind("plan file", 1, "it comes from a pre-release fstrain: write it again with "
+    # 2: the knobs fsdp2_no_sync and tp_replicated_logits
+    "plan": Kind("plan file", 2, "it comes from a pre-release fstrain: write it again with "
                  "`fstrain plan --out plan.yaml`", key="fstrain_plan"),
     # RUN_DIR/manifest.json; 2: "attempts" (a run with a recovery policy), reason "restarting" between them
     "manifest": Kind("run manifest", 2, _RUN_FOLDER),

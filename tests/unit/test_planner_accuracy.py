@@ -325,6 +325,12 @@ def cli_argv(case: Case, recipe_path: str | None = None) -> list[str]:
         argv += ["--fp8"]
     if f.get("fp8_all_gather"):
         argv += ["--fp8-all-gather"]
+    if f.get("compile"):
+        argv += ["--compile"]
+    if f.get("fsdp2_no_sync"):
+        argv += ["--fsdp2-no-sync"]
+    if f.get("tp_replicated_logits"):
+        argv += ["--tp-replicated-logits"]
     for key, value in (f.get("assume") or {}).items():
         argv += ["--assume", f"{key}={value}"]
     return [*argv, "--json"]
@@ -759,7 +765,8 @@ def test_loso_memory_within_15_percent(loso: list[Outcome]) -> None:
 
 
 @pytest.mark.parametrize("case_id", ["tt24-l2-70b-fsdp64-full", "atorch-l2-7b-ds3d-tp2-pp2-dp2",
-                                     "foundry-3b-s2048-8xh100-fp8-mbs10", "litgpt-gemma-2b-full-4xa10g-mbs1"])
+                                     "foundry-3b-s2048-8xh100-fp8-mbs10", "litgpt-gemma-2b-full-4xa10g-mbs1",
+                                     "kf-mfu-07-7b-8gpu-tp4-fsdp2"])
 def test_the_harness_plans_what_the_command_line_plans(case_id: str, tmp_path: Path) -> None:
     """The harness's plan is the one ``fstrain plan ... --json`` prints for the same flags."""
     case = next(c for c in CASES if c.id == case_id)

@@ -67,6 +67,19 @@ def check_trainer_runs(plan: PlanFile, where: str) -> None:
     check_trainer_cp(plan, where)
     check_trainer_loss(plan, where)
     check_trainer_optimizer(plan, where)
+    check_trainer_fsdp2_habits(plan, where)
+
+
+def check_trainer_fsdp2_habits(plan: PlanFile, where: str) -> None:
+    """The bundled trainer reduce-scatters every micro-batch's gradients and runs a vocab-parallel
+    head over a TP-sharded embedding: a plan counting FSDP2 no-sync accumulation or logits gathered
+    to every TP rank (fstrain.core.plan.fsdp2habits) would not hold or take what it predicts."""
+    k = plan.knobs
+    for key, on, flag in (("fsdp2_no_sync", k.fsdp2_no_sync, "--fsdp2-no-sync"),
+                          ("tp_replicated_logits", k.tp_replicated_logits and k.tp > 1, "--tp-replicated-logits")):
+        if on:
+            raise ConfigError(f"the plan has {key}, which the bundled trainer does not run",
+                              f"re-plan without {flag} to train the bundled model", where)
 
 
 def check_trainer_ep(plan: PlanFile, where: str) -> None:

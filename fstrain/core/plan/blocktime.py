@@ -24,6 +24,7 @@ from typing import Any
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.fitted import COMPUTE_TIME_SCALE
+from fstrain.core.plan.fsdp2habits import logits_split
 from fstrain.core.plan.gemmcurve import MeasuredGemmCurve, dtype_name, weighted_log_mean
 from fstrain.core.plan.hostlaunch import HostCosts, kernels_host_s
 from fstrain.core.plan.kernelcost import (
@@ -136,7 +137,7 @@ class KernelModel:
         # the search asks for the same few many times.
         k = knobs
         key = (id(model), k.tp, k.cp, k.micro_batch_size, k.seq_len, k.activation_checkpointing, k.precision,
-               k.flash_attention, k.loss, k.compile, k.fused_rmsnorm, k.fp8,
+               k.flash_attention, k.loss, k.compile, k.fused_rmsnorm, k.fp8, k.tp_replicated_logits,
                k.shard_group_size if k.fp8_all_gather else 0, layers, last_stage)
         cached = self._cache.get(key)
         if cached is None:
@@ -245,7 +246,7 @@ class KernelModel:
         if has_vocab_head(knobs.loss):
             forward, backward = self.gemms.linear(tokens, h, max(1, model.vocab_size // t), dtype)
             # log-softmax over fp32 logits and its gradient: read a write 4, read 4 write 4, read 4 write a
-            logits = tokens * model.vocab_size / t
+            logits = tokens * model.vocab_size / logits_split(knobs)  # all V when gathered to every rank
             out.memory_s += logits * (3 * FP32 + 2 * a) / self.hbm_bytes_per_s
             out.forward_kernels += 3
             out.backward_kernels += 6

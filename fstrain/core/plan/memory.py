@@ -31,7 +31,7 @@ Every number that is not arithmetic comes from :class:`~fstrain.core.plan.assump
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fstrain.core.plan.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, recomputes
@@ -40,6 +40,9 @@ from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.buckets import bucket_sizes
 from fstrain.core.plan.contextparallel import RING_BUFFER_ITEM, cp_rank_view, ring_buffer_bytes
 from fstrain.core.plan.frameworks import profile
+from fstrain.core.plan.fsdp2habits import NO_SYNC_ITEM as FSDP2_NO_SYNC_ITEM
+from fstrain.core.plan.fsdp2habits import logits_split, replicated_embedding_extra
+from fstrain.core.plan.fsdp2habits import no_sync_gradient_bytes as fsdp2_no_sync_gradient_bytes
 from fstrain.core.plan.kernels import (
     EAGER_BLOCK,
     FusedBlock,
@@ -340,6 +343,18 @@ def stage_shapes(
                       in_flight_chunks(schedule, pp, micro_batches, pp - 1, chunks), head + params.final_norm,
                       block_rank, chunks, layers * experts_rank)
     return [first, last]
+
+
+def with_replicated_embedding(stage: StageShape, embedding_params: int, knobs: PlanKnobs) -> StageShape:
+    """``stage`` with the token embedding whole on every TP rank under ``tp_replicated_logits``
+    (:func:`fstrain.core.plan.fsdp2habits.replicated_embedding_extra`): in its model states, its
+    FSDP root unit and, when larger than a block, its largest unit."""
+    extra = replicated_embedding_extra(embedding_params, knobs)
+    if not extra:
+        return stage
+    return replace(stage, params=stage.params + extra, outside_blocks=stage.outside_blocks + extra,
+                   fsdp_unit=max(stage.fsdp_unit, embedding_params),
+                   largest_layer=max(stage.largest_layer, embedding_params))
 
 
 def ffn_width(model: ModelSpec) -> int:
@@ -824,8 +839,8 @@ def head_input_bytes(model: ModelSpec, knobs: PlanKnobs, sequence_parallel: bool
 def loss_bytes(model: ModelSpec, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> LossPeaks:
     """The loss's forward and backward peaks over this rank's logits (``s x b x V / t``), by
     ``--loss`` (:func:`fstrain.core.plan.losses.loss_peaks`); ``logits_bytes_per_element``, when set,
-    replaces both with that many bytes per logit."""
-    logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // knobs.tp
+    replaces both with that many bytes per logit. ``tp_replicated_logits``: all ``V`` on every rank."""
+    logits = knobs.seq_len * knobs.micro_batch_size * model.vocab_size // logits_split(knobs)
     if assumptions.logits_bytes_per_element:
         stated = logits * int(assumptions.logits_bytes_per_element)
         return LossPeaks(stated, stated)
@@ -1178,6 +1193,7 @@ def memory_breakdown(
             lambda: stage_shapes(params, k.tp, k.pp, k.grad_accum_steps, model.tied_embeddings, k.pp_schedule,
                                  k.pp_virtual_stages, k.ep),
         )
+        stages = [with_replicated_embedding(s, params.embedding + params.position_embedding, k) for s in stages]
     else:
         stages = [StageShape(num_params // (knobs.tp * knobs.pp), 0, 0, 0, False, 1)]
     best: MemoryBreakdown | None = None
@@ -1239,6 +1255,7 @@ def _stage_breakdown(
                 k.loss,
                 k.compile,
                 k.fused_rmsnorm,
+                k.tp_replicated_logits,
                 block_kernels(assumptions),
             ),
             lambda: stage_activation_bytes(model, stage, k, assumptions),
@@ -1269,10 +1286,13 @@ def _stage_breakdown(
     if fsdp and k.pp > 1:
         compute_gradients = pipeline_fsdp_gradient_bytes(stage, k, assumptions)
     no_sync = no_sync_gradient_bytes(stage, k)
+    no_sync_label = NO_SYNC_ITEM
+    if not no_sync:  # FSDP2's own (fstrain.core.plan.fsdp2habits), in the reduce dtype
+        no_sync, no_sync_label = fsdp2_no_sync_gradient_bytes(stage.params, k, assumptions), FSDP2_NO_SYNC_ITEM
     if no_sync:  # replaces the sharded gradients through forward and backward
         compute_gradients = 0
-        buffers.append((NO_SYNC_ITEM, no_sync))
-        loss_buffers.append((NO_SYNC_ITEM, no_sync))
+        buffers.append((no_sync_label, no_sync))
+        loss_buffers.append((no_sync_label, no_sync))
     root = fsdp1_root_bytes(stage, k, assumptions)
     if root:  # backward gathers it anyway (fsdp_unit_items); FSDP1 never let it go
         loss_buffers.append((FSDP1_ROOT_ITEM, root))

@@ -19,6 +19,7 @@ from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.adafactor import check_adafactor
 from fstrain.core.plan.contextparallel import cp_problem
 from fstrain.core.plan.frameworks import FRAMEWORKS
+from fstrain.core.plan.fsdp2habits import no_sync_problem, replicated_logits_problem
 from fstrain.core.plan.losses import parse_loss
 from fstrain.core.plan.precision import PRECISIONS, check_strategy
 from fstrain.core.plan.recipe import check_plan_name, parse_model_section
@@ -123,7 +124,8 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
     if not _is_int(knobs.seq_len) or knobs.seq_len < 0:
         raise InputError(f"plan.seq_len must be 0 (the model's) or a positive integer, got {knobs.seq_len!r}",
                          _PLAN_HINT, where)
-    for key in ("flash_attention", "compile", "fused_rmsnorm", "fp8", "fp8_all_gather"):
+    for key in ("flash_attention", "compile", "fused_rmsnorm", "fp8", "fp8_all_gather", "fsdp2_no_sync",
+                "tp_replicated_logits"):
         if not isinstance(getattr(knobs, key), bool):
             raise InputError(f"plan.{key} must be true or false, got {getattr(knobs, key)!r}", _PLAN_HINT, where)
     if knobs.fp8_all_gather and not (knobs.fp8 and knobs.strategy.startswith("fsdp")):
@@ -132,6 +134,7 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
             "FSDP's float8 all-gather needs fp8 linears and an fsdp-* strategy: set it false",
             where,
         )
+    validate_fsdp2_habits(knobs, where)
     validate_pp_schedule(knobs, where)
     if knobs.dp % knobs.shard_group_size != 0:
         raise InputError(
@@ -139,6 +142,16 @@ def validate_knobs(knobs: PlanKnobs, where: str) -> None:
             "hybrid shard groups must tile the data-parallel ranks",
             where,
         )
+
+
+def validate_fsdp2_habits(knobs: PlanKnobs, where: str) -> None:
+    """Refuse fsdp2_no_sync or tp_replicated_logits with knobs they cannot describe
+    (fstrain.core.plan.fsdp2habits), naming the key."""
+    checks = (("fsdp2_no_sync", no_sync_problem(knobs.strategy, knobs.pp, knobs.framework)),
+              ("tp_replicated_logits", replicated_logits_problem(knobs.pp, knobs.loss)))
+    for key, problem in checks:
+        if getattr(knobs, key) and problem:
+            raise InputError(f"plan.{key} is true: {problem[0]}", f"{problem[1]}, or set {key} false", where)
 
 
 def validate_ep(knobs: PlanKnobs, model: ModelSpec | None, where: str) -> None:

@@ -24,6 +24,7 @@ from fstrain.core.plan.blocktime import KernelModel
 from fstrain.core.plan.contextparallel import CP_STRATEGIES, cp_problem
 from fstrain.core.plan.errorband import plan_error_band
 from fstrain.core.plan.frameworks import framework_assumptions, profile
+from fstrain.core.plan.fsdp2habits import no_sync_problem, replicated_logits_problem
 from fstrain.core.plan.kernelcost import GpuRates
 from fstrain.core.plan.kernels import EAGER_BLOCK, check_fused_block
 from fstrain.core.plan.losses import has_vocab_head, parse_loss
@@ -37,6 +38,7 @@ from fstrain.core.plan.memory import (
     block_kernels,
     memory_breakdown,
     stage_shapes,
+    with_replicated_embedding,
 )
 from fstrain.core.plan.modelsize import ParamCount, count_parameters
 from fstrain.core.plan.pipeline import schedule_label, schedule_problem
@@ -99,6 +101,8 @@ class TrainingSpec:
     fused_rmsnorm: bool = False  # a fused RMSNorm kernel in an otherwise eager model
     fp8: bool = False  # the blocks' linears compute in fp8 (PlanKnobs.fp8)
     fp8_all_gather: bool = False  # FSDP gathers their weights in fp8 (PlanKnobs.fp8_all_gather)
+    fsdp2_no_sync: bool = False  # FSDP2 accumulates unsharded gradients (PlanKnobs.fsdp2_no_sync)
+    tp_replicated_logits: bool = False  # logits gathered to every TP rank (PlanKnobs.tp_replicated_logits)
     framework: str = "fstrain"  # fstrain.core.plan.frameworks: what the training code keeps (PlanKnobs.framework)
 
 
@@ -168,6 +172,8 @@ class Plan:
             "cp": k.cp,
             "fp8": k.fp8,
             "fp8_all_gather": k.fp8_all_gather,
+            "fsdp2_no_sync": k.fsdp2_no_sync,
+            "tp_replicated_logits": k.tp_replicated_logits,
             "framework": k.framework,
             "memory": self.memory.to_dict(),
             "usable_bytes": self.usable_bytes,
@@ -212,6 +218,10 @@ def describe_knobs(k: PlanKnobs) -> str:
         text += f", {schedule_label(k.pp_schedule, k.pp_virtual_stages)}"
     if k.fp8:
         text += ", fp8 linears" + (" (fp8 all-gather)" if k.fp8_all_gather else "")
+    if k.fsdp2_no_sync:
+        text += ", FSDP2 no-sync accumulation"
+    if k.tp_replicated_logits and k.tp > 1:
+        text += ", logits gathered over TP"
     return text
 
 
@@ -328,6 +338,23 @@ def _check_fp8_all_gather(training: TrainingSpec, pins: Pins) -> None:
         )
 
 
+def _check_fsdp2_habits(training: TrainingSpec, pins: Pins) -> None:
+    """Refuse --fsdp2-no-sync and --tp-replicated-logits where a pin rules out every plan they
+    describe (fstrain.core.plan.fsdp2habits); the search skips the other layouts."""
+    pp = pins.pp or 1
+    if training.fsdp2_no_sync:
+        strategy = pins.strategy or "fsdp-full"
+        problem = no_sync_problem(strategy, pp, training.framework)
+        if problem:
+            raise ConfigError(problem[0], f"{problem[1]}, or drop --fsdp2-no-sync",
+                              "--fsdp2-no-sync")
+    if training.tp_replicated_logits:
+        problem = replicated_logits_problem(pp, training.loss)
+        if problem:
+            raise ConfigError(problem[0], f"{problem[1]}, or drop --tp-replicated-logits",
+                              "--tp-replicated-logits")
+
+
 def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster, pins: Pins) -> None:
     """Refuse, with the reason, what no configuration could satisfy."""
     gpu = cluster.speed_node(training.precision).gpu
@@ -344,6 +371,7 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
         _check_fp8(training, cluster)
     if training.fp8_all_gather:
         _check_fp8_all_gather(training, pins)
+    _check_fsdp2_habits(training, pins)
     if training.flash_attention and training.precision == "fp32":
         raise ConfigError(
             "FlashAttention needs fp16 or bf16", "use --no-flash-attention with fp32", "--flash-attention"
@@ -628,6 +656,8 @@ class _Evaluator:
             fused_rmsnorm=t.fused_rmsnorm,
             fp8=t.fp8,
             fp8_all_gather=t.fp8_all_gather,
+            fsdp2_no_sync=t.fsdp2_no_sync,
+            tp_replicated_logits=t.tp_replicated_logits,
             framework=t.framework,
         )
         self.considered += 1
@@ -689,6 +719,10 @@ def _search(
         for strategy in _strategies(pins, pp, training.precision, training.optimizer):
             if training.fp8_all_gather and not strategy.startswith("fsdp"):
                 continue  # FSDP's float8 all-gather: FSDP strategies only
+            if training.fsdp2_no_sync and no_sync_problem(strategy, pp, training.framework):
+                continue  # FSDP2's gradient sync: FSDP strategies without PP only
+            if training.tp_replicated_logits and pp > 1:
+                continue
             # With dp = 1 (and no CP ranks to shard over) sharding is DDP, unless it is there to offload.
             offloads = [
                 o
@@ -752,8 +786,10 @@ def rank_expert_params(model: PlanModel, knobs: PlanKnobs) -> int:
 
 def _shapes(model: PlanModel, knobs: PlanKnobs) -> list[StageShape]:
     assert model.params is not None and model.spec is not None
-    return stage_shapes(model.params, knobs.tp, knobs.pp, knobs.grad_accum_steps, model.spec.tied_embeddings,
-                        knobs.pp_schedule, knobs.pp_virtual_stages, knobs.ep)
+    shapes = stage_shapes(model.params, knobs.tp, knobs.pp, knobs.grad_accum_steps, model.spec.tied_embeddings,
+                          knobs.pp_schedule, knobs.pp_virtual_stages, knobs.ep)
+    embedding = model.params.embedding + model.params.position_embedding
+    return [with_replicated_embedding(shape, embedding, knobs) for shape in shapes]
 
 
 def _rejection(knobs: PlanKnobs, memory: MemoryBreakdown, usable: int, gpu_label: str, host_limit: int | None) -> str:

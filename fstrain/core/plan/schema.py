@@ -204,6 +204,12 @@ class PlanKnobs:
     # block saves and the time of its memory-bound ops (fstrain.core.plan.kernels).
     compile: bool = False
     fused_rmsnorm: bool = False
+    # FSDP2 accumulates micro-batches under set_requires_gradient_sync(False): every gradient held
+    # unsharded in the reduce dtype until the last micro-batch reduce-scatters it (fsdp2habits).
+    fsdp2_no_sync: bool = False
+    # Under TP the head gathers its logits to every TP rank (the loss not vocabulary-parallel) and
+    # the token embedding stays whole on each (fstrain.core.plan.fsdp2habits).
+    tp_replicated_logits: bool = False
     # The training framework whose memory habits the plan models (fstrain.core.plan.frameworks:
     # FSDP1 no_sync accumulation, TP all-gather buffers, hand-written DeepSpeed buckets).
     framework: str = "fstrain"

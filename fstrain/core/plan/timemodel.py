@@ -56,6 +56,7 @@ from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.blocktime import ComputeTerms, KernelModel, host_costs
 from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
+from fstrain.core.plan.fsdp2habits import logits_gather_bytes
 from fstrain.core.plan.hostlaunch import optimizer_host_s, parameter_tensors, sharding_host_s
 from fstrain.core.plan.kernels import attended_keys, fusion_seconds_saved_per_token
 from fstrain.core.plan.losses import has_vocab_head
@@ -408,6 +409,11 @@ def step_time(
         all_reduce = 2 * _ring(t) * b * s * model.hidden_size * w / (tp_bw * eff)
         all_reduce += collective_latency(t, 1, links, assumptions, tree=False) * 2
         tp_mb = layers * collectives * all_reduce * (1 - assumptions.tp_overlap)
+        # The head's logits gathered to every TP rank (fstrain.core.plan.fsdp2habits), before the
+        # loss can start: not overlapped.
+        gathered = logits_gather_bytes(model, rank)
+        if gathered:
+            tp_mb += _ring(t) * gathered / (tp_bw * eff) + collective_latency(t, 1, links, assumptions, tree=False)
     pp_mb = 0.0
     if p > 1:
         boundary = group_bandwidth(p, t * d, links)
@@ -646,7 +652,10 @@ def _dp_parts(
         # block by block behind the first micro-batch's forward, and one exposed reduce-scatter.
         hidden, window, exposed_only = move(w), compute_mb / 3, move(red) + across(red)
     elif strategy == "fsdp-grad-op":
-        hidden, window = move(w + red, count=m, passes=2), all_compute
+        hidden, window = move(w, count=m) + move(red, count=1 if knobs.fsdp2_no_sync else m), all_compute
     else:  # fsdp-full, fsdp-hybrid
-        hidden, window = move(2 * w + red, count=m, passes=3) + across(red, count=m), all_compute
+        # Under fsdp2_no_sync the gradients are reduced in the last micro-batch's backward only.
+        reductions = 1 if knobs.fsdp2_no_sync else m
+        hidden = move(2 * w, count=m, passes=2) + move(red, count=reductions) + across(red, count=reductions)
+        window = all_compute
     return hidden, window, exposed_only

@@ -134,6 +134,13 @@ def render_fsdp(plan: PlanFile, options: TrainingOptions | None = None) -> Rende
             "--model.converters float8 --float8.filter_fqns output (torchao Float8Linear, tensorwise)"
             + (" --float8.enable_fsdp_float8_all_gather" if knobs.fp8_all_gather else "")
         )
+    if knobs.fsdp2_no_sync or (knobs.tp_replicated_logits and knobs.tp > 1):
+        notes.append(
+            "fsdp2_no_sync / tp_replicated_logits: this file has no key for them (the bundled trainer reduce-scatters "
+            "every micro-batch and keeps the logits vocab-parallel, so `launch --plan` refuses this plan); the "
+            "training program sets them (model.set_requires_gradient_sync(False) on all but the last micro-batch; "
+            "ColwiseParallel(output_layouts=Replicate()) on the head, no TP plan for the embedding)"
+        )
     if knobs.pp > 1:
         # torchtitan shards each pipeline stage with reshard_after_forward=False (its default with PP),
         # which is what the planner's memory model counts.

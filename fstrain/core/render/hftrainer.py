@@ -39,7 +39,7 @@ from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.options import TrainingOptions
-from fstrain.core.render.trainers import cannot_run, check_model_parallel
+from fstrain.core.render.trainers import cannot_run, check_fsdp2_habits, check_model_parallel
 
 TRAINER = "hf-trainer"
 # fstrain's optimizer -> the Trainer's `optim` (transformers' OptimizerNames). adamw_torch_fused is
@@ -60,6 +60,7 @@ def check_hf_trainer(plan: PlanFile) -> None:
     """Refuse what the Trainer's arguments cannot hold, naming the knob and what to plan instead."""
     check_plan(plan)
     knobs = plan.knobs
+    check_fsdp2_habits(knobs, TRAINER)
     check_model_parallel(knobs, TRAINER)
     if knobs.strategy == "fsdp-hybrid":
         raise cannot_run(

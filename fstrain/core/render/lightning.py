@@ -31,7 +31,7 @@ from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.core.render.fsdp import optimizer_section, scheduler_section
 from fstrain.core.render.options import TrainingOptions
-from fstrain.core.render.trainers import cannot_run, check_model_parallel
+from fstrain.core.render.trainers import cannot_run, check_fsdp2_habits, check_model_parallel
 
 TRAINER = "lightning"
 LIGHTNING_FILE_VERSION = 1
@@ -54,6 +54,7 @@ def check_lightning(plan: PlanFile) -> None:
     """Refuse what Lightning's strategies cannot run as planned, naming the knob and what instead."""
     check_plan(plan)
     knobs = plan.knobs
+    check_fsdp2_habits(knobs, TRAINER)
     check_model_parallel(knobs, TRAINER)
     if not knobs.strategy.startswith("fsdp"):
         return

@@ -34,7 +34,7 @@ from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.fsdp import TORCH_SCHEDULES
 from fstrain.core.render.options import TrainingOptions
-from fstrain.core.render.trainers import cannot_run
+from fstrain.core.render.trainers import cannot_run, check_fsdp2_habits
 
 TRAINER = "torchtitan"
 # fstrain's activation checkpointing -> torchtitan's subcommand of `activation_checkpoint`
@@ -50,6 +50,7 @@ def check_torchtitan(plan: PlanFile) -> None:
     """Refuse what torchtitan 0.3 does not run, naming the knob and what to plan instead."""
     check_plan(plan)
     knobs = plan.knobs
+    check_fsdp2_habits(knobs, TRAINER)
     if knobs.strategy == "zero1":
         raise cannot_run(TRAINER, "strategy", "zero1", "torchtitan shards with FSDP2, which has no "
                          "optimizer-only sharding", "re-plan with --strategy zero2 or fsdp-full")

@@ -48,6 +48,22 @@ def cannot_run(trainer: str, knob: str, value: object, why: str, instead: str) -
     return ConfigError(f"plan.{knob} is {value}: {why}", instead, f"--trainer {trainer}")
 
 
+def check_fsdp2_habits(knobs: PlanKnobs, trainer: str) -> None:
+    """Refuse fsdp2_no_sync and tp_replicated_logits (fstrain.core.plan.fsdp2habits): none of these
+    trainers has an argument for them. torchtitan and Lightning reduce-scatter every micro-batch
+    (the Trainer runs FSDP1's no_sync, a profile of its own: --framework hf-trainer), and torchtitan's
+    TP shards the embedding (its disable_loss_parallel gathers the logits, not the embedding)."""
+    title = TRAINER_TITLES[trainer]
+    if knobs.fsdp2_no_sync:
+        raise cannot_run(trainer, "fsdp2_no_sync", "true",
+                         f"{title} has no setting that skips FSDP2's gradient sync between micro-batches",
+                         "re-plan without --fsdp2-no-sync (or with --framework for the trainer's own habits)")
+    if knobs.tp_replicated_logits and knobs.tp > 1:
+        raise cannot_run(trainer, "tp_replicated_logits", "true",
+                         f"{title} has no setting that keeps the token embedding whole on every TP rank",
+                         "re-plan without --tp-replicated-logits")
+
+
 def check_model_parallel(knobs: PlanKnobs, trainer: str) -> None:
     """Refuse tp, pp, cp or ep > 1: the data-parallel trainers (HF Trainer, Lightning's FSDP and
     DeepSpeed strategies) have none of them in their arguments."""
