@@ -49,6 +49,7 @@ from fstrain.core.plan.kernels import (
     swiglu_saved_tensors,
 )
 from fstrain.core.plan.losses import LossPeaks, has_vocab_head, loss_peaks
+from fstrain.core.plan.megatron import MEGATRON_STRATEGIES, megatron_bytes
 from fstrain.core.plan.modelsize import ParamCount, parameter_shapes
 from fstrain.core.plan.pipeline import in_flight_chunks, layers_per_rank
 from fstrain.core.plan.precision import mode, optimizer_state_bytes
@@ -215,6 +216,42 @@ def model_states(
     return ModelStates(parameters, device_gradients, 0, host)
 
 
+def uses_megatron_ddp(knobs: PlanKnobs) -> bool:
+    """Whether ``knobs`` run on Megatron-core's DDP and optimizer (``--framework megatron`` with
+    ``ddp`` or ``zero1``: :mod:`fstrain.core.plan.megatron`)."""
+    return knobs.strategy in MEGATRON_STRATEGIES and profile(knobs.framework).megatron_ddp
+
+
+def megatron_model_states(
+    num_params: int,
+    strategy: str,
+    shard: int,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    offload: str = "none",
+    assumptions: Assumptions = Assumptions(),
+    state_bytes: float | None = None,
+) -> ModelStates:
+    """Model states of ``num_params`` parameters under Megatron's DDP (``ddp``: its plain optimizer)
+    or its distributed optimizer (``zero1``: the fp32 main parameters and the optimizer's states
+    sharded ``shard`` ways), :func:`fstrain.core.plan.megatron.megatron_bytes`: the parameter
+    buffer, the whole contiguous gradient buffer (fp32 under bf16) and the sharded states. The
+    fp32 main gradient a 16-bit gradient buffer is cast to exists at the step only
+    (:func:`optimizer_step_items`). ``--optimizer-cpu-offload`` (offload ``optimizer``; Megatron's
+    ``--optimizer-offload-fraction`` 1.0, arguments.py L2918-2923) keeps the states and an fp32
+    gradient shard on the host."""
+    states = state_bytes if state_bytes is not None else optimizer_state_bytes(
+        precision, optimizer, OPTIMIZER_STATE_BYTES[optimizer])
+    per_param = megatron_bytes(precision, states, assumptions.megatron_fp32_main_grads)
+    n = shard if strategy == "zero1" else 1
+    parameters = per_param.parameters * num_params
+    gradients = per_param.grad_buffer * num_params
+    optimizer_states = round(per_param.optimizer * num_params) // n
+    if offload == "none":
+        return ModelStates(parameters, gradients, optimizer_states)
+    return ModelStates(parameters, gradients, 0, optimizer_states + 4 * num_params // n)
+
+
 def stage_model_states(
     stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions(), state_bytes: float | None = None
 ) -> ModelStates:
@@ -225,9 +262,10 @@ def stage_model_states(
     2201.05596 sec. 5.1, expert + data parallelism; torchtitan parallel_dims.py shards experts
     with FSDP over dp_shard/ep)."""
     k = knobs
+    count_states = megatron_model_states if uses_megatron_ddp(k) else model_states
 
     def states(count: int, shard: int) -> ModelStates:
-        return model_states(count, k.strategy, shard, k.precision, k.optimizer, k.offload, assumptions, state_bytes)
+        return count_states(count, k.strategy, shard, k.precision, k.optimizer, k.offload, assumptions, state_bytes)
 
     dense = states(stage.params - stage.experts, k.shard_group_size)
     if not stage.experts:
@@ -941,8 +979,11 @@ def fsdp_unit_items(
 def persistent_buffer_items(
     strategy: str, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
 ) -> list[tuple[str, int]]:
-    """Buffers allocated once that stay through every moment, the optimizer step included."""
+    """Buffers allocated once that stay through every moment, the optimizer step included.
+    Megatron's DDP has none: its gradient buffer (a model state) is its bucket."""
     w = param_bytes(knobs.precision)
+    if uses_megatron_ddp(knobs):
+        return []
     if strategy == "ddp":
         return [("DDP gradient buckets", min(2 * assumptions.ddp_bucket_bytes, w * stage.params))]
     if strategy in ("zero1", "zero2") and knobs.offload != "none":
@@ -970,8 +1011,8 @@ def backward_buffer_items(
     flat 16-bit parameter buffer itself (``all_gather_into_tensor``, or views of it), so
     ``allgather_bucket_size`` allocates nothing.
     """
-    if strategy not in ("zero1", "zero2"):
-        return []
+    if strategy not in ("zero1", "zero2") or uses_megatron_ddp(knobs):
+        return []  # Megatron's distributed optimizer reduce-scatters in place in its gradient buffer
     _, w = comm_bytes(knobs.precision, strategy, assumptions)
     reduce_bucket, _, cap = deepspeed_bucket_elements(stage, knobs, hidden_size, assumptions)
     copies = 1 if knobs.pp > 1 else 2
@@ -992,7 +1033,12 @@ def optimizer_step_items(
     A per-parameter AdamW (``--assume adamw_foreach=false``: Hugging Face's ``AdamW``, the
     Trainer's ``optim="adamw_hf"``, ``denom = exp_avg_sq.sqrt().add_(eps)``) holds one fp32 copy
     of one parameter at a time: the largest (``stage.largest_layer``, a module's weight with its
-    bias). Adafactor: :func:`fstrain.core.plan.adafactor.step_temporary_bytes`."""
+    bias). Adafactor: :func:`fstrain.core.plan.adafactor.step_temporary_bytes`. Megatron's
+    optimizers (TE's or apex's fused Adam) update in place; a 16-bit gradient buffer is cast to
+    fp32 main gradients for the step (:mod:`fstrain.core.plan.megatron`), over the rank's shard
+    with the distributed optimizer."""
+    if uses_megatron_ddp(knobs):
+        return megatron_step_items(knobs, stage, assumptions)
     if knobs.offload != "none":
         return []
     if knobs.optimizer == "adafactor" and stage is not None:
@@ -1004,6 +1050,23 @@ def optimizer_step_items(
     if not assumptions.adamw_foreach and stage is not None:
         return [("AdamW temporaries (one parameter)", 4 * stage.largest_layer)]
     return [("AdamW foreach temporaries", states.optimizer_states // 2)]
+
+
+MEGATRON_STEP_GRADS_ITEM = "Megatron fp32 main gradients (16-bit gradient buffer, at the step)"
+
+
+def megatron_step_items(
+    knobs: PlanKnobs, stage: StageShape | None, assumptions: Assumptions = Assumptions()
+) -> list[tuple[str, int]]:
+    """The fp32 main gradients Megatron's optimizer casts a 16-bit gradient buffer to at the
+    step (distrib_optimizer.py L2792 ``shard_model_grad.float()``; freed by ``zero_grad`` before
+    the next forward), on the GPU unless the optimizer is offloaded; none with an fp32 buffer."""
+    if stage is None or knobs.offload != "none":
+        return []
+    per_param = megatron_bytes(knobs.precision, fp32_main_grads=assumptions.megatron_fp32_main_grads)
+    shard = knobs.shard_group_size if knobs.strategy == "zero1" else 1
+    copy = per_param.step_grad_copy * stage.params // shard
+    return [(MEGATRON_STEP_GRADS_ITEM, copy)] if copy else []
 
 
 def no_sync_gradient_bytes(stage: StageShape, knobs: PlanKnobs) -> int:
@@ -1218,7 +1281,7 @@ def _stage_breakdown(
     states: ModelStates = _memo(
         memo,
         ("states", stage.params, stage.experts, k.ep, k.strategy, k.shard_group_size, k.precision, k.optimizer,
-         k.offload),
+         k.offload, uses_megatron_ddp(k)),
         lambda: stage_model_states(stage, k, assumptions, adafactor_bytes(model, k, memo)),
     )
     activation_items: list[tuple[str, int]] = []

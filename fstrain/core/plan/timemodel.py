@@ -55,6 +55,7 @@ from fstrain.core.plan.blocktime import ComputeTerms, KernelModel
 from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
 from fstrain.core.plan.kernels import attended_keys, fusion_seconds_saved_per_token
 from fstrain.core.plan.losses import has_vocab_head
+from fstrain.core.plan.megatron import megatron_reduce_bytes
 from fstrain.core.plan.memory import (
     block_kernels,
     block_matmuls,
@@ -65,6 +66,7 @@ from fstrain.core.plan.memory import (
     replicated_split,
     residual_bytes,
     shared_expert_matmuls,
+    uses_megatron_ddp,
     weight_bytes,
 )
 from fstrain.core.plan.pipeline import boundary_crossings, bubble_slots, layers_per_rank
@@ -562,6 +564,8 @@ def _dp_parts(
     if d == 1 or params == 0:
         return 0.0, 0.0, 0.0
     w_int, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
+    if uses_megatron_ddp(knobs):  # Megatron reduces its gradient buffer in place, fp32 under bf16
+        red = megatron_reduce_bytes(knobs.precision, assumptions.megatron_fp32_main_grads)
     w = w_int - (w_int - 1) * fp8_gathered if knobs.strategy.startswith("fsdp") else float(w_int)
     eff = assumptions.collective_efficiency
     group = knobs.shard_group_size if knobs.strategy == "fsdp-hybrid" else d
