@@ -558,7 +558,8 @@ def layer_activation_bytes(
     gate output, up output, product); dropout masks (1 byte) only when dropout > 0. For GPT (MHA,
     GeLU 4h, dropout) this is ``sbh(34 + 5as/h)``, and ``sbh(10 + 24/t + 5as/(ht))`` with TP but
     no SP. With it: PyTorch eager with SDPA, op by op (what the bundled trainer and torchtitan
-    run; ``fstrain plan --trace`` checks it); ``megatron-selective`` then stores what ``none`` does.
+    run; ``fstrain plan --trace`` checks it); ``megatron-selective`` then stores what ``none`` does
+    but the attention kernel's fp32 log-sum-exp.
 
     Under autocast (``amp-*``) the matmuls and SDPA save their inputs' low-precision casts (each
     linear its own cast of a shared input: q, k and v three, SwiGLU's gate and up two), but
@@ -618,7 +619,11 @@ def layer_activation_bytes(
             norms = 2 * s * b * fused_norm_saved_bytes(model, r)
         replicated = norms + post_norms + s * b * linear_inputs * a * h
         q_copies = 5 if model.position_embedding == "rope" else 4
-        sharded = q_copies * s * b * q_width * a + 4 * model.num_heads * s * b + ffn_saved + moe_extra
+        # Megatron's selective recompute checkpoints the attention kernel (attention.py L1555-1556):
+        # its inputs q, k, v stay saved and its output is the out-projection's saved input, so only
+        # the kernel's own fp32 log-sum-exp is not kept.
+        lse = 0 if ac == "megatron-selective" else 4 * model.num_heads * s * b
+        sharded = q_copies * s * b * q_width * a + lse + ffn_saved + moe_extra
         return replicated // split_replicated + sharded // tp
     # Korthikanti et al. (Megatron): both norm inputs, the QKV and FFN inputs and dropout masks are
     # kept whole under TP without SP; Q, K, V, the out-projection input, the FFN tensors and the
@@ -750,9 +755,10 @@ def stage_activation_bytes(
         label = f"{stage.chunks} chunks of {chunk_layers} layers, {stage.in_flight} chunk micro-batches in flight"
     kernels = fused.describe()
     items = [(f"activations ({label}, AC {ac}{', ' + kernels if kernels else ''})", stored)]
-    if recomputes(ac) and ac != "megatron-selective":
-        # A recomputed block's backward rebuilds what it did not keep.
-        working = per_layer("none") - (per_layer(ac) if ac == "selective-op" else 0)
+    if recomputes(ac):
+        # A recomputed block's backward rebuilds what it did not keep (Megatron's selective: one
+        # layer's attention core, the s^2 scores without FlashAttention).
+        working = per_layer("none") - (per_layer(ac) if ac in ("selective-op", "megatron-selective") else 0)
         items.append((RECOMPUTE_ITEM, working))
     in_flight = WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none")
     temporaries = block_backward_extra_bytes(model, knobs.micro_batch_size, knobs.seq_len, knobs.tp,

@@ -149,7 +149,7 @@ def layer_hardware_flops(flops: FlopsPerToken, ac: str, flash_attention: bool) -
         total += flops.layer / k  # the whole forward again, for every k-th layer
     elif ac == "selective-op":
         total += flops.selective_op_recompute  # the attention kernel's outputs are saved
-    elif ac == "megatron-selective" and not flash_attention:
+    elif ac == "megatron-selective":  # the attention core's forward again, FlashAttention's too
         total += flops.attention_core
     return total
 
