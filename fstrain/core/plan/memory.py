@@ -547,6 +547,7 @@ def layer_activation_bytes(
     compiled: bool = False,
     fused_rmsnorm: bool = False,
     fused: FusedBlock = EAGER_BLOCK,
+    gathered_input_bytes: int = 0,
 ) -> int:
     """Activations one transformer block saves for backward, per GPU, under policy ``ac``
     (``none``, ``selective-op``, ``megatron-selective`` or ``full``; see
@@ -579,6 +580,11 @@ def layer_activation_bytes(
     dropout-add-norm keeps the residual, the row statistics and a dropout seed per row in place of
     each norm's input and statistics and the 1-byte dropout mask; under autocast its packed q/k/v
     linear saves one cast of its input, not three.
+
+    ``gathered_input_bytes``: with sequence parallelism, the q/k/v and FFN linears keep their
+    input all-gathered to the whole sequence, that many bytes an element (0: kept as the rank's
+    sequence shard, Megatron-LM's and nanotron's re-gather in backward;
+    :func:`sp_gathered_input_bytes`).
     """
     a = weight_bytes(precision)
     autocast = mode(precision).autocast
@@ -618,19 +624,27 @@ def layer_activation_bytes(
         if fused.dropout_add_ln:
             norms = 2 * s * b * fused_norm_saved_bytes(model, r)
         replicated = norms + post_norms + s * b * linear_inputs * a * h
+        gathered = 0
+        if gathered_input_bytes and split_replicated > 1:
+            replicated -= s * b * linear_inputs * a * h
+            gathered = s * b * linear_inputs * gathered_input_bytes * h
         q_copies = 5 if model.position_embedding == "rope" else 4
         # Megatron's selective recompute checkpoints the attention kernel (attention.py L1555-1556):
         # its inputs q, k, v stay saved and its output is the out-projection's saved input, so only
         # the kernel's own fp32 log-sum-exp is not kept.
         lse = 0 if ac == "megatron-selective" else 4 * model.num_heads * s * b
         sharded = q_copies * s * b * q_width * a + lse + ffn_saved + moe_extra
-        return replicated // split_replicated + sharded // tp
+        return gathered + replicated // split_replicated + sharded // tp
     # Korthikanti et al. (Megatron): both norm inputs, the QKV and FFN inputs and dropout masks are
     # kept whole under TP without SP; Q, K, V, the out-projection input, the FFN tensors and the
     # attention core are split. Eager attention keeps the softmax output (and, with dropout, its
     # mask and the dropped-out output).
     norms = 2 * s * b * fused_norm_saved_bytes(model, r) if fused.dropout_add_ln else 2 * sbh * r + 2 * mask * sbh
     replicated = norms + post_norms + linear_inputs * sbh * a
+    gathered = 0
+    if gathered_input_bytes and split_replicated > 1:
+        replicated -= linear_inputs * sbh * a
+        gathered = linear_inputs * sbh * gathered_input_bytes
     sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved + moe_extra
     if ac == "none":
         # Softmax saves its output, dropout its mask, and the AV matmul its input (the dropped-out
@@ -638,7 +652,28 @@ def layer_activation_bytes(
         # cast of whichever tensor feeds it, so dropout's fp32 output is not kept.
         probs = 4 + a if autocast else a
         sharded += model.num_heads * s * s * b * (probs + mask * (1 if autocast else 1 + a))
-    return replicated // split_replicated + sharded // tp
+    return gathered + replicated // split_replicated + sharded // tp
+
+
+def sp_gathered_input_bytes(knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> int:
+    """Bytes an element of the all-gathered linear inputs a block keeps whole under sequence
+    parallelism (``tp > 1``); 0 where it keeps only its sequence shard.
+
+    torch's DTensor tensor parallelism (torchtitan, the TP plans of the torch-native frameworks)
+    all-gathers a block's sequence-sharded input to ``Replicate`` at the attention's and the
+    FFN's boundary (pytorch/torchtitan@b5bcd76 torchtitan/models/common/decoder_sharding.py
+    L233-238 and L329-330: ``in_dst_shardings`` with ``tp=spmd.R``; @81c1243
+    torchtitan/models/llama3/infra/parallelize.py ``apply_tp``: ``PrepareModuleInput(...
+    desired_input_layouts=(Replicate(), None))``), and the column-parallel q/k/v and FFN linears
+    save that gathered tensor for their weight gradients: ``s b h`` each, not ``s b h / t``.
+    Megatron-LM saves the shard and gathers it again in backward into its global buffer
+    (megatron/core/tensor_parallel/layers.py @d98e8a6 L604 ``ctx.save_for_backward(input,
+    weight)`` before the all-gather at L627-629); nanotron does the same
+    (``tp_recompute_allgather``): the profiles with ``tp_gather_buffer``. With fp8 linears
+    torchtitan gathers in fp8 (``PrepareFloat8ModuleInput``), one byte an element."""
+    if knobs.tp == 1 or not assumptions.sequence_parallel or profile(knobs.framework).tp_gather_buffer:
+        return 0
+    return 1 if knobs.fp8 else weight_bytes(knobs.precision)
 
 
 # How long the compute-dtype weight gradients autograd writes stay on the GPU: FSDP keeps a
@@ -684,13 +719,21 @@ def block_backward_extra_bytes(
     kernel without the fp32 temporaries; compiled SwiGLU frees three saved FFN-wide tensors, not four.
     flash-attention's FusedMLP at ``checkpoint_lvl`` 1 or 2 recomputes in its backward the
     FFN-wide tensors it did not save (fused_dense.py @0251105 L368-395), so they are here.
+
+    Under tensor parallelism the hidden-wide gradients around the linears are whole even with
+    sequence parallelism: a row-parallel linear's backward gathers its output's gradient to the
+    full sequence, and a column-parallel one computes its input's gradient for the full sequence
+    before the reduce-scatter (Megatron-LM @d98e8a6 megatron/core/tensor_parallel/layers.py L683
+    ``grad_input = grad_output.matmul(weight)``, reduce-scattered into a shard at L700-709; DTensor's
+    ``Replicate`` input takes a ``Partial`` gradient of the same size). Only the norm's fp32
+    temporaries run on the sequence shard.
     """
     a = weight_bytes(precision)
     tokens = seq_len * micro_batch
     split = replicated_split(tp, sequence_parallel)
     ffn = ffn_width(model)
     experts, top_k = (1, 1) if model.moe is None else (model.moe.num_experts, model.moe.top_k)
-    hidden = tokens * model.hidden_size * a // split  # one hidden-wide tensor
+    hidden = tokens * model.hidden_size * a  # one hidden-wide gradient, the whole sequence under TP
     wide = tokens * top_k * ffn * a // tp  # one FFN-wide tensor (MoE: of every routed copy)
     # One FFN matrix's gradient (MoE: every expert's; the grouped matmul computes them at once).
     weight = experts * model.hidden_size * ffn * (grad_bytes or a) // tp if weight_grads != "none" else 0
@@ -741,6 +784,7 @@ def stage_activation_bytes(
             knobs.compile,
             knobs.fused_rmsnorm,
             fused,
+            sp_gathered_input_bytes(knobs, assumptions),
         )
 
     # One chunk's blocks per (micro-batch, chunk) pair in flight; with one chunk, the rank's blocks.
@@ -775,7 +819,8 @@ def stage_activation_bytes(
     if mode(knobs.precision).autocast:
         items += autocast_weight_copies(model, stage, knobs, assumptions)
     if stage.has_head and vocab:
-        items.append((HEAD_INPUT_ITEM, head_input_bytes(model, knobs, assumptions.sequence_parallel)))
+        items.append((HEAD_INPUT_ITEM, head_input_bytes(model, knobs, assumptions.sequence_parallel,
+                                                        sp_gathered_input_bytes(knobs, assumptions))))
         items.append((LOGITS_ITEM, loss_bytes(model, knobs, assumptions).peak))
     elif stage.has_head:
         items.append((CLASSIFIER_ITEM, classifier_head_bytes(model, knobs, assumptions.sequence_parallel)))
@@ -854,15 +899,24 @@ def autocast_weight_copies(
     return items
 
 
-def head_input_bytes(model: ModelSpec, knobs: PlanKnobs, sequence_parallel: bool = True) -> int:
+def head_input_bytes(model: ModelSpec, knobs: PlanKnobs, sequence_parallel: bool = True,
+                     gathered_input_bytes: int = 0) -> int:
     """What the final norm and the output projection keep for backward (the stage with the head):
     the norm's saved tensors, counted as in a block (RMSNorm: its fp32 input, 1/rms and its output;
-    LayerNorm: its input and one fp32 statistic), and the head's input in the compute dtype."""
+    LayerNorm: its input and one fp32 statistic), and the head's input in the compute dtype.
+    ``gathered_input_bytes`` (:func:`sp_gathered_input_bytes`): with sequence parallelism the head
+    keeps its input all-gathered to the whole sequence (torchtitan@b5bcd76
+    torchtitan/models/common/decoder_sharding.py L159-178: the final norm's output is
+    redistributed to ``tp=spmd.R`` before the output layer); the output layer is not an fp8
+    linear, so it keeps the compute dtype."""
     a = weight_bytes(knobs.precision)
     h = model.hidden_size
     norm = (4 * h + 4 + a * h) if model.norm == "rmsnorm" else (a * h + 4)
     split = replicated_split(knobs.tp, sequence_parallel)
-    return knobs.seq_len * knobs.micro_batch_size * (norm + a * h) // split
+    tokens = knobs.seq_len * knobs.micro_batch_size
+    if gathered_input_bytes and split > 1:
+        return tokens * norm // split + tokens * a * h
+    return tokens * (norm + a * h) // split
 
 
 def loss_bytes(model: ModelSpec, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> LossPeaks:
@@ -1309,6 +1363,7 @@ def _stage_breakdown(
                 k.compile,
                 k.fused_rmsnorm,
                 block_kernels(assumptions),
+                sp_gathered_input_bytes(k, assumptions),
             ),
             lambda: stage_activation_bytes(model, stage, k, assumptions),
         )
@@ -1356,10 +1411,10 @@ def _stage_breakdown(
         first_block_stored = _memo(
             memo,
             ("block", k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention, k.precision, k.compile,
-             k.fused_rmsnorm, block_kernels(assumptions)),
+             k.fused_rmsnorm, block_kernels(assumptions), sp_gathered_input_bytes(k, assumptions)),
             lambda: layer_activation_bytes(model, k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention,
                                            k.precision, assumptions.sequence_parallel, k.compile, k.fused_rmsnorm,
-                                           block_kernels(assumptions)),
+                                           block_kernels(assumptions), sp_gathered_input_bytes(k, assumptions)),
         )
     moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored,
                        recomputing)
