@@ -1033,7 +1033,37 @@ def fsdp_unit_items(
     if stage.outside_blocks:
         items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * gather))
     items.append(("FSDP unsharded gradient (one block)", block * reduce))
+    staging = fsdp_all_gather_staging_bytes(stage, knobs)
+    if staging:
+        items.append((FSDP_STAGING_ITEM, staging))
     return items
+
+
+FSDP_STAGING_ITEM = "FSDP all-gather inputs of the largest unit (cast, or copied from the host)"
+
+
+def fsdp_all_gather_staging_bytes(stage: StageShape, knobs: PlanKnobs) -> int:
+    """What FSDP2 allocates to feed the all-gather of its largest unit (the root, or a block),
+    beside the gathered output: the inputs are the rank's shards, and where they are not already
+    in the gather dtype on the GPU each is made anew (torch 2.13 torch/distributed/fsdp/
+    _fully_shard/_fsdp_collectives.py ``_get_param_all_gather_inputs`` L382-430: under a
+    MixedPrecisionPolicy one flat buffer of the unit's shards cast to ``param_dtype``; with
+    CPUOffloadPolicy each shard is copied from the host, ``_fsdp_param.py`` L895-900
+    ``sharded_param_data.to(self.device, non_blocking=True)``, and cast). They are made before the
+    output is allocated and live until the all-gather is issued (``foreach_all_gather``); the
+    all-gather input is a view of the output (``all_gather_copy_in_cuda``, L263-276). So a unit of
+    ``P`` parameters sharded ``N`` ways holds ``2P/N`` bytes of casts beside its ``2P`` output
+    (an offloaded parameter's fp32 host copy, ``4/N`` a parameter, is freed by its cast before the
+    output exists); without a policy an offloaded unit holds its host copies in the parameter
+    dtype, and a unit on the GPU nothing (the shards are the inputs). At ``N = 1``, FSDP with CPU
+    offload on one GPU, the casts are as large as the gathered unit."""
+    m = mode(knobs.precision)
+    offloaded = knobs.offload == "optimizer+params"
+    policy = m.master_bytes > 0  # a MixedPrecisionPolicy casts the fp32 shards to the compute dtype
+    if not policy and not offloaded:
+        return 0
+    unit = max(stage.outside_blocks, stage.block)
+    return (m.compute_bytes if policy else m.param_bytes) * unit // max(1, knobs.shard_group_size)
 
 
 def persistent_buffer_items(
