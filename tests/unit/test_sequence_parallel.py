@@ -35,6 +35,8 @@ def knobs(**changes: object) -> PlanKnobs:
         ({"fp8": True}, Assumptions(), 1),  # gathered in fp8 (PrepareFloat8ModuleInput)
         ({"framework": "megatron"}, Assumptions(), 0),  # saves the shard, re-gathers in backward
         ({"framework": "nanotron"}, Assumptions(), 0),
+        ({"strategy": "zero3", "zero_stage": 3}, Assumptions(), 0),  # DeepSpeed: Megatron-style layers
+        ({"strategy": "ddp", "zero_stage": 0, "shard_group_size": 1}, Assumptions(), 2),
         ({"tp": 1}, Assumptions(), 0),
         ({}, Assumptions(sequence_parallel=False), 0),  # no SP: the inputs are whole anyway
     ],

@@ -82,6 +82,7 @@ STRATEGY_LABELS = {
     "fsdp-grad-op": "FSDP grad-op",
     "fsdp-hybrid": "FSDP hybrid",
 }
+ZERO_STRATEGIES = ("zero1", "zero2", "zero3")  # DeepSpeed's
 # The ZeRO stage each strategy corresponds to (what `zero_stage` in a plan means for FSDP).
 ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
 # DeepSpeed offloads the optimizer for ZeRO-1/2/3 and parameters only for ZeRO-3; FSDP's
@@ -669,9 +670,12 @@ def sp_gathered_input_bytes(knobs: PlanKnobs, assumptions: Assumptions = Assumpt
     Megatron-LM saves the shard and gathers it again in backward into its global buffer
     (megatron/core/tensor_parallel/layers.py @d98e8a6 L604 ``ctx.save_for_backward(input,
     weight)`` before the all-gather at L627-629); nanotron does the same
-    (``tp_recompute_allgather``): the profiles with ``tp_gather_buffer``. With fp8 linears
-    torchtitan gathers in fp8 (``PrepareFloat8ModuleInput``), one byte an element."""
-    if knobs.tp == 1 or not assumptions.sequence_parallel or profile(knobs.framework).tp_gather_buffer:
+    (``tp_recompute_allgather``): the profiles with ``tp_gather_buffer``. DeepSpeed's ZeRO runs
+    tensor parallelism through Megatron-style layers the training script brings (Megatron-DeepSpeed,
+    ATorch's 3D example: ``deepspeed.initialize(mpu=...)``), so its strategies keep the shard too.
+    With fp8 linears torchtitan gathers in fp8 (``PrepareFloat8ModuleInput``), one byte an element."""
+    if (knobs.tp == 1 or not assumptions.sequence_parallel or knobs.strategy in ZERO_STRATEGIES
+            or profile(knobs.framework).tp_gather_buffer):
         return 0
     return 1 if knobs.fp8 else weight_bytes(knobs.precision)
 
