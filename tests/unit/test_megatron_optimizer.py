@@ -5,8 +5,11 @@ ZeRO-1, the fp32 gradient reduction, and its pipeline schedules (1F1B and interl
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from fstrain.api.plan import ClusterRequest, resolve_cluster
 from fstrain.core.plan.assumptions import Assumptions
@@ -17,6 +20,7 @@ from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.core.render.deepspeed import render_deepspeed
 from fstrain.errors import ConfigError, InputError
 from fstrain.io.recipes import load_shipped_recipe
+from tests.helpers import run_fstrain
 from tests.plans import make_plan
 
 from .test_timemodel import NO_OVERLAP, knobs, run
@@ -148,3 +152,21 @@ def test_the_deepspeed_file_of_a_megatron_plan_names_megatrons_flags() -> None:
     assert "Megatron" not in " ".join(render_deepspeed(make_plan("zero1", dp=2, pp=2, grad_accum_steps=4)).notes)
     plain = " ".join(render_deepspeed(make_plan("ddp", dp=2, framework="megatron")).notes)
     assert "Megatron-LM's DDP with its plain optimizer" in plain and "--use-distributed" not in plain
+
+
+def test_the_cli_plans_megatrons_most_common_setup(tmp_path: Path) -> None:
+    """`--framework megatron --strategy zero1 --pp-schedule interleaved`, refused before, plans:
+    Llama 3.1 8B on 16 H100 with TP 2, PP 2 (dp 4), its gradient buffer 4 bytes a parameter."""
+    args = ("plan", "--model", "llama3.1-8b", "--num-nodes", "2", "--gpu", "h100-sxm", "--framework", "megatron",
+            "--strategy", "zero1", "--tp", "2", "--pp", "2", "--pp-schedule", "interleaved", "--global-batch", "64",
+            "--micro-batch", "1", "--ac", "full")
+    result = run_fstrain(*args, "--json", "--out", str(tmp_path / "plan.yaml"))
+    assert result.returncode == 0, result.stderr
+    best = json.loads(result.stdout)["plans"][0]
+    assert (best["pp_schedule"], best["pp_virtual_stages"], best["strategy"]) == ("interleaved", 2, "zero1")
+    memory = best["memory"]
+    # Per parameter of the rank: 2 bytes of parameters, 4 of fp32 gradients, 12/4 of sharded states.
+    assert memory["gradients"] == 2 * memory["parameters"]
+    assert memory["optimizer_states"] * 4 == memory["gradients"] * 3
+    saved = PlanFile.from_dict(yaml.safe_load((tmp_path / "plan.yaml").read_text()), "plan.yaml")
+    assert (saved.knobs.framework, saved.knobs.pp_schedule) == ("megatron", "interleaved")
