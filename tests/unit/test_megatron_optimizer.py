@@ -170,3 +170,17 @@ def test_the_cli_plans_megatrons_most_common_setup(tmp_path: Path) -> None:
     assert memory["optimizer_states"] * 4 == memory["gradients"] * 3
     saved = PlanFile.from_dict(yaml.safe_load((tmp_path / "plan.yaml").read_text()), "plan.yaml")
     assert (saved.knobs.framework, saved.knobs.pp_schedule) == ("megatron", "interleaved")
+
+
+def test_the_search_under_megatron_keeps_to_what_megatron_runs() -> None:
+    """Megatron's data parallelism is its DDP, its distributed optimizer or torch FSDP2 (without
+    PP or EP: arguments.py L1031-1045); its recompute is whole layers or its selective modules."""
+    training = TrainingSpec(4096, 64, framework="megatron")
+    result = plan(LLAMA, training, H100X16, Pins(tp=2), suggest=False)
+    searched = [*result.plans, *result.rejected]
+    assert {p.knobs.strategy for p in searched} == {"ddp", "zero1", "fsdp-full"}
+    assert "fsdp-full" not in {p.knobs.strategy for p in searched if p.knobs.pp > 1}
+    assert "selective-op" not in {p.knobs.activation_checkpointing for p in searched}
+    for strategy, pp in (("zero3", 1), ("fsdp-hybrid", 1), ("fsdp-full", 2)):
+        with pytest.raises(ConfigError, match="--framework megatron: "):
+            plan(LLAMA, training, H100X16, Pins(strategy=strategy, pp=pp))

@@ -95,3 +95,19 @@ def runnable_schedules(strategy: str, framework: str) -> tuple[str, ...]:
     if strategy in DEEPSPEED_STRATEGIES:
         return ("1f1b",)
     return PP_SCHEDULES
+
+
+def megatron_strategy_problem(strategy: str, pp: int, ep: int = 1) -> str:
+    """Why Megatron-LM does not run ``strategy`` as fstrain models it ('' where it does): its
+    data parallelism is its DDP (``ddp``), its distributed optimizer (``zero1``) or torch's FSDP2
+    (``--use-torch-fsdp2``, ``fsdp-full``), which it refuses with pipeline or expert parallelism
+    (megatron/training/arguments.py @d98e8a6 L1031-1045). DeepSpeed's ZeRO-2/3, FSDP's grad-op
+    and hybrid sharding are not Megatron's (Megatron-FSDP's ``--data-parallel-sharding-strategy``
+    keeps its own buffers, not modelled)."""
+    if strategy in MEGATRON_STRATEGIES:
+        return ""
+    if strategy == "fsdp-full":
+        if pp > 1 or ep > 1:
+            return "Megatron's --use-torch-fsdp2 runs without pipeline and expert parallelism"
+        return ""
+    return f"Megatron-LM does not run {strategy} (its data parallelism is ddp, zero1 or fsdp-full)"

@@ -26,7 +26,7 @@ from fstrain.core.plan.frameworks import framework_assumptions, profile
 from fstrain.core.plan.kernelcost import GpuRates
 from fstrain.core.plan.kernels import EAGER_BLOCK, check_fused_block
 from fstrain.core.plan.losses import has_vocab_head, parse_loss
-from fstrain.core.plan.megatron import MEGATRON_STRATEGIES, runnable_schedules
+from fstrain.core.plan.megatron import MEGATRON_STRATEGIES, megatron_strategy_problem, runnable_schedules
 from fstrain.core.plan.memory import (
     GIB,
     OFFLOAD_ALLOWED,
@@ -376,6 +376,7 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             "--pp",
         )
     _check_schedule_pins(model, pins, training.framework)
+    _check_megatron_strategy(pins, training.framework)
     _check_ep_pin(model, pins)
     if pins.shard_group_size is not None and pins.strategy not in (None, "fsdp-hybrid"):
         raise ConfigError(
@@ -433,6 +434,17 @@ def _check_ep_pin(model: PlanModel, pins: Pins) -> None:
     if moe.num_experts % ep:
         raise ConfigError(f"ep={ep} does not divide the {moe.num_experts} experts",
                           f"use a divisor of {moe.num_experts}", "--ep")
+
+
+def _check_megatron_strategy(pins: Pins, framework: str) -> None:
+    """Under a Megatron-LM profile, a pinned strategy Megatron does not run is one line."""
+    if not pins.strategy or not profile(framework).megatron_ddp:
+        return
+    problem = megatron_strategy_problem(pins.strategy, pins.pp or 1, pins.ep or 1)
+    if problem:
+        raise ConfigError(f"--framework {framework}: {problem}",
+                          "use --strategy zero1 (--use-distributed-optimizer), ddp, or fsdp-full without --pp/--ep",
+                          "--strategy")
 
 
 def _check_schedule_pins(model: PlanModel, pins: Pins, framework: str = "fstrain") -> None:
@@ -535,10 +547,14 @@ def _batches(training: TrainingSpec, dp: int, pins: Pins) -> list[tuple[int, int
     return [(d, local // d) for d in divisors(local) if d <= MAX_MICRO_BATCH]
 
 
-def _strategies(pins: Pins, pp: int, precision: str = "bf16", optimizer: str = "adamw") -> Iterator[str]:
+def _strategies(pins: Pins, pp: int, precision: str = "bf16", optimizer: str = "adamw",
+                framework: str = "fstrain") -> Iterator[str]:
     # A pinned shard group only means something for hybrid sharding.
     chosen = pins.strategy or ("fsdp-hybrid" if pins.shard_group_size else None)
+    megatron = profile(framework).megatron_ddp
     for strategy in [chosen] if chosen else STRATEGIES:
+        if megatron and megatron_strategy_problem(strategy, pp, pins.ep or 1):
+            continue  # Megatron-LM's own data parallelism (fstrain.core.plan.megatron)
         if pp > 1 and strategy in _NO_PIPELINE:
             continue
         if (pins.cp or 1) > 1 and strategy not in CP_STRATEGIES:
@@ -692,11 +708,15 @@ def _search(
         # Without FlashAttention, Megatron's selective recompute drops the s^2 attention scores;
         # with it, it stores what none stores (Megatron #464, #1225).
         acs.insert(1, "megatron-selective")
+    if profile(training.framework).megatron_ddp and not pins.activation_checkpointing:
+        # Megatron recomputes whole layers or its selective modules (--recompute-granularity full |
+        # selective, transformer_config.py @d98e8a6 L532), not torchtitan's op-level policy.
+        acs = [ac for ac in acs if ac != "selective-op"]
     for tp, pp, dp in _layouts(model, cluster, pins):
         batches = (
             _batches(training, dp, pins) if model.spec else [(pins.micro_batch_size or 1, pins.grad_accum_steps or 1)]
         )
-        for strategy in _strategies(pins, pp, training.precision, training.optimizer):
+        for strategy in _strategies(pins, pp, training.precision, training.optimizer, training.framework):
             if training.fp8_all_gather and not strategy.startswith("fsdp"):
                 continue  # FSDP's float8 all-gather: FSDP strategies only
             # With dp = 1 (and no CP ranks to shard over) sharding is DDP, unless it is there to offload.
