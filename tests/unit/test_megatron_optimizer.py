@@ -15,6 +15,7 @@ from fstrain.api.plan import ClusterRequest, resolve_cluster
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.megatron import megatron_bytes, runnable_schedules
 from fstrain.core.plan.memory import MEGATRON_STEP_GRADS_ITEM, MemoryBreakdown, StageShape, backward_buffer_items
+from fstrain.core.plan.pipeline import schedule_problem
 from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.planner import Pins, PlanModel, TrainingSpec, plan
 from fstrain.core.render.deepspeed import render_deepspeed
@@ -184,3 +185,11 @@ def test_the_search_under_megatron_keeps_to_what_megatron_runs() -> None:
     for strategy, pp in (("zero3", 1), ("fsdp-hybrid", 1), ("fsdp-full", 2)):
         with pytest.raises(ConfigError, match="--framework megatron: "):
             plan(LLAMA, training, H100X16, Pins(strategy=strategy, pp=pp))
+
+
+@pytest.mark.parametrize(("micro_batches", "torch_ok", "megatron_ok"), [(8, True, True), (6, True, False),
+                                                                         (10, True, False), (12, True, True)])
+def test_megatrons_interleaving_takes_whole_groups_of_pp(micro_batches: int, torch_ok: bool, megatron_ok: bool) -> None:
+    """pp 4, 2 chunks: torch needs a multiple of m // pp rounds, Megatron a multiple of pp."""
+    assert (schedule_problem("interleaved", 4, micro_batches, 32, 2, megatron=True) == "") == megatron_ok
+    assert (schedule_problem("interleaved", 4, micro_batches, 32, 2) == "") == torch_ok

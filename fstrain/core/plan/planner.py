@@ -504,7 +504,8 @@ def _schedules(pins: Pins, strategy: str, pp: int, micro_batches: int, num_layer
         if pins.pp_schedule not in runnable:
             return []
         chunks = pins.pp_virtual_stages or (2 if pins.pp_schedule == "interleaved" else 1)
-        pinned = not schedule_problem(pins.pp_schedule, pp, micro_batches, num_layers, chunks)
+        megatron = strategy in MEGATRON_STRATEGIES and profile(framework).megatron_ddp  # Megatron's own rule
+        pinned = not schedule_problem(pins.pp_schedule, pp, micro_batches, num_layers, chunks, megatron)
         return [(pins.pp_schedule, chunks)] if pinned else []
     if "zero-bubble" in runnable and not schedule_problem("zero-bubble", pp, micro_batches, num_layers):
         return [("zero-bubble", 1)]
@@ -818,7 +819,7 @@ def _schedule_note(pins: Pins) -> str:
     if pins.pp_schedule in (None, "1f1b"):
         return ""
     return (f"; the {pins.pp_schedule} schedule needs pp > 1, at least pp micro-batches (--grad-accum) and, "
-            "interleaved, pp x virtual stages <= layers")
+            "interleaved, pp x virtual stages <= layers; under Megatron, micro-batches in whole groups of pp")
 
 
 def _rank_key(p: Plan) -> tuple[Any, ...]:
