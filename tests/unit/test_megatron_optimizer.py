@@ -100,6 +100,12 @@ def test_megatron_reduces_its_fp32_buffer() -> None:
     assert run(knobs(framework="megatron")).dp_comm_s == pytest.approx(2 * run(knobs()).dp_comm_s)
     bf16_grads = dataclasses.replace(NO_OVERLAP, megatron_fp32_main_grads=False)
     assert run(knobs(**zero1, framework="megatron"), bf16_grads).dp_comm_s == pytest.approx(deepspeed)
+    # --overlap-param-gather: the all-gather hides behind the next forward, where DeepSpeed's is exposed.
+    overlapped = dataclasses.replace(NO_OVERLAP, dp_overlap=1.0)
+    ring = 127 / 128
+    gather = ring * 2 * 8e9 / 400e9
+    assert run(knobs(**zero1), overlapped).dp_exposed_s == pytest.approx(gather)
+    assert run(knobs(**zero1, framework="megatron"), overlapped).dp_exposed_s == 0.0
 
 
 def _pipeline(framework: str, schedule: str | None) -> Pins:
@@ -149,10 +155,12 @@ def test_the_deepspeed_file_of_a_megatron_plan_names_megatrons_flags() -> None:
                          framework="megatron")
     notes = " ".join(render_deepspeed(megatron).notes)
     assert "Megatron-LM's distributed optimizer" in notes
-    assert "with --use-distributed-optimizer --num-virtual-stages-per-pipeline-rank 2" in notes
+    assert ("with --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+            "--num-virtual-stages-per-pipeline-rank 2") in notes
     assert "Megatron" not in " ".join(render_deepspeed(make_plan("zero1", dp=2, pp=2, grad_accum_steps=4)).notes)
     plain = " ".join(render_deepspeed(make_plan("ddp", dp=2, framework="megatron")).notes)
     assert "Megatron-LM's DDP with its plain optimizer" in plain and "--use-distributed" not in plain
+    assert "run it with --overlap-grad-reduce," in plain
 
 
 def test_the_cli_plans_megatrons_most_common_setup(tmp_path: Path) -> None:

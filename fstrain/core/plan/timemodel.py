@@ -585,6 +585,10 @@ def _dp_parts(
     exposed_only = 0.0
     if strategy == "ddp":
         hidden, window = move(2 * red, bw=all_reduce_bandwidth(group, t, links) * eff), backward_last
+    elif strategy == "zero1" and uses_megatron_ddp(knobs):
+        # Megatron with --overlap-grad-reduce --overlap-param-gather (the flags fstrain's render note
+        # names): the reduce-scatter hides behind backward, the all-gather behind the next forward.
+        hidden, window = move(red) + move(w), backward_last + compute_mb / 3
     elif strategy == "zero1":
         hidden, window, exposed_only = move(red), backward_last, move(w)
     elif strategy == "zero2":

@@ -206,10 +206,13 @@ def megatron_notes(knobs: PlanKnobs) -> list[str]:
     """What a plan made for Megatron-LM's DDP or distributed optimizer (``--framework megatron``,
     :mod:`fstrain.core.plan.megatron`) runs with there: Megatron takes no DeepSpeed config, and its
     arguments (megatron/training/arguments.py @d98e8a6 L3156 ``--use-distributed-optimizer``, L3116
-    ``--num-virtual-stages-per-pipeline-rank``) set what the plan counted."""
+    ``--num-virtual-stages-per-pipeline-rank``, L3121 and L3148 ``--overlap-grad-reduce`` and
+    ``--overlap-param-gather``, both off by default, which the time model assumes) set what the
+    plan counted."""
     if knobs.framework != "megatron" or knobs.strategy not in ("ddp", "zero1"):
         return []
-    flags = ["--use-distributed-optimizer"] if knobs.strategy == "zero1" else []
+    flags = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"] if (
+        knobs.strategy == "zero1") else ["--overlap-grad-reduce"]
     if knobs.pp_schedule == "interleaved":
         flags.append(f"--num-virtual-stages-per-pipeline-rank {knobs.pp_virtual_stages}")
     which = "distributed optimizer" if knobs.strategy == "zero1" else "DDP with its plain optimizer"
