@@ -9,16 +9,23 @@ import pytest
 import yaml
 
 from fstrain.core.plan.acpolicy import block_is_checkpointed, checkpointed_blocks, every_k, parse_ac
+from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.blocktime import KernelModel
+from fstrain.core.plan.gpus import lookup_gpu
+from fstrain.core.plan.kernelcost import GpuRates
 from fstrain.core.plan.memory import (
+    RECOMPUTE_ITEM,
     StageShape,
     block_backward_extra_bytes,
     block_matmuls,
     layer_activation_bytes,
     stage_activation_bytes,
+    stage_shapes,
 )
+from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.recipe import parse_recipe
-from fstrain.core.plan.schema import MoESpec
+from fstrain.core.plan.schema import MoESpec, PlanKnobs
 from fstrain.core.plan.timemodel import flops_per_token, layer_hardware_flops
 from fstrain.errors import InputError
 from tests.helpers import run_fstrain
@@ -95,7 +102,29 @@ def test_recompute_flops_per_policy() -> None:
     assert layer_hardware_flops(f, "selective-op", True) - base == 2 * (4096 * 1024 + 4096 * 4096 + 4096 * 14336)
     assert layer_hardware_flops(f, "every-k:4", True) - base == pytest.approx(f.layer / 4)
     assert layer_hardware_flops(f, "full", True) - base == f.layer
-    assert layer_hardware_flops(f, "megatron-selective", True) == base  # FlashAttention: nothing to drop
+    # Megatron checkpoints the attention kernel, FlashAttention's too (attention.py L1555-1556): its
+    # forward, QK^T and AV over the causal half, runs again: 4 x 4096 keys/2 x 4096 wide per token.
+    assert layer_hardware_flops(f, "megatron-selective", True) - base == f.attention_core
+    assert f.attention_core == 4 * 8192 * 4096  # 4 s d per query, the full square's convention
+    assert layer_hardware_flops(f, "megatron-selective", False) - layer_hardware_flops(f, "none", False) == (
+        f.attention_core)
+
+
+def test_megatron_selective_recompute_with_flash_attention_costs_time_and_saves_the_lse() -> None:
+    none = layer_activation_bytes(LLAMA8B, 2, 8192, tp=2, ac="none")
+    selective = layer_activation_bytes(LLAMA8B, 2, 8192, tp=2, ac="megatron-selective")
+    assert none - selective == 4 * 32 * 8192 * 2 // 2  # the fp32 log-sum-exp of 32 heads, over TP 2
+    knobs = PlanKnobs("fsdp-full", 3, 8, 1, 1, 8, 1, 1, "megatron-selective", seq_len=8192)
+    items = dict(stage_activation_bytes(LLAMA8B, stage_shapes(count_parameters(LLAMA8B), 1, 1, 1, False)[0], knobs))
+    assert items[RECOMPUTE_ITEM] == 4 * 32 * 8192  # one layer's log-sum-exp, rebuilt in its backward
+    h100 = lookup_gpu("h100-sxm")
+    kernels = KernelModel(GpuRates(h100.name, (("bf16", h100.peak_flops("bf16")),), h100.hbm_bandwidth_bytes_per_s),
+                          Assumptions())
+    plain = kernels.micro_batch(LLAMA8B, replace(knobs, activation_checkpointing="none"), 32)
+    again = kernels.micro_batch(LLAMA8B, knobs, 32)
+    # FlashAttention's backward is 2.5 forwards (fstrain.core.plan.kernelcost): one more forward is 1/3.5.
+    assert again.attention_s / plain.attention_s == pytest.approx(4.5 / 3.5, rel=0.02)
+    assert again.gemm_s == plain.gemm_s
 
 
 def test_plan_files_written_with_selective_read_as_megatron_selective() -> None:

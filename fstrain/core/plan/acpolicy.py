@@ -18,8 +18,10 @@
     Every block is checkpointed whole: only its input is kept; its forward runs again in backward.
 ``megatron-selective``
     Megatron-LM's ``--recompute-granularity selective`` (Korthikanti et al. 2022): only the
-    attention core (softmax(QK^T)V) is recomputed. With FlashAttention this stores what ``none``
-    stores (the kernel already keeps no s x s matrix), so the planner only searches it without.
+    attention core (softmax(QK^T)V) is recomputed, whatever its kernel (Megatron-LM@d98e8a6
+    megatron/core/transformer/attention.py L392-395, L1555-1556). With FlashAttention this stores
+    what ``none`` stores less the kernel's log-sum-exp (it keeps no s x s matrix) and still runs
+    the attention forward again, so the planner only searches it without.
     ``selective``, this option's name before fstrain knew the others, is read as an alias.
 """
 

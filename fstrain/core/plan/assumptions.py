@@ -55,6 +55,13 @@ class Assumptions:
         "only). False gives the ZeRO paper's 2 + 2 + K with K = 12.",
     )
 
+    megatron_fp32_main_grads: bool = _stated(
+        True,
+        "--framework megatron with bf16: Megatron's gradient buffer is fp32 (--main-grads-dtype fp32, its "
+        "default, sets accumulate_allreduce_grads_in_fp32: megatron/training/arguments.py @d98e8a6 "
+        "L1213-1216), 6 + 12/d bytes/param with the distributed optimizer. False for --grad-reduce-in-bf16.",
+    )
+
     reduce_bucket_elements: int = _stated(
         0,
         "DeepSpeed ``reduce_bucket_size`` (elements of the gradient dtype); 0: DeepSpeed's default 5e8, "

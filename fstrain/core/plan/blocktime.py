@@ -5,8 +5,9 @@ grad-weight) at its ``(M, N, K)`` on this rank (``M = b s`` tokens, ``s / cp`` u
 parallelism; a column-parallel linear's ``N`` and a row-parallel one's ``K`` split by ``tp``);
 recompute runs forwards again (full: every linear, ``every-k:N`` one block in N, op-level
 selective every other matmul, an MoE layer's whole FFN; flash-attention's FusedMLP at level 2
-its fc1); fp8 linears run on the fp8 curve and pay their casts as HBM traffic and their scale
-kernels (torchao's float8 roofline, pytorch/ao torchao/float8/roofline_utils.py @d370196).
+its fc1; Megatron's selective recompute the attention kernel, FlashAttention's too); fp8 linears
+run on the fp8 curve and pay their casts as HBM traffic and their scale kernels (torchao's
+float8 roofline, pytorch/ao torchao/float8/roofline_utils.py @d370196).
 Attention by its kernel at the full sequence length. Elementwise ops and norms as
 :func:`fstrain.core.plan.kernels.elementwise_bytes_per_token` counts them, eager or fused
 (``--compile``, ``--fused-rmsnorm``, flash-attention's fused MLP and dropout-add-norm). The last
@@ -213,7 +214,10 @@ class KernelModel:
         attention_flops = tokens * 4.0 * attended_keys(model, full_seq) * heads * model.attn_head_dim
         if knobs.flash_attention:
             forward, backward = flash_attention_s(self.gpu, dtype, attention_flops, full_seq, causal=not model.pooler)
-            attention_again = full_again
+            # Megatron checkpoints the core attention whatever its kernel (TE's fused attention
+            # included), so its forward runs again in backward: Megatron-LM@d98e8a6
+            # megatron/core/transformer/attention.py L392-395, L1555-1556.
+            attention_again = full_again or (1.0 if ac == "megatron-selective" else 0.0)
             forward_kernels += 1
         else:
             forward, backward = eager_attention_s(self.gemms, self.hbm_bytes_per_s, dtype, b * heads, full_seq,

@@ -25,6 +25,10 @@ plan.yaml) sets what differs, each number cited to the framework's source (file,
   (Hugging Face's ``"auto"`` values, derived from the hidden size). With anything but
   ``rendered`` ZeRO-3 also keeps every parameter below the persistence threshold whole on
   every GPU.
+- ``megatron_ddp``: ``ddp`` and ``zero1`` are Megatron-core's DistributedDataParallel with its
+  plain or its distributed optimizer (a contiguous gradient buffer, fp32 under bf16; fp32 main
+  parameters and Adam's states sharded by the distributed optimizer: :mod:`fstrain.core.plan.megatron`),
+  run with Megatron's pipeline schedules (1F1B or interleaved), not torch's DDP and DeepSpeed's ZeRO-1.
 - ``fused_mlp``, ``mlp_checkpoint_lvl``, ``fused_dropout_add_ln``, ``packed_qkv``: flash-attention's
   fused GeLU MLP and its checkpoint level, its fused dropout + residual add + norm kernel, as the
   framework's model config turns them on, and its one q/k/v linear (what each keeps: :mod:`fstrain.core.plan.kernels`).
@@ -69,6 +73,7 @@ class FrameworkProfile:
     tp_gather_buffer: bool = False
     sequence_parallel: bool | None = None
     deepspeed_buckets: str = "rendered"  # rendered | deepspeed | hf-auto
+    megatron_ddp: bool = False
     fused_mlp: bool = False
     mlp_checkpoint_lvl: int = 0
     fused_dropout_add_ln: bool = False
@@ -126,11 +131,18 @@ PROFILES: dict[str, FrameworkProfile] = {
             "Megatron-LM core: vocab-parallel cross-entropy in place, a global all-gather buffer under SP",
             loss="megatron-inplace",
             tp_gather_buffer=True,
+            megatron_ddp=True,
             citations=(
                 ("loss", f"{_MEGATRON} megatron/core/tensor_parallel/cross_entropy.py L25 "
                          "vocab_parallel_logits.float(), L42 subtracts the max in place"),
                 ("tp_gather_buffer", f"{_MEGATRON} megatron/core/tensor_parallel/layers.py L627 and L671 "
                                      "get_global_memory_buffer().get_tensor(dim_size, input.dtype, 'mpu')"),
+                ("megatron_ddp", f"{_MEGATRON} megatron/core/distributed/param_and_grad_buffer.py L1181-1195 "
+                                 "contiguous param_data and grad_data; megatron/training/arguments.py L1213-1216 "
+                                 "fp32 main grads for --bf16; megatron/core/optimizer/distrib_optimizer.py L445 "
+                                 "fp32 main params of the shard; docs/user-guide/features/dist_optimizer.md L16-20 "
+                                 "bytes per parameter; megatron/core/pipeline_parallel/schedules.py L161-168 "
+                                 "1F1B or interleaved"),
             ),
         ),
         FrameworkProfile(

@@ -52,6 +52,7 @@ from fstrain.core.plan.kernels import (
     swiglu_saved_tensors,
 )
 from fstrain.core.plan.losses import LossPeaks, has_vocab_head, loss_peaks
+from fstrain.core.plan.megatron import MEGATRON_STRATEGIES, megatron_bytes
 from fstrain.core.plan.modelsize import ParamCount, parameter_shapes
 from fstrain.core.plan.pipeline import in_flight_chunks, layers_per_rank
 from fstrain.core.plan.precision import mode, optimizer_state_bytes
@@ -84,6 +85,7 @@ STRATEGY_LABELS = {
     "fsdp-grad-op": "FSDP grad-op",
     "fsdp-hybrid": "FSDP hybrid",
 }
+ZERO_STRATEGIES = ("zero1", "zero2", "zero3")  # DeepSpeed's
 # The ZeRO stage each strategy corresponds to (what `zero_stage` in a plan means for FSDP).
 ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
 # DeepSpeed offloads the optimizer for ZeRO-1/2/3 and parameters only for ZeRO-3; FSDP's
@@ -218,6 +220,42 @@ def model_states(
     return ModelStates(parameters, device_gradients, 0, host)
 
 
+def uses_megatron_ddp(knobs: PlanKnobs) -> bool:
+    """Whether ``knobs`` run on Megatron-core's DDP and optimizer (``--framework megatron`` with
+    ``ddp`` or ``zero1``: :mod:`fstrain.core.plan.megatron`)."""
+    return knobs.strategy in MEGATRON_STRATEGIES and profile(knobs.framework).megatron_ddp
+
+
+def megatron_model_states(
+    num_params: int,
+    strategy: str,
+    shard: int,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    offload: str = "none",
+    assumptions: Assumptions = Assumptions(),
+    state_bytes: float | None = None,
+) -> ModelStates:
+    """Model states of ``num_params`` parameters under Megatron's DDP (``ddp``: its plain optimizer)
+    or its distributed optimizer (``zero1``: the fp32 main parameters and the optimizer's states
+    sharded ``shard`` ways), :func:`fstrain.core.plan.megatron.megatron_bytes`: the parameter
+    buffer, the whole contiguous gradient buffer (fp32 under bf16) and the sharded states. The
+    fp32 main gradient a 16-bit gradient buffer is cast to exists at the step only
+    (:func:`optimizer_step_items`). ``--optimizer-cpu-offload`` (offload ``optimizer``; Megatron's
+    ``--optimizer-offload-fraction`` 1.0, arguments.py L2918-2923) keeps the states and an fp32
+    gradient shard on the host."""
+    states = state_bytes if state_bytes is not None else optimizer_state_bytes(
+        precision, optimizer, OPTIMIZER_STATE_BYTES[optimizer])
+    per_param = megatron_bytes(precision, states, assumptions.megatron_fp32_main_grads)
+    n = shard if strategy == "zero1" else 1
+    parameters = per_param.parameters * num_params
+    gradients = per_param.grad_buffer * num_params
+    optimizer_states = round(per_param.optimizer * num_params) // n
+    if offload == "none":
+        return ModelStates(parameters, gradients, optimizer_states)
+    return ModelStates(parameters, gradients, 0, optimizer_states + 4 * num_params // n)
+
+
 def stage_model_states(
     stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions(), state_bytes: float | None = None
 ) -> ModelStates:
@@ -228,9 +266,10 @@ def stage_model_states(
     2201.05596 sec. 5.1, expert + data parallelism; torchtitan parallel_dims.py shards experts
     with FSDP over dp_shard/ep)."""
     k = knobs
+    count_states = megatron_model_states if uses_megatron_ddp(k) else model_states
 
     def states(count: int, shard: int) -> ModelStates:
-        return model_states(count, k.strategy, shard, k.precision, k.optimizer, k.offload, assumptions, state_bytes)
+        return count_states(count, k.strategy, shard, k.precision, k.optimizer, k.offload, assumptions, state_bytes)
 
     dense = states(stage.params - stage.experts, k.shard_group_size)
     if not stage.experts:
@@ -524,6 +563,7 @@ def layer_activation_bytes(
     compiled: bool = False,
     fused_rmsnorm: bool = False,
     fused: FusedBlock = EAGER_BLOCK,
+    gathered_input_bytes: int = 0,
 ) -> int:
     """Activations one transformer block saves for backward, per GPU, under policy ``ac``
     (``none``, ``selective-op``, ``megatron-selective`` or ``full``; see
@@ -535,7 +575,8 @@ def layer_activation_bytes(
     gate output, up output, product); dropout masks (1 byte) only when dropout > 0. For GPT (MHA,
     GeLU 4h, dropout) this is ``sbh(34 + 5as/h)``, and ``sbh(10 + 24/t + 5as/(ht))`` with TP but
     no SP. With it: PyTorch eager with SDPA, op by op (what the bundled trainer and torchtitan
-    run; ``fstrain plan --trace`` checks it); ``megatron-selective`` then stores what ``none`` does.
+    run; ``fstrain plan --trace`` checks it); ``megatron-selective`` then stores what ``none`` does
+    but the attention kernel's fp32 log-sum-exp.
 
     Under autocast (``amp-*``) the matmuls and SDPA save their inputs' low-precision casts (each
     linear its own cast of a shared input: q, k and v three, SwiGLU's gate and up two), but
@@ -555,6 +596,11 @@ def layer_activation_bytes(
     dropout-add-norm keeps the residual, the row statistics and a dropout seed per row in place of
     each norm's input and statistics and the 1-byte dropout mask; under autocast its packed q/k/v
     linear saves one cast of its input, not three.
+
+    ``gathered_input_bytes``: with sequence parallelism, the q/k/v and FFN linears keep their
+    input all-gathered to the whole sequence, that many bytes an element (0: kept as the rank's
+    sequence shard, Megatron-LM's and nanotron's re-gather in backward;
+    :func:`sp_gathered_input_bytes`).
     """
     a = weight_bytes(precision)
     autocast = mode(precision).autocast
@@ -594,15 +640,27 @@ def layer_activation_bytes(
         if fused.dropout_add_ln:
             norms = 2 * s * b * fused_norm_saved_bytes(model, r)
         replicated = norms + post_norms + s * b * linear_inputs * a * h
+        gathered = 0
+        if gathered_input_bytes and split_replicated > 1:
+            replicated -= s * b * linear_inputs * a * h
+            gathered = s * b * linear_inputs * gathered_input_bytes * h
         q_copies = 5 if model.position_embedding == "rope" else 4
-        sharded = q_copies * s * b * q_width * a + 4 * model.num_heads * s * b + ffn_saved + moe_extra
-        return replicated // split_replicated + sharded // tp
+        # Megatron's selective recompute checkpoints the attention kernel (attention.py L1555-1556):
+        # its inputs q, k, v stay saved and its output is the out-projection's saved input, so only
+        # the kernel's own fp32 log-sum-exp is not kept.
+        lse = 0 if ac == "megatron-selective" else 4 * model.num_heads * s * b
+        sharded = q_copies * s * b * q_width * a + lse + ffn_saved + moe_extra
+        return gathered + replicated // split_replicated + sharded // tp
     # Korthikanti et al. (Megatron): both norm inputs, the QKV and FFN inputs and dropout masks are
     # kept whole under TP without SP; Q, K, V, the out-projection input, the FFN tensors and the
     # attention core are split. Eager attention keeps the softmax output (and, with dropout, its
     # mask and the dropped-out output).
     norms = 2 * s * b * fused_norm_saved_bytes(model, r) if fused.dropout_add_ln else 2 * sbh * r + 2 * mask * sbh
     replicated = norms + post_norms + linear_inputs * sbh * a
+    gathered = 0
+    if gathered_input_bytes and split_replicated > 1:
+        replicated -= linear_inputs * sbh * a
+        gathered = linear_inputs * sbh * gathered_input_bytes
     sharded = s * b * (q_width + 2 * kv_width) * a + s * b * q_width * a + ffn_saved + moe_extra
     if ac == "none":
         # Softmax saves its output, dropout its mask, and the AV matmul its input (the dropped-out
@@ -610,7 +668,31 @@ def layer_activation_bytes(
         # cast of whichever tensor feeds it, so dropout's fp32 output is not kept.
         probs = 4 + a if autocast else a
         sharded += model.num_heads * s * s * b * (probs + mask * (1 if autocast else 1 + a))
-    return replicated // split_replicated + sharded // tp
+    return gathered + replicated // split_replicated + sharded // tp
+
+
+def sp_gathered_input_bytes(knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> int:
+    """Bytes an element of the all-gathered linear inputs a block keeps whole under sequence
+    parallelism (``tp > 1``); 0 where it keeps only its sequence shard.
+
+    torch's DTensor tensor parallelism (torchtitan, the TP plans of the torch-native frameworks)
+    all-gathers a block's sequence-sharded input to ``Replicate`` at the attention's and the
+    FFN's boundary (pytorch/torchtitan@b5bcd76 torchtitan/models/common/decoder_sharding.py
+    L233-238 and L329-330: ``in_dst_shardings`` with ``tp=spmd.R``; @81c1243
+    torchtitan/models/llama3/infra/parallelize.py ``apply_tp``: ``PrepareModuleInput(...
+    desired_input_layouts=(Replicate(), None))``), and the column-parallel q/k/v and FFN linears
+    save that gathered tensor for their weight gradients: ``s b h`` each, not ``s b h / t``.
+    Megatron-LM saves the shard and gathers it again in backward into its global buffer
+    (megatron/core/tensor_parallel/layers.py @d98e8a6 L604 ``ctx.save_for_backward(input,
+    weight)`` before the all-gather at L627-629); nanotron does the same
+    (``tp_recompute_allgather``): the profiles with ``tp_gather_buffer``. DeepSpeed's ZeRO runs
+    tensor parallelism through Megatron-style layers the training script brings (Megatron-DeepSpeed,
+    ATorch's 3D example: ``deepspeed.initialize(mpu=...)``), so its strategies keep the shard too.
+    With fp8 linears torchtitan gathers in fp8 (``PrepareFloat8ModuleInput``), one byte an element."""
+    if (knobs.tp == 1 or not assumptions.sequence_parallel or knobs.strategy in ZERO_STRATEGIES
+            or profile(knobs.framework).tp_gather_buffer):
+        return 0
+    return 1 if knobs.fp8 else weight_bytes(knobs.precision)
 
 
 # How long the compute-dtype weight gradients autograd writes stay on the GPU: FSDP keeps a
@@ -656,13 +738,21 @@ def block_backward_extra_bytes(
     kernel without the fp32 temporaries; compiled SwiGLU frees three saved FFN-wide tensors, not four.
     flash-attention's FusedMLP at ``checkpoint_lvl`` 1 or 2 recomputes in its backward the
     FFN-wide tensors it did not save (fused_dense.py @0251105 L368-395), so they are here.
+
+    Under tensor parallelism the hidden-wide gradients around the linears are whole even with
+    sequence parallelism: a row-parallel linear's backward gathers its output's gradient to the
+    full sequence, and a column-parallel one computes its input's gradient for the full sequence
+    before the reduce-scatter (Megatron-LM @d98e8a6 megatron/core/tensor_parallel/layers.py L683
+    ``grad_input = grad_output.matmul(weight)``, reduce-scattered into a shard at L700-709; DTensor's
+    ``Replicate`` input takes a ``Partial`` gradient of the same size). Only the norm's fp32
+    temporaries run on the sequence shard.
     """
     a = weight_bytes(precision)
     tokens = seq_len * micro_batch
     split = replicated_split(tp, sequence_parallel)
     ffn = ffn_width(model)
     experts, top_k = (1, 1) if model.moe is None else (model.moe.num_experts, model.moe.top_k)
-    hidden = tokens * model.hidden_size * a // split  # one hidden-wide tensor
+    hidden = tokens * model.hidden_size * a  # one hidden-wide gradient, the whole sequence under TP
     wide = tokens * top_k * ffn * a // tp  # one FFN-wide tensor (MoE: of every routed copy)
     # One FFN matrix's gradient (MoE: every expert's; the grouped matmul computes them at once).
     weight = experts * model.hidden_size * ffn * (grad_bytes or a) // tp if weight_grads != "none" else 0
@@ -713,6 +803,7 @@ def stage_activation_bytes(
             knobs.compile,
             knobs.fused_rmsnorm,
             fused,
+            sp_gathered_input_bytes(knobs, assumptions),
         )
 
     # One chunk's blocks per (micro-batch, chunk) pair in flight; with one chunk, the rank's blocks.
@@ -727,9 +818,10 @@ def stage_activation_bytes(
         label = f"{stage.chunks} chunks of {chunk_layers} layers, {stage.in_flight} chunk micro-batches in flight"
     kernels = fused.describe()
     items = [(f"activations ({label}, AC {ac}{', ' + kernels if kernels else ''})", stored)]
-    if recomputes(ac) and ac != "megatron-selective":
-        # A recomputed block's backward rebuilds what it did not keep.
-        working = per_layer("none") - (per_layer(ac) if ac == "selective-op" else 0)
+    if recomputes(ac):
+        # A recomputed block's backward rebuilds what it did not keep (Megatron's selective: one
+        # layer's attention core, the s^2 scores without FlashAttention).
+        working = per_layer("none") - (per_layer(ac) if ac in ("selective-op", "megatron-selective") else 0)
         items.append((RECOMPUTE_ITEM, working))
     in_flight = WEIGHT_GRADS_IN_FLIGHT.get(knobs.strategy, "none")
     temporaries = block_backward_extra_bytes(model, knobs.micro_batch_size, knobs.seq_len, knobs.tp,
@@ -746,7 +838,8 @@ def stage_activation_bytes(
     if mode(knobs.precision).autocast:
         items += autocast_weight_copies(model, stage, knobs, assumptions)
     if stage.has_head and vocab:
-        items.append((HEAD_INPUT_ITEM, head_input_bytes(model, knobs, assumptions.sequence_parallel)))
+        items.append((HEAD_INPUT_ITEM, head_input_bytes(model, knobs, assumptions.sequence_parallel,
+                                                        sp_gathered_input_bytes(knobs, assumptions))))
         items.append((LOGITS_ITEM, loss_bytes(model, knobs, assumptions).peak))
     elif stage.has_head:
         items.append((CLASSIFIER_ITEM, classifier_head_bytes(model, knobs, assumptions.sequence_parallel)))
@@ -825,15 +918,24 @@ def autocast_weight_copies(
     return items
 
 
-def head_input_bytes(model: ModelSpec, knobs: PlanKnobs, sequence_parallel: bool = True) -> int:
+def head_input_bytes(model: ModelSpec, knobs: PlanKnobs, sequence_parallel: bool = True,
+                     gathered_input_bytes: int = 0) -> int:
     """What the final norm and the output projection keep for backward (the stage with the head):
     the norm's saved tensors, counted as in a block (RMSNorm: its fp32 input, 1/rms and its output;
-    LayerNorm: its input and one fp32 statistic), and the head's input in the compute dtype."""
+    LayerNorm: its input and one fp32 statistic), and the head's input in the compute dtype.
+    ``gathered_input_bytes`` (:func:`sp_gathered_input_bytes`): with sequence parallelism the head
+    keeps its input all-gathered to the whole sequence (torchtitan@b5bcd76
+    torchtitan/models/common/decoder_sharding.py L159-178: the final norm's output is
+    redistributed to ``tp=spmd.R`` before the output layer); the output layer is not an fp8
+    linear, so it keeps the compute dtype."""
     a = weight_bytes(knobs.precision)
     h = model.hidden_size
     norm = (4 * h + 4 + a * h) if model.norm == "rmsnorm" else (a * h + 4)
     split = replicated_split(knobs.tp, sequence_parallel)
-    return knobs.seq_len * knobs.micro_batch_size * (norm + a * h) // split
+    tokens = knobs.seq_len * knobs.micro_batch_size
+    if gathered_input_bytes and split > 1:
+        return tokens * norm // split + tokens * a * h
+    return tokens * (norm + a * h) // split
 
 
 def loss_bytes(model: ModelSpec, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()) -> LossPeaks:
@@ -950,14 +1052,47 @@ def fsdp_unit_items(
     if stage.outside_blocks:
         items.append(("FSDP root unit, gathered (embeddings, final norm, head)", stage.outside_blocks * gather))
     items.append(("FSDP unsharded gradient (one block)", block * reduce))
+    staging = fsdp_all_gather_staging_bytes(stage, knobs)
+    if staging:
+        items.append((FSDP_STAGING_ITEM, staging))
     return items
+
+
+FSDP_STAGING_ITEM = "FSDP all-gather inputs of the largest unit (cast, or copied from the host)"
+
+
+def fsdp_all_gather_staging_bytes(stage: StageShape, knobs: PlanKnobs) -> int:
+    """What FSDP2 allocates to feed the all-gather of its largest unit (the root, or a block),
+    beside the gathered output: the inputs are the rank's shards, and where they are not already
+    in the gather dtype on the GPU each is made anew (torch 2.13 torch/distributed/fsdp/
+    _fully_shard/_fsdp_collectives.py ``_get_param_all_gather_inputs`` L382-430: under a
+    MixedPrecisionPolicy one flat buffer of the unit's shards cast to ``param_dtype``; with
+    CPUOffloadPolicy each shard is copied from the host, ``_fsdp_param.py`` L895-900
+    ``sharded_param_data.to(self.device, non_blocking=True)``, and cast). They are made before the
+    output is allocated and live until the all-gather is issued (``foreach_all_gather``); the
+    all-gather input is a view of the output (``all_gather_copy_in_cuda``, L263-276). So a unit of
+    ``P`` parameters sharded ``N`` ways holds ``2P/N`` bytes of casts beside its ``2P`` output
+    (an offloaded parameter's fp32 host copy, ``4/N`` a parameter, is freed by its cast before the
+    output exists); without a policy an offloaded unit holds its host copies in the parameter
+    dtype, and a unit on the GPU nothing (the shards are the inputs). At ``N = 1``, FSDP with CPU
+    offload on one GPU, the casts are as large as the gathered unit."""
+    m = mode(knobs.precision)
+    offloaded = knobs.offload == "optimizer+params"
+    policy = m.master_bytes > 0  # a MixedPrecisionPolicy casts the fp32 shards to the compute dtype
+    if not policy and not offloaded:
+        return 0
+    unit = max(stage.outside_blocks, stage.block)
+    return (m.compute_bytes if policy else m.param_bytes) * unit // max(1, knobs.shard_group_size)
 
 
 def persistent_buffer_items(
     strategy: str, stage: StageShape, knobs: PlanKnobs, assumptions: Assumptions = Assumptions()
 ) -> list[tuple[str, int]]:
-    """Buffers allocated once that stay through every moment, the optimizer step included."""
+    """Buffers allocated once that stay through every moment, the optimizer step included.
+    Megatron's DDP has none: its gradient buffer (a model state) is its bucket."""
     w = param_bytes(knobs.precision)
+    if uses_megatron_ddp(knobs):
+        return []
     if strategy == "ddp":
         return [("DDP gradient buckets", min(2 * assumptions.ddp_bucket_bytes, w * stage.params))]
     if strategy in ("zero1", "zero2") and knobs.offload != "none":
@@ -985,8 +1120,8 @@ def backward_buffer_items(
     flat 16-bit parameter buffer itself (``all_gather_into_tensor``, or views of it), so
     ``allgather_bucket_size`` allocates nothing.
     """
-    if strategy not in ("zero1", "zero2"):
-        return []
+    if strategy not in ("zero1", "zero2") or uses_megatron_ddp(knobs):
+        return []  # Megatron's distributed optimizer reduce-scatters in place in its gradient buffer
     _, w = comm_bytes(knobs.precision, strategy, assumptions)
     reduce_bucket, _, cap = deepspeed_bucket_elements(stage, knobs, hidden_size, assumptions)
     copies = 1 if knobs.pp > 1 else 2
@@ -1007,7 +1142,12 @@ def optimizer_step_items(
     A per-parameter AdamW (``--assume adamw_foreach=false``: Hugging Face's ``AdamW``, the
     Trainer's ``optim="adamw_hf"``, ``denom = exp_avg_sq.sqrt().add_(eps)``) holds one fp32 copy
     of one parameter at a time: the largest (``stage.largest_layer``, a module's weight with its
-    bias). Adafactor: :func:`fstrain.core.plan.adafactor.step_temporary_bytes`."""
+    bias). Adafactor: :func:`fstrain.core.plan.adafactor.step_temporary_bytes`. Megatron's
+    optimizers (TE's or apex's fused Adam) update in place; a 16-bit gradient buffer is cast to
+    fp32 main gradients for the step (:mod:`fstrain.core.plan.megatron`), over the rank's shard
+    with the distributed optimizer."""
+    if uses_megatron_ddp(knobs):
+        return megatron_step_items(knobs, stage, assumptions)
     if knobs.offload != "none":
         return []
     if knobs.optimizer == "adafactor" and stage is not None:
@@ -1019,6 +1159,23 @@ def optimizer_step_items(
     if not assumptions.adamw_foreach and stage is not None:
         return [("AdamW temporaries (one parameter)", 4 * stage.largest_layer)]
     return [("AdamW foreach temporaries", states.optimizer_states // 2)]
+
+
+MEGATRON_STEP_GRADS_ITEM = "Megatron fp32 main gradients (16-bit gradient buffer, at the step)"
+
+
+def megatron_step_items(
+    knobs: PlanKnobs, stage: StageShape | None, assumptions: Assumptions = Assumptions()
+) -> list[tuple[str, int]]:
+    """The fp32 main gradients Megatron's optimizer casts a 16-bit gradient buffer to at the
+    step (distrib_optimizer.py L2792 ``shard_model_grad.float()``; freed by ``zero_grad`` before
+    the next forward), on the GPU unless the optimizer is offloaded; none with an fp32 buffer."""
+    if stage is None or knobs.offload != "none":
+        return []
+    per_param = megatron_bytes(knobs.precision, fp32_main_grads=assumptions.megatron_fp32_main_grads)
+    shard = knobs.shard_group_size if knobs.strategy == "zero1" else 1
+    copy = per_param.step_grad_copy * stage.params // shard
+    return [(MEGATRON_STEP_GRADS_ITEM, copy)] if copy else []
 
 
 def no_sync_gradient_bytes(stage: StageShape, knobs: PlanKnobs) -> int:
@@ -1234,7 +1391,7 @@ def _stage_breakdown(
     states: ModelStates = _memo(
         memo,
         ("states", stage.params, stage.experts, k.ep, k.strategy, k.shard_group_size, k.precision, k.optimizer,
-         k.offload),
+         k.offload, uses_megatron_ddp(k)),
         lambda: stage_model_states(stage, k, assumptions, adafactor_bytes(model, k, memo)),
     )
     activation_items: list[tuple[str, int]] = []
@@ -1257,6 +1414,7 @@ def _stage_breakdown(
                 k.fused_rmsnorm,
                 k.tp_replicated_logits,
                 block_kernels(assumptions),
+                sp_gathered_input_bytes(k, assumptions),
             ),
             lambda: stage_activation_bytes(model, stage, k, assumptions),
         )
@@ -1307,10 +1465,10 @@ def _stage_breakdown(
         first_block_stored = _memo(
             memo,
             ("block", k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention, k.precision, k.compile,
-             k.fused_rmsnorm, block_kernels(assumptions)),
+             k.fused_rmsnorm, block_kernels(assumptions), sp_gathered_input_bytes(k, assumptions)),
             lambda: layer_activation_bytes(model, k.micro_batch_size, k.seq_len, k.tp, last, k.flash_attention,
                                            k.precision, assumptions.sequence_parallel, k.compile, k.fused_rmsnorm,
-                                           block_kernels(assumptions)),
+                                           block_kernels(assumptions), sp_gathered_input_bytes(k, assumptions)),
         )
     moments = _moments(activation_items, loss_buffers, buffers, backward_buffers, step_items, first_block_stored,
                        recomputing)

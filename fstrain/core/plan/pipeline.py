@@ -75,10 +75,15 @@ def schedule_label(schedule: str, virtual_stages: int = 1) -> str:
     return f"interleaved x{virtual_stages}" if schedule == "interleaved" else schedule
 
 
-def schedule_problem(schedule: str, pp: int, micro_batches: int, num_layers: int, virtual_stages: int = 1) -> str:
+def schedule_problem(schedule: str, pp: int, micro_batches: int, num_layers: int, virtual_stages: int = 1,
+                     megatron: bool = False) -> str:
     """Why ``schedule`` cannot run this pipeline as modelled ('' when it can): interleaved and ZB-H1
     need a steady state (at least pp micro-batches) and torch's round rule; 1F1B takes any count
-    (DeepSpeed's engine runs fewer micro-batches than stages)."""
+    (DeepSpeed's engine runs fewer micro-batches than stages). ``megatron``: Megatron-LM's
+    interleaved schedule instead needs whole groups of pp micro-batches (its
+    ``microbatch_group_size_per_vp_stage`` defaults to pp: megatron/core/model_parallel_config.py
+    @d98e8a6 L567-568; a remainder below pp is an error, pipeline_parallel/schedules.py
+    L1160-1180)."""
     if pp <= 1:
         return "" if schedule == "1f1b" else f"the {schedule} schedule needs a pipeline (pp > 1)"
     if schedule == "1f1b":
@@ -87,6 +92,10 @@ def schedule_problem(schedule: str, pp: int, micro_batches: int, num_layers: int
         return f"{micro_batches} micro-batch(es) for {pp} stages: the {schedule} schedule needs at least pp"
     if schedule == "interleaved" and pp * virtual_stages > num_layers:
         return f"pp={pp} x {virtual_stages} virtual stages is more than the {num_layers} layers"
+    if megatron:
+        if micro_batches % pp:
+            return f"{micro_batches} micro-batches are not whole groups of {pp} (Megatron's interleaved schedule)"
+        return ""
     rounds = max(1, micro_batches // pp)
     if micro_batches % rounds:
         # torch's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble: micro-batches must be a

@@ -18,9 +18,10 @@ from fstrain.core.formats import KINDS, check_format
 from fstrain.core.plan.acpolicy import parse_ac
 from fstrain.core.plan.adafactor import check_adafactor
 from fstrain.core.plan.contextparallel import cp_problem
-from fstrain.core.plan.frameworks import FRAMEWORKS
+from fstrain.core.plan.frameworks import FRAMEWORKS, profile
 from fstrain.core.plan.fsdp2habits import no_sync_problem, replicated_logits_problem
 from fstrain.core.plan.losses import parse_loss
+from fstrain.core.plan.megatron import MEGATRON_STRATEGIES, runnable_schedules
 from fstrain.core.plan.precision import PRECISIONS, check_strategy
 from fstrain.core.plan.recipe import check_plan_name, parse_model_section
 from fstrain.core.plan.schema import (
@@ -216,7 +217,12 @@ def validate_pp_schedule(knobs: PlanKnobs, where: str) -> None:
     if schedule != "1f1b" and knobs.pp == 1:
         raise InputError(f"plan.pp_schedule is {schedule!r} without a pipeline (pp=1)", "use 1f1b with pp=1",
                          where)
-    if schedule != "1f1b" and knobs.strategy in DEEPSPEED_STRATEGIES:
+    if schedule in runnable_schedules(knobs.strategy, knobs.framework):
+        return
+    if knobs.strategy in MEGATRON_STRATEGIES and profile(knobs.framework).megatron_ddp:
+        raise InputError(f"plan.pp_schedule is {schedule!r} with {knobs.strategy} under Megatron-LM",
+                         "Megatron runs 1F1B and interleaved (megatron/core/pipeline_parallel/schedules.py)", where)
+    if knobs.strategy in DEEPSPEED_STRATEGIES:
         raise InputError(
             f"plan.pp_schedule is {schedule!r} with {knobs.strategy}",
             "DeepSpeed's pipeline engine runs its own 1F1B schedule only: use pp_schedule 1f1b, or an fsdp-* "

@@ -28,6 +28,7 @@ from fstrain.core.plan.fsdp2habits import no_sync_problem, replicated_logits_pro
 from fstrain.core.plan.kernelcost import GpuRates
 from fstrain.core.plan.kernels import EAGER_BLOCK, check_fused_block
 from fstrain.core.plan.losses import has_vocab_head, parse_loss
+from fstrain.core.plan.megatron import MEGATRON_STRATEGIES, megatron_strategy_problem, runnable_schedules
 from fstrain.core.plan.memory import (
     GIB,
     OFFLOAD_ALLOWED,
@@ -45,7 +46,7 @@ from fstrain.core.plan.pipeline import schedule_label, schedule_problem
 from fstrain.core.plan.plancluster import PlanCluster
 from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.plan.precision import check_strategy, compute_dtype, strategy_runs
-from fstrain.core.plan.schema import DEEPSPEED_STRATEGIES, OFFLOAD, PP_SCHEDULES, STRATEGIES, ModelSpec, PlanKnobs
+from fstrain.core.plan.schema import OFFLOAD, PP_SCHEDULES, STRATEGIES, ModelSpec, PlanKnobs
 from fstrain.core.plan.timemodel import Fp8Rates, StepTime, step_time
 from fstrain.errors import ConfigError
 
@@ -405,7 +406,8 @@ def _check_inputs(model: PlanModel, training: TrainingSpec, cluster: PlanCluster
             "DeepSpeed's pipeline engine supports ZeRO-1 only: use --strategy zero1 or fsdp-*, or --pp 1",
             "--pp",
         )
-    _check_schedule_pins(model, pins)
+    _check_schedule_pins(model, pins, training.framework)
+    _check_megatron_strategy(pins, training.framework)
     _check_ep_pin(model, pins)
     if pins.shard_group_size is not None and pins.strategy not in (None, "fsdp-hybrid"):
         raise ConfigError(
@@ -465,7 +467,18 @@ def _check_ep_pin(model: PlanModel, pins: Pins) -> None:
                           f"use a divisor of {moe.num_experts}", "--ep")
 
 
-def _check_schedule_pins(model: PlanModel, pins: Pins) -> None:
+def _check_megatron_strategy(pins: Pins, framework: str) -> None:
+    """Under a Megatron-LM profile, a pinned strategy Megatron does not run is one line."""
+    if not pins.strategy or not profile(framework).megatron_ddp:
+        return
+    problem = megatron_strategy_problem(pins.strategy, pins.pp or 1, pins.ep or 1)
+    if problem:
+        raise ConfigError(f"--framework {framework}: {problem}",
+                          "use --strategy zero1 (--use-distributed-optimizer), ddp, or fsdp-full without --pp/--ep",
+                          "--strategy")
+
+
+def _check_schedule_pins(model: PlanModel, pins: Pins, framework: str = "fstrain") -> None:
     """A pinned pipeline schedule must have a pipeline, a runtime that runs it and enough layers."""
     schedule, chunks = pins.pp_schedule, pins.pp_virtual_stages
     if schedule is not None and schedule not in PP_SCHEDULES:
@@ -482,7 +495,14 @@ def _check_schedule_pins(model: PlanModel, pins: Pins) -> None:
     if pins.pp == 1:
         raise ConfigError(f"the {schedule} schedule needs a pipeline, and --pp is 1",
                           "give --pp 2 or more, or drop --pp-schedule", "--pp-schedule")
-    if pins.strategy in DEEPSPEED_STRATEGIES:
+    if pins.strategy and schedule not in runnable_schedules(pins.strategy, framework):
+        if profile(framework).megatron_ddp and pins.strategy in MEGATRON_STRATEGIES:
+            raise ConfigError(
+                f"Megatron-LM runs {STRATEGY_LABELS[pins.strategy]} with its own schedules, 1F1B and interleaved "
+                f"(megatron/core/pipeline_parallel/schedules.py), not {schedule}",
+                "use --pp-schedule 1f1b or interleaved",
+                "--pp-schedule",
+            )
         raise ConfigError(
             f"{STRATEGY_LABELS[pins.strategy]} runs on DeepSpeed's pipeline engine, which has its own 1F1B "
             f"schedule only, not {schedule}",
@@ -498,21 +518,27 @@ def _check_schedule_pins(model: PlanModel, pins: Pins) -> None:
             "use fewer virtual stages or a smaller --pp", "--pp-virtual-stages")
 
 
-def _schedules(pins: Pins, strategy: str, pp: int, micro_batches: int, num_layers: int) -> list[tuple[str, int]]:
+def _schedules(pins: Pins, strategy: str, pp: int, micro_batches: int, num_layers: int,
+               framework: str = "fstrain") -> list[tuple[str, int]]:
     """(schedule, virtual stages) to evaluate: the pinned one, else the fastest that can run.
 
     Unpinned, a pipeline that torch.distributed.pipelining runs (ddp, fsdp-*) gets ZB-H1: it keeps
     1F1B's activations and a third of its bubble, so it dominates 1F1B, and it dominates
     interleaved x2 too (more activations, more traffic, a bubble of a half). Larger interleavings
-    and 1F1B itself are evaluated when pinned. DeepSpeed's engine runs 1F1B only.
+    and 1F1B itself are evaluated when pinned. DeepSpeed's engine runs 1F1B only; Megatron's DDP
+    and distributed optimizer 1F1B, or interleaved when pinned (:func:`runnable_schedules`).
     """
     if pp == 1:
         return [("1f1b", 1)] if pins.pp_schedule in (None, "1f1b") else []
+    runnable = runnable_schedules(strategy, framework)
     if pins.pp_schedule is not None:
+        if pins.pp_schedule not in runnable:
+            return []
         chunks = pins.pp_virtual_stages or (2 if pins.pp_schedule == "interleaved" else 1)
-        pinned = not schedule_problem(pins.pp_schedule, pp, micro_batches, num_layers, chunks)
+        megatron = strategy in MEGATRON_STRATEGIES and profile(framework).megatron_ddp  # Megatron's own rule
+        pinned = not schedule_problem(pins.pp_schedule, pp, micro_batches, num_layers, chunks, megatron)
         return [(pins.pp_schedule, chunks)] if pinned else []
-    if strategy not in DEEPSPEED_STRATEGIES and not schedule_problem("zero-bubble", pp, micro_batches, num_layers):
+    if "zero-bubble" in runnable and not schedule_problem("zero-bubble", pp, micro_batches, num_layers):
         return [("zero-bubble", 1)]
     return [("1f1b", 1)]
 
@@ -553,10 +579,14 @@ def _batches(training: TrainingSpec, dp: int, pins: Pins) -> list[tuple[int, int
     return [(d, local // d) for d in divisors(local) if d <= MAX_MICRO_BATCH]
 
 
-def _strategies(pins: Pins, pp: int, precision: str = "bf16", optimizer: str = "adamw") -> Iterator[str]:
+def _strategies(pins: Pins, pp: int, precision: str = "bf16", optimizer: str = "adamw",
+                framework: str = "fstrain") -> Iterator[str]:
     # A pinned shard group only means something for hybrid sharding.
     chosen = pins.strategy or ("fsdp-hybrid" if pins.shard_group_size else None)
+    megatron = profile(framework).megatron_ddp
     for strategy in [chosen] if chosen else STRATEGIES:
+        if megatron and megatron_strategy_problem(strategy, pp, pins.ep or 1):
+            continue  # Megatron-LM's own data parallelism (fstrain.core.plan.megatron)
         if pp > 1 and strategy in _NO_PIPELINE:
             continue
         if (pins.cp or 1) > 1 and strategy not in CP_STRATEGIES:
@@ -712,11 +742,15 @@ def _search(
         # Without FlashAttention, Megatron's selective recompute drops the s^2 attention scores;
         # with it, it stores what none stores (Megatron #464, #1225).
         acs.insert(1, "megatron-selective")
+    if profile(training.framework).megatron_ddp and not pins.activation_checkpointing:
+        # Megatron recomputes whole layers or its selective modules (--recompute-granularity full |
+        # selective, transformer_config.py @d98e8a6 L532), not torchtitan's op-level policy.
+        acs = [ac for ac in acs if ac != "selective-op"]
     for tp, pp, dp in _layouts(model, cluster, pins):
         batches = (
             _batches(training, dp, pins) if model.spec else [(pins.micro_batch_size or 1, pins.grad_accum_steps or 1)]
         )
-        for strategy in _strategies(pins, pp, training.precision, training.optimizer):
+        for strategy in _strategies(pins, pp, training.precision, training.optimizer, training.framework):
             if training.fp8_all_gather and not strategy.startswith("fsdp"):
                 continue  # FSDP's float8 all-gather: FSDP strategies only
             if training.fsdp2_no_sync and no_sync_problem(strategy, pp, training.framework):
@@ -737,7 +771,8 @@ def _search(
                 failed: set[tuple[str, str, tuple[str, int]]] = set()
                 for mbs, gas in batches:
                     # Without an architecture there is no step time for a schedule to change.
-                    schedules = _schedules(pins, strategy, pp, gas, model.spec.num_layers) if model.spec else [
+                    schedules = _schedules(pins, strategy, pp, gas, model.spec.num_layers,
+                                           training.framework) if model.spec else [
                         ("1f1b", 1)]
                     for schedule in schedules:
                         for ac in acs:
@@ -823,7 +858,7 @@ def _schedule_note(pins: Pins) -> str:
     if pins.pp_schedule in (None, "1f1b"):
         return ""
     return (f"; the {pins.pp_schedule} schedule needs pp > 1, at least pp micro-batches (--grad-accum) and, "
-            "interleaved, pp x virtual stages <= layers")
+            "interleaved, pp x virtual stages <= layers; under Megatron, micro-batches in whole groups of pp")
 
 
 def _rank_key(p: Plan) -> tuple[Any, ...]:

@@ -60,6 +60,7 @@ from fstrain.core.plan.fsdp2habits import logits_gather_bytes
 from fstrain.core.plan.hostlaunch import optimizer_host_s, parameter_tensors, sharding_host_s
 from fstrain.core.plan.kernels import attended_keys, fusion_seconds_saved_per_token
 from fstrain.core.plan.losses import has_vocab_head
+from fstrain.core.plan.megatron import megatron_reduce_bytes
 from fstrain.core.plan.memory import (
     block_kernels,
     block_matmuls,
@@ -69,6 +70,7 @@ from fstrain.core.plan.memory import (
     replicated_split,
     residual_bytes,
     shared_expert_matmuls,
+    uses_megatron_ddp,
     weight_bytes,
 )
 from fstrain.core.plan.nccllatency import PCIE_RING_HOP_S, Hops, all_reduce_latency_s, ring_latency_s
@@ -153,7 +155,7 @@ def layer_hardware_flops(flops: FlopsPerToken, ac: str, flash_attention: bool) -
         total += flops.layer / k  # the whole forward again, for every k-th layer
     elif ac == "selective-op":
         total += flops.selective_op_recompute  # the attention kernel's outputs are saved
-    elif ac == "megatron-selective" and not flash_attention:
+    elif ac == "megatron-selective":  # the attention core's forward again, FlashAttention's too
         total += flops.attention_core
     return total
 
@@ -608,6 +610,8 @@ def _dp_parts(
     if d == 1 or params == 0:
         return 0.0, 0.0, 0.0
     w_int, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
+    if uses_megatron_ddp(knobs):  # Megatron reduces its gradient buffer in place, fp32 under bf16
+        red = megatron_reduce_bytes(knobs.precision, assumptions.megatron_fp32_main_grads)
     w = w_int - (w_int - 1) * fp8_gathered if knobs.strategy.startswith("fsdp") else float(w_int)
     eff = assumptions.collective_efficiency
     hierarchical = knobs.strategy in ("fsdp-hybrid", "zero1", "zero2")  # zero1/2: sharded within groups
@@ -639,6 +643,10 @@ def _dp_parts(
     exposed_only = 0.0
     if strategy == "ddp":
         hidden, window = move(2 * red, bw=all_reduce_bandwidth(group, t, links) * eff, all_reduce=True), backward_last
+    elif strategy == "zero1" and uses_megatron_ddp(knobs):
+        # Megatron with --overlap-grad-reduce --overlap-param-gather (the flags fstrain's render note
+        # names): the reduce-scatter hides behind backward, the all-gather behind the next forward.
+        hidden, window = move(red) + move(w), backward_last + compute_mb / 3
     elif strategy == "zero1":
         hidden, window, exposed_only = move(red) + across(red), backward_last, move(w)
     elif strategy == "zero2":

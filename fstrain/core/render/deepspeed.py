@@ -21,6 +21,7 @@ from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.buckets import bucket_sizes
 from fstrain.core.plan.modelsize import count_parameters
 from fstrain.core.plan.planfile import PlanFile
+from fstrain.core.plan.schema import PlanKnobs
 from fstrain.core.render.common import Rendered, check_plan
 from fstrain.core.render.options import TrainingOptions
 from fstrain.errors import ConfigError
@@ -201,6 +202,25 @@ def check_no_context_parallel(plan: PlanFile, where: str = "plan") -> None:
         )
 
 
+def megatron_notes(knobs: PlanKnobs) -> list[str]:
+    """What a plan made for Megatron-LM's DDP or distributed optimizer (``--framework megatron``,
+    :mod:`fstrain.core.plan.megatron`) runs with there: Megatron takes no DeepSpeed config, and its
+    arguments (megatron/training/arguments.py @d98e8a6 L3156 ``--use-distributed-optimizer``, L3116
+    ``--num-virtual-stages-per-pipeline-rank``, L3121 and L3148 ``--overlap-grad-reduce`` and
+    ``--overlap-param-gather``, both off by default, which the time model assumes) set what the
+    plan counted."""
+    if knobs.framework != "megatron" or knobs.strategy not in ("ddp", "zero1"):
+        return []
+    flags = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"] if (
+        knobs.strategy == "zero1") else ["--overlap-grad-reduce"]
+    if knobs.pp_schedule == "interleaved":
+        flags.append(f"--num-virtual-stages-per-pipeline-rank {knobs.pp_virtual_stages}")
+    which = "distributed optimizer" if knobs.strategy == "zero1" else "DDP with its plain optimizer"
+    run = f" with {' '.join(flags)}" if flags else ""
+    return [f"the plan was made for Megatron-LM's {which} (--framework megatron): Megatron reads no DeepSpeed "
+            f"config; run it{run}, which keeps the contiguous gradient buffer the plan counted"]
+
+
 def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, debug: bool = False) -> Rendered:
     """The DeepSpeed config for ``plan``; ``debug`` turns on timers and the comms logger."""
     options = options or TrainingOptions()
@@ -255,6 +275,7 @@ def render_deepspeed(plan: PlanFile, options: TrainingOptions | None = None, *, 
             "compile: DeepSpeed's config has no key for it; the training script calls engine.compile() after "
             "deepspeed.initialize (torch.compile of the module); the bundled trainer compiles each block"
         )
+    notes += megatron_notes(knobs)
     if knobs.pp > 1 and knobs.pp_schedule != "1f1b":
         notes.append(
             f"pp_schedule {knobs.pp_schedule}: DeepSpeed's pipeline engine runs its own 1F1B schedule "
