@@ -138,7 +138,11 @@ def test_the_planner_drops_the_head_and_its_time() -> None:
     assert full.memory.parameters - none.memory.parameters == 4 * 64_000  # the untied head's fp32 weights
     assert none.knobs.loss == "none"
     assert full.time is not None and none.time is not None
-    assert none.time.compute_s < full.time.compute_s
+    # The GPU's part shrinks; so tiny a model's step is host-bound (its kernels' launches), which
+    # the head's few kernels hardly change.
+    gpu_s = {name: p.time.compute_s - p.time.launch_s for name, p in (("full", full), ("none", none))}
+    assert gpu_s["none"] < gpu_s["full"]
+    assert none.time.compute_s <= full.time.compute_s
 
 
 def test_plan_file_round_trip_and_bad_values() -> None:
