@@ -5,7 +5,7 @@ Each family is traced at 2 or 3 decoder layers of its real widths (real config.j
 tests/fixtures/hf-configs), which costs a few CPU-seconds; the full-size traces are in
 docs/validation/planner.md. Every category above 64 MiB agrees with the planner's, once what
 transformers' model holds apart from the bundled one (fstrain/core/plan/hfdiff.py, each item
-measured) is added, within 2 %.
+measured) is added, within 2 %. The extrapolation test (about 30 s) is marked ``slow``.
 """
 
 from __future__ import annotations
@@ -51,6 +51,21 @@ def test_each_family_traces_like_the_planner_counts(folder: str, layers: int, ac
     for category, value in traced.categories.items():
         if value >= 64 << 20:
             assert expected[category] == pytest.approx(value, rel=BOUND), category
+
+
+@pytest.mark.slow
+def test_extrapolation_is_exact_for_transformers_layers() -> None:
+    # every-k:2 through transformers' own per-layer checkpointing: 11 layers traced whole against
+    # 5, 7 and 9 extrapolated, the same bytes in every category (about 40 s).
+    recipe = load_recipe_file(str(CONFIGS / "Llama-3.2-1B" / "config.json"))
+    model = replace(recipe.model, num_layers=11)
+    plan = make_plan("fsdp-full", dp=4, model=model, activation_checkpointing="every-k:2", seq_len=512,
+                     micro_batch_size=1, grad_accum_steps=2, precision="bf16")
+    fsdp = render_fsdp(plan).config
+    whole = trace_plan(plan, fsdp, full_depth_limit=100, hf_config=recipe.hf_config)
+    extrapolated = trace_plan(plan, fsdp, full_depth_limit=0, hf_config=recipe.hf_config)
+    assert (whole.depths, extrapolated.depths) == ((11,), (5, 7, 9))
+    assert (extrapolated.moment, extrapolated.categories) == (whole.moment, whole.categories)
 
 
 def test_the_trace_builds_transformers_own_class() -> None:
