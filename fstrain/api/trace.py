@@ -109,7 +109,7 @@ def trace(planned: Planned, progress: Callable[[str], None] = lambda text: None)
     progress("importing torch")
     from fstrain.train.trace import trace_plan, traced_model
 
-    traced = trace_plan(plan, render_fsdp(plan).config, progress=progress, hf_config=hf)
+    traced = trace_plan(plan, render_fsdp(plan).config, progress=progress, hf_config=hf)  # checks transformers first
     analytic = analytic_categories(traced_as)
     analytic_total = sum(analytic.values())
     notes = []
@@ -140,11 +140,14 @@ def trace(planned: Planned, progress: Callable[[str], None] = lambda text: None)
 
 def _hf_differences(planned: Planned, traced_as: Plan) -> list[HfDifference]:
     """What transformers' model holds beside the planner's count (:mod:`fstrain.core.plan.hfdiff`)."""
+    import json
+
     from fstrain.core.plan.hfdiff import hf_differences
 
     model, params = planned.model.spec, planned.model.params
     assert model is not None and params is not None  # the trace refuses a model without an architecture
-    return hf_differences(model, params, traced_as.knobs, traced_as.memory.phase)
+    model_type = str(json.loads(planned.hf_config).get("model_type", ""))
+    return hf_differences(model, params, traced_as.knobs, traced_as.memory.phase, model_type)
 
 
 def _error(analytic: int, traced: int) -> float | None:

@@ -16,8 +16,9 @@ passed to ``forward`` (``ForCausalLMLoss``: the logits upcast to fp32, then cros
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,6 +27,25 @@ from torch.distributed.device_mesh import DeviceMesh
 from fstrain.core.plan.acpolicy import block_is_checkpointed
 from fstrain.errors import ConfigError
 from fstrain.train.fsdp_backend import model_dtype, shard_unit
+
+# activation_checkpointing_enable with per-layer GradientCheckpointingLayer flags, and from_config's
+# ``dtype``: the transformers the trace was written and checked against (pyproject's test extra).
+MIN_TRANSFORMERS = (5, 25)
+
+
+def require_transformers() -> None:
+    """One line, not a traceback, when transformers is missing or older than :data:`MIN_TRANSFORMERS`."""
+    wanted = ".".join(map(str, MIN_TRANSFORMERS))
+    hint = f"pip install 'transformers>={wanted}', or plan with a shipped recipe to trace the bundled model"
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("the trace of a Hugging Face model builds it with transformers, which is not installed",
+                          hint, "--trace") from None
+    version = tuple(int(part) for part in transformers.__version__.split(".")[:2] if part.isdigit())
+    if version < MIN_TRANSFORMERS:
+        raise ConfigError(f"transformers {transformers.__version__} is older than the trace needs ({wanted})",
+                          hint, "--trace")
 
 
 def hf_config(config_json: str, num_layers: int | None = None) -> Any:
@@ -91,6 +111,25 @@ def build_sharded_hf_model(config_json: str, num_layers: int, cfg: Mapping[str, 
         shard_unit(layer, cfg, mesh)
     shard_unit(model, cfg, mesh)
     return model
+
+
+@contextlib.contextmanager
+def unpacked_batches() -> Iterator[None]:
+    """Each row of the traced batch is one sequence, as transformers finds in a real run.
+    Without a cache or an attention mask (training), transformers looks for packed sequences in
+    the position ids (``masking_utils.find_packed_sequence_indices``) and returns None when there
+    are none, so SDPA runs with ``is_causal`` and no mask; that check reads values, which fake
+    tensors do not have, so under ``FakeTensorMode`` it takes every batch for packed and builds
+    an s x s mask (kept by every layer, and K and V repeated to every head) that a real run of
+    the same batch does not. The check is answered as for the real batch while the trace runs."""
+    from transformers import masking_utils
+
+    found = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = found
 
 
 def hf_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:

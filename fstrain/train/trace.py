@@ -201,8 +201,9 @@ def trace_plan(plan: PlanFile, fsdp: Mapping[str, Any], full_depth_limit: int = 
     started = time.monotonic()
     period = max(1, every_k(plan.knobs.activation_checkpointing))
     if hf_config:
-        from fstrain.train.hf_model import check_attention, layer_period
+        from fstrain.train.hf_model import check_attention, layer_period, require_transformers
 
+        require_transformers()
         check_attention(hf_config, plan.knobs.flash_attention)
         period = math.lcm(period, layer_period(hf_config))
     layers = plan.model.num_layers
@@ -295,7 +296,7 @@ class _Tracer:
         # Offload moves states to the host: on a CPU trace there is no device to keep apart.
         cfg = {**self.fsdp, "cpu_offload": {"enabled": False}}
         moments: dict[str, dict[str, int]] = {}
-        with FakeTensorMode(), _chunks_on_demand():
+        with FakeTensorMode(), _chunks_on_demand(), self._batches():
             model, lm_loss = self._model(num_layers, cfg)
             optimizer_cfg = {**cfg.get("optimizer", {}), "foreach": False}
             optimizer = build_optimizer(model, optimizer_cfg, 1e-4)
@@ -326,6 +327,15 @@ class _Tracer:
         else:  # the overall peak is one of the three moments already read
             moments["loss or elsewhere"] = {key: 0 for key in overall}
         return moments
+
+    def _batches(self) -> contextlib.AbstractContextManager[None]:
+        """What the traced batch is: for a Hugging Face model, unpacked sequences, as transformers
+        finds them in a real run (:func:`fstrain.train.hf_model.unpacked_batches`)."""
+        if not self.hf_config:
+            return contextlib.nullcontext()
+        from fstrain.train.hf_model import unpacked_batches
+
+        return unpacked_batches()
 
     def _model(self, num_layers: int, cfg: Mapping[str, Any]) -> tuple[Any, Callable[[Any, Any], Any]]:
         """The model at ``num_layers`` blocks, sharded, and its loss on a batch of tokens: the

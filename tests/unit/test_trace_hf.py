@@ -36,6 +36,8 @@ BOUND = 0.02
     # peaks in a layer's backward, which
     # at 2 layers has no next layer to prefetch (as the bundled model's trace: fstrain/train/trace.py)
     ("Mistral-7B-v0.1", 3, "full", 4096),
+    # phi3: its 2047 window masks 4096 tokens (a 16-bit copy in each layer); the fused qkv_proj
+    ("Phi-3-mini-4k-instruct", 2, "none", 4096),
 ])
 def test_each_family_traces_like_the_planner_counts(folder: str, layers: int, ac: str, seq_len: int) -> None:
     recipe = load_recipe_file(str(CONFIGS / folder / "config.json"))
@@ -46,7 +48,7 @@ def test_each_family_traces_like_the_planner_counts(folder: str, layers: int, ac
     params = count_parameters(model)
     analytic = memory_breakdown(model, params, params.total, plan.knobs, 8)
     expected = {key: getattr(analytic, key) for key in traced.categories}
-    for item in hf_differences(model, params, plan.knobs, analytic.phase):
+    for item in hf_differences(model, params, plan.knobs, analytic.phase, json.loads(recipe.hf_config)["model_type"]):
         expected[item.category] += item.bytes
     for category, value in traced.categories.items():
         if value >= 64 << 20:
@@ -104,23 +106,46 @@ def test_a_class_without_sdpa_is_traced_eager_or_refused_in_one_line() -> None:
     check_attention((CONFIGS / "Llama-3.2-1B" / "config.json").read_text(), flash_attention=True)
 
 
+def test_a_missing_or_old_transformers_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import transformers
+
+    from fstrain.train.hf_model import require_transformers
+
+    require_transformers()  # the installed one (pyproject: >=5.25)
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    with pytest.raises(ConfigError, match=r"transformers 4\.57\.1 is older than the trace needs \(5\.25\)"):
+        require_transformers()
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
+    with pytest.raises(ConfigError, match="which is not installed") as caught:
+        require_transformers()
+    assert "pip install 'transformers>=5.25'" in caught.value.hint
+
+
 def test_differences_in_bytes() -> None:
-    # Llama 3.1 8B at the loss: the root (untied embedding and head, final norm) and a layer gathered.
+    # Llama 3.1 8B at the loss: the root (untied embedding and head, final norm) and a layer
+    # gathered; and per layer 80 MiB fewer at 4096 tokens (no rotated q, K and V at kv width).
     recipe = load_recipe_file(str(CONFIGS / "Llama-3.1-8B" / "config.json"))
     params = count_parameters(recipe.model)
     knobs = make_plan("fsdp-full", dp=8, model=recipe.model, seq_len=4096, micro_batch_size=1,
                       precision="bf16").knobs
-    [gathered] = hf_differences(recipe.model, params, knobs, "loss")
+    gathered, sdpa = hf_differences(recipe.model, params, knobs, "loss")
     assert (gathered.category, gathered.bytes) == ("buffers", 2 * (2 * 128256 * 4096 + 4096 + params.per_layer))
-    assert hf_differences(recipe.model, params, knobs, "backward") == []  # no mask: the layers store the same
-    # Mistral 7B v0.1: its 4096-token window does not cover 4096 tokens, so every layer keeps the mask.
+    assert (sdpa.category, sdpa.bytes) == ("activations", -32 * 80 * 2**20)
+    assert hf_differences(recipe.model, params, knobs, "backward") == [sdpa]
+    # Mistral 7B v0.1: its 4096-token window does not cover 4096 tokens: a mask, kept by every
+    # layer (+32 MiB), K and V repeated, and no rotated q (-32 MiB): nothing left to list.
     mistral = load_recipe_file(str(CONFIGS / "Mistral-7B-v0.1" / "config.json")).model
-    [mask] = hf_differences(mistral, count_parameters(mistral), knobs, "backward")
-    assert (mask.category, mask.bytes) == ("activations", 32 * 4096 * 4096 * 2)
-    shorter = replace(knobs, seq_len=4095)
-    assert hf_differences(mistral, count_parameters(mistral), shorter, "backward") == []
+    assert hf_differences(mistral, count_parameters(mistral), knobs, "backward") == []
+    [unmasked] = hf_differences(mistral, count_parameters(mistral), replace(knobs, seq_len=2048), "backward")
+    assert unmasked.bytes == -32 * 40 * 2**20  # 40 MiB a layer at 2048 tokens, measured
     full = replace(knobs, activation_checkpointing="full")  # no layer stores its activations
     assert hf_differences(mistral, count_parameters(mistral), full, "backward") == []
+    # Phi-3's fused qkv_proj: its whole output kept; at 2040 tokens (no mask) 23.9 MiB a layer more.
+    phi3 = load_recipe_file(str(CONFIGS / "Phi-3-mini-4k-instruct" / "config.json")).model
+    [fused] = hf_differences(phi3, count_parameters(phi3), replace(knobs, seq_len=2040), "backward", "phi3")
+    assert fused.bytes == 32 * 2040 * 6144 * 2
     # Eager attention: the fp32 softmax output beside its bf16 cast, in every layer that stores.
     eager = replace(knobs, flash_attention=False, activation_checkpointing="every-k:4")
     [scores] = hf_differences(recipe.model, params, eager, "backward")

@@ -13,16 +13,22 @@ bytes, beside the planner's column, not folded into it:
   bundled trainer computes the loss after the root's forward, every unit resharded. Where the
   planner's peak is the loss, the trace's buffers hold the root's and one layer's gathered
   parameters more (Llama 3.1 8B, dp 8: 2.363 GiB, to the byte).
-- With a sliding window that does not cover the batch (Mistral 7B v0.1 at 4096 tokens: the window
-  is 4096), transformers builds a boolean attention mask (transformers 5.25.0
-  ``masking_utils.py`` L286, ``_ignore_causal_mask_sdpa``: no skipping once ``kv_length >=
-  local_attention_size``), and SDPA converts it to the query's dtype in every layer
-  (``convert_boolean_attn_mask`` in aten's ``scaled_dot_product_attention``) and keeps that copy
-  for backward (measured on the CPU kernel; on a GPU a mask selects the memory-efficient kernel,
-  which keeps its attention bias for backward too): ``s x s x b x a`` bytes per windowed layer
-  that stores its activations (Mistral 7B, 1 x 4096: 32 MiB a layer, 1.0 GiB over 32 layers; the
-  trace holds 0.99 GiB more than the planner). Eager attention adds the mask to the scores, which
-  keeps nothing.
+- Attention through SDPA (the plan with FlashAttention), per layer that stores its activations
+  (measured at 2 and 3 layers of each model on fake tensors, to the byte): transformers' rotary
+  positions (``apply_rotary_pos_emb``) keep no rotated copy of q, ``q x a`` bytes per token fewer
+  than the bundled model; without a mask SDPA takes K and V at their own width (``enable_gqa``,
+  ``sdpa_attention_forward``), where the bundled model repeats them to every query head, ``2 (q -
+  kv) x a`` fewer (Llama 3.1 8B at 4096 tokens: 80 MiB a layer fewer in all). With a sliding
+  window that does not cover the batch (Mistral 7B v0.1 at 4096 tokens: the window is 4096)
+  transformers builds a boolean mask (transformers 5.25.0 ``masking_utils.py`` L286,
+  ``_ignore_causal_mask_sdpa``: no skipping once ``kv_length >= local_attention_size``), repeats
+  K and V, and SDPA converts the mask to the query's dtype in every layer and keeps that copy for
+  backward (``convert_boolean_attn_mask`` in aten's ``scaled_dot_product_attention``; measured on
+  the CPU kernel, and on a GPU a mask selects the memory-efficient kernel, which keeps its
+  attention bias for backward too): ``s x b x a`` bytes per token more (Mistral 7B at 4096: +32
+  MiB, against 32 MiB fewer for q, a layer). Phi-3's fused ``qkv_proj`` keeps its whole output
+  (v is a view of it): ``(q + 2 kv) x a`` more (Phi-3 mini at 2040 tokens: 23.9 MiB a layer more
+  in all, to the byte).
 - Eager attention (the plan without FlashAttention) runs its softmax in fp32
   (``models/llama/modeling_llama.py`` L197, ``eager_attention_forward``:
   ``softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)``) and keeps those
@@ -30,8 +36,8 @@ bytes, beside the planner's column, not folded into it:
   bytes more per layer that stores its activations (Llama 3.2 1B, 1 x 2048: 512 MiB a layer; the
   trace holds 556, the 44 MiB left, 8 % of the difference, not accounted for).
 
-Without a mask and past the loss the two models store the same bytes: per layer, the trace of
-Llama 3.1 8B's transformers class at 4096 tokens holds 864.53 MiB, as the planner counts.
+The trace answers transformers' packed-sequence check for the real batch
+(:func:`fstrain.train.hf_model.unpacked_batches`); the figures above are for unpacked batches.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
 # The strategies whose FSDP2 units reshard after forward (the bundled trainer's root included).
 RESHARDING = ("fsdp-full", "fsdp-hybrid")
+# model_types whose attention computes q, k and v with one fused linear (Phi-3's qkv_proj).
+FUSED_QKV = ("phi3",)
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,10 @@ def attention_masked(model: ModelSpec, seq_len: int) -> bool:
     return model.windowed_layers > 0 and model.sliding_window <= seq_len
 
 
-def hf_differences(model: ModelSpec, params: ParamCount, knobs: PlanKnobs, phase: str) -> list[HfDifference]:
+def hf_differences(model: ModelSpec, params: ParamCount, knobs: PlanKnobs, phase: str,
+                   model_type: str = "") -> list[HfDifference]:
     """What the trace of transformers' model holds beside the planner's breakdown at its peak
-    ``phase`` (the module docstring says each item's cause)."""
+    ``phase`` (the module docstring says each item's cause); ``model_type``: the config.json's."""
     found = []
     if phase == "loss" and knobs.strategy in RESHARDING and knobs.pp == 1:
         gather, _ = comm_bytes(knobs.precision, knobs.strategy)
@@ -77,14 +86,10 @@ def hf_differences(model: ModelSpec, params: ParamCount, knobs: PlanKnobs, phase
         ))
     seq_len = knobs.seq_len or model.seq_len
     stored = model.num_layers - checkpointed_blocks(knobs.activation_checkpointing, model.num_layers)
-    masked = min(stored, model.windowed_layers)
-    if knobs.flash_attention and masked and attention_masked(model, seq_len):
-        mask = seq_len * seq_len * knobs.micro_batch_size * weight_bytes(knobs.precision)
-        found.append(HfDifference(
-            "activations", masked * mask,
-            f"transformers builds a sliding-window mask ({model.sliding_window} tokens do not cover {seq_len}) and "
-            f"SDPA keeps a 16-bit copy of it in each of the {masked} windowed layers that store their activations",
-        ))
+    if knobs.flash_attention and stored:
+        sdpa = _sdpa_difference(model, knobs, seq_len, stored, model_type in FUSED_QKV)
+        if sdpa.bytes:  # Mistral at its window's length: the mask's copy and q's cancel
+            found.append(sdpa)
     if stored and not knobs.flash_attention:
         scores = model.num_heads * seq_len * seq_len * knobs.micro_batch_size // knobs.tp
         found.append(HfDifference(
@@ -93,3 +98,21 @@ def hf_differences(model: ModelSpec, params: ParamCount, knobs: PlanKnobs, phase
             f"16-bit cast, in each of the {stored} layers that store their activations",
         ))
     return found
+
+
+def _sdpa_difference(model: ModelSpec, knobs: PlanKnobs, seq_len: int, stored: int, fused_qkv: bool) -> HfDifference:
+    """What transformers' SDPA attention stores beside the bundled model's, over ``stored`` layers."""
+    a = weight_bytes(knobs.precision)
+    tokens = seq_len * knobs.micro_batch_size
+    q, kv = model.q_width, model.kv_width
+    rotated = q if model.position_embedding == "rope" else 0
+    masked = min(stored, model.windowed_layers) if attention_masked(model, seq_len) else 0
+    per_layer = -rotated * a * tokens + (q + 2 * kv) * a * tokens * fused_qkv
+    total = stored * per_layer - (stored - masked) * 2 * (q - kv) * a * tokens + masked * seq_len * tokens * a
+    why = ["no rotated copy of q" if rotated else "",
+           "K and V at their own width" if masked < stored and kv < q else "",
+           f"a 16-bit copy of the sliding-window mask ({model.sliding_window} tokens do not cover {seq_len})"
+           if masked else "", "the fused qkv_proj's whole output kept" if fused_qkv else ""]
+    said = "; ".join(w for w in why if w)
+    return HfDifference("activations", total // knobs.tp,
+                        f"transformers' SDPA attention: {said} ({stored} layers store their activations)")
