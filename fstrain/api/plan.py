@@ -106,6 +106,7 @@ class Planned:
     cluster: PlanCluster
     assumptions: Assumptions
     batch_note: str  # where the global batch came from
+    hf_config: str = ""  # the model's Hugging Face config.json text, when it came from one
 
     def plan_file(self) -> PlanFile:
         """The best plan as ``plan.yaml`` content for render and launch."""
@@ -138,7 +139,7 @@ def plan(request: PlanRequest, *, probed: Sequence[NodeGpus] | None = None,
     if request.mfu is not None:
         assumptions = with_overrides(assumptions, [f"mfu={request.mfu}"], "--mfu")
     result = search(plan_model, training, cluster, pins, assumptions)
-    return Planned(result, plan_model, training, cluster, assumptions, batch_note)
+    return Planned(result, plan_model, training, cluster, assumptions, batch_note, recipe.hf_config if recipe else "")
 
 
 def resolve_model(request: ModelRequest) -> tuple[PlanModel, Recipe | None]:

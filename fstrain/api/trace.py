@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fstrain.api.plan import Planned
+    from fstrain.core.plan.hfdiff import HfDifference
     from fstrain.core.plan.planner import Plan, PlanResult
     from fstrain.core.plan.schema import PlanKnobs
 
@@ -101,13 +102,14 @@ def trace(planned: Planned, progress: Callable[[str], None] = lambda text: None)
     knobs = stand_in_knobs(chosen.knobs)
     from fstrain.train.trace import check_traceable
 
-    check_traceable(PlanFile(model=plan_model.spec, knobs=knobs, cluster=planned.cluster.summary()))  # before torch
+    hf = planned.hf_config
+    check_traceable(PlanFile(model=plan_model.spec, knobs=knobs, cluster=planned.cluster.summary()), hf=bool(hf))
     traced_as = chosen if knobs == chosen.knobs else evaluated(knobs, planned)
     plan = PlanFile(model=plan_model.spec, knobs=traced_as.knobs, cluster=planned.cluster.summary())
     progress("importing torch")
-    from fstrain.train.trace import trace_plan
+    from fstrain.train.trace import trace_plan, traced_model
 
-    traced = trace_plan(plan, render_fsdp(plan).config, progress=progress)
+    traced = trace_plan(plan, render_fsdp(plan).config, progress=progress, hf_config=hf)  # checks transformers first
     analytic = analytic_categories(traced_as)
     analytic_total = sum(analytic.values())
     notes = []
@@ -117,17 +119,35 @@ def trace(planned: Planned, progress: Callable[[str], None] = lambda text: None)
         # end of forward, but FSDPMemTracker's snapshots do not count them.
         notes.append(f"the analytic activations include autocast's cached weight casts ({cached / GIB:.2f} GiB), "
                      "which torch's FSDPMemTracker does not count")
+    differences = _hf_differences(planned, traced_as) if hf else []
+    for item in differences:
+        notes.append(f"{item.category}: transformers' model holds {item.bytes / GIB:+.2f} GiB beside the analytic "
+                     f"count: {item.why}")
     return {
         "notes": notes,
         "plan": chosen.describe(),
+        "model": traced_model(plan, hf),
         "traced_plan": traced_as.describe(),
         "stand_in": stand_in_note(chosen, traced_as) if traced_as is not chosen else None,
         "analytic": {**analytic, "total": analytic_total},
         "traced": traced.to_dict(),
+        "hf_differences": [{"category": d.category, "bytes": d.bytes, "why": d.why} for d in differences],
         "error_pct": {
             key: _error(analytic[key], traced.categories[key]) for key in ROWS
         } | {"total": _error(analytic_total, traced.total)},
     }
+
+
+def _hf_differences(planned: Planned, traced_as: Plan) -> list[HfDifference]:
+    """What transformers' model holds beside the planner's count (:mod:`fstrain.core.plan.hfdiff`)."""
+    import json
+
+    from fstrain.core.plan.hfdiff import hf_differences
+
+    model, params = planned.model.spec, planned.model.params
+    assert model is not None and params is not None  # the trace refuses a model without an architecture
+    model_type = str(json.loads(planned.hf_config).get("model_type", ""))
+    return hf_differences(model, params, traced_as.knobs, traced_as.memory.phase, model_type)
 
 
 def _error(analytic: int, traced: int) -> float | None:

@@ -46,6 +46,7 @@ def print_trace(doc: dict[str, Any]) -> None:
                       "-" if error is None else f"{error:+.1f} %")
     out = console()
     out.print(f"trace of: {doc['plan']}", markup=False)
+    out.print(f"model traced: {doc['model']}", markup=False)
     if doc["stand_in"]:
         out.print(doc["stand_in"], markup=False)
     out.print(table)

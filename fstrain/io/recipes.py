@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -136,7 +137,8 @@ def load_recipe_file(path: str, name: str = "") -> Recipe:
         if is_hf_config(data):
             # config.json says nothing of its model's name: its folder does (models/Llama-3.1-8B/config.json)
             name = name or plan_name_from(file.parent.name if file.name == "config.json" and file.parent.name else stem)
-            return parse_recipe(recipe_from_hf_config(data, path, name or "model"), path, name)
+            recipe = parse_recipe(recipe_from_hf_config(data, path, name or "model"), path, name)
+            return replace(recipe, hf_config=text)
         return parse_recipe(data, path, stem)
     return _parse_text(text, path, stem)
 

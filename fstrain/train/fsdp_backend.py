@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,33 @@ def build_sharded_model(
     (all-gathered alone), then the root (embeddings, final norm, head). ``fully_shard`` moves
     parameters and buffers to the mesh's device (sharded ones back to the host under offload).
     The memory trace (:mod:`fstrain.train.trace`) builds the same model through this function."""
+    with model_dtype(cfg):
+        model = GPT(spec, ac, loss_chunks=loss_chunks, fused_rmsnorm=fused_rmsnorm, compile_blocks=compile_blocks)
+    wrap_classes = set(cfg.get("wrap", {}).get("module_classes", ["TransformerBlock"]))
+    for module in list(model.modules()):
+        if type(module).__name__ in wrap_classes:
+            shard_unit(module, cfg, mesh, pin_memory)
+    return model, shard_unit(model, cfg, mesh, pin_memory)
+
+
+@contextlib.contextmanager
+def model_dtype(cfg: Mapping[str, Any]) -> Iterator[None]:
+    """Build in the FSDP file's model dtype: pure bf16 builds the model in bf16 as torchtune does
+    (its recipes instantiate the model under training.set_default_dtype); AdamW's states then
+    follow the parameters' dtype."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(_DTYPES[str(cfg.get("model_dtype", "float32"))])
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def shard_unit(
+    module: torch.nn.Module, cfg: Mapping[str, Any], mesh: DeviceMesh, pin_memory: bool = False
+) -> FSDPModule:
+    """``module`` made one ``fully_shard`` unit with the FSDP file's mixed precision, offload and
+    resharding (the bundled model's blocks and root, and a Hugging Face model's decoder layers)."""
     mp = cfg["mixed_precision"]
     mp_policy = MixedPrecisionPolicy(param_dtype=_DTYPES[mp["param_dtype"]], reduce_dtype=_DTYPES[mp["reduce_dtype"]])
     offload = cfg.get("cpu_offload", {})
@@ -159,8 +186,6 @@ def build_sharded_model(
         if offload.get("enabled", False)
         else OffloadPolicy()
     )
-    wrap_classes = set(cfg.get("wrap", {}).get("module_classes", ["TransformerBlock"]))
-    reshard = bool(cfg["reshard_after_forward"])
     shard_size = mesh.size(mesh.ndim - 1)  # the shard dimension is the last (hybrid: [replicate, shard])
 
     def placement(param: torch.nn.Parameter) -> Shard | None:
@@ -171,28 +196,14 @@ def build_sharded_model(
             return Shard(1)
         return None  # FSDP2's default, Shard(0)
 
-    def shard(module: torch.nn.Module) -> FSDPModule:
-        return fully_shard(
-            module,
-            mesh=mesh,
-            reshard_after_forward=reshard,
-            shard_placement_fn=placement,
-            mp_policy=mp_policy,
-            offload_policy=offload_policy,
-        )
-
-    # Pure bf16 builds the model in bf16 as torchtune does (its recipes instantiate the model under
-    # training.set_default_dtype); AdamW's states then follow the parameters' dtype.
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(_DTYPES[str(cfg.get("model_dtype", "float32"))])
-    try:
-        model = GPT(spec, ac, loss_chunks=loss_chunks, fused_rmsnorm=fused_rmsnorm, compile_blocks=compile_blocks)
-    finally:
-        torch.set_default_dtype(previous)
-    for module in list(model.modules()):
-        if type(module).__name__ in wrap_classes:
-            shard(module)
-    return model, shard(model)
+    return fully_shard(
+        module,
+        mesh=mesh,
+        reshard_after_forward=bool(cfg["reshard_after_forward"]),
+        shard_placement_fn=placement,
+        mp_policy=mp_policy,
+        offload_policy=offload_policy,
+    )
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Mapping[str, Any], lr: float) -> torch.optim.Optimizer:

@@ -1,7 +1,9 @@
 """A plan's per-GPU memory, traced by PyTorch itself on fake tensors: nothing is allocated.
 
 The bundled trainer's model (:class:`fstrain.train.model.GPT`, the recipe's exact layout, the
-plan's activation checkpointing policy through the same code the trainer runs) is built under
+plan's activation checkpointing policy through the same code the trainer runs), or for a model
+that came from a Hugging Face config.json transformers' own class (:mod:`fstrain.train.hf_model`,
+its own loss), is built under
 ``FakeTensorMode`` on a fake process group of the plan's data-parallel size, sharded with the
 rendered FSDP file's layout (:func:`fstrain.train.fsdp_backend.build_sharded_model`), and run,
 after one untracked warm-up step, for two optimizer steps of up to two micro-batches each (each
@@ -27,7 +29,9 @@ trace runs attention without dropout, as the GPU kernel stores nothing for it.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, overload
@@ -82,12 +86,22 @@ class TracedMemory:
         }
 
 
-def check_traceable(plan: PlanFile) -> None:
-    """Refuse what the bundled trainer (and so the trace) does not run, before importing torch."""
-    from fstrain.core.job.plan import check_supported, check_trace_eager, check_trace_framework, check_trainer_runs
+def check_traceable(plan: PlanFile, hf: bool = False) -> None:
+    """Refuse what the bundled trainer (and so the trace) does not run, before importing torch;
+    ``hf``: the trace builds the Hugging Face model, not the bundled one."""
+    from fstrain.core.job.plan import (
+        check_supported,
+        check_trace_eager,
+        check_trace_framework,
+        check_trace_hf,
+        check_trainer_runs,
+    )
 
-    check_supported(plan.model)
-    check_trainer_runs(plan, "--trace")  # the trace runs the bundled trainer's model, loss and optimizer
+    if hf:
+        check_trace_hf(plan, "--trace")  # what transformers' model runs and the plan counts
+    else:
+        check_supported(plan.model)
+    check_trainer_runs(plan, "--trace")  # the trace runs the bundled trainer's loop, loss and optimizer
     check_trace_eager(plan, "--trace")  # under fake tensors, eagerly: no compiled blocks
     check_trace_framework(plan, "--trace")  # the bundled trainer's memory, not another framework's
     k = plan.knobs
@@ -103,6 +117,19 @@ def check_traceable(plan: PlanFile) -> None:
             "pin --strategy fsdp-full, fsdp-grad-op, fsdp-hybrid or zero3 (traced as fsdp-full) to trace",
             "--trace",
         )
+
+
+def traced_model(plan: PlanFile, hf_config: str = "") -> str:
+    """What the trace builds for ``plan``: the Hugging Face class (with its attention
+    implementation and transformers' version), or the bundled trainer's model."""
+    if not hf_config:
+        return "fstrain.train.model.GPT (the bundled trainer's model)"
+    import transformers
+
+    from fstrain.train.hf_model import attention_implementation, model_class
+
+    attention = attention_implementation(plan.knobs.flash_attention)
+    return f"transformers {transformers.__version__} {model_class(hf_config)} (attn_implementation={attention!r})"
 
 
 class LazyChunks(Sequence[Any]):
@@ -164,16 +191,24 @@ def _chunks_on_demand() -> Iterator[None]:
 
 
 def trace_plan(plan: PlanFile, fsdp: Mapping[str, Any], full_depth_limit: int = FULL_DEPTH_LIMIT,
-               progress: Callable[[str], None] | None = None) -> TracedMemory:
+               progress: Callable[[str], None] | None = None, hf_config: str = "") -> TracedMemory:
     """Trace ``plan`` (checked by :func:`check_traceable`) with its rendered FSDP file ``fsdp``;
     models deeper than ``full_depth_limit`` periods of the AC policy are extrapolated.
-    ``progress`` hears each depth as its trace begins."""
-    check_traceable(plan)
+    ``progress`` hears each depth as its trace begins. ``hf_config`` (a config.json's text):
+    trace the Hugging Face model it describes (:mod:`fstrain.train.hf_model`), not the bundled one;
+    a period is then also the layers after which its layer types repeat."""
+    check_traceable(plan, hf=bool(hf_config))
     started = time.monotonic()
     period = max(1, every_k(plan.knobs.activation_checkpointing))
+    if hf_config:
+        from fstrain.train.hf_model import check_attention, layer_period, require_transformers
+
+        require_transformers()
+        check_attention(hf_config, plan.knobs.flash_attention)
+        period = math.lcm(period, layer_period(hf_config))
     layers = plan.model.num_layers
     units, rest = divmod(layers, period)
-    tracer = _Tracer(plan, fsdp)
+    tracer = _Tracer(plan, fsdp, hf_config)
 
     def run(depth: int) -> dict[str, dict[str, int]]:
         if progress is not None:
@@ -231,13 +266,14 @@ def _peak(
 class _Tracer:
     """One fake process group and mesh for the plan; each call traces one depth."""
 
-    def __init__(self, plan: PlanFile, fsdp: Mapping[str, Any]) -> None:
+    def __init__(self, plan: PlanFile, fsdp: Mapping[str, Any], hf_config: str = "") -> None:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         self.plan = plan
         self.fsdp = fsdp
+        self.hf_config = hf_config
         shape = tuple(int(n) for n in fsdp["mesh"]["shape"])
         world = 1
         for n in shape:
@@ -253,33 +289,27 @@ class _Tracer:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModState
 
-        from fstrain.train.fsdp_backend import autocast_context, build_optimizer, build_sharded_model
-        from fstrain.train.steps import lm_loss
+        from fstrain.train.fsdp_backend import autocast_context, build_optimizer
 
         knobs = self.plan.knobs
-        spec = replace(self.plan.model, num_layers=num_layers)
         micro_batches = min(2, knobs.grad_accum_steps)
         # Offload moves states to the host: on a CPU trace there is no device to keep apart.
         cfg = {**self.fsdp, "cpu_offload": {"enabled": False}}
         moments: dict[str, dict[str, int]] = {}
-        with FakeTensorMode(), _chunks_on_demand():
-            model, _ = build_sharded_model(
-                spec, cfg, self.mesh, knobs.activation_checkpointing, False, loss_chunks(knobs.loss),
-                knobs.fused_rmsnorm,
-            )
-            if knobs.flash_attention:
-                _flash_attention_dropout(model)
+        with FakeTensorMode(), _chunks_on_demand(), self._batches():
+            model, lm_loss = self._model(num_layers, cfg)
             optimizer_cfg = {**cfg.get("optimizer", {}), "foreach": False}
             optimizer = build_optimizer(model, optimizer_cfg, 1e-4)
+            spec = self.plan.model
             tokens = torch.randint(0, spec.vocab_size, (knobs.micro_batch_size, knobs.seq_len or spec.seq_len))
             _warm_up(model, optimizer, tokens, cfg, lm_loss, autocast_context)
             tracker = FSDPMemTracker(model, optimizer)
             tracker.track_inputs((tokens,))
-            with tracker:
+            with tracker, _same_named_modules():
                 for step in range(2):
                     for _ in range(micro_batches):
                         with autocast_context(cfg, "cpu"):
-                            loss = lm_loss(model(tokens), tokens) / micro_batches
+                            loss = lm_loss(model, tokens) / micro_batches
                         loss.backward()
                         if step == 1:  # the second step has optimizer state from the start
                             stats = tracker.memory_tracking[model]
@@ -298,6 +328,48 @@ class _Tracer:
             moments["loss or elsewhere"] = {key: 0 for key in overall}
         return moments
 
+    def _batches(self) -> contextlib.AbstractContextManager[None]:
+        """What the traced batch is: for a Hugging Face model, unpacked sequences, as transformers
+        finds them in a real run (:func:`fstrain.train.hf_model.unpacked_batches`)."""
+        if not self.hf_config:
+            return contextlib.nullcontext()
+        from fstrain.train.hf_model import unpacked_batches
+
+        return unpacked_batches()
+
+    def _model(self, num_layers: int, cfg: Mapping[str, Any]) -> tuple[Any, Callable[[Any, Any], Any]]:
+        """The model at ``num_layers`` blocks, sharded, and its loss on a batch of tokens: the
+        bundled trainer's, or the Hugging Face model's own (:mod:`fstrain.train.hf_model`)."""
+        knobs = self.plan.knobs
+        if self.hf_config:
+            from fstrain.train.hf_model import build_sharded_hf_model, hf_loss
+
+            model = build_sharded_hf_model(self.hf_config, num_layers, cfg, self.mesh, knobs.activation_checkpointing,
+                                           knobs.flash_attention)
+            return model, hf_loss
+        from fstrain.train.fsdp_backend import build_sharded_model
+        from fstrain.train.steps import lm_loss
+
+        spec = replace(self.plan.model, num_layers=num_layers)
+        model, _ = build_sharded_model(
+            spec, cfg, self.mesh, knobs.activation_checkpointing, False, loss_chunks(knobs.loss), knobs.fused_rmsnorm,
+        )
+        if knobs.flash_attention:
+            _flash_attention_dropout(model)
+        return model, lambda module, tokens: lm_loss(module(tokens), tokens)
+
+
+@contextlib.contextmanager
+def _same_named_modules() -> Iterator[None]:
+    """Silence the tracker's one false alarm. transformers wraps the functions a hub kernel may
+    replace (``apply_rotary_pos_emb``: ``kernels``' ``_create_func_module``) in modules that
+    are not in the model's tree, so the tracker names them all by their class, ``Func``, and
+    takes one entered inside another for a broken hierarchy. Sizes are filed by tensor, not by
+    module, so the trace is unaffected."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
+        yield
+
 
 def _warm_up(model: Any, optimizer: Any, tokens: Any, cfg: Mapping[str, Any], loss_fn: Any, autocast: Any) -> None:
     """One step before the tracker starts. DTensor's sharding propagation builds a full-size fake
@@ -307,7 +379,7 @@ def _warm_up(model: Any, optimizer: Any, tokens: Any, cfg: Mapping[str, Any], lo
     size, but only in a process that had not traced those shapes before. After this step every
     op of the traced steps hits the cache, and the optimizer state exists from the start."""
     with autocast(cfg, "cpu"):
-        loss = loss_fn(model(tokens), tokens)
+        loss = loss_fn(model, tokens)
     loss.backward()
     del loss
     optimizer.step()

@@ -120,6 +120,36 @@ def check_trace_eager(plan: PlanFile, where: str) -> None:
         )
 
 
+# Activation checkpointing a Hugging Face model's trace runs: transformers checkpoints whole
+# decoder layers (activation_checkpointing_enable), nothing inside one.
+HF_TRACE_AC = ("none", "full", "every-k:N")
+
+
+def check_trace_hf(plan: PlanFile, where: str) -> None:
+    """The trace of a Hugging Face model runs transformers' own layers and loss: whole-layer
+    checkpointing only, its own RMSNorm (unfused) and its own loss (the logits upcast whole)."""
+    k = plan.knobs
+    ac = k.activation_checkpointing
+    if ac not in ("none", "full") and not ac.startswith("every-k:"):
+        raise ConfigError(
+            f"--ac {ac} checkpoints part of a layer, but transformers checkpoints whole decoder layers",
+            f"pin --ac {', --ac '.join(HF_TRACE_AC)} to trace the Hugging Face model",
+            where,
+        )
+    if k.loss != "full":
+        raise ConfigError(
+            f"the plan is for --loss {k.loss}, but the Hugging Face model's own loss upcasts the whole logits",
+            "re-plan with --loss full (the default) to trace the Hugging Face model",
+            where,
+        )
+    if k.fused_rmsnorm:
+        raise ConfigError(
+            "the plan is for --fused-rmsnorm, but the Hugging Face model runs its own (unfused) RMSNorm",
+            "re-plan without --fused-rmsnorm to trace the Hugging Face model",
+            where,
+        )
+
+
 def check_trace_framework(plan: PlanFile, where: str) -> None:
     """The memory trace runs the bundled trainer's model: a plan made for another framework
     (``--framework``) counts what that framework's training code keeps (FSDP1's unsharded

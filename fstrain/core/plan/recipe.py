@@ -153,6 +153,7 @@ class Recipe:
     source: str = ""
     where: str = ""
     hf_ids: tuple[str, ...] = ()  # Hugging Face model ids of this architecture (--model accepts them)
+    hf_config: str = ""  # the config.json text the recipe was read from ("" for a recipe YAML)
 
 
 def parse_recipe(data: Any, where: str, default_name: str = "") -> Recipe:
