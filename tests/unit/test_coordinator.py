@@ -137,3 +137,18 @@ def test_a_member_that_hangs_up_leaves_no_socket_open(tmp_path: Path) -> None:
     finally:
         assert running.listener is not None
         running.listener.close()
+
+
+def test_node0_reads_at_most_512_heartbeats_a_second_and_four_fit_in_the_timeout() -> None:
+    from fstrain.io.remote.coordinator import heartbeat_interval_s
+
+    assert heartbeat_interval_s(64, 30.0) == 1.0  # a small run beats every second
+    assert heartbeat_interval_s(1024, 30.0) == 2.0  # 1,024 nodes / 2 s = 512 a second
+    assert heartbeat_interval_s(4096, 30.0) == 7.5  # capped: four beats within the 30 s timeout
+    assert heartbeat_interval_s(4096, 4.0) == 1.0  # a short timeout: once a second, never faster
+
+
+def test_the_coordinators_own_job_is_never_stopped_for_a_late_tick(tmp_path: Path) -> None:
+    running = make_coordinator(tmp_path, nnodes=2, names=["node1", "node2"], heartbeat_timeout_s=5)
+    assert running.node.watchdog.heartbeat_timeout_s == float("inf")  # its decisions end node 0's job
+    assert running.run.limits.heartbeat_timeout_s == 5.0  # the members' rule is the run's

@@ -16,7 +16,8 @@ it before the start). Each member connects; TCP, one JSON object per line; the f
 every connection carries the run's secret (compared in constant time; a wrong one closes the
 connection): ``{"hello": node_rank}`` from a member, ``{"control": "stop", "how": "term" |
 "kill"}`` from `fstrain stop` (sent from node 0 itself). Then, both ways, a heartbeat every
-second; a member reports ``{"exit": code, "failure": {...}}`` when its job ends.
+``heartbeat_interval_s`` (1 s up to 512 nodes, then growing so that node 0 reads at most 512 a
+second); a member reports ``{"exit": code, "failure": {...}}`` when its job ends.
 
 The rules are the attached launcher's: the first node whose job fails (or which is lost: its
 connection closes, or no heartbeat for ``heartbeat_timeout_s``, or it never joins) stops every
@@ -47,7 +48,11 @@ from typing import Any, NoReturn
 
 EVENT_PREFIX = "fstrain-watchdog-event: "  # the watchdog's reports (as in watchdog.py), not job output
 STACKS_WAIT_S = 30.0  # for every live node's stacks report, after a stall
-HEARTBEAT_S = 1.0
+HEARTBEAT_S = 1.0  # the heartbeat's interval, both ways, up to HEARTBEATS_PER_S nodes
+# Node 0 reads every member's heartbeats: at most this many a second whatever the run's size
+# (docs/scale.md: about 60 us of node 0's CPU each), so the interval grows past HEARTBEAT_S
+# with the nodes, up to a quarter of the heartbeat timeout (four beats missed before a loss).
+HEARTBEATS_PER_S = 512
 STATE_EVERY_S = 2.0
 JOIN_TIMEOUT_S = 120.0  # a member that has not connected by then is lost
 TAIL_LINES = 10
@@ -59,6 +64,11 @@ NODE_FORMAT = 1  # node<I>.json
 RUN_FORMAT = 1  # run.json, and the record in ``end``
 COORDINATOR_FORMAT = 1  # coordinator.json
 EVENTS_FORMAT = 1  # each line of events.jsonl
+
+
+def heartbeat_interval_s(nnodes: int, heartbeat_timeout_s: float) -> float:
+    """Seconds between two heartbeats of one member (and of the coordinator to each member)."""
+    return max(HEARTBEAT_S, min(nnodes / HEARTBEATS_PER_S, heartbeat_timeout_s / 4))
 
 
 def write_json(path: str, document: dict[str, Any]) -> None:
@@ -87,7 +97,10 @@ class Link:
         self.lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> bool:
-        data = (json.dumps({"format": MESSAGE_FORMAT, **message}) + "\n").encode()
+        return self.send_bytes((json.dumps({"format": MESSAGE_FORMAT, **message}) + "\n").encode())
+
+    def send_bytes(self, data: bytes) -> bool:
+        """A message encoded once for every link (the coordinator's heartbeat)."""
         with self.lock:
             try:
                 self.sock.sendall(data)
@@ -232,6 +245,8 @@ class Node:
         self.state_path = os.path.join(self.run_dir, f"node{self.node_rank}.json")
 
         class Detached(watchdog_class):
+            heartbeat_source = "the coordinator"
+
             def control_loop(self) -> None:
                 return  # control comes over the network, not stdin
 
@@ -336,6 +351,10 @@ class Coordinator:
             heartbeat_timeout_s=float(header.get("heartbeat_timeout_s", 30)), join_timeout_s=JOIN_TIMEOUT_S,
             grace_s=float(header.get("grace_s", 15)), stacks_wait_s=STACKS_WAIT_S)
         self.run = self.rules.Supervisor(names, limits, time.monotonic(), joined=False)
+        self.interval_s = heartbeat_interval_s(self.nnodes, limits.heartbeat_timeout_s)
+        # Node 0's own job is ended by this coordinator's decisions only: a tick running late
+        # (node 0 loaded) is fstrain's slowness, never a reason to stop a healthy job.
+        node.watchdog.heartbeat_timeout_s = float("inf")
         self.lock = threading.RLock()
         self.links: dict[int, Link] = {}
         self.ended_at: dict[int, float] = {}  # node -> the time of day it ended, for the record
@@ -519,18 +538,22 @@ class Coordinator:
             self.lost(rank, "its watchdog's connection closed")
 
     def tick(self) -> None:
-        """Heartbeats out, this node's own output and liveness in, and time passing."""
+        """Heartbeats out (every ``interval_s``), this node's own output and liveness in, and
+        time passing (every HEARTBEAT_S)."""
+        beat_at = 0.0
         while not self.all_ended():
             now = time.monotonic()
-            self.node.watchdog.last_heartbeat = now  # the coordinator is its own launcher
             with self.lock:
                 links = dict(self.links)
                 self.run.heard(0, now)
                 output = self.node.output
                 if output is not None and output.last_output_mono is not None:
                     self.run.output(output.last_output_mono)
-            for link in links.values():
-                link.send({"hb": time.time()})
+            if now >= beat_at:
+                beat_at = now + self.interval_s
+                beat = (json.dumps({"format": MESSAGE_FORMAT, "hb": time.time()}) + "\n").encode()
+                for link in links.values():
+                    link.send_bytes(beat)
             self.step_event()
             with self.lock:
                 first = self.run.first_failure
@@ -667,12 +690,13 @@ def run_member(node: Node, ready_w: int) -> None:
         link = _member_link(node, str(address), int(port), str(detach["secret"]))
     except OSError as exc:
         _fail_start(ready_w, f"cannot reach the coordinator {address}:{port}: {exc}")
+    node.watchdog.last_heartbeat = time.monotonic()  # the timeout counts from the join, not the process's start
+    interval_s = heartbeat_interval_s(int(detach["nnodes"]), node.watchdog.heartbeat_timeout_s)
     ended = threading.Event()
 
     def listen() -> None:
         for message in link.messages():
-            if "hb" in message:
-                node.watchdog.last_heartbeat = time.monotonic()
+            node.watchdog.last_heartbeat = time.monotonic()  # any word from the coordinator: it lives
             if "stop" in message:
                 if message.get("grace_s") is not None:
                     node.watchdog.grace_s = float(message["grace_s"])
@@ -691,7 +715,7 @@ def run_member(node: Node, ready_w: int) -> None:
         while not ended.is_set():
             last = node.output.last_output_mono if node.output else None
             link.send({"hb": time.time(), "output_age_s": None if last is None else time.monotonic() - last})
-            time.sleep(HEARTBEAT_S)
+            time.sleep(interval_s)
 
     if node.output is not None:
         node.output.on_event = lambda payload: link.send({"event": payload})
