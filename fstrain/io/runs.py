@@ -32,6 +32,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from fstrain.core.job.spec import NodeLaunch
     from fstrain.io.launch import Rendezvous, RunOptions, RunSetup
 from fstrain.io.documents import fetch_json, write_json_atomic, write_json_or_warn
+from fstrain.io.fanout import DEFAULT_FANOUT
 from fstrain.io.localproc import process_alive
 from fstrain.io.transport.base import Transport
 
@@ -78,9 +80,10 @@ def index_dir() -> Path:
 def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transport], python: str,
                    options: RunOptions, rendezvous: Rendezvous,
                    coordinator_started: Callable[[list[dict[str, Any]]], None] = lambda answers: None,
-                   banner: str = "", events: bool = False) -> list[dict[str, Any]]:
-    """Start node 0's watchdog as the coordinator, then every other node's as a member; return
-    each node's answer (pids, the coordinator's port) once all of them started.
+                   banner: str = "", events: bool = False, fanout: int = DEFAULT_FANOUT) -> list[dict[str, Any]]:
+    """Start node 0's watchdog as the coordinator, then every other node's as a member, at most
+    ``fanout`` at a time; return each node's answer (pids, the coordinator's port) once all of
+    them started.
     ``coordinator_started`` gets the answers as soon as node 0's is in (the others' empty);
     ``banner``, the attempt's first line in every node's output (a recovering run); ``events``:
     the coordinator writes the run's events (RUN_DIR/events.jsonl on node 0: a run without a
@@ -99,7 +102,7 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
         document = watchdog_header(launch, options)
         document["modules"] = {**document.get("modules", {}), **modules}
         document["detach"] = {"secret": secret, "nnodes": len(launches), "redact": secret_values(launch.env),
-                              "names": [other.host.name for other in launches], **detach}
+                              **detach}
         if banner:
             document["detach"]["banner"] = banner
         return (json.dumps(document) + "\n").encode()
@@ -109,6 +112,8 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     report(Event("start", 0, total, "node 0 (the coordinator)"))
     first = _start_one(launches[0], connect, python,
                        header(launches[0], {"role": "coordinator", "bind": rendezvous.master_addr,
+                                            # the hosts' names: node 0's alone (in every header, N^2 bytes)
+                                            "names": [other.host.name for other in launches],
                                             **({"events": __version__} if events else {})}))
     answers: list[dict[str, Any]] = [first] + [{}] * (len(launches) - 1)
     coordinator_started(list(answers))
@@ -125,11 +130,9 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
             started.append(launches[index].host.label())
             report(Event("start", len(started), total, started[-1]))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(1, len(launches))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(max_workers=max(1, min(fanout, len(launches) - 1)),
+                            thread_name_prefix="fstrain-start") as pool:
+        list(pool.map(one, range(1, len(launches))))
     failed = [f"{launches[i].host.label()}: {a['error']}" for i, a in enumerate(answers) if "error" in a]
     report(Event("start", total - len(failed), total, f"{len(failed)} failed" if failed else "", ended=True,
                  failed=bool(failed)))
@@ -491,11 +494,11 @@ def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: 
 
     assert record.detached is not None
     nodes = record.detached.nodes
-    hosts = record.hosts
-    with HostPool(hosts, connect) as pool:
+    by_host = {id(node.host): node for node in nodes}  # not hosts.index(h) per host: N^2 at 4,096 hosts
+    with HostPool([node.host for node in nodes], connect) as pool:
         results = pool.run_all(
-            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", nodes[hosts.index(h)].run_dir,
-                       str(nodes[hosts.index(h)].node_rank), record.run_id],
+            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", by_host[id(h)].run_dir,
+                       str(by_host[id(h)].node_rank), record.run_id],
             stdin=as_line("runctl"), timeout_s=60)
     views: list[dict[str, Any] | None] = []
     for node, result in zip(nodes, results, strict=True):
