@@ -10,13 +10,15 @@ Numbers, not a test. Two halves, each size in a process of its own (so its peak 
   ``start`` is `launch --detach`'s start of every node (fstrain/io/runs.py start_detached, the
   headers built and sent), ``status`` a detached run's `fstrain status` (fstrain/api/runs.py
   SshRun.status: every view it reads) and ``stop`` `fstrain stop` (SshRun.stop: the request
-  and the reads until the run shows ended). Per command: wall seconds, the SSH sessions
+  and the reads until the run shows ended: the coordinator has exited by then, so each node is
+  asked itself). Per command: wall seconds, the SSH sessions
   (processes started on nodes, each a Python interpreter), connections, bytes sent to the
   nodes, this process's CPU seconds and peak RSS.
 - Node 0's side: the real coordinator (fstrain/io/remote/coordinator.py, as tests/coordinators.py
   builds it) in a process of its own on loopback, with N-1 members simulated in this one (one
   socket each, every member's heartbeat at the interval the members use at that size, spread
-  over it). Measured over ``--window-s`` once every member has joined: the coordinator's CPU
+  over it, each carrying the member's view of NPROC ranks, about 2.5 kB, as `fstrain status`
+  reads it there). Measured over ``--window-s`` once every member has joined: the coordinator's CPU
   (user + system) as a fraction of one core, its threads and RSS, the messages it received per
   second, and the longest gap between two heartbeats any member saw from it (what the members'
   heartbeat timeout is compared with).
@@ -90,6 +92,8 @@ class SimNodes:
         if command == "state":
             return 0, json.dumps(node_view(rank, self.stopped)) + "\n", ""
         if command == "views":  # node 0 asked for every node's view through the coordinator
+            if self.stopped:  # it has ended the run and exited: the nodes are asked themselves
+                return 0, json.dumps({"error": "the coordinator does not answer: the run has ended"}) + "\n", ""
             return 0, json.dumps({"format": 1, "views": [node_view(i, self.stopped) for i in range(len(self.rank))]}) \
                 + "\n", ""
         if command == "start":  # the watchdog, detached: its answer once the job started
@@ -206,6 +210,12 @@ def coordinator_phase(count: int, window_s: float) -> dict[str, Any]:
         sock.setblocking(False)
         selector.register(sock, selectors.EVENT_READ, rank)
         members.append(sock)
+        if rank % 256 == 0:  # the members in keep beating while the others join
+            for member in members:
+                member.sendall(b'{"format": 1, "hb": 0}\n')
+    # Each beat carries the member's view, as one whose ranks printed since its last beat sends it.
+    beats = [(json.dumps({"format": 1, "hb": time.time(), "output_age_s": 0.4, "view": node_view(rank, False)})
+              + "\n").encode() for rank in range(1, count)]
     sent = 0
     measuring_from: float | None = None
     stop_at = time.monotonic() + 3.0 + window_s  # the child measures the last window_s of it
@@ -223,9 +233,9 @@ def coordinator_phase(count: int, window_s: float) -> dict[str, Any]:
             child.stdin.write("go\n")
             child.stdin.flush()
         if now >= next_slot:  # this slot's members beat
-            for sock in members[cursor:cursor + per_slot]:
+            for index, sock in enumerate(members[cursor:cursor + per_slot], start=cursor):
                 try:
-                    sock.send((json.dumps({"format": 1, "hb": time.time(), "output_age_s": 0.4}) + "\n").encode())
+                    sock.send(beats[index])
                     sent += 1
                 except OSError:  # a full buffer: this beat is late, as a loaded member's would be
                     pass
@@ -253,7 +263,10 @@ def coordinator_phase(count: int, window_s: float) -> dict[str, Any]:
         sock.close()
     child.wait(30)
     return {"phase": "coordinator", "hosts": count, "interval_s": interval, "received_per_s": sent / measured_s,
-            "max_hb_gap_s": max(gaps.values(), default=float("nan")), **figures}
+            "max_hb_gap_s": max(gaps.values(), default=float("nan")),
+            "p50_hb_gap_s": sorted(gaps.values())[len(gaps) // 2] if gaps else float("nan"),
+            "unheard": sum(1 for rank in range(1, count) if last_hb.get(rank, 0.0) < (measuring_from or end)),
+            **figures}
 
 
 # -- the table ---------------------------------------------------------------------------------------
@@ -317,7 +330,8 @@ def main() -> int:
         rows = [run_child(["--one", phase, str(n), "--window-s", str(args.window_s)]) for n in sizes]
         print(f"\n## {phase}")
         if phase == "coordinator":
-            print(table(rows, ["interval_s", "received_per_s", "cpu_core", "threads", "rss_mb", "max_hb_gap_s"]))
+            print(table(rows, ["interval_s", "received_per_s", "cpu_core", "threads", "rss_mb", "p50_hb_gap_s",
+                               "max_hb_gap_s", "unheard"]))
         else:
             print(table(rows, ["wall_s", "sessions", "connections", "sent_mb", "cpu_s", "rss_mb", "in_flight_max"]))
     return 0

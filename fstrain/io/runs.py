@@ -25,6 +25,7 @@ inner launch has a run id of its own and would register itself too: the Slurm re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -59,6 +60,7 @@ from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 # `status` of an attached run only find the run's folder here, and start faster without it.
 if TYPE_CHECKING:
     from fstrain.core.job.spec import NodeLaunch
+    from fstrain.io.fanout import HostPool
     from fstrain.io.launch import Rendezvous, RunOptions, RunSetup
 from fstrain.io.documents import fetch_json, write_json_atomic, write_json_or_warn
 from fstrain.io.fanout import DEFAULT_FANOUT
@@ -93,7 +95,8 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
 
     secret = secrets.token_hex(16)
     core = Path(__file__).resolve().parent.parent / "core"  # pure, stdlib-only modules the nodes run too
-    modules = {"coordinator": source("coordinator"), "rankexit": (core / "monitor" / "rankexit.py").read_text(),
+    modules = {"coordinator": source("coordinator"), "runctl": source("runctl"),  # a node's view, for status
+               "rankexit": (core / "monitor" / "rankexit.py").read_text(),
                "analysis": (core / "monitor" / "stacks.py").read_text(),
                "supervisor": (core / "launch" / "supervisor.py").read_text(),
                "metricline": (core / "monitor" / "metricline.py").read_text()}  # each rank's numbers, for status
@@ -489,25 +492,50 @@ def _indexed_folder(runs: Sequence[RunRecord], path: Path) -> RunRecord | None:
 
 
 def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[dict[str, Any] | None]:
-    """Each node's state (fstrain/io/remote/runctl.py), None where the node cannot be asked."""
+    """Each node's state (fstrain/io/remote/runctl.py), None where the node cannot be asked.
+
+    Node 0 first, in one SSH session: while the run lives its coordinator holds every node's
+    view (each member sends its own with its heartbeats), so a live run of any size costs one
+    session. The nodes it has no view of (all of them once the coordinator has exited) are then
+    asked themselves, ``--fanout`` at a time."""
     from fstrain.io.fanout import HostPool
 
     assert record.detached is not None
     nodes = record.detached.nodes
     by_host = {id(node.host): node for node in nodes}  # not hosts.index(h) per host: N^2 at 4,096 hosts
     with HostPool([node.host for node in nodes], connect) as pool:
+        views = _coordinator_views(pool, record, python)
+        missing = [node.host for node, view in zip(nodes, views, strict=True) if view is None]
         results = pool.run_all(
             lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", by_host[id(h)].run_dir,
                        str(by_host[id(h)].node_rank), record.run_id],
-            stdin=as_line("runctl"), timeout_s=60)
-    views: list[dict[str, Any] | None] = []
-    for node, result in zip(nodes, results, strict=True):
-        try:
-            views.append(json.loads(result.stdout) if result.ok else None)
-        except ValueError:
-            views.append(None)
-        check_view(views[-1], f"{node.host.label()}:{node.run_dir}", node.node_rank)
+            stdin=as_line("runctl"), timeout_s=60, only=missing)
+    place = {id(node.host): index for index, node in enumerate(nodes)}
+    for host, result in zip(missing, results, strict=True):
+        with contextlib.suppress(ValueError):  # not a view: that node stays None
+            views[place[id(host)]] = json.loads(result.stdout) if result.ok else None
+    for node, view in zip(nodes, views, strict=True):
+        check_view(view, f"{node.host.label()}:{node.run_dir}", node.node_rank)
     return views
+
+
+def _coordinator_views(pool: HostPool, record: RunRecord, python: str) -> list[dict[str, Any] | None]:
+    """Every node's view as node 0's coordinator holds it (runctl.py ``views``); None for each
+    node it has none of, and for all when it does not answer (the run ended, an older fstrain)."""
+    assert record.detached is not None
+    nodes = record.detached.nodes
+    node0 = nodes[0]
+    result = pool.run_one(node0.host, [python, "-u", "-c", LINE_BOOTSTRAP, "views", node0.run_dir],
+                          stdin=as_line("runctl"), timeout_s=60)
+    try:
+        answer = json.loads(result.stdout) if result.ok else {}
+    except ValueError:
+        answer = {}
+    found = answer.get("views") if isinstance(answer, dict) else None
+    if not isinstance(found, list) or len(found) != len(nodes):
+        return [None] * len(nodes)
+    check_format(answer, "message", f"{node0.host.label()}:{node0.run_dir}")
+    return [view if isinstance(view, dict) else None for view in found]
 
 
 def runs_on_hosts(hosts: Sequence[Host], connect: Callable[[Host], Transport],

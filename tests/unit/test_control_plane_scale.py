@@ -10,6 +10,7 @@ from pathlib import Path
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import NodeLaunch
 from fstrain.io.launch import Rendezvous, RunOptions
+from fstrain.io.runs import RunRecord
 from fstrain.io.transport.simulated import SimulatedCluster
 
 
@@ -30,3 +31,64 @@ def test_a_detached_start_is_bounded_by_fanout_and_only_node0_gets_the_host_list
     assert cluster.counts.commands == 24 and cluster.counts.in_flight_max <= 4
     assert headers["n0"]["names"] == [f"n{i}" for i in range(24)]  # the coordinator names the hosts
     assert all("names" not in headers[f"n{i}"] for i in range(1, 24))  # N members x N names: no more
+
+
+def _record(tmp_path: Path, count: int) -> RunRecord:
+    from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord
+
+    nodes = tuple(DetachedNode(Host(f"n{i}"), i, 1, i, f"~/.fstrain/runs/r{i}", 1, 2) for i in range(count))
+    return RunRecord("r", tmp_path, DetachedRecord("r", "torchrun", 0.0, "python3", 5.0, None, "10.0.0.1", 4000,
+                                                   nodes), None, None)
+
+
+def _view(rank: int, source: str) -> dict[str, object]:
+    return {"node": {"node_rank": rank, "source": source}, "watchdog_alive": True}
+
+
+def test_a_live_runs_views_cost_one_session_on_node0_and_one_per_node_it_lacks(tmp_path: Path) -> None:
+    from fstrain.io.runs import node_views
+
+    def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
+        if argv[4] == "views":  # the coordinator has every member's view but node 5's (not sent yet)
+            views = [None if i == 5 else _view(i, "coordinator") for i in range(30)]
+            return 0, json.dumps({"format": 1, "views": views}), ""
+        assert argv[4] == "state" and host == "n5"
+        return 0, json.dumps(_view(5, "node")), ""
+
+    cluster = SimulatedCluster(node)
+    views = node_views(_record(tmp_path, 30), cluster.transport, "python3")
+    assert [(v or {}).get("node", {}).get("node_rank") for v in views] == list(range(30))
+    assert [v["node"]["source"] for v in views if v] == ["coordinator"] * 5 + ["node"] + ["coordinator"] * 24
+    assert cluster.counts.commands == 2 and cluster.counts.connections == 2  # node 0, then node 5
+
+
+def test_without_a_coordinator_every_node_is_asked_itself(tmp_path: Path) -> None:
+    from fstrain.io.runs import node_views
+
+    def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
+        if argv[4] == "views":  # the run has ended: no coordinator listens
+            return 0, json.dumps({"error": "the coordinator does not answer"}), ""
+        assert argv[4] == "state"
+        return 0, json.dumps(_view(int(argv[6]), "node")), ""
+
+    cluster = SimulatedCluster(node, failing=frozenset({"n7"}))
+    views = node_views(_record(tmp_path, 30), cluster.transport, "python3")
+    assert views[7] is None  # refused: unreachable, the others answer
+    assert [(v or {}).get("node", {}).get("node_rank") for v in views] == [None if i == 7 else i for i in range(30)]
+    assert cluster.counts.refused == 1 and cluster.counts.commands == 30  # node 0's question, then 29 nodes
+
+
+def test_a_members_live_ranks_are_read_from_its_own_processes() -> None:
+    import os
+    import subprocess
+
+    from fstrain.io.remote.runctl import ranks_alive
+
+    match = {"FSTRAIN_RUN_ID": "r-scale", "FSTRAIN_NODE_RANK": "1"}
+    rank = subprocess.Popen(["sleep", "30"], env={**os.environ, **match, "RANK": "9"})
+    try:
+        assert ranks_alive(match, [rank.pid]) == [9]
+        assert ranks_alive(match, []) == []  # its own job only: nothing else in /proc is read
+    finally:
+        rank.kill()
+        rank.wait()

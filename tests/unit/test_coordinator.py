@@ -152,3 +152,33 @@ def test_the_coordinators_own_job_is_never_stopped_for_a_late_tick(tmp_path: Pat
     running = make_coordinator(tmp_path, nnodes=2, names=["node1", "node2"], heartbeat_timeout_s=5)
     assert running.node.watchdog.heartbeat_timeout_s == float("inf")  # its decisions end node 0's job
     assert running.run.limits.heartbeat_timeout_s == 5.0  # the members' rule is the run's
+
+
+def test_every_nodes_view_is_read_from_the_coordinator_over_one_connection(tmp_path: Path) -> None:
+    from fstrain.io.remote import runctl
+
+    running = make_coordinator(tmp_path, nnodes=4, names=["node1", "node2", "node3", "node4"])
+    port = running.listen("127.0.0.1")
+    (tmp_path / "coordinator.json").write_text(json.dumps({"format": 1, "address": "127.0.0.1", "port": port,
+                                                           "secret": SECRET}))
+    members = {rank: Member(port, rank) for rank in (1, 2, 3)}
+    try:
+        view = {"node": {"node_rank": 1, "ranks": {"0": {"last_line": "step 3"}}}, "ranks_alive": [4, 5],
+                "watchdog_alive": True, "gpus": {}}
+        members[1].send({"hb": 1.0, "view": view})
+        members[2].send({"hb": 1.0, "view": {**view, "node": {"node_rank": 2}}})
+        members[2].close()  # its watchdog is gone: its link closes
+        deadline = time.monotonic() + 10
+        while (2 not in running.closed or 1 not in running.views) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        answer = runctl.ask_coordinator(str(tmp_path), {"control": "views"})  # what runctl's `views` prints
+        views: Any = answer["views"]
+        assert len(views) == 4 and views[0]["run"]["run_id"] == "r" and views[0]["node"]["node_rank"] == 0
+        assert views[1]["node"]["ranks"]["0"]["last_line"] == "step 3" and views[1]["ranks_alive"] == [4, 5]
+        assert views[1]["watchdog_alive"] is True and views[2]["watchdog_alive"] is False
+        assert views[3] is None  # nothing sent yet: the client asks node 3 itself
+    finally:
+        for rank in (1, 3):
+            members[rank].close()
+        assert running.listener is not None
+        running.listener.close()

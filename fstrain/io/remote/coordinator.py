@@ -56,6 +56,7 @@ HEARTBEATS_PER_S = 512
 STATE_EVERY_S = 2.0
 JOIN_TIMEOUT_S = 120.0  # a member that has not connected by then is lost
 TAIL_LINES = 10
+GPUS_EVERY_S = 10.0  # how old a node's GPU figures in its view may be (nvidia-smi is a process)
 # The format versions this file writes and reads (fstrain/core/formats.py KINDS, read there by
 # name: this file runs alone on the node). Every message carries MESSAGE_FORMAT; a first
 # message of a newer one (a newer fstrain's `fstrain stop`) is refused with one line.
@@ -259,6 +260,8 @@ class Node:
         self.ended: float | None = None
         self.note = ""
         self.result: dict[str, Any] = {}
+        self.gpus: dict[str, Any] = {}
+        self.gpus_at = 0.0
 
     def state(self) -> dict[str, Any]:
         child = self.watchdog.child
@@ -278,6 +281,17 @@ class Node:
     def write_state(self) -> None:
         with contextlib.suppress(OSError):
             write_json(self.state_path, self.state())
+
+    def view(self) -> dict[str, Any]:
+        """What runctl's ``state`` answers for this node (fstrain/io/remote/runctl.py), from this
+        process: its record, its job's live ranks (its own processes, not every one in /proc)
+        and the GPUs (read at most every GPUS_EVERY_S)."""
+        runctl = self.watchdog.module("runctl")
+        if time.monotonic() >= self.gpus_at:
+            self.gpus, self.gpus_at = runctl.gpus(), time.monotonic() + GPUS_EVERY_S
+        match = {"FSTRAIN_RUN_ID": str(self.header.get("run_id", "")), "FSTRAIN_NODE_RANK": str(self.node_rank)}
+        return {"node": self.state(), "run": None, "watchdog_alive": True,
+                "ranks_alive": runctl.ranks_alive(match, self.watchdog.job_processes()), "gpus": self.gpus}
 
     def keep_writing_state(self) -> None:
         while self.ended is None:
@@ -357,6 +371,8 @@ class Coordinator:
         node.watchdog.heartbeat_timeout_s = float("inf")
         self.lock = threading.RLock()
         self.links: dict[int, Link] = {}
+        self.closed: set[int] = set()  # members whose connection has closed
+        self.views: dict[int, Any] = {}  # member -> its latest view (sent with its heartbeats)
         self.ended_at: dict[int, float] = {}  # node -> the time of day it ended, for the record
         self.stacks: dict[int, Any] = {}
         self.stall: dict[str, Any] | None = None
@@ -518,6 +534,9 @@ class Coordinator:
             self.stop(how, "stopped", f"stopped by `fstrain stop` ({how})", first.get("grace_s"))
             link.send({"ok": True, "state": self.record()})
             return
+        if first.get("control") == "views":  # `fstrain status`, the keeper: every node over one connection
+            link.send({"views": self.all_views()})
+            return
         rank = first.get("hello")
         if not isinstance(rank, int) or not 0 < rank < self.nnodes:
             return
@@ -528,12 +547,15 @@ class Coordinator:
         for message in messages:
             with self.lock:
                 self.run.heard(rank, time.monotonic())
+            if isinstance(message.get("view"), dict):
+                self.views[rank] = message["view"]
             if "output_age_s" in message:
                 self.output_age(message["output_age_s"])
             if "event" in message:
                 self.event(rank, message["event"])
             if "exit" in message:
                 self.node_exit(rank, message.get("exit"), message.get("failure"))
+        self.closed.add(rank)
         if not self.run.nodes[rank].done:
             self.lost(rank, "its watchdog's connection closed")
 
@@ -563,6 +585,17 @@ class Coordinator:
                     with contextlib.suppress(OSError):
                         write_json(os.path.join(self.node.run_dir, "run.json"), self.record())
             time.sleep(HEARTBEAT_S)
+
+    def all_views(self) -> list[Any]:
+        """Every node's view as its runctl ``state`` gives it, node 0's with the run's record;
+        a member's as it last sent it (one heartbeat interval old at most), None for one that
+        has sent none yet (the client asks that node itself)."""
+        own = {**self.node.view(), "run": self.record()}
+        members = [self.views.get(rank) for rank in range(1, self.nnodes)]
+        for rank, view in enumerate(members, start=1):
+            if view is not None:  # alive while its connection is: a dead watchdog's link closes
+                members[rank - 1] = {**view, "watchdog_alive": rank in self.links and rank not in self.closed}
+        return [own, *members]
 
     # -- the record -----------------------------------------------------------------------------
 
@@ -711,10 +744,27 @@ def run_member(node: Node, ready_w: int) -> None:
             node.watchdog.request("term")
             ended.set()
 
+    sent: dict[str, Any] = {}
+
+    def changed_view() -> dict[str, Any]:
+        """This node's view for the coordinator (status reads it there), when it changed; never
+        raises: the heartbeat that carries it must go out whatever the view's trouble."""
+        try:
+            view = node.view()
+        except Exception:
+            return {}
+        same = {**view, "node": {**view["node"], "updated": None}}
+        if same == sent:
+            return {}
+        sent.clear()
+        sent.update(same)
+        return {"view": view}
+
     def beat() -> None:
         while not ended.is_set():
             last = node.output.last_output_mono if node.output else None
-            link.send({"hb": time.time(), "output_age_s": None if last is None else time.monotonic() - last})
+            link.send({"hb": time.time(), "output_age_s": None if last is None else time.monotonic() - last,
+                       **changed_view()})
             time.sleep(interval_s)
 
     if node.output is not None:
@@ -723,7 +773,7 @@ def run_member(node: Node, ready_w: int) -> None:
     threading.Thread(target=beat, daemon=True).start()
     job = node.start_job(ready_w, {})
     node.job_ended(job)
-    link.send({"exit": node.exit_code, "failure": node.failure})
+    link.send({"exit": node.exit_code, "failure": node.failure, **changed_view()})
     ended.wait(node.watchdog.heartbeat_timeout_s + float(node.header.get("grace_s", 15)) + 10)
     link.close()
 
