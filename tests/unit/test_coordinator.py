@@ -182,3 +182,15 @@ def test_every_nodes_view_is_read_from_the_coordinator_over_one_connection(tmp_p
             members[rank].close()
         assert running.listener is not None
         running.listener.close()
+
+
+def test_the_listen_backlog_holds_every_member_connecting_at_once(tmp_path: Path, monkeypatch: Any) -> None:
+    backlogs: list[int] = []
+    listen = socket.socket.listen
+    monkeypatch.setattr(socket.socket, "listen", lambda self, n: (backlogs.append(n), listen(self, n))[1])
+    for nnodes, expected in ((4, 64), (1000, 1000), (10000, 4096)):
+        running = make_coordinator(tmp_path, nnodes=nnodes)
+        running.listen("127.0.0.1")
+        assert running.listener is not None
+        running.listener.close()
+        assert backlogs[-1] == expected, nnodes

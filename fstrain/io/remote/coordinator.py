@@ -500,7 +500,7 @@ class Coordinator:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((address, 0))
-        sock.listen(64)
+        sock.listen(max(64, min(self.nnodes, 4096)))  # every member may connect at once (somaxconn caps it)
         self.listener = sock
         threading.Thread(target=self.accept, daemon=True).start()
         return int(sock.getsockname()[1])
