@@ -191,7 +191,7 @@ def member_interval_s(count: int) -> float:
     return float(interval(count, 30.0)) if interval else coordinator.HEARTBEAT_S
 
 
-def coordinator_phase(count: int, window_s: float) -> dict[str, Any]:
+def coordinator_phase(count: int, window_s: float, views: bool = True) -> dict[str, Any]:
     from tests.coordinators import SECRET
 
     child = subprocess.Popen([sys.executable, __file__, "--serve-coordinator", str(count), "--window-s",
@@ -214,8 +214,9 @@ def coordinator_phase(count: int, window_s: float) -> dict[str, Any]:
             for member in members:
                 member.sendall(b'{"format": 1, "hb": 0}\n')
     # Each beat carries the member's view, as one whose ranks printed since its last beat sends it.
-    beats = [(json.dumps({"format": 1, "hb": time.time(), "output_age_s": 0.4, "view": node_view(rank, False)})
-              + "\n").encode() for rank in range(1, count)]
+    beats = [(json.dumps({"format": 1, "hb": time.time(), "output_age_s": 0.4,
+                          **({"view": node_view(rank, False)} if views else {})}) + "\n").encode()
+             for rank in range(1, count)]
     sent = 0
     measuring_from: float | None = None
     stop_at = time.monotonic() + 3.0 + window_s  # the child measures the last window_s of it
@@ -291,7 +292,8 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     sizes = [r["hosts"] for r in rows]
     out = ["| hosts | " + " | ".join(columns) + " |", "|---:|" + "---:|" * len(columns)]
     for row in rows:
-        out.append(f"| {row['hosts']:,} | " + " | ".join(f"{row[c]:,.3g}" for c in columns) + " |")
+        out.append(f"| {row['hosts']:,} | " + " | ".join(f"{row[c]:,}" if isinstance(row[c], int) else f"{row[c]:,.3g}"
+                                                   for c in columns) + " |")
     out.append("| slope /1000 hosts | " + " | ".join(f"{slope_per_1000(sizes, [r[c] for r in rows]):,.3g}"
                                                    for c in columns) + " |")
     out.append("| growth | " + " | ".join(f"{growth(sizes, [r[c] for r in rows]):.2f}" for c in columns) + " |")
@@ -312,6 +314,8 @@ def main() -> int:
     parser.add_argument("--sizes", default="256,1024,4096")
     parser.add_argument("--window-s", type=float, default=8.0)
     parser.add_argument("--phases", default="start,status,stop,coordinator")
+    parser.add_argument("--no-views", action="store_true",
+                        help="members' heartbeats without their views (as before status read them there)")
     parser.add_argument("--one", nargs=2, metavar=("PHASE", "HOSTS"), help=argparse.SUPPRESS)
     parser.add_argument("--serve-coordinator", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -320,14 +324,17 @@ def main() -> int:
         return 0
     if args.one:
         phase, count = args.one[0], int(args.one[1])
-        result = coordinator_phase(count, args.window_s) if phase == "coordinator" else client_phase(phase, count)
+        result = coordinator_phase(count, args.window_s, not args.no_views) if phase == "coordinator" \
+            else client_phase(phase, count)
         print(json.dumps(result))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"# {machine_line()}")
-    print(f"# python benchmarks/control_plane_sim.py --sizes {args.sizes} --window-s {args.window_s:g}")
+    print(f"# python benchmarks/control_plane_sim.py --sizes {args.sizes} --window-s {args.window_s:g}"
+          + (" --no-views" if args.no_views else ""))
     for phase in args.phases.split(","):
-        rows = [run_child(["--one", phase, str(n), "--window-s", str(args.window_s)]) for n in sizes]
+        rows = [run_child(["--one", phase, str(n), "--window-s", str(args.window_s),
+                           *(["--no-views"] if args.no_views else [])]) for n in sizes]
         print(f"\n## {phase}")
         if phase == "coordinator":
             print(table(rows, ["interval_s", "received_per_s", "cpu_core", "threads", "rss_mb", "p50_hb_gap_s",
