@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,6 +88,9 @@ def test_a_members_live_ranks_are_read_from_its_own_processes() -> None:
     match = {"FSTRAIN_RUN_ID": "r-scale", "FSTRAIN_NODE_RANK": "1"}
     rank = subprocess.Popen(["sleep", "30"], env={**os.environ, **match, "RANK": "9"})
     try:
+        deadline = time.monotonic() + 10  # forked, but its environment is its own once it has exec'd
+        while ranks_alive(match, [rank.pid]) != [9] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert ranks_alive(match, [rank.pid]) == [9]
         assert ranks_alive(match, []) == []  # its own job only: nothing else in /proc is read
     finally:
