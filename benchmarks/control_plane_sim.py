@@ -9,7 +9,8 @@ Numbers, not a test. Two halves, each size in a process of its own (so its peak 
   plus up to 10 ms of jitter, 1 % of the hosts are slow by 1 s, 0.5 % refuse the connection):
   ``start`` is `launch --detach`'s start of every node (fstrain/io/runs.py start_detached, the
   headers built and sent), ``status`` a detached run's `fstrain status` (fstrain/api/runs.py
-  SshRun.status: every view it reads) and ``stop`` `fstrain stop` (SshRun.stop: the request
+  SshRun.status: every view it reads), ``logs`` `fstrain logs RUN --tail 5` (SshRun.outputs:
+  each node's output read on that node) and ``stop`` `fstrain stop` (SshRun.stop: the request
   and the reads until the run shows ended: the coordinator has exited by then, so each node is
   asked itself). Per command: wall seconds, the SSH sessions
   (processes started on nodes, each a Python interpreter), connections, bytes sent to the
@@ -96,6 +97,9 @@ class SimNodes:
                 return 0, json.dumps({"error": "the coordinator does not answer: the run has ended"}) + "\n", ""
             return 0, json.dumps({"format": 1, "views": [node_view(i, self.stopped) for i in range(len(self.rank))]}) \
                 + "\n", ""
+        if command == "lines":  # `logs --tail`: the node's last lines of node<I>.out, then runctl's answer
+            text = "".join(f"{time.time():.3f} [local{local}]:step 120 rank {local}\n" for local in range(NPROC))
+            return 0, text, json.dumps({"offset": 4096, "more": False}) + "\n"
         if command == "start":  # the watchdog, detached: its answer once the job started
             return 0, json.dumps({"pid": 1000, "job_pid": 1001, "port": 40000}) + "\n", ""
         return 1, "", f"unknown command {command}"
@@ -147,6 +151,12 @@ def client_phase(phase: str, count: int) -> dict[str, Any]:
         if phase == "status":
             document = run.status()
             assert len(document["nodes"]) == count, document["state"]
+        elif phase == "logs":
+            outputs = run.outputs([], None, None, None)
+            try:
+                assert len(list(outputs.read(tail=5))) == 5
+            finally:
+                outputs.close()
         else:
             stopped = run.stop(False, None, 60.0)
             assert stopped.state.state == "stopped", stopped.state
@@ -313,7 +323,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="256,1024,4096")
     parser.add_argument("--window-s", type=float, default=8.0)
-    parser.add_argument("--phases", default="start,status,stop,coordinator")
+    parser.add_argument("--phases", default="start,status,logs,stop,coordinator")
     parser.add_argument("--no-views", action="store_true",
                         help="members' heartbeats without their views (as before status read them there)")
     parser.add_argument("--one", nargs=2, metavar=("PHASE", "HOSTS"), help=argparse.SUPPRESS)
