@@ -68,7 +68,9 @@ def node_view(rank: int, ended: bool) -> dict[str, Any]:
             "hostname": f"node{rank}", "watchdog_pid": 1000, "job_pid": 1001, "started": now - 60,
             "ended": now if ended else None, "exit_code": 143 if ended else None, "failure": None, "note": "",
             "final": final if ended else None, "rank_offset": rank * NPROC, "nproc": NPROC, "updated": now,
-            "last_output_at": now, "ranks": ranks, "last_lines": [f"line {i}" for i in range(10)]}
+            "last_output_at": now, "ranks": ranks,
+            "last_lines": [f"[local{i % NPROC}]:step 120 line {i}" for i in range(10)],
+            "last_lines_at": [now - 1 + i / 10 for i in range(10)], "out_bytes": 65536}
     run = {"format": 1, "run_id": RUN_ID, "state": "running", "exit_code": None, "reason": "",
            "first_failure_node_rank": None, "first_failure_host": None, "first_failure": None,
            "started": now - 60, "ended": None, "nodes": {}, "stall": None}

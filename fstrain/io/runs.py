@@ -519,6 +519,17 @@ def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: 
     return views
 
 
+def coordinator_views(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> dict[int, Any]:
+    """Node rank -> its view as node 0's coordinator holds it (nothing for a node it has none
+    of, nor when it does not answer): one SSH session, to node 0."""
+    from fstrain.io.fanout import HostPool
+
+    assert record.detached is not None
+    with HostPool([record.detached.nodes[0].host], connect) as pool:
+        views = _coordinator_views(pool, record, python)
+    return {node.node_rank: view for node, view in zip(record.detached.nodes, views, strict=True) if view}
+
+
 def _coordinator_views(pool: HostPool, record: RunRecord, python: str) -> list[dict[str, Any] | None]:
     """Every node's view as node 0's coordinator holds it (runctl.py ``views``); None for each
     node it has none of, and for all when it does not answer (the run ended, an older fstrain)."""

@@ -96,3 +96,37 @@ def test_a_members_live_ranks_are_read_from_its_own_processes() -> None:
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_a_short_tail_of_a_live_run_comes_from_node0_where_the_views_hold_it() -> None:
+    from fstrain.io.logs import NodeFile, NodeOutputs
+
+    def view(rank: int, lines: list[str]) -> dict[str, object]:
+        return {"node": {"last_lines": lines, "last_lines_at": [100.0 + rank + i / 10 for i in range(len(lines))],
+                         "out_bytes": 5000 + rank}}
+
+    views = {0: view(0, ["[local0]:a0", "[local1]:b0", "[local0]:c0"]),
+             1: view(1, ["[local0]:a1", "[local0]:b1"]),  # rank 2 (its local 0) printed only two lines here
+             2: None}  # node 2 has sent no view yet
+
+    def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
+        assert argv[4] == "lines" and host in ("n1", "n2")
+        return 0, f"90.000 [local0]:old on {host}\n95.000 [local0]:from {host}\n", json.dumps({"offset": 77})
+
+    cluster = SimulatedCluster(node)
+    files = [NodeFile(Host(f"n{i}"), "~/r", i, 2 * i) for i in range(3)]
+    outputs = NodeOutputs(files, cluster.transport, "python3", views=lambda: views)
+    try:
+        assert list(outputs.read(tail=2)) == ["[n1 r2] a1\n", "[n1 r2] b1\n"]  # the last two of all, by time
+        assert cluster.counts.commands == 1  # node 2 alone, asked itself
+        assert outputs.offsets == [5000, 5001, 77]  # a follow goes on after the lines shown
+    finally:
+        outputs.close()
+    ranked = NodeOutputs(files[1:2], cluster.transport, "python3", rank=2, views=lambda: views)
+    try:
+        assert list(ranked.read(tail=3)) == ["[n1 r2] old on n1\n", "[n1 r2] from n1\n"]  # two in the view: asked
+        assert list(NodeOutputs(files[:1], cluster.transport, "python3", rank=0,
+                                views=lambda: views).read(tail=2)) == ["[n0 r0] a0\n", "[n0 r0] c0\n"]
+        assert cluster.counts.commands == 2  # node 1 again; node 0's view held rank 0's two
+    finally:
+        ranked.close()

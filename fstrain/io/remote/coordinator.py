@@ -155,11 +155,14 @@ class Output:
         self.newer_step = newer_step
         self.readings: dict[str, Any] = {}  # local rank -> the StepReading its progress_line gave
         self.tail: list[str] = []
+        self.tail_at: list[float] = []  # the time in front of each of them in the file
+        self.out_bytes = 0  # the file's size after the last of them: where a read after them starts
         self.lock = threading.Lock()
         self.last_write = time.monotonic()
 
     def copy(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        size = os.fstat(fd).st_size  # this process alone appends to it from here on
         with os.fdopen(self.read_fd, "rb") as source, os.fdopen(fd, "ab", buffering=0) as sink:
             for raw in source:
                 if raw.startswith(EVENT_PREFIX.encode()):
@@ -175,8 +178,10 @@ class Output:
                 for secret in self.secrets:
                     raw = raw.replace(secret, b"****")
                 line = raw.rstrip(b"\n").decode(errors="replace")
-                sink.write(b"%.3f " % now + raw if raw.endswith(b"\n") else b"%.3f " % now + raw + b"\n")
-                self.note(now, line)
+                written = b"%.3f " % now + raw if raw.endswith(b"\n") else b"%.3f " % now + raw + b"\n"
+                sink.write(written)
+                size += len(written)
+                self.note(now, line, size)
                 self.last_write = time.monotonic()
 
     def settle(self, quiet_s: float = 0.5, limit_s: float = 5.0) -> None:
@@ -186,7 +191,7 @@ class Output:
         while time.monotonic() < deadline and time.monotonic() - self.last_write < quiet_s:
             time.sleep(0.1)
 
-    def note(self, now: float, line: str) -> None:
+    def note(self, now: float, line: str, size: int | None = None) -> None:
         local = None
         if line.startswith("[") and "]:" in line:
             tag = line[1:line.index("]:")]
@@ -195,6 +200,9 @@ class Output:
                 local = digits
         with self.lock:
             self.tail = [*self.tail[-(TAIL_LINES - 1):], line]
+            self.tail_at = [*self.tail_at[-(TAIL_LINES - 1):], now]
+            if size is not None:
+                self.out_bytes = size
             if local is None:
                 return
             self.last_at = now
@@ -232,7 +240,7 @@ class Output:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {"last_output_at": self.last_at, "ranks": json.loads(json.dumps(self.ranks)),
-                    "last_lines": list(self.tail)}
+                    "last_lines": list(self.tail), "last_lines_at": list(self.tail_at), "out_bytes": self.out_bytes}
 
 
 class Node:
