@@ -15,7 +15,9 @@ Node 0's watchdog is the coordinator. It listens on the rendezvous address (ever
 it before the start). Each member connects; TCP, one JSON object per line; the first line of
 every connection carries the run's secret (compared in constant time; a wrong one closes the
 connection): ``{"hello": node_rank}`` from a member, ``{"control": "stop", "how": "term" |
-"kill"}`` from `fstrain stop` (sent from node 0 itself). Then, both ways, a heartbeat every
+"kill"}`` from `fstrain stop` and ``{"control": "views"}`` from `fstrain status`, `logs --tail`
+and the recovery keeper (both sent from node 0 itself by runctl.py). One thread reads every
+connection. Then, both ways, a heartbeat every
 ``heartbeat_interval_s`` (1 s up to 512 nodes, then growing so that node 0 reads at most 512 a
 second); a member reports ``{"exit": code, "failure": {...}}`` when its job ends.
 
