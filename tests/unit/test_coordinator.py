@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,20 @@ def test_the_listen_backlog_holds_every_member_connecting_at_once(tmp_path: Path
         assert running.listener is not None
         running.listener.close()
         assert backlogs[-1] == expected, nnodes
+
+
+def test_a_hung_nvidia_smi_never_delays_a_nodes_view(tmp_path: Path) -> None:
+    running = make_coordinator(tmp_path, nnodes=2)
+    runctl = running.node.watchdog.module("runctl")
+    release = threading.Event()
+    runctl.gpus = lambda: (release.wait(10), {"csv": "index\n0\n"})[1]  # nvidia-smi hanging
+    try:
+        started = time.monotonic()
+        view = running.node.view()
+        assert time.monotonic() - started < 1.0 and view["gpus"] == {}  # no reading yet, no wait
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while running.node.view()["gpus"] == {} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert running.node.view()["gpus"] == {"csv": "index\n0\n"}  # the reading, once it came

@@ -307,13 +307,18 @@ class Node:
         with contextlib.suppress(OSError):
             write_json(self.state_path, self.state())
 
+    def read_gpus(self, runctl: Any) -> None:
+        self.gpus = runctl.gpus()
+        self.gpus_at = time.monotonic() + GPUS_EVERY_S
+
     def view(self) -> dict[str, Any]:
         """What runctl's ``state`` answers for this node (fstrain/io/remote/runctl.py), from this
         process: its record, its job's live ranks (its own processes, not every one in /proc)
-        and the GPUs (read at most every GPUS_EVERY_S)."""
+        and the GPUs (read at most every GPUS_EVERY_S, apart: the view has the last reading)."""
         runctl = self.watchdog.module("runctl")
-        if time.monotonic() >= self.gpus_at:
-            self.gpus, self.gpus_at = runctl.gpus(), time.monotonic() + GPUS_EVERY_S
+        if time.monotonic() >= self.gpus_at:  # on a thread of its own: a hung nvidia-smi never delays a heartbeat
+            self.gpus_at = time.monotonic() + GPUS_EVERY_S + 20  # runctl's own nvidia-smi timeout is 20 s
+            threading.Thread(target=self.read_gpus, args=(runctl,), daemon=True).start()
         match = {"FSTRAIN_RUN_ID": str(self.header.get("run_id", "")), "FSTRAIN_NODE_RANK": str(self.node_rank)}
         return {"node": self.state(), "run": None, "watchdog_alive": True,
                 "ranks_alive": runctl.ranks_alive(match, self.watchdog.job_processes()), "gpus": self.gpus}
