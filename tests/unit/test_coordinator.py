@@ -212,3 +212,26 @@ def test_a_hung_nvidia_smi_never_delays_a_nodes_view(tmp_path: Path) -> None:
     while running.node.view()["gpus"] == {} and time.monotonic() < deadline:
         time.sleep(0.01)
     assert running.node.view()["gpus"] == {"csv": "index\n0\n"}  # the reading, once it came
+
+
+def test_messages_split_across_reads_or_sharing_one_are_each_read_whole(tmp_path: Path) -> None:
+    running = make_coordinator(tmp_path, nnodes=2, names=["node1", "node2"])
+    port = running.listen("127.0.0.1")
+    member = Member(port, 1)
+    try:
+        first = json.dumps({"hb": 1.0, "view": {"node": {"node_rank": 1, "note": "x" * 200_000}}}).encode()
+        member.sock.sendall(first[:100])  # a line in pieces, the next two in one write
+        time.sleep(0.05)
+        member.sock.sendall(first[100:] + b"\n" + json.dumps({"hb": 2.0, "output_age_s": 3.0}).encode() + b"\n")
+        deadline = time.monotonic() + 10
+        while 1 not in running.views and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.views[1]["node"]["note"] == "x" * 200_000
+        while running.run.last_output_s is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.run.last_output_s is not None  # the second message was read too
+        assert 1 in running.links and 1 not in running.closed
+    finally:
+        member.close()
+        assert running.listener is not None
+        running.listener.close()

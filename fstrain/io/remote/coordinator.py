@@ -60,7 +60,7 @@ STATE_EVERY_S = 2.0
 JOIN_TIMEOUT_S = 120.0  # a member that has not connected by then is lost
 TAIL_LINES = 10
 SEND_TIMEOUT_S = 10.0  # a send to a peer that reads nothing gives up after this long
-MAX_LINE_BYTES = 64 << 20  # a connection whose line grows past this is closed
+MAX_LINE_BYTES = 16 << 20  # a connection whose line grows past this is closed (a view is kilobytes)
 GPUS_EVERY_S = 10.0  # how old a node's GPU figures in its view may be (nvidia-smi is a process)
 # The format versions this file writes and reads (fstrain/core/formats.py KINDS, read there by
 # name: this file runs alone on the node). Every message carries MESSAGE_FORMAT; a first
@@ -254,7 +254,7 @@ class Peer:
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.buffer = b""
+        self.buffer = bytearray()  # appended to in place: a long line is not copied at each read
         self.rank: int | None = None
         self.open = True
         self.answering = False  # handed to a thread that answers and closes it
@@ -569,9 +569,12 @@ class Coordinator:
                 except OSError:
                     data = b""
                 peer.buffer += data
-                while data and b"\n" in peer.buffer and peer.open:
-                    line, peer.buffer = peer.buffer.split(b"\n", 1)
-                    self.handle(peer, line)
+                if b"\n" in data:  # whole lines: each handled, the unfinished rest kept
+                    *lines, rest = bytes(peer.buffer).split(b"\n")
+                    peer.buffer = bytearray(rest)
+                    for line in lines:
+                        if peer.open:
+                            self.handle(peer, line)
                 if not data or len(peer.buffer) > MAX_LINE_BYTES or not peer.open:
                     selector.unregister(peer.link.sock)
                     self.hang_up(peer)
