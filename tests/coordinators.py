@@ -19,7 +19,8 @@ def make_coordinator(run_dir: Path, nnodes: int = 1, names: list[str] | None = N
     modules = {"supervisor": (CORE / "launch" / "supervisor.py").read_text(),
                "analysis": (CORE / "monitor" / "stacks.py").read_text(),
                "metricline": (CORE / "monitor" / "metricline.py").read_text(),
-               "stacks": Path(watchdog.__file__).with_name("stacks.py").read_text()}  # sent with --stall-timeout
+               "stacks": Path(watchdog.__file__).with_name("stacks.py").read_text(),  # sent with --stall-timeout
+               "runctl": Path(watchdog.__file__).with_name("runctl.py").read_text()}  # a node's view
     detach = {"role": "coordinator", "secret": SECRET, "nnodes": nnodes, **({"names": names} if names else {}),
               **({"events": "9.9"} if events else {})}
     node = coordinator.Node({"detach": detach, "run_id": "r", "run_dir": str(run_dir), "modules": modules,

@@ -266,7 +266,8 @@ def _start_detached(request: DriveRequest, connect: Callable[[Host], Transport],
     record([{}] * len(node_job.launches))
     try:
         answers = start_detached(node_job.launches, connect, request.nodes.python, options, checked.rendezvous, record,
-                                 request.attempt.banner, events=request.coordinator_events)
+                                 request.attempt.banner, events=request.coordinator_events,
+                                 fanout=request.nodes.fanout)
     except BaseException:
         # This process no longer starts it (it may live on: the API's caller): what shows on
         # the nodes decides the run's state from now on.

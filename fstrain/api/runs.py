@@ -333,9 +333,12 @@ class SshRun:
             if name not in known:
                 raise InputError(f"{name!r} is not one of the run's hosts", f"use one of {', '.join(sorted(known))}",
                                  "--host")
+        from fstrain.io.runs import coordinator_views
+
         nodes = [NodeFile(n.host, n.run_dir, n.node_rank, n.rank_offset) for n in self.detached.nodes
                  if not hosts or n.host.name in hosts or n.host.label() in hosts]
-        return NodeOutputs(nodes, self.connect, self.python, rank=rank, since=since, hide=hide)
+        return NodeOutputs(nodes, self.connect, self.python, rank=rank, since=since, hide=hide,
+                           views=lambda: coordinator_views(self.record, self.connect, self.python))
 
     def training_summary(self) -> dict[str, Any] | None:
         """The bundled trainer's rank-0 summary (node 0's run directory), copied into the local one."""

@@ -136,8 +136,10 @@ class HostPool:
         stdin: bytes | None = None,
         timeout_s: float | None = None,
         on_result: Callable[[HostResult], None] | None = None,
+        only: Sequence[Host] | None = None,
     ) -> list[HostResult]:
-        """Run on every host, at most ``fanout`` at a time; results in inventory order.
+        """Run on every host (``only``: on these of the pool's hosts), at most ``fanout`` at a
+        time; results in inventory order.
 
         ``argv`` may be a function of the host, for per-host commands.
         """
@@ -149,13 +151,16 @@ class HostPool:
                 on_result(result)
             return result
 
-        return self.map(one)
+        return self.map(one, only)
 
-    def map(self, work: Callable[[Host], T]) -> list[T]:
-        """``work(host)`` for every host, at most ``fanout`` at a time; results in inventory order."""
-        workers = min(self.fanout, max(1, len(self.hosts)))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fstrain-fanout") as pool:
-            return list(pool.map(work, self.hosts))
+    def map(self, work: Callable[[Host], T], only: Sequence[Host] | None = None) -> list[T]:
+        """``work(host)`` for every host (or ``only`` these), at most ``fanout`` at a time;
+        results in inventory order."""
+        hosts = self.hosts if only is None else list(only)
+        if not hosts:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.fanout, len(hosts)), thread_name_prefix="fstrain-fanout") as pool:
+            return list(pool.map(work, hosts))
 
     def transport(self, host: Host) -> PooledTransport:
         """A Transport view of ``host`` whose commands reuse the pool's connection."""

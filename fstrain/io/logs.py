@@ -2,7 +2,8 @@
 
 - A detached run: each node's ``node<I>.out``, read on the node itself by
   fstrain/io/remote/runctl.py (``lines``), every node at once (one thread each), the lines
-  merged by the time in front of each.
+  merged by the time in front of each. A tail of at most VIEW_LINES lines of a live run comes
+  from the nodes' views that node 0's coordinator holds (one SSH session), where they hold it.
 - An attached run or a Slurm job: files on this machine (``RUN_DIR/logs/``, the job's output
   file), read here.
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 LIMIT_BYTES = 2 << 20  # of a node's file per remote read: about what one node's answer holds here
 READ_TIMEOUT_S = 120.0  # one remote read: LIMIT_BYTES over a slow link, or a tail
+VIEW_LINES = 10  # the last lines of a node that its view on node 0 holds (coordinator.py TAIL_LINES)
 BATCH_LINES = 1024  # lines handed from a node's reader to the merge at a time
 QUEUE_BATCHES = 4  # per node, read but not printed yet (the reader waits beyond that)
 
@@ -53,6 +55,13 @@ class NodeFile:
     rank_offset: int | None
 
 
+def _tagged(node: NodeFile, line: str) -> tuple[float, str]:
+    """A line of ``node<I>.out`` -> (its time, the line as `logs` prints it: ``[host rN] text``)."""
+    at, rank, rest = logtail.node_line(line, node.rank_offset)
+    tag = node.host.name if rank is None else f"{node.host.name} r{rank}"
+    return at, f"[{tag}] {rest}\n"
+
+
 class Unread(Exception):
     """A node's output could not be read this time (the reason is the message)."""
 
@@ -64,8 +73,10 @@ class NodeOutputs:
     on the node)."""
 
     def __init__(self, nodes: Sequence[NodeFile], connect: Callable[[Host], Transport], python: str, *,
-                 rank: int | None = None, since: float | None = None, hide: str | None = None) -> None:
+                 rank: int | None = None, since: float | None = None, hide: str | None = None,
+                 views: Callable[[], Mapping[int, Mapping[str, Any] | None]] | None = None) -> None:
         self.nodes = list(nodes)
+        self._views = views  # node rank -> its view, as node 0's coordinator holds it (a live run)
         self.failed: dict[str, str] = {}  # host label -> why its last read failed
         self.offsets = [0] * len(self.nodes)
         self._connect = connect
@@ -83,9 +94,14 @@ class NodeOutputs:
         :attr:`failed` names the hosts that could not be read."""
         channels: list[queue.Queue[list[tuple[float, str]] | None]] = [queue.Queue(QUEUE_BATCHES)
                                                                        for _ in self.nodes]
+        served = self._tails_from_views(tail) if tail is not None else {}
+        for index, batch in served.items():
+            channels[index].put(batch)
+            channels[index].put(None)
         threads = [threading.Thread(target=self._pump, args=(index, tail, channel), daemon=True,
                                     name=f"fstrain-logs-{node.host.label()}")
-                   for index, (node, channel) in enumerate(zip(self.nodes, channels, strict=True))]
+                   for index, (node, channel) in enumerate(zip(self.nodes, channels, strict=True))
+                   if index not in served]
         for thread in threads:
             thread.start()
         merged: Iterable[tuple[float, str]] = heapq.merge(
@@ -106,9 +122,7 @@ class NodeOutputs:
                 text, answer = self._ask(index, tail)
                 batch: list[tuple[float, str]] = []
                 for line in text.split("\n")[:-1]:
-                    at, rank, rest = logtail.node_line(line.rstrip("\r"), node.rank_offset)
-                    tag = node.host.name if rank is None else f"{node.host.name} r{rank}"
-                    batch.append((at, f"[{tag}] {rest}\n"))
+                    batch.append(_tagged(node, line.rstrip("\r")))
                     if len(batch) == BATCH_LINES:
                         channel.put(batch)
                         batch = []
@@ -128,6 +142,41 @@ class NodeOutputs:
                 transport.close()
         finally:
             channel.put(None)
+
+    def _tails_from_views(self, tail: int) -> dict[int, list[tuple[float, str]]]:
+        """Each node's last ``tail`` (matching) lines from its view on node 0 (its last
+        VIEW_LINES lines, with their times and the file's size after them), by node index: one
+        SSH session for every node. A node whose view is missing, or holds fewer matching lines
+        than asked, is read on the node itself."""
+        if self._views is None or tail > VIEW_LINES:
+            return {}
+        views = self._views()
+        served: dict[int, list[tuple[float, str]]] = {}
+        for index, node in enumerate(self.nodes):
+            keep = logtail.node_filter(node.rank_offset, self._rank, self._since, self._hide)
+            record = (views.get(node.node_rank) or {}).get("node") or {}
+            lines, times, size = record.get("last_lines"), record.get("last_lines_at"), record.get("out_bytes")
+            if not isinstance(lines, list) or not isinstance(times, list) or len(lines) != len(times) \
+                    or not isinstance(size, int) or isinstance(size, bool):
+                continue
+            picked: list[str] = []
+            enough = False
+            for text, at in zip(reversed(lines), reversed(times), strict=True):
+                raw = f"{float(at):.3f} {text}"
+                wanted = keep(raw.encode()) if keep is not None else True
+                if wanted is None:  # older than --since: none before it is either
+                    enough = True
+                    break
+                if wanted:
+                    picked.append(raw)
+                    if len(picked) == tail:
+                        enough = True
+                        break
+            if not enough:
+                continue
+            served[index] = [_tagged(node, raw) for raw in reversed(picked)]
+            self.offsets[index] = size  # a read after this one goes on after these lines
+        return served
 
     def _ask(self, index: int, tail: int | None) -> tuple[str, dict[str, Any]]:
         """One remote read of node ``index``'s file: (its lines, runctl's answer)."""

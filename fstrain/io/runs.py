@@ -25,6 +25,7 @@ inner launch has a run id of its own and would register itself too: the Slurm re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -32,6 +33,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,8 +60,10 @@ from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 # `status` of an attached run only find the run's folder here, and start faster without it.
 if TYPE_CHECKING:
     from fstrain.core.job.spec import NodeLaunch
+    from fstrain.io.fanout import HostPool
     from fstrain.io.launch import Rendezvous, RunOptions, RunSetup
 from fstrain.io.documents import fetch_json, write_json_atomic, write_json_or_warn
+from fstrain.io.fanout import DEFAULT_FANOUT
 from fstrain.io.localproc import process_alive
 from fstrain.io.transport.base import Transport
 
@@ -78,9 +82,10 @@ def index_dir() -> Path:
 def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Transport], python: str,
                    options: RunOptions, rendezvous: Rendezvous,
                    coordinator_started: Callable[[list[dict[str, Any]]], None] = lambda answers: None,
-                   banner: str = "", events: bool = False) -> list[dict[str, Any]]:
-    """Start node 0's watchdog as the coordinator, then every other node's as a member; return
-    each node's answer (pids, the coordinator's port) once all of them started.
+                   banner: str = "", events: bool = False, fanout: int = DEFAULT_FANOUT) -> list[dict[str, Any]]:
+    """Start node 0's watchdog as the coordinator, then every other node's as a member, at most
+    ``fanout`` at a time; return each node's answer (pids, the coordinator's port) once all of
+    them started.
     ``coordinator_started`` gets the answers as soon as node 0's is in (the others' empty);
     ``banner``, the attempt's first line in every node's output (a recovering run); ``events``:
     the coordinator writes the run's events (RUN_DIR/events.jsonl on node 0: a run without a
@@ -90,7 +95,8 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
 
     secret = secrets.token_hex(16)
     core = Path(__file__).resolve().parent.parent / "core"  # pure, stdlib-only modules the nodes run too
-    modules = {"coordinator": source("coordinator"), "rankexit": (core / "monitor" / "rankexit.py").read_text(),
+    modules = {"coordinator": source("coordinator"), "runctl": source("runctl"),  # a node's view, for status
+               "rankexit": (core / "monitor" / "rankexit.py").read_text(),
                "analysis": (core / "monitor" / "stacks.py").read_text(),
                "supervisor": (core / "launch" / "supervisor.py").read_text(),
                "metricline": (core / "monitor" / "metricline.py").read_text()}  # each rank's numbers, for status
@@ -99,7 +105,7 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
         document = watchdog_header(launch, options)
         document["modules"] = {**document.get("modules", {}), **modules}
         document["detach"] = {"secret": secret, "nnodes": len(launches), "redact": secret_values(launch.env),
-                              "names": [other.host.name for other in launches], **detach}
+                              **detach}
         if banner:
             document["detach"]["banner"] = banner
         return (json.dumps(document) + "\n").encode()
@@ -109,6 +115,8 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
     report(Event("start", 0, total, "node 0 (the coordinator)"))
     first = _start_one(launches[0], connect, python,
                        header(launches[0], {"role": "coordinator", "bind": rendezvous.master_addr,
+                                            # the hosts' names: node 0's alone (in every header, N^2 bytes)
+                                            "names": [other.host.name for other in launches],
                                             **({"events": __version__} if events else {})}))
     answers: list[dict[str, Any]] = [first] + [{}] * (len(launches) - 1)
     coordinator_started(list(answers))
@@ -125,11 +133,9 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
             started.append(launches[index].host.label())
             report(Event("start", len(started), total, started[-1]))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(1, len(launches))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(max_workers=max(1, min(fanout, len(launches) - 1)),
+                            thread_name_prefix="fstrain-start") as pool:
+        list(pool.map(one, range(1, len(launches))))
     failed = [f"{launches[i].host.label()}: {a['error']}" for i, a in enumerate(answers) if "error" in a]
     report(Event("start", total - len(failed), total, f"{len(failed)} failed" if failed else "", ended=True,
                  failed=bool(failed)))
@@ -486,25 +492,61 @@ def _indexed_folder(runs: Sequence[RunRecord], path: Path) -> RunRecord | None:
 
 
 def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> list[dict[str, Any] | None]:
-    """Each node's state (fstrain/io/remote/runctl.py), None where the node cannot be asked."""
+    """Each node's state (fstrain/io/remote/runctl.py), None where the node cannot be asked.
+
+    Node 0 first, in one SSH session: while the run lives its coordinator holds every node's
+    view (each member sends its own with its heartbeats), so a live run of any size costs one
+    session. The nodes it has no view of (all of them once the coordinator has exited) are then
+    asked themselves, ``--fanout`` at a time."""
     from fstrain.io.fanout import HostPool
 
     assert record.detached is not None
     nodes = record.detached.nodes
-    hosts = record.hosts
-    with HostPool(hosts, connect) as pool:
+    by_host = {id(node.host): node for node in nodes}  # not hosts.index(h) per host: N^2 at 4,096 hosts
+    with HostPool([node.host for node in nodes], connect) as pool:
+        views = _coordinator_views(pool, record, python)
+        missing = [node.host for node, view in zip(nodes, views, strict=True) if view is None]
         results = pool.run_all(
-            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", nodes[hosts.index(h)].run_dir,
-                       str(nodes[hosts.index(h)].node_rank), record.run_id],
-            stdin=as_line("runctl"), timeout_s=60)
-    views: list[dict[str, Any] | None] = []
-    for node, result in zip(nodes, results, strict=True):
-        try:
-            views.append(json.loads(result.stdout) if result.ok else None)
-        except ValueError:
-            views.append(None)
-        check_view(views[-1], f"{node.host.label()}:{node.run_dir}", node.node_rank)
+            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", by_host[id(h)].run_dir,
+                       str(by_host[id(h)].node_rank), record.run_id],
+            stdin=as_line("runctl"), timeout_s=60, only=missing)
+    place = {id(node.host): index for index, node in enumerate(nodes)}
+    for host, result in zip(missing, results, strict=True):
+        with contextlib.suppress(ValueError):  # not a view: that node stays None
+            views[place[id(host)]] = json.loads(result.stdout) if result.ok else None
+    for node, view in zip(nodes, views, strict=True):
+        check_view(view, f"{node.host.label()}:{node.run_dir}", node.node_rank)
     return views
+
+
+def coordinator_views(record: RunRecord, connect: Callable[[Host], Transport], python: str) -> dict[int, Any]:
+    """Node rank -> its view as node 0's coordinator holds it (nothing for a node it has none
+    of, nor when it does not answer): one SSH session, to node 0."""
+    from fstrain.io.fanout import HostPool
+
+    assert record.detached is not None
+    with HostPool([record.detached.nodes[0].host], connect) as pool:
+        views = _coordinator_views(pool, record, python)
+    return {node.node_rank: view for node, view in zip(record.detached.nodes, views, strict=True) if view}
+
+
+def _coordinator_views(pool: HostPool, record: RunRecord, python: str) -> list[dict[str, Any] | None]:
+    """Every node's view as node 0's coordinator holds it (runctl.py ``views``); None for each
+    node it has none of, and for all when it does not answer (the run ended, an older fstrain)."""
+    assert record.detached is not None
+    nodes = record.detached.nodes
+    node0 = nodes[0]
+    result = pool.run_one(node0.host, [python, "-u", "-c", LINE_BOOTSTRAP, "views", node0.run_dir],
+                          stdin=as_line("runctl"), timeout_s=60)
+    try:
+        answer = json.loads(result.stdout) if result.ok else {}
+    except ValueError:
+        answer = {}
+    found = answer.get("views") if isinstance(answer, dict) else None
+    if not isinstance(found, list) or len(found) != len(nodes):
+        return [None] * len(nodes)
+    check_format(answer, "message", f"{node0.host.label()}:{node0.run_dir}")
+    return [view if isinstance(view, dict) else None for view in found]
 
 
 def runs_on_hosts(hosts: Sequence[Host], connect: Callable[[Host], Transport],

@@ -134,6 +134,15 @@ def test_stop_leaves_no_process_on_any_host_within_the_grace_period(cluster: Nam
     status = wait_all_ranks(home, run_id)
     # The test hosts have no nvidia-smi: no GPU column, and no error either.
     assert [(n["gpus"], n["gpus_error"]) for n in status["nodes"]] == [([], None), ([], None)]
+    # A short tail of the live run comes from node 0's views: the same lines as each node's file
+    # read on the node (once the views have caught up with the ranks' last lines: a heartbeat).
+    deadline = time.monotonic() + 15
+    while True:
+        whole = fstrain(home, "logs", run_id).stdout.splitlines(keepends=True)
+        tail = fstrain(home, "logs", run_id, "--tail", "3")
+        if tail.stdout.splitlines(keepends=True) == whole[-3:] or time.monotonic() > deadline:
+            break
+    assert tail.returncode == 0 and tail.stdout.splitlines(keepends=True) == whole[-3:], (tail.stdout, whole)
     stop = fstrain(home, "stop", run_id)
     assert stop.returncode == 0, stop.stderr
     assert f"run {run_id} stopped" in stop.stderr

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -135,5 +136,102 @@ def test_a_member_that_hangs_up_leaves_no_socket_open(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert _open_sockets() == before
     finally:
+        assert running.listener is not None
+        running.listener.close()
+
+
+def test_node0_reads_at_most_512_heartbeats_a_second_and_four_fit_in_the_timeout() -> None:
+    from fstrain.io.remote.coordinator import heartbeat_interval_s
+
+    assert heartbeat_interval_s(64, 30.0) == 1.0  # a small run beats every second
+    assert heartbeat_interval_s(1024, 30.0) == 2.0  # 1,024 nodes / 2 s = 512 a second
+    assert heartbeat_interval_s(4096, 30.0) == 7.5  # capped: four beats within the 30 s timeout
+    assert heartbeat_interval_s(4096, 4.0) == 1.0  # a short timeout: once a second, never faster
+
+
+def test_the_coordinators_own_job_is_never_stopped_for_a_late_tick(tmp_path: Path) -> None:
+    running = make_coordinator(tmp_path, nnodes=2, names=["node1", "node2"], heartbeat_timeout_s=5)
+    assert running.node.watchdog.heartbeat_timeout_s == float("inf")  # its decisions end node 0's job
+    assert running.run.limits.heartbeat_timeout_s == 5.0  # the members' rule is the run's
+
+
+def test_every_nodes_view_is_read_from_the_coordinator_over_one_connection(tmp_path: Path) -> None:
+    from fstrain.io.remote import runctl
+
+    running = make_coordinator(tmp_path, nnodes=4, names=["node1", "node2", "node3", "node4"])
+    port = running.listen("127.0.0.1")
+    (tmp_path / "coordinator.json").write_text(json.dumps({"format": 1, "address": "127.0.0.1", "port": port,
+                                                           "secret": SECRET}))
+    members = {rank: Member(port, rank) for rank in (1, 2, 3)}
+    try:
+        view = {"node": {"node_rank": 1, "ranks": {"0": {"last_line": "step 3"}}}, "ranks_alive": [4, 5],
+                "watchdog_alive": True, "gpus": {}}
+        members[1].send({"hb": 1.0, "view": view})
+        members[2].send({"hb": 1.0, "view": {**view, "node": {"node_rank": 2}}})
+        members[2].close()  # its watchdog is gone: its link closes
+        deadline = time.monotonic() + 10
+        while (2 not in running.closed or 1 not in running.views) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        answer = runctl.ask_coordinator(str(tmp_path), {"control": "views"})  # what runctl's `views` prints
+        views: Any = answer["views"]
+        assert len(views) == 4 and views[0]["run"]["run_id"] == "r" and views[0]["node"]["node_rank"] == 0
+        assert views[1]["node"]["ranks"]["0"]["last_line"] == "step 3" and views[1]["ranks_alive"] == [4, 5]
+        assert views[1]["watchdog_alive"] is True and views[2]["watchdog_alive"] is False
+        assert views[3] is None  # nothing sent yet: the client asks node 3 itself
+    finally:
+        for rank in (1, 3):
+            members[rank].close()
+        assert running.listener is not None
+        running.listener.close()
+
+
+def test_the_listen_backlog_holds_every_member_connecting_at_once(tmp_path: Path, monkeypatch: Any) -> None:
+    backlogs: list[int] = []
+    listen = socket.socket.listen
+    monkeypatch.setattr(socket.socket, "listen", lambda self, n: (backlogs.append(n), listen(self, n))[1])
+    for nnodes, expected in ((4, 64), (1000, 1000), (10000, 4096)):
+        running = make_coordinator(tmp_path, nnodes=nnodes)
+        running.listen("127.0.0.1")
+        assert running.listener is not None
+        running.listener.close()
+        assert backlogs[-1] == expected, nnodes
+
+
+def test_a_hung_nvidia_smi_never_delays_a_nodes_view(tmp_path: Path) -> None:
+    running = make_coordinator(tmp_path, nnodes=2)
+    runctl = running.node.watchdog.module("runctl")
+    release = threading.Event()
+    runctl.gpus = lambda: (release.wait(10), {"csv": "index\n0\n"})[1]  # nvidia-smi hanging
+    try:
+        started = time.monotonic()
+        view = running.node.view()
+        assert time.monotonic() - started < 1.0 and view["gpus"] == {}  # no reading yet, no wait
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while running.node.view()["gpus"] == {} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert running.node.view()["gpus"] == {"csv": "index\n0\n"}  # the reading, once it came
+
+
+def test_messages_split_across_reads_or_sharing_one_are_each_read_whole(tmp_path: Path) -> None:
+    running = make_coordinator(tmp_path, nnodes=2, names=["node1", "node2"])
+    port = running.listen("127.0.0.1")
+    member = Member(port, 1)
+    try:
+        first = json.dumps({"hb": 1.0, "view": {"node": {"node_rank": 1, "note": "x" * 200_000}}}).encode()
+        member.sock.sendall(first[:100])  # a line in pieces, the next two in one write
+        time.sleep(0.05)
+        member.sock.sendall(first[100:] + b"\n" + json.dumps({"hb": 2.0, "output_age_s": 3.0}).encode() + b"\n")
+        deadline = time.monotonic() + 10
+        while 1 not in running.views and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.views[1]["node"]["note"] == "x" * 200_000
+        while running.run.last_output_s is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.run.last_output_s is not None  # the second message was read too
+        assert 1 in running.links and 1 not in running.closed
+    finally:
+        member.close()
         assert running.listener is not None
         running.listener.close()

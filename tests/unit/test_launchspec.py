@@ -122,6 +122,21 @@ def test_deepspeed_argv_carries_world_info() -> None:
                           program=["./run.sh"])[-2:] == ("--no_python", "./run.sh")
 
 
+def test_deepspeed_world_info_is_refused_where_it_no_longer_fits_one_argument() -> None:
+    # 52 bytes a node of 8 slots ('node00001' names): 2,400 nodes fit in 131,072, 2,600 do not.
+    fits = plan_launches([Host(f"node{i:05d}") for i in range(2400)], [8] * 2400,
+                         job(["python3", "t.py"], backend="deepspeed"))
+    arg = next(a for a in fits[-1].argv if a.startswith("--world_info="))
+    assert len(arg) < 131072 and arg == next(a for a in fits[0].argv if a.startswith("--world_info="))
+    with pytest.raises(InputError) as refused:
+        plan_launches([Host(f"node{i:05d}") for i in range(2600)], [8] * 2600,
+                      job(["python3", "t.py"], backend="deepspeed"))
+    assert "for 2,600 nodes is 135,2" in refused.value.message and "MAX_ARG_STRLEN" in refused.value.message
+    assert "--backend torchrun" in refused.value.hint
+    assert len(plan_launches([Host(f"node{i:05d}") for i in range(2600)], [8] * 2600,
+                             job(["python3", "t.py"]))) == 2600  # torchrun's command line does not grow
+
+
 def test_plan_launches_env_precedence_and_selected_slots() -> None:
     hosts = select_hosts(parse_hostfile("a slots=4\nb slots=4\n", "hf"), include="a:1,3@b")
     launches = plan_launches(hosts, [2, 4], job(["python3", "t.py"], max_restarts=0,

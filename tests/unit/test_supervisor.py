@@ -116,12 +116,25 @@ def test_a_member_that_never_joins_is_lost_after_the_join_timeout() -> None:
     run = detached(join_timeout_s=120, heartbeat_timeout_s=30)
     assert run.state == "starting" and run.nodes[0].joined
     run.node_joined(1, 101.0)
-    for now in (150.0, 221.0):
+    for now in (150.0, 222.0):
         run.heard(0, now)  # the coordinator's own node
         run.heard(1, now)
     assert run.tick(150.0) == []  # node3 not joined yet, no heartbeat rule for it
-    assert run.tick(221.0) == [Decision(LOST, (2,)), Decision(TEARDOWN, (0, 1))]
-    assert run.reason == "node3 was lost: its watchdog did not connect within 120 s"
+    assert run.tick(221.0) == []  # 120 s counts from node2's join (101), not from the start
+    assert run.tick(222.0) == [Decision(LOST, (2,)), Decision(TEARDOWN, (0, 1))]
+    assert run.reason == "node3 was lost: its watchdog did not connect within 120 s (and no other node did)"
+
+
+def test_a_long_start_is_not_cut_short_while_nodes_keep_joining() -> None:
+    names = [f"node{i}" for i in range(400)]
+    run = Supervisor(names, Limits(join_timeout_s=120, heartbeat_timeout_s=30), now_s=0.0, joined=False)
+    for index in range(1, 400):  # one node a second: the last joins 399 s after the start
+        now = float(index)
+        run.node_joined(index, now)
+        for joined in range(index + 1):
+            run.heard(joined, now)
+        assert run.tick(now) == [], index
+    assert run.state == "running"
 
 
 def test_starting_becomes_running_once_every_member_joined() -> None:

@@ -212,16 +212,39 @@ def _program_for_torchrun(python: str, program: Sequence[str]) -> list[str]:
     return ["--no-python", *program]
 
 
+# Linux's limit on one argument of exec (include/uapi/linux/binfmts.h: MAX_ARG_STRLEN, 32 pages
+# of 4 KiB), its terminating NUL included: an argument as long fails with E2BIG.
+MAX_ARG_STRLEN = 131072
+
+
+def encode_world_info(world_info: Mapping[str, Sequence[int]]) -> str:
+    """DeepSpeed's ``--world_info``: base64 of the JSON of host -> slots. Every node's command
+    line carries the whole world (DeepSpeed's launcher takes nothing else), so a launch sends
+    N x N host entries; encoded once, not once per node."""
+    return base64.urlsafe_b64encode(json.dumps(dict(world_info)).encode()).decode()
+
+
+def check_world_info(encoded: str, nodes: int) -> None:
+    """One line where the world no longer fits one argument of exec on the nodes."""
+    size = len(f"--world_info={encoded}") + 1
+    if size > MAX_ARG_STRLEN:
+        raise InputError(f"the deepspeed backend's --world_info for {nodes:,} nodes is {size:,} bytes, and Linux "
+                         f"takes at most {MAX_ARG_STRLEN:,} in one argument (MAX_ARG_STRLEN): DeepSpeed's "
+                         "launcher cannot start", "launch with --backend torchrun (its command line does not grow "
+                         "with the nodes), or fewer nodes", "--backend")
+
+
 def deepspeed_argv(
-    python: str, *, world_info: Mapping[str, Sequence[int]], node_rank: int, master_addr: str,
+    python: str, *, world_info: Mapping[str, Sequence[int]] | str, node_rank: int, master_addr: str,
     master_port: int, program: Sequence[str], no_local_rank: bool = False,
 ) -> tuple[str, ...]:
     """DeepSpeed's per-node launcher, as its multi-node runner starts it, but over our SSH.
+    ``world_info``: host -> slots, or that encoded (:func:`encode_world_info`).
 
     As with the ``deepspeed`` command, every rank's program gets ``--local_rank=N`` appended
     unless ``no_local_rank`` (``--no-local-rank``; LOCAL_RANK is in the environment either way).
     """
-    encoded = base64.urlsafe_b64encode(json.dumps(dict(world_info)).encode()).decode()
+    encoded = world_info if isinstance(world_info, str) else encode_world_info(world_info)
     head = [
         *launcher_prefix("deepspeed", python),
         f"--world_info={encoded}",
@@ -276,6 +299,9 @@ def plan_launches(hosts: Sequence[Host], nprocs: Sequence[int], job: LaunchJob,
         raise InputError("no program to launch", "put the program after --: fstrain launch ... -- python train.py",
                          "PROGRAM")
     info = world_info(hosts, nprocs)
+    encoded = encode_world_info(info) if backend == "deepspeed" else ""
+    if backend == "deepspeed":
+        check_world_info(encoded, len(hosts))
     # Global ranks follow node order (torchrun's static rendezvous, DeepSpeed's world info).
     static = backend == "deepspeed" or job.max_restarts == 0
     launches = []
@@ -287,7 +313,7 @@ def plan_launches(hosts: Sequence[Host], nprocs: Sequence[int], job: LaunchJob,
             if host.slot_ids is not None and "CUDA_VISIBLE_DEVICES" not in env:
                 node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slot_ids))
         else:
-            argv = deepspeed_argv(job.python, world_info=info, node_rank=rank, master_addr=job.master_addr,
+            argv = deepspeed_argv(job.python, world_info=encoded, node_rank=rank, master_addr=job.master_addr,
                                   master_port=job.master_port, program=program, no_local_rank=job.no_local_rank)
         launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env,
                                    rank_log_dir=RANK_LOG_DIR % rank,

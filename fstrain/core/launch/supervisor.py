@@ -56,7 +56,9 @@ class Limits:
     stall_timeout_s: float | None = None  # no rank printed for this long: stalled
     finish_timeout_s: float | None = None  # some ranks done with 0 this long, others still running
     heartbeat_timeout_s: float | None = None  # a joined node silent this long is lost
-    join_timeout_s: float | None = None  # a node not joined this long after the start is lost
+    # A node not joined this long after the start, or after the last node that joined, is lost:
+    # a start that goes on (hundreds of nodes started --fanout at a time) is never cut short.
+    join_timeout_s: float | None = None
     grace_s: float = 15.0  # SIGTERM to SIGKILL, on every node
     stacks_wait_s: float = 30.0  # for every live node's stacks, once asked
     straggler_margin_s: float = 10.0  # past the grace period, before a node is given up
@@ -117,10 +119,12 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.started_s = self.now_s
+        self.last_join_s = self.now_s  # the start, then each node's join: the join timeout counts from it
         self.nodes = [NodeRecord(name, self.joined or i == 0, self.now_s,
                                  watched=self.heard_from is None or bool(self.heard_from[i]))
                       for i, name in enumerate(self.names)]
-        self.state = "running" if all(n.joined for n in self.nodes) else "starting"
+        self.waiting = sum(not n.joined for n in self.nodes)  # counted, not searched: one join is O(1)
+        self.state = "running" if not self.waiting else "starting"
         self.grace_s = self.limits.grace_s
 
     # -- events ------------------------------------------------------------------------------
@@ -129,8 +133,11 @@ class Supervisor:
         """A node's watchdog reported for the run. A node joining a run already stopping is
         told to stop at once."""
         record = self.nodes[node]
+        if not record.joined:
+            self.waiting -= 1
         record.joined, record.last_heard_s = True, now_s
-        if self.state == "starting" and all(n.joined for n in self.nodes):
+        self.last_join_s = max(self.last_join_s, now_s)
+        if self.state == "starting" and not self.waiting:
             self.state = "running"
         if self.stopping_since_s is not None and not record.done:
             return [Decision(KILL if self.kill_sent else TEARDOWN, (node,), self._grace_if_changed())]
@@ -283,8 +290,8 @@ class Supervisor:
         if not record.watched:
             return ""
         if not record.joined:
-            if limits.join_timeout_s is not None and now_s - self.started_s > limits.join_timeout_s:
-                return f"its watchdog did not connect within {limits.join_timeout_s:g} s"
+            if limits.join_timeout_s is not None and now_s - self.last_join_s > limits.join_timeout_s:
+                return f"its watchdog did not connect within {limits.join_timeout_s:g} s (and no other node did)"
             return ""
         if limits.heartbeat_timeout_s is not None and now_s - record.last_heard_s > limits.heartbeat_timeout_s:
             return f"no heartbeat for {limits.heartbeat_timeout_s:g} s"

@@ -15,8 +15,11 @@ Node 0's watchdog is the coordinator. It listens on the rendezvous address (ever
 it before the start). Each member connects; TCP, one JSON object per line; the first line of
 every connection carries the run's secret (compared in constant time; a wrong one closes the
 connection): ``{"hello": node_rank}`` from a member, ``{"control": "stop", "how": "term" |
-"kill"}`` from `fstrain stop` (sent from node 0 itself). Then, both ways, a heartbeat every
-second; a member reports ``{"exit": code, "failure": {...}}`` when its job ends.
+"kill"}`` from `fstrain stop` and ``{"control": "views"}`` from `fstrain status`, `logs --tail`
+and the recovery keeper (both sent from node 0 itself by runctl.py). One thread reads every
+connection. Then, both ways, a heartbeat every
+``heartbeat_interval_s`` (1 s up to 512 nodes, then growing so that node 0 reads at most 512 a
+second); a member reports ``{"exit": code, "failure": {...}}`` when its job ends.
 
 The rules are the attached launcher's: the first node whose job fails (or which is lost: its
 connection closes, or no heartbeat for ``heartbeat_timeout_s``, or it never joins) stops every
@@ -38,6 +41,7 @@ import contextlib
 import hmac
 import json
 import os
+import selectors
 import signal
 import socket
 import sys
@@ -47,10 +51,17 @@ from typing import Any, NoReturn
 
 EVENT_PREFIX = "fstrain-watchdog-event: "  # the watchdog's reports (as in watchdog.py), not job output
 STACKS_WAIT_S = 30.0  # for every live node's stacks report, after a stall
-HEARTBEAT_S = 1.0
+HEARTBEAT_S = 1.0  # the heartbeat's interval, both ways, up to HEARTBEATS_PER_S nodes
+# Node 0 reads every member's heartbeats: at most this many a second whatever the run's size
+# (docs/scale.md: about 60 us of node 0's CPU each), so the interval grows past HEARTBEAT_S
+# with the nodes, up to a quarter of the heartbeat timeout (four beats missed before a loss).
+HEARTBEATS_PER_S = 512
 STATE_EVERY_S = 2.0
 JOIN_TIMEOUT_S = 120.0  # a member that has not connected by then is lost
 TAIL_LINES = 10
+SEND_TIMEOUT_S = 10.0  # a send to a peer that reads nothing gives up after this long
+MAX_LINE_BYTES = 16 << 20  # a connection whose line grows past this is closed (a view is kilobytes)
+GPUS_EVERY_S = 10.0  # how old a node's GPU figures in its view may be (nvidia-smi is a process)
 # The format versions this file writes and reads (fstrain/core/formats.py KINDS, read there by
 # name: this file runs alone on the node). Every message carries MESSAGE_FORMAT; a first
 # message of a newer one (a newer fstrain's `fstrain stop`) is refused with one line.
@@ -59,6 +70,11 @@ NODE_FORMAT = 1  # node<I>.json
 RUN_FORMAT = 1  # run.json, and the record in ``end``
 COORDINATOR_FORMAT = 1  # coordinator.json
 EVENTS_FORMAT = 1  # each line of events.jsonl
+
+
+def heartbeat_interval_s(nnodes: int, heartbeat_timeout_s: float) -> float:
+    """Seconds between two heartbeats of one member (and of the coordinator to each member)."""
+    return max(HEARTBEAT_S, min(nnodes / HEARTBEATS_PER_S, heartbeat_timeout_s / 4))
 
 
 def write_json(path: str, document: dict[str, Any]) -> None:
@@ -87,7 +103,10 @@ class Link:
         self.lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> bool:
-        data = (json.dumps({"format": MESSAGE_FORMAT, **message}) + "\n").encode()
+        return self.send_bytes((json.dumps({"format": MESSAGE_FORMAT, **message}) + "\n").encode())
+
+    def send_bytes(self, data: bytes) -> bool:
+        """A message encoded once for every link (the coordinator's heartbeat)."""
         with self.lock:
             try:
                 self.sock.sendall(data)
@@ -141,11 +160,14 @@ class Output:
         self.newer_step = newer_step
         self.readings: dict[str, Any] = {}  # local rank -> the StepReading its progress_line gave
         self.tail: list[str] = []
+        self.tail_at: list[float] = []  # the time in front of each of them in the file
+        self.out_bytes = 0  # the file's size after the last of them: where a read after them starts
         self.lock = threading.Lock()
         self.last_write = time.monotonic()
 
     def copy(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        size = os.fstat(fd).st_size  # this process alone appends to it from here on
         with os.fdopen(self.read_fd, "rb") as source, os.fdopen(fd, "ab", buffering=0) as sink:
             for raw in source:
                 if raw.startswith(EVENT_PREFIX.encode()):
@@ -161,8 +183,10 @@ class Output:
                 for secret in self.secrets:
                     raw = raw.replace(secret, b"****")
                 line = raw.rstrip(b"\n").decode(errors="replace")
-                sink.write(b"%.3f " % now + raw if raw.endswith(b"\n") else b"%.3f " % now + raw + b"\n")
-                self.note(now, line)
+                written = b"%.3f " % now + raw if raw.endswith(b"\n") else b"%.3f " % now + raw + b"\n"
+                sink.write(written)
+                size += len(written)
+                self.note(now, line, size)
                 self.last_write = time.monotonic()
 
     def settle(self, quiet_s: float = 0.5, limit_s: float = 5.0) -> None:
@@ -172,7 +196,7 @@ class Output:
         while time.monotonic() < deadline and time.monotonic() - self.last_write < quiet_s:
             time.sleep(0.1)
 
-    def note(self, now: float, line: str) -> None:
+    def note(self, now: float, line: str, size: int | None = None) -> None:
         local = None
         if line.startswith("[") and "]:" in line:
             tag = line[1:line.index("]:")]
@@ -181,6 +205,9 @@ class Output:
                 local = digits
         with self.lock:
             self.tail = [*self.tail[-(TAIL_LINES - 1):], line]
+            self.tail_at = [*self.tail_at[-(TAIL_LINES - 1):], now]
+            if size is not None:
+                self.out_bytes = size
             if local is None:
                 return
             self.last_at = now
@@ -218,7 +245,19 @@ class Output:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {"last_output_at": self.last_at, "ranks": json.loads(json.dumps(self.ranks)),
-                    "last_lines": list(self.tail)}
+                    "last_lines": list(self.tail), "last_lines_at": list(self.tail_at), "out_bytes": self.out_bytes}
+
+
+class Peer:
+    """A connection to the coordinator: its link, what was read of an unfinished line, and the
+    member it is (None until its hello)."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.buffer = bytearray()  # appended to in place: a long line is not copied at each read
+        self.rank: int | None = None
+        self.open = True
+        self.answering = False  # handed to a thread that answers and closes it
 
 
 class Node:
@@ -232,6 +271,8 @@ class Node:
         self.state_path = os.path.join(self.run_dir, f"node{self.node_rank}.json")
 
         class Detached(watchdog_class):
+            heartbeat_source = "the coordinator"
+
             def control_loop(self) -> None:
                 return  # control comes over the network, not stdin
 
@@ -244,6 +285,8 @@ class Node:
         self.ended: float | None = None
         self.note = ""
         self.result: dict[str, Any] = {}
+        self.gpus: dict[str, Any] = {}
+        self.gpus_at = 0.0
 
     def state(self) -> dict[str, Any]:
         child = self.watchdog.child
@@ -263,6 +306,22 @@ class Node:
     def write_state(self) -> None:
         with contextlib.suppress(OSError):
             write_json(self.state_path, self.state())
+
+    def read_gpus(self, runctl: Any) -> None:
+        self.gpus = runctl.gpus()
+        self.gpus_at = time.monotonic() + GPUS_EVERY_S
+
+    def view(self) -> dict[str, Any]:
+        """What runctl's ``state`` answers for this node (fstrain/io/remote/runctl.py), from this
+        process: its record, its job's live ranks (its own processes, not every one in /proc)
+        and the GPUs (read at most every GPUS_EVERY_S, apart: the view has the last reading)."""
+        runctl = self.watchdog.module("runctl")
+        if time.monotonic() >= self.gpus_at:  # on a thread of its own: a hung nvidia-smi never delays a heartbeat
+            self.gpus_at = time.monotonic() + GPUS_EVERY_S + 20  # runctl's own nvidia-smi timeout is 20 s
+            threading.Thread(target=self.read_gpus, args=(runctl,), daemon=True).start()
+        match = {"FSTRAIN_RUN_ID": str(self.header.get("run_id", "")), "FSTRAIN_NODE_RANK": str(self.node_rank)}
+        return {"node": self.state(), "run": None, "watchdog_alive": True,
+                "ranks_alive": runctl.ranks_alive(match, self.watchdog.job_processes()), "gpus": self.gpus}
 
     def keep_writing_state(self) -> None:
         while self.ended is None:
@@ -336,8 +395,14 @@ class Coordinator:
             heartbeat_timeout_s=float(header.get("heartbeat_timeout_s", 30)), join_timeout_s=JOIN_TIMEOUT_S,
             grace_s=float(header.get("grace_s", 15)), stacks_wait_s=STACKS_WAIT_S)
         self.run = self.rules.Supervisor(names, limits, time.monotonic(), joined=False)
+        self.interval_s = heartbeat_interval_s(self.nnodes, limits.heartbeat_timeout_s)
+        # Node 0's own job is ended by this coordinator's decisions only: a tick running late
+        # (node 0 loaded) is fstrain's slowness, never a reason to stop a healthy job.
+        node.watchdog.heartbeat_timeout_s = float("inf")
         self.lock = threading.RLock()
         self.links: dict[int, Link] = {}
+        self.closed: set[int] = set()  # members whose connection has closed
+        self.views: dict[int, Any] = {}  # member -> its latest view (sent with its heartbeats)
         self.ended_at: dict[int, float] = {}  # node -> the time of day it ended, for the record
         self.stacks: dict[int, Any] = {}
         self.stall: dict[str, Any] | None = None
@@ -465,72 +530,140 @@ class Coordinator:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((address, 0))
-        sock.listen(64)
+        sock.listen(max(64, min(self.nnodes, 4096)))  # every member may connect at once (somaxconn caps it)
         self.listener = sock
-        threading.Thread(target=self.accept, daemon=True).start()
+        threading.Thread(target=self.serve, daemon=True).start()
         return int(sock.getsockname()[1])
 
-    def accept(self) -> None:
+    def serve(self) -> None:
+        """Every connection, read by this one thread whatever the number of members (a thread
+        per member was 4,098 threads at 4,096 nodes): whole lines, each handled as it comes."""
         assert self.listener is not None
+        selector = selectors.DefaultSelector()
+        try:
+            selector.register(self.listener, selectors.EVENT_READ, None)
+        except ValueError:  # closed already
+            return
         while True:
             try:
-                conn, _ = self.listener.accept()
-            except OSError:
+                ready = selector.select(timeout=1.0)
+            except (OSError, ValueError):  # the listener was closed: the coordinator is done
+                ready = []
+            if self.listener.fileno() < 0:
+                for key in list(selector.get_map().values()):
+                    if key.data is not None:
+                        key.data.link.close()
                 return
-            threading.Thread(target=self.serve, args=(Link(conn),), daemon=True).start()
+            for key, _ in ready:
+                if key.data is None:
+                    try:
+                        conn, _ = self.listener.accept()
+                    except OSError:
+                        continue
+                    conn.settimeout(SEND_TIMEOUT_S)  # sends block at most this long; reads only when ready
+                    selector.register(conn, selectors.EVENT_READ, Peer(Link(conn)))
+                    continue
+                peer: Peer = key.data
+                try:
+                    data = peer.link.sock.recv(65536)
+                except OSError:
+                    data = b""
+                peer.buffer += data
+                if b"\n" in data:  # whole lines: each handled, the unfinished rest kept
+                    *lines, rest = bytes(peer.buffer).split(b"\n")
+                    peer.buffer = bytearray(rest)
+                    for line in lines:
+                        if peer.open:
+                            self.handle(peer, line)
+                if not data or len(peer.buffer) > MAX_LINE_BYTES or not peer.open:
+                    selector.unregister(peer.link.sock)
+                    self.hang_up(peer)
 
-    def serve(self, link: Link) -> None:
+    def handle(self, peer: Peer, line: bytes) -> None:
+        """One line from a connection: its first says who it is (a member, or `fstrain stop` and
+        `status` through runctl), the rest are a member's messages."""
         try:
-            self.answer(link)
-        finally:
-            link.close()  # the peer has gone (or was refused): its socket goes with it
-
-    def answer(self, link: Link) -> None:
-        messages = link.messages()
-        first = next(messages, None)
-        if first is None or not hmac.compare_digest(str(first.get("secret", "")).encode(), self.secret.encode()):
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            peer.open = False
             return
-        refused = unreadable(first)
-        if refused:
-            link.send({"refused": refused, "hint": "stop it with the fstrain that started it"})
+        if peer.rank is not None:
+            self.member_message(peer.rank, message)
             return
-        if first.get("control") == "stop":
-            how = "kill" if first.get("how") == "kill" else "term"
-            self.stop(how, "stopped", f"stopped by `fstrain stop` ({how})", first.get("grace_s"))
-            link.send({"ok": True, "state": self.record()})
+        if not hmac.compare_digest(str(message.get("secret", "")).encode(), self.secret.encode()):
+            peer.open = False
             return
-        rank = first.get("hello")
-        if not isinstance(rank, int) or not 0 < rank < self.nnodes:
+        refused = unreadable(message)
+        control = message.get("control")
+        if refused or control in ("stop", "views"):  # answered apart: a stop waits, views are big
+            peer.open, peer.answering = False, True
+            threading.Thread(target=self.answer, args=(peer.link, message, refused), daemon=True).start()
             return
+        rank = message.get("hello")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank < self.nnodes:
+            peer.open = False
+            return
+        peer.rank = rank
         with self.lock:
-            self.links[rank] = link
-            decisions = self.run.node_joined(rank, time.monotonic())
-            self.carry_out(decisions)
-        for message in messages:
-            with self.lock:
-                self.run.heard(rank, time.monotonic())
-            if "output_age_s" in message:
-                self.output_age(message["output_age_s"])
-            if "event" in message:
-                self.event(rank, message["event"])
-            if "exit" in message:
-                self.node_exit(rank, message.get("exit"), message.get("failure"))
-        if not self.run.nodes[rank].done:
-            self.lost(rank, "its watchdog's connection closed")
+            self.links[rank] = peer.link
+            self.carry_out(self.run.node_joined(rank, time.monotonic()))
+
+    def answer(self, link: Link, request: dict[str, Any], refused: str) -> None:
+        """A request on a connection of its own: its one answer, then the connection closes."""
+        try:
+            if refused:
+                link.send({"refused": refused, "hint": "stop it with the fstrain that started it"})
+            elif request.get("control") == "stop":
+                how = "kill" if request.get("how") == "kill" else "term"
+                self.stop(how, "stopped", f"stopped by `fstrain stop` ({how})", request.get("grace_s"))
+                link.send({"ok": True, "state": self.record()})
+            else:  # `fstrain status`, `logs --tail`, the keeper: every node over one connection
+                link.send({"views": self.all_views()})
+        finally:
+            link.close()
+
+    def member_message(self, rank: int, message: dict[str, Any]) -> None:
+        with self.lock:
+            self.run.heard(rank, time.monotonic())
+        if isinstance(message.get("view"), dict):
+            self.views[rank] = message["view"]
+        if "output_age_s" in message:
+            self.output_age(message["output_age_s"])
+        if "event" in message:
+            self.event(rank, message["event"])
+        if "exit" in message:
+            self.node_exit(rank, message.get("exit"), message.get("failure"))
+
+    def hang_up(self, peer: Peer) -> None:
+        """A connection ends (the peer went, or was refused): its socket goes with it, and a
+        member whose job has not ended is lost."""
+        if not peer.answering:
+            peer.link.close()
+        if peer.rank is None:
+            return
+        self.closed.add(peer.rank)
+        if not self.run.nodes[peer.rank].done:
+            self.lost(peer.rank, "its watchdog's connection closed")
 
     def tick(self) -> None:
-        """Heartbeats out, this node's own output and liveness in, and time passing."""
+        """Heartbeats out (every ``interval_s``), this node's own output and liveness in, and
+        time passing (every HEARTBEAT_S)."""
+        beat_at = 0.0
         while not self.all_ended():
             now = time.monotonic()
-            self.node.watchdog.last_heartbeat = now  # the coordinator is its own launcher
             with self.lock:
                 links = dict(self.links)
                 self.run.heard(0, now)
                 output = self.node.output
                 if output is not None and output.last_output_mono is not None:
                     self.run.output(output.last_output_mono)
-            for link in links.values():
-                link.send({"hb": time.time()})
+            if now >= beat_at:
+                beat_at = now + self.interval_s
+                beat = (json.dumps({"format": MESSAGE_FORMAT, "hb": time.time()}) + "\n").encode()
+                for link in links.values():
+                    link.send_bytes(beat)
             self.step_event()
             with self.lock:
                 first = self.run.first_failure
@@ -540,6 +673,17 @@ class Coordinator:
                     with contextlib.suppress(OSError):
                         write_json(os.path.join(self.node.run_dir, "run.json"), self.record())
             time.sleep(HEARTBEAT_S)
+
+    def all_views(self) -> list[Any]:
+        """Every node's view as its runctl ``state`` gives it, node 0's with the run's record;
+        a member's as it last sent it (one heartbeat interval old at most), None for one that
+        has sent none yet (the client asks that node itself)."""
+        own = {**self.node.view(), "run": self.record()}
+        members = [self.views.get(rank) for rank in range(1, self.nnodes)]
+        for rank, view in enumerate(members, start=1):
+            if view is not None:  # alive while its connection is: a dead watchdog's link closes
+                members[rank - 1] = {**view, "watchdog_alive": rank in self.links and rank not in self.closed}
+        return [own, *members]
 
     # -- the record -----------------------------------------------------------------------------
 
@@ -667,12 +811,13 @@ def run_member(node: Node, ready_w: int) -> None:
         link = _member_link(node, str(address), int(port), str(detach["secret"]))
     except OSError as exc:
         _fail_start(ready_w, f"cannot reach the coordinator {address}:{port}: {exc}")
+    node.watchdog.last_heartbeat = time.monotonic()  # the timeout counts from the join, not the process's start
+    interval_s = heartbeat_interval_s(int(detach["nnodes"]), node.watchdog.heartbeat_timeout_s)
     ended = threading.Event()
 
     def listen() -> None:
         for message in link.messages():
-            if "hb" in message:
-                node.watchdog.last_heartbeat = time.monotonic()
+            node.watchdog.last_heartbeat = time.monotonic()  # any word from the coordinator: it lives
             if "stop" in message:
                 if message.get("grace_s") is not None:
                     node.watchdog.grace_s = float(message["grace_s"])
@@ -687,11 +832,28 @@ def run_member(node: Node, ready_w: int) -> None:
             node.watchdog.request("term")
             ended.set()
 
+    sent: dict[str, Any] = {}
+
+    def changed_view() -> dict[str, Any]:
+        """This node's view for the coordinator (status reads it there), when it changed; never
+        raises: the heartbeat that carries it must go out whatever the view's trouble."""
+        try:
+            view = node.view()
+        except Exception:
+            return {}
+        same = {**view, "node": {**view["node"], "updated": None}}
+        if same == sent:
+            return {}
+        sent.clear()
+        sent.update(same)
+        return {"view": view}
+
     def beat() -> None:
         while not ended.is_set():
             last = node.output.last_output_mono if node.output else None
-            link.send({"hb": time.time(), "output_age_s": None if last is None else time.monotonic() - last})
-            time.sleep(HEARTBEAT_S)
+            link.send({"hb": time.time(), "output_age_s": None if last is None else time.monotonic() - last,
+                       **changed_view()})
+            time.sleep(interval_s)
 
     if node.output is not None:
         node.output.on_event = lambda payload: link.send({"event": payload})
@@ -699,7 +861,7 @@ def run_member(node: Node, ready_w: int) -> None:
     threading.Thread(target=beat, daemon=True).start()
     job = node.start_job(ready_w, {})
     node.job_ended(job)
-    link.send({"exit": node.exit_code, "failure": node.failure})
+    link.send({"exit": node.exit_code, "failure": node.failure, **changed_view()})
     ended.wait(node.watchdog.heartbeat_timeout_s + float(node.header.get("grace_s", 15)) + 10)
     link.close()
 

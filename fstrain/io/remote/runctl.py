@@ -3,6 +3,7 @@
 
     python3 -c LINE_BOOTSTRAP state RUN_DIR NODE_RANK RUN_ID   -> one JSON document
     python3 -c LINE_BOOTSTRAP stop RUN_DIR term|kill           -> the coordinator's answer
+    python3 -c LINE_BOOTSTRAP views RUN_DIR                    -> every node's state, from the coordinator
     python3 -c LINE_BOOTSTRAP gc RUN_DIR                       -> {"removed": bool, "why": ...}
     python3 -c LINE_BOOTSTRAP list RUNS_DIR                    -> the detached runs found there
     python3 -c LINE_BOOTSTRAP live-slurm JOB_ID NODE           -> the job's live ranks on NODE, the GPUs
@@ -63,12 +64,13 @@ def watchdog_alive(pid: Any) -> bool:
         return False
 
 
-def ranks_alive(match: dict[str, str]) -> list[int]:
+def ranks_alive(match: dict[str, str], pids: list[int] | None = None) -> list[int]:
     """Global ranks whose process lives with every ``match`` item in its environment (RANK, and
     this run's FSTRAIN_RUN_ID and this node's FSTRAIN_NODE_RANK; for a Slurm run its SLURM_JOB_ID
-    and this node's SLURMD_NODENAME): a node's own ranks even where hosts share a PID space."""
+    and this node's SLURMD_NODENAME): a node's own ranks even where hosts share a PID space.
+    ``pids``: only these processes (a watchdog's own job), not every one in /proc."""
     found = set()
-    for entry in os.listdir("/proc"):
+    for entry in os.listdir("/proc") if pids is None else [str(pid) for pid in pids]:
         if entry.isdigit() and int(entry) != os.getpid():
             env = _environ(entry)
             if all(env.get(k) == v for k, v in match.items()) and env.get("RANK", "").isdigit():
@@ -112,6 +114,11 @@ def state(run_dir: str, node_rank: str, run_id: str) -> dict[str, Any]:
 
 
 def stop(run_dir: str, how: str, grace_s: str | None) -> dict[str, Any]:
+    return ask_coordinator(run_dir, {"control": "stop", "how": how, "grace_s": float(grace_s) if grace_s else None})
+
+
+def ask_coordinator(run_dir: str, request: dict[str, Any]) -> dict[str, Any]:
+    """One request to the run's coordinator (node 0: this node), its one-line answer."""
     info = _read_json(os.path.join(run_dir, "coordinator.json"))
     if not info:
         return {"error": f"no coordinator record in {run_dir}"}
@@ -121,9 +128,8 @@ def stop(run_dir: str, how: str, grace_s: str | None) -> dict[str, Any]:
                            "the run was started by a newer fstrain", "hint": "upgrade fstrain"}
     try:
         with socket.create_connection((info["address"], int(info["port"])), timeout=10) as sock:
-            request = {"format": MESSAGE_FORMAT, "secret": info["secret"], "control": "stop", "how": how,
-                       "grace_s": float(grace_s) if grace_s else None}
-            sock.sendall((json.dumps(request) + "\n").encode())
+            sock.settimeout(60)  # every node's view, at 4,096 nodes some megabytes
+            sock.sendall((json.dumps({"format": MESSAGE_FORMAT, "secret": info["secret"], **request}) + "\n").encode())
             answer = sock.makefile("rb").readline()
     except OSError as exc:
         return {"error": f"the coordinator does not answer ({exc}): the run has ended or was lost"}
@@ -223,6 +229,8 @@ def main(argv: list[str]) -> None:
         result = list_runs(run_dir)
     elif command == "stop":
         result = stop(run_dir, argv[2], argv[3] if len(argv) > 3 else None)
+    elif command == "views":
+        result = ask_coordinator(run_dir, {"control": "views"})
     else:
         result = gc(run_dir)
     sys.stdout.write(json.dumps(result) + "\n")

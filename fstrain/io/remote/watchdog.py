@@ -372,6 +372,8 @@ def reap() -> None:
 
 
 class Watchdog:
+    heartbeat_source = "the launcher"  # whose heartbeats keep the job running (a detached member's: the coordinator)
+
     def __init__(self, header: dict[str, Any]) -> None:
         self.header = header
         self.configure()
@@ -685,7 +687,7 @@ class Watchdog:
                 self.sweep()  # the job is done: nothing it started may outlive it
                 return code if code >= 0 else 128 - code
             if time.monotonic() - self.last_heartbeat > self.heartbeat_timeout_s:
-                log(f"no heartbeat from the launcher for {self.heartbeat_timeout_s:g} s: stopping the job")
+                log(f"no heartbeat from {self.heartbeat_source} for {self.heartbeat_timeout_s:g} s: stopping the job")
                 self.request("term")
             with self.lock:
                 how = self.stop_requested

@@ -1,0 +1,132 @@
+"""What the launching machine's commands cost a large detached run, on the simulated cluster
+(fstrain/io/transport/simulated.py): sessions per node, concurrency, bytes of the headers."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from fstrain.core.hosts.hostfile import Host
+from fstrain.core.job.spec import NodeLaunch
+from fstrain.io.launch import Rendezvous, RunOptions
+from fstrain.io.runs import RunRecord
+from fstrain.io.transport.simulated import SimulatedCluster
+
+
+def test_a_detached_start_is_bounded_by_fanout_and_only_node0_gets_the_host_list(tmp_path: Path) -> None:
+    from fstrain.io.runs import start_detached
+
+    headers: dict[str, dict[str, object]] = {}
+
+    def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
+        headers[host] = json.loads(stdin.splitlines()[0])["detach"]
+        return 0, json.dumps({"pid": 10, "job_pid": 11, "port": 4000}) + "\n", ""
+
+    cluster = SimulatedCluster(node, latency_s=0.01)
+    launches = [NodeLaunch(Host(f"n{i}"), i, 1, ("true",)) for i in range(24)]
+    answers = start_detached(launches, cluster.transport, "python3", RunOptions("r", tmp_path),
+                             Rendezvous("10.0.0.1", 29500, ()), fanout=4)
+    assert len(answers) == 24 and all(a["port"] == 4000 for a in answers)
+    assert cluster.counts.commands == 24 and cluster.counts.in_flight_max <= 4
+    assert headers["n0"]["names"] == [f"n{i}" for i in range(24)]  # the coordinator names the hosts
+    assert all("names" not in headers[f"n{i}"] for i in range(1, 24))  # N members x N names: no more
+
+
+def _record(tmp_path: Path, count: int) -> RunRecord:
+    from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord
+
+    nodes = tuple(DetachedNode(Host(f"n{i}"), i, 1, i, f"~/.fstrain/runs/r{i}", 1, 2) for i in range(count))
+    return RunRecord("r", tmp_path, DetachedRecord("r", "torchrun", 0.0, "python3", 5.0, None, "10.0.0.1", 4000,
+                                                   nodes), None, None)
+
+
+def _view(rank: int, source: str) -> dict[str, object]:
+    return {"node": {"node_rank": rank, "source": source}, "watchdog_alive": True}
+
+
+def test_a_live_runs_views_cost_one_session_on_node0_and_one_per_node_it_lacks(tmp_path: Path) -> None:
+    from fstrain.io.runs import node_views
+
+    def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
+        if argv[4] == "views":  # the coordinator has every member's view but node 5's (not sent yet)
+            views = [None if i == 5 else _view(i, "coordinator") for i in range(30)]
+            return 0, json.dumps({"format": 1, "views": views}), ""
+        assert argv[4] == "state" and host == "n5"
+        return 0, json.dumps(_view(5, "node")), ""
+
+    cluster = SimulatedCluster(node)
+    views = node_views(_record(tmp_path, 30), cluster.transport, "python3")
+    assert [(v or {}).get("node", {}).get("node_rank") for v in views] == list(range(30))
+    assert [v["node"]["source"] for v in views if v] == ["coordinator"] * 5 + ["node"] + ["coordinator"] * 24
+    assert cluster.counts.commands == 2 and cluster.counts.connections == 2  # node 0, then node 5
+
+
+def test_without_a_coordinator_every_node_is_asked_itself(tmp_path: Path) -> None:
+    from fstrain.io.runs import node_views
+
+    def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
+        if argv[4] == "views":  # the run has ended: no coordinator listens
+            return 0, json.dumps({"error": "the coordinator does not answer"}), ""
+        assert argv[4] == "state"
+        return 0, json.dumps(_view(int(argv[6]), "node")), ""
+
+    cluster = SimulatedCluster(node, failing=frozenset({"n7"}))
+    views = node_views(_record(tmp_path, 30), cluster.transport, "python3")
+    assert views[7] is None  # refused: unreachable, the others answer
+    assert [(v or {}).get("node", {}).get("node_rank") for v in views] == [None if i == 7 else i for i in range(30)]
+    assert cluster.counts.refused == 1 and cluster.counts.commands == 30  # node 0's question, then 29 nodes
+
+
+def test_a_members_live_ranks_are_read_from_its_own_processes() -> None:
+    import os
+    import subprocess
+
+    from fstrain.io.remote.runctl import ranks_alive
+
+    match = {"FSTRAIN_RUN_ID": "r-scale", "FSTRAIN_NODE_RANK": "1"}
+    rank = subprocess.Popen(["sleep", "30"], env={**os.environ, **match, "RANK": "9"})
+    try:
+        deadline = time.monotonic() + 10  # forked, but its environment is its own once it has exec'd
+        while ranks_alive(match, [rank.pid]) != [9] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ranks_alive(match, [rank.pid]) == [9]
+        assert ranks_alive(match, []) == []  # its own job only: nothing else in /proc is read
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_a_short_tail_of_a_live_run_comes_from_node0_where_the_views_hold_it() -> None:
+    from fstrain.io.logs import NodeFile, NodeOutputs
+
+    def view(rank: int, lines: list[str]) -> dict[str, object]:
+        return {"node": {"last_lines": lines, "last_lines_at": [100.0 + rank + i / 10 for i in range(len(lines))],
+                         "out_bytes": 5000 + rank}}
+
+    views = {0: view(0, ["[local0]:a0", "[local1]:b0", "[local0]:c0"]),
+             1: view(1, ["[local0]:a1", "[local0]:b1"]),  # rank 2 (its local 0) printed only two lines here
+             2: None}  # node 2 has sent no view yet
+
+    def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
+        assert argv[4] == "lines" and host in ("n1", "n2")
+        return 0, f"90.000 [local0]:old on {host}\n95.000 [local0]:from {host}\n", json.dumps({"offset": 77})
+
+    cluster = SimulatedCluster(node)
+    files = [NodeFile(Host(f"n{i}"), "~/r", i, 2 * i) for i in range(3)]
+    outputs = NodeOutputs(files, cluster.transport, "python3", views=lambda: views)
+    try:
+        assert list(outputs.read(tail=2)) == ["[n1 r2] a1\n", "[n1 r2] b1\n"]  # the last two of all, by time
+        assert cluster.counts.commands == 1  # node 2 alone, asked itself
+        assert outputs.offsets == [5000, 5001, 77]  # a follow goes on after the lines shown
+    finally:
+        outputs.close()
+    ranked = NodeOutputs(files[1:2], cluster.transport, "python3", rank=2, views=lambda: views)
+    try:
+        assert list(ranked.read(tail=3)) == ["[n1 r2] old on n1\n", "[n1 r2] from n1\n"]  # two in the view: asked
+        assert list(NodeOutputs(files[:1], cluster.transport, "python3", rank=0,
+                                views=lambda: views).read(tail=2)) == ["[n0 r0] a0\n", "[n0 r0] c0\n"]
+        assert cluster.counts.commands == 2  # node 1 again; node 0's view held rank 0's two
+    finally:
+        ranked.close()
