@@ -235,3 +235,64 @@ def test_messages_split_across_reads_or_sharing_one_are_each_read_whole(tmp_path
         member.close()
         assert running.listener is not None
         running.listener.close()
+
+
+def test_a_members_unread_heartbeat_counts_as_heard_on_a_slow_node0(tmp_path: Path) -> None:
+    """node 0 loaded: its reader is behind, a member's heartbeat waits unread on the connection.
+    Silence is judged on what arrived, so the member is heard, not lost; a member with nothing
+    waiting stays silent and the rule judges it as before."""
+    from fstrain.io.remote.coordinator import Link
+
+    running = make_coordinator(tmp_path, nnodes=3, names=["node1", "node2", "node3"], heartbeat_timeout_s=4)
+    pairs = {rank: socket.socketpair() for rank in (1, 2)}
+    try:
+        links = {rank: Link(ours) for rank, (ours, _) in pairs.items()}
+        start = time.monotonic()
+        for rank in (1, 2):
+            running.run.node_joined(rank, start)
+        pairs[1][1].sendall(b'{"hb": 1}\n')  # node2's heartbeat, sent, not read by the coordinator
+        later = start + 3  # past half the timeout, before the rule would judge
+        running.heard_unread(links, later)
+        assert running.run.nodes[1].last_heard_s == later
+        assert running.run.nodes[2].last_heard_s == start  # nothing waits from node3
+        running.run.tick(start + 5)  # 5 s after the join: node3 past the 4 s timeout, node2 2 s after its word
+        assert running.run.nodes[2].error is not None and "no heartbeat" in running.run.nodes[2].error
+        assert running.run.nodes[1].error is None
+    finally:
+        for ours, theirs in pairs.values():
+            ours.close()
+            theirs.close()
+
+
+def test_a_member_reading_late_keeps_its_job_while_the_coordinators_words_wait(tmp_path: Path) -> None:
+    """A member's watchdog whose reader fell behind (a loaded node) finds the coordinator's
+    heartbeat waiting on its link: the coordinator spoke, so the job keeps running; with nothing
+    waiting, silence past the timeout stops it."""
+    import subprocess
+    import sys
+
+    from fstrain.io.remote.watchdog import Watchdog, has_unread_bytes
+
+    read_end, write_end = os.pipe()
+    try:
+        assert not has_unread_bytes(read_end)
+        os.write(write_end, b"hb\n")
+        assert has_unread_bytes(read_end)
+        for waiting in (True, False):
+            dog = Watchdog({"heartbeat_timeout_s": 0.2, "grace_s": 0})
+            dog.heartbeat_fd = read_end if waiting else os.pipe()[0]
+            dog.child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+            try:
+                dog.last_heartbeat = time.monotonic() - 1  # silent for longer than the timeout
+                stopper = threading.Timer(0.6, dog.request, args=("kill",))
+                stopper.start()
+                dog.supervise()
+                stopper.cancel()
+                assert dog.stop_requested == ("kill" if waiting else "term")
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    dog.child.kill()
+                dog.child.wait()
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -665,6 +665,7 @@ class Coordinator:
                 for link in links.values():
                     link.send_bytes(beat)
             self.step_event()
+            self.heard_unread(links, time.monotonic())
             with self.lock:
                 first = self.run.first_failure
                 self.carry_out(self.run.tick(time.monotonic()))
@@ -673,6 +674,19 @@ class Coordinator:
                     with contextlib.suppress(OSError):
                         write_json(os.path.join(self.node.run_dir, "run.json"), self.record())
             time.sleep(HEARTBEAT_S)
+
+    def heard_unread(self, links: dict[int, Link], now: float) -> None:
+        """A member whose words wait unread on its connection has been heard: this process, not
+        the member, was slow (``serve`` behind on a loaded node 0). Looked at only for members
+        silent for half the heartbeat timeout, before the silence rule judges them."""
+        timeout_s = self.run.limits.heartbeat_timeout_s
+        if timeout_s is None:
+            return
+        for rank, link in links.items():
+            record = self.run.nodes[rank]
+            if now - record.last_heard_s > timeout_s / 2 and self.node.watchdog.has_unread_bytes(link.sock.fileno()):
+                with self.lock:
+                    self.run.heard(rank, now)
 
     def all_views(self) -> list[Any]:
         """Every node's view as its runctl ``state`` gives it, node 0's with the run's record;
@@ -812,6 +826,7 @@ def run_member(node: Node, ready_w: int) -> None:
     except OSError as exc:
         _fail_start(ready_w, f"cannot reach the coordinator {address}:{port}: {exc}")
     node.watchdog.last_heartbeat = time.monotonic()  # the timeout counts from the join, not the process's start
+    node.watchdog.heartbeat_fd = link.sock.fileno()  # silence is judged on what arrived, read or not
     interval_s = heartbeat_interval_s(int(detach["nnodes"]), node.watchdog.heartbeat_timeout_s)
     ended = threading.Event()
 
