@@ -172,7 +172,7 @@ class NodeOutputs:
                     if len(picked) == tail:
                         enough = True
                         break
-            if not enough:
+            if not enough and not _whole_file(lines, times, size):
                 continue
             served[index] = [_tagged(node, raw) for raw in reversed(picked)]
             self.offsets[index] = size  # a read after this one goes on after these lines
@@ -262,6 +262,18 @@ class FileOutputs:
         for lines in reversed(found):
             for line in lines:
                 yield line.decode(errors="replace") + "\n"
+
+
+def _whole_file(lines: list[Any], times: list[Any], size: int) -> bool:
+    """Whether a view's last lines are the node's whole output file: written as ``TIME LINE``
+    (the watchdog's copy), their bytes add up to the file's size, so the node has no line the
+    view lacks and a tail longer than what it printed needs no read on the node."""
+    try:
+        written = sum(len(b"%.3f " % float(at) + str(text).encode() + b"\n")
+                      for text, at in zip(lines, times, strict=True))
+    except (TypeError, ValueError):
+        return False
+    return written == size
 
 
 def _reader_at(fd: int) -> Callable[[int, int], bytes]:

@@ -130,3 +130,29 @@ def test_a_short_tail_of_a_live_run_comes_from_node0_where_the_views_hold_it() -
         assert cluster.counts.commands == 2  # node 1 again; node 0's view held rank 0's two
     finally:
         ranked.close()
+
+
+def test_a_view_holding_a_nodes_whole_output_answers_a_longer_tail() -> None:
+    """A node that printed one line: its view holds the whole file (the lines' bytes add up to
+    its size), so `logs --tail 5` needs no read on the node; a view whose bytes fall short of
+    the file (lines before the view) is read on the node as before."""
+    from fstrain.io.logs import NodeFile, NodeOutputs
+
+    line, at = "[local0]:FSTBENCH ready rank=0", 100.25
+    whole = len(b"%.3f " % at + line.encode() + b"\n")
+    views = {0: {"node": {"last_lines": [line], "last_lines_at": [at], "out_bytes": whole}},
+             1: {"node": {"last_lines": [line], "last_lines_at": [at], "out_bytes": whole + 40}}}
+
+    def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
+        assert host == "n1"  # node 0's view is its whole file
+        return 0, f"90.000 [local0]:earlier on {host}\n", json.dumps({"offset": whole + 40})
+
+    cluster = SimulatedCluster(node)
+    files = [NodeFile(Host(f"n{i}"), "~/r", i, i) for i in range(2)]
+    outputs = NodeOutputs(files, cluster.transport, "python3", views=lambda: views)
+    try:
+        assert list(outputs.read(tail=5)) == ["[n1 r1] earlier on n1\n", "[n0 r0] FSTBENCH ready rank=0\n"]
+        assert cluster.counts.commands == 1
+        assert outputs.offsets == [whole, whole + 40]
+    finally:
+        outputs.close()
