@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import machine_line, namespace_cluster
+
+from tests.cluster.launch_helpers import job_processes, kill_job_processes  # the cluster tests' own check
+from tests.conftest import NamespaceCluster
 
 REPO = Path(__file__).resolve().parent.parent
 SLEEPER = """import os, pathlib, sys, time
@@ -118,22 +121,6 @@ def measure(argv: list[str], env: dict[str, str], timeout_s: float = 900) -> Mea
                         proc.returncode)
 
 
-def namespace_pids(namespace: str) -> list[int]:
-    found = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False)
-    return [int(p) for p in found.stdout.split()]
-
-
-def is_sshd(pid: int) -> bool:
-    try:
-        return os.readlink(f"/proc/{pid}/exe") == "/usr/sbin/sshd"
-    except OSError:
-        return True  # gone: not a job process
-
-
-def job_pids(namespaces: list[str]) -> list[int]:
-    return [pid for ns in namespaces for pid in namespace_pids(ns) if not is_sshd(pid)]
-
-
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -159,15 +146,14 @@ def one_size(hosts: int, state: Path, work: Path, cluster_id: str, steady_s: flo
     env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO)}
     env.pop("FSTRAIN_DEBUG", None)
     fstrain = [sys.executable, "-m", "fstrain"]
-    namespaces = [f"fst{cluster_id}-node{i}" for i in range(1, hosts + 1)]
+    cluster = NamespaceCluster(state, hosts, cluster_id)  # its first ``hosts`` hosts
     launch = measure([*fstrain, "launch", "--detach", "--ssh-config", str(state / "ssh_config"),
                       "--hosts", f"node[1-{hosts}]", "--nproc-per-node", "1", "--grace", "5",
                       "--run-dir", str(run_dir), "--", "python3", str(script), str(markers)], env)
     result.rows["launch --detach"] = launch
     if launch.code != 0:
         result.note = f"launch failed ({launch.code}): {launch.stderr.strip().splitlines()[-1:]}"
-        for pid in job_pids(namespaces):
-            os.kill(pid, signal.SIGKILL)
+        kill_job_processes(cluster)
         return result
     run_id = launch.stdout.strip()
     run_ids.append(run_id)
@@ -191,12 +177,9 @@ def one_size(hosts: int, state: Path, work: Path, cluster_id: str, steady_s: flo
     stop = measure([*fstrain, "stop", run_id, "--ssh-config", str(state / "ssh_config")], env)
     result.rows["stop"] = stop
     stop_began = time.perf_counter() - stop.wall_s
-    wait_for(lambda: not job_pids(namespaces), 300, 0.5)
+    wait_for(lambda: not job_processes(cluster), 300, 0.5)
     result.stop_to_empty_s = time.perf_counter() - stop_began
-    left = job_pids(namespaces)
-    result.left = len(left)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    result.left = sum(len(found) for found in kill_job_processes(cluster).values())  # counted, then killed
     result.rows["gc"] = measure([*fstrain, "gc", "--older-than", "1s", "--ssh-config", str(state / "ssh_config")],
                                 env)
     return result
