@@ -156,6 +156,14 @@ class ModelStates:
         return self.parameters + self.gradients + self.optimizer_states
 
 
+def _state_bytes_per_param(precision: str, optimizer: str, state_bytes: float | None) -> float:
+    """The optimizer's state bytes per parameter in ``precision``, or ``state_bytes`` when the
+    caller counted them (Adafactor's factored states)."""
+    if state_bytes is not None:
+        return state_bytes
+    return optimizer_state_bytes(precision, optimizer, OPTIMIZER_STATE_BYTES[optimizer])
+
+
 def model_states(
     num_params: int,
     strategy: str,
@@ -181,9 +189,7 @@ def model_states(
     mixed = m.master_bytes > 0
     w = m.param_bytes
     master = m.master_bytes
-    states: float = optimizer_state_bytes(precision, optimizer, OPTIMIZER_STATE_BYTES[optimizer])
-    if state_bytes is not None:
-        states = state_bytes
+    states = _state_bytes_per_param(precision, optimizer, state_bytes)
     n = 1 if strategy == "ddp" else shard
 
     def sharded(bytes_per_param: float) -> int:
@@ -244,8 +250,7 @@ def megatron_model_states(
     (:func:`optimizer_step_items`). ``--optimizer-cpu-offload`` (offload ``optimizer``; Megatron's
     ``--optimizer-offload-fraction`` 1.0, arguments.py L2918-2923) keeps the states and an fp32
     gradient shard on the host."""
-    states = state_bytes if state_bytes is not None else optimizer_state_bytes(
-        precision, optimizer, OPTIMIZER_STATE_BYTES[optimizer])
+    states = _state_bytes_per_param(precision, optimizer, state_bytes)
     per_param = megatron_bytes(precision, states, assumptions.megatron_fp32_main_grads)
     n = shard if strategy == "zero1" else 1
     parameters = per_param.parameters * num_params
