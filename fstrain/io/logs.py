@@ -162,7 +162,7 @@ class NodeOutputs:
             picked: list[str] = []
             enough = False
             for text, at in zip(reversed(lines), reversed(times), strict=True):
-                raw = f"{float(at):.3f} {text}"
+                raw = _file_line(at, text)
                 wanted = keep(raw.encode()) if keep is not None else True
                 if wanted is None:  # older than --since: none before it is either
                     enough = True
@@ -264,13 +264,17 @@ class FileOutputs:
                 yield line.decode(errors="replace") + "\n"
 
 
+def _file_line(at: Any, text: Any) -> str:
+    """A line of ``node<I>.out`` as the watchdog writes it: its time, then the line."""
+    return f"{float(at):.3f} {text}"
+
+
 def _whole_file(lines: list[Any], times: list[Any], size: int) -> bool:
     """Whether a view's last lines are the node's whole output file: written as ``TIME LINE``
     (the watchdog's copy), their bytes add up to the file's size, so the node has no line the
     view lacks and a tail longer than what it printed needs no read on the node."""
     try:
-        written = sum(len(b"%.3f " % float(at) + str(text).encode() + b"\n")
-                      for text, at in zip(lines, times, strict=True))
+        written = sum(len(f"{_file_line(at, text)}\n".encode()) for text, at in zip(lines, times, strict=True))
     except (TypeError, ValueError):
         return False
     return written == size
