@@ -502,15 +502,14 @@ def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: 
 
     assert record.detached is not None
     nodes = record.detached.nodes
-    by_host = {id(node.host): node for node in nodes}  # not hosts.index(h) per host: N^2 at 4,096 hosts
+    place = {id(node.host): index for index, node in enumerate(nodes)}  # not hosts.index(h): N^2 at 4,096
     with HostPool([node.host for node in nodes], connect) as pool:
         views = _coordinator_views(pool, record, python)
         missing = [node.host for node, view in zip(nodes, views, strict=True) if view is None]
         results = pool.run_all(
-            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", by_host[id(h)].run_dir,
-                       str(by_host[id(h)].node_rank), record.run_id],
+            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", nodes[place[id(h)]].run_dir,
+                       str(nodes[place[id(h)]].node_rank), record.run_id],
             stdin=as_line("runctl"), timeout_s=60, only=missing)
-    place = {id(node.host): index for index, node in enumerate(nodes)}
     for host, result in zip(missing, results, strict=True):
         with contextlib.suppress(ValueError):  # not a view: that node stays None
             views[place[id(host)]] = json.loads(result.stdout) if result.ok else None
