@@ -124,6 +124,11 @@ def check_recovery(request: LaunchRequest) -> None:
 
     run = request.run
     Policy(run.on_failure, run.max_restarts, run.min_nodes)
+    if run.on_failure == "stop" and run.max_restarts and request.job.backend != "torchrun":
+        raise InputError(f"--max-restarts without --on-failure restart/exclude restarts torchrun's worker group, and "
+                         f"the {request.job.backend} backend has none",
+                         "add --on-failure restart (fstrain starts the run again on the same hosts), "
+                         "or launch with --backend torchrun", "--max-restarts")
     if request.job.checkpoint_interval < 0:
         raise InputError(f"--checkpoint-interval must be >= 0, got {request.job.checkpoint_interval}",
                          "give the steps between the bundled trainer's checkpoints (0: at the end only)",
@@ -221,13 +226,15 @@ def _connector(prepared: Prepared) -> Callable[[Host], Transport]:
 
 
 def rank_packages(backend: str, bundled_trainer: bool, tensorboard: bool = False) -> tuple[str, ...]:
-    """What every host's interpreter must import for the ranks to start: torch, DeepSpeed for
-    its backend, fstrain itself where the ranks run the bundled trainer, and what its
+    """What every host's interpreter must import for the ranks to start: torch (its launcher, or the
+    bundled trainer's; the direct backend's own script needs only the standard library), DeepSpeed
+    for its backend, fstrain itself where the ranks run the bundled trainer, and what its
     ``--tensorboard`` writer imports (rank 0 writes, and any host can be node 0 once a
     recovery has left hosts out)."""
     from fstrain.core.job.plan import TENSORBOARD_PACKAGE
 
-    return ("torch", *(("deepspeed",) if backend == "deepspeed" else ()), *(("fstrain",) if bundled_trainer else ()),
+    launcher = () if backend == "direct" and not bundled_trainer else ("torch",)  # direct: the ranks' own imports
+    return (*launcher, *(("deepspeed",) if backend == "deepspeed" else ()), *(("fstrain",) if bundled_trainer else ()),
             *((TENSORBOARD_PACKAGE,) if tensorboard else ()))
 
 
@@ -403,7 +410,8 @@ def _driving(prepared: Prepared, out: TextIO, report: Report | Reporter, color: 
                        fanout=request.hosts.fanout, ssh_config=request.hosts.ssh_config)
     drive_request = DriveRequest(
         nodes, prepared.run_id, prepared.run_dir, env=dict(job_request.env), master_port=run.master_port,
-        prewarm_backend=job_request.backend, limits=run.limits, detach=run.detach,
+        prewarm_backend=job_request.backend if job_request.backend != "direct" else None,  # direct: nothing to import
+        limits=run.limits, detach=run.detach,
         slurm_job_id=prepared.allocation.job_id if prepared.allocation is not None else None,
         output=RunOutput(out, color, run.metrics_textfile, trackers.line if trackers is not None else None),
         attempt=AttemptSettings(run.checkpoint_dir), events=EventLog.in_folder(prepared.run_dir.resolve(),

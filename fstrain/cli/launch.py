@@ -38,7 +38,8 @@ def launch_command(
     accept_new_hosts: bool = hostopts.ACCEPT_NEW,
     fanout: int = hostopts.FANOUT,
     nproc_per_node: str = typer.Option("auto", "--nproc-per-node", help="Processes per node, or 'auto' (slots)."),
-    backend: str = typer.Option("torchrun", "--backend", help="torchrun or deepspeed."),
+    backend: str = typer.Option("torchrun", "--backend", help="torchrun, deepspeed, or direct (fstrain starts each "
+                                "rank itself, with torchrun's environment; no torch needed to launch)."),
     no_local_rank: bool = typer.Option(False, "--no-local-rank", help="deepspeed backend: do not append "
                                        "--local_rank=N to the program's arguments (as deepspeed --no_local_rank)."),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE, or NAME to pass this environment's value, for "

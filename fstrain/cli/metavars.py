@@ -17,7 +17,7 @@ METAVARS = {
     "--timeout": "SECONDS", "--plan": "FILE", "--checkpoint-dir": "DIR", "--master-port": "PORT",
     "--workdir": "DIR", "--only": "CHECKS", "--skip": "CHECKS", "--write-test-mib": "MIB",
     # launch
-    "--nproc-per-node": "N|auto", "--backend": "torchrun|deepspeed", "--env": "NAME=VALUE", "--env-file": "FILE",
+    "--nproc-per-node": "N|auto", "--backend": "torchrun|deepspeed|direct", "--env": "NAME=VALUE", "--env-file": "FILE",
     "--max-restarts": "N", "--on-failure": "stop|restart|exclude", "--min-nodes": "N",
     "--checkpoint-interval": "STEPS", "--run-dir": "DIR", "--grace": "SECONDS", "--heartbeat-timeout": "SECONDS",
     "--model": "NAME", "--recipe": "FILE", "--strategy": "STRATEGY", "--micro-batch": "N",

@@ -35,6 +35,7 @@ from fstrain import __version__
 from fstrain.core.formats import KINDS
 from fstrain.core.hosts.hostfile import Host, compress_hostlist
 from fstrain.core.job.spec import (
+    DIRECT_SCRIPT,
     NodeLaunch,
     base_env,
     launcher_prefix,
@@ -487,6 +488,8 @@ def watchdog_header(launch: NodeLaunch, options: RunOptions) -> dict[str, Any]:
     if limits.stall_timeout_s or limits.finish_timeout_s:  # ranks answer SIGUSR1 with their stacks
         header.update(stacks=True, modules={"stacks": source("stacks")}, stall_timeout_s=limits.stall_timeout_s,
                       finish_timeout_s=limits.finish_timeout_s)
+    if launch.backend == "direct":  # fstrain's own script starts the ranks (and reports the first failure)
+        header["files"] = {**header["files"], DIRECT_SCRIPT: source("ranks")}
     if launch.backend == "deepspeed":  # its launcher does not say which rank failed: the watchdog looks
         header.update(watch_rank_exits=True, modules={**header.get("modules", {}), "stacks": source("stacks")})
     if options.metrics_textfile:  # the node's .prom file: its ranks' lines, alive ranks from /proc

@@ -78,13 +78,13 @@ def test_one_rank_exits_7_gives_7_and_names_the_rank(cluster: NamespaceCluster, 
     assert_no_job_processes(cluster, GRACE_S + 5)
 
 
-@pytest.mark.parametrize("backend", ["torchrun", "deepspeed"])
+@pytest.mark.parametrize("backend", ["torchrun", "deepspeed", "direct"])
 def test_one_rank_segfaults_gives_139(cluster: NamespaceCluster, tmp_path: Path, backend: str) -> None:
     launch = start_launch(cluster, *worker_args(tmp_path, "--backend", backend, "--env", "FSTRAIN_TEST_FAULT=segv",
                                                 "--env", "FSTRAIN_TEST_FAULT_RANK=2"))
     assert launch.finish() == 139, launch.err
     assert "[node2 r2] rank 2 segfaults on purpose" in launch.out
-    # DeepSpeed's launcher does not say which rank it was: the watchdog saw it exit.
+    # DeepSpeed's launcher does not say which rank it was: the watchdog saw it exit (direct: fstrain's script).
     assert "first failure: rank 2 (local rank 0) on node2 (node 1) was killed by SIGSEGV" in launch.err
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["first_failure"] == {"rank": 2, "local_rank": 0, "exit_code": 139, "signal": "SIGSEGV"}

@@ -20,7 +20,7 @@ RANK_LINE = re.compile(r"^\[(node\d)(?: r\d)?\] \[fstrain\.train\] rank (\d)/(\d
 
 @pytest.mark.parametrize(
     ("backend", "strategy", "trainer_backend"),
-    [("torchrun", "fsdp-full", "fsdp"), ("deepspeed", "zero3", "deepspeed")],
+    [("torchrun", "fsdp-full", "fsdp"), ("deepspeed", "zero3", "deepspeed"), ("direct", "fsdp-full", "fsdp")],
 )
 def test_two_nodes_two_processes_train_and_loss_goes_down(
     cluster: NamespaceCluster, tmp_path: Path, backend: str, strategy: str, trainer_backend: str

@@ -1,4 +1,4 @@
-"""Every line of every rank reaches the user once and whole, for both backends, attached and
+"""Every line of every rank reaches the user once and whole, for every backend, attached and
 detached: lines written in two writes, 64 KiB lines (each past every pipe and read buffer on the
 way, so a line cut at a buffer boundary shows), lines with invalid UTF-8 bytes (an offset counted
 in characters, not bytes, shows), lines on stderr. The same counts at volume, 4 ranks x 200,000
@@ -85,7 +85,7 @@ def assert_whole(reports: dict[str, LineReport]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["attached", "detached"])
-@pytest.mark.parametrize("backend", ["torchrun", "deepspeed"])
+@pytest.mark.parametrize("backend", ["torchrun", "deepspeed", "direct"])
 def test_every_line_arrives_once_and_whole(cluster: NamespaceCluster, tmp_path: Path, backend: str,
                                            mode: str) -> None:
     """Two-part lines (half, a pause, the rest), 64 KiB lines (one in 25), invalid UTF-8 and

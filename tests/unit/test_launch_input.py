@@ -23,6 +23,18 @@ def test_env_name_alone_takes_the_value_from_here_and_masks_secrets() -> None:
     assert secret not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("backend", ["direct", "deepspeed"])
+def test_worker_group_restarts_without_torchrun_are_one_clear_line(backend: str) -> None:
+    result = run_fstrain(*DRY, "--backend", backend, "--max-restarts", "2", "--", "python3", "train.py")
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: --max-restarts: --max-restarts without --on-failure restart/exclude "
+                                     f"restarts torchrun's worker group, and the {backend} backend has none")
+    assert "add --on-failure restart" in result.stderr and result.stderr.count("\n") <= 2
+    fine = run_fstrain(*DRY, "--backend", backend, "--max-restarts", "2", "--on-failure", "restart", "--",
+                       "python3", "train.py")
+    assert fine.returncode == 0, fine.stderr
+
+
 def test_env_name_not_set_here_is_one_clear_line() -> None:
     result = run_fstrain(*DRY, "--env", "FSTRAIN_TEST_NOT_SET_ANYWHERE", "--", "python3", "train.py")
     assert result.returncode == 2

@@ -15,6 +15,7 @@ from fstrain.core.hosts.hostfile import Host, parse_hostfile, select_hosts
 from fstrain.core.job.plan import check_plan_fits_launch, data_parallel_plan, trainer_program
 from fstrain.core.job.spec import (
     DEFAULT_ENV,
+    DIRECT_SCRIPT,
     PORT_RANGE,
     LaunchJob,
     base_env,
@@ -107,6 +108,25 @@ def test_torchrun_without_restarts_uses_the_static_rendezvous_and_knows_global_r
     assert [n.rank_offset for n in deepspeed] == [0, 2, 4] and deepspeed[0].backend == "deepspeed"
 
 
+def test_direct_backend_runs_fstrains_script_with_every_nodes_ranks_known() -> None:
+    hosts = [Host("a"), Host("b", slot_ids=(1, 3)), Host("c")]
+    launches = plan_launches(hosts, [2, 2, 3], job(["python", "train.py", "--lr", "1"], backend="direct",
+                                                  python="/venv/bin/python", max_restarts=2))
+    assert [n.rank_offset for n in launches] == [0, 2, 4]  # fixed before the start, whatever --max-restarts
+    second = launches[1]
+    assert second.argv[:3] == ("/venv/bin/python", "-u", "{run_dir}/" + DIRECT_SCRIPT)
+    for option in ("--nnodes=3", "--node-rank=1", "--nproc=2", "--rank-offset=2", "--world-size=7",
+                   "--master-addr=10.0.0.1", "--master-port=29500", "--run-id=r1", f"--log-dir={second.rank_log_dir}"):
+        assert option in second.argv, option
+    # The program after --, its Python replaced by the hosts' interpreter, as torchrun runs it.
+    assert second.argv[second.argv.index("--") + 1:] == ("/venv/bin/python", "train.py", "--lr", "1")
+    assert second.env["CUDA_VISIBLE_DEVICES"] == "1,3" and "CUDA_VISIBLE_DEVICES" not in launches[0].env
+    tail = plan_launches([Host("a")], [1], job(["t.py", "x"], backend="direct", python="p"))[0].argv
+    assert tail[tail.index("--") + 1:] == ("p", "t.py", "x")
+    tail = plan_launches([Host("a")], [1], job(["./run.sh", "x"], backend="direct", python="p"))[0].argv
+    assert tail[tail.index("--") + 1:] == ("./run.sh", "x")
+
+
 def test_deepspeed_argv_carries_world_info() -> None:
     argv = deepspeed_argv("python3", world_info={"a": [0, 1], "b": [2]}, node_rank=1, master_addr="a",
                           master_port=1234, program=["python3", "-m", "fstrain.train", "--steps", "2"])
@@ -194,7 +214,8 @@ def test_data_parallel_plan_and_world_size_check() -> None:
     assert "{run_dir}/ds_config.json" in trainer_program("python3", zero, steps=5)
 
 
-@pytest.mark.parametrize(("backend", "option"), [("deepspeed", "--enable_each_rank_log="), ("torchrun", "--log-dir=")])
+@pytest.mark.parametrize(("backend", "option"), [("deepspeed", "--enable_each_rank_log="), ("torchrun", "--log-dir="),
+                                                 ("direct", "--log-dir=")])
 def test_rank_logs_go_to_a_folder_per_node(backend: str, option: str) -> None:
     """Every rank writes files of its own (the watchdog relays them whole): never torchrun's --tee."""
     hosts = [Host("a", slots=2), Host("b", slots=2)]

@@ -67,6 +67,9 @@ def test_node_failure_per_backend() -> None:
     assert node_failure("deepspeed", 245, None) == RankFailure(None, None, 139)
     # The watchdog saw which rank exited first: that rank and its own code.
     assert node_failure("deepspeed", 245, RankFailure(2, 0, 139)) == RankFailure(2, 0, 139)
+    # The direct backend's script names the rank itself and exits with its code as a shell says it.
+    assert node_failure("direct", 9, RankFailure(3, 1, 9)) == RankFailure(3, 1, 9)
+    assert node_failure("direct", 250, None) == RankFailure(None, None, 250)  # not folded as DeepSpeed's
 
 
 def test_the_watchdogs_rank_exit_report() -> None:

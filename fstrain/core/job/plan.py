@@ -18,7 +18,7 @@ from fstrain.errors import ConfigError
 TRAINER_OPTIMIZERS = ("adamw", "sgd", "adam8bit")
 ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3,
               "fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
-DEFAULT_STRATEGY = {"torchrun": "fsdp-full", "deepspeed": "zero3"}
+DEFAULT_STRATEGY = {"torchrun": "fsdp-full", "deepspeed": "zero3", "direct": "fsdp-full"}
 # What the trainer's --tensorboard writer (torch.utils.tensorboard's SummaryWriter) imports: the
 # trainer checks it on rank 0, and a launch's preflight on every host before anything starts.
 TENSORBOARD_PACKAGE = "tensorboard"

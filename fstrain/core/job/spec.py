@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import ConfigError, InputError
 
-BACKENDS = ("torchrun", "deepspeed")
+BACKENDS = ("torchrun", "deepspeed", "direct")
+# --backend direct: the script (fstrain/io/remote/ranks.py) that starts a node's ranks, written
+# into its run directory by the watchdog (``files`` in its header) and run there as the job.
+DIRECT_SCRIPT = "fstrain-ranks.py"
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 MASK = "****"
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -157,7 +160,7 @@ def launcher_prefix(backend: str, python: str) -> tuple[str, ...]:
 class LaunchJob:
     """What every node runs and how the nodes meet: the same for all of them."""
 
-    backend: str  # torchrun or deepspeed
+    backend: str  # torchrun, deepspeed or direct
     program: Sequence[str]
     python: str  # the interpreter on the hosts
     master_addr: str
@@ -191,6 +194,24 @@ def torchrun_argv(job: LaunchJob, *, nnodes: int, node_rank: int, nproc: int) ->
         "--redirects=3",
         f"--log-dir={RANK_LOG_DIR % node_rank}",
         *_program_for_torchrun(python, job.program),
+    )
+
+
+def direct_argv(job: LaunchJob, *, nnodes: int, node_rank: int, nproc: int, rank_offset: int,
+                world_size: int) -> tuple[str, ...]:
+    """``--backend direct``: fstrain's own script starts the node's ``nproc`` ranks with the
+    environment torchrun gives its workers (fstrain/io/remote/ranks.py). A Python program runs
+    with the hosts' interpreter, as torchrun runs it."""
+    program = list(job.program)
+    if _is_python(program[0], job.python):
+        program[0] = job.python
+    elif program[0].endswith(".py"):
+        program = [job.python, *program]
+    return (
+        job.python, "-u", "{run_dir}/" + DIRECT_SCRIPT,
+        f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc={nproc}", f"--rank-offset={rank_offset}",
+        f"--world-size={world_size}", f"--master-addr={job.master_addr}", f"--master-port={job.master_port}",
+        f"--run-id={job.run_id}", f"--log-dir={RANK_LOG_DIR % node_rank}", "--", *program,
     )
 
 
@@ -303,13 +324,18 @@ def plan_launches(hosts: Sequence[Host], nprocs: Sequence[int], job: LaunchJob,
     if backend == "deepspeed":
         check_world_info(encoded, len(hosts))
     # Global ranks follow node order (torchrun's static rendezvous, DeepSpeed's world info).
-    static = backend == "deepspeed" or job.max_restarts == 0
+    static = backend != "torchrun" or job.max_restarts == 0
     launches = []
     offset = 0  # global rank of this node's local rank 0: a running sum, not a sum per node
     for rank, (host, nproc) in enumerate(zip(hosts, nprocs, strict=True)):
         node_env = {**(per_node_env[rank] if per_node_env else {}), **base_env(env)}
         if backend == "torchrun":
             argv = torchrun_argv(job, nnodes=len(hosts), node_rank=rank, nproc=nproc)
+            if host.slot_ids is not None and "CUDA_VISIBLE_DEVICES" not in env:
+                node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slot_ids))
+        elif backend == "direct":
+            argv = direct_argv(job, nnodes=len(hosts), node_rank=rank, nproc=nproc, rank_offset=offset,
+                               world_size=sum(nprocs))
             if host.slot_ids is not None and "CUDA_VISIBLE_DEVICES" not in env:
                 node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slot_ids))
         else:

@@ -14,7 +14,8 @@ record names the global rank, the local rank and the exit code (negative for a s
 DeepSpeed's per-node launcher exits with the failing rank's own return code, which a negative
 (signal) code turns into ``256 + code`` (``sys.exit(-11)`` is 245), and never says which rank
 that was: the node's watchdog catches the first rank that exits non-zero and reports it
-(``rank_exit``, read with ``rank_exit_report``).
+(``rank_exit``, read with ``rank_exit_report``). The direct backend's script (fstrain's own,
+fstrain/io/remote/ranks.py) reports the first failure in that same event and exits with its code.
 
 Pure and stdlib-only: fed one output line at a time, by the launcher and by the detached
 coordinator alike.
@@ -140,8 +141,10 @@ def node_failure(backend: str, node_exit_code: int | None, root_cause: RankFailu
         if rank is None and rank_offset is not None and root_cause.local_rank is not None:
             rank = rank_offset + root_cause.local_rank
         return RankFailure(rank, root_cause.local_rank, root_cause.exit_code, root_cause.host)
-    if root_cause is not None:  # the watchdog saw which rank exited first, and with what
+    if root_cause is not None:  # the watchdog (direct: fstrain's own rank script) saw which rank exited first
         return root_cause
+    if backend == "direct":  # the script exits with the rank's code as a shell reports it
+        return RankFailure(None, None, node_exit_code)
     return RankFailure(None, None, deepspeed_launcher_code(node_exit_code))
 
 
