@@ -95,6 +95,7 @@ class HostFacts:
 
     host: Host
     info: dict[str, Any]
+    session_s: float = 0.0  # the preflight's session on it, start to end (what one session takes there now)
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float
             own = package_hint(missing[0], python) if len(missing) == 1 else None
             hint = own or interpreter_hint(pool, python, packages, timeout_s)
             continue
-        facts.append(HostFacts(host, info))
+        facts.append(HostFacts(host, info, result.seconds))
     if problems:
         raise LaunchError("preflight failed on " + summarize_problems(problems), hint, "launch")
     return facts
@@ -209,11 +210,25 @@ def interpreter_hint(pool: HostPool, python: str, packages: Sequence[str], timeo
 # -- 2. rendezvous ------------------------------------------------------------------------------
 
 
+# A host's reachability check may take this long beyond its connection attempts, or twice what
+# the slowest host's preflight session took, whichever is longer: a session's time is mostly the
+# hosts' and this machine's load (`--fanout` sessions at once, each a login shell and a Python
+# start), and a launch must not fail because its hosts are busy, only because one hangs.
+CHECK_MARGIN_S = 30.0
+
+
+def check_timeout_s(connect_timeout_s: float, targets: int, facts: Sequence[HostFacts]) -> float:
+    """The reachability check's time limit on each host (see CHECK_MARGIN_S)."""
+    slowest = max((f.session_s for f in facts), default=0.0)
+    return connect_timeout_s * targets + max(CHECK_MARGIN_S, 2 * slowest)
+
+
 def choose_rendezvous(
     pool: HostPool, connect: Callable[[Host], Transport], facts: Sequence[HostFacts], python: str,
     run_id: str, master_port: int | None, timeout_s: float = 5,
 ) -> Rendezvous:
-    """The first host's address that every host reaches, on a port that is free there."""
+    """The first host's address that every host reaches, on a port that is free there
+    (``timeout_s``: each connection attempt's limit)."""
     hosts = [f.host for f in facts]
     ports = [master_port] if master_port else master_port_candidates(run_id)
     if all(is_local(h) for h in hosts):
@@ -234,7 +249,8 @@ def choose_rendezvous(
                               "pass --master-port with a free port", "rendezvous")
         targets = [f"{address}:{port}" for address in candidates]
         results = pool.run_all([python, "-", "connect", str(timeout_s), *targets],
-                               stdin=source("netcheck").encode(), timeout_s=timeout_s * len(targets) + 30)
+                               stdin=source("netcheck").encode(),
+                               timeout_s=check_timeout_s(timeout_s, len(targets), facts))
         listener.write(b"done\n")  # free the port before the job needs it, and wait until it is free
         listener.close_stdin()
         for _ in output:

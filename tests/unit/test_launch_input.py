@@ -246,3 +246,27 @@ def test_a_model_the_bundled_trainer_cannot_build_is_refused_before_any_host(tmp
     own = run_fstrain("launch", "--dry-run", "--hosts", "nowhere.invalid", "--nproc-per-node", "1", "--recipe",
                       str(config), "--run-dir", str(tmp_path / "run"), "--", "python3", "train.py", env=env)
     assert own.returncode == 0 and "dry run: nothing was contacted" in own.stderr, own.stderr
+
+
+def test_the_reachability_checks_limit_grows_with_how_slow_the_hosts_answered() -> None:
+    import json as _json
+    import time as _time
+
+    from fstrain.core.hosts.hostfile import Host
+    from fstrain.io.fanout import HostPool
+    from fstrain.io.launch import CHECK_MARGIN_S, HostFacts, check_timeout_s, preflight
+    from fstrain.io.transport import CommandResult, FakeTransport
+
+    info = _json.dumps({"workdir_exists": True, "python": "3.11", "python_executable": "/usr/bin/python3"})
+
+    def answer(name: str) -> CommandResult:
+        _time.sleep(0.3 if name == "b" else 0.0)  # b's login shell and Python start-up, under load
+        return CommandResult(0, info, "", 0.0)
+
+    with HostPool([Host("a"), Host("b")], lambda host: FakeTransport(host.name, lambda argv, stdin: answer(
+            host.name))) as pool:
+        facts = preflight(pool, "python3", "/tmp")
+    assert facts[0].session_s < 0.3 <= facts[1].session_s < 5  # each host's session as this machine timed it
+    assert check_timeout_s(5, 2, facts) == 10 + CHECK_MARGIN_S  # quick hosts: the margin
+    busy = [HostFacts(Host("a"), {}, 0.2), HostFacts(Host("b"), {}, 41.0)]
+    assert check_timeout_s(5, 1, busy) == 5 + 82.0  # twice the slowest session, past the margin
