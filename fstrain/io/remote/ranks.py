@@ -21,7 +21,8 @@ Each rank's stdout and stderr go to files of its own in torchrun's layout
 (``DIR/<run id>_direct/attempt_0/<local rank>/stdout.log`` and ``stderr.log``), which the
 watchdog relays as whole tagged lines. The ranks share this process's process group, so the
 watchdog's one SIGTERM reaches all of them; this process then waits for them (a launcher that
-died at once would let the watchdog's sweep cut their grace period short). When a rank exits
+died at once would let the watchdog's sweep cut their grace period short), blocked in
+``waitpid``: it costs no CPU while the ranks run. When a rank exits
 non-zero, the others get SIGTERM, SIGKILL after ``FSTRAIN_GRACE_S``; the first failure is
 reported as the watchdog's own ``rank_exit`` event (a line on stdout, relayed to the launcher
 whole) and becomes this process's exit code (128 + signal for a signal death).
@@ -116,30 +117,50 @@ class Ranks:
         return None
 
     def wait(self) -> int:
-        """Until every rank has ended: 0, or the first failure's code (reported as ``rank_exit``)."""
+        """Until every rank has ended: 0, or the first failure's code (reported as ``rank_exit``).
+        Blocks in ``waitpid`` while the ranks run: no CPU at all until one ends."""
         first: dict[str, Any] | None = None
-        running = dict(self.procs)
+        running = {proc.pid: local for local, proc in self.procs.items()}
         while running:
-            ended = {local: proc.poll() for local, proc in running.items()}
-            failed = []
-            for local, status in ended.items():
-                if status is None:
-                    continue
-                del running[local]
-                if status != 0:
-                    failed.append({"rank": self.args.rank_offset + local, "local_rank": local,
-                                   "exit_code": exit_code(status)})
+            failed = self.failures(self.collect(running, block=True))
             if failed and first is None and not self.terminating:
+                time.sleep(POLL_S)  # ranks that fail together: the one not killed is the cause
+                failed += self.failures(self.collect(running, block=False))
                 failed.sort(key=lambda f: (f["exit_code"] in KILLED, f["rank"]))  # not the teardown's victims
                 first = failed[0]
                 self.report(first)
                 if running:
                     self.end_all()
                     running = {}
-            time.sleep(POLL_S)
         if first is not None:
             return int(first["exit_code"])
         return 128 + signal.SIGTERM if self.terminating else 0  # stopped: the ranks' codes are the stop's
+
+    def collect(self, running: dict[int, int], block: bool) -> list[tuple[int, int]]:
+        """(local rank, exit code) of the ranks that have ended, taken out of ``running`` (pid ->
+        local rank); with ``block``, waits for the first of them."""
+        ended = []
+        flags = 0 if block else os.WNOHANG
+        while running:
+            try:
+                pid, status = os.waitpid(-1, flags)  # retried after the SIGTERM handler (PEP 475)
+            except ChildProcessError:
+                running.clear()
+                break
+            if pid == 0:
+                break
+            flags = os.WNOHANG  # then whatever else has ended too
+            local = running.pop(pid, None)
+            if local is None:
+                continue
+            signalled = os.WIFSIGNALED(status)
+            self.procs[local].returncode = -os.WTERMSIG(status) if signalled else os.WEXITSTATUS(status)
+            ended.append((local, exit_code(self.procs[local].returncode)))
+        return ended
+
+    def failures(self, ended: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        return [{"rank": self.args.rank_offset + local, "local_rank": local, "exit_code": code}
+                for local, code in ended if code != 0]
 
     def report(self, failure: dict[str, Any]) -> None:
         sys.stdout.write(EVENT_PREFIX + json.dumps({"rank_exit": failure}) + "\n")
