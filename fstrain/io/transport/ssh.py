@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import paramiko
 
 KEEPALIVE_INTERVAL_S = 15
+HANDSHAKE_MIN_S = 30.0  # the key exchange's and authentication's least limit (see SshTransport._open)
 _FROZEN_HINT = ("the host accepts connections but its sshd does not answer: is it frozen or overloaded? "
                 "(ConnectTimeout in the SSH config sets the limit)")
 _PLAIN_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
@@ -49,6 +50,12 @@ if not os.environ.get("FSTRAIN_DEBUG"):
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
     logging.getLogger("paramiko").propagate = False
 _known_hosts_lock = threading.Lock()
+
+
+def handshake_timeout_s(connect_timeout_s: float) -> float:
+    """How long the key exchange and the authentication may each take: ConnectTimeout, or
+    HANDSHAKE_MIN_S if that is longer."""
+    return max(connect_timeout_s, HANDSHAKE_MIN_S)
 
 
 def known_hosts_name(hostname: str, port: int) -> str:
@@ -99,10 +106,13 @@ class SshTransport:
         transport = paramiko.Transport(sock)
         self._transports.append(transport)
         # Every step of the connection has a deadline: a host that accepts TCP but never answers
-        # (a frozen sshd) is reported, never waited for.
+        # (a frozen sshd) is reported, never waited for. ConnectTimeout bounds the greeting, as
+        # OpenSSH's does; the key exchange and the authentication that follow are CPU work on
+        # both ends and get at least HANDSHAKE_MIN_S: a host busy with hundreds of sessions at
+        # once (a launch's --fanout) is slow, not frozen.
         transport.banner_timeout = target.connect_timeout_s
-        transport.handshake_timeout = target.connect_timeout_s
-        transport.auth_timeout = target.connect_timeout_s
+        transport.handshake_timeout = handshake_timeout_s(target.connect_timeout_s)
+        transport.auth_timeout = handshake_timeout_s(target.connect_timeout_s)
         known = load_known_hosts(target.known_hosts_files)
         names = self._host_key_names(target)
         preferred = [t for e in entries_for(known, names)
@@ -116,7 +126,7 @@ class SshTransport:
             base = [t for t in options.key_types if not t.endswith(CERT_SUFFIX)]
             options.key_types = tuple(dict.fromkeys([*wanted, *base]))
         try:
-            transport.start_client(timeout=target.connect_timeout_s)
+            transport.start_client(timeout=handshake_timeout_s(target.connect_timeout_s))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             if "banner" in str(exc):
                 raise TransportError(
@@ -128,7 +138,7 @@ class SshTransport:
             # start_client returns quietly when its deadline passes mid-handshake
             raise TransportError(
                 f"SSH handshake with {target.hostname}:{target.port} did not finish within "
-                f"{target.connect_timeout_s:g} s", _FROZEN_HINT, where)
+                f"{handshake_timeout_s(target.connect_timeout_s):g} s", _FROZEN_HINT, where)
         self._verify_host_key(target, transport, known, names, where)
         self._authenticate(target, transport, where)
         transport.set_keepalive(min(KEEPALIVE_INTERVAL_S, target.server_alive_interval_s))
