@@ -225,7 +225,7 @@ def check_timeout_s(connect_timeout_s: float, targets: int, facts: Sequence[Host
 
 def choose_rendezvous(
     pool: HostPool, connect: Callable[[Host], Transport], facts: Sequence[HostFacts], python: str,
-    run_id: str, master_port: int | None, timeout_s: float = 5,
+    run_id: str, master_port: int | None, timeout_s: float = 10,
 ) -> Rendezvous:
     """The first host's address that every host reaches, on a port that is free there
     (``timeout_s``: each connection attempt's limit)."""

@@ -123,7 +123,10 @@ def listen(ports: list[int]) -> None:
     if server is None:
         print(json.dumps({"port": None, "busy": busy}), flush=True)
         return
-    server.listen(128)
+    # Every host connects at once: a queue of 128 overflows at a few hundred busy hosts (the
+    # kernel drops their SYNs, and a retry after 1 s, 3 s, 7 s runs past the connect's limit).
+    # The kernel caps it at net.core.somaxconn (4096 since Linux 5.4).
+    server.listen(4096)
     print(json.dumps({"port": server.getsockname()[1], "busy": busy}), flush=True)
 
     def drain(conn: socket.socket) -> None:
