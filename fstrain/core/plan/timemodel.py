@@ -39,6 +39,10 @@
   Ring attention's K/V all-gather (forward, and again in backward) hides behind the first (local)
   chunk's SDPA; backward's fp32 dK/dV rotation hides each step behind the next chunk's SDPA, the
   last one exposed (:func:`ring_attention_time`).
+- Gradient accumulation (``grad_accum > 1``): every micro-batch after the first adds its
+  gradients into those kept so far, HBM-bound (:meth:`KernelModel.grad_accumulation_s`): the whole
+  stage's where they stay unsharded until the step (DDP, ZeRO-1, FSDP2's no_sync), else the fp32
+  shard FSDP and ZeRO-2/3 reduce into.
 - CPU offload (:mod:`fstrain.core.plan.offload`): PCIe transfers and the CPU optimizer step
   (DeepSpeed's CPU Adam, or torch's AdamW on the host under FSDP), not overlapped.
 - fp8 (``knobs.fp8``): the blocks' linear layers run their three matmuls on the fp8 tensor cores
@@ -76,6 +80,7 @@ from fstrain.core.plan.memory import (
 from fstrain.core.plan.nccllatency import PCIE_RING_HOP_S, Hops, all_reduce_latency_s, ring_latency_s
 from fstrain.core.plan.offload import offload_time
 from fstrain.core.plan.pipeline import boundary_crossings, bubble_slots, layers_per_rank
+from fstrain.core.plan.precision import mode
 from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
 
@@ -315,8 +320,10 @@ class StepTime:
     gemm_s: float = 0.0
     attention_s: float = 0.0
     elementwise_s: float = 0.0  # elementwise, norms, loss, fp8 casts: HBM traffic
+    autocast_s: float = 0.0  # torch.autocast's casts of weights and norm outputs (fstrain.core.plan.autocast)
     launch_s: float = 0.0  # kernel launches not hidden behind GPU work
     optimizer_s: float = 0.0  # the optimizer's update, once a step (not in compute_s): GPU or host time, the longer
+    grad_accumulation_s: float = 0.0  # adding micro-batches' gradients into .grad (grad_accum > 1; not in compute_s)
     host_s: float = 0.0  # the host's time issuing the step's kernels (what launch_s and optimizer_s wait for)
     offload_pcie_s: float = 0.0  # of offload_s: the offloaded state's PCIe transfers
     cpu_optimizer_s: float = 0.0  # of offload_s: the optimizer step on the host's CPUs
@@ -345,9 +352,11 @@ class StepTime:
             "gemm_s": self.gemm_s,
             "attention_s": self.attention_s,
             "elementwise_s": self.elementwise_s,
+            **({"autocast_s": self.autocast_s} if self.autocast_s else {}),
             "launch_s": self.launch_s,
             "host_s": self.host_s,
             "optimizer_s": self.optimizer_s,
+            **({"grad_accumulation_s": self.grad_accumulation_s} if self.grad_accumulation_s else {}),
         }
 
 
@@ -435,14 +444,15 @@ def step_time(
                                                expert_params, fp8_gathered)
     offload = offload_time(rank, stage_params, links.host_link_bytes_per_s, links.gpus_per_node, assumptions,
                            expert_params)
-    optimizer = optimizer_host = 0.0
+    optimizer = optimizer_host = accumulation = 0.0
     if terms is not None and kernels is not None and knobs.offload == "none":
         local = stage_params / (rank.shard_group_size if knobs.zero_stage else 1)
         implementation = _optimizer_implementation(knobs, assumptions)
         optimizer_host = optimizer_host_s(parameter_tensors(model, layers), implementation,
                                           host_costs(assumptions, knobs.compile))
         optimizer = max(kernels.optimizer_s(local, knobs.optimizer), optimizer_host)  # host-bound when tiny
-    total = pipeline + dp_exposed + offload.total_s + optimizer
+        accumulation = kernels.grad_accumulation_s(*_accumulated_gradients(rank, stage_params), m)
+    total = pipeline + dp_exposed + offload.total_s + optimizer + accumulation
     tokens = knobs.global_batch_size * knobs.seq_len
     model_flops = flops.training * tokens
     return StepTime(
@@ -462,12 +472,25 @@ def step_time(
         gemm_s=m * terms.gemm_s if terms else 0.0,
         attention_s=m * terms.attention_s if terms else 0.0,
         elementwise_s=m * terms.memory_s if terms else 0.0,
+        autocast_s=m * terms.autocast_s if terms else 0.0,
         launch_s=m * launch_mb,
         optimizer_s=optimizer,
+        grad_accumulation_s=accumulation,
         host_s=m * host_mb + optimizer_host,
         offload_pcie_s=offload.pcie_s,
         cpu_optimizer_s=offload.cpu_optimizer_s,
     )
+
+
+def _accumulated_gradients(knobs: PlanKnobs, stage_params: int) -> tuple[float, int]:
+    """(elements, bytes per element) of the gradients a rank accumulates across micro-batches:
+    the whole stage's in the gradient dtype where they stay unsharded until the step (DDP, ZeRO-1,
+    FSDP's no_sync accumulation), else the rank's fp32 shard that FSDP and ZeRO-2/3 reduce each
+    micro-batch into."""
+    unsharded = knobs.strategy in ("ddp", "zero1") or knobs.fsdp2_no_sync
+    if unsharded:
+        return stage_params, mode(knobs.precision).grad_bytes
+    return stage_params / max(1, knobs.shard_group_size), 4
 
 
 def _optimizer_implementation(knobs: PlanKnobs, assumptions: Assumptions) -> str:
