@@ -24,7 +24,8 @@
   (:mod:`fstrain.core.plan.nccllatency`: ring hops, or a tree for all-reduces). Ring
   collectives move ``(n-1)/n`` of the buffer per step of the ring; bandwidth is NVLink inside a
   domain, PCIe inside a node without it, the node's NICs shared by its GPUs across nodes.
-  What can overlap with compute hides behind it (assumption ``dp_overlap``).
+  What can overlap with compute hides behind it (assumption ``dp_overlap``); FSDP's and
+  ZeRO-3's forward all-gathers only behind the forward's compute (:class:`DpTraffic`).
 - Expert parallelism (``ep > 1``, MoE): each MoE layer dispatches and combines its tokens with
   an all-to-all in forward and again in backward (4 per layer and micro-batch, +2 when its
   forward is recomputed, each moving
@@ -608,30 +609,59 @@ def _data_parallel_time(
     DeepSpeed the autocast dtype; pure bf16 moves bf16 everywhere. Under expert parallelism the
     ``expert_params`` move over their own data-parallel group, ``dp/ep`` ranks ``ep x tp`` apart,
     in the same collectives; both hide behind the same compute. FSDP's float8 all-gather moves
-    the ``fp8_gathered`` share of the non-expert parameters in one byte."""
+    the ``fp8_gathered`` share of the non-expert parameters in one byte. FSDP's and ZeRO-3's
+    forward all-gathers hide behind the forward's compute only, the rest behind backward's
+    (:class:`DpTraffic`)."""
     parts = [_dp_parts(knobs, params - expert_params, compute_mb, links, assumptions, layers, knobs.tp,
                        fp8_gathered)]
     if expert_params:
         ep = knobs.ep
         expert_knobs = replace(knobs, dp=knobs.dp // ep, shard_group_size=max(1, knobs.shard_group_size // ep))
         parts.append(_dp_parts(expert_knobs, expert_params, compute_mb, links, assumptions, layers, knobs.tp * ep))
-    hidden = sum(part[0] for part in parts)
-    exposed_only = sum(part[2] for part in parts)
-    exposed = exposed_only + max(0.0, hidden - assumptions.dp_overlap * parts[0][1])
-    return hidden + exposed_only, exposed
+    hidden = sum(part.hidden for part in parts)
+    forward = sum(part.forward for part in parts)
+    exposed_only = sum(part.exposed_only for part in parts)
+    exposed = (exposed_only + max(0.0, hidden - assumptions.dp_overlap * parts[0].window)
+               + max(0.0, forward - assumptions.dp_overlap * parts[0].forward_window))
+    return hidden + forward + exposed_only, exposed
+
+
+@dataclass(frozen=True)
+class DpTraffic:
+    """Seconds of one step's data-parallel traffic by what compute it can hide behind.
+
+    FSDP and ZeRO-3 gather each unit's parameters just before its forward (prefetching the next
+    unit's while this one computes) and again before its backward: a forward all-gather can
+    only hide behind forward compute, whatever backward leaves idle, so the forward's traffic
+    and window are priced apart (``forward``, ``forward_window``: a unit's forward is ``1 / (3 +
+    r)`` of its compute, ``r`` the recomputed share of its forward, backward the rest)."""
+
+    hidden: float  # overlappable traffic of backward (or of the whole step where no phase is kept apart)
+    window: float  # the compute it can hide behind
+    exposed_only: float = 0.0  # traffic nothing hides
+    forward: float = 0.0  # the forward passes' all-gathers
+    forward_window: float = 0.0  # the forward passes' compute
+
+
+def forward_share(ac: str) -> float:
+    """A micro-batch's forward as a share of its compute: forward 1, backward 2, and the
+    recomputed share of the forward (full 1, every-k:N 1/N) again in backward."""
+    k = every_k(ac)
+    recompute = 1.0 if ac == "full" else (1.0 / k if k else 0.0)
+    return 1.0 / (3.0 + recompute)
 
 
 def _dp_parts(
     knobs: PlanKnobs, params: int, compute_mb: float, links: Links, assumptions: Assumptions, layers: int,
     stride: int,
     fp8_gathered: float = 0.0,
-) -> tuple[float, float, float]:
+) -> DpTraffic:
     """(overlappable seconds, compute window they can hide behind, exposed-only seconds) of the
     data-parallel traffic of ``params`` over ``knobs.dp`` ranks ``stride`` apart (FSDP gathers the
     ``fp8_gathered`` share of them in one byte)."""
     d, m, t = knobs.dp, knobs.grad_accum_steps, stride
     if d == 1 or params == 0:
-        return 0.0, 0.0, 0.0
+        return DpTraffic(0.0, 0.0)
     w_int, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
     if uses_megatron_ddp(knobs):  # Megatron reduces its gradient buffer in place, fp32 under bf16
         red = megatron_reduce_bytes(knobs.precision, assumptions.megatron_fp32_main_grads)
@@ -675,18 +705,22 @@ def _dp_parts(
     elif strategy == "zero2":
         hidden, window, exposed_only = move(red, count=m) + across(red, count=m), 2 / 3 * all_compute, move(w)
     elif strategy == "zero3":
-        hidden, window = move(2 * w + red, count=m, passes=3), all_compute
+        fwd = forward_share(knobs.activation_checkpointing) * all_compute
+        return DpTraffic(move(w + red, count=m, passes=2), all_compute - fwd, 0.0, move(w, count=m), fwd)
     elif strategy.startswith("fsdp") and knobs.pp > 1:
         # Under PP the stage stays gathered across micro-batches (reshard_after_forward=False in
         # torchtitan) and reduces its gradients once, after the last micro-batch's backward
         # (torch.distributed.pipelining's perform_reduce_grad): one all-gather a step, prefetched
         # block by block behind the first micro-batch's forward, and one exposed reduce-scatter.
         hidden, window, exposed_only = move(w), compute_mb / 3, move(red) + across(red)
-    elif strategy == "fsdp-grad-op":
-        hidden, window = move(w, count=m) + move(red, count=1 if knobs.fsdp2_no_sync else m), all_compute
+    elif strategy == "fsdp-grad-op":  # gathered once a micro-batch, in forward, kept through backward
+        fwd = forward_share(knobs.activation_checkpointing) * all_compute
+        return DpTraffic(move(red, count=1 if knobs.fsdp2_no_sync else m), all_compute - fwd, 0.0,
+                         move(w, count=m), fwd)
     else:  # fsdp-full, fsdp-hybrid
         # Under fsdp2_no_sync the gradients are reduced in the last micro-batch's backward only.
         reductions = 1 if knobs.fsdp2_no_sync else m
-        hidden = move(2 * w, count=m, passes=2) + move(red, count=reductions) + across(red, count=reductions)
-        window = all_compute
-    return hidden, window, exposed_only
+        fwd = forward_share(knobs.activation_checkpointing) * all_compute
+        hidden = move(w, count=m) + move(red, count=reductions) + across(red, count=reductions)
+        return DpTraffic(hidden, all_compute - fwd, 0.0, move(w, count=m), fwd)
+    return DpTraffic(hidden, window, exposed_only)
