@@ -80,3 +80,21 @@ def test_gradient_accumulation_adds_each_later_micro_batch() -> None:
     kernels = KernelModel(V100, replace(Assumptions(), compute_time_scale=1.0))
     assert kernels.grad_accumulation_s(1e9, 4, 1) == 0.0
     assert kernels.grad_accumulation_s(1e9, 4, 4) == pytest.approx(3 * 1e9 * 12 / kernels.hbm_bytes_per_s)
+
+
+def test_the_step_names_both_terms_in_its_breakdown() -> None:
+    from fstrain.core.plan.plancluster import uniform_cluster
+    from fstrain.core.plan.timemodel import step_time
+
+    kernels = KernelModel(V100, replace(Assumptions(), compute_time_scale=1.0))
+    links = uniform_cluster(1, 1, "v100-16gb").links()
+    params = 10_000_000
+
+    def run(precision: str, grad_accum: int) -> dict[str, float]:
+        return step_time(BERT, params, _knobs(precision, grad_accum), 50e12, 125e12, links, Assumptions(),
+                         kernels=kernels).to_dict()
+
+    plain, amp = run("fp16", 1), run("amp-fp16", 4)
+    assert "autocast_s" not in plain and "grad_accumulation_s" not in plain
+    assert amp["autocast_s"] == pytest.approx(4 * kernels.micro_batch(BERT, _knobs("amp-fp16", 4), 2).autocast_s)
+    assert amp["grad_accumulation_s"] == pytest.approx(kernels.grad_accumulation_s(params, 4, 4))  # fp32 grads
