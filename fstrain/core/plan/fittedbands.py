@@ -20,9 +20,9 @@ MEMORY_BANDS: dict[str, tuple[float, float, int]] = {
     "zero3-fsdp, multi-node": (-0.085, 0.443, 10),
 }
 THROUGHPUT_BANDS: dict[str, tuple[float, float, int]] = {
-    "all": (-0.145, 0.213, 102),
-    "ddp": (-0.47, 0.385, 15),
-    "ddp, 1-gpu": (-0.47, 0.385, 13),
+    "all": (-0.145, 0.194, 102),
+    "ddp": (-0.47, 0.244, 15),
+    "ddp, 1-gpu": (-0.47, 0.244, 13),
     "tp-cp-ep": (-0.074, 0.322, 21),
     "tp-cp-ep, multi-node": (-0.074, 0.293, 11),
     "zero3-fsdp": (-0.145, 0.16, 57),

@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
+from fstrain.core.plan.adafactor import step_kernels as adafactor_step_kernels
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.blocktime import ComputeTerms, KernelModel, host_costs
 from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
@@ -449,8 +450,14 @@ def step_time(
     if terms is not None and kernels is not None and knobs.offload == "none":
         local = stage_params / (rank.shard_group_size if knobs.zero_stage else 1)
         implementation = _optimizer_implementation(knobs, assumptions)
-        optimizer_host = optimizer_host_s(parameter_tensors(model, layers), implementation,
-                                          host_costs(assumptions, knobs.compile))
+        costs = host_costs(assumptions, knobs.compile)
+        tensors = parameter_tensors(model, layers)
+        if knobs.optimizer == "adafactor":  # transformers' per-tensor loop, its own kernels a tensor
+            matrices = min(tensors, layers * len(block_matmuls(model)) + 2)  # the linears, embedding and head
+            issued = adafactor_step_kernels(knobs.strategy, knobs.precision, matrices, tensors - matrices)
+            optimizer_host = issued * (costs.launch_s + costs.python_op_s)
+        else:
+            optimizer_host = optimizer_host_s(tensors, implementation, costs)
         optimizer = max(kernels.optimizer_s(local, knobs.optimizer), optimizer_host)  # host-bound when tiny
         accumulation = kernels.grad_accumulation_s(*_accumulated_gradients(rank, stage_params), m)
     total = pipeline + dp_exposed + offload.total_s + optimizer + accumulation
