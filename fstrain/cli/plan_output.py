@@ -265,9 +265,11 @@ def _time_lines(t: StepTime) -> str:
     rows: list[tuple[str, float]] = [("compute", t.compute_s)]
     if t.gemm_s or t.attention_s:
         rows += [("  GEMMs", t.gemm_s), ("  attention", t.attention_s), ("  elementwise, norms, loss (HBM)",
-                                                                           t.elementwise_s)]
+                                                                           t.elementwise_s),
+                 ("  autocast casts (HBM)", t.autocast_s)]
         rows += [(f"  host time not hidden (of {t.host_s:.3f} s)", t.launch_s)] if t.launch_s else []
-    rows += [("optimizer step", t.optimizer_s), ("pipeline bubble", t.bubble_s), ("TP communication", t.tp_comm_s),
+    rows += [("optimizer step", t.optimizer_s), ("gradient accumulation", t.grad_accumulation_s),
+             ("pipeline bubble", t.bubble_s), ("TP communication", t.tp_comm_s),
              ("PP communication", t.pp_comm_s), ("EP all-to-all", t.ep_comm_s), ("CP ring attention", t.cp_comm_s),
              (f"DP communication exposed (of {t.dp_comm_s:.3f} s)", t.dp_exposed_s), ("offload", t.offload_s),
              ("  PCIe transfers", t.offload_pcie_s), ("  CPU optimizer step", t.cpu_optimizer_s)]

@@ -194,7 +194,8 @@ def test_plan_flags() -> None:
 def test_fused_kernels_move_less_elementwise_traffic_and_level_1_recomputes_the_gelu() -> None:
     a = 2
     eager = elementwise_bytes_per_token(GPT2_XL, a, False, False)
-    assert (eager.replicated, eager.sharded) == (H * (2 * 2 * a + 2 * 3 * a), FFN * 2 * a)  # 2 LayerNorms, 2 adds; GeLU
+    # 2 LayerNorms, 2 adds, 2 residual dropouts (read, write, a 1-byte mask); GeLU
+    assert (eager.replicated, eager.sharded) == (H * (2 * 2 * a + 2 * 3 * a + 2 * (2 * a + 1)), FFN * 2 * a)
     fused = elementwise_bytes_per_token(GPT2_XL, a, False, False, FusedBlock(0, True))
     # One kernel per norm reads the block output and the residual, writes the output and the sum;
     # the GeLU is fc1's epilogue, which writes the pre-activation besides its output.

@@ -3,6 +3,8 @@ CUDA graphs, FSDP's unit collectives and the optimizer's loop, foreach and fused
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from fstrain.core.plan.assumptions import Assumptions
@@ -90,6 +92,10 @@ def test_the_human_breakdown_shows_host_time_and_offloads_two_parts() -> None:
     lines = _time_lines(t)
     assert "host time not hidden (of 0.170 s)" in lines and " 0.070 s  35.0 %" in lines
     assert "PCIe transfers" in lines and "CPU optimizer step" in lines and " 0.030 s  15.0 %" in lines
+    assert "autocast" not in lines and "gradient accumulation" not in lines  # shown only when not 0
+    amp = _time_lines(replace(t, autocast_s=0.004, grad_accumulation_s=0.006))
+    assert "autocast casts (HBM)" in amp and " 0.004 s   2.0 %" in amp
+    assert "gradient accumulation" in amp and " 0.006 s   3.0 %" in amp
 
 
 def test_a_4b_model_on_one_h200_is_host_bound_at_micro_batch_1_and_2() -> None:

@@ -71,12 +71,18 @@ def test_attention_kernels() -> None:
     assert flash_attention_s(H100, "bf16", flops, 8192, causal=True)[0] == pytest.approx(forward / 2)
     a100 = replace(H100, name="a100-80gb")
     assert flash_attention_s(a100, "bf16", flops, 8192, causal=False)[0] == pytest.approx(forward * 0.33 / 0.60)
-    # Eager: batched QK^T and AV on the curve, plus the s x s scores' traffic.
+    # Eager: batched QK^T and AV on the curve, plus the s x s scores' traffic (bf16 without
+    # dropout: scale, mask and softmax read and write 2 bytes each; backward softmax 6, scale 4).
     pricer = GemmPricer(PublishedGemmCurve(H100))
     eager_forward, eager_backward = eager_attention_s(pricer, 3e12, "bf16", 32, 2048, 128)
-    scores = 32 * 4 * 2 * 2 * 2048 * 2048 / 3e12
+    elements = 32 * 2048 * 2048
     gemms = pricer.seconds(32 * 2048, 2048, 128, "bf16") + pricer.seconds(32 * 2048, 128, 2048, "bf16")
-    assert eager_forward == pytest.approx(gemms + scores) and eager_backward == pytest.approx(2 * eager_forward)
+    assert eager_forward == pytest.approx(gemms + elements * 12 / 3e12)
+    assert eager_backward == pytest.approx(2 * gemms + elements * 10 / 3e12)
+    # Dropout and autocast's fp32 softmax add to both passes.
+    amp_forward, amp_backward = eager_attention_s(pricer, 3e12, "bf16", 32, 2048, 128, autocast=True, dropout=True)
+    assert amp_forward == pytest.approx(gemms + elements * 33 / 3e12)
+    assert amp_backward == pytest.approx(2 * gemms + elements * 37 / 3e12)
 
 
 def test_generations() -> None:

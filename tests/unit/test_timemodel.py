@@ -169,6 +169,23 @@ def test_overlap_hides_data_parallel_time_behind_compute() -> None:
     assert hidden.step_time_s < exposed.step_time_s
 
 
+def test_fsdp_forward_gathers_hide_behind_the_forward_only() -> None:
+    """Eight micro-batches under no_sync: each gathers its parameters in forward and again in
+    backward (g seconds each), the gradients are reduced once (2g: fp32 against bf16). With
+    g = c/2 (c: a micro-batch's compute, forward c/3) the forward gathers leave 8 (g - c/3)
+    exposed while backward's 8g + 2g hide behind its 8 x 2c/3; one window over the whole step
+    would hide all but 18g - 8c."""
+    overlap = dataclasses.replace(NO_OVERLAP, dp_overlap=1.0)
+    fsdp = knobs(strategy="fsdp-full", zero_stage=3, shard_group_size=128, grad_accum_steps=8, fsdp2_no_sync=True)
+    c = run(fsdp, overlap).compute_s / 8
+    ring = 127 / 128
+    params = round(c / 2 * 400e9 / (2 * ring))  # one gather of bf16 parameters over 400 GB/s: c / 2
+    t = run(fsdp, overlap, params)
+    g = ring * 2 * params / 400e9
+    assert t.dp_comm_s == pytest.approx(18 * g)
+    assert t.dp_exposed_s == pytest.approx(8 * (g - c / 3)) and 8 * (g - c / 3) > 18 * g - 8 * c
+
+
 def test_pipeline_bubble_is_p_minus_1_over_m() -> None:
     for pp, m in ((4, 4), (4, 16), (8, 64)):
         t = run(

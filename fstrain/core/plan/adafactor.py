@@ -84,6 +84,27 @@ def step_temporary_bytes(strategy: str, precision: str, largest_tensor: int, loc
     return copies * FP32 * largest_tensor
 
 
+# Kernels ``Adafactor.step`` issues for one tensor, each a torch call from Python (transformers
+# src/transformers/optimization.py at 005edacb; Trainer's scale_parameter=False,
+# relative_step=False, beta1=None, weight_decay=0): ``_rms(p)`` (norm, divide: 2), ``grad**2 +
+# eps`` (2), then factored the row and column moments (``mean``, ``mul_``, ``add_``: 3 each),
+# ``_approx_sq_grad`` (row ``mean``, divide, ``rsqrt_``; column ``rsqrt``; their product: 5) and
+# ``update.mul_(grad)`` (1), or on a 1-D tensor ``mul_``, ``add_``, ``rsqrt``, ``mul_`` (4);
+# ``update.div_((_rms(update) / clip).clamp_(min=1.0))`` (norm, two divides, clamp, divide: 5),
+# ``update.mul_(lr)`` (1) and ``p.add_(-update)`` (negate, add: 2).
+FACTORED_STEP_KERNELS = 2 + 2 + 6 + 5 + 1 + 5 + 1 + 2
+FULL_STEP_KERNELS = 2 + 2 + 4 + 5 + 1 + 2
+
+
+def step_kernels(strategy: str, precision: str, matrices: int, vectors: int) -> int:
+    """Kernels one Adafactor step issues over ``matrices`` tensors of two or more dimensions and
+    ``vectors`` 1-D ones: each factored where it sees the model's tensors, else (DeepSpeed's flat
+    fp32 partitions, one per parameter group) a full second moment on each of two groups."""
+    if not factored(strategy, precision):
+        return 2 * FULL_STEP_KERNELS
+    return matrices * FACTORED_STEP_KERNELS + vectors * FULL_STEP_KERNELS
+
+
 def adafactor_problem(strategy: str, offload: str) -> tuple[str, str] | None:
     """(what, hint) when Adafactor cannot be planned with ``strategy`` and ``offload``; else None."""
     if strategy not in ADAFACTOR_STRATEGIES:

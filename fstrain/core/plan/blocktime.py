@@ -8,9 +8,12 @@ selective every other matmul, an MoE layer's whole FFN; flash-attention's FusedM
 its fc1; Megatron's selective recompute the attention kernel, FlashAttention's too); fp8 linears
 run on the fp8 curve and pay their casts as HBM traffic and their scale kernels (torchao's
 float8 roofline, pytorch/ao torchao/float8/roofline_utils.py @d370196).
-Attention by its kernel at the full sequence length. Elementwise ops and norms as
-:func:`fstrain.core.plan.kernels.elementwise_bytes_per_token` counts them, eager or fused
-(``--compile``, ``--fused-rmsnorm``, flash-attention's fused MLP and dropout-add-norm). The last
+Attention by its kernel at the full sequence length (eager: its softmax, mask and dropout
+traffic, :func:`fstrain.core.plan.kernelcost.eager_score_bytes`). Elementwise ops, norms and
+dropouts as :func:`fstrain.core.plan.kernels.elementwise_bytes_per_token` counts them, eager or
+fused (``--compile``, ``--fused-rmsnorm``, flash-attention's fused MLP and dropout-add-norm), with
+the residual stream in fp32 under autocast; autocast's casts of the weights and of the norm
+outputs as their own term (:mod:`fstrain.core.plan.autocast`). The last
 stage adds the output layer's GEMMs and the loss's traffic over the logits. The GPU's work, times
 the fitted ``compute_time_scale``, or the host's time issuing the kernels when that takes longer
 (:mod:`fstrain.core.plan.hostlaunch`).
@@ -24,6 +27,7 @@ from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
 from fstrain.core.plan.assumptions import Assumptions
+from fstrain.core.plan.autocast import activation_casts, weight_casts
 from fstrain.core.plan.fitted import COMPUTE_TIME_SCALE
 from fstrain.core.plan.fsdp2habits import logits_split
 from fstrain.core.plan.gemmcurve import MeasuredGemmCurve, dtype_name, weighted_log_mean
@@ -56,7 +60,7 @@ from fstrain.core.plan.memory import (
     replicated_split,
     shared_expert_matmuls,
 )
-from fstrain.core.plan.precision import compute_dtype
+from fstrain.core.plan.precision import compute_dtype, mode
 from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
 FP32 = 4
@@ -87,10 +91,11 @@ class ComputeTerms:
     launch_s: float  # launch overhead not hidden behind GPU work
     attention_forward_flops_per_s: float  # the attention kernel's rate (ring attention overlaps it)
     host_s: float = 0.0  # the host's time issuing the kernels (launch_s is what the GPU work does not hide)
+    autocast_s: float = 0.0  # autocast's casts of weights and norm outputs (fstrain.core.plan.autocast)
 
     @property
     def total_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.memory_s + self.launch_s
+        return self.gemm_s + self.attention_s + self.memory_s + self.autocast_s + self.launch_s
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,7 @@ class KernelModel:
                               host_costs(self.assumptions, knobs.compile), total.graph_launches)
         launch = max(0.0, host - gpu_s)
         return ComputeTerms(scale * total.gemm_s, scale * total.attention_s, scale * total.memory_s, launch,
-                            attention_rate / scale, host)
+                            attention_rate / scale, host, scale * total.autocast_s)
 
     def _block(self, model: ModelSpec, knobs: PlanKnobs) -> tuple[KernelTime, float]:
         """One block's kernels for one micro-batch (forward, backward, recompute)."""
@@ -168,6 +173,7 @@ class KernelModel:
         tokens = b * knobs.seq_len // knobs.cp
         dtype = compute_dtype(knobs.precision)
         a = DTYPE_BYTES.get(dtype, 2)
+        autocast = mode(knobs.precision).autocast
         ac = knobs.activation_checkpointing
         k = every_k(ac)
         full_again = 1.0 if ac == "full" else (1.0 / k if k else 0.0)
@@ -176,6 +182,7 @@ class KernelModel:
         converted = len(converted_linears(model)) if knobs.fp8 else 0
         forward_kernels = 0.0
         fused = self.fused
+        split = replicated_split(t, self.assumptions.sequence_parallel)
         for index, (n_in, n_out) in enumerate(matmuls):
             moe_ffn = model.moe is not None and index >= 4
             again = full_again or (1.0 if ac == "selective-op" and (index % 2 == 1 or moe_ffn) else 0.0)
@@ -188,6 +195,12 @@ class KernelModel:
             forward, backward = self.gemms.linear(rows, n_in_local, n_out_local, gemm_dtype)
             out.gemm_s += (1 + again) * forward + backward
             forward_kernels += 1
+            if autocast:  # the weight (and bias) cast each forward, the gradient cast back
+                bias = model.linear_bias
+                weights = weight_casts(n_in_local * n_out_local + (n_out_local if bias else 0), 2 if bias else 1,
+                                       a, 1 + again)
+                out.autocast_s += weights.bytes / self.hbm_bytes_per_s
+                out.backward_kernels += weights.kernels  # issued from C++, priced like backward's kernels
             if index < converted:  # casts to fp8 (torchao's roofline) and their amax kernels
                 share = 1.0 / knobs.shard_group_size if knobs.fp8_all_gather else 1.0
                 casts = (1 + again) * (4.0 * rows * n_in + 6.0 * n_in * n_out * share) + 4.0 * rows * n_out
@@ -212,6 +225,7 @@ class KernelModel:
         # FlashAttention computes only the blocks a sliding window leaves (eager attention masks
         # the whole square, so it keeps full_seq).
         attention_flops = tokens * 4.0 * attended_keys(model, full_seq) * heads * model.attn_head_dim
+        dropout = model.dropout > 0
         if knobs.flash_attention:
             forward, backward = flash_attention_s(self.gpu, dtype, attention_flops, full_seq, causal=not model.pooler)
             # Megatron checkpoints the core attention whatever its kernel (TE's fused attention
@@ -221,16 +235,20 @@ class KernelModel:
             forward_kernels += 1
         else:
             forward, backward = eager_attention_s(self.gemms, self.hbm_bytes_per_s, dtype, b * heads, full_seq,
-                                                  model.attn_head_dim)
+                                                  model.attn_head_dim, autocast, dropout)
             forward, backward = forward / knobs.cp, backward / knobs.cp  # a CP rank's share of the scores
             attention_again = full_again or (1.0 if ac == "megatron-selective" else 0.0)
-            forward_kernels += 5
+            forward_kernels += 5 + (1 if dropout else 0) + (1 if autocast else 0)  # QK^T, scale, mask, softmax, AV
         out.attention_s += (1 + attention_again) * forward + backward
-        elementwise = elementwise_bytes_per_token(model, a, knobs.compile, knobs.fused_rmsnorm, fused)
-        per_token = (elementwise.replicated / replicated_split(t, self.assumptions.sequence_parallel)
-                     + elementwise.sharded / t)
+        elementwise = elementwise_bytes_per_token(model, a, knobs.compile, knobs.fused_rmsnorm, fused,
+                                                  FP32 if autocast else a)
+        per_token = elementwise.replicated / split + elementwise.sharded / t
         passes = elementwise_passes(ac, k)
         out.memory_s += tokens * per_token * passes / self.hbm_bytes_per_s
+        if autocast:
+            inputs = activation_casts(model, fused, tokens, a, 1 + full_again, split)
+            out.autocast_s += inputs.bytes / self.hbm_bytes_per_s
+            out.backward_kernels += inputs.kernels  # issued from C++, priced like backward's kernels
         recompute = model.ffn_hidden_size * fused_mlp_recompute_bytes(a, fused) / t
         out.memory_s += tokens * recompute / self.hbm_bytes_per_s
         forward_kernels += _elementwise_kernels(model, knobs.compile, knobs.fused_rmsnorm, fused)
@@ -247,6 +265,11 @@ class KernelModel:
         a = DTYPE_BYTES.get(dtype, 2)
         h = model.hidden_size
         out = KernelTime()
+        if mode(knobs.precision).autocast:  # the final norm's fp32 output and the head's weights, cast
+            weights = h * (max(1, model.vocab_size // t) if has_vocab_head(knobs.loss) else model.num_labels)
+            head = weight_casts(weights, 1, a, 1.0)
+            out.autocast_s += (head.bytes + tokens * h * 2 * (FP32 + a)) / self.hbm_bytes_per_s
+            out.backward_kernels += head.kernels + 2  # issued from C++, priced like backward's kernels
         if has_vocab_head(knobs.loss):
             forward, backward = self.gemms.linear(tokens, h, max(1, model.vocab_size // t), dtype)
             # log-softmax over fp32 logits and its gradient: read a write 4, read 4 write 4, read 4 write a
@@ -264,6 +287,17 @@ class KernelModel:
             out.backward_kernels += 6
         out.gemm_s += forward + backward
         return out
+
+    def grad_accumulation_s(self, local_grad_elements: float, grad_bytes: int, micro_batches: int) -> float:
+        """Seconds a step spends adding each micro-batch's gradients after the first into those
+        accumulated so far (HBM-bound): autograd's ``AccumulateGrad`` adds a new gradient into an
+        existing ``.grad`` in place (torch/csrc/autograd/functions/accumulate_grad.h
+        ``accumulateGrad``: ``variable_grad += new_grad`` once ``.grad`` is defined; the first
+        micro-batch's gradient is stolen, not copied), reading both and writing one:
+        ``3 x grad_bytes`` per accumulated element, ``micro_batches - 1`` times a step."""
+        if micro_batches <= 1:
+            return 0.0
+        return self.scale * (micro_batches - 1) * local_grad_elements * 3 * grad_bytes / self.hbm_bytes_per_s
 
     def optimizer_s(self, local_params: float, optimizer: str) -> float:
         """Seconds of one optimizer step over ``local_params`` on the GPU (HBM-bound)."""
@@ -287,4 +321,5 @@ def _elementwise_kernels(model: ModelSpec, compiled: bool, fused_rmsnorm: bool,
     qk_norms = 2 * rmsnorm if model.qk_norm != "none" else 0
     rope = 6 if model.position_embedding == "rope" else 0
     activation = 2 if model.gated else (0 if fused.mlp_checkpoint_lvl is not None else 1)
-    return norms_and_adds + qk_norms + rope + activation
+    dropouts = 2 if model.dropout > 0 and not fused.dropout_add_ln else 0  # the residual branches'
+    return norms_and_adds + qk_norms + rope + activation + dropouts

@@ -117,6 +117,7 @@ class KernelTime:
     gemm_s: float = 0.0
     attention_s: float = 0.0
     memory_s: float = 0.0  # elementwise, norms, loss, optimizer: HBM traffic
+    autocast_s: float = 0.0  # autocast's casts (fstrain.core.plan.autocast): HBM traffic
     forward_kernels: float = 0.0  # issued by forward (and recomputed forward) ops
     backward_kernels: float = 0.0  # issued by autograd's engine
     graph_launches: float = 0.0  # the same work as CUDA graph replays: one a block and pass
@@ -125,6 +126,7 @@ class KernelTime:
         self.gemm_s += times * other.gemm_s
         self.attention_s += times * other.attention_s
         self.memory_s += times * other.memory_s
+        self.autocast_s += times * other.autocast_s
         self.forward_kernels += times * other.forward_kernels
         self.backward_kernels += times * other.backward_kernels
         self.graph_launches += times * other.graph_launches
@@ -135,7 +137,7 @@ class KernelTime:
 
     @property
     def gpu_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.memory_s
+        return self.gemm_s + self.attention_s + self.memory_s + self.autocast_s
 
 
 class GemmPricer:
@@ -175,17 +177,45 @@ def flash_attention_s(
     return flops / rate, 2.5 * flops / rate
 
 
+def eager_score_bytes(a: int, autocast: bool, dropout: bool) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per element of one ``s x s`` score matrix that eager
+    attention's elementwise ops move, besides the two GEMMs, op by op as Hugging Face's
+    ``BertSelfAttention.forward`` runs them (transformers src/transformers/models/bert/modeling_bert.py
+    @004ad5f: ``attention_scores / math.sqrt(self.attention_head_size)``, ``attention_scores +
+    attention_mask``, ``nn.Softmax(dim=-1)``, ``self.dropout(attention_probs)``, then
+    ``torch.matmul(attention_probs, value_layer)``; GPT-2's eager attention the same with a
+    ``torch.where`` for its causal mask).
+
+    ``a`` is the compute dtype's bytes and ``p`` the softmax's: under autocast ``softmax`` is on
+    the fp32 list (torch.amp's "CUDA Ops that can autocast to float32"), and the additive mask is
+    in the parameters' dtype (``get_extended_attention_mask`` casts it to ``self.dtype``, fp32
+    weights under autocast), so the masked scores are promoted to fp32 already. Forward: scale
+    (read ``a``, write ``a``), mask (read ``a``, write ``p``), softmax (``2p``), dropout (read ``p``,
+    write ``p`` and a 1-byte mask), and under autocast the matmul's cast of the probabilities back
+    to ``a`` (``p + a``). Backward: the cast's gradient (``a + p``), dropout's (read ``p`` and the
+    mask, write ``p``), softmax's (read the gradient and the saved output, write ``p``: ``3p``), the
+    promotion's cast back to ``a`` under autocast (``p + a``), the scale's (``2a``)."""
+    p = 4 if autocast else a
+    cast = (p + a) if autocast else 0
+    drop = (2 * p + 1) if dropout else 0
+    forward = 2 * a + (a + p) + 2 * p + drop + cast
+    backward = cast + drop + 3 * p + cast + 2 * a
+    return float(forward), float(backward)
+
+
 def eager_attention_s(
     gemms: GemmPricer, hbm_bytes_per_s: float, dtype: str, sequences_heads: int, seq_len: int, head_dim: int,
+    autocast: bool = False, dropout: bool = False,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of eager attention over ``sequences_heads`` (batch x local
     heads) score matrices: ``QK^T`` and ``AV`` as batched GEMMs (priced as one GEMM of the
-    stacked rows: the batch fills the SMs), backward two of each; the scores' scale, mask and
-    softmax as traffic, about 4 reads and writes of the ``s x s`` compute-dtype scores forward,
-    twice that backward."""
+    stacked rows: the batch fills the SMs), backward two of each; the scores' scale, mask,
+    softmax and dropout as traffic (:func:`eager_score_bytes`)."""
     a = DTYPE_BYTES.get(dtype, 2)
     rows = sequences_heads * seq_len
     qk = gemms.seconds(rows, seq_len, head_dim, dtype)
     av = gemms.seconds(rows, head_dim, seq_len, dtype)
-    scores = sequences_heads * 4 * 2 * a * seq_len * seq_len / hbm_bytes_per_s
-    return qk + av + scores, 2 * (qk + av + scores)
+    forward_bytes, backward_bytes = eager_score_bytes(a, autocast, dropout)
+    elements = sequences_heads * seq_len * seq_len
+    return (qk + av + elements * forward_bytes / hbm_bytes_per_s,
+            2 * (qk + av) + elements * backward_bytes / hbm_bytes_per_s)

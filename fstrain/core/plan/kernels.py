@@ -168,13 +168,22 @@ def attended_keys(model: ModelSpec, seq_len: int) -> float:
 
 
 def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_rmsnorm: bool,
-                                fused: FusedBlock = EAGER_BLOCK) -> ElementwiseBytes:
-    """Forward HBM traffic of one block's elementwise ops per token (``a``: compute-dtype bytes).
+                                fused: FusedBlock = EAGER_BLOCK, residual: int | None = None) -> ElementwiseBytes:
+    """Forward HBM traffic of one block's elementwise ops per token (``a``: compute-dtype bytes;
+    ``residual``: bytes of an element of the residual stream and of the norms' input and output,
+    ``a`` unless given: 4 under autocast, where ``layer_norm`` is on the fp32 list and a residual
+    add of a 16-bit branch output to the fp32 stream promotes to fp32).
 
-    - two residual adds, ``3a`` each (read two, write one); compiled, each folds into the next
-      norm's kernel (or the block's output) and costs one write of ``a``;
-    - two norms (:func:`_rmsnorm_bytes`; a LayerNorm is one eager kernel, ``2a``, either way), four
+    - two residual adds, ``a + 2r`` each (read the branch output and the residual, write the sum);
+      compiled, each folds into the next norm's kernel (or the block's output) and costs one
+      write of ``r``;
+    - two norms (:func:`_rmsnorm_bytes`; a LayerNorm is one eager kernel, ``2r``, either way), four
       with ``post_norms``, and the RMSNorms of q and k with ``qk_norm``;
+    - with ``model.dropout`` (eager, without the fused dropout-add-norm) the two residual-branch
+      dropouts (``nn.Dropout`` on the attention output and on the FFN output, as GPT-2's and BERT's
+      blocks run them): ``native_dropout`` reads the branch output and writes the dropped-out copy
+      and a 1-byte mask, ``2a + 1`` per hidden element (its backward reads the gradient and the mask
+      and writes one, the same bytes);
     - rotary on q and k (torchtitan's ``apply_rotary_emb``: ``.float()``, a complex multiply,
       ``type_as``: ``a + 4``, ``4 + 4``, ``4 + a`` per element), ``2a`` compiled;
     - SwiGLU's ``silu(gate) * up`` (GeGLU's alike): ``2a`` then ``3a`` per FFN element eager, ``3a``
@@ -188,11 +197,13 @@ def elementwise_bytes_per_token(model: ModelSpec, a: int, compiled: bool, fused_
       residual in one kernel (``4a`` per hidden element, in place of the add and the norm).
     """
     h = model.hidden_size
+    r = a if residual is None else residual
     fused_norm = norm_is_fused(compiled, fused_rmsnorm)
-    one_norm = _rmsnorm_bytes(a, fused_norm) if model.norm == "rmsnorm" else 2.0 * a
+    one_norm = _rmsnorm_bytes(r, fused_norm) if model.norm == "rmsnorm" else 2.0 * r
     norms = model.norms_per_block * one_norm
-    adds = 2 * (a if compiled else 3 * a)
-    replicated = h * (2 * 4 * a if fused.dropout_add_ln else norms + adds)
+    adds = 2 * (r if compiled else a + 2 * r)
+    dropouts = 2 * (2 * a + 1) if model.dropout > 0 and not compiled else 0
+    replicated = h * (2 * 4 * a if fused.dropout_add_ln else norms + adds + dropouts)
     sharded = 0.0
     qk_width = model.q_width + model.kv_width
     if model.qk_norm != "none":  # RMSNorms over q and k, whatever the block's norm

@@ -24,7 +24,8 @@
   (:mod:`fstrain.core.plan.nccllatency`: ring hops, or a tree for all-reduces). Ring
   collectives move ``(n-1)/n`` of the buffer per step of the ring; bandwidth is NVLink inside a
   domain, PCIe inside a node without it, the node's NICs shared by its GPUs across nodes.
-  What can overlap with compute hides behind it (assumption ``dp_overlap``).
+  What can overlap with compute hides behind it (assumption ``dp_overlap``); FSDP's and
+  ZeRO-3's forward all-gathers only behind the forward's compute (:class:`DpTraffic`).
 - Expert parallelism (``ep > 1``, MoE): each MoE layer dispatches and combines its tokens with
   an all-to-all in forward and again in backward (4 per layer and micro-batch, +2 when its
   forward is recomputed, each moving
@@ -39,6 +40,10 @@
   Ring attention's K/V all-gather (forward, and again in backward) hides behind the first (local)
   chunk's SDPA; backward's fp32 dK/dV rotation hides each step behind the next chunk's SDPA, the
   last one exposed (:func:`ring_attention_time`).
+- Gradient accumulation (``grad_accum > 1``): every micro-batch after the first adds its
+  gradients into those kept so far, HBM-bound (:meth:`KernelModel.grad_accumulation_s`): the whole
+  stage's where they stay unsharded until the step (DDP, ZeRO-1, FSDP2's no_sync), else the fp32
+  shard FSDP and ZeRO-2/3 reduce into.
 - CPU offload (:mod:`fstrain.core.plan.offload`): PCIe transfers and the CPU optimizer step
   (DeepSpeed's CPU Adam, or torch's AdamW on the host under FSDP), not overlapped.
 - fp8 (``knobs.fp8``): the blocks' linear layers run their three matmuls on the fp8 tensor cores
@@ -53,6 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fstrain.core.plan.acpolicy import every_k
+from fstrain.core.plan.adafactor import step_kernels as adafactor_step_kernels
 from fstrain.core.plan.assumptions import Assumptions
 from fstrain.core.plan.blocktime import ComputeTerms, KernelModel, host_costs
 from fstrain.core.plan.contextparallel import cp_rank_view, ring_chunk_bytes
@@ -76,6 +82,7 @@ from fstrain.core.plan.memory import (
 from fstrain.core.plan.nccllatency import PCIE_RING_HOP_S, Hops, all_reduce_latency_s, ring_latency_s
 from fstrain.core.plan.offload import offload_time
 from fstrain.core.plan.pipeline import boundary_crossings, bubble_slots, layers_per_rank
+from fstrain.core.plan.precision import mode
 from fstrain.core.plan.schema import ModelSpec, PlanKnobs
 
 
@@ -315,8 +322,10 @@ class StepTime:
     gemm_s: float = 0.0
     attention_s: float = 0.0
     elementwise_s: float = 0.0  # elementwise, norms, loss, fp8 casts: HBM traffic
+    autocast_s: float = 0.0  # torch.autocast's casts of weights and norm outputs (fstrain.core.plan.autocast)
     launch_s: float = 0.0  # kernel launches not hidden behind GPU work
     optimizer_s: float = 0.0  # the optimizer's update, once a step (not in compute_s): GPU or host time, the longer
+    grad_accumulation_s: float = 0.0  # adding micro-batches' gradients into .grad (grad_accum > 1; not in compute_s)
     host_s: float = 0.0  # the host's time issuing the step's kernels (what launch_s and optimizer_s wait for)
     offload_pcie_s: float = 0.0  # of offload_s: the offloaded state's PCIe transfers
     cpu_optimizer_s: float = 0.0  # of offload_s: the optimizer step on the host's CPUs
@@ -345,9 +354,11 @@ class StepTime:
             "gemm_s": self.gemm_s,
             "attention_s": self.attention_s,
             "elementwise_s": self.elementwise_s,
+            **({"autocast_s": self.autocast_s} if self.autocast_s else {}),
             "launch_s": self.launch_s,
             "host_s": self.host_s,
             "optimizer_s": self.optimizer_s,
+            **({"grad_accumulation_s": self.grad_accumulation_s} if self.grad_accumulation_s else {}),
         }
 
 
@@ -435,14 +446,21 @@ def step_time(
                                                expert_params, fp8_gathered)
     offload = offload_time(rank, stage_params, links.host_link_bytes_per_s, links.gpus_per_node, assumptions,
                            expert_params)
-    optimizer = optimizer_host = 0.0
+    optimizer = optimizer_host = accumulation = 0.0
     if terms is not None and kernels is not None and knobs.offload == "none":
         local = stage_params / (rank.shard_group_size if knobs.zero_stage else 1)
         implementation = _optimizer_implementation(knobs, assumptions)
-        optimizer_host = optimizer_host_s(parameter_tensors(model, layers), implementation,
-                                          host_costs(assumptions, knobs.compile))
+        costs = host_costs(assumptions, knobs.compile)
+        tensors = parameter_tensors(model, layers)
+        if knobs.optimizer == "adafactor":  # transformers' per-tensor loop, its own kernels a tensor
+            matrices = min(tensors, layers * len(block_matmuls(model)) + 2)  # the linears, embedding and head
+            issued = adafactor_step_kernels(knobs.strategy, knobs.precision, matrices, tensors - matrices)
+            optimizer_host = issued * (costs.launch_s + costs.python_op_s)
+        else:
+            optimizer_host = optimizer_host_s(tensors, implementation, costs)
         optimizer = max(kernels.optimizer_s(local, knobs.optimizer), optimizer_host)  # host-bound when tiny
-    total = pipeline + dp_exposed + offload.total_s + optimizer
+        accumulation = kernels.grad_accumulation_s(*_accumulated_gradients(rank, stage_params), m)
+    total = pipeline + dp_exposed + offload.total_s + optimizer + accumulation
     tokens = knobs.global_batch_size * knobs.seq_len
     model_flops = flops.training * tokens
     return StepTime(
@@ -462,12 +480,25 @@ def step_time(
         gemm_s=m * terms.gemm_s if terms else 0.0,
         attention_s=m * terms.attention_s if terms else 0.0,
         elementwise_s=m * terms.memory_s if terms else 0.0,
+        autocast_s=m * terms.autocast_s if terms else 0.0,
         launch_s=m * launch_mb,
         optimizer_s=optimizer,
+        grad_accumulation_s=accumulation,
         host_s=m * host_mb + optimizer_host,
         offload_pcie_s=offload.pcie_s,
         cpu_optimizer_s=offload.cpu_optimizer_s,
     )
+
+
+def _accumulated_gradients(knobs: PlanKnobs, stage_params: int) -> tuple[float, int]:
+    """(elements, bytes per element) of the gradients a rank accumulates across micro-batches:
+    the whole stage's in the gradient dtype where they stay unsharded until the step (DDP, ZeRO-1,
+    FSDP's no_sync accumulation), else the rank's fp32 shard that FSDP and ZeRO-2/3 reduce each
+    micro-batch into."""
+    unsharded = knobs.strategy in ("ddp", "zero1") or knobs.fsdp2_no_sync
+    if unsharded:
+        return stage_params, mode(knobs.precision).grad_bytes
+    return stage_params / max(1, knobs.shard_group_size), 4
 
 
 def _optimizer_implementation(knobs: PlanKnobs, assumptions: Assumptions) -> str:
@@ -585,30 +616,59 @@ def _data_parallel_time(
     DeepSpeed the autocast dtype; pure bf16 moves bf16 everywhere. Under expert parallelism the
     ``expert_params`` move over their own data-parallel group, ``dp/ep`` ranks ``ep x tp`` apart,
     in the same collectives; both hide behind the same compute. FSDP's float8 all-gather moves
-    the ``fp8_gathered`` share of the non-expert parameters in one byte."""
+    the ``fp8_gathered`` share of the non-expert parameters in one byte. FSDP's and ZeRO-3's
+    forward all-gathers hide behind the forward's compute only, the rest behind backward's
+    (:class:`DpTraffic`)."""
     parts = [_dp_parts(knobs, params - expert_params, compute_mb, links, assumptions, layers, knobs.tp,
                        fp8_gathered)]
     if expert_params:
         ep = knobs.ep
         expert_knobs = replace(knobs, dp=knobs.dp // ep, shard_group_size=max(1, knobs.shard_group_size // ep))
         parts.append(_dp_parts(expert_knobs, expert_params, compute_mb, links, assumptions, layers, knobs.tp * ep))
-    hidden = sum(part[0] for part in parts)
-    exposed_only = sum(part[2] for part in parts)
-    exposed = exposed_only + max(0.0, hidden - assumptions.dp_overlap * parts[0][1])
-    return hidden + exposed_only, exposed
+    hidden = sum(part.hidden for part in parts)
+    forward = sum(part.forward for part in parts)
+    exposed_only = sum(part.exposed_only for part in parts)
+    exposed = (exposed_only + max(0.0, hidden - assumptions.dp_overlap * parts[0].window)
+               + max(0.0, forward - assumptions.dp_overlap * parts[0].forward_window))
+    return hidden + forward + exposed_only, exposed
+
+
+@dataclass(frozen=True)
+class DpTraffic:
+    """Seconds of one step's data-parallel traffic by what compute it can hide behind.
+
+    FSDP and ZeRO-3 gather each unit's parameters just before its forward (prefetching the next
+    unit's while this one computes) and again before its backward: a forward all-gather can
+    only hide behind forward compute, whatever backward leaves idle, so the forward's traffic
+    and window are priced apart (``forward``, ``forward_window``: a unit's forward is ``1 / (3 +
+    r)`` of its compute, ``r`` the recomputed share of its forward, backward the rest)."""
+
+    hidden: float  # overlappable traffic of backward (or of the whole step where no phase is kept apart)
+    window: float  # the compute it can hide behind
+    exposed_only: float = 0.0  # traffic nothing hides
+    forward: float = 0.0  # the forward passes' all-gathers
+    forward_window: float = 0.0  # the forward passes' compute
+
+
+def forward_share(ac: str) -> float:
+    """A micro-batch's forward as a share of its compute: forward 1, backward 2, and the
+    recomputed share of the forward (full 1, every-k:N 1/N) again in backward."""
+    k = every_k(ac)
+    recompute = 1.0 if ac == "full" else (1.0 / k if k else 0.0)
+    return 1.0 / (3.0 + recompute)
 
 
 def _dp_parts(
     knobs: PlanKnobs, params: int, compute_mb: float, links: Links, assumptions: Assumptions, layers: int,
     stride: int,
     fp8_gathered: float = 0.0,
-) -> tuple[float, float, float]:
+) -> DpTraffic:
     """(overlappable seconds, compute window they can hide behind, exposed-only seconds) of the
     data-parallel traffic of ``params`` over ``knobs.dp`` ranks ``stride`` apart (FSDP gathers the
     ``fp8_gathered`` share of them in one byte)."""
     d, m, t = knobs.dp, knobs.grad_accum_steps, stride
     if d == 1 or params == 0:
-        return 0.0, 0.0, 0.0
+        return DpTraffic(0.0, 0.0)
     w_int, red = comm_bytes(knobs.precision, knobs.strategy, assumptions)
     if uses_megatron_ddp(knobs):  # Megatron reduces its gradient buffer in place, fp32 under bf16
         red = megatron_reduce_bytes(knobs.precision, assumptions.megatron_fp32_main_grads)
@@ -652,18 +712,22 @@ def _dp_parts(
     elif strategy == "zero2":
         hidden, window, exposed_only = move(red, count=m) + across(red, count=m), 2 / 3 * all_compute, move(w)
     elif strategy == "zero3":
-        hidden, window = move(2 * w + red, count=m, passes=3), all_compute
+        fwd = forward_share(knobs.activation_checkpointing) * all_compute
+        return DpTraffic(move(w + red, count=m, passes=2), all_compute - fwd, 0.0, move(w, count=m), fwd)
     elif strategy.startswith("fsdp") and knobs.pp > 1:
         # Under PP the stage stays gathered across micro-batches (reshard_after_forward=False in
         # torchtitan) and reduces its gradients once, after the last micro-batch's backward
         # (torch.distributed.pipelining's perform_reduce_grad): one all-gather a step, prefetched
         # block by block behind the first micro-batch's forward, and one exposed reduce-scatter.
         hidden, window, exposed_only = move(w), compute_mb / 3, move(red) + across(red)
-    elif strategy == "fsdp-grad-op":
-        hidden, window = move(w, count=m) + move(red, count=1 if knobs.fsdp2_no_sync else m), all_compute
+    elif strategy == "fsdp-grad-op":  # gathered once a micro-batch, in forward, kept through backward
+        fwd = forward_share(knobs.activation_checkpointing) * all_compute
+        return DpTraffic(move(red, count=1 if knobs.fsdp2_no_sync else m), all_compute - fwd, 0.0,
+                         move(w, count=m), fwd)
     else:  # fsdp-full, fsdp-hybrid
         # Under fsdp2_no_sync the gradients are reduced in the last micro-batch's backward only.
         reductions = 1 if knobs.fsdp2_no_sync else m
-        hidden = move(2 * w, count=m, passes=2) + move(red, count=reductions) + across(red, count=reductions)
-        window = all_compute
-    return hidden, window, exposed_only
+        fwd = forward_share(knobs.activation_checkpointing) * all_compute
+        hidden = move(w, count=m) + move(red, count=reductions) + across(red, count=reductions)
+        return DpTraffic(hidden, all_compute - fwd, 0.0, move(w, count=m), fwd)
+    return DpTraffic(hidden, window, exposed_only)
