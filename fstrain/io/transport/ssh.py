@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import paramiko
 
 KEEPALIVE_INTERVAL_S = 15
-HANDSHAKE_MIN_S = 30.0  # the key exchange's and authentication's least limit (see SshTransport._open)
+HANDSHAKE_MIN_S = 30.0  # the least limit of each step after the greeting (handshake_timeout_s)
 _FROZEN_HINT = ("the host accepts connections but its sshd does not answer: is it frozen or overloaded? "
                 "(ConnectTimeout in the SSH config sets the limit)")
 _PLAIN_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
@@ -53,7 +53,8 @@ _known_hosts_lock = threading.Lock()
 
 
 def handshake_timeout_s(connect_timeout_s: float) -> float:
-    """How long the key exchange and the authentication may each take: ConnectTimeout, or
+    """How long the key exchange, the authentication, opening a session and the answer to its
+    command request may each take (sshd's work, slow on a busy host): ConnectTimeout, or
     HANDSHAKE_MIN_S if that is longer."""
     return max(connect_timeout_s, HANDSHAKE_MIN_S)
 
@@ -321,7 +322,7 @@ class SshTransport:
         command = remote_command(argv)
         try:
             self.connect()
-            channel = self._transports[-1].open_session(timeout=self.target.connect_timeout_s)
+            channel = self._transports[-1].open_session(timeout=handshake_timeout_s(self.target.connect_timeout_s))
         except TransportError as exc:
             return CommandResult(None, "", "", time.monotonic() - start, exc.one_line())
         except Exception as exc:
@@ -338,14 +339,15 @@ class SshTransport:
         none, so a frozen host would hold the caller for ever. Past the deadline the connection
         is closed, which wakes paramiko up with an error."""
         transport = self._transports[-1]
-        timer = threading.Timer(self.target.connect_timeout_s, transport.close)
+        limit_s = handshake_timeout_s(self.target.connect_timeout_s)  # the session's fork and shell: slow when busy
+        timer = threading.Timer(limit_s, transport.close)
         timer.daemon = True
         timer.start()
         try:
             channel.exec_command(command)
         except Exception as exc:
             if timer.finished.is_set() or not transport.is_active():
-                raise self._lost(f"no answer to the command request within {self.target.connect_timeout_s:g} s") \
+                raise self._lost(f"no answer to the command request within {limit_s:g} s") \
                     from None
             raise TransportError(f"cannot start a command: {exc}", "is the host still up?", self.host) from None
         finally:
@@ -404,7 +406,7 @@ class SshTransport:
         """Start ``argv`` on a new channel with stdin kept open (raises TransportError)."""
         self.connect()
         try:
-            channel = self._transports[-1].open_session(timeout=self.target.connect_timeout_s)
+            channel = self._transports[-1].open_session(timeout=handshake_timeout_s(self.target.connect_timeout_s))
         except Exception as exc:
             raise TransportError(f"cannot start a command: {exc}", "is the host still up?", self.host) from None
         self._exec_on(channel, remote_command(argv))
