@@ -42,13 +42,18 @@ def machine_line() -> str:
 
 
 @contextlib.contextmanager
-def namespace_cluster(hosts: int, base: Path, cluster_id: str, run_ids: Sequence[str]) -> Iterator[Path]:
+def namespace_cluster(hosts: int, base: Path, cluster_id: str, run_ids: Sequence[str],
+                      plain_home: bool = False) -> Iterator[Path]:
     """The test cluster (`scripts/testcluster.sh up HOSTS`) with cluster id ``cluster_id`` and
     its state in ``base/cluster`` (yielded), apart from other sessions' clusters; taken down at
     the end, with the hosts' folders of fstrain's runs ``run_ids`` (the hosts share this
-    machine's home)."""
+    machine's home, or with ``plain_home`` the empty folder ``base/home``, which the sessions
+    then get as HOME instead of running this machine's ~/.bashrc)."""
     state = base / "cluster"  # testcluster.sh owns (and removes) this folder
     env = {**os.environ, "FSTRAIN_TESTCLUSTER_ID": cluster_id, "FSTRAIN_TESTCLUSTER_DIR": str(state)}
+    if plain_home:
+        (base / "home").mkdir(exist_ok=True)
+        env["FSTRAIN_TESTCLUSTER_HOME"] = str(base / "home")
     script = str(Path(__file__).resolve().parent.parent / "scripts" / "testcluster.sh")
     try:
         subprocess.run([script, "up", str(hosts)], check=True, env=env, capture_output=True)

@@ -3,9 +3,11 @@
 Both run `echo ok` on N loopback hosts (127.0.1.1..N), each a separate SSH connection to one
 sshd with a high MaxStartups, inside the namespace `scripts/testcluster.sh up-loopback N`
 makes. Runs alternate (fstrain, pdsh, pdsh, fstrain, ...) so drift hits both; the result is
-the ratio of medians. Needs root, openssh-server and pdsh.
+the ratio of medians. Every session of both tools runs the remote user's shell start-up
+(root's ~/.bashrc on this machine, which may start pyenv or conda); --plain-home gives the
+sessions an empty HOME instead. Needs root, openssh-server and pdsh.
 
-    python benchmarks/fanout.py [--hosts 64] [--rounds 5] [--fanout 64]
+    python benchmarks/fanout.py [--hosts 64] [--rounds 5] [--fanout 64] [--plain-home]
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fanout", type=int, default=64)
+    parser.add_argument("--plain-home", action="store_true",
+                        help="the hosts' sessions get an empty HOME, not this machine's (whose ~/.bashrc every "
+                             "session of both tools runs)")
     args = parser.parse_args()
     if shutil.which("pdsh") is None:
         print("pdsh is not installed (apt-get install pdsh)", file=sys.stderr)
         return 2
     state = Path(tempfile.mkdtemp(prefix="fstrain-bench-"))
     env = {**os.environ, "FSTRAIN_TESTCLUSTER_DIR": str(state)}
+    if args.plain_home:
+        (state / "home").mkdir()
+        env["FSTRAIN_TESTCLUSTER_HOME"] = str(state / "home")
     script = str(REPO / "scripts" / "testcluster.sh")
     subprocess.run([script, "up-loopback", str(args.hosts)], check=True, env=env, capture_output=True)
     try:
@@ -85,7 +93,8 @@ def compare(state: Path, num_hosts: int, rounds: int, fanout: int) -> dict[str, 
 def report(times: dict[str, list[float]], args: argparse.Namespace) -> None:
     fstrain, pdsh = median(times["fstrain"]), median(times["pdsh"])
     print(f"machine: {machine_line()}")
-    print(f"command: python benchmarks/fanout.py --hosts {args.hosts} --rounds {args.rounds} --fanout {args.fanout}")
+    print(f"command: python benchmarks/fanout.py --hosts {args.hosts} --rounds {args.rounds} --fanout {args.fanout}"
+          + (" --plain-home" if args.plain_home else ""))
     for name, values in times.items():
         print(f"{name:8s} median {median(values):6.2f} s  runs: {', '.join(f'{v:.2f}' for v in values)}")
     print(f"ratio fstrain/pdsh (median wall time): {fstrain / pdsh:.2f}  (below 1.0: fstrain is faster)")

@@ -35,6 +35,10 @@ LOOP_NS=${PREFIX}-loop
 SSHD=${SSHD:-/usr/sbin/sshd}
 # Remote commands see the same PATH as the caller, as on a cluster with shared software.
 NODE_PATH=${FSTRAIN_TESTCLUSTER_PATH:-$PATH}
+# FSTRAIN_TESTCLUSTER_HOME=DIR: every host's sessions get HOME=DIR (the benchmarks' hosts, spared
+# this machine's ~/.bashrc; the tests give each host its own with set-env).
+NODE_HOME=${FSTRAIN_TESTCLUSTER_HOME:-}
+[[ "$NODE_HOME" != *[[:space:]\"\']* ]] || { echo "testcluster: FSTRAIN_TESTCLUSTER_HOME must have no spaces or quotes" >&2; exit 1; }
 
 die() { echo "testcluster: $*" >&2; exit 1; }
 
@@ -68,7 +72,7 @@ MaxSessions 256
 ClientAliveInterval 5
 ClientAliveCountMax 3
 PerSourcePenalties no
-SetEnv PATH=$NODE_PATH
+SetEnv PATH=$NODE_PATH${NODE_HOME:+ HOME=$NODE_HOME}
 Subsystem sftp internal-sftp
 LogLevel ERROR
 EOF
