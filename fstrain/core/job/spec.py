@@ -331,16 +331,16 @@ def plan_launches(hosts: Sequence[Host], nprocs: Sequence[int], job: LaunchJob,
         node_env = {**(per_node_env[rank] if per_node_env else {}), **base_env(env)}
         if backend == "torchrun":
             argv = torchrun_argv(job, nnodes=len(hosts), node_rank=rank, nproc=nproc)
-            if host.slot_ids is not None and "CUDA_VISIBLE_DEVICES" not in env:
-                node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slot_ids))
         elif backend == "direct":
             argv = direct_argv(job, nnodes=len(hosts), node_rank=rank, nproc=nproc, rank_offset=offset,
                                world_size=sum(nprocs))
-            if host.slot_ids is not None and "CUDA_VISIBLE_DEVICES" not in env:
-                node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slot_ids))
         else:
             argv = deepspeed_argv(job.python, world_info=encoded, node_rank=rank, master_addr=job.master_addr,
                                   master_port=job.master_port, program=program, no_local_rank=job.no_local_rank)
+        # Selected slots: CUDA_VISIBLE_DEVICES for the launchers that start every local device's
+        # rank in order (DeepSpeed's takes them from its world info instead).
+        if backend != "deepspeed" and host.slot_ids is not None and "CUDA_VISIBLE_DEVICES" not in env:
+            node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slot_ids))
         launches.append(NodeLaunch(host=host, node_rank=rank, nproc=nproc, argv=argv, env=node_env,
                                    rank_log_dir=RANK_LOG_DIR % rank,
                                    backend=backend, rank_offset=offset if static else None))
