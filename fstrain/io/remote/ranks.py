@@ -60,14 +60,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def rank_env(args: argparse.Namespace, local_rank: int, world_size: int, base: dict[str, str]) -> dict[str, str]:
+def rank_env(args: argparse.Namespace, local_rank: int, base: dict[str, str]) -> dict[str, str]:
     """The environment of local rank ``local_rank``: ``base`` and torchrun's worker variables."""
     env = dict(base)
     env.update({
         "RANK": str(args.rank_offset + local_rank), "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(args.nproc),
+        "WORLD_SIZE": str(args.world_size), "LOCAL_WORLD_SIZE": str(args.nproc),
         "GROUP_RANK": str(args.node_rank), "GROUP_WORLD_SIZE": str(args.nnodes),
-        "ROLE_RANK": str(args.rank_offset + local_rank), "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_RANK": str(args.rank_offset + local_rank), "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": str(args.world_size),
         "MASTER_ADDR": args.master_addr, "MASTER_PORT": str(args.master_port),
         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": args.run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
@@ -91,9 +92,8 @@ def exit_code(status: int) -> int:
 class Ranks:
     """The node's rank processes, from their start to the last one's end."""
 
-    def __init__(self, args: argparse.Namespace, world_size: int) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.world_size = world_size
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.terminating = False  # SIGTERM came from the watchdog: every rank has it already
         self.grace_s = float(os.environ.get("FSTRAIN_GRACE_S") or 15)
@@ -107,8 +107,7 @@ class Ranks:
             try:
                 with open(os.path.join(folder, "stdout.log"), "ab") as out, \
                         open(os.path.join(folder, "stderr.log"), "ab") as err:
-                    self.procs[local] = subprocess.Popen(self.args.program, env=rank_env(self.args, local,
-                                                                                       self.world_size, base),
+                    self.procs[local] = subprocess.Popen(self.args.program, env=rank_env(self.args, local, base),
                                                          stdin=subprocess.DEVNULL, stdout=out, stderr=err)
             except OSError as exc:
                 sys.stderr.write(f"fstrain-ranks: cannot start {self.args.program[0]!r}: {exc.strerror}\n")
@@ -187,7 +186,7 @@ def signal_quietly(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    ranks = Ranks(args, args.world_size)
+    ranks = Ranks(args)
 
     def on_term(signum: int, frame: Any) -> None:
         ranks.terminating = True  # the watchdog signalled the whole process group: the ranks have it
