@@ -210,6 +210,15 @@ def alive_ranks(markers: Path) -> int:
     return sum(Path(f"/proc/{marker.read_text()}").exists() for marker in markers.glob("a0-rank-*"))
 
 
+def until_none_left(setup: Setup, since: float) -> tuple[float, int]:
+    """Wait until no job process is left in any host's namespace (sshd aside; 300 s at most):
+    the seconds from ``since`` (a perf_counter time) to then, and how many were still left,
+    counted, then killed."""
+    wait_for(lambda: not job_processes(setup.cluster), 300, 0.5)
+    seconds = time.perf_counter() - since
+    return seconds, sum(len(found) for found in kill_job_processes(setup.cluster).values())
+
+
 def attached_run(setup: Setup, result: SizeResult) -> None:
     """An attached launch to all started; SIGINT to its exit and to no job process left."""
     markers = setup.work / f"markers-{setup.hosts}-attached"
@@ -222,9 +231,7 @@ def attached_run(setup: Setup, result: SizeResult) -> None:
     measured = client.wait()
     result.rows["launch (attached)"] = measured
     result.attached_exit_s = time.perf_counter() - interrupted
-    wait_for(lambda: not job_processes(setup.cluster), 300, 0.5)
-    result.attached_to_empty_s = time.perf_counter() - interrupted
-    result.attached_left = sum(len(found) for found in kill_job_processes(setup.cluster).values())
+    result.attached_to_empty_s, result.attached_left = until_none_left(setup, interrupted)
     if measured.code not in (0, 130):
         result.note = f"attached launch ended {measured.code}: {measured.stderr.strip().splitlines()[-1:]}"
 
@@ -267,9 +274,7 @@ def detached_run(setup: Setup, result: SizeResult, index: int, steady_s: float, 
     if first:
         result.rows["stop"] = stop
     stop_began = time.perf_counter() - stop.wall_s
-    wait_for(lambda: not job_processes(setup.cluster), 300, 0.5)
-    run.stop_to_empty_s = time.perf_counter() - stop_began
-    run.left = sum(len(found) for found in kill_job_processes(setup.cluster).values())  # counted, then killed
+    run.stop_to_empty_s, run.left = until_none_left(setup, stop_began)
     return True
 
 
@@ -293,8 +298,7 @@ def lost_host_run(setup: Setup, result: SizeResult, run_ids: list[str]) -> None:
     result.lost_to_restarted_s = time.perf_counter() - lost_at if restarted else -1.0
     stop = measure(setup.fstrain("stop", run_id), setup.env)
     result.lost_stop_code = stop.code
-    wait_for(lambda: not job_processes(setup.cluster), 300, 0.5)
-    result.lost_left = sum(len(found) for found in kill_job_processes(setup.cluster).values())
+    _, result.lost_left = until_none_left(setup, time.perf_counter())
     setup.cluster.script("start-sshd", str(setup.hosts))  # the larger sizes need it
 
 
