@@ -449,15 +449,7 @@ def step_time(
     optimizer = optimizer_host = accumulation = 0.0
     if terms is not None and kernels is not None and knobs.offload == "none":
         local = stage_params / (rank.shard_group_size if knobs.zero_stage else 1)
-        implementation = _optimizer_implementation(knobs, assumptions)
-        costs = host_costs(assumptions, knobs.compile)
-        tensors = parameter_tensors(model, layers)
-        if knobs.optimizer == "adafactor":  # transformers' per-tensor loop, its own kernels a tensor
-            matrices = min(tensors, layers * len(block_matmuls(model)) + 2)  # the linears, embedding and head
-            issued = adafactor_step_kernels(knobs.strategy, knobs.precision, matrices, tensors - matrices)
-            optimizer_host = issued * (costs.launch_s + costs.python_op_s)
-        else:
-            optimizer_host = optimizer_host_s(tensors, implementation, costs)
+        optimizer_host = _optimizer_host_s(model, knobs, layers, assumptions)
         optimizer = max(kernels.optimizer_s(local, knobs.optimizer), optimizer_host)  # host-bound when tiny
         accumulation = kernels.grad_accumulation_s(*_accumulated_gradients(rank, stage_params), m)
     total = pipeline + dp_exposed + offload.total_s + optimizer + accumulation
@@ -499,6 +491,19 @@ def _accumulated_gradients(knobs: PlanKnobs, stage_params: int) -> tuple[float, 
     if unsharded:
         return stage_params, mode(knobs.precision).grad_bytes
     return stage_params / max(1, knobs.shard_group_size), 4
+
+
+def _optimizer_host_s(model: ModelSpec, knobs: PlanKnobs, layers: int, assumptions: Assumptions) -> float:
+    """The host's seconds issuing one optimizer step over the stage's parameter tensors: AdamW
+    as its implementation issues it (:func:`optimizer_host_s`), Adafactor as transformers' loop
+    does, its own kernels a tensor (:func:`fstrain.core.plan.adafactor.step_kernels`)."""
+    costs = host_costs(assumptions, knobs.compile)
+    tensors = parameter_tensors(model, layers)
+    if knobs.optimizer != "adafactor":
+        return optimizer_host_s(tensors, _optimizer_implementation(knobs, assumptions), costs)
+    matrices = min(tensors, layers * len(block_matmuls(model)) + 2)  # the linears, embedding and head
+    issued = adafactor_step_kernels(knobs.strategy, knobs.precision, matrices, tensors - matrices)
+    return issued * (costs.launch_s + costs.python_op_s)
 
 
 def _optimizer_implementation(knobs: PlanKnobs, assumptions: Assumptions) -> str:
