@@ -67,6 +67,9 @@ STARTUP_VARS = ("PYTHONUNBUFFERED", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAF
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
+# The longest the supervisor sleeps between looks at the heartbeat clock: the job's exit and a
+# stop request wake it at once (Wakeup), so an idle node's watchdog wakes once a second, not ten times.
+SUPERVISE_MAX_SLEEP_S = 1.0
 EVENT_PREFIX = "fstrain-watchdog-event: "  # a JSON report for the launcher, not job output
 # The format versions this file reads and writes (fstrain/core/formats.py KINDS, read there by
 # name: this file runs alone on the node). A header of a newer format is refused: one line on
@@ -360,6 +363,33 @@ def expand(text: str, run_dir: str) -> str:
     return "{run_dir}".join(part.replace("{run_dir}", run_dir) for part in parts)
 
 
+class Wakeup:
+    """A sleep that ends early when :meth:`set` is called: a pipe, so that a signal handler may
+    call it (no lock taken) and a thread blocked on the job's exit may too."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)
+
+    def set(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # full: a wake-up is pending already
+            os.write(self.write_fd, b"!")
+
+    def wait(self, timeout_s: float) -> None:
+        """Up to ``timeout_s``, or until :meth:`set` (those since the last wait included)."""
+        ready, _, _ = select.select([self.read_fd], [], [], max(0.0, timeout_s))
+        if ready:
+            os.read(self.read_fd, 4096)
+
+
+def wake_on_exit(pid: int, wakeup: Wakeup) -> None:
+    """Block until ``pid`` (a child) has exited, without collecting its status (Popen does), then
+    ``wakeup``."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    wakeup.set()
+
+
 def reap() -> None:
     """Collect exit statuses of re-parented orphans so they do not linger as zombies."""
     while True:
@@ -393,6 +423,7 @@ class Watchdog:
         self.last_heartbeat = time.monotonic()
         self.stop_requested: str | None = None  # "term" or "kill"
         self.lock = threading.Lock()
+        self.wakeup = Wakeup()  # the supervisor's sleep, ended by a stop request or the job's exit
         self.child: subprocess.Popen[bytes] | None = None
         self.state_file = ""
         self.modules: dict[str, Any] = {}
@@ -536,6 +567,7 @@ class Watchdog:
             if self.stop_requested == "kill" or (self.stop_requested == "signalled" and how == "term"):
                 return
             self.stop_requested = how
+        self.wakeup.set()
 
     def run(self) -> int:
         if not become_subreaper():
@@ -694,6 +726,7 @@ class Watchdog:
 
     def supervise(self) -> int:
         assert self.child is not None
+        threading.Thread(target=wake_on_exit, args=(self.child.pid, self.wakeup), daemon=True).start()
         while True:
             code = self.child.poll()
             if code is not None:
@@ -710,7 +743,8 @@ class Watchdog:
                 how = self.stop_requested
             if how is not None:
                 return self.teardown(how)
-            time.sleep(POLL_S)
+            silent_s = time.monotonic() - self.last_heartbeat
+            self.wakeup.wait(min(SUPERVISE_MAX_SLEEP_S, self.heartbeat_timeout_s - silent_s + 0.01))
 
     def teardown(self, how: str) -> int:
         assert self.child is not None
@@ -885,6 +919,8 @@ class RankLogTailer:
     BATCH_BYTES = 4096
     DRAW_BYTES = 2048  # of a line still being written, what its newest draws are read from
     DRAW_INTERVAL_S = 0.5
+    IDLE_POLL_MAX_S = 0.5  # the longest wait between looks once the files stopped growing
+    FOLDER_SETTLED_S = 2.0  # a folder's mtime younger than this may hide a file added in its tick
 
     def __init__(self, folder: str, nproc: int, rank_offset: int | None = None, observe: Any = None,
                  on_draw: Any = None) -> None:
@@ -900,41 +936,92 @@ class RankLogTailer:
         self.scanned: dict[str, int] = {}  # file -> offset up to which it holds no newline after start
         self.done = threading.Event()
         self.lock = threading.Lock()
+        self.listing: list[tuple[int, int, int, str]] = []  # sources() as last walked
+        self.folder_stamps: dict[str, int] = {}  # each folder walked -> its mtime (ns) then; {}: walk again
 
     def follow(self) -> None:
+        """Poll every POLL_S while the files grow; after each look that found nothing new the
+        wait doubles, up to IDLE_POLL_MAX_S: an idle node's relay wakes twice a second, not ten
+        times, and a line after a quiet spell is relayed within that."""
+        wait_s = POLL_S
         while not self.done.is_set():
-            self.poll(final=False)
-            time.sleep(POLL_S)
+            wait_s = POLL_S if self.poll(final=False) else min(self.IDLE_POLL_MAX_S, wait_s * 2)
+            self.done.wait(wait_s)
 
     def finish(self) -> None:
         self.done.set()
         self.poll(final=True)
 
     def sources(self) -> list[tuple[int, int, int, str]]:
-        """(attempt, local rank, descriptor, path) of every rank log file now in the folder."""
+        """(attempt, local rank, descriptor, path) of every rank log file now in the folder: walked
+        again only where a folder's mtime changed since (a file or folder added, renamed or
+        removed), or is too recent to tell: a file's creation within the same tick of the
+        filesystem's clock leaves the mtime as it was, so a stamp younger than
+        FOLDER_SETTLED_S is not trusted (as git treats racy index entries)."""
+        if self.listing_current():
+            return self.listing
+        stamps: dict[str, int] = {}
         found = []
-        for root, folders, names in os.walk(self.folder):
-            folders.sort()
-            for name in names:
-                path = os.path.join(root, name)
-                source = rank_source(os.path.relpath(path, self.folder), self.nproc, self.rank_offset)
+        walk_time_ns = time.time_ns()
+        pending = [self.folder]
+        while pending:  # os.walk's order and choices (symbolic links to folders not followed)
+            root = pending.pop(0)
+            try:
+                stamps[root] = os.stat(root).st_mtime_ns  # before the listing: a later change shows
+                entries = sorted(os.scandir(root), key=lambda entry: entry.name)
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.is_dir():
+                    if not entry.is_symlink():
+                        pending.append(entry.path)
+                    continue
+                source = rank_source(os.path.relpath(entry.path, self.folder), self.nproc, self.rank_offset)
                 if source is not None:
-                    found.append((source[2], source[0], source[1], path))
-        return sorted(found)
+                    found.append((source[2], source[0], source[1], entry.path))
+        settled = all(walk_time_ns - stamp > self.FOLDER_SETTLED_S * 1e9 for stamp in stamps.values())
+        self.folder_stamps = stamps if stamps and settled else {}
+        self.listing = sorted(found)
+        return self.listing
 
-    def poll(self, final: bool) -> None:
+    def listing_current(self) -> bool:
+        """Whether no folder walked last has changed since (a folder added shows in its parent)."""
+        if not self.folder_stamps:
+            return False
+        for folder, stamp in self.folder_stamps.items():
+            try:
+                if os.stat(folder).st_mtime_ns != stamp:
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def unread(self, path: str, complete: bool) -> bool:
+        """Whether ``path`` holds bytes past what was read of it (or, ``complete``, a last line
+        not yet relayed): a file that has not grown is not opened again."""
+        start = self.start.get(path, 0)
+        scanned = self.scanned.get(path, start)
+        return os.stat(path).st_size > scanned or (complete and scanned > start)
+
+    def poll(self, final: bool) -> bool:
+        """Relay what the files hold; whether any had bytes not read before."""
+        grew = False
         with self.lock:
             sources = self.sources()
             latest = max((attempt for attempt, *_ in sources), default=0)
             self.latest_attempt = max(self.latest_attempt, latest)
             for attempt, local, fd, path in sources:
+                complete = final or attempt < latest
                 try:
-                    self.relay(path, b"[local%d]:" % local, fd, final or attempt < latest, local)
+                    if self.unread(path, complete):
+                        grew = True
+                        self.relay(path, b"[local%d]:" % local, fd, complete, local)
                 except OSError as exc:  # the file went away, or the output did: nothing to relay to
                     if not isinstance(exc, FileNotFoundError):
-                        return
+                        return grew
                 if self.on_draw is not None and not final and attempt == latest:
                     self.draw(path, local, fd)
+        return grew
 
     def draw(self, path: str, local: int, fd: int) -> None:
         """The newest draws of ``path``'s line being written to ``on_draw``, where they changed
