@@ -137,3 +137,24 @@ def test_open_transport_gives_the_connection_or_raises_the_connect_error_once() 
             assert (caught.value.message, caught.value.hint) == ("connection refused", "check sshd on the host")
         assert pool.connect_error(bad) == "connection refused (hint: check sshd on the host)"
     assert attempts == ["good", "bad"]  # one try per host
+
+
+def test_a_borrowed_connection_closed_by_its_user_stays_open_for_the_pool() -> None:
+    """A detached start closes the transport it is given: borrowed from the pool, the host's
+    connection stays open for the next stage and is closed once, with the pool."""
+    made: dict[str, FakeTransport] = {}
+
+    def connect(host: Host) -> FakeTransport:
+        assert host.name not in made, "a second connection to the same host"
+        made[host.name] = FakeTransport(host.name, _echo_responder)
+        return made[host.name]
+
+    host = Host("h0")
+    with HostPool([host], connect) as pool:
+        borrowed = pool.borrow(host)
+        assert borrowed.host == "h0"
+        assert borrowed.run(["echo", "one"]).stdout == "echo one\n"
+        borrowed.close()
+        assert not made["h0"].closed
+        assert pool.run_one(host, ["echo", "two"]).stdout == "echo two\n"
+    assert made["h0"].closed and len(made["h0"].calls) == 2
