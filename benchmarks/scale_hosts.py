@@ -296,6 +296,10 @@ def lost_host_run(setup: Setup, result: SizeResult, run_ids: list[str]) -> None:
     setup.cluster.script("stop-sshd", str(setup.hosts))
     restarted = wait_for(lambda: markers_written(markers, 1) >= setup.hosts - 1, 600, 0.2)
     result.lost_to_restarted_s = time.perf_counter() - lost_at if restarted else -1.0
+    if not restarted:  # why, in the recovery keeper's own words
+        keeper_log = run_dir / "keeper.log"
+        said = keeper_log.read_text(errors="replace").strip().splitlines() if keeper_log.exists() else []
+        result.note = f"lost host: no next attempt; keeper.log ends: {said[-3:]}"
     stop = measure(setup.fstrain("stop", run_id), setup.env)
     result.lost_stop_code = stop.code
     _, result.lost_left = until_none_left(setup, time.perf_counter())
