@@ -18,7 +18,8 @@
 #
 # State (keys, known_hosts, ssh_config, hostfile, logs) goes to $FSTRAIN_TESTCLUSTER_DIR
 # (default /tmp/fstrain-testcluster, or /tmp/fstrain-testcluster-K with FSTRAIN_TESTCLUSTER_ID=K). Nothing outside it is touched but the namespaces, links,
-# /etc/netns/fst-* and /run/sshd. Traffic only flows between 198.18.0.0/24 and loopback.
+# /etc/netns/fst-*, /run/sshd and, from 29 hosts on, the kernel's neighbour-table limits
+# (raised, never lowered: see room_for_neighbours). Traffic only flows between 198.18.0.0/24 and loopback.
 # Needs root, iproute2, util-linux (unshare) and openssh-server.
 set -euo pipefail
 
@@ -118,11 +119,32 @@ wait_listening() {  # namespace address port
     die "sshd in $1 is not listening on $2:$3 (see $STATE)"
 }
 
+# Every namespace shares this kernel's one neighbour (ARP) table, whose default limit
+# (net.ipv4.neigh.default.gc_thresh3, 1024 entries; the soft one gc_thresh2, 512) real hosts each
+# have to themselves. 200 hosts that each talk to node 1, to the bridge and to a few others
+# overflow it ("neighbor table overflow" in the kernel log) and the kernel drops their packets:
+# a rendezvous check at 200 hosts then finds hosts that "cannot reach" node 1. Raised to room
+# for every pair of hosts, never lowered (other clusters may be up).
+room_for_neighbours() {
+    local n=$1 want name value current
+    want=$(( n * n + 8 * n ))
+    for name in gc_thresh2 gc_thresh3; do
+        value=$want
+        [ "$name" = gc_thresh2 ] && value=$(( want / 2 ))
+        current=$(cat "/proc/sys/net/ipv4/neigh/default/$name")
+        if [ "$current" -lt "$value" ] && ! echo "$value" > "/proc/sys/net/ipv4/neigh/default/$name"; then
+            echo "testcluster: could not raise net.ipv4.neigh.default.$name to $value (it is $current):" \
+                 "with $n hosts the kernel may drop packets (see 'neighbor table overflow' in dmesg)" >&2
+        fi
+    done
+}
+
 up() {
     local n=${1:-}
     [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || die "usage: $0 up N (1..200)"
     need_tools
     down >/dev/null 2>&1 || true
+    room_for_neighbours "$n"
     client_key
     : > "$STATE/known_hosts"
     : > "$STATE/ssh_config"

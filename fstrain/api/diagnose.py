@@ -3,9 +3,11 @@
 After an attempt fails, :func:`fstrain.core.launch.blame.blame` names suspects from the
 evidence. :func:`test_suspects` puts them to the test beside the survivors:
 
-1. a quick ``doctor`` of every host of the attempt (:data:`QUICK_CHECKS`: can it be reached and
-   logged into, does its Python run, are its GPUs, ECC, PCIe, NVLinks, RDMA ports and
-   ``/dev/shm`` sound, does every host reach it over TCP);
+1. a quick ``doctor`` of the suspects and of up to :data:`COMPARED_HOSTS` other hosts of the
+   attempt (:func:`tested_hosts`; :data:`QUICK_CHECKS`: can it be reached and logged into, does
+   its Python run, are its GPUs, ECC, PCIe, NVLinks, RDMA ports and ``/dev/shm`` sound, do the
+   others reach it over TCP): at 200 nodes a doctor of every node made a recovery take minutes,
+   and at 1,000 it grows with the cluster where the evidence does not;
 2. where the evidence points at a link or a GPU (``bench_suites``: ``pairs`` for a connection
    error, ``compute`` for a GPU fault), a short ``bench`` of the hosts that answered, whose
    verdicts name a slow link or a straggler only once a re-time confirms it (the quick bench of
@@ -31,6 +33,9 @@ from fstrain.io.transport.base import Transport
 # started had the same software everywhere).
 QUICK_CHECKS = ("ssh.connect", "sw.interpreter", "gpu.count", "gpu.ecc", "gpu.pcie", "topo.nvlink", "rdma.ports",
                 "sys.shm", "net.reachability")
+# Hosts not suspected, tested beside the suspects: what every tested host fails is no one host's
+# fault, and the pairs bench needs partners; more adds time, not evidence against a suspect.
+COMPARED_HOSTS = 3
 
 
 @dataclass(frozen=True)
@@ -66,14 +71,15 @@ def test_suspects(hosts: Sequence[Host], suspects: Sequence[str], connect: Calla
                   python: str = "python3", *, bench_suites: Sequence[str] = (), workdir: str | None = None,
                   run_dir: Path | None = None, fanout: int = 16, checks: Sequence[str] = QUICK_CHECKS,
                   env: Mapping[str, str] | None = None) -> SuspectReport:
-    """Test ``suspects`` (names of ``hosts``) beside the other ``hosts`` of the attempt; see the
-    module's docstring. ``run_dir``: where the bench keeps its logs (default runs/<id>)."""
+    """Test ``suspects`` (names of ``hosts``) beside a few other ``hosts`` of the attempt; see
+    the module's docstring. ``run_dir``: where the bench keeps its logs (default runs/<id>)."""
     from fstrain.api.doctor import gather, quick_bench
     from fstrain.core.doctor import run_checks, select, stages
     from fstrain.io.doctor import DoctorOptions
 
     chosen = select(",".join(checks))
     options = DoctorOptions(stages=stages(chosen), python=python, workdir=workdir)
+    hosts = tested_hosts(hosts, suspects)
     facts = gather(hosts, connect, options, fanout, None)
     rows = run_checks(facts, chosen)
     names = [h.name for h in hosts]
@@ -85,6 +91,12 @@ def test_suspects(hosts: Sequence[Host], suspects: Sequence[str], connect: Calla
             rows += quick_bench(reached, bench_suites, connect, python=python, workdir=workdir, run_dir=run_dir,
                                 env=env, fanout=fanout)
     return weigh(rows, names, suspects)
+
+
+def tested_hosts(hosts: Sequence[Host], suspects: Sequence[str], compared: int = COMPARED_HOSTS) -> list[Host]:
+    """The suspects and the first ``compared`` other hosts, in the order of ``hosts``."""
+    others = [h.name for h in hosts if h.name not in suspects][:compared]
+    return [h for h in hosts if h.name in suspects or h.name in others]
 
 
 test_suspects.__test__ = False  # type: ignore[attr-defined]  # a function of the API, not a pytest test

@@ -58,3 +58,19 @@ def test_this_machine_passes_and_an_unreachable_host_is_guilty() -> None:
     assert report.why["gone"].startswith("ssh.connect: cannot connect")
     assert report.why["localhost"] == "nothing found"
     assert time.monotonic() - start < 60
+
+
+def test_the_suspects_are_tested_beside_a_few_others_not_the_whole_cluster() -> None:
+    hosts = [Host(f"node{i}") for i in range(1, 1001)]
+    assert [h.name for h in diagnose.tested_hosts(hosts, ["node500", "node7"])] == \
+        ["node1", "node2", "node3", "node7", "node500"]
+    assert [h.name for h in diagnose.tested_hosts(hosts[:2], ["node2"])] == ["node1", "node2"]
+    reached: list[str] = []
+
+    def connect(host: Host) -> object:
+        reached.append(host.name)
+        raise TransportError(f"cannot connect to {host.name}: Connection refused")
+
+    report = diagnose.test_suspects(hosts, ["node500"], connect, checks=("ssh.connect",))  # type: ignore[arg-type]
+    assert sorted(reached) == ["node1", "node2", "node3", "node500"]
+    assert list(report.why) == ["node1", "node2", "node3", "node500"]

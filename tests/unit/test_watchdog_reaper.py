@@ -53,7 +53,8 @@ def marked(tmp_path: Path) -> list[int]:
     return found
 
 
-def start(tmp_path: Path, grace_s: float = GRACE_S) -> tuple[subprocess.Popen[bytes], list[int]]:
+def start(tmp_path: Path, grace_s: float = GRACE_S, stdout: int = subprocess.DEVNULL) \
+        -> tuple[subprocess.Popen[bytes], list[int]]:
     """A watchdog running JOB; (the watchdog, [job pid, grandchild pid]) once both are up."""
     (tmp_path / "job.py").write_text(JOB)
     pids_file = tmp_path / "pids"
@@ -61,7 +62,7 @@ def start(tmp_path: Path, grace_s: float = GRACE_S) -> tuple[subprocess.Popen[by
               "env": {}, "run_dir": str(tmp_path / "run"), "run_id": "r", "node_rank": 0, "grace_s": grace_s,
               "heartbeat_timeout_s": 600}
     watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                stdout=stdout, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "FSTRAIN_TEST_MARK": str(tmp_path)})
     assert watchdog.stdin is not None
     watchdog.stdin.write((json.dumps(header) + "\n").encode())
@@ -104,3 +105,34 @@ def test_a_watchdog_that_ends_its_job_leaves_no_reaper(tmp_path: Path) -> None:
     watchdog.stdin.close()
     assert marked(tmp_path) == [], "the watchdog's end takes its reaper with it"
     assert not any(alive(pid) for pid in pids)
+
+
+def test_the_reaper_holds_none_of_the_watchdogs_descriptors(tmp_path: Path) -> None:
+    """The reaper is forked from the watchdog: it keeps only its pipe, so the watchdog's own
+    output (an SSH channel's, on a node) ends when the watchdog does, not once the reaper has
+    spent the grace; and it runs in a session of its own."""
+    watchdog, job = start(tmp_path, stdout=subprocess.PIPE)
+    assert watchdog.stdout is not None and watchdog.stdin is not None
+    try:
+        reapers = [pid for pid in marked(tmp_path) if pid not in (watchdog.pid, *job)]
+        assert len(reapers) == 1
+        parent = Path(f"/proc/{reapers[0]}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        assert (int(parent), os.getsid(reapers[0])) == (watchdog.pid, reapers[0]), \
+            "a child of the watchdog, leading a session of its own"
+        held = sorted(int(fd) for fd in os.listdir(f"/proc/{reapers[0]}/fd"))
+        assert held == [0, 1, 2], f"the reaper holds descriptors {held}: its pipe and /dev/null only"
+        watchdog.kill()
+        killed_at = time.monotonic()
+        assert watchdog.stdout.read() == b""
+        assert time.monotonic() - killed_at < GRACE_S - 0.5, "the output ended with the watchdog"
+        assert alive(reapers[0]), "the reaper still spends the grace"
+    finally:
+        watchdog.wait(timeout=10)
+        watchdog.stdout.close()
+        watchdog.stdin.close()
+        deadline = time.monotonic() + GRACE_S + 5
+        while marked(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in marked(tmp_path):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

@@ -34,8 +34,8 @@ The watchdog makes itself a child subreaper, so processes that the job's own chi
 orphan (torchrun starts its workers in new sessions) are re-parented to it and still found:
 teardown walks /proc for every descendant and signals them by pid. Nothing is killed by name.
 The job's launcher is started with a parent-death signal (SIGTERM), and a reaper outlives the
-watchdog: a second small process (this same source, started with a ``reaper`` header in a session
-of its own, deaf to SIGTERM, SIGHUP and SIGINT) that notes the job's processes every
+watchdog: a second small process (forked from the watchdog as it starts, in a session of its
+own, deaf to SIGTERM, SIGHUP and SIGINT) that notes the job's processes every
 ``REAPER_POLL_S`` and holds the read end of a pipe only the watchdog writes to. When that pipe ends
 without the watchdog's ``done`` (SIGKILL, the OOM killer), the reaper SIGTERMs every process of the
 job it knew (each checked by its start time, so a reused pid is never hit) and whatever they
@@ -269,42 +269,73 @@ def start_time(pid: int) -> str | None:
     return fields[19] if fields and len(fields) > 19 and fields[0] != "Z" else None
 
 
-def start_reaper(grace_s: float) -> subprocess.Popen[bytes] | None:
-    """The reaper of this watchdog's job (see the module's text); None where it cannot start
-    (the job's parent-death signal is then the only guard)."""
-    source = globals().get("SOURCE")
-    if not source:
+class Reaper:
+    """The watchdog's end of its reaper: the child's pid and the pipe only the watchdog writes to."""
+
+    def __init__(self, pid: int, pipe_fd: int) -> None:
+        self.pid = pid
+        self.pipe_fd = pipe_fd
+
+    def done(self) -> None:
+        """The watchdog ends on its own: the reaper exits without touching anything."""
+        with contextlib.suppress(OSError):
+            write_all(self.pipe_fd, b"done\n")
+        with contextlib.suppress(OSError):
+            os.close(self.pipe_fd)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the reaper has exited (collected here, or already by :func:`reap`)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
+def start_reaper(grace_s: float) -> Reaper | None:
+    """The reaper of this watchdog's job (see the module's text), forked from this process: no
+    second interpreter to start and no source to compile again (at 200 nodes on one machine
+    that start was seconds of CPU). None where it cannot start (the job's parent-death signal
+    is then the only guard), or where this is no watchdog started by BOOTSTRAP."""
+    if not globals().get("SOURCE"):
         return None
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    watchdog = os.getpid()
     try:
-        reaper = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                                  start_new_session=True)
-        assert reaper.stdin is not None
-        header = {"format": HEADER_FORMAT, "source": source, "reaper": {"watchdog_pid": os.getpid(),
-                                                                          "grace_s": grace_s}}
-        reaper.stdin.write((json.dumps(header) + "\n").encode())
-        reaper.stdin.flush()
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
     except OSError as exc:
         log(f"could not start the reaper ({exc}); a SIGKILLed watchdog leaves its job to the parent-death signal")
         return None
-    return reaper
+    if pid == 0:  # the reaper: only this thread lives on, and it takes no lock the others held
+        try:
+            os.setsid()
+            os.dup2(read_fd, 0)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the job's pipes and the SSH channel's are not its to hold
+            reaper_main({"watchdog_pid": watchdog, "grace_s": grace_s})
+        finally:
+            os._exit(0)
+    os.close(read_fd)
+    return Reaper(pid, write_fd)
 
 
-def stop_reaper(reaper: subprocess.Popen[bytes] | None) -> None:
+def stop_reaper(reaper: Reaper | None) -> None:
     """The watchdog ends on its own: its reaper has nothing to do."""
     if reaper is None:
         return
-    with contextlib.suppress(OSError, ValueError):
-        assert reaper.stdin is not None
-        reaper.stdin.write(b"done\n")
-        reaper.stdin.close()
-    try:
-        reaper.wait(timeout=2.0)
-    except subprocess.TimeoutExpired:
-        reaper.kill()
-        with contextlib.suppress(ChildProcessError):
-            reaper.wait()
+    reaper.done()
+    if not reaper.wait(2.0):
+        with contextlib.suppress(OSError):
+            os.kill(reaper.pid, signal.SIGKILL)
+        reaper.wait(5.0)
 
 
 def reaper_main(options: dict[str, Any]) -> None:
@@ -433,7 +464,7 @@ class Watchdog:
         self.startup_workdir: str | None = None  # and where
         self.relays: list[threading.Thread] = []  # the launcher's stdout and stderr, copied out
         self.textfile: MetricsTextfile | None = None  # --metrics-textfile: this node's .prom file
-        self.reaper: subprocess.Popen[bytes] | None = None  # ends the job if this process is killed
+        self.reaper: Reaper | None = None  # ends the job if this process is killed
 
     def configure(self) -> None:
         self.grace_s = float(self.header.get("grace_s", 15))
@@ -1110,8 +1141,6 @@ def main(header: dict[str, Any]) -> None:
                          f"{HEADER_FORMAT}: send both from one fstrain\n")
         sys.stderr.flush()
         os._exit(EXIT_FORMAT)
-    if header.get("reaper"):
-        reaper_main(header["reaper"])
     if header.get("detach"):  # a detached run: the watchdogs supervise each other (coordinator.py)
         Watchdog(header).module("coordinator").main(header, Watchdog)
     watchdog = Watchdog(header)
