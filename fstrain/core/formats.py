@@ -51,6 +51,7 @@ KINDS: dict[str, Kind] = {
     "node": Kind("node state", 1, _RUN_FOLDER),  # node<I>.json and ~/.fstrain/active/*.json on a node
     "run": Kind("run record", 1, _RUN_FOLDER),  # run.json on node 0: the coordinator's record
     "coordinator": Kind("coordinator record", 1, _RUN_FOLDER),  # coordinator.json on node 0
+    "ended_views": Kind("ended run's node views", 1, _RUN_FOLDER),  # ended-views.json on node 0
     "header": Kind("watchdog header", 1, "send it from the fstrain that sends the watchdog"),
     "message": Kind("coordinator message", 1, "use the fstrain that started the run"),
     "hang_report": Kind("hang report", 1, _RUN_FOLDER),  # RUN_DIR/stacks/report.json

@@ -119,6 +119,16 @@ def _open_sockets() -> int:
     return count
 
 
+def four_node_run(run_dir: Path) -> tuple[Any, dict[int, Member]]:
+    """A coordinator of four nodes listening on loopback, its coordinator.json where runctl
+    reads it, and members 1-3 joined."""
+    running = make_coordinator(run_dir, nnodes=4, names=["node1", "node2", "node3", "node4"])
+    port = running.listen("127.0.0.1")
+    (run_dir / "coordinator.json").write_text(json.dumps({"format": 1, "address": "127.0.0.1", "port": port,
+                                                          "secret": SECRET}))
+    return running, {rank: Member(port, rank) for rank in (1, 2, 3)}
+
+
 def test_a_member_that_hangs_up_leaves_no_socket_open(tmp_path: Path) -> None:
     """A coordinator lives as long as its run: every connection it accepted is closed when the
     peer goes, whether it was a member, a `fstrain stop` or a caller without the secret."""
@@ -158,11 +168,7 @@ def test_the_coordinators_own_job_is_never_stopped_for_a_late_tick(tmp_path: Pat
 def test_every_nodes_view_is_read_from_the_coordinator_over_one_connection(tmp_path: Path) -> None:
     from fstrain.io.remote import runctl
 
-    running = make_coordinator(tmp_path, nnodes=4, names=["node1", "node2", "node3", "node4"])
-    port = running.listen("127.0.0.1")
-    (tmp_path / "coordinator.json").write_text(json.dumps({"format": 1, "address": "127.0.0.1", "port": port,
-                                                           "secret": SECRET}))
-    members = {rank: Member(port, rank) for rank in (1, 2, 3)}
+    running, members = four_node_run(tmp_path)
     try:
         view = {"node": {"node_rank": 1, "ranks": {"0": {"last_line": "step 3"}}}, "ranks_alive": [4, 5],
                 "watchdog_alive": True, "gpus": {}}
@@ -296,3 +302,54 @@ def test_a_member_reading_late_keeps_its_job_while_the_coordinators_words_wait(t
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_an_ended_runs_gone_members_are_read_from_node0_after_the_coordinator(tmp_path: Path,
+                                                                             monkeypatch: Any) -> None:
+    """Once the run is over the coordinator writes which members are gone (their job ended with
+    a status, then their watchdog closed its connection); runctl's `views` answers from that
+    after the coordinator has exited, so `stop` and `status` ask node 0 alone for those. A member
+    still connected, or lost, is left to the client to ask."""
+    from fstrain.io.remote import coordinator, runctl
+
+    monkeypatch.setattr(coordinator, "MEMBERS_GONE_WAIT_S", 0.5)
+    running, members = four_node_run(tmp_path)
+    try:
+        for rank, member in members.items():
+            member.send({"hb": 1.0, "view": {"node": {"format": 1, "node_rank": rank, "exit_code": None},
+                                             "ranks_alive": [7], "watchdog_alive": True, "gpus": {}}})
+        for rank in (1, 2):
+            members[rank].send({"exit": 0})
+        members[1].close()  # its watchdog exits
+        members[3].close()  # lost: no exit status
+        running.node_exit(0, 0, None)
+        deadline = time.monotonic() + 10
+        while not ({1, 3} <= running.closed and running.all_ended()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.all_ended()
+        running.write_ended_views()
+        assert running.listener is not None
+        running.listener.close()  # the coordinator has exited
+        deadline = time.monotonic() + 10
+        while "error" not in runctl.ask_coordinator(str(tmp_path), {"control": "views"}) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        answer = runctl.views(str(tmp_path))
+        views: Any = answer["views"]
+        assert answer["format"] == 1 and len(views) == 4
+        assert views[0]["watchdog_alive"] is False  # node 0 itself, read on the spot
+        assert views[1]["watchdog_alive"] is False and views[1]["ranks_alive"] == []
+        assert views[1]["node"]["exit_code"] == 0 and views[1]["node"]["ended"] is not None
+        assert views[2] is None, "still connected: its watchdog may live"
+        assert views[3] is None, "lost: asked itself"
+    finally:
+        for member in members.values():
+            member.close()
+
+
+def test_without_an_ended_record_views_say_the_coordinator_does_not_answer(tmp_path: Path) -> None:
+    from fstrain.io.remote import runctl
+
+    assert "error" in runctl.views(str(tmp_path))
+    (tmp_path / "ended-views.json").write_text(json.dumps({"format": 99, "nnodes": 2, "views": {}}))
+    assert "error" in runctl.views(str(tmp_path)), "a newer record is not misread: each node is asked"

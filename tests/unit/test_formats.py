@@ -77,8 +77,9 @@ def test_the_node_side_scripts_hold_the_same_versions() -> None:
     copies = {("header", watchdog.HEADER_FORMAT), ("node", watchdog.NODE_FORMAT),
               ("message", coordinator.MESSAGE_FORMAT), ("node", coordinator.NODE_FORMAT),
               ("run", coordinator.RUN_FORMAT), ("coordinator", coordinator.COORDINATOR_FORMAT),
-              ("events", coordinator.EVENTS_FORMAT),
+              ("events", coordinator.EVENTS_FORMAT), ("ended_views", coordinator.ENDED_VIEWS_FORMAT),
               ("message", runctl.MESSAGE_FORMAT), ("coordinator", runctl.COORDINATOR_FORMAT),
+              ("ended_views", runctl.ENDED_VIEWS_FORMAT),
               ("hang_report", stacks.HANG_REPORT_FORMAT)}
     assert {(kind, KINDS[kind].current) for kind, _ in copies} == copies
 

@@ -69,6 +69,10 @@ MESSAGE_FORMAT = 1
 NODE_FORMAT = 1  # node<I>.json
 RUN_FORMAT = 1  # run.json, and the record in ``end``
 COORDINATOR_FORMAT = 1  # coordinator.json
+ENDED_VIEWS_FORMAT = 1  # ended-views.json
+# Once the run is over, how long the coordinator waits for the members whose job ended to close
+# their connections (each closes it just before its process exits) before it writes ended-views.json.
+MEMBERS_GONE_WAIT_S = 10.0
 EVENTS_FORMAT = 1  # each line of events.jsonl
 
 
@@ -724,6 +728,38 @@ class Coordinator:
                 "nodes": nodes, "stall": self.stall,
             }
 
+    def gone_members(self) -> dict[str, Any]:
+        """Node rank -> its last view, for each member whose job ended with an exit status and
+        whose watchdog then closed its connection: nothing of that run lives there any more."""
+        gone: dict[str, Any] = {}
+        with self.lock:
+            for rank in range(1, self.nnodes):
+                record, view = self.run.nodes[rank], self.views.get(rank)
+                if record.done and record.exit_code is not None and rank in self.closed and isinstance(view, dict):
+                    node = {**(view.get("node") or {}), "ended": self.ended_at.get(rank),
+                            "exit_code": record.exit_code}
+                    gone[str(rank)] = {**view, "node": node, "watchdog_alive": False, "ranks_alive": []}
+        return gone
+
+    def write_ended_views(self) -> None:
+        """RUN_DIR/ended-views.json, once the run is over: the members known to be gone
+        (:meth:`gone_members`, after up to MEMBERS_GONE_WAIT_S for their connections to close),
+        which runctl's ``views`` answers from once this process has exited, so that `fstrain
+        stop`, `status` and `gc` of an ended run ask node 0 alone, not every node."""
+        deadline = time.monotonic() + MEMBERS_GONE_WAIT_S
+        while time.monotonic() < deadline:
+            with self.lock:
+                waiting = [rank for rank in range(1, self.nnodes)
+                           if self.run.nodes[rank].done and self.run.nodes[rank].error is None
+                           and rank not in self.closed]
+            if not waiting:
+                break
+            time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            write_json(os.path.join(self.node.run_dir, "ended-views.json"),
+                       {"format": ENDED_VIEWS_FORMAT, "run_id": self.node.header.get("run_id"),
+                        "nnodes": self.nnodes, "views": self.gone_members()})
+
     def finish(self) -> dict[str, Any]:
         with self.lock:
             self.finished = True
@@ -813,7 +849,7 @@ def run_coordinator(node: Node, ready_w: int) -> None:
     while not coordinator.all_ended():
         time.sleep(0.2)
     node.final = coordinator.finish()
-    time.sleep(0.5)  # let the members read the record
+    coordinator.write_ended_views()  # the members read the record and close their connections meanwhile
 
 
 def run_member(node: Node, ready_w: int) -> None:

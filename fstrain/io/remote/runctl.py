@@ -4,6 +4,7 @@
     python3 -c LINE_BOOTSTRAP state RUN_DIR NODE_RANK RUN_ID   -> one JSON document
     python3 -c LINE_BOOTSTRAP stop RUN_DIR term|kill           -> the coordinator's answer
     python3 -c LINE_BOOTSTRAP views RUN_DIR                    -> every node's state, from the coordinator
+                                                                  (once it has exited, from ended-views.json)
     python3 -c LINE_BOOTSTRAP gc RUN_DIR                       -> {"removed": bool, "why": ...}
     python3 -c LINE_BOOTSTRAP list RUNS_DIR                    -> the detached runs found there
     python3 -c LINE_BOOTSTRAP live-slurm JOB_ID NODE           -> the job's live ranks on NODE, the GPUs
@@ -35,6 +36,7 @@ from typing import Any
 # name: this file runs alone on the node).
 MESSAGE_FORMAT = 1  # the stop request to the coordinator
 COORDINATOR_FORMAT = 1  # coordinator.json
+ENDED_VIEWS_FORMAT = 1  # ended-views.json
 
 
 def _read_json(path: str) -> Any:
@@ -140,6 +142,22 @@ def ask_coordinator(run_dir: str, request: dict[str, Any]) -> dict[str, Any]:
         return {"error": "the coordinator closed the connection"}
 
 
+def views(run_dir: str) -> dict[str, Any]:
+    """Every node's view from the coordinator; once it has exited, node 0's own state and the
+    members its ended-views.json knows to be gone (None for the others: the client asks them)."""
+    answer = ask_coordinator(run_dir, {"control": "views"})
+    if "error" not in answer:
+        return answer
+    ended = _read_json(os.path.join(run_dir, "ended-views.json"))
+    found = ended.get("format") if isinstance(ended, dict) else None
+    if not isinstance(found, int) or isinstance(found, bool) or not 1 <= found <= ENDED_VIEWS_FORMAT \
+            or not isinstance(ended.get("views"), dict) or not isinstance(ended.get("nnodes"), int):
+        return answer  # an older or newer coordinator's run, or one that did not end: each node is asked
+    gone = ended["views"]
+    own = state(run_dir, "0", str(ended.get("run_id") or ""))
+    return {"format": MESSAGE_FORMAT, "views": [own, *[gone.get(str(rank)) for rank in range(1, ended["nnodes"])]]}
+
+
 def gc(run_dir: str) -> dict[str, Any]:
     """Remove a finished run's folder: never one whose watchdog still runs."""
     if not os.path.isdir(run_dir):
@@ -230,7 +248,7 @@ def main(argv: list[str]) -> None:
     elif command == "stop":
         result = stop(run_dir, argv[2], argv[3] if len(argv) > 3 else None)
     elif command == "views":
-        result = ask_coordinator(run_dir, {"control": "views"})
+        result = views(run_dir)
     else:
         result = gc(run_dir)
     sys.stdout.write(json.dumps(result) + "\n")
