@@ -386,7 +386,8 @@ def print_report(results: list[SizeResult], options: argparse.Namespace) -> None
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="4,32,128,200", help="host counts, comma-separated (each <= 245)")
+    parser.add_argument("--sizes", default="4,32,128,200",
+                        help="host counts, comma-separated (each <= 200, the test cluster's most)")
     parser.add_argument("--backend", default="direct", choices=("direct", "torchrun"),
                         help="how each host starts its rank (torchrun: about 150 MB per host)")
     parser.add_argument("--runs", type=int, default=1, help="detached runs per size")
