@@ -190,7 +190,7 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
                                  on_first_step=eventlog.first_step(request.events, request.attempt.restart + 1),
                                  on_first_failure=eventlog.first_failure(request.events, request.attempt.restart + 1))
             if request.detach:
-                return _start_detached(request, pool.borrow, checked, node_job, options, started)
+                return _start_detached(request, pool.transport, checked, node_job, options, started)
             if request.record:
                 from fstrain.io.runs import register
 

@@ -49,7 +49,7 @@ from fstrain.io.fanout import Connector, HostPool
 from fstrain.io.launch import REMOTE_STATE
 from fstrain.io.probe import probe_host
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
-from fstrain.io.transport.base import RunningCommand
+from fstrain.io.transport.base import RunningCommand, start_command
 
 CONNECT_TIMEOUT_S = 2.0  # per TCP connection of the matrix
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
@@ -269,10 +269,7 @@ def _start_listener(connect: Connector, host: Host, python: str, ports: Sequence
     try:
         transport = connect(host)
         listener.close_transport = transport.close
-        start = getattr(transport, "start", None)
-        if start is None:
-            raise FstrainError("this transport cannot stream", "", host.label())
-        running: RunningCommand = start([python, "-u", "-c", LINE_BOOTSTRAP, "listen", *map(str, ports)])
+        running = start_command(transport, [python, "-u", "-c", LINE_BOOTSTRAP, "listen", *map(str, ports)])
         listener.running = running
         running.write(as_line("netcheck"))
         for stream, line in running.lines():

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fstrain.core.hosts.hostfile import Host
 from fstrain.errors import FstrainError
-from fstrain.io.transport.base import CommandResult, Transport
+from fstrain.io.transport.base import CommandResult, RunningCommand, Transport, start_command
 
 DEFAULT_FANOUT = 64
 
@@ -113,12 +113,6 @@ class HostPool:
             raise self._failures[host.label()]
         return transport
 
-    def borrow(self, host: Host) -> Transport:
-        """:meth:`open_transport` for code that closes what it is given (a detached start): its
-        close leaves the pool's connection open, so the host's next session needs no new SSH
-        handshake (at 200 hosts one per host per stage is seconds of both ends' CPU)."""
-        return BorrowedTransport(self.open_transport(host))
-
     def connect_error(self, host: Host) -> str | None:
         """Why ``host`` cannot be reached (connecting now if not yet tried), or None when it can."""
         transport = self._transport(host)
@@ -180,23 +174,6 @@ class HostPool:
             transport.close()
 
 
-class BorrowedTransport:
-    """A pool's open transport lent out: everything but :meth:`close` goes to it."""
-
-    def __init__(self, transport: Transport) -> None:
-        self._transport = transport
-        self.host = transport.host
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
-        return self._transport.run(argv, stdin=stdin, timeout_s=timeout_s)
-
-    def close(self) -> None:
-        """The pool closes its connections itself."""
-
-
 class PooledTransport:
     """One host of a :class:`HostPool` as a Transport (for code written against one transport,
     such as the probe). Closing it is a no-op: the pool owns the connection."""
@@ -209,6 +186,12 @@ class PooledTransport:
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
         result = self._pool.run_one(self._inventory_host, argv, stdin=stdin, timeout_s=timeout_s)
         return CommandResult(result.exit_code, result.stdout, result.stderr, result.seconds, result.error)
+
+    def start(self, argv: Sequence[str]) -> RunningCommand:
+        """A streaming command on the pool's open connection (a detached start): the host's
+        next session needs no new SSH handshake (at 200 hosts, one per host per stage is seconds
+        of both ends' CPU)."""
+        return start_command(self._pool.open_transport(self._inventory_host), argv)
 
     def close(self) -> None:
         """The pool closes its connections itself."""

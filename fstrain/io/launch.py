@@ -66,7 +66,7 @@ from fstrain.core.progress import Event, RunStages
 from fstrain.core.runs.limits import RunLimits
 from fstrain.core.runs.manifest import Manifest, ManifestNode
 from fstrain.core.slurm.job import CANCELLED_BY_SLURM, slurm_cancel_reason
-from fstrain.errors import FstrainError, TransportError
+from fstrain.errors import FstrainError
 from fstrain.io.connect import is_local
 from fstrain.io.documents import write_json_or_warn
 from fstrain.io.fanout import HostPool
@@ -75,7 +75,7 @@ from fstrain.io.relay import RelayQueue
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
 from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
 from fstrain.io.stall import HangReports
-from fstrain.io.transport.base import RunningCommand, Transport
+from fstrain.io.transport.base import RunningCommand, Transport, start_command
 
 HEARTBEAT_INTERVAL_S = 1.0
 LIVENESS_INTERVAL_S = 2.0
@@ -275,10 +275,7 @@ def choose_rendezvous(
 
 
 def _start(transport: Transport, argv: Sequence[str], stdin: bytes, close_stdin: bool) -> RunningCommand:
-    start = getattr(transport, "start", None)
-    if start is None:
-        raise TransportError("this transport cannot stream", "", transport.host)
-    running: RunningCommand = start(argv)
+    running = start_command(transport, argv)
     running.write(stdin)
     if close_stdin:
         running.close_stdin()

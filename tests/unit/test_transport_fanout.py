@@ -139,9 +139,10 @@ def test_open_transport_gives_the_connection_or_raises_the_connect_error_once() 
     assert attempts == ["good", "bad"]  # one try per host
 
 
-def test_a_borrowed_connection_closed_by_its_user_stays_open_for_the_pool() -> None:
-    """A detached start closes the transport it is given: borrowed from the pool, the host's
-    connection stays open for the next stage and is closed once, with the pool."""
+def test_a_pooled_transport_closed_by_its_user_leaves_the_connection_open() -> None:
+    """A detached start closes the transport it is given: a host of the pool as a transport
+    runs and starts commands on the pool's connection, which stays open for the next stage and
+    is closed once, with the pool."""
     made: dict[str, FakeTransport] = {}
 
     def connect(host: Host) -> FakeTransport:
@@ -151,10 +152,31 @@ def test_a_borrowed_connection_closed_by_its_user_stays_open_for_the_pool() -> N
 
     host = Host("h0")
     with HostPool([host], connect) as pool:
-        borrowed = pool.borrow(host)
-        assert borrowed.host == "h0"
-        assert borrowed.run(["echo", "one"]).stdout == "echo one\n"
-        borrowed.close()
+        pooled = pool.transport(host)
+        assert pooled.host == "h0"
+        assert pooled.run(["echo", "one"]).stdout == "echo one\n"
+        pooled.close()
         assert not made["h0"].closed
         assert pool.run_one(host, ["echo", "two"]).stdout == "echo two\n"
+        with pytest.raises(TransportError, match="cannot stream"):
+            pooled.start(["cat"])
     assert made["h0"].closed and len(made["h0"].calls) == 2
+
+
+def test_a_pooled_transport_streams_on_the_pools_connection() -> None:
+    connections: list[LocalTransport] = []
+
+    def connect(host: Host) -> LocalTransport:
+        connections.append(LocalTransport(host.name))
+        return connections[-1]
+
+    host = Host("localhost")
+    with HostPool([host], connect) as pool:
+        running = pool.transport(host).start([sys.executable, "-c", "print(input())"])
+        running.write(b"through the pool\n")
+        running.close_stdin()
+        assert [line for stream, line in running.lines() if stream == "stdout"] == ["through the pool"]
+        assert running.wait() == (0, None)
+        running.close()
+        assert pool.run_one(host, ["true"]).exit_code == 0
+    assert len(connections) == 1

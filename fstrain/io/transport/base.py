@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from fstrain.errors import TransportError
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -70,6 +72,16 @@ class RunningCommand(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def start_command(transport: object, argv: Sequence[str]) -> RunningCommand:
+    """``argv`` started on ``transport`` with its stdin kept open (its ``start``); a
+    TransportError where the transport cannot stream (a fake one)."""
+    start = getattr(transport, "start", None)
+    if start is None:
+        raise TransportError("this transport cannot stream", "", str(getattr(transport, "host", "")))
+    running: RunningCommand = start(argv)
+    return running
 
 
 MAX_PENDING_LINES = 1000  # per command, read but not yet consumed
