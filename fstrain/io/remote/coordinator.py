@@ -728,14 +728,19 @@ class Coordinator:
                 "nodes": nodes, "stall": self.stall,
             }
 
+    def ended_with_status(self) -> list[int]:
+        """The members whose job ended with an exit status (not lost); call with the lock held."""
+        return [rank for rank in range(1, self.nnodes)
+                if self.run.nodes[rank].done and self.run.nodes[rank].exit_code is not None]
+
     def gone_members(self) -> dict[str, Any]:
         """Node rank -> its last view, for each member whose job ended with an exit status and
         whose watchdog then closed its connection: nothing of that run lives there any more."""
         gone: dict[str, Any] = {}
         with self.lock:
-            for rank in range(1, self.nnodes):
+            for rank in self.ended_with_status():
                 record, view = self.run.nodes[rank], self.views.get(rank)
-                if record.done and record.exit_code is not None and rank in self.closed and isinstance(view, dict):
+                if rank in self.closed and isinstance(view, dict):
                     node = {**(view.get("node") or {}), "ended": self.ended_at.get(rank),
                             "exit_code": record.exit_code}
                     gone[str(rank)] = {**view, "node": node, "watchdog_alive": False, "ranks_alive": []}
@@ -749,9 +754,7 @@ class Coordinator:
         deadline = time.monotonic() + MEMBERS_GONE_WAIT_S
         while time.monotonic() < deadline:
             with self.lock:
-                waiting = [rank for rank in range(1, self.nnodes)
-                           if self.run.nodes[rank].done and self.run.nodes[rank].error is None
-                           and rank not in self.closed]
+                waiting = [rank for rank in self.ended_with_status() if rank not in self.closed]
             if not waiting:
                 break
             time.sleep(0.05)
