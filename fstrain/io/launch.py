@@ -594,7 +594,7 @@ def _watch(nodes: list[NodeState], events: queue.Queue[tuple[str, int, Any, Any]
                     hangs.add(rank, payload["stacks"])
                     run.stacks_reported(rank)
                 if payload.get("ranks_gone"):
-                    run.rank_finished(clock())
+                    run.rank_finished(clock(), rank, bool(payload.get("ranks_ended")))
                 if isinstance(payload.get("draw"), dict):  # a rank's bar drawn: output, in no log
                     run.output(clock())
                     stages.line(rank, True, str(payload["draw"].get("text") or ""))

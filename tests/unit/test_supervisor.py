@@ -189,6 +189,25 @@ def test_ranks_finishing_apart_past_the_finish_timeout_is_a_stall() -> None:
     assert run.stall_reason == "some ranks finished 10 s ago and others are still running"
 
 
+def test_no_silence_is_a_stall_once_no_node_has_a_rank_left() -> None:
+    """torchrun's agents wait in their exit barrier and close the rendezvous after their ranks
+    ended: the silence then is no rank's; it is while any node still has a rank."""
+    run = attached(stall_timeout_s=8)
+    run.output(100.0)
+    run.node_exited(0, 0, 101.0)
+    run.rank_finished(101.5, 1, all_ended=True)
+    run.rank_finished(102.0, 2, all_ended=False)  # one of node3's ranks ended, another runs on
+    assert run.tick(108.5)[0] == Decision(COLLECT_STACKS, (1, 2))
+    run = attached(stall_timeout_s=8)
+    run.output(100.0)
+    run.node_exited(0, 0, 101.0)
+    run.rank_finished(101.5, 1, all_ended=True)
+    run.rank_finished(102.0, 2, all_ended=True)
+    assert run.tick(130.0) == [] and run.stall_reason == ""
+    assert run.node_exited(1, 0, 131.0) == [] and run.node_exited(2, 0, 131.5) == []
+    assert run.verdict() == ("succeeded", 0, "")
+
+
 def test_a_failure_while_stacks_are_collected_wins_over_the_stall() -> None:
     run = attached(stall_timeout_s=5)
     run.output(100.0)

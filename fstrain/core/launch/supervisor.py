@@ -83,6 +83,7 @@ class NodeRecord:
     failure: Mapping[str, Any] | None = None  # the failed rank: rank, local_rank, exit_code, signal
     error: str | None = None  # why it ended without an exit code (lost, given up)
     watched: bool = True  # the heartbeat rule applies: silence for heartbeat_timeout_s is loss
+    ranks_ended: bool = False  # every rank's process ended while the node's job runs on (its launcher exits)
 
     @property
     def done(self) -> bool:
@@ -152,10 +153,14 @@ class Supervisor:
         if self.last_output_s is None or at_s > self.last_output_s:
             self.last_output_s = at_s
 
-    def rank_finished(self, now_s: float) -> None:
-        """A rank's process ended with 0 while its node's job runs on: the finish timeout starts."""
+    def rank_finished(self, now_s: float, node: int | None = None, all_ended: bool = False) -> None:
+        """A rank's process ended with 0 while its node's job runs on: the finish timeout starts.
+        ``all_ended``: it was the node's last rank; what the node does until its job exits
+        (torchrun's exit barrier and rendezvous shutdown) is no rank's silence."""
         if self.first_finish_s is None:
             self.first_finish_s = now_s
+        if all_ended and node is not None:
+            self.nodes[node].ranks_ended = True
 
     def node_exited(self, node: int, exit_code: int | None, now_s: float,
                     failure: Mapping[str, Any] | None = None, error: str | None = None) -> list[Decision]:
@@ -254,6 +259,10 @@ class Supervisor:
     def live(self) -> tuple[int, ...]:
         return tuple(i for i, n in enumerate(self.nodes) if not n.done)
 
+    def ranks_running(self) -> bool:
+        """Some live node may still have a rank running (not every one reported its ranks ended)."""
+        return any(not n.done and not n.ranks_ended for n in self.nodes)
+
     @property
     def ended(self) -> bool:
         return all(n.done for n in self.nodes)
@@ -303,7 +312,8 @@ class Supervisor:
         if self.stopping_since_s is not None or not self.live():
             return []
         if not self.stall_reason:
-            self.stall_reason = stall_reason(now_s, self.last_output_s, self.first_finish_s,
+            silent_since_s = self.last_output_s if self.ranks_running() else None
+            self.stall_reason = stall_reason(now_s, silent_since_s, self.first_finish_s,
                                              self.limits.stall_timeout_s, self.limits.finish_timeout_s)
             if not self.stall_reason:
                 return []

@@ -425,7 +425,7 @@ class Coordinator:
                 self.stacks[rank] = payload["stacks"]
                 self.run.stacks_reported(rank)
             if payload.get("ranks_gone"):
-                self.run.rank_finished(time.monotonic())
+                self.run.rank_finished(time.monotonic(), rank, bool(payload.get("ranks_ended")))
 
     def output_age(self, age_s: Any) -> None:
         """A node's ranks printed ``age_s`` seconds ago (measured there, on its own clock)."""

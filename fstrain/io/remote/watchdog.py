@@ -531,14 +531,19 @@ class Watchdog:
             write_all(1, (EVENT_PREFIX + json.dumps(payload) + "\n").encode())
 
     def watch_ranks(self) -> None:
-        """Report ranks whose process ended while the job runs on (``ranks_gone``): the launcher's
-        finish timeout starts there, as torchrun waits for every node before it exits."""
+        """Report ranks whose process ended while the job runs on (``ranks_gone``; ``ranks_ended``
+        once every rank of the node has): the launcher's finish timeout starts there, as torchrun
+        waits for every node before it exits, and its stall clock stops once no node has a rank."""
         seen: set[int] = set()
+        ever: set[int] = set()
+        nproc = int(self.header.get("nproc") or 1)
         while self.child is not None and self.child.poll() is None:
             live = set(self.module("stacks").rank_processes(descendants(os.getpid())))
             gone = seen - live
+            ever |= live
             if gone:
-                self.event({"ranks_gone": sorted(gone)})
+                # ranks_ended: none is left of all the node's ranks; the job is its launcher exiting
+                self.event({"ranks_gone": sorted(gone), "ranks_ended": not live and len(ever) >= nproc})
             seen = (seen - gone) | live
             time.sleep(1.0)
 
