@@ -1,9 +1,10 @@
 """`fstrain bench` on the namespace cluster: real gloo traffic between real hosts.
 
 One host's link is shaped with a token bucket (``tc qdisc ... tbf``) on its root-side veth, which
-slows the traffic into that host; the pairs suite must name it, and only it, every time, after
-re-timing it. A host without torch, a host down and a lost result are failures to measure (exit
-3), never "outliers found" (1) nor bad input (2).
+slows the traffic into that host; the pairs suite must name it, and only it, after re-timing it
+(how often it does so over many runs, loaded or not, is benchmarks/bench_false_positive.py's
+count). A host without torch, a host down and a lost result are failures to measure (exit 3),
+never "outliers found" (1) nor bad input (2).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from tests.helpers import REPO, require_tool, run_fstrain
 pytestmark = pytest.mark.cluster
 
 SHAPED = 2  # node2
-RUNS = 3
 
 
 @contextmanager
@@ -49,43 +49,41 @@ def bench_pairs(cluster: NamespaceCluster, run_dir: Path) -> tuple[int, dict, st
     return result.returncode, json.loads(result.stdout), result.stderr
 
 
-def test_pairs_name_the_shaped_host_and_no_other_every_time(cluster: NamespaceCluster, tmp_path: Path) -> None:
+def test_pairs_name_the_shaped_host_and_no_other(cluster: NamespaceCluster, tmp_path: Path) -> None:
     with shaped_link(cluster, SHAPED):
-        for run in range(RUNS):
-            code, document, stderr = bench_pairs(cluster, tmp_path / f"shaped{run}")
-            pairs = document["analysis"]["pairs"]
-            assert pairs["outlier_hosts"] == [f"node{SHAPED}"], (run, pairs, stderr[-2000:])
-            assert [h["direction"] for h in pairs["hosts"]] == ["in"]
-            assert code == 1
-            assert f"outlier host node{SHAPED}: traffic into it is slow" in stderr
-            # Every ordered pair of the three hosts was timed, with every sample kept.
-            links = document["pairs"]["links"]
-            assert len(links) == 6 and all(len(x["samples_gbps"]) == 5 for x in links)
-            # The verdict was confirmed: both links into node2 were timed again before it.
-            retimed = {(x["src"], x["dst"]) for x in document["pairs"]["retimes"][-1]["links"]}
-            assert {("node1", f"node{SHAPED}"), ("node3", f"node{SHAPED}")} <= retimed
+        code, document, stderr = bench_pairs(cluster, tmp_path / "shaped")
+    pairs = document["analysis"]["pairs"]
+    assert pairs["outlier_hosts"] == [f"node{SHAPED}"], (pairs, stderr[-2000:])
+    assert [h["direction"] for h in pairs["hosts"]] == ["in"]
+    assert code == 1
+    assert f"outlier host node{SHAPED}: traffic into it is slow" in stderr
+    # Every ordered pair of the three hosts was timed, with every sample kept.
+    links = document["pairs"]["links"]
+    assert len(links) == 6 and all(len(x["samples_gbps"]) == 5 for x in links)
+    # The verdict was confirmed: both links into node2 were timed again before it.
+    retimed = {(x["src"], x["dst"]) for x in document["pairs"]["retimes"][-1]["links"]}
+    assert {("node1", f"node{SHAPED}"), ("node3", f"node{SHAPED}")} <= retimed
     assert_no_job_processes(cluster, 10)
 
 
 @pytest.mark.timing
 def test_pairs_name_nobody_on_an_even_cluster(cluster: NamespaceCluster, tmp_path: Path) -> None:
-    for run in range(2):
-        run_dir = tmp_path / f"even{run}"
-        code, document, stderr = bench_pairs(cluster, run_dir)
-        assert document["analysis"]["pairs"]["outlier_hosts"] == [], (run, stderr[-2000:])
-        assert code == 0
-        assert "pairs: no outliers" in stderr
-        saved = json.loads((run_dir / "bench.json").read_text())
-        assert saved["analysis"] == document["analysis"]
-        # A pair matrix: a header and a row per sender, not a row per link.
-        report = (run_dir / "report.txt").read_text().splitlines()
-        rows = [line for line in report if line.split("|")[0].strip() in ("node1", "node2", "node3")]
-        assert len(rows) == 3 and len(rows[0].split("|")[1].split()) == 2
-        # Progress went to stderr, stdout is the one document.
-        assert "[fstrain.bench] pairs: sample 5 of 5 of 6 links" in stderr
-        # The report comes back from the saved result, with the same verdict.
-        again = run_fstrain("bench", "--from", str(run_dir / "bench.json"))
-        assert again.returncode == 0 and "pairs: no outliers" in again.stderr
+    run_dir = tmp_path / "even"
+    code, document, stderr = bench_pairs(cluster, run_dir)
+    assert document["analysis"]["pairs"]["outlier_hosts"] == [], stderr[-2000:]
+    assert code == 0
+    assert "pairs: no outliers" in stderr
+    saved = json.loads((run_dir / "bench.json").read_text())
+    assert saved["analysis"] == document["analysis"]
+    # A pair matrix: a header and a row per sender, not a row per link.
+    report = (run_dir / "report.txt").read_text().splitlines()
+    rows = [line for line in report if line.split("|")[0].strip() in ("node1", "node2", "node3")]
+    assert len(rows) == 3 and len(rows[0].split("|")[1].split()) == 2
+    # Progress went to stderr, stdout is the one document.
+    assert "[fstrain.bench] pairs: sample 5 of 5 of 6 links" in stderr
+    # The report comes back from the saved result, with the same verdict.
+    again = run_fstrain("bench", "--from", str(run_dir / "bench.json"))
+    assert again.returncode == 0 and "pairs: no outliers" in again.stderr
 
 
 def test_a_host_without_torch_is_a_failure_to_measure(cluster: NamespaceCluster, tmp_path: Path) -> None:
