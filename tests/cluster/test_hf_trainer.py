@@ -53,7 +53,8 @@ def test_hf_trainer_shows_its_steps_and_resumes_from_its_checkpoint_on_the_host_
     home, run_dir = tmp_path / "home", tmp_path / "run"
     # One intra-op thread per rank, as torchrun sets it where a node runs several ranks: the two
     # hosts' ranks share the test machine's 2 cores.
-    run_id = detach(cluster, home, run_dir, "--nproc-per-node", "1", "--heartbeat-timeout", "4",
+    run_id = detach(cluster, home, run_dir, "--backend", "torchrun", "--nproc-per-node", "1",
+                    "--heartbeat-timeout", "4",
                     "--env", "OMP_NUM_THREADS=1", "--on-failure", "exclude", "--max-restarts", "1",
                     "--", "python3", EXAMPLE, "--max-steps", str(MAX_STEPS), "--save-steps", str(SAVE_STEPS))
     node0_dir = Path(json.loads((run_dir / "detached.json").read_text())["nodes"][0]["run_dir"])

@@ -56,7 +56,7 @@ def test_attached_run_reports_every_rank_every_step(cluster: NamespaceCluster, t
     launched = time.time()
     result = run_fstrain(
         "launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]", "--nproc-per-node", "1",
-        "--model", "tiny", "--steps", str(STEPS), "--grace", "5", "--run-dir", str(run_dir),
+        "--backend", "direct", "--model", "tiny", "--steps", str(STEPS), "--grace", "5", "--run-dir", str(run_dir),
         "--metrics-textfile", str(prom), "--tensorboard", "{run_dir}/tb", timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -98,8 +98,8 @@ def test_detached_run_textfiles_show_live_ranks_then_the_end(cluster: NamespaceC
     home.mkdir()
     steps = 40  # long enough to be seen running: the files are rewritten every 5 s
     started = fstrain(home, "launch", "--detach", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]",
-                      "--nproc-per-node", "1", "--grace", "3", "--run-dir", str(tmp_path / "run"), "--model", "tiny",
-                      "--steps", str(steps), "--metrics-textfile", str(prom))
+                      "--nproc-per-node", "1", "--backend", "direct", "--grace", "3", "--run-dir",
+                      str(tmp_path / "run"), "--model", "tiny", "--steps", str(steps), "--metrics-textfile", str(prom))
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
     paths = [prom / f"fstrain_{run_id}_node{i}.prom" for i in (0, 1)]

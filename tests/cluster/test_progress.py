@@ -22,8 +22,8 @@ pytestmark = pytest.mark.cluster
 
 def launch_args(cluster: NamespaceCluster, tmp_path: Path, *extra: str) -> list[str]:
     return ["launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-2]", "--nproc-per-node", "1",
-            "--run-dir", str(tmp_path / "run"), "--workdir", str(REPO), "--env", "FSTRAIN_TEST_SECONDS=0", *extra,
-            "--json", "--", "python3", WORKER]
+            "--backend", "direct", "--run-dir", str(tmp_path / "run"), "--workdir", str(REPO), "--env",
+            "FSTRAIN_TEST_SECONDS=0", *extra, "--json", "--", "python3", WORKER]
 
 
 def doctor_args(cluster: NamespaceCluster) -> list[str]:
