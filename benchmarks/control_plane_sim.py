@@ -50,6 +50,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line  # noqa: E402
 
+from fstrain.io.transport.simulated import script_arguments  # noqa: E402
+
 RUN_ID = "20261205-120000-000000"
 NPROC = 8  # ranks per node in the simulated views
 
@@ -88,7 +90,7 @@ class SimNodes:
     def __call__(self, host: str, argv: Any, stdin: bytes) -> tuple[int, str, str]:
         argv = list(argv)
         rank = self.rank[host]
-        command = argv[4] if len(argv) > 4 else "start"  # [python, -u, -c, BOOTSTRAP, runctl's command...]
+        command = (script_arguments(argv) or ["start"])[0]  # runctl's command; the watchdog's start has none
         if command == "stop":
             self.stopped = True
             return 0, json.dumps({"format": 1, "ok": True, "state": node_view(0, True)["node"]["final"]}) + "\n", ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.core.launch.recovery import Checkpoints, checkpoint_step
 from fstrain.io.transport.base import Transport
 
@@ -18,7 +19,7 @@ _LIST = ("import json, os, sys\n"
 def read_checkpoints(transport: Transport, python: str, directory: str, timeout_s: float = 30) -> Checkpoints:
     """The newest step (the bundled trainer's ``step_N`` folders) and the newest modification
     time in ``directory``; nothing known (an empty value) where the host cannot tell."""
-    result = transport.run([python, "-c", _LIST, directory], timeout_s=timeout_s)
+    result = transport.run([python, *SCRIPT_FLAGS, "-c", _LIST, directory], timeout_s=timeout_s)
     if not result.ok:
         return Checkpoints()
     try:

@@ -42,7 +42,7 @@ from fstrain.core.doctor.facts import (
 )
 from fstrain.core.doctor.network import is_loopback, sample_targets
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.job.spec import master_port_candidates
+from fstrain.core.job.spec import SCRIPT_FLAGS, master_port_candidates
 from fstrain.errors import FstrainError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import Connector, HostPool
@@ -269,7 +269,7 @@ def _start_listener(connect: Connector, host: Host, python: str, ports: Sequence
     try:
         transport = connect(host)
         listener.close_transport = transport.close
-        running = start_command(transport, [python, "-u", "-c", LINE_BOOTSTRAP, "listen", *map(str, ports)])
+        running = start_command(transport, [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "listen", *map(str, ports)])
         listener.running = running
         running.write(as_line("netcheck"))
         for stream, line in running.lines():
@@ -318,7 +318,8 @@ def _connect_all(pool: HostPool, hosts: Sequence[Host], facts: dict[str, HostFac
         if not wanted:
             return []
         python = name.probe_python or name.python
-        argv = [python, "-", "connect", str(CONNECT_TIMEOUT_S), *dict.fromkeys(f"{t.address}:{t.port}" for t in wanted)]
+        addresses = dict.fromkeys(f"{t.address}:{t.port}" for t in wanted)
+        argv = [python, *SCRIPT_FLAGS, "-", "connect", str(CONNECT_TIMEOUT_S), *addresses]
         result = pool.run_one(host, argv, stdin=source("netcheck").encode(),
                               timeout_s=CONNECT_TIMEOUT_S * len(wanted) + 30)
         try:

@@ -36,6 +36,7 @@ from fstrain.core.formats import KINDS
 from fstrain.core.hosts.hostfile import Host, compress_hostlist
 from fstrain.core.job.spec import (
     DIRECT_SCRIPT,
+    SCRIPT_FLAGS,
     NodeLaunch,
     base_env,
     launcher_prefix,
@@ -239,7 +240,7 @@ def choose_rendezvous(
     if not candidates:
         raise LaunchError(f"{hosts[0].label()} has no network address other hosts could use",
                           "check its interfaces with `ip addr`", "rendezvous")
-    listener = _start(connect(hosts[0]), [python, "-u", "-c", LINE_BOOTSTRAP, "listen", *map(str, ports)],
+    listener = _start(connect(hosts[0]), [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "listen", *map(str, ports)],
                       as_line("netcheck"), close_stdin=False)
     try:
         output = listener.lines()
@@ -248,7 +249,7 @@ def choose_rendezvous(
             raise LaunchError(f"no free rendezvous port on {hosts[0].label()} (tried {ports})",
                               "pass --master-port with a free port", "rendezvous")
         targets = [f"{address}:{port}" for address in candidates]
-        results = pool.run_all([python, "-", "connect", str(timeout_s), *targets],
+        results = pool.run_all([python, *SCRIPT_FLAGS, "-", "connect", str(timeout_s), *targets],
                                stdin=source("netcheck").encode(),
                                timeout_s=check_timeout_s(timeout_s, len(targets), facts))
         listener.write(b"done\n")  # free the port before the job needs it, and wait until it is free
@@ -398,7 +399,7 @@ def prewarm_nodes(pool: HostPool, backend: str, python: str, workdir: str | None
         try:
             transport = pool.open_transport(host)
             header["answer_heartbeats"] = answers_heartbeats(transport)
-            running = _start(transport, [python, "-u", "-c", BOOTSTRAP], (json.dumps(header) + "\n").encode(),
+            running = _start(transport, [python, *SCRIPT_FLAGS, "-c", BOOTSTRAP], (json.dumps(header) + "\n").encode(),
                              close_stdin=False)
         except FstrainError:
             return None
@@ -459,7 +460,7 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
     try:
         node.transport = connect(launch.host)
         node.answers = header["answer_heartbeats"] = answers_heartbeats(node.transport)
-        node.running = _start(node.transport, [python, "-u", "-c", BOOTSTRAP],
+        node.running = _start(node.transport, [python, *SCRIPT_FLAGS, "-c", BOOTSTRAP],
                               (json.dumps(header) + "\n").encode(), close_stdin=False)
     except FstrainError as exc:
         events.put(("lost", launch.node_rank, exc.message, None))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.core.monitor import logtail
 from fstrain.errors import FstrainError
 from fstrain.io.remote import LINE_BOOTSTRAP, as_line
@@ -187,7 +188,7 @@ class NodeOutputs:
             transport = self._transports.get(index) or self._transports.setdefault(index, self._connect(node.host))
         except FstrainError as exc:
             raise Unread(exc.one_line()) from None
-        result = transport.run([self._python, "-u", "-c", LINE_BOOTSTRAP, "lines", node.run_dir,
+        result = transport.run([self._python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "lines", node.run_dir,
                                 str(node.node_rank), json.dumps(request)], stdin=self._stdin, timeout_s=READ_TIMEOUT_S)
         said = result.stderr.strip().splitlines()
         try:

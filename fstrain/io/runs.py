@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from fstrain import __version__
 from fstrain.core.formats import check_format
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.core.progress import Event
 from fstrain.core.runs.manifest import Manifest
 from fstrain.core.runs.runrecord import (
@@ -152,7 +153,7 @@ def _start_one(launch: NodeLaunch, connect: Callable[[Host], Transport], python:
 
     transport = connect(launch.host)
     try:
-        running = _start(transport, [python, "-u", "-c", BOOTSTRAP], header, close_stdin=True)
+        running = _start(transport, [python, *SCRIPT_FLAGS, "-c", BOOTSTRAP], header, close_stdin=True)
         answer: dict[str, Any] | None = None
         deadline = time.monotonic() + START_TIMEOUT_S
         errors: list[str] = []
@@ -507,7 +508,7 @@ def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: 
         views = _coordinator_views(pool, record, python)
         missing = [node.host for node, view in zip(nodes, views, strict=True) if view is None]
         results = pool.run_all(
-            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "state", nodes[place[id(h)]].run_dir,
+            lambda h: [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "state", nodes[place[id(h)]].run_dir,
                        str(nodes[place[id(h)]].node_rank), record.run_id],
             stdin=as_line("runctl"), timeout_s=60, only=missing)
     for host, result in zip(missing, results, strict=True):
@@ -535,7 +536,7 @@ def _coordinator_views(pool: HostPool, record: RunRecord, python: str) -> list[d
     assert record.detached is not None
     nodes = record.detached.nodes
     node0 = nodes[0]
-    result = pool.run_one(node0.host, [python, "-u", "-c", LINE_BOOTSTRAP, "views", node0.run_dir],
+    result = pool.run_one(node0.host, [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "views", node0.run_dir],
                           stdin=as_line("runctl"), timeout_s=60)
     try:
         answer = json.loads(result.stdout) if result.ok else {}
@@ -556,7 +557,7 @@ def runs_on_hosts(hosts: Sequence[Host], connect: Callable[[Host], Transport],
     from fstrain.io.launch import REMOTE_RUNS
 
     with HostPool(list(hosts), connect) as pool:
-        results = pool.run_all([python, "-u", "-c", LINE_BOOTSTRAP, "list", f"~/{REMOTE_RUNS}"],
+        results = pool.run_all([python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "list", f"~/{REMOTE_RUNS}"],
                                stdin=as_line("runctl"), timeout_s=60)
     found = []
     for result in results:
@@ -586,7 +587,7 @@ def slurm_live_views(record: RunRecord, job_id: str, hosts: Sequence[str], pytho
 
     nodes = [Host(name) for name in hosts]
     with HostPool(nodes, srun_connector(extra=[f"--jobid={job_id}"])) as pool:
-        results = pool.run_all(lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "live-slurm", job_id, h.name],
+        results = pool.run_all(lambda h: [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "live-slurm", job_id, h.name],
                                stdin=as_line("runctl"), timeout_s=60)
     views: list[dict[str, Any] | None] = []
     for result in results:
@@ -703,7 +704,7 @@ def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, 
     transport = connect(host)
     extra = [] if grace_s is None else [str(grace_s)]
     try:
-        result = transport.run([python, "-u", "-c", LINE_BOOTSTRAP, "stop", run_dir, how, *extra],
+        result = transport.run([python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "stop", run_dir, how, *extra],
                                stdin=as_line("runctl"), timeout_s=60)
     finally:
         transport.close()
@@ -754,7 +755,7 @@ def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python:
     folders = dict(pairs)
     with HostPool(hosts, connect) as pool:
         results = pool.run_all(
-            lambda h: [python, "-u", "-c", LINE_BOOTSTRAP, "gc", folders[h]],
+            lambda h: [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "gc", folders[h]],
             stdin=as_line("runctl"), timeout_s=60)
     out = []
     for host, result in zip(hosts, results, strict=True):

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.io.remote import source
 from fstrain.io.remote.watchdog import BOOTSTRAP
 from tests.conftest import NamespaceCluster
@@ -229,8 +230,8 @@ def test_orphans_of_a_lost_watchdog_are_listed_then_ended(cluster: NamespaceClus
               "heartbeat_timeout_s": 600,
               "argv": [sys.executable, "-c", f"import signal,subprocess,time; {ignore}"
                                              "subprocess.Popen(['sleep','600']); time.sleep(600)"]}
-    watchdog = subprocess.Popen(["ip", "netns", "exec", cluster.namespace(1), sys.executable, "-u", "-c", BOOTSTRAP],
-                                stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    watchdog = subprocess.Popen(["ip", "netns", "exec", cluster.namespace(1), sys.executable, *SCRIPT_FLAGS, "-c",
+                                 BOOTSTRAP], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert watchdog.stdin is not None
     watchdog.stdin.write((json.dumps(header) + "\n").encode())
     watchdog.stdin.flush()

@@ -12,7 +12,7 @@ from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import NodeLaunch
 from fstrain.io.launch import Rendezvous, RunOptions
 from fstrain.io.runs import RunRecord
-from fstrain.io.transport.simulated import SimulatedCluster
+from fstrain.io.transport.simulated import SimulatedCluster, script_arguments
 
 
 def test_a_detached_start_is_bounded_by_fanout_and_only_node0_gets_the_host_list(tmp_path: Path) -> None:
@@ -50,10 +50,10 @@ def test_a_live_runs_views_cost_one_session_on_node0_and_one_per_node_it_lacks(t
     from fstrain.io.runs import node_views
 
     def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
-        if argv[4] == "views":  # the coordinator has every member's view but node 5's (not sent yet)
+        if script_arguments(argv)[0] == "views":  # the coordinator has every view but node 5's (not sent yet)
             views = [None if i == 5 else _view(i, "coordinator") for i in range(30)]
             return 0, json.dumps({"format": 1, "views": views}), ""
-        assert argv[4] == "state" and host == "n5"
+        assert script_arguments(argv)[0] == "state" and host == "n5"
         return 0, json.dumps(_view(5, "node")), ""
 
     cluster = SimulatedCluster(node)
@@ -67,10 +67,11 @@ def test_without_a_coordinator_every_node_is_asked_itself(tmp_path: Path) -> Non
     from fstrain.io.runs import node_views
 
     def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
-        if argv[4] == "views":  # the run has ended: no coordinator listens
+        command, *args = script_arguments(argv)
+        if command == "views":  # the run has ended: no coordinator listens
             return 0, json.dumps({"error": "the coordinator does not answer"}), ""
-        assert argv[4] == "state"
-        return 0, json.dumps(_view(int(argv[6]), "node")), ""
+        assert command == "state"
+        return 0, json.dumps(_view(int(args[1]), "node")), ""
 
     cluster = SimulatedCluster(node, failing=frozenset({"n7"}))
     views = node_views(_record(tmp_path, 30), cluster.transport, "python3")
@@ -110,7 +111,7 @@ def test_a_short_tail_of_a_live_run_comes_from_node0_where_the_views_hold_it() -
              2: None}  # node 2 has sent no view yet
 
     def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
-        assert argv[4] == "lines" and host in ("n1", "n2")
+        assert script_arguments(argv)[0] == "lines" and host in ("n1", "n2")
         return 0, f"90.000 [local0]:old on {host}\n95.000 [local0]:from {host}\n", json.dumps({"offset": 77})
 
     cluster = SimulatedCluster(node)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.job.spec import DIRECT_SCRIPT, LaunchJob, plan_launches
+from fstrain.core.job.spec import DIRECT_SCRIPT, SCRIPT_FLAGS, LaunchJob, plan_launches
 from fstrain.core.runs.limits import RunLimits
 from fstrain.io.launch import RunOptions, watchdog_header
 from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
@@ -49,7 +49,7 @@ def start(tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen
     launch = plan_launches([Host("a"), Host("b")], [2, 3], job)[1]
     options = RunOptions("r42", tmp_path / "run", RunLimits(grace_s=5, heartbeat_timeout_s=600),
                          node_run_dirs=[str(tmp_path / "run0"), str(tmp_path / "run1")])
-    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+    watchdog = subprocess.Popen([sys.executable, *SCRIPT_FLAGS, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
                                 env={**os.environ, "FSTRAIN_TEST_MARK": str(tmp_path), "HOME": str(tmp_path)})
     assert watchdog.stdin is not None

@@ -15,6 +15,7 @@ import pytest
 
 from fstrain.core.formats import KINDS, check_format, problem, stamped, version
 from fstrain.core.hosts.hostfile import Host
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.core.monitor import stacks
 from fstrain.core.plan.planfile import PlanFile
 from fstrain.core.runs.runrecord import DetachedNode, DetachedRecord, IndexEntry
@@ -148,8 +149,8 @@ def test_a_watchdog_refuses_a_header_of_a_newer_format(tmp_path: Path) -> None:
     marker = tmp_path / "started"
     header = {"format": newer("header"), "source": source("watchdog"), "argv": ["touch", str(marker)], "env": {},
               "run_dir": str(tmp_path), "run_id": "r", "node_rank": 0}
-    done = subprocess.run([sys.executable, "-u", "-c", watchdog.BOOTSTRAP], input=(json.dumps(header) + "\n").encode(),
-                          capture_output=True, timeout=60, check=False)
+    done = subprocess.run([sys.executable, *SCRIPT_FLAGS, "-c", watchdog.BOOTSTRAP],
+                          input=(json.dumps(header) + "\n").encode(), capture_output=True, timeout=60, check=False)
     assert done.returncode == watchdog.EXIT_FORMAT == 125
     assert done.stderr.decode() == (f"fstrain watchdog: the header is format {newer('header')}, this watchdog reads "
                                     f"format {watchdog.HEADER_FORMAT}: send both from one fstrain\n")

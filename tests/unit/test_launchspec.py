@@ -114,7 +114,7 @@ def test_direct_backend_runs_fstrains_script_with_every_nodes_ranks_known() -> N
                                                   python="/venv/bin/python", max_restarts=2))
     assert [n.rank_offset for n in launches] == [0, 2, 4]  # fixed before the start, whatever --max-restarts
     second = launches[1]
-    assert second.argv[:3] == ("/venv/bin/python", "-u", "{run_dir}/" + DIRECT_SCRIPT)
+    assert second.argv[:4] == ("/venv/bin/python", "-S", "-u", "{run_dir}/" + DIRECT_SCRIPT)
     for option in ("--nnodes=3", "--node-rank=1", "--nproc=2", "--rank-offset=2", "--world-size=7",
                    "--master-addr=10.0.0.1", "--master-port=29500", "--run-id=r1", f"--log-dir={second.rank_log_dir}"):
         assert option in second.argv, option

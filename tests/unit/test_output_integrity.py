@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.io.relay import RelayQueue
 from fstrain.io.remote import source
 from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX, rank_source
@@ -200,7 +201,7 @@ def test_the_launchers_own_lines_never_land_inside_a_rank_line(tmp_path: Path) -
     launcher's output comes through the watchdog too, one whole line at a time."""
     header = {"source": source("watchdog"), "argv": [sys.executable, "-c", _TWO_WRITERS], "env": {},
               "run_dir": str(tmp_path / "run"), "rank_log_dir": "{run_dir}/ranklogs", "nproc": 1, "grace_s": 2}
-    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+    watchdog = subprocess.Popen([sys.executable, *SCRIPT_FLAGS, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert watchdog.stdin is not None
     watchdog.stdin.write((json.dumps(header) + "\n").encode())
@@ -281,7 +282,7 @@ def test_a_bars_draws_reach_the_step_readers_live_and_its_line_is_relayed_once_w
 
     header = {"source": source("watchdog"), "argv": [sys.executable, "-c", _BAR_RANK], "env": {},
               "run_dir": str(tmp_path / "run"), "rank_log_dir": "{run_dir}/ranklogs", "nproc": 1, "grace_s": 2}
-    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+    watchdog = subprocess.Popen([sys.executable, *SCRIPT_FLAGS, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert watchdog.stdin is not None and watchdog.stdout is not None and watchdog.stderr is not None
     watchdog.stdin.write((json.dumps(header) + "\n").encode())

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import cast
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.job.spec import NodeLaunch
+from fstrain.core.job.spec import SCRIPT_FLAGS, NodeLaunch
 from fstrain.core.runs.limits import RunLimits
 from fstrain.io.launch import RunOptions, run_nodes
 from fstrain.io.remote.watchdog import EVENT_PREFIX
@@ -68,7 +68,7 @@ def test_the_watchdog_answers_heartbeats_only_when_asked(tmp_path: Path) -> None
     options = RunOptions(run_id="r1", run_dir=tmp_path / "run", limits=RunLimits(grace_s=2), out=io.StringIO())
     for asked in (True, False):
         header = {**watchdog_header(launch, options), "answer_heartbeats": asked}
-        running = LocalTransport().start([sys.executable, "-u", "-c", BOOTSTRAP])
+        running = LocalTransport().start([sys.executable, *SCRIPT_FLAGS, "-c", BOOTSTRAP])
         running.write((json.dumps(header) + "\nhb\nhb\nterm\n").encode())
         lines = [line for _, line in running.lines()]
         running.wait()

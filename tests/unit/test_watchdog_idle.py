@@ -20,6 +20,7 @@ from typing import IO, Any
 import pytest
 
 import fstrain.io.remote.watchdog as watchdog_module
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.io.remote import source
 from fstrain.io.remote.watchdog import BOOTSTRAP, RankLogTailer, Wakeup, wake_on_exit
 
@@ -44,7 +45,7 @@ def test_an_idle_watchdog_wakes_a_few_times_a_second(tmp_path: Path) -> None:
     header = {"source": source("watchdog"), "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
               "env": {}, "run_dir": str(tmp_path / "run"), "run_id": "r", "node_rank": 0, "nproc": 1,
               "grace_s": 1, "heartbeat_timeout_s": 600, "rank_log_dir": str(logs)}
-    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+    watchdog = subprocess.Popen([sys.executable, *SCRIPT_FLAGS, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert watchdog.stdin is not None and watchdog.stdout is not None
     try:

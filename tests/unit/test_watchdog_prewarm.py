@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.io.remote import source
 from fstrain.io.remote.watchdog import BOOTSTRAP
 
@@ -99,7 +100,7 @@ def start_watchdog(tmp_path: Path) -> Started:
     env = {"PYTHONUNBUFFERED": "1", "MARKS": str(tmp_path / "marks"), "PYTHONPATH": ""}
     early = {"source": source("watchdog"), "prewarm": prefix, "workdir": str(tmp_path / "work"), "env": env,
              "run_id": "run-p", "node_rank": 0, "state_dir": str(tmp_path / "state")}
-    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+    watchdog = subprocess.Popen([sys.executable, *SCRIPT_FLAGS, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     assert watchdog.stdin is not None
     watchdog.stdin.write((json.dumps(early) + "\n").encode())

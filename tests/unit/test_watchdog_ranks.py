@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.io.remote import source
 from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
 
@@ -27,7 +28,7 @@ def test_the_last_rank_ending_says_the_node_has_none_left() -> None:
     header = {"source": source("watchdog"), "argv": [sys.executable, "-c", LAUNCHER], "env": {}, "run_id": "r",
               "node_rank": 0, "nproc": 2, "grace_s": 1, "heartbeat_timeout_s": 600, "stacks": True,
               "modules": {"stacks": source("stacks")}, "stall_timeout_s": 60}
-    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+    watchdog = subprocess.Popen([sys.executable, *SCRIPT_FLAGS, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert watchdog.stdin is not None and watchdog.stdout is not None
     events = []

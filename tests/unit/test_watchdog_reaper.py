@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.io.remote import source
 from fstrain.io.remote.watchdog import BOOTSTRAP, REAPER_POLL_S
 
@@ -61,7 +62,7 @@ def start(tmp_path: Path, grace_s: float = GRACE_S, stdout: int = subprocess.DEV
     header = {"source": source("watchdog"), "argv": [sys.executable, str(tmp_path / "job.py"), str(pids_file)],
               "env": {}, "run_dir": str(tmp_path / "run"), "run_id": "r", "node_rank": 0, "grace_s": grace_s,
               "heartbeat_timeout_s": 600}
-    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+    watchdog = subprocess.Popen([sys.executable, *SCRIPT_FLAGS, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=stdout, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "FSTRAIN_TEST_MARK": str(tmp_path)})
     assert watchdog.stdin is not None

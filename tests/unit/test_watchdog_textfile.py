@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.core.monitor import metricline, promfile
 from fstrain.core.monitor.metricline import StepMetrics, format_metric_line
 from fstrain.io.remote import source, stacks
@@ -122,7 +123,7 @@ def test_a_watchdog_whose_job_fails_writes_the_end(tmp_path: Path) -> None:
               "metrics_textfile": str(tmp_path / "prom"),
               "modules": {"stacks": source("stacks"), "promfile": Path(promfile.__file__).read_text(),
                           "metricline": Path(metricline.__file__).read_text()}}
-    watchdog = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+    watchdog = subprocess.Popen([sys.executable, *SCRIPT_FLAGS, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert watchdog.stdin is not None
     watchdog.stdin.write((json.dumps(header) + "\n").encode())

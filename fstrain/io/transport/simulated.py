@@ -26,6 +26,13 @@ from fstrain.io.transport.base import CommandResult
 NodeResponder = Callable[[str, Sequence[str], bytes], tuple[int, str, str]]
 
 
+def script_arguments(argv: Sequence[str]) -> list[str]:
+    """What follows the script in ``[python, flags..., -c, SCRIPT, ARGS...]`` (runctl's command
+    and its arguments: ``["state", RUN_DIR, ...]``); [] for a command without ``-c``."""
+    argv = list(argv)
+    return argv[argv.index("-c") + 2:] if "-c" in argv else []
+
+
 @dataclass
 class Counts:
     """What the cluster was asked, summed over every host."""
