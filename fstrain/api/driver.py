@@ -424,7 +424,8 @@ def attempt_evidence(outcome: RunOutcome) -> Evidence:
                 failed.append(end)
     stall = stalled_host(outcome.stall, hosts) if outcome.stall else None
     return Evidence(hosts, tuple(failed), lost, stall,
-                    outcome.nodes[first].launch.host.name if first is not None else None)
+                    outcome.nodes[first].launch.host.name if first is not None else None,
+                    stalled=outcome.stall is not None)
 
 
 def last_step(folder: Path, offsets: Mapping[str, int]) -> int | None:

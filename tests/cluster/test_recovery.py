@@ -180,6 +180,7 @@ def test_a_hung_rank_is_found_stalled_and_the_run_restarts(cluster: NamespaceClu
     assert code == 0, launch.err
     first, second = manifest(tmp_path)["attempts"]
     assert first["exit_code"] == 124 and first["reason"] == "stalled" and first["next"] == "restart"
+    assert first["verdict"]["why"].startswith("the run stalled, but its stacks show no host's rank behind")
     assert second["exit_code"] == 0 and second["hosts"] == ["node1", "node2"]
     assert (tmp_path / "run" / "stacks").is_dir()
     assert_no_job_processes(cluster, GRACE_S + 8)

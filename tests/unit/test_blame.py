@@ -144,6 +144,15 @@ def test_no_evidence_is_unknown() -> None:
                                                             "and no stall was seen")
 
 
+def test_a_stall_whose_stacks_name_no_host_says_so() -> None:
+    """A hang the stall timeout ended, where the stacks show no rank behind (the others had ended):
+    unknown, and not "no stall was seen"."""
+    verdict = blame(Evidence(HOSTS, stalled=True))
+    assert verdict.kind == "unknown" and verdict.suspects == ()
+    assert verdict.why.startswith("the run stalled, but its stacks show no host's rank behind the others")
+    assert blame(Evidence(HOSTS, stalled=True, stalled_host="node2")).suspects == ("node2",)
+
+
 def test_an_exit_without_words_is_unknown_and_names_the_first_failure() -> None:
     verdict = blame(Evidence(HOSTS, (end("node3", 2, 1, "[local0]:step 3"),), first_failure_host="node3"))
     assert verdict.kind == "unknown" and verdict.suspects == ("node3",)

@@ -110,6 +110,7 @@ class Evidence:
     lost_hosts: tuple[str, ...] = ()  # hosts that stopped answering (heartbeat/SSH lost)
     stalled_host: str | None = None  # the host of the rank the stack/flight-recorder dumps show behind
     first_failure_host: str | None = None
+    stalled: bool = False  # the attempt ended as hung (--stall-timeout, --finish-timeout): its stacks were read
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,9 @@ def blame(evidence: Evidence) -> Verdict:
         first = evidence.first_failure_host
         return Verdict(UNKNOWN, (first,) if first else (),
                        f"{readings[0].detail}, with nothing in its output that says why")
+    if evidence.stalled:
+        return Verdict(UNKNOWN, (), "the run stalled, but its stacks show no host's rank behind the others "
+                                    "(the other ranks had ended, or all wait alike): nothing names a host")
     return Verdict(UNKNOWN, (), "no evidence: no rank failed, no host was lost and no stall was seen")
 
 
