@@ -48,7 +48,7 @@ from fstrain.io.connect import is_local
 from fstrain.io.fanout import Connector, HostPool
 from fstrain.io.launch import REMOTE_STATE
 from fstrain.io.probe import probe_host
-from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
+from fstrain.io.remote import as_line, line_script, source
 from fstrain.io.transport.base import RunningCommand, start_command
 
 CONNECT_TIMEOUT_S = 2.0  # per TCP connection of the matrix
@@ -269,7 +269,7 @@ def _start_listener(connect: Connector, host: Host, python: str, ports: Sequence
     try:
         transport = connect(host)
         listener.close_transport = transport.close
-        running = start_command(transport, [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "listen", *map(str, ports)])
+        running = start_command(transport, line_script(python, "listen", *map(str, ports)))
         listener.running = running
         running.write(as_line("netcheck"))
         for stream, line in running.lines():

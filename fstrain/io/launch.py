@@ -73,7 +73,7 @@ from fstrain.io.documents import write_json_or_warn
 from fstrain.io.fanout import HostPool
 from fstrain.io.localout import describe, warn
 from fstrain.io.relay import RelayQueue
-from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
+from fstrain.io.remote import as_line, line_script, source
 from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
 from fstrain.io.stall import HangReports
 from fstrain.io.transport.base import RunningCommand, Transport, start_command
@@ -240,7 +240,7 @@ def choose_rendezvous(
     if not candidates:
         raise LaunchError(f"{hosts[0].label()} has no network address other hosts could use",
                           "check its interfaces with `ip addr`", "rendezvous")
-    listener = _start(connect(hosts[0]), [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "listen", *map(str, ports)],
+    listener = _start(connect(hosts[0]), line_script(python, "listen", *map(str, ports)),
                       as_line("netcheck"), close_stdin=False)
     try:
         output = listener.lines()

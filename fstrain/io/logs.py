@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.core.monitor import logtail
 from fstrain.errors import FstrainError
-from fstrain.io.remote import LINE_BOOTSTRAP, as_line
+from fstrain.io.remote import as_line, line_script
 
 if TYPE_CHECKING:
     from fstrain.io.transport.base import Transport
@@ -188,8 +187,8 @@ class NodeOutputs:
             transport = self._transports.get(index) or self._transports.setdefault(index, self._connect(node.host))
         except FstrainError as exc:
             raise Unread(exc.one_line()) from None
-        result = transport.run([self._python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "lines", node.run_dir,
-                                str(node.node_rank), json.dumps(request)], stdin=self._stdin, timeout_s=READ_TIMEOUT_S)
+        argv = line_script(self._python, "lines", node.run_dir, str(node.node_rank), json.dumps(request))
+        result = transport.run(argv, stdin=self._stdin, timeout_s=READ_TIMEOUT_S)
         said = result.stderr.strip().splitlines()
         try:
             answer = json.loads(said[-1]) if said and said[-1].startswith("{") else {}

@@ -55,7 +55,7 @@ from fstrain.core.runs.runrecord import (
 from fstrain.core.runs.runstate import FINAL, RunState, first_failure, from_manifest, from_nodes, with_keeper
 from fstrain.core.slurm.job import JOB_DIR_PREFIX, TIME_LIMIT_MARKER, job_dir_name
 from fstrain.errors import FstrainError, InputError
-from fstrain.io.remote import LINE_BOOTSTRAP, as_line, source
+from fstrain.io.remote import as_line, line_script, source
 
 # Starting, asking and stopping runs import the launch machinery where they need it: `logs` and
 # `status` of an attached run only find the run's folder here, and start faster without it.
@@ -508,8 +508,8 @@ def node_views(record: RunRecord, connect: Callable[[Host], Transport], python: 
         views = _coordinator_views(pool, record, python)
         missing = [node.host for node, view in zip(nodes, views, strict=True) if view is None]
         results = pool.run_all(
-            lambda h: [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "state", nodes[place[id(h)]].run_dir,
-                       str(nodes[place[id(h)]].node_rank), record.run_id],
+            lambda h: line_script(python, "state", nodes[place[id(h)]].run_dir,
+                                  str(nodes[place[id(h)]].node_rank), record.run_id),
             stdin=as_line("runctl"), timeout_s=60, only=missing)
     for host, result in zip(missing, results, strict=True):
         with contextlib.suppress(ValueError):  # not a view: that node stays None
@@ -536,7 +536,7 @@ def _coordinator_views(pool: HostPool, record: RunRecord, python: str) -> list[d
     assert record.detached is not None
     nodes = record.detached.nodes
     node0 = nodes[0]
-    result = pool.run_one(node0.host, [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "views", node0.run_dir],
+    result = pool.run_one(node0.host, line_script(python, "views", node0.run_dir),
                           stdin=as_line("runctl"), timeout_s=60)
     try:
         answer = json.loads(result.stdout) if result.ok else {}
@@ -557,7 +557,7 @@ def runs_on_hosts(hosts: Sequence[Host], connect: Callable[[Host], Transport],
     from fstrain.io.launch import REMOTE_RUNS
 
     with HostPool(list(hosts), connect) as pool:
-        results = pool.run_all([python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "list", f"~/{REMOTE_RUNS}"],
+        results = pool.run_all(line_script(python, "list", f"~/{REMOTE_RUNS}"),
                                stdin=as_line("runctl"), timeout_s=60)
     found = []
     for result in results:
@@ -587,7 +587,7 @@ def slurm_live_views(record: RunRecord, job_id: str, hosts: Sequence[str], pytho
 
     nodes = [Host(name) for name in hosts]
     with HostPool(nodes, srun_connector(extra=[f"--jobid={job_id}"])) as pool:
-        results = pool.run_all(lambda h: [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "live-slurm", job_id, h.name],
+        results = pool.run_all(lambda h: line_script(python, "live-slurm", job_id, h.name),
                                stdin=as_line("runctl"), timeout_s=60)
     views: list[dict[str, Any] | None] = []
     for result in results:
@@ -704,7 +704,7 @@ def stop_on_node(connect: Callable[[Host], Transport], host: Host, python: str, 
     transport = connect(host)
     extra = [] if grace_s is None else [str(grace_s)]
     try:
-        result = transport.run([python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "stop", run_dir, how, *extra],
+        result = transport.run(line_script(python, "stop", run_dir, how, *extra),
                                stdin=as_line("runctl"), timeout_s=60)
     finally:
         transport.close()
@@ -755,7 +755,7 @@ def gc_on_nodes(record: RunRecord, connect: Callable[[Host], Transport], python:
     folders = dict(pairs)
     with HostPool(hosts, connect) as pool:
         results = pool.run_all(
-            lambda h: [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, "gc", folders[h]],
+            lambda h: line_script(python, "gc", folders[h]),
             stdin=as_line("runctl"), timeout_s=60)
     out = []
     for host, result in zip(hosts, results, strict=True):

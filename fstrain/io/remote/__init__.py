@@ -9,6 +9,8 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from fstrain.core.job.spec import SCRIPT_FLAGS
+
 
 @cache
 def source(name: str) -> str:
@@ -21,6 +23,12 @@ def source(name: str) -> str:
 LINE_BOOTSTRAP = (
     "import sys,json;exec(compile(json.loads(sys.stdin.readline()),'fstrain-remote','exec'),{'__name__':'__main__'})"
 )
+
+
+def line_script(python: str, *args: str) -> list[str]:
+    """The command that runs the script LINE_BOOTSTRAP reads from stdin (:func:`as_line`) with
+    ``args``: ``[python, -S, -u, -c, LINE_BOOTSTRAP, *args]``."""
+    return [python, *SCRIPT_FLAGS, "-c", LINE_BOOTSTRAP, *args]
 
 
 def as_line(name: str) -> bytes:
