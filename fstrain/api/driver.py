@@ -3,7 +3,8 @@
 1. connect: one connection per host (SSH, or srun steps inside a Slurm allocation);
 2. prewarm (attached runs): every node's launcher Python starts importing torch now;
 3. preflight: interpreter, packages, working directory, interfaces on every host;
-4. rendezvous: the master address every node reaches, and its port;
+4. rendezvous: the master address every node reaches, and its port (3 and 4 in one session
+   per host: fstrain/io/hostcheck.py);
 5. the job: given what the checks found, what each node runs (launch's program or plan,
    the benchmark worker, ...), rendered files included;
 6. start the nodes and supervise them (attached: fstrain/io/launch.py, the supervisor's rules
@@ -40,15 +41,14 @@ from fstrain.core.progress import Event, Reporter, Silent
 from fstrain.core.runs.limits import RunLimits
 from fstrain.core.runs.manifest import Manifest
 from fstrain.io.fanout import HostPool
+from fstrain.io.hostcheck import check_hosts
 from fstrain.io.launch import (
     HostFacts,
     Rendezvous,
     RunOptions,
     RunOutcome,
     RunSetup,
-    choose_rendezvous,
     manifest_of,
-    preflight,
     prewarm_nodes,
     remote_run_dir,
     run_nodes,
@@ -165,12 +165,12 @@ def drive(request: DriveRequest, connect: Callable[[Host], Transport], job: Call
         prewarmed = prewarm_nodes(pool, request.prewarm_backend, nodes.python, workdir, request.env,
                                   request.run_id) if request.prewarm_backend and not request.detach else []
         try:
-            stages.event(Event("preflight", text="interpreter, packages, working directory"))
-            facts = preflight(pool, nodes.python, workdir, packages=nodes.packages,
-                              workdir_is_default=nodes.workdir is None and workdir is not None)
+            stages.event(Event("preflight", text="interpreter, packages, working directory, reachability"))
+            facts, rendezvous = check_hosts(pool, nodes.python, workdir, request.run_id, request.master_port,
+                                            packages=nodes.packages,
+                                            workdir_is_default=nodes.workdir is None and workdir is not None)
             stages.event(Event("preflight", ended=True))
-            stages.event(Event("rendezvous", text="the master address and port"))
-            rendezvous = choose_rendezvous(pool, connect, facts, nodes.python, request.run_id, request.master_port)
+            stages.event(Event("rendezvous", text="the master address and port"))  # found with the preflight
             stages.event(Event("rendezvous", ended=True,
                                text=f"{rendezvous.master_addr}:{rendezvous.master_port}"))
             run_dirs = [remote_run_dir(h, f.info.get("home"), request.run_id, request.run_dir)

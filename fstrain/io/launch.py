@@ -2,11 +2,11 @@
 
 Stages (each a function, each taking what it needs as arguments):
 
-1. ``preflight``: on every host, check the interpreter and the working directory and read the
-   network facts (fstrain/io/remote/netcheck.py), in parallel.
-2. ``choose_rendezvous``: open a listener on the first host on a port derived from the run id,
-   have every host connect to each of the first host's addresses, keep the first address all of
-   them reach, and note per host the interface that routes there (for NCCL/GLOO_SOCKET_IFNAME).
+1, 2. ``check_hosts`` (fstrain/io/hostcheck.py): open a listener on the first host on a port
+   derived from the run id; then on every host, in one session, check the interpreter, the
+   packages and the working directory, read the network facts (fstrain/io/remote/netcheck.py)
+   and connect to each of the first host's addresses; keep the first address all of them reach,
+   and note per host the interface that routes there (for NCCL/GLOO_SOCKET_IFNAME).
 3. ``plan_launches`` (pure, fstrain/core/job/spec.py): the per-node commands.
    Before all this (``prewarm_nodes``, attached runs) every node's watchdog is started with the
    working directory and the user's environment only, so the launcher's Python imports torch
@@ -26,14 +26,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from fstrain import __version__
 from fstrain.core.formats import KINDS
-from fstrain.core.hosts.hostfile import Host, compress_hostlist
+from fstrain.core.hosts.hostfile import Host
 from fstrain.core.job.spec import (
     DIRECT_SCRIPT,
     SCRIPT_FLAGS,
@@ -41,7 +41,6 @@ from fstrain.core.job.spec import (
     base_env,
     launcher_prefix,
     mask_env,
-    master_port_candidates,
     redact,
     secret_values,
 )
@@ -73,7 +72,7 @@ from fstrain.io.documents import write_json_or_warn
 from fstrain.io.fanout import HostPool
 from fstrain.io.localout import describe, warn
 from fstrain.io.relay import RelayQueue
-from fstrain.io.remote import as_line, line_script, source
+from fstrain.io.remote import source
 from fstrain.io.remote.watchdog import BOOTSTRAP, EVENT_PREFIX
 from fstrain.io.stall import HangReports
 from fstrain.io.transport.base import RunningCommand, Transport, start_command
@@ -106,173 +105,7 @@ class Rendezvous:
     interfaces: tuple[str, ...]  # per host, the interface that routes to the master
 
 
-# -- 1. preflight -------------------------------------------------------------------------------
-
-
-# The ranks of --model/--recipe/--plan run `python -m fstrain.train` in the working directory.
-BUNDLED_TRAINER_HINT = ("install fstrain on every host (pip install fstrain, the version here), or run from a "
-                        "folder every host sees that holds fstrain's checkout (--workdir), or pass --python "
-                        "with an interpreter that has it")
-
-
-def package_hint(package: str, python: str) -> str | None:
-    """What to do where the interpreter lacks only ``package``, for the packages a flag of the
-    bundled trainer asks for; None for the rest (:func:`interpreter_hint` then)."""
-    if package == "fstrain":
-        return BUNDLED_TRAINER_HINT
-    if package == "tensorboard":  # --tensorboard: the trainer's SummaryWriter imports it
-        return (f"{python} -m pip install tensorboard on those hosts (or pip install 'fstrain[tensorboard]'), "
-                "or leave out --tensorboard")
-    return None
-
-
-def missing_packages(info: Mapping[str, Any], packages: Sequence[str]) -> list[str]:
-    """Which of ``packages`` a host's ``info`` (netcheck's) says its interpreter cannot import:
-    neither an installed version (torch, deepspeed) nor a place it imports from in the working
-    directory."""
-    found = info.get("importable") or {}
-    return [name for name in packages if not (info.get(name) or found.get(name))]
-
-
-def preflight(pool: HostPool, python: str, workdir: str | None, timeout_s: float = 60,
-              packages: Sequence[str] = (), workdir_is_default: bool = False) -> list[HostFacts]:
-    """Check every host's interpreter, its ``packages`` and the working directory; raise one
-    error naming each bad host."""
-    argv = [python, "-", "info", workdir or "", *packages]
-    results = pool.run_all(argv, stdin=source("netcheck").encode(), timeout_s=timeout_s)
-    problems: list[str] = []
-    facts: list[HostFacts] = []
-    hint = "fix the hosts above (--python, --workdir) or leave them out with --exclude"
-    for host, result in zip(pool.hosts, results, strict=True):
-        if result.error:
-            # The pool's text carries the transport's own hint: keep one hint in the one error line.
-            message, _, own_hint = result.error.partition(" (hint: ")
-            problems.append(f"{host.label()}: {message}")
-            hint = own_hint.removesuffix(")") or hint
-            continue
-        if result.exit_code == 127:
-            problems.append(f"{host.label()}: interpreter {python!r} not found")
-            continue
-        try:
-            info = json.loads(result.stdout)
-        except json.JSONDecodeError:
-            problems.append(f"{host.label()}: {python} could not run the check: {result.stderr.strip()[-300:]}")
-            continue
-        if not info.get("workdir_exists", True):
-            where = " (the current directory here, the default)" if workdir_is_default else ""
-            problems.append(f"{host.label()}: working directory {workdir!r}{where} does not exist")
-            if workdir_is_default:
-                hint = "run fstrain from a directory that exists on every host, or pass --workdir DIR"
-            continue
-        missing = missing_packages(info, packages)
-        if missing:
-            problems.append(f"{host.label()}: {python} ({info.get('python_executable')}, Python "
-                            f"{info.get('python')}) cannot import {' or '.join(missing)}")
-            own = package_hint(missing[0], python) if len(missing) == 1 else None
-            hint = own or interpreter_hint(pool, python, packages, timeout_s)
-            continue
-        facts.append(HostFacts(host, info, result.seconds))
-    if problems:
-        raise LaunchError("preflight failed on " + summarize_problems(problems), hint, "launch")
-    return facts
-
-
-PROBLEMS_SHOWN = 5  # hosts named with their problem in the one error line; the rest by name only
-
-
-def summarize_problems(problems: Sequence[str]) -> str:
-    """The first PROBLEMS_SHOWN hosts' problems (each ``host: what``), then the other failed
-    hosts as one compressed list (``node[6-200]``): at 200 failed hosts the line stays a line."""
-    shown = "; ".join(problems[:PROBLEMS_SHOWN])
-    rest = [problem.split(": ", 1)[0] for problem in problems[PROBLEMS_SHOWN:]]
-    return shown if not rest else f"{shown}; and {len(rest)} more hosts ({compress_hostlist(rest)})"
-
-
-def interpreter_hint(pool: HostPool, python: str, packages: Sequence[str], timeout_s: float) -> str:
-    """Which --python to pass: the interpreter running fstrain here, if every host has it with
-    ``packages`` (a venv or conda environment on shared storage), else how to find one."""
-    local = sys.executable
-    generic = (f"pass --python with the path of an interpreter that has {' and '.join(packages)} on every "
-               "host (a venv's or conda environment's bin/python)")
-    if not local or local == python:
-        return generic
-    results = pool.run_all([local, "-", "info", "", *packages], stdin=source("netcheck").encode(),
-                           timeout_s=timeout_s)
-    for result in results:
-        try:
-            info = json.loads(result.stdout) if result.ok else {}
-        except json.JSONDecodeError:
-            info = {}
-        if missing_packages(info, packages):
-            return generic
-    return f"pass --python {local} (the interpreter running fstrain here has them on every host)"
-
-
-# -- 2. rendezvous ------------------------------------------------------------------------------
-
-
-# A host's reachability check may take this long beyond its connection attempts, or twice what
-# the slowest host's preflight session took, whichever is longer: a session's time is mostly the
-# hosts' and this machine's load (`--fanout` sessions at once, each a login shell and a Python
-# start), and a launch must not fail because its hosts are busy, only because one hangs.
-CHECK_MARGIN_S = 30.0
-
-
-def check_timeout_s(connect_timeout_s: float, targets: int, facts: Sequence[HostFacts]) -> float:
-    """The reachability check's time limit on each host (see CHECK_MARGIN_S)."""
-    slowest = max((f.session_s for f in facts), default=0.0)
-    return connect_timeout_s * targets + max(CHECK_MARGIN_S, 2 * slowest)
-
-
-def choose_rendezvous(
-    pool: HostPool, connect: Callable[[Host], Transport], facts: Sequence[HostFacts], python: str,
-    run_id: str, master_port: int | None, timeout_s: float = 10,
-) -> Rendezvous:
-    """The first host's address that every host reaches, on a port that is free there
-    (``timeout_s``: each connection attempt's limit)."""
-    hosts = [f.host for f in facts]
-    ports = [master_port] if master_port else master_port_candidates(run_id)
-    if all(is_local(h) for h in hosts):
-        candidates = ["127.0.0.1"]
-    else:
-        candidates = [i["address"] for i in facts[0].info["interfaces"]
-                      if not i["address"].startswith("127.") and i["state"] in ("up", "unknown")]
-    if not candidates:
-        raise LaunchError(f"{hosts[0].label()} has no network address other hosts could use",
-                          "check its interfaces with `ip addr`", "rendezvous")
-    listener = _start(connect(hosts[0]), line_script(python, "listen", *map(str, ports)),
-                      as_line("netcheck"), close_stdin=False)
-    try:
-        output = listener.lines()
-        port = _first_json_line(output, listener).get("port")
-        if port is None:
-            raise LaunchError(f"no free rendezvous port on {hosts[0].label()} (tried {ports})",
-                              "pass --master-port with a free port", "rendezvous")
-        targets = [f"{address}:{port}" for address in candidates]
-        results = pool.run_all([python, *SCRIPT_FLAGS, "-", "connect", str(timeout_s), *targets],
-                               stdin=source("netcheck").encode(),
-                               timeout_s=check_timeout_s(timeout_s, len(targets), facts))
-        listener.write(b"done\n")  # free the port before the job needs it, and wait until it is free
-        listener.close_stdin()
-        for _ in output:
-            pass
-        listener.wait()
-    finally:
-        listener.close()
-    reach: list[dict[str, dict[str, Any]]] = []
-    for host, result in zip(hosts, results, strict=True):
-        if not result.ok:
-            raise LaunchError(f"{host.label()} could not run the reachability check: {result.error or result.stderr}",
-                              "", "rendezvous")
-        reach.append({r["target"]: r for r in json.loads(result.stdout)})
-    for target, address in zip(targets, candidates, strict=True):
-        if all(r[target]["ok"] for r in reach):
-            interfaces = tuple(str(r[target].get("interface") or "") for r in reach)
-            return Rendezvous(address, int(port), interfaces)
-    detail = "; ".join(f"{h.label()} cannot reach " + ", ".join(t for t, e in r.items() if not e["ok"])
-                       for h, r in zip(hosts, reach, strict=True) if not all(e["ok"] for e in r.values()))
-    raise LaunchError(f"no address of {hosts[0].label()} is reachable from every host: {detail}",
-                      "check routes and firewalls, or run `fstrain doctor`", "rendezvous")
+# -- 1, 2. preflight, rendezvous: fstrain/io/hostcheck.py ------------------------------------
 
 
 def _start(transport: Transport, argv: Sequence[str], stdin: bytes, close_stdin: bool) -> RunningCommand:
@@ -281,16 +114,6 @@ def _start(transport: Transport, argv: Sequence[str], stdin: bytes, close_stdin:
     if close_stdin:
         running.close_stdin()
     return running
-
-
-def _first_json_line(output: Iterator[tuple[str, str]], running: RunningCommand) -> dict[str, Any]:
-    """The first stdout line a streaming remote helper prints."""
-    for stream, line in output:
-        if stream == "stdout":
-            parsed: dict[str, Any] = json.loads(line)
-            return parsed
-    code, why = running.wait()
-    raise LaunchError(f"rendezvous listener exited ({why or code}) before opening a port", "", running.host)
 
 
 # -- 4. run -------------------------------------------------------------------------------------

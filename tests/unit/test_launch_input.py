@@ -108,7 +108,7 @@ def test_preflight_error_carries_one_hint_the_transports() -> None:
     from fstrain.core.hosts.hostfile import Host
     from fstrain.errors import FstrainError, TransportError
     from fstrain.io.fanout import HostPool
-    from fstrain.io.launch import preflight
+    from fstrain.io.hostcheck import preflight
     from fstrain.io.transport import CommandResult, FakeTransport
 
     info = _json.dumps({"workdir_exists": True, "python": "3.11", "python_executable": "/usr/bin/python3"})
@@ -159,7 +159,7 @@ def test_preflight_of_the_bundled_trainer_names_the_hosts_without_fstrain() -> N
     from fstrain.core.hosts.hostfile import Host
     from fstrain.errors import FstrainError
     from fstrain.io.fanout import HostPool
-    from fstrain.io.launch import BUNDLED_TRAINER_HINT, preflight
+    from fstrain.io.hostcheck import BUNDLED_TRAINER_HINT, preflight
     from fstrain.io.transport import CommandResult, FakeTransport
 
     def connect(host: Host) -> FakeTransport:
@@ -198,7 +198,7 @@ def test_tensorboard_is_checked_by_the_preflight_where_the_launch_writes_events(
     from fstrain.core.hosts.hostfile import Host
     from fstrain.errors import FstrainError
     from fstrain.io.fanout import HostPool
-    from fstrain.io.launch import preflight
+    from fstrain.io.hostcheck import preflight
     from fstrain.io.transport.local import LocalTransport
     from tests.helpers import REPO
 
@@ -222,7 +222,7 @@ def test_tensorboard_is_checked_by_the_preflight_where_the_launch_writes_events(
 
 
 def test_a_preflight_failing_on_many_hosts_names_five_and_folds_the_rest() -> None:
-    from fstrain.io.launch import summarize_problems
+    from fstrain.io.hostcheck import summarize_problems
 
     problems = [f"node{i}: cannot resolve 'node{i}': Name or service not known" for i in range(1, 201)]
     line = summarize_problems(problems)
@@ -254,7 +254,8 @@ def test_the_reachability_checks_limit_grows_with_how_slow_the_hosts_answered() 
 
     from fstrain.core.hosts.hostfile import Host
     from fstrain.io.fanout import HostPool
-    from fstrain.io.launch import CHECK_MARGIN_S, HostFacts, check_timeout_s, preflight
+    from fstrain.io.hostcheck import CHECK_MARGIN_S, check_timeout_s, preflight
+    from fstrain.io.launch import HostFacts
     from fstrain.io.transport import CommandResult, FakeTransport
 
     info = _json.dumps({"workdir_exists": True, "python": "3.11", "python_executable": "/usr/bin/python3"})

@@ -7,6 +7,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 
+from fstrain.errors import TransportError
 from fstrain.io.transport.base import CommandResult, merged_lines
 
 
@@ -94,5 +95,10 @@ class LocalRunning:
 
 
 def _start_local(host: str, argv: Sequence[str]) -> LocalRunning:
-    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """A TransportError where ``argv[0]`` cannot run (as a remote shell's exit 127 or 126)."""
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise TransportError(f"cannot start {argv[0]}: {exc.strerror or exc}",
+                             "check the interpreter's path (--python)", host) from exc
     return LocalRunning(host, proc)
