@@ -25,6 +25,7 @@ On a 2-core machine a full run takes 3 to 4 minutes (12 launches, 3 of them warm
 deepspeed.launcher.launch) and DeepSpeed's runner itself import torch, several seconds each.
 
     python benchmarks/launch.py [--hosts 2] [--nproc-per-node 2] [--rounds 3] [--grace 5] [--observe-s 20]
+                                [--plain-home]
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def main() -> int:
     parser.add_argument("--observe-s", type=float, default=20.0,
                         help="how long after the failure a launcher may take before it counts as 'did not stop'")
     parser.add_argument("--log-dir", help="keep every run's launcher output here")
+    parser.add_argument("--plain-home", action="store_true",
+                        help="the hosts' sessions get an empty HOME: none runs this machine's ~/.bashrc")
     args = parser.parse_args()
     problems = [f"{tool} is not installed" for tool in ("pdsh", "ip") if shutil.which(tool) is None]
     problems += ["deepspeed is not installed"] if deepspeed_script() is None else []
@@ -124,7 +127,7 @@ def main() -> int:
     load_before = os.getloadavg()
     run_ids: list[str] = []
     try:
-        with namespace_cluster(args.hosts, base, CLUSTER_ID, run_ids) as state:
+        with namespace_cluster(args.hosts, base, CLUSTER_ID, run_ids, plain_home=args.plain_home) as state:
             runs = compare(prepare(base, state, args, run_ids))
     finally:
         shutil.rmtree(base, ignore_errors=True)
