@@ -268,6 +268,24 @@ def test_preflight_names_the_host_with_a_missing_workdir(cluster: NamespaceClust
     assert len(said(result.stderr)) == 1, result.stderr  # one error line after the stages' progress
 
 
+def test_a_host_that_cannot_reach_the_first_is_named_before_anything_starts(cluster: NamespaceCluster,
+                                                                             tmp_path: Path) -> None:
+    """node3's route to node1 refuses (its SSH from here still works): the one-session check of
+    every host names it and the address, and nothing starts."""
+    cluster.in_namespace(3, "ip", "route", "add", "prohibit", f"{cluster.address(1)}/32")
+    try:
+        result = run_fstrain("launch", "--ssh-config", cluster.ssh_config, "--hosts", "node[1-3]", "--nproc-per-node",
+                             "1", "--backend", "direct", "--run-dir", str(tmp_path / "run"), "--", "python3", WORKER)
+    finally:
+        cluster.in_namespace(3, "ip", "route", "del", "prohibit", f"{cluster.address(1)}/32")
+    assert result.returncode == 2, result.stderr
+    (line,) = said(result.stderr)
+    assert line.startswith(f"error: rendezvous: no address of node1 is reachable from every host: node3 cannot "
+                           f"reach {cluster.address(1)}:"), line
+    assert "node2" not in line and "(hint: check routes and firewalls, or run `fstrain doctor`)" in line, line
+    assert not job_processes(cluster)
+
+
 def _files_holding(roots: list[Path], needle: bytes) -> list[str]:
     found = []
     for root in roots:
