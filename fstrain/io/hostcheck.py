@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from fstrain.core.hosts.hostfile import Host, compress_hostlist
@@ -25,7 +25,7 @@ from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool, HostResult
 from fstrain.io.launch import HostFacts, LaunchError, Rendezvous, _start
 from fstrain.io.remote import as_line, line_script, source
-from fstrain.io.transport.base import RunningCommand, Transport
+from fstrain.io.transport.base import RunningCommand
 
 # -- 1. preflight -------------------------------------------------------------------------------
 
@@ -152,20 +152,17 @@ def check_timeout_s(connect_timeout_s: float, targets: int, facts: Sequence[Host
     return connect_timeout_s * targets + max(CHECK_MARGIN_S, 2 * slowest)
 
 
-def choose_rendezvous(
-    pool: HostPool, connect: Callable[[Host], Transport], facts: Sequence[HostFacts], python: str,
-    run_id: str, master_port: int | None, timeout_s: float = 10,
-) -> Rendezvous:
+def choose_rendezvous(pool: HostPool, facts: Sequence[HostFacts], python: str, run_id: str,
+                      master_port: int | None, timeout_s: float = 10) -> Rendezvous:
     """The first host's address that every host reaches, on a port that is free there
     (``timeout_s``: each connection attempt's limit)."""
     hosts = [f.host for f in facts]
-    ports = [master_port] if master_port else master_port_candidates(run_id)
+    ports = rendezvous_ports(run_id, master_port)
     candidates = rendezvous_candidates(hosts, facts[0].info["interfaces"])
     if not candidates:
         raise LaunchError(f"{hosts[0].label()} has no network address other hosts could use",
                           "check its interfaces with `ip addr`", "rendezvous")
-    listener = _start(connect(hosts[0]), line_script(python, "listen", *map(str, ports)),
-                      as_line("netcheck"), close_stdin=False)
+    listener = open_listener(pool, python, ports)
     try:
         output = listener.lines()
         port = _first_json_line(output, listener).get("port")
@@ -186,6 +183,18 @@ def choose_rendezvous(
                               "", "rendezvous")
         reach.append({r["target"]: r for r in json.loads(result.stdout)})
     return reached(hosts, targets, candidates, int(port), reach)
+
+
+def rendezvous_ports(run_id: str, master_port: int | None) -> list[int]:
+    """The ports the listener tries, in order: ``--master-port`` alone, or the run id's own."""
+    return [master_port] if master_port else master_port_candidates(run_id)
+
+
+def open_listener(pool: HostPool, python: str, ports: Sequence[int]) -> RunningCommand:
+    """netcheck's ``listen`` on the first host, on the pool's connection to it: its first line
+    names the port it bound (and the host's addresses); ``done`` on stdin closes it."""
+    return _start(pool.open_transport(pool.hosts[0]), line_script(python, "listen", *map(str, ports)),
+                  as_line("netcheck"), close_stdin=False)
 
 
 def rendezvous_candidates(hosts: Sequence[Host], interfaces: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -232,12 +241,10 @@ def check_hosts(pool: HostPool, python: str, workdir: str | None, run_id: str, m
 
     def apart() -> tuple[list[HostFacts], Rendezvous]:
         facts = preflight(pool, python, workdir, timeout_s, packages, workdir_is_default)
-        return facts, choose_rendezvous(pool, pool.transport, facts, python, run_id, master_port, connect_timeout_s)
+        return facts, choose_rendezvous(pool, facts, python, run_id, master_port, connect_timeout_s)
 
-    ports = [master_port] if master_port else master_port_candidates(run_id)
     try:
-        listener = _start(pool.open_transport(hosts[0]), line_script(python, "listen", *map(str, ports)),
-                          as_line("netcheck"), close_stdin=False)
+        listener = open_listener(pool, python, rendezvous_ports(run_id, master_port))
     except FstrainError:
         return apart()
     try:
