@@ -20,7 +20,11 @@ not fit a 24 GiB machine):
 - on the first detached run: `status RUN --json` (and how many ranks it saw alive),
   `logs RUN --tail 5`;
 - `stop RUN` to its return, and to no job process left in any host's namespace (sshd aside);
-- `gc --older-than 1s` afterwards.
+- `gc --older-than 1s` afterwards;
+- the floor of this machine: `pdsh -R ssh` starting the same program on every host (detached,
+  nothing of fstrain), timed to all started. Every host's sshd and program share this machine's
+  CPUs, so this time grows with the host count whatever the launcher does; fstrain's launch is
+  reported against it.
 
 For every command: wall seconds, the client's CPU seconds (user + system of the process and its
 children) and peak RSS, and the peak of its open files and threads (sampled every 20 ms). Node
@@ -102,6 +106,7 @@ class SizeResult:
     lost_to_restarted_s: float = 0.0  # --lost-host: the last host killed to the next attempt started (-1: never)
     lost_stop_code: int = 0
     lost_left: int = 0
+    floor_all_started_s: float = 0.0  # pdsh starting the same program (0: pdsh not installed)
     note: str = ""
 
 
@@ -306,6 +311,25 @@ def lost_host_run(setup: Setup, result: SizeResult, run_ids: list[str]) -> None:
     setup.cluster.script("start-sshd", str(setup.hosts))  # the larger sizes need it
 
 
+def floor_run(setup: Setup, result: SizeResult) -> None:
+    """`pdsh -R ssh` starting the sleeper detached on every host (one ssh process a host, 256 at
+    a time), timed to all started; then every job process killed."""
+    if shutil.which("pdsh") is None:
+        return
+    markers = setup.work / f"markers-{setup.hosts}-pdsh"
+    markers.mkdir()
+    # pdsh's %n: the host's index in the list, so each rank's marker file is its own.
+    program = f"RANK=%n setsid python3 {setup.work / 'sleeper.py'} {markers} </dev/null >/dev/null 2>&1 &"
+    env = {**setup.env, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS": f"-F {setup.state / 'ssh_config'} -a -x -l%u %h"}
+    began = time.perf_counter()
+    pdsh = measure(["pdsh", "-f", "256", "-w", f"node[1-{setup.hosts}]", program], env, timeout_s=300)
+    if pdsh.code == 0 and wait_for(lambda: markers_written(markers) >= setup.hosts, 300, 0.05):
+        result.floor_all_started_s = time.perf_counter() - began
+    else:
+        result.note = f"pdsh start failed ({pdsh.code}): {pdsh.stderr.strip().splitlines()[-1:]}"
+    wait_for(lambda: not kill_job_processes(setup.cluster), 30, 0.5)
+
+
 def one_size(hosts: int, state: Path, work: Path, cluster_id: str, options: argparse.Namespace,
              run_ids: list[str]) -> SizeResult:
     result = SizeResult(hosts)
@@ -316,6 +340,7 @@ def one_size(hosts: int, state: Path, work: Path, cluster_id: str, options: argp
     env.pop("FSTRAIN_DEBUG", None)
     setup = Setup(hosts, state, work, NamespaceCluster(state, hosts, cluster_id), env, options.backend,
                   sys.executable if options.plain_home else "python3")
+    floor_run(setup, result)
     if options.attached:
         attached_run(setup, result)
     for index in range(options.runs):
@@ -331,14 +356,16 @@ def print_report(results: list[SizeResult], options: argparse.Namespace) -> None
     print(f"machine: {machine_line()}")
     print(f"backend {options.backend}; {options.runs} detached run(s) per size, each left alone {options.steady_s:g} s "
           "once all started; the hosts' HOME " + ("empty (--plain-home)" if options.plain_home else "this machine's"))
-    print("\n| hosts | launch returns (s) | all started (s) | status (s) | ranks alive | logs --tail 5 (s) "
+    print("\n| hosts | launch returns (s) | all started (s) | pdsh: all started (s) | status (s) | ranks alive "
+          "| logs --tail 5 (s) "
           "| stop returns (s) | stop to 0 left (s) | gc (s) | left | coordinator steady (% of a core) "
           "| coordinator CPU (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         w = {name: (f"{m.wall_s:.1f}" if m.code == 0 else f"exit {m.code}") for name, m in r.rows.items()}
         first = r.runs[0] if r.runs else DetachedRun()
-        print(f"| {r.hosts} | {w.get('launch --detach', '-')} | {first.all_started_s:.1f} "
+        floor = f"{r.floor_all_started_s:.1f}" if r.floor_all_started_s else "-"
+        print(f"| {r.hosts} | {w.get('launch --detach', '-')} | {first.all_started_s:.1f} | {floor} "
               f"| {w.get('status --json', '-')} | {r.ranks_alive} of {r.hosts} | {w.get('logs --tail 5', '-')} "
               f"| {w.get('stop', '-')} | {first.stop_to_empty_s:.1f} | {w.get('gc', '-')} | {first.left} "
               f"| {r.coordinator_steady_pct:.1f} | {r.coordinator_cpu_s:.1f} |")
@@ -377,11 +404,14 @@ def print_report(results: list[SizeResult], options: argparse.Namespace) -> None
             print(f"\n{r.hosts} hosts: {line}")
     base = next((r for r in results if r.hosts == 32 and r.runs), None)
     if base is not None and len(results) > 1:
-        print(f"\nRatios to {base.hosts} hosts (launch to all started; stop to 0 left; first detached run):")
+        print(f"\nRatios to {base.hosts} hosts (launch to all started; stop to 0 left; first detached run; "
+              "pdsh starting the same program):")
         for r in results:
             if r.runs and base.runs[0].all_started_s and base.runs[0].stop_to_empty_s:
+                floor = (f"; pdsh {r.floor_all_started_s / base.floor_all_started_s:.2f}x"
+                         if r.floor_all_started_s and base.floor_all_started_s else "")
                 print(f"- {r.hosts} hosts: {r.runs[0].all_started_s / base.runs[0].all_started_s:.2f}x; "
-                      f"{r.runs[0].stop_to_empty_s / base.runs[0].stop_to_empty_s:.2f}x")
+                      f"{r.runs[0].stop_to_empty_s / base.runs[0].stop_to_empty_s:.2f}x{floor}")
 
 
 def main() -> int:
