@@ -116,6 +116,12 @@ def _start(transport: Transport, argv: Sequence[str], stdin: bytes, close_stdin:
     return running
 
 
+def start_watchdog(transport: Transport, python: str, header: bytes, close_stdin: bool) -> RunningCommand:
+    """A node's watchdog (fstrain/io/remote/watchdog.py) started by its BOOTSTRAP, which reads
+    ``header`` (one JSON line: the watchdog's source, the job, the run's settings) on stdin."""
+    return _start(transport, [python, *SCRIPT_FLAGS, "-c", BOOTSTRAP], header, close_stdin)
+
+
 # -- 4. run -------------------------------------------------------------------------------------
 
 
@@ -222,8 +228,7 @@ def prewarm_nodes(pool: HostPool, backend: str, python: str, workdir: str | None
         try:
             transport = pool.open_transport(host)
             header["answer_heartbeats"] = answers_heartbeats(transport)
-            running = _start(transport, [python, *SCRIPT_FLAGS, "-c", BOOTSTRAP], (json.dumps(header) + "\n").encode(),
-                             close_stdin=False)
+            running = start_watchdog(transport, python, (json.dumps(header) + "\n").encode(), close_stdin=False)
         except FstrainError:
             return None
         return Prewarmed(prefix, transport, running)
@@ -283,8 +288,8 @@ def _start_node(node: NodeState, connect: Callable[[Host], Transport], python: s
     try:
         node.transport = connect(launch.host)
         node.answers = header["answer_heartbeats"] = answers_heartbeats(node.transport)
-        node.running = _start(node.transport, [python, *SCRIPT_FLAGS, "-c", BOOTSTRAP],
-                              (json.dumps(header) + "\n").encode(), close_stdin=False)
+        node.running = start_watchdog(node.transport, python, (json.dumps(header) + "\n").encode(),
+                                      close_stdin=False)
     except FstrainError as exc:
         events.put(("lost", launch.node_rank, exc.message, None))
         return

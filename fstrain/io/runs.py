@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 from fstrain import __version__
 from fstrain.core.formats import check_format
 from fstrain.core.hosts.hostfile import Host
-from fstrain.core.job.spec import SCRIPT_FLAGS
 from fstrain.core.progress import Event
 from fstrain.core.runs.manifest import Manifest
 from fstrain.core.runs.runrecord import (
@@ -148,12 +147,11 @@ def start_detached(launches: Sequence[NodeLaunch], connect: Callable[[Host], Tra
 
 
 def _start_one(launch: NodeLaunch, connect: Callable[[Host], Transport], python: str, header: bytes) -> dict[str, Any]:
-    from fstrain.io.launch import LaunchError, _start
-    from fstrain.io.remote.watchdog import BOOTSTRAP
+    from fstrain.io.launch import LaunchError, start_watchdog
 
     transport = connect(launch.host)
     try:
-        running = _start(transport, [python, *SCRIPT_FLAGS, "-c", BOOTSTRAP], header, close_stdin=True)
+        running = start_watchdog(transport, python, header, close_stdin=True)
         answer: dict[str, Any] | None = None
         deadline = time.monotonic() + START_TIMEOUT_S
         errors: list[str] = []
