@@ -47,9 +47,9 @@ from fstrain.errors import FstrainError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import Connector, HostPool
 from fstrain.io.launch import REMOTE_STATE
+from fstrain.io.listener import Listening, start_listener
 from fstrain.io.probe import probe_host
-from fstrain.io.remote import as_line, line_script, source
-from fstrain.io.transport.base import RunningCommand, start_command
+from fstrain.io.remote import source
 
 CONNECT_TIMEOUT_S = 2.0  # per TCP connection of the matrix
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
@@ -256,7 +256,7 @@ def collect_host(pool: HostPool, host: Host, options: DoctorOptions, connect_s: 
 @dataclass
 class _Listener:
     host: str
-    running: RunningCommand | None = None
+    listening: Listening | None = None
     close_transport: Callable[[], None] | None = None
     port: int | None = None
     busy: tuple[int, ...] = ()
@@ -264,35 +264,25 @@ class _Listener:
 
 
 def _start_listener(connect: Connector, host: Host, python: str, ports: Sequence[int]) -> _Listener:
-    """``netcheck listen`` on its own connection (the pool's stays free for commands)."""
+    """A listener on its own connection (the pool's stays free for commands)."""
     listener = _Listener(host.label())
     try:
         transport = connect(host)
         listener.close_transport = transport.close
-        running = start_command(transport, line_script(python, "listen", *map(str, ports)))
-        listener.running = running
-        running.write(as_line("netcheck"))
-        for stream, line in running.lines():
-            if stream == "stdout":
-                answer = json.loads(line)
-                listener.port, listener.busy = answer.get("port"), tuple(answer.get("busy") or ())
-                break
-        else:
-            code, why = running.wait()
-            listener.error = f"the listener exited ({why or f'exit {code}'}) before opening a port"
+        listener.listening = start_listener(transport, python, ports)
+        listener.port, listener.busy = listener.listening.port, listener.listening.busy
     except (FstrainError, ValueError, OSError) as exc:
         listener.error = exc.message if isinstance(exc, FstrainError) else str(exc)
     return listener
 
 
 def _stop_listener(listener: _Listener) -> None:
-    if listener.running is not None:
-        listener.running.write(b"done\n")
-        listener.running.close_stdin()
-        listener.running.wait()
-        listener.running.close()
-    if listener.close_transport is not None:
-        listener.close_transport()
+    try:
+        if listener.listening is not None:
+            listener.listening.close()
+    finally:
+        if listener.close_transport is not None:
+            listener.close_transport()
 
 
 @dataclass(frozen=True)

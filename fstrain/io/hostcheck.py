@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fstrain.core.hosts.hostfile import Host, compress_hostlist
@@ -23,9 +23,9 @@ from fstrain.core.job.spec import SCRIPT_FLAGS, master_port_candidates
 from fstrain.errors import FstrainError
 from fstrain.io.connect import is_local
 from fstrain.io.fanout import HostPool, HostResult
-from fstrain.io.launch import HostFacts, LaunchError, Rendezvous, _start
-from fstrain.io.remote import as_line, line_script, source
-from fstrain.io.transport.base import RunningCommand
+from fstrain.io.launch import HostFacts, LaunchError, Rendezvous
+from fstrain.io.listener import start_listener
+from fstrain.io.remote import source
 
 # -- 1. preflight -------------------------------------------------------------------------------
 
@@ -162,10 +162,13 @@ def choose_rendezvous(pool: HostPool, facts: Sequence[HostFacts], python: str, r
     if not candidates:
         raise LaunchError(f"{hosts[0].label()} has no network address other hosts could use",
                           "check its interfaces with `ip addr`", "rendezvous")
-    listener = open_listener(pool, python, ports)
     try:
-        output = listener.lines()
-        port = _first_json_line(output, listener).get("port")
+        listening = start_listener(pool.open_transport(hosts[0]), python, ports)
+    except ValueError as exc:
+        raise LaunchError(f"the rendezvous listener on {hosts[0].label()} answered no port: {exc}", "",
+                          "rendezvous") from None
+    try:
+        port = listening.port
         if port is None:
             raise LaunchError(f"no free rendezvous port on {hosts[0].label()} (tried {ports})",
                               "pass --master-port with a free port", "rendezvous")
@@ -173,9 +176,8 @@ def choose_rendezvous(pool: HostPool, facts: Sequence[HostFacts], python: str, r
         results = pool.run_all([python, *SCRIPT_FLAGS, "-", "connect", str(timeout_s), *targets],
                                stdin=source("netcheck").encode(),
                                timeout_s=check_timeout_s(timeout_s, len(targets), facts))
-        _close_listener(listener, output)
     finally:
-        listener.close()
+        listening.close()
     reach: list[dict[str, dict[str, Any]]] = []
     for host, result in zip(hosts, results, strict=True):
         if not result.ok:
@@ -188,13 +190,6 @@ def choose_rendezvous(pool: HostPool, facts: Sequence[HostFacts], python: str, r
 def rendezvous_ports(run_id: str, master_port: int | None) -> list[int]:
     """The ports the listener tries, in order: ``--master-port`` alone, or the run id's own."""
     return [master_port] if master_port else master_port_candidates(run_id)
-
-
-def open_listener(pool: HostPool, python: str, ports: Sequence[int]) -> RunningCommand:
-    """netcheck's ``listen`` on the first host, on the pool's connection to it: its first line
-    names the port it bound (and the host's addresses); ``done`` on stdin closes it."""
-    return _start(pool.open_transport(pool.hosts[0]), line_script(python, "listen", *map(str, ports)),
-                  as_line("netcheck"), close_stdin=False)
 
 
 def rendezvous_candidates(hosts: Sequence[Host], interfaces: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -219,16 +214,6 @@ def reached(hosts: Sequence[Host], targets: Sequence[str], candidates: Sequence[
                       "check routes and firewalls, or run `fstrain doctor`", "rendezvous")
 
 
-def _first_json_line(output: Iterator[tuple[str, str]], running: RunningCommand) -> dict[str, Any]:
-    """The first stdout line a streaming remote helper prints."""
-    for stream, line in output:
-        if stream == "stdout":
-            parsed: dict[str, Any] = json.loads(line)
-            return parsed
-    code, why = running.wait()
-    raise LaunchError(f"rendezvous listener exited ({why or code}) before opening a port", "", running.host)
-
-
 # -- both in one session per host --------------------------------------------------------------
 
 
@@ -244,35 +229,21 @@ def check_hosts(pool: HostPool, python: str, workdir: str | None, run_id: str, m
         return facts, choose_rendezvous(pool, facts, python, run_id, master_port, connect_timeout_s)
 
     try:
-        listener = open_listener(pool, python, rendezvous_ports(run_id, master_port))
-    except FstrainError:
+        listening = start_listener(pool.open_transport(hosts[0]), python, rendezvous_ports(run_id, master_port))
+    except (FstrainError, ValueError):
         return apart()
     try:
-        output = listener.lines()
-        try:
-            opened = _first_json_line(output, listener)
-        except (LaunchError, json.JSONDecodeError):
-            opened = {}
-        candidates = rendezvous_candidates(hosts, opened.get("interfaces") or [])
-        if opened.get("port") is None or not candidates:
-            _close_listener(listener, output)
+        port = listening.port
+        candidates = rendezvous_candidates(hosts, listening.opened.get("interfaces") or [])
+        if port is None or not candidates:
+            listening.close()
             return apart()
-        targets = [f"{address}:{opened['port']}" for address in candidates]
+        targets = [f"{address}:{port}" for address in candidates]
         probe = [python, "-", "probe", workdir or "", str(connect_timeout_s), *targets, "--", *packages]
         results = pool.run_all(probe, stdin=source("netcheck").encode(),
                                timeout_s=timeout_s + connect_timeout_s * len(targets))
-        _close_listener(listener, output)
     finally:
-        listener.close()
+        listening.close()
     facts = preflight_facts(pool, python, workdir, results, packages, workdir_is_default, timeout_s)
     reach = [{r["target"]: r for r in fact.info.pop("reach", [])} for fact in facts]
-    return facts, reached(hosts, targets, candidates, int(opened["port"]), reach)
-
-
-def _close_listener(listener: RunningCommand, output: Iterator[tuple[str, str]]) -> None:
-    """Free the port before the job needs it, and wait until it is free."""
-    listener.write(b"done\n")
-    listener.close_stdin()
-    for _ in output:
-        pass
-    listener.wait()
+    return facts, reached(hosts, targets, candidates, port, reach)
