@@ -467,8 +467,9 @@ def progress_of(lines: Iterable[str]) -> dict[str, Any] | None:
 
 
 def progress_numbers(found: StepMetrics) -> dict[str, Any]:
-    """The numbers of a rank's ``progress`` in status."""
-    return {"step": found.step, "steps": found.steps, "loss": found.loss, "tokens_per_s": found.tokens_per_s}
+    """The numbers of a rank's ``progress`` in status (what the live view shows of a rank)."""
+    return {"step": found.step, "steps": found.steps, "loss": found.loss, "tokens_per_s": found.tokens_per_s,
+            "step_s": found.step_s, "memory_bytes": found.memory_bytes}
 
 
 RUN_STATES = ("pending", *STATES)  # what `fstrain runs --state` filters by (pending: a Slurm job not started)
@@ -522,24 +523,36 @@ def check_states(states: Sequence[str]) -> None:
 
 def row_progress(run: Run, state: str) -> dict[str, Any]:
     """A `runs` row's step, final step and ETA (None where not known, an ended run's ETA
-    among them), from the ranks' last output lines (a bounded tail, as `status --watch` reads
-    it) and the rate since the last attempt's first step (its events file), else since the
-    run's start. A detached run that has ended is not asked: its nodes may be gone."""
-    from fstrain.core.monitor.watch import TAIL_LINES_MAX, progress_now
+    among them), from each rank's newest numbers (as `status --watch` reads them: from the
+    status where node 0 holds every node's, else from a bounded tail of the ranks' output) and
+    the rate since the last attempt's first step (its events file), else since the run's
+    start. A detached run that has ended is not asked: its nodes may be gone."""
+    from fstrain.core.monitor.watch import (
+        TAIL_LINES_MAX,
+        latest_samples,
+        numbers_in_status,
+        progress_from,
+        status_samples,
+    )
     from fstrain.core.runs.runevents import FIRST_STEP
 
     if run.kind == "detached" and state in FINAL:
         return {"step": None, "steps": None, "eta_s": None}
-    outputs = run.outputs()
-    try:
-        lines = [text for chunk in outputs.read(TAIL_LINES_MAX) for text in chunk.splitlines()]
-    finally:
-        outputs.close()
+    document = run.status() if run.kind == "detached" else None
+    if document is not None and numbers_in_status(document):
+        samples = status_samples(document)
+    else:
+        outputs = run.outputs()
+        try:
+            lines = [text for chunk in outputs.read(TAIL_LINES_MAX) for text in chunk.splitlines()]
+        finally:
+            outputs.close()
+        samples = list(latest_samples(lines).values())
     recorded = run.events()
     firsts = [e for e in recorded.events if e.kind == FIRST_STEP] if recorded is not None else []
     since = (firsts[-1].time, firsts[-1].step or 0) if firsts else (run.record.started, 0) \
         if run.record.started else None
-    progress = progress_now(lines, time.time(), since)
+    progress = progress_from(samples, time.time(), since)
     eta = None if state in FINAL or progress.eta_s is None else round(progress.eta_s, 1)
     return {"step": progress.step, "steps": progress.steps, "eta_s": eta}
 

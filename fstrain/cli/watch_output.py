@@ -104,8 +104,14 @@ def plain_line(view: WatchView) -> str:
 
 
 def read_view(handle: Run, outputs: Outputs, watch: Watch) -> WatchView:
-    """One refresh: the run's status, then the last lines of its ranks' output (a bounded tail)."""
+    """One refresh: the run's status, then, where it does not carry every rank's numbers (a
+    detached run's does while node 0 holds every node's view), the last lines of its ranks'
+    output (a bounded tail)."""
+    from fstrain.core.monitor.watch import numbers_in_status
+
     document = handle.status()
+    if numbers_in_status(document):
+        return watch.update(document, [], time.time())
     # One line per item; splitlines drops its newline and parts a progress bar's \r updates.
     lines = [text for line in outputs.read(watch.tail_lines(document)) for text in line.splitlines()]
     return watch.update(document, lines, time.time())

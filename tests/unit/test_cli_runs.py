@@ -148,8 +148,10 @@ def test_status_of_a_live_attached_run_lists_every_rank_with_its_numbers(tmp_pat
     assert [(n["host"], n["node_rank"], n["exit_code"]) for n in document["nodes"]] == [("node2", 0, None),
                                                                                       ("node1", 1, None)]
     ranks = [(r["rank"], r["alive"], r["progress"]) for n in document["nodes"] for r in n["ranks"]]
-    assert ranks == [(0, None, {"step": 3, "steps": 8, "loss": 5.25, "tokens_per_s": 1200.0}),
-                     (1, None, {"step": 2, "steps": None, "loss": 6.5, "tokens_per_s": None})]
+    assert ranks == [(0, None, {"step": 3, "steps": 8, "loss": 5.25, "tokens_per_s": 1200.0, "step_s": None,
+                                "memory_bytes": None}),
+                     (1, None, {"step": 2, "steps": None, "loss": 6.5, "tokens_per_s": None, "step_s": None,
+                                "memory_bytes": None})]
     table = run_fstrain("status", run_id, env=env)
     assert table.returncode == 0, table.stderr
     rows = [[cell for cell in line.split() if cell != "│"] for line in table.stderr.splitlines()

@@ -17,8 +17,11 @@ from fstrain.core.monitor.watch import (
     eta_s,
     latest_samples,
     measured_step_s,
+    numbers_in_status,
+    progress_from,
     progress_now,
     slowest_rank,
+    status_samples,
     tail_lines,
     view_document,
 )
@@ -187,3 +190,18 @@ def test_progress_at_one_look_measures_the_rate_since_the_first_step() -> None:
     shown = progress_now(slow, 140.0, (140.0, 5))
     assert (shown.step, shown.steps, shown.eta_s) == (5, 10, 15.0)
     assert progress_now(["[node1 r0] hello\n"], 1.0, None).step is None
+
+
+def test_only_a_detached_run_whose_every_node_answered_carries_the_numbers_in_its_status() -> None:
+    live = status(("node1", [0]), ("node2", [1]), detached=True)
+    assert numbers_in_status(live)
+    live["nodes"][1]["reachable"] = False  # node 0 holds no view of node2: its output is read
+    assert not numbers_in_status(live)
+    assert not numbers_in_status(status(("node1", [0]), detached=False))  # an attached run: files here
+    assert not numbers_in_status(status(detached=True))  # no node known yet
+    carried = status(("node1", [0, 1]), detached=True)
+    carried["nodes"][0]["ranks"][0]["progress"] = {"step": 30, "steps": 100, "step_s": 2.0, "memory_bytes": None}
+    carried["nodes"][0]["ranks"][1]["progress"] = {"step": 31, "steps": 100}
+    assert [m.step for m in status_samples(carried)] == [30, 31]
+    lines = [metric("node1", 0, 30, steps=100, step_s=2.0), metric("node1", 1, 31, steps=100)]
+    assert progress_from(status_samples(carried), 140.0, (100.0, 10)) == progress_now(lines, 140.0, (100.0, 10))

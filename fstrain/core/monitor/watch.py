@@ -1,7 +1,8 @@
 """The live view of a run (`fstrain status RUN --watch`), as values.
 
 Each refresh brings the run's status document (its state, and per node and rank what the
-nodes know: alive, last output, GPUs) and the last lines of the ranks' output, tagged
+nodes know: alive, last output, latest numbers, GPUs) and, where the status does not carry every
+rank's numbers (:func:`numbers_in_status`), the last lines of the ranks' output, tagged
 ``[host rN]`` as `fstrain logs` prints them. From those, per rank: the newest numbers its lines
 carry (the metric line, ``FSTRAIN_METRICS {...}``, where the rank prints it; else a progress
 line, the bundled trainer's ``step 5/20 loss ... tokens/s ...`` or a program's own line that
@@ -99,6 +100,24 @@ def latest_samples(lines: Iterable[str]) -> dict[int, StepMetrics]:
         if reading is not None:
             held[rank] = reading
     return {rank: reading.metrics for rank, reading in held.items()}
+
+
+def numbers_in_status(status: Mapping[str, Any]) -> bool:
+    """Whether ``status`` (`fstrain status --json`'s document) already carries every rank's
+    newest numbers, so that a refresh need not read the ranks' output: a detached run whose
+    every node answered with its view. Each node reads every line its ranks write by the rule
+    the output would be read by here (metricline.newer_step) and keeps each rank's numbers
+    (``progress``), so node 0 answers for all of them in one SSH session. Any other run (its
+    output on this machine), or a node without a view, is read."""
+    nodes = status.get("nodes") or []
+    return bool(status.get("detached")) and bool(nodes) and all(node.get("reachable") for node in nodes)
+
+
+def status_samples(status: Mapping[str, Any]) -> list[StepMetrics]:
+    """Each rank's newest numbers as ``status`` holds them (its ``progress``)."""
+    found = (from_mapping(rank.get("progress")) for node in status.get("nodes") or []
+             for rank in node.get("ranks") or [])
+    return [sample for sample in found if sample is not None]
 
 
 def tail_lines(status: Mapping[str, Any], ranks_seen: int = 0) -> int:
@@ -236,7 +255,11 @@ def progress_now(lines: Iterable[str], now: float, since: tuple[float, int] | No
     the rate since ``since`` ((Unix seconds, step): the attempt's first step, from its events
     file, else its start at step 0); at the slowest rank's step time where no rate is measured
     (:func:`eta_s`)."""
-    samples = latest_samples(lines).values()
+    return progress_from(list(latest_samples(lines).values()), now, since)
+
+
+def progress_from(samples: Sequence[StepMetrics], now: float, since: tuple[float, int] | None) -> RunProgress:
+    """:func:`progress_now` from each rank's newest numbers, however they were read."""
     if not samples:
         return RunProgress()
     step = min(m.step for m in samples)
