@@ -221,7 +221,8 @@ def _follow(handle: Run, outputs: Outputs, *, tail: int | None, follow: bool) ->
             if follow and final is None and time.monotonic() - last_check > STATE_EVERY_S:
                 last_check = time.monotonic()
                 final = handle.finished()
-            printed = _write(outputs.read(tail if first else None))
+            # Once the run has ended, every node is read itself: a view may lag its last lines.
+            printed = _write(outputs.read(tail if first else None, views=final is None))
             _say_unread(outputs.failed, said)
             first = False
             if not follow:

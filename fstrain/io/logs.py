@@ -3,7 +3,9 @@
 - A detached run: each node's ``node<I>.out``, read on the node itself by
   fstrain/io/remote/runctl.py (``lines``), every node at once (one thread each), the lines
   merged by the time in front of each. A tail of at most VIEW_LINES lines of a live run comes
-  from the nodes' views that node 0's coordinator holds (one SSH session), where they hold it.
+  from the nodes' views that node 0's coordinator holds (one SSH session), where they hold it;
+  so do a follow's new lines, where a view's last lines add up to exactly the bytes its node
+  wrote since the last read.
 - An attached run or a Slurm job: files on this machine (``RUN_DIR/logs/``, the job's output
   file), read here.
 
@@ -87,14 +89,18 @@ class NodeOutputs:
         self._transports: dict[int, Transport] = {}
         self._stdin = as_line("runctl") + (json.dumps(Path(logtail.__file__).read_text()) + "\n").encode()
 
-    def read(self, tail: int | None = None) -> Iterator[str]:
+    def read(self, tail: int | None = None, *, views: bool = True) -> Iterator[str]:
         """Every node's whole lines since its last read, tagged ``[host rN]``, merged by time,
         each ending with a newline; with ``tail``, only the last ``tail`` of them (each node's
-        last ``tail``, read backwards from the end, then merged). Once it is exhausted,
-        :attr:`failed` names the hosts that could not be read."""
+        last ``tail``, read backwards from the end, then merged). What the nodes' views on node
+        0 hold exactly is taken from them (one SSH session), the rest read on each node;
+        ``views=False`` reads every node itself (the last read of a run that has ended). Once it
+        is exhausted, :attr:`failed` names the hosts that could not be read."""
         channels: list[queue.Queue[list[tuple[float, str]] | None]] = [queue.Queue(QUEUE_BATCHES)
                                                                        for _ in self.nodes]
-        served = self._tails_from_views(tail) if tail is not None else {}
+        served: dict[int, list[tuple[float, str]]] = {}
+        if views and self._views is not None:
+            served = self._tails_from_views(tail) if tail is not None else self._news_from_views()
         for index, batch in served.items():
             channels[index].put(batch)
             channels[index].put(None)
@@ -154,11 +160,10 @@ class NodeOutputs:
         served: dict[int, list[tuple[float, str]]] = {}
         for index, node in enumerate(self.nodes):
             keep = logtail.node_filter(node.rank_offset, self._rank, self._since, self._hide)
-            record = (views.get(node.node_rank) or {}).get("node") or {}
-            lines, times, size = record.get("last_lines"), record.get("last_lines_at"), record.get("out_bytes")
-            if not isinstance(lines, list) or not isinstance(times, list) or len(lines) != len(times) \
-                    or not isinstance(size, int) or isinstance(size, bool):
+            found = _view_lines(views, node)
+            if found is None:
                 continue
+            lines, times, size = found
             picked: list[str] = []
             enough = False
             for text, at in zip(reversed(lines), reversed(times), strict=True):
@@ -176,6 +181,31 @@ class NodeOutputs:
                 continue
             served[index] = [_tagged(node, raw) for raw in reversed(picked)]
             self.offsets[index] = size  # a read after this one goes on after these lines
+        return served
+
+    def _news_from_views(self) -> dict[int, list[tuple[float, str]]]:
+        """Each node's lines since its last read from its view on node 0, by node index, where
+        the view holds exactly those: the bytes of its last lines, as the watchdog wrote them,
+        add up to the file's size after them less what was read before (none: nothing new). One
+        SSH session for every node; a node whose view is missing, older than the last read, or
+        short of lines is read on the node itself."""
+        assert self._views is not None
+        views = self._views()
+        served: dict[int, list[tuple[float, str]]] = {}
+        for index, node in enumerate(self.nodes):
+            found = _view_lines(views, node)
+            offset = self.offsets[index]
+            if found is None or found[2] < offset:
+                continue
+            lines, times, size = found
+            if size == offset == 0 and not lines and not _size_known(views, node):
+                continue  # a view from before the node measured its file: a line may be there
+            raws = _lines_adding_up(lines, times, size - offset)
+            if raws is None:
+                continue
+            keep = logtail.node_filter(node.rank_offset, self._rank, self._since, self._hide)
+            served[index] = [_tagged(node, raw) for raw in raws if keep is None or keep(raw.encode())]
+            self.offsets[index] = size
         return served
 
     def _ask(self, index: int, tail: int | None) -> tuple[str, dict[str, Any]]:
@@ -220,10 +250,10 @@ class FileOutputs:
     def close(self) -> None:
         """Nothing is held between reads: each read opens and closes its files."""
 
-    def read(self, tail: int | None = None) -> Iterator[str]:
+    def read(self, tail: int | None = None, *, views: bool = True) -> Iterator[str]:
         """The files' new whole lines, one file after the other, one line at a time (text ending
         with a newline, as NodeOutputs gives them); with ``tail``, only the last ``tail`` lines
-        of them all."""
+        of them all. (``views``: NodeOutputs'; the files here are always read.)"""
         paths = list(self.files())
         if tail is not None:
             yield from self._tail(paths, tail)
@@ -267,6 +297,41 @@ class FileOutputs:
 def _file_line(at: Any, text: Any) -> str:
     """A line of ``node<I>.out`` as the watchdog writes it: its time, then the line."""
     return f"{float(at):.3f} {text}"
+
+
+def _view_lines(views: Mapping[int, Mapping[str, Any] | None],
+                node: NodeFile) -> tuple[list[Any], list[Any], int] | None:
+    """A node's view's last lines, their times and its file's size after them; None where the
+    view is missing or malformed."""
+    record = (views.get(node.node_rank) or {}).get("node") or {}
+    lines, times, size = record.get("last_lines"), record.get("last_lines_at"), record.get("out_bytes")
+    if not isinstance(lines, list) or not isinstance(times, list) or len(lines) != len(times) \
+            or not isinstance(size, int) or isinstance(size, bool):
+        return None
+    return lines, times, size
+
+
+def _size_known(views: Mapping[int, Mapping[str, Any] | None], node: NodeFile) -> bool:
+    """Whether the node's view gives its file's size before its first line too (the watchdog
+    measures the file as it starts copying: a recovering run's banner is in it before any)."""
+    return ((views.get(node.node_rank) or {}).get("node") or {}).get("out_bytes_known") is True
+
+
+def _lines_adding_up(lines: list[Any], times: list[Any], wanted: int) -> list[str] | None:
+    """The last of a view's lines, as the watchdog wrote them (``TIME LINE``), whose bytes add
+    up to exactly ``wanted`` (oldest first; none for 0); None where no run of them does."""
+    picked: list[str] = []
+    total = 0
+    try:
+        for text, at in zip(reversed(lines), reversed(times), strict=True):
+            if total >= wanted:
+                break
+            raw = _file_line(at, text)
+            total += len(raw.encode()) + 1
+            picked.append(raw)
+    except (TypeError, ValueError):
+        return None
+    return list(reversed(picked)) if total == wanted else None
 
 
 def _whole_file(lines: list[Any], times: list[Any], size: int) -> bool:

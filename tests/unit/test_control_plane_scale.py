@@ -157,3 +157,61 @@ def test_a_view_holding_a_nodes_whole_output_answers_a_longer_tail() -> None:
         assert outputs.offsets == [whole, whole + 40]
     finally:
         outputs.close()
+
+
+def test_a_follow_reads_on_the_nodes_only_what_their_views_on_node0_do_not_hold_exactly() -> None:
+    """`logs --follow` and `attach` read what came since the last read: from node 0's views
+    where a view's last lines add up to exactly the new bytes (none new: nothing to read),
+    on the node itself where they do not (lines before the view, a view older than the last
+    read, an older watchdog's view that does not know the file's size before its first line);
+    every node itself once the run has ended (``views=False``)."""
+    from fstrain.io.logs import NodeFile, NodeOutputs
+
+    def written(lines: list[tuple[float, str]]) -> int:
+        return sum(len(b"%.3f " % at + text.encode() + b"\n") for at, text in lines)
+
+    def view(lines: list[tuple[float, str]], size: int, known: bool = True) -> dict[str, object]:
+        node: dict[str, object] = {"last_lines": [t for _, t in lines], "last_lines_at": [a for a, _ in lines],
+                                   "out_bytes": size}
+        return {"node": {**node, "out_bytes_known": True} if known else node}
+
+    n0 = [(100.0, "[local0]:a"), (101.5, "[local0]:bé ✓")]  # all of node 0's file, in its view
+    n1_before = [(90.0, "[local0]:early")]  # node 1's file begins before its view's lines
+    n1 = [(102.0, "[local0]:x")]
+    banner = [(99.0, "=== fstrain: attempt 2 ===")]  # node 3: a banner, no rank line yet
+    asked: list[tuple[str, int]] = []
+    answers = {"n1": (written(n1_before + n1), n1_before + n1), "n3": (written(banner), banner)}
+
+    def node(host: str, argv: Sequence[str], stdin: bytes) -> tuple[int, str, str]:
+        request = json.loads(script_arguments(argv)[3])
+        asked.append((host, request["offset"]))
+        size, lines = answers[host]
+        text = "".join(f"{at:.3f} {line}\n" for at, line in lines)[request["offset"]:]
+        return 0, text, json.dumps({"offset": size})
+
+    views = {0: view(n0, written(n0)), 1: view(n1, written(n1_before + n1)), 2: view([], 0),
+             3: view([], 0, known=False)}
+    cluster = SimulatedCluster(node)
+    files = [NodeFile(Host(f"n{i}"), "~/r", i, i) for i in range(4)]
+    outputs = NodeOutputs(files, cluster.transport, "python3", views=lambda: views)
+    try:
+        assert sorted(outputs.read()) == sorted(["[n0 r0] a\n", "[n0 r0] bé ✓\n", "[n1 r1] early\n", "[n1 r1] x\n",
+                                                 "[n3] === fstrain: attempt 2 ===\n"])
+        assert sorted(asked) == [("n1", 0), ("n3", 0)]
+        assert outputs.offsets == [written(n0), written(n1_before + n1), 0, written(banner)]
+        # Node 0 printed one more line; node 1 nothing; node 3's view is older than the read.
+        n0.append((103.0, "[local0]:c"))
+        views[0] = view(n0[-10:], written(n0))
+        asked.clear()
+        assert list(outputs.read()) == ["[n0 r0] c\n"]
+        assert asked == [("n3", written(banner))]
+        # A line of node 1 that its view lacks (sent on its next heartbeat) waits for that view,
+        # or for the read that ends a run.
+        n1.append((104.0, "[local0]:y"))
+        answers["n1"] = (written(n1_before + n1), n1_before + n1)
+        asked.clear()
+        assert list(outputs.read()) == []
+        assert list(outputs.read(views=False)) == ["[n1 r1] y\n"]
+        assert sorted(host for host, _ in asked) == ["n0", "n1", "n2", "n3", "n3"]
+    finally:
+        outputs.close()

@@ -166,12 +166,15 @@ class Output:
         self.tail: list[str] = []
         self.tail_at: list[float] = []  # the time in front of each of them in the file
         self.out_bytes = 0  # the file's size after the last of them: where a read after them starts
+        self.out_bytes_known = False  # out_bytes is the file's size (copy() has measured it)
         self.lock = threading.Lock()
         self.last_write = time.monotonic()
 
     def copy(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         size = os.fstat(fd).st_size  # this process alone appends to it from here on
+        with self.lock:  # what is there before the first line (a recovering run's banner)
+            self.out_bytes, self.out_bytes_known = size, True
         with os.fdopen(self.read_fd, "rb") as source, os.fdopen(fd, "ab", buffering=0) as sink:
             for raw in source:
                 if raw.startswith(EVENT_PREFIX.encode()):
@@ -249,7 +252,8 @@ class Output:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {"last_output_at": self.last_at, "ranks": json.loads(json.dumps(self.ranks)),
-                    "last_lines": list(self.tail), "last_lines_at": list(self.tail_at), "out_bytes": self.out_bytes}
+                    "last_lines": list(self.tail), "last_lines_at": list(self.tail_at), "out_bytes": self.out_bytes,
+                    "out_bytes_known": self.out_bytes_known}
 
 
 class Peer:
