@@ -18,7 +18,7 @@ not fit a 24 GiB machine):
   ranks started on the other hosts (the loss is seen after `--heartbeat-timeout`, 30 s), then
   stopped;
 - on the first detached run: `status RUN --json` (and how many ranks it saw alive),
-  `logs RUN --tail 5`;
+  `logs RUN --tail 5`, and `status RUN --watch --json` to its first refresh (its first line);
 - `stop RUN` to its return, and to no job process left in any host's namespace (sshd aside);
 - `gc --older-than 1s` afterwards;
 - the floor of this machine: `pdsh -R ssh` starting the same program on every host (detached,
@@ -164,6 +164,21 @@ class Client:
                         self.peaks["threads"], texts[0], texts[1], self.proc.returncode)
 
 
+def until_first_line(argv: list[str], env: dict[str, str], timeout_s: float = 300) -> Measured:
+    """Run ``argv`` until it has printed its first line on stdout (a command that goes on, as
+    `status --watch --json` does), then SIGINT it: wall to that line, CPU to its exit."""
+    client = Client(argv, env)
+    wait_for(lambda: b"\n" in os.pread(client.out.fileno(), 1 << 16, 0) or client.exited(), timeout_s, 0.02)
+    wall = time.perf_counter() - client.start
+    if not client.exited():
+        os.kill(client.proc.pid, signal.SIGINT)
+    measured = client.wait()
+    measured.wall_s = wall
+    if measured.stdout.strip():  # it answered: ended by the SIGINT, not failed
+        measured.code = 0
+    return measured
+
+
 def measure(argv: list[str], env: dict[str, str], timeout_s: float = 900) -> Measured:
     """Run ``argv`` once: wall, CPU (with children), peak RSS, peak open files and threads."""
     return Client(argv, env).wait(timeout_s)
@@ -273,6 +288,8 @@ def detached_run(setup: Setup, result: SizeResult, index: int, steady_s: float, 
         if status.code == 0:
             result.ranks_alive = sum(len(n.get("ranks_alive", [])) for n in json.loads(status.stdout)["nodes"])
         result.rows["logs --tail 5"] = measure(setup.fstrain("logs", run_id, "--tail", "5"), setup.env)
+        result.rows["status --watch (first refresh)"] = until_first_line(
+            setup.fstrain("status", run_id, "--watch", "--json"), setup.env)
         if coordinator:
             result.coordinator_cpu_s = cpu_seconds(coordinator)
     stop = measure(setup.fstrain("stop", run_id), setup.env)
@@ -357,16 +374,17 @@ def print_report(results: list[SizeResult], options: argparse.Namespace) -> None
     print(f"backend {options.backend}; {options.runs} detached run(s) per size, each left alone {options.steady_s:g} s "
           "once all started; the hosts' HOME " + ("empty (--plain-home)" if options.plain_home else "this machine's"))
     print("\n| hosts | launch returns (s) | all started (s) | pdsh: all started (s) | status (s) | ranks alive "
-          "| logs --tail 5 (s) "
+          "| logs --tail 5 (s) | watch: first refresh (s) "
           "| stop returns (s) | stop to 0 left (s) | gc (s) | left | coordinator steady (% of a core) "
           "| coordinator CPU (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         w = {name: (f"{m.wall_s:.1f}" if m.code == 0 else f"exit {m.code}") for name, m in r.rows.items()}
         first = r.runs[0] if r.runs else DetachedRun()
         floor = f"{r.floor_all_started_s:.1f}" if r.floor_all_started_s else "-"
         print(f"| {r.hosts} | {w.get('launch --detach', '-')} | {first.all_started_s:.1f} | {floor} "
               f"| {w.get('status --json', '-')} | {r.ranks_alive} of {r.hosts} | {w.get('logs --tail 5', '-')} "
+              f"| {w.get('status --watch (first refresh)', '-')} "
               f"| {w.get('stop', '-')} | {first.stop_to_empty_s:.1f} | {w.get('gc', '-')} | {first.left} "
               f"| {r.coordinator_steady_pct:.1f} | {r.coordinator_cpu_s:.1f} |")
     if options.runs > 1:
