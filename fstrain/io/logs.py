@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fstrain.core.hosts.hostfile import Host
 from fstrain.core.monitor import logtail
@@ -160,10 +160,10 @@ class NodeOutputs:
         served: dict[int, list[tuple[float, str]]] = {}
         for index, node in enumerate(self.nodes):
             keep = logtail.node_filter(node.rank_offset, self._rank, self._since, self._hide)
-            found = _view_lines(views, node)
+            found = _view_tail(views, node)
             if found is None:
                 continue
-            lines, times, size = found
+            lines, times, size = found.lines, found.times, found.size
             picked: list[str] = []
             enough = False
             for text, at in zip(reversed(lines), reversed(times), strict=True):
@@ -193,19 +193,18 @@ class NodeOutputs:
         views = self._views()
         served: dict[int, list[tuple[float, str]]] = {}
         for index, node in enumerate(self.nodes):
-            found = _view_lines(views, node)
+            found = _view_tail(views, node)
             offset = self.offsets[index]
-            if found is None or found[2] < offset:
+            if found is None or found.size < offset:
                 continue
-            lines, times, size = found
-            if size == offset == 0 and not lines and not _size_known(views, node):
+            if found.size == offset == 0 and not found.lines and not found.size_known:
                 continue  # a view from before the node measured its file: a line may be there
-            raws = _lines_adding_up(lines, times, size - offset)
+            raws = _lines_adding_up(found.lines, found.times, found.size - offset)
             if raws is None:
                 continue
             keep = logtail.node_filter(node.rank_offset, self._rank, self._since, self._hide)
             served[index] = [_tagged(node, raw) for raw in raws if keep is None or keep(raw.encode())]
-            self.offsets[index] = size
+            self.offsets[index] = found.size
         return served
 
     def _ask(self, index: int, tail: int | None) -> tuple[str, dict[str, Any]]:
@@ -299,22 +298,25 @@ def _file_line(at: Any, text: Any) -> str:
     return f"{float(at):.3f} {text}"
 
 
-def _view_lines(views: Mapping[int, Mapping[str, Any] | None],
-                node: NodeFile) -> tuple[list[Any], list[Any], int] | None:
-    """A node's view's last lines, their times and its file's size after them; None where the
-    view is missing or malformed."""
+class ViewTail(NamedTuple):
+    """What a node's view on node 0 holds of its output file: its last lines, their times, the
+    file's size after them, and whether that size counts what the file held before its first
+    line too (the watchdog measures the file as it starts copying: a recovering run's banner)."""
+
+    lines: list[Any]
+    times: list[Any]
+    size: int
+    size_known: bool
+
+
+def _view_tail(views: Mapping[int, Mapping[str, Any] | None], node: NodeFile) -> ViewTail | None:
+    """The node's view's :class:`ViewTail`; None where the view is missing or malformed."""
     record = (views.get(node.node_rank) or {}).get("node") or {}
     lines, times, size = record.get("last_lines"), record.get("last_lines_at"), record.get("out_bytes")
     if not isinstance(lines, list) or not isinstance(times, list) or len(lines) != len(times) \
             or not isinstance(size, int) or isinstance(size, bool):
         return None
-    return lines, times, size
-
-
-def _size_known(views: Mapping[int, Mapping[str, Any] | None], node: NodeFile) -> bool:
-    """Whether the node's view gives its file's size before its first line too (the watchdog
-    measures the file as it starts copying: a recovering run's banner is in it before any)."""
-    return ((views.get(node.node_rank) or {}).get("node") or {}).get("out_bytes_known") is True
+    return ViewTail(lines, times, size, record.get("out_bytes_known") is True)
 
 
 def _lines_adding_up(lines: list[Any], times: list[Any], wanted: int) -> list[str] | None:
@@ -335,14 +337,11 @@ def _lines_adding_up(lines: list[Any], times: list[Any], wanted: int) -> list[st
 
 
 def _whole_file(lines: list[Any], times: list[Any], size: int) -> bool:
-    """Whether a view's last lines are the node's whole output file: written as ``TIME LINE``
-    (the watchdog's copy), their bytes add up to the file's size, so the node has no line the
-    view lacks and a tail longer than what it printed needs no read on the node."""
-    try:
-        written = sum(len(f"{_file_line(at, text)}\n".encode()) for text, at in zip(lines, times, strict=True))
-    except (TypeError, ValueError):
-        return False
-    return written == size
+    """Whether a view's last lines are the node's whole output file: all of them add up to the
+    file's size (:func:`_lines_adding_up`), so the node has no line the view lacks and a tail
+    longer than what it printed needs no read on the node."""
+    raws = _lines_adding_up(lines, times, size)
+    return raws is not None and len(raws) == len(lines)
 
 
 def _reader_at(fd: int) -> Callable[[int, int], bytes]:
