@@ -108,18 +108,14 @@ class Rendezvous:
 # -- 1, 2. preflight, rendezvous: fstrain/io/hostcheck.py ------------------------------------
 
 
-def _start(transport: Transport, argv: Sequence[str], stdin: bytes, close_stdin: bool) -> RunningCommand:
-    running = start_command(transport, argv)
-    running.write(stdin)
-    if close_stdin:
-        running.close_stdin()
-    return running
-
-
 def start_watchdog(transport: Transport, python: str, header: bytes, close_stdin: bool) -> RunningCommand:
     """A node's watchdog (fstrain/io/remote/watchdog.py) started by its BOOTSTRAP, which reads
     ``header`` (one JSON line: the watchdog's source, the job, the run's settings) on stdin."""
-    return _start(transport, [python, *SCRIPT_FLAGS, "-c", BOOTSTRAP], header, close_stdin)
+    running = start_command(transport, [python, *SCRIPT_FLAGS, "-c", BOOTSTRAP])
+    running.write(header)
+    if close_stdin:
+        running.close_stdin()
+    return running
 
 
 # -- 4. run -------------------------------------------------------------------------------------
