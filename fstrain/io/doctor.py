@@ -258,9 +258,15 @@ class _Listener:
     host: str
     listening: Listening | None = None
     close_transport: Callable[[], None] | None = None
-    port: int | None = None
-    busy: tuple[int, ...] = ()
     error: str | None = None
+
+    @property
+    def port(self) -> int | None:
+        return self.listening.port if self.listening is not None else None
+
+    @property
+    def busy(self) -> tuple[int, ...]:
+        return self.listening.busy if self.listening is not None else ()
 
 
 def _start_listener(connect: Connector, host: Host, python: str, ports: Sequence[int]) -> _Listener:
@@ -270,7 +276,6 @@ def _start_listener(connect: Connector, host: Host, python: str, ports: Sequence
         transport = connect(host)
         listener.close_transport = transport.close
         listener.listening = start_listener(transport, python, ports)
-        listener.port, listener.busy = listener.listening.port, listener.listening.busy
     except (FstrainError, ValueError, OSError) as exc:
         listener.error = exc.message if isinstance(exc, FstrainError) else str(exc)
     return listener
